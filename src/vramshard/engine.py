@@ -1,0 +1,242 @@
+"""The public API: load a model, get logits, generate text.
+
+    from vramshard import Engine
+    engine = Engine.load("path/to/model", vram="4GiB")
+    logits = engine.logits([1, 2, 3])                     # [3, vocab] float32
+    out = engine.generate([[1, 2, 3], [4, 5]], max_new_tokens=32)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+from .config import parse_dtype
+from .errors import InvalidInputError
+from .layers.step import Step
+from .loading.checkpoint import Checkpoint, open_checkpoint
+from .models import Model, build_model
+from .runtime.executor import Executor
+from .runtime.kv_cache import KVCache
+from .runtime.sampler import Sampler, SamplingParams
+from .runtime.weights import load_weights
+from .units import parse_size
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GenerationStats:
+    """Timing of the last ``generate``/``stream`` call."""
+
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    steps: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        # The first generated token comes out of the prefill step.
+        decoded = max(self.generated_tokens - 1, 0)
+        return decoded / self.decode_s if self.decode_s else 0.0
+
+
+class Engine:
+    """A loaded model ready to run: weights placed, tokenizer attached."""
+
+    def __init__(self, model: Model, executor: Executor, tokenizer=None, name: str = "model",
+                 max_context: int | None = None, vram_budget: int | None = None):
+        self.model = model
+        self.args = model.args
+        self.executor = executor
+        self.tokenizer = tokenizer
+        self.model_name = name
+        self.max_context = max_context or model.args.max_position_embeddings
+        self.vram_budget = vram_budget
+        self.last_stats = GenerationStats()
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def load(cls, path: str | Path, vram: str | int | None = None, device: str | None = None,
+             dtype: str | torch.dtype | None = None, placement: str | None = None,
+             max_context: int | None = None, progress: Callable[[int, int], None] | None = None) -> "Engine":
+        """Load a Hugging Face model directory or a ``.gguf`` file.
+
+        vram: the VRAM budget (``"4GiB"``, bytes, or None for no limit).
+        device: ``"cpu"`` or ``"cuda"``; default: cuda when available.
+        dtype: weights and compute dtype; default: the checkpoint's.
+        max_context: longest sequence (prompt + answer) to allow; default: the model's.
+        """
+        checkpoint = open_checkpoint(path)
+        return cls.from_checkpoint(checkpoint, vram=vram, device=device, dtype=dtype,
+                                   placement=placement, max_context=max_context, progress=progress)
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: Checkpoint, vram=None, device=None, dtype=None, placement=None,
+                        max_context=None, progress=None) -> "Engine":
+        model = build_model(checkpoint.config, parse_dtype(dtype))
+        weights = load_weights(model, checkpoint, progress)
+        tokenizer = _load_tokenizer(checkpoint)
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device not in ("cpu", "cuda") and not str(device).startswith("cuda:"):
+            raise InvalidInputError(f"device must be 'cpu' or 'cuda', got {device!r}")
+        if str(device).startswith("cuda") and not torch.cuda.is_available():
+            raise InvalidInputError("device 'cuda' asked for, but no CUDA GPU is available")
+        budget = None if vram in (None, "none") else parse_size(vram)
+        executor = Executor(model, weights, device)
+        limit = model.args.max_position_embeddings
+        if max_context is not None and max_context > limit:
+            raise InvalidInputError(f"max_context {max_context} exceeds the model's limit of {limit} positions")
+        return cls(model, executor, tokenizer, name=checkpoint.path.name, max_context=max_context or limit,
+                   vram_budget=budget)
+
+    # ------------------------------------------------------------------ inference
+    def logits(self, ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """Float32 logits [len(ids), vocab] of one sequence, all positions, in one pass."""
+        ids = self._check_prompt(ids)
+        kv = self._new_cache(slots=1, max_ctx=len(ids))
+        step = Step.single(0, len(ids), all_logits=True, kv_lookup=kv)
+        return self.executor.forward(torch.tensor(ids), step)
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 128, temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+                 stop: Sequence[str] | None = None) -> list[list[int]]:
+        """Generate for several prompts at once (batched); returns the new tokens of each.
+
+        Greedy when temperature is 0. A sequence ends at an EOS token (included in its
+        output), at a stop string (output cut before it; needs a tokenizer) or after
+        ``max_new_tokens``. With ``seed``, prompt i samples with seed ``seed + i``.
+        """
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+            raise InvalidInputError("prompts must be a list of token-id lists")
+        params = [SamplingParams(temperature, top_k, top_p, None if seed is None else seed + i)
+                  for i in range(len(prompts))]
+        outputs = [[] for _ in prompts]
+        for index, token in self._run(prompts, max_new_tokens, params, stop):
+            outputs[index].append(token)
+        if stop:
+            outputs = [self._cut_at_stop(out, stop) for out in outputs]
+        return outputs
+
+    def stream(self, prompt_ids: Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0,
+               top_k: int = 0, top_p: float = 1.0, seed: int | None = None) -> Iterator[int]:
+        """Yield the new token ids of one prompt as they are generated."""
+        params = [SamplingParams(temperature, top_k, top_p, seed)]
+        for _, token in self._run([prompt_ids], max_new_tokens, params, None):
+            yield token
+
+    # ------------------------------------------------------------------ internals
+    def _run(self, prompts, max_new_tokens: int, params: list[SamplingParams], stop) -> Iterator[tuple[int, int]]:
+        if not prompts:
+            return
+        if max_new_tokens < 0:
+            raise InvalidInputError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        if stop and self.tokenizer is None:
+            raise InvalidInputError("stop strings need a tokenizer, and this model has none")
+        prompts = [self._check_prompt(p) for p in prompts]
+        longest = max(len(p) for p in prompts) + max_new_tokens
+        if longest > self.max_context:
+            raise InvalidInputError(
+                f"prompt plus max_new_tokens is {longest} tokens, more than the context of {self.max_context}"
+            )
+        if max_new_tokens == 0:
+            return
+        samplers = [Sampler(p) for p in params]
+        eos = self._eos_ids()
+        stats = self.last_stats = GenerationStats(prompt_tokens=sum(len(p) for p in prompts))
+        kv = self._new_cache(slots=len(prompts), max_ctx=longest)
+
+        # Prefill: every prompt in one step; logits only for each prompt's last token.
+        lengths = [len(p) for p in prompts]
+        ends = [sum(lengths[: i + 1]) - 1 for i in range(len(lengths))]
+        step = Step(list(range(len(prompts))), [0] * len(prompts), lengths, ends, kv_lookup=kv)
+        t0 = time.perf_counter()
+        logits = self.executor.forward(torch.tensor([t for p in prompts for t in p]), step)
+        stats.prefill_s = time.perf_counter() - t0
+        stats.steps = 1
+        active = list(range(len(prompts)))
+        cached = list(lengths)
+        generated = [[] for _ in prompts]
+        t0 = time.perf_counter()
+        while True:
+            next_tokens = {}
+            for row, seq in enumerate(active):
+                token = samplers[seq](logits[row])
+                generated[seq].append(token)
+                stats.generated_tokens += 1
+                yield seq, token
+                if not (token in eos or len(generated[seq]) >= max_new_tokens
+                        or (stop and self._cut_at_stop(generated[seq], stop) != generated[seq])):
+                    next_tokens[seq] = token
+            active = list(next_tokens)
+            if not active:
+                break
+            step = Step(active, [cached[s] for s in active], [1] * len(active), list(range(len(active))),
+                        kv_lookup=kv)
+            logits = self.executor.forward(torch.tensor([next_tokens[s] for s in active]), step)
+            for s in active:
+                cached[s] += 1
+            stats.steps += 1
+        stats.decode_s = time.perf_counter() - t0
+
+    def _new_cache(self, slots: int, max_ctx: int) -> KVCache:
+        a = self.args
+        layers = [s.layer for s in self.model.attention_layers]
+        return KVCache(layers, slots, max_ctx, a.num_key_value_heads, a.head_dim, self.model.dtype,
+                       self.executor.kv_device)
+
+    def _check_prompt(self, ids) -> list[int]:
+        if isinstance(ids, torch.Tensor):
+            ids = ids.reshape(-1).tolist()
+        if isinstance(ids, (str, bytes)):
+            raise InvalidInputError("token ids expected, got a string; encode it with engine.tokenizer first")
+        ids = list(ids)
+        if not ids:
+            raise InvalidInputError("a prompt needs at least one token")
+        vocab = self.args.vocab_size
+        for t in ids:
+            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab:
+                raise InvalidInputError(f"token id {t!r} is out of range for a vocabulary of {vocab}")
+        if len(ids) > self.max_context:
+            raise InvalidInputError(f"prompt has {len(ids)} tokens, more than the context of {self.max_context}")
+        return ids
+
+    def _eos_ids(self) -> set[int]:
+        ids = set(self.args.eos_token_ids)
+        if self.tokenizer is not None:
+            ids |= set(self.tokenizer.eos_token_ids)
+        return ids
+
+    def _cut_at_stop(self, tokens: list[int], stop: Sequence[str]) -> list[int]:
+        """The longest prefix of tokens whose text contains no stop string."""
+        text = self.tokenizer.decode(tokens)
+        if not any(s in text for s in stop):
+            return tokens
+        for n in range(len(tokens)):
+            if any(s in self.tokenizer.decode(tokens[: n + 1]) for s in stop):
+                return tokens[:n]
+        return tokens
+
+
+def _load_tokenizer(checkpoint: Checkpoint):
+    try:
+        from .loading.tokenizer import Tokenizer
+    except ImportError:  # pragma: no cover - tokenizer module always ships
+        return None
+    if checkpoint.tokenizer_dir is not None:
+        return Tokenizer.from_dir(checkpoint.tokenizer_dir)
+    if checkpoint.tokenizer_spec:
+        return Tokenizer.from_gguf_spec(checkpoint.tokenizer_spec)
+    return None

@@ -1,0 +1,146 @@
+"""``attn[i]``: pre-norm, QKV projections, rotary, attention over the KV cache, output, residual."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+import torch.nn.functional as F
+
+from ..config import ModelArgs
+from .norm import rms_norm
+from .rotary import apply_rotary, cos_sin, inverse_frequencies
+from .step import Step
+from .sublayer import Cost, SubLayer, WeightSpec, linear
+
+
+class Attention(SubLayer):
+    """Grouped-query self-attention block (Llama / Mistral / Qwen2 / Qwen3 family)."""
+
+    kind = "attn"
+
+    def __init__(self, args: ModelArgs, layer: int, prefix: str, dtype: torch.dtype):
+        self.args = args
+        self.num_heads = args.num_attention_heads
+        self.num_kv_heads = args.num_key_value_heads
+        self.head_dim = args.head_dim
+        self.eps = args.rms_norm_eps
+        self.inv_freq = inverse_frequencies(args.rope, args.head_dim)
+        d, hq, hkv = args.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        specs = [
+            WeightSpec("input_layernorm", f"{prefix}.input_layernorm.weight", (d,), dtype),
+            WeightSpec("q_proj", f"{prefix}.self_attn.q_proj.weight", (hq, d), dtype),
+            WeightSpec("k_proj", f"{prefix}.self_attn.k_proj.weight", (hkv, d), dtype),
+            WeightSpec("v_proj", f"{prefix}.self_attn.v_proj.weight", (hkv, d), dtype),
+            WeightSpec("o_proj", f"{prefix}.self_attn.o_proj.weight", (d, hq), dtype),
+        ]
+        if args.attention_bias:
+            specs += [
+                WeightSpec("q_bias", f"{prefix}.self_attn.q_proj.bias", (hq,), dtype),
+                WeightSpec("k_bias", f"{prefix}.self_attn.k_proj.bias", (hkv,), dtype),
+                WeightSpec("v_bias", f"{prefix}.self_attn.v_proj.bias", (hkv,), dtype),
+            ]
+        if args.qk_norm:
+            specs += [
+                WeightSpec("q_norm", f"{prefix}.self_attn.q_norm.weight", (self.head_dim,), dtype),
+                WeightSpec("k_norm", f"{prefix}.self_attn.k_norm.weight", (self.head_dim,), dtype),
+            ]
+        super().__init__(f"attn[{layer}]", layer, specs)
+
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
+        return 2 * self.num_kv_heads * self.head_dim * dtype.itemsize
+
+    def cost(self, n_tokens: int, context: int) -> Cost:
+        d = self.args.hidden_size
+        hq, hkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        proj = 2 * n_tokens * d * (2 * hq + 2 * hkv)
+        # Scores and weighted values: each new token attends to about `context` keys.
+        attn = 2 * 2 * n_tokens * context * hq
+        dtype = self.weights[0].dtype
+        return Cost(
+            flops=proj + attn,
+            weight_bytes=self.nbytes,
+            kv_bytes=context * self.kv_bytes_per_token(dtype),
+            act_bytes=2 * n_tokens * d * dtype.itemsize,
+        )
+
+    def forward(self, w: Mapping[str, torch.Tensor], x: torch.Tensor, step: Step) -> torch.Tensor:
+        T = x.shape[0]
+        h = rms_norm(x, w["input_layernorm"], self.eps)
+        q = linear(h, w["q_proj"], w.get("q_bias")).view(T, self.num_heads, self.head_dim)
+        k = linear(h, w["k_proj"], w.get("k_bias")).view(T, self.num_kv_heads, self.head_dim)
+        v = linear(h, w["v_proj"], w.get("v_bias")).view(T, self.num_kv_heads, self.head_dim)
+        if "q_norm" in w:
+            q = rms_norm(q, w["q_norm"], self.eps)
+            k = rms_norm(k, w["k_norm"], self.eps)
+        cos, sin = step.memo(("rope", id(self.inv_freq), x.dtype), x.device,
+                             lambda: cos_sin(self.inv_freq, step.positions(x.device), x.dtype))
+        q = apply_rotary(q, cos, sin)
+        k = apply_rotary(k, cos, sin)
+        out = attend(q, k, v, step.kv(self.layer), step)  # [T, H, D]
+        return x + linear(out.reshape(T, -1), w["o_proj"])
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache, step: Step) -> torch.Tensor:
+    """Store k, v [T, Hkv, D] in the cache, then attend q [T, H, D] to each sequence's keys.
+
+    One sequence attends over a view of its cache row (no copy). Several sequences are
+    padded to a common query and key length, with a mask for causality and padding.
+    """
+    device = q.device
+    positions = step.positions(device)
+    cache.k[step.token_slots(device), positions] = k.to(cache.k.dtype)
+    cache.v[step.token_slots(device), positions] = v.to(cache.v.dtype)
+    scale = q.shape[-1] ** -0.5
+    gqa = q.shape[1] != k.shape[1]
+
+    if step.num_seqs == 1:
+        slot, start, n = step.slots[0], step.starts[0], step.lengths[0]
+        keys = cache.k[slot, : start + n].transpose(0, 1)[None]  # [1, Hkv, L, D]
+        values = cache.v[slot, : start + n].transpose(0, 1)[None]
+        query = q.transpose(0, 1)[None]  # [1, H, T, D]
+        mask = None
+        causal = False
+        if n > 1:
+            if start == 0:
+                causal = True
+            else:
+                mask = _chunk_mask(start, n, device)
+        out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, is_causal=causal,
+                                             scale=scale, enable_gqa=gqa)
+        return out[0].transpose(0, 1)  # [T, H, D]
+
+    B, q_max, k_max = step.num_seqs, max(step.lengths), step.max_context
+    rows, cols = step.memo("pad_index", device, lambda: _pad_index(step, device))
+    query = q.new_zeros(B, q_max, q.shape[1], q.shape[2])
+    query[rows, cols] = q
+    slots = step.memo("slots", device, lambda: torch.tensor(step.slots, device=device))
+    keys = cache.k[slots, :k_max].transpose(1, 2)  # [B, Hkv, L, D]
+    values = cache.v[slots, :k_max].transpose(1, 2)
+    mask = step.memo("batch_mask", device, lambda: _batch_mask(step, q_max, k_max, device))
+    out = F.scaled_dot_product_attention(query.transpose(1, 2), keys, values, attn_mask=mask,
+                                         scale=scale, enable_gqa=gqa)  # [B, H, Qmax, D]
+    return out.transpose(1, 2)[rows, cols]
+
+
+def _chunk_mask(start: int, n: int, device) -> torch.Tensor:
+    # New token j (absolute position start + j) sees keys 0 .. start + j.
+    keys = torch.arange(start + n, device=device)
+    queries = torch.arange(start, start + n, device=device)
+    return keys[None, :] <= queries[:, None]  # [n, L]
+
+
+def _pad_index(step: Step, device) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = [b for b, n in enumerate(step.lengths) for _ in range(n)]
+    cols = [j for n in step.lengths for j in range(n)]
+    return torch.tensor(rows, device=device), torch.tensor(cols, device=device)
+
+
+def _batch_mask(step: Step, q_max: int, k_max: int, device) -> torch.Tensor:
+    starts = torch.tensor(step.starts, device=device)[:, None, None]  # [B, 1, 1]
+    ends = starts + torch.tensor(step.lengths, device=device)[:, None, None]
+    query_pos = starts + torch.arange(q_max, device=device)[None, :, None]  # [B, Qmax, 1]
+    key_pos = torch.arange(k_max, device=device)[None, None, :]  # [1, 1, L]
+    # Padded query rows (beyond a sequence's length) still see key 0, so no row is empty.
+    mask = (key_pos <= query_pos) & (key_pos < ends)
+    return mask[:, None]  # [B, 1, Qmax, L]
