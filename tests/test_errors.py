@@ -1,0 +1,102 @@
+"""Bad input gets a clear VramshardError naming the problem, never a deep traceback."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from vramshard import Engine
+from vramshard.errors import InvalidInputError, ModelLoadError, UnsupportedArchitectureError
+from vramshard.units import parse_size
+
+
+@pytest.fixture
+def model_copy(tiny_model_dir, tmp_path):
+    dst = tmp_path / "model"
+    shutil.copytree(tiny_model_dir("llama"), dst)
+    return dst
+
+
+def test_missing_path(tmp_path):
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        Engine.load(tmp_path / "nope")
+
+
+def test_missing_config(model_copy):
+    (model_copy / "config.json").unlink()
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        Engine.load(model_copy)
+
+
+def test_unknown_architecture_is_named_and_supported_listed(model_copy):
+    cfg = json.loads((model_copy / "config.json").read_text())
+    cfg["architectures"] = ["GPTNeoXForCausalLM"]
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedArchitectureError) as info:
+        Engine.load(model_copy)
+    assert "GPTNeoXForCausalLM" in str(info.value) and "LlamaForCausalLM" in str(info.value)
+
+
+def test_truncated_safetensors(model_copy):
+    weights = model_copy / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelLoadError, match="truncated"):
+        Engine.load(model_copy)
+
+
+def test_garbage_safetensors(model_copy):
+    (model_copy / "model.safetensors").write_bytes(b"\x00garbage" * 10)
+    with pytest.raises(ModelLoadError, match="not a valid safetensors"):
+        Engine.load(model_copy)
+
+
+def test_pickle_only_directory_is_refused(model_copy):
+    (model_copy / "model.safetensors").unlink()
+    (model_copy / "pytorch_model.bin").write_bytes(b"not even read")
+    with pytest.raises(ModelLoadError, match="pickle"):
+        Engine.load(model_copy)
+
+
+def test_wrong_tensor_shape(model_copy):
+    weights = load_file(model_copy / "model.safetensors")
+    weights["model.layers.1.mlp.up_proj.weight"] = torch.zeros(3, 3)
+    save_file(weights, model_copy / "model.safetensors")
+    with pytest.raises(ModelLoadError, match=r"model.layers.1.mlp.up_proj.weight.*\[3, 3\]"):
+        Engine.load(model_copy)
+
+
+def test_missing_tensor(model_copy):
+    weights = load_file(model_copy / "model.safetensors")
+    del weights["model.norm.weight"]
+    save_file(weights, model_copy / "model.safetensors")
+    with pytest.raises(ModelLoadError, match="missing tensors model.norm.weight"):
+        Engine.load(model_copy)
+
+
+def test_token_id_out_of_range(tiny_model_dir):
+    engine = Engine.load(tiny_model_dir("llama"), device="cpu")
+    with pytest.raises(InvalidInputError, match="token id 96 is out of range"):
+        engine.logits([1, 96])
+    with pytest.raises(InvalidInputError, match="out of range"):
+        engine.generate([[1, -1]], max_new_tokens=2)
+
+
+def test_prompt_longer_than_context(tiny_model_dir):
+    engine = Engine.load(tiny_model_dir("llama"), device="cpu", max_context=16)
+    with pytest.raises(InvalidInputError, match="more than the context of 16"):
+        engine.logits(list(range(17)))
+    with pytest.raises(InvalidInputError, match="more than the context"):
+        engine.generate([list(range(10))], max_new_tokens=10)
+
+
+def test_bad_sizes_and_options(tiny_model_dir):
+    with pytest.raises(InvalidInputError, match="cannot read size"):
+        parse_size("4 potatoes")
+    assert parse_size("2GiB") == 2 * 2**30 and parse_size("2048MiB") == 2 * 2**30
+    with pytest.raises(InvalidInputError, match="device"):
+        Engine.load(tiny_model_dir("llama"), device="tpu")
+    with pytest.raises(InvalidInputError, match="dtype"):
+        Engine.load(tiny_model_dir("llama"), dtype="int3")
