@@ -33,7 +33,7 @@ def test_cached_decode_equals_full_pass(arch, tiny_model_dir):
 
     engine = Engine.load(tiny_model_dir(arch), device="cpu")
     full = engine.logits(PROMPT)
-    kv = engine._new_cache(slots=1, max_ctx=len(PROMPT))
+    kv = engine.executor.new_kv_cache(slots=1, max_ctx=len(PROMPT))
     rows = [engine.executor.forward(torch.tensor(PROMPT[:5]), Step.single(0, 5, all_logits=True, kv_lookup=kv))]
     # A chunk of 3, then single tokens: exercises the chunked-prefill mask too.
     rows.append(engine.executor.forward(torch.tensor(PROMPT[5:8]), Step.single(5, 3, all_logits=True, kv_lookup=kv)))

@@ -21,7 +21,10 @@ from .errors import InvalidInputError
 from .layers.step import Step
 from .loading.checkpoint import Checkpoint, open_checkpoint
 from .models import Model, build_model
+from .plan.memory import max_resident_layers, sublayer_triples, vram_need
+from .plan.placement import Placement, named_placement
 from .runtime.executor import Executor
+from .runtime.host_weights import pack_model
 from .runtime.kv_cache import KVCache
 from .runtime.sampler import Sampler, SamplingParams
 from .runtime.weights import load_weights
@@ -56,7 +59,7 @@ class Engine:
     """A loaded model ready to run: weights placed, tokenizer attached."""
 
     def __init__(self, model: Model, executor: Executor, tokenizer=None, name: str = "model",
-                 max_context: int | None = None, vram_budget: int | None = None):
+                 max_context: int | None = None, vram_budget: int | None = None, max_step_tokens: int = 2048):
         self.model = model
         self.args = model.args
         self.executor = executor
@@ -64,51 +67,75 @@ class Engine:
         self.model_name = name
         self.max_context = max_context or model.args.max_position_embeddings
         self.vram_budget = vram_budget
+        self.max_step_tokens = max_step_tokens
         self.last_stats = GenerationStats()
 
     # ------------------------------------------------------------------ loading
     @classmethod
     def load(cls, path: str | Path, vram: str | int | None = None, device: str | None = None,
-             dtype: str | torch.dtype | None = None, placement: str | None = None,
-             max_context: int | None = None, progress: Callable[[int, int], None] | None = None) -> "Engine":
+             dtype: str | torch.dtype | None = None, placement: str | Placement | None = None,
+             max_context: int | None = None, progress: Callable[[int, int], None] | None = None,
+             **options) -> "Engine":
         """Load a Hugging Face model directory or a ``.gguf`` file.
 
         vram: the VRAM budget (``"4GiB"``, bytes, or None for no limit).
         device: ``"cpu"`` or ``"cuda"``; default: cuda when available.
         dtype: weights and compute dtype; default: the checkpoint's.
-        max_context: longest sequence (prompt + answer) to allow; default: the model's.
+        placement: a named placement (``cpu``, ``gpu``, ``layers:N``, ``layers:max``, ``stream``,
+            ``static``) or a :class:`Placement`; default: chosen from the budget.
+        max_context: longest sequence (prompt + answer) to allow; default: the model's (capped
+            at 8192 on the GPU, where its KV cache is reserved in VRAM).
+        options: ``max_batch`` (sequences whose KV is reserved, default 1), ``max_step_tokens``
+            (largest step, default 2048), ``threads`` (CPU threads), ``num_slots`` (stream ring).
         """
         checkpoint = open_checkpoint(path)
-        return cls.from_checkpoint(checkpoint, vram=vram, device=device, dtype=dtype,
-                                   placement=placement, max_context=max_context, progress=progress)
+        return cls.from_checkpoint(checkpoint, vram=vram, device=device, dtype=dtype, placement=placement,
+                                   max_context=max_context, progress=progress, **options)
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint, vram=None, device=None, dtype=None, placement=None,
-                        max_context=None, progress=None) -> "Engine":
+                        max_context=None, progress=None, max_batch: int = 1, max_step_tokens: int = 2048,
+                        threads: int | None = None, num_slots: int = 2) -> "Engine":
+        """Build an engine from an opened (or in-memory) :class:`Checkpoint`; see :meth:`load`."""
         model = build_model(checkpoint.config, parse_dtype(dtype))
         weights = load_weights(model, checkpoint, progress)
         tokenizer = _load_tokenizer(checkpoint)
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        if device not in ("cpu", "cuda") and not str(device).startswith("cuda:"):
-            raise InvalidInputError(f"device must be 'cpu' or 'cuda', got {device!r}")
-        if str(device).startswith("cuda") and not torch.cuda.is_available():
-            raise InvalidInputError("device 'cuda' asked for, but no CUDA GPU is available")
-        budget = None if vram in (None, "none") else parse_size(vram)
-        executor = Executor(model, weights, device)
+        return cls.from_weights(model, weights, tokenizer, name=checkpoint.path.name, vram=vram, device=device,
+                                placement=placement, max_context=max_context, max_batch=max_batch,
+                                max_step_tokens=max_step_tokens, threads=threads, num_slots=num_slots)
+
+    @classmethod
+    def from_weights(cls, model: Model, weights: dict[str, torch.Tensor], tokenizer=None, name: str = "model",
+                     vram=None, device=None, placement=None, max_context=None, max_batch: int = 1,
+                     max_step_tokens: int = 2048, threads: int | None = None, num_slots: int = 2) -> "Engine":
+        """Build an engine from a model and its CPU weights (consumed), e.g. random weights of a real shape."""
         limit = model.args.max_position_embeddings
         if max_context is not None and max_context > limit:
             raise InvalidInputError(f"max_context {max_context} exceeds the model's limit of {limit} positions")
-        return cls(model, executor, tokenizer, name=checkpoint.path.name, max_context=max_context or limit,
-                   vram_budget=budget)
+        device = _resolve_device(device)
+        budget = None if vram in (None, "none") else parse_size(vram)
+        context = max_context or (limit if device == "cpu" else min(limit, DEFAULT_GPU_CONTEXT))
+        kv_tokens = max(1, max_batch) * context
+        placement = choose_placement(model, placement, device, budget, kv_tokens, max_step_tokens)
+        host = pack_model(list(model), weights, pin=placement.uses_gpu)
+        executor = Executor(model, host, placement, budget=budget, max_tokens=max_step_tokens,
+                            max_context=kv_tokens, kv_slots=1, num_slots=num_slots, threads=threads,
+                            device=device if device != "cpu" else "cuda")
+        log.info("%s", executor.describe())
+        return cls(model, executor, tokenizer, name=name, max_context=context, vram_budget=budget,
+                   max_step_tokens=max_step_tokens)
 
     # ------------------------------------------------------------------ inference
     def logits(self, ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """Float32 logits [len(ids), vocab] of one sequence, all positions, in one pass."""
         ids = self._check_prompt(ids)
-        kv = self._new_cache(slots=1, max_ctx=len(ids))
-        step = Step.single(0, len(ids), all_logits=True, kv_lookup=kv)
-        return self.executor.forward(torch.tensor(ids), step)
+        kv = self.executor.new_kv_cache(slots=1, max_ctx=len(ids))
+        rows = []
+        for begin in range(0, len(ids), self.max_step_tokens):
+            chunk = ids[begin : begin + self.max_step_tokens]
+            step = Step.single(begin, len(chunk), all_logits=True, kv_lookup=kv)
+            rows.append(self.executor.forward(torch.tensor(chunk), step))
+        return torch.cat(rows)
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 128, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
@@ -156,18 +183,12 @@ class Engine:
         samplers = [Sampler(p) for p in params]
         eos = self._eos_ids()
         stats = self.last_stats = GenerationStats(prompt_tokens=sum(len(p) for p in prompts))
-        kv = self._new_cache(slots=len(prompts), max_ctx=longest)
-
-        # Prefill: every prompt in one step; logits only for each prompt's last token.
-        lengths = [len(p) for p in prompts]
-        ends = [sum(lengths[: i + 1]) - 1 for i in range(len(lengths))]
-        step = Step(list(range(len(prompts))), [0] * len(prompts), lengths, ends, kv_lookup=kv)
+        kv = self.executor.new_kv_cache(slots=len(prompts), max_ctx=longest)
         t0 = time.perf_counter()
-        logits = self.executor.forward(torch.tensor([t for p in prompts for t in p]), step)
+        logits = self._prefill(prompts, kv, stats)
         stats.prefill_s = time.perf_counter() - t0
-        stats.steps = 1
         active = list(range(len(prompts)))
-        cached = list(lengths)
+        cached = [len(p) for p in prompts]
         generated = [[] for _ in prompts]
         t0 = time.perf_counter()
         while True:
@@ -183,19 +204,46 @@ class Engine:
             active = list(next_tokens)
             if not active:
                 break
-            step = Step(active, [cached[s] for s in active], [1] * len(active), list(range(len(active))),
-                        kv_lookup=kv)
-            logits = self.executor.forward(torch.tensor([next_tokens[s] for s in active]), step)
+            rows = []
+            for begin in range(0, len(active), self.max_step_tokens):
+                group = active[begin : begin + self.max_step_tokens]
+                step = Step(group, [cached[s] for s in group], [1] * len(group), list(range(len(group))),
+                            kv_lookup=kv)
+                rows.append(self.executor.forward(torch.tensor([next_tokens[s] for s in group]), step))
+                stats.steps += 1
+            logits = torch.cat(rows)
             for s in active:
                 cached[s] += 1
-            stats.steps += 1
         stats.decode_s = time.perf_counter() - t0
 
-    def _new_cache(self, slots: int, max_ctx: int) -> KVCache:
-        a = self.args
-        layers = [s.layer for s in self.model.attention_layers]
-        return KVCache(layers, slots, max_ctx, a.num_key_value_heads, a.head_dim, self.model.dtype,
-                       self.executor.kv_device)
+    def _prefill(self, prompts: list[list[int]], kv: KVCache, stats: GenerationStats) -> torch.Tensor:
+        """Run all prompts through the model in steps of at most ``max_step_tokens`` tokens.
+
+        Returns the logits [len(prompts), V] of each prompt's last token.
+        """
+        last = [None] * len(prompts)
+        done = [0] * len(prompts)
+        while any(d < len(p) for d, p in zip(done, prompts)):
+            slots, starts, lengths, rows, finishing = [], [], [], [], []
+            room = self.max_step_tokens
+            for seq, prompt in enumerate(prompts):
+                if done[seq] == len(prompt) or room == 0:
+                    continue
+                n = min(len(prompt) - done[seq], room)
+                slots.append(seq), starts.append(done[seq]), lengths.append(n)
+                room -= n
+                if done[seq] + n == len(prompt):
+                    rows.append(sum(lengths) - 1)
+                    finishing.append(seq)
+            ids = [t for seq, s, n in zip(slots, starts, lengths) for t in prompts[seq][s : s + n]]
+            step = Step(slots, starts, lengths, rows, kv_lookup=kv)
+            logits = self.executor.forward(torch.tensor(ids), step)
+            stats.steps += 1
+            for row, seq in enumerate(finishing):
+                last[seq] = logits[row]
+            for seq, n in zip(slots, lengths):
+                done[seq] += n
+        return torch.stack(last)
 
     def _check_prompt(self, ids) -> list[int]:
         if isinstance(ids, torch.Tensor):
@@ -228,6 +276,44 @@ class Engine:
             if any(s in self.tokenizer.decode(tokens[: n + 1]) for s in stop):
                 return tokens[:n]
         return tokens
+
+
+DEFAULT_GPU_CONTEXT = 8192  # KV reserved by default on the GPU when the model allows more
+
+
+def _resolve_device(device: str | None) -> str:
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    device = str(device)
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise InvalidInputError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InvalidInputError("device 'cuda' asked for, but no CUDA GPU is available")
+    return device
+
+
+def choose_placement(model: Model, placement: str | Placement | None, device: str, budget: int | None,
+                     kv_tokens: int, max_step_tokens: int) -> Placement:
+    """The placement to run: the one asked for, else all-CPU without a GPU, else the
+    whole model resident when it fits, else as many whole layers as fit."""
+    triples = sublayer_triples(model)
+    layers = model.args.num_hidden_layers
+    if isinstance(placement, Placement):
+        return placement
+    if device == "cpu":
+        if placement not in (None, "cpu"):
+            raise InvalidInputError(f"placement {placement!r} needs a GPU, but the device is the CPU")
+        return named_placement("cpu", triples, layers)
+    if placement is not None:
+        most = None
+        if budget is not None and str(placement).strip().lower() == "layers:max":
+            most = max_resident_layers(model, budget, 1, kv_tokens, max_step_tokens)
+        return named_placement(placement, triples, layers, most)
+    everything = named_placement("gpu", triples, layers)
+    if budget is None or vram_need(model, everything, 1, kv_tokens, max_step_tokens).total <= budget:
+        return everything
+    return named_placement("layers:max", triples, layers,
+                           max_resident_layers(model, budget, 1, kv_tokens, max_step_tokens))
 
 
 def _load_tokenizer(checkpoint: Checkpoint):

@@ -1,36 +1,177 @@
-"""Runs the sub-layers of a model for one step.
+"""The executor: runs one forward step of a placement over the CPU and the GPU.
 
-This first executor keeps every sub-layer on one device. Placements over CPU and GPU
-with streamed weights build on the same loop (see the Executor issue).
+It alone owns the CUDA streams, events, VRAM slots and pinned buffers. One loop over
+the sub-layers in model order: each computes where the placement says, activations
+cross PCIe only where consecutive sub-layers change device, and streamed weights
+arrive through a :class:`~vramshard.runtime.streaming.SlotRing` that the copy engine
+fills ahead of the compute.
 """
 
 from __future__ import annotations
 
+import logging
+import time
+from dataclasses import dataclass, field
+
 import torch
 
+from ..errors import BudgetError, InvalidInputError
 from ..layers.step import Step
 from ..models.base import Model
+from ..plan.memory import VramNeed, packed_bytes, vram_need
+from ..plan.placement import Placement
+from ..units import format_bytes
+from .host_weights import PackedWeights
+from .kv_cache import KVCache
+from .streaming import SlotRing
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepReport:
+    """What the last step did: time, bytes streamed, device crossings."""
+
+    seconds: float = 0.0
+    bytes_streamed: int = 0
+    crossings: int = 0
+    extra: dict = field(default_factory=dict)
 
 
 class Executor:
-    """All weights and all compute on ``device``."""
+    """Runs ``model`` under ``placement``.
 
-    def __init__(self, model: Model, weights: dict[str, torch.Tensor], device: torch.device | str):
+    host: the host copy of the weights, packed per sub-layer (:func:`pack_model`); pinned
+    when the placement streams, so the copy engine reads it at full speed.
+    budget: VRAM bytes the GPU side may use (None: no limit); checked before anything
+    is allocated, with room for ``max_tokens`` new tokens per step and a KV cache of
+    ``kv_slots`` sequences of ``max_context`` tokens.
+    """
+
+    def __init__(self, model: Model, host: dict[str, PackedWeights], placement: Placement,
+                 budget: int | None = None, max_tokens: int = 2048, max_context: int = 4096, kv_slots: int = 1,
+                 num_slots: int = 2, threads: int | None = None, device: str | torch.device = "cuda"):
         self.model = model
-        self.device = torch.device(device)
-        on_device = {name: t.to(self.device) for name, t in weights.items()}
-        # sublayer name -> {WeightSpec.key: tensor}
-        self.sublayer_weights = {
-            s.name: {spec.key: on_device[spec.source] for spec in s.weights} for s in model
-        }
+        self.placement = placement
+        self.budget = budget
+        self.where = placement.as_dict()
+        missing = [s.name for s in model if s.name not in self.where]
+        if missing:
+            raise ValueError(f"placement {placement.name} does not place {', '.join(missing[:3])}")
+        if threads:
+            torch.set_num_threads(threads)
+        self.uses_gpu = placement.uses_gpu
+        self.need: VramNeed = vram_need(model, placement, kv_slots, max_context, max_tokens, num_slots)
+        self.need.check(budget, f"placement {placement.name}")
+        if self.uses_gpu and not torch.cuda.is_available():
+            raise InvalidInputError(f"placement {placement.name} computes on the GPU, but no CUDA GPU is available")
+        self.gpu = torch.device(device) if self.uses_gpu else None
+        self.kv_plan = (kv_slots, max_context)
+        self.report = StepReport()
+
+        self.host = host
+        self.resident: dict[str, dict[str, torch.Tensor]] = {}
+        self.ring: SlotRing | None = None
+        if self.uses_gpu:
+            torch.cuda.reset_peak_memory_stats(self.gpu)
+            self.compute_stream = torch.cuda.Stream(self.gpu)
+            self.copy_stream = torch.cuda.Stream(self.gpu)
+            self._load_resident()
+            streamed = placement.names(home="stream")
+            if streamed:
+                self.ring = SlotRing(streamed, self.host, num_slots, self.gpu, self.copy_stream)
+            torch.cuda.synchronize(self.gpu)
+
+    # ------------------------------------------------------------------ setup
+    def _load_resident(self) -> None:
+        """Copy the weights of VRAM-resident sub-layers into one VRAM buffer (shared tensors once)."""
+        sources: dict[str, tuple] = {}
+        for sublayer in self.model:
+            if self.where[sublayer.name].home != "vram":
+                continue
+            packed = self.host[sublayer.name]
+            for spec in sublayer.weights:
+                sources.setdefault(spec.source, (spec, packed.views[spec.key]))
+        if not sources:
+            return
+        from ..plan.memory import align
+
+        self._resident_buffer = torch.empty(packed_bytes(s.nbytes for s, _ in sources.values()),
+                                            dtype=torch.uint8, device=self.gpu)
+        on_gpu, cursor = {}, 0
+        for name, (spec, host_view) in sources.items():
+            raw = self._resident_buffer[cursor : cursor + spec.nbytes]
+            on_gpu[name] = raw.view(spec.dtype).view(spec.shape)
+            on_gpu[name].copy_(host_view, non_blocking=True)
+            cursor += align(spec.nbytes)
+        for sublayer in self.model:
+            if self.where[sublayer.name].home == "vram":
+                self.resident[sublayer.name] = {spec.key: on_gpu[spec.source] for spec in sublayer.weights}
 
     def kv_device(self, layer: int) -> torch.device:
-        return self.device
+        attn = self.model[f"attn[{layer}]"]
+        return self.gpu if self.where[attn.name].compute == "gpu" else torch.device("cpu")
 
+    def new_kv_cache(self, slots: int, max_ctx: int) -> KVCache:
+        """A KV cache for ``slots`` sequences of ``max_ctx`` tokens, each layer beside its attention."""
+        planned_slots, planned_ctx = self.kv_plan
+        if self.uses_gpu and slots * max_ctx > planned_slots * planned_ctx:
+            needed = vram_need(self.model, self.placement, slots, max_ctx, 1).kv
+            raise BudgetError(
+                f"a KV cache for {slots} sequence(s) of {max_ctx} tokens needs {format_bytes(needed)} of VRAM, "
+                f"more than the {format_bytes(self.need.kv)} reserved when the model was loaded "
+                f"({planned_slots} x {planned_ctx} tokens); load with a larger max_context"
+            )
+        a = self.model.args
+        layers = [s.layer for s in self.model.attention_layers]
+        return KVCache(layers, slots, max_ctx, a.num_key_value_heads, a.head_dim, self.model.dtype, self.kv_device)
+
+    # ------------------------------------------------------------------ run
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, step: Step) -> torch.Tensor:
-        """token ids [T] → float32 logits [R, V] for the step's logit rows, on the CPU."""
-        x = token_ids.to(self.device)
-        for sublayer in self.model:
-            x = sublayer.forward(self.sublayer_weights[sublayer.name], x, step)
-        return x.cpu()
+        """token ids [T] → float32 logits [R, V] (R: the step's logit rows), on the CPU."""
+        start = time.perf_counter()
+        copied_before = self.ring.bytes_copied if self.ring else 0
+        crossings = 0
+        x = token_ids
+        if not self.uses_gpu:
+            for sublayer in self.model:
+                x = sublayer.forward(self.host[sublayer.name].views, x, step)
+            self.report = StepReport(time.perf_counter() - start)
+            return x
+
+        compute = self.compute_stream
+        compute.wait_stream(torch.cuda.current_stream(self.gpu))  # KV caches, inputs made on the default stream
+        with torch.cuda.stream(compute):
+            for sublayer in self.model:
+                where = self.where[sublayer.name]
+                if where.compute == "cpu":
+                    if x.device.type != "cpu":
+                        x = x.cpu()  # waits for the GPU work queued so far
+                        crossings += 1
+                    x = sublayer.forward(self.host[sublayer.name].views, x, step)
+                    continue
+                if x.device.type == "cpu":
+                    x = x.to(self.gpu, non_blocking=True)
+                    crossings += 1 if sublayer.kind != "embed" else 0
+                if where.home == "vram":
+                    x = sublayer.forward(self.resident[sublayer.name], x, step)
+                else:
+                    weights = self.ring.acquire(sublayer.name, compute)
+                    x = sublayer.forward(weights, x, step)
+                    self.ring.release(compute)
+            logits = x.cpu()
+        copied = (self.ring.bytes_copied if self.ring else 0) - copied_before
+        self.report = StepReport(time.perf_counter() - start, copied, crossings)
+        return logits
+
+    # ------------------------------------------------------------------ reporting
+    def peak_vram(self) -> int:
+        """``torch.cuda.max_memory_reserved`` since load (0 without a GPU)."""
+        return torch.cuda.max_memory_reserved(self.gpu) if self.uses_gpu else 0
+
+    def describe(self) -> str:
+        text = f"{self.placement.summary()}; VRAM plan {format_bytes(self.need.total)} ({self.need.breakdown()})"
+        if self.budget is not None:
+            text += f" of budget {format_bytes(self.budget)}"
+        return text

@@ -1,0 +1,85 @@
+"""Shared pieces of the benchmark scripts: timing, bandwidth probes, hardware description."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def hardware() -> dict:
+    info = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "torch": torch.__version__, "python": platform.python_version()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info["gpu"] = f"{props.name} ({props.total_memory / 2**30:.0f} GiB)"
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed(fn, repeat: int = 5, warmup: int = 1, budget_s: float = 20.0) -> float:
+    """Median seconds of ``fn()`` (GPU work synchronised); fewer repeats once ``budget_s`` is spent."""
+    t_begin = time.perf_counter()
+    for _ in range(warmup):
+        fn()
+        sync()
+        if time.perf_counter() - t_begin > budget_s / 2:
+            break
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+        if time.perf_counter() - t_begin > budget_s:
+            break
+    return statistics.median(times)
+
+
+def h2d_bandwidth(nbytes: int = 2**30) -> float:
+    """Bytes/s host→device from pinned memory (one large copy)."""
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    seconds = timed(lambda: dev.copy_(host, non_blocking=True), repeat=5)
+    del host, dev
+    return nbytes / seconds
+
+
+def cpu_read_bandwidth(nbytes: int = 2**31) -> float:
+    """Bytes/s the CPU reads from memory with all torch threads (sum of a large fp32 tensor)."""
+    x = torch.ones(nbytes // 4, dtype=torch.float32)
+    seconds = timed(lambda: x.sum(), repeat=5)
+    return nbytes / seconds
+
+
+def write_json(path: str | Path, data) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, default=str))
+
+
+def out_dir() -> Path:
+    return Path(os.environ.get("OUT", "bench_out"))

@@ -1,0 +1,120 @@
+"""VRAM arithmetic: what a placement needs on the GPU, item by item.
+
+Used by the executor to refuse placements that cannot fit and by the planner to
+choose ones that do. Sizes are upper estimates for the CUDA caching allocator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import BudgetError
+from ..models.base import Model
+from ..units import format_bytes
+from .placement import Placement
+
+SLOT_ALIGN = 256  # byte alignment of each tensor inside a packed buffer
+ALLOCATOR_SLACK = 64 * 2**20  # rounding of the caching allocator, cuBLAS workspace
+
+
+def align(n: int, to: int = SLOT_ALIGN) -> int:
+    return (n + to - 1) // to * to
+
+
+def packed_bytes(sizes) -> int:
+    """Bytes of a buffer holding tensors of the given sizes, each aligned."""
+    return sum(align(n) for n in sizes)
+
+
+@dataclass(frozen=True)
+class VramNeed:
+    """What a placement needs on the GPU."""
+
+    resident: int  # weights pinned in VRAM
+    slots: int  # ring of slots for streamed weights
+    kv: int  # KV cache of GPU-attention layers
+    workspace: int  # activations of the largest step, allocator slack
+
+    @property
+    def total(self) -> int:
+        return self.resident + self.slots + self.kv + self.workspace
+
+    def breakdown(self) -> str:
+        return (f"resident weights {format_bytes(self.resident)}, slots {format_bytes(self.slots)}, "
+                f"KV cache {format_bytes(self.kv)}, workspace {format_bytes(self.workspace)}")
+
+    def check(self, budget: int | None, what: str = "this placement") -> None:
+        if budget is not None and self.total > budget:
+            raise BudgetError(
+                f"{what} needs {format_bytes(self.total)} of VRAM ({self.breakdown()}) but the budget is "
+                f"{format_bytes(budget)}; raise --vram to at least {format_bytes(self.total)} or choose a "
+                "placement that keeps less on the GPU"
+            )
+
+
+def sublayer_packed_bytes(model: Model, name: str) -> int:
+    return packed_bytes(spec.nbytes for spec in model[name].weights)
+
+
+def workspace_bytes(model: Model, max_tokens: int, max_context: int, max_logit_rows: int | None = None) -> int:
+    """Peak activation memory of one GPU step of ``max_tokens`` new tokens (upper estimate)."""
+    a = model.args
+    item = model.dtype.itemsize
+    rows = max_tokens if max_logit_rows is None else max_logit_rows
+    ffn = a.moe.intermediate_size * a.moe.top_k if a.moe else a.intermediate_size
+    qkv = (a.num_attention_heads + 2 * a.num_key_value_heads) * a.head_dim
+    per_token = item * (4 * a.hidden_size + 3 * qkv + 3 * ffn)
+    if a.moe:
+        per_token += 4 * a.moe.num_experts * 3  # router logits, probabilities (fp32)
+    # A masked attention may fall back to materialised scores [heads, tokens, context] in fp32.
+    scores = 4 * a.num_attention_heads * max_tokens * max_context if max_tokens > 1 else 0
+    logits = rows * a.vocab_size * (item + 4 + 4)  # head output, fp32 copy, sampling
+    return align(2 * max_tokens * per_token + scores + logits, 2**20) + ALLOCATOR_SLACK
+
+
+def vram_need(model: Model, placement: Placement, kv_slots: int, max_context: int, max_tokens: int,
+              num_slots: int = 2, max_logit_rows: int | None = None) -> VramNeed:
+    """VRAM a placement needs for ``kv_slots`` sequences of up to ``max_context`` tokens."""
+    where = placement.as_dict()
+    resident_sources: dict[str, int] = {}
+    streamed = []
+    gpu_attention = 0
+    for sublayer in model:
+        w = where[sublayer.name]
+        if w.home == "vram":
+            for spec in sublayer.weights:
+                resident_sources[spec.source] = spec.nbytes
+        elif w.home == "stream":
+            streamed.append(sublayer_packed_bytes(model, sublayer.name))
+        if sublayer.kind == "attn" and w.compute == "gpu":
+            gpu_attention += 1
+    a = model.args
+    kv = 2 * gpu_attention * kv_slots * max_context * a.num_key_value_heads * a.head_dim * model.dtype.itemsize
+    uses_gpu = placement.uses_gpu
+    return VramNeed(
+        resident=packed_bytes(resident_sources.values()),
+        slots=num_slots * max(streamed, default=0) if streamed else 0,
+        kv=kv,
+        workspace=workspace_bytes(model, max_tokens, max_context, max_logit_rows) if uses_gpu else 0,
+    )
+
+
+def max_resident_layers(model: Model, budget: int, kv_slots: int, max_context: int, max_tokens: int) -> int:
+    """The most whole layers (``layers:N``) whose weights and KV fit the budget."""
+    from .placement import named_placement
+
+    triples = sublayer_triples(model)
+    num_layers = model.args.num_hidden_layers
+    best = 0
+    for n in range(num_layers + 1):
+        need = vram_need(model, named_placement(f"layers:{n}", triples, num_layers), kv_slots,
+                         max_context, max_tokens)
+        if need.total <= budget:
+            best = n
+        else:
+            break
+    return best
+
+
+def sublayer_triples(model: Model) -> list[tuple[str, str, int | None]]:
+    return [(s.name, s.kind, s.layer) for s in model]
