@@ -18,6 +18,7 @@ class Attention(SubLayer):
     """Grouped-query self-attention block (Llama / Mistral / Qwen2 / Qwen3 family)."""
 
     kind = "attn"
+    fusable = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "qkv_bias": ("q_bias", "k_bias", "v_bias")}
 
     def __init__(self, args: ModelArgs, layer: int, prefix: str, dtype: torch.dtype):
         self.args = args
@@ -67,9 +68,16 @@ class Attention(SubLayer):
     def forward(self, w: Mapping[str, torch.Tensor], x: torch.Tensor, step: Step) -> torch.Tensor:
         T = x.shape[0]
         h = rms_norm(x, w["input_layernorm"], self.eps)
-        q = linear(h, w["q_proj"], w.get("q_bias")).view(T, self.num_heads, self.head_dim)
-        k = linear(h, w["k_proj"], w.get("k_bias")).view(T, self.num_kv_heads, self.head_dim)
-        v = linear(h, w["v_proj"], w.get("v_bias")).view(T, self.num_kv_heads, self.head_dim)
+        if "qkv_proj" in w and ("q_bias" not in w or "qkv_bias" in w):
+            hq, hkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+            q, k, v = linear(h, w["qkv_proj"], w.get("qkv_bias")).split([hq, hkv, hkv], dim=-1)
+        else:
+            q = linear(h, w["q_proj"], w.get("q_bias"))
+            k = linear(h, w["k_proj"], w.get("k_bias"))
+            v = linear(h, w["v_proj"], w.get("v_bias"))
+        q = q.view(T, self.num_heads, self.head_dim)
+        k = k.view(T, self.num_kv_heads, self.head_dim)
+        v = v.view(T, self.num_kv_heads, self.head_dim)
         if "q_norm" in w:
             q = rms_norm(q, w["q_norm"], self.eps)
             k = rms_norm(k, w["k_norm"], self.eps)
@@ -88,9 +96,14 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache, step: Step)
     padded to a common query and key length, with a mask for causality and padding.
     """
     device = q.device
-    positions = step.positions(device)
-    cache.k[step.token_slots(device), positions] = k.to(cache.k.dtype)
-    cache.v[step.token_slots(device), positions] = v.to(cache.v.dtype)
+    if step.num_seqs == 1:
+        slot, start = step.slots[0], step.starts[0]
+        cache.k[slot, start : start + k.shape[0]] = k
+        cache.v[slot, start : start + k.shape[0]] = v
+    else:
+        positions = step.positions(device)
+        cache.k[step.token_slots(device), positions] = k.to(cache.k.dtype)
+        cache.v[step.token_slots(device), positions] = v.to(cache.v.dtype)
     scale = q.shape[-1] ** -0.5
     gqa = q.shape[1] != k.shape[1]
 

@@ -55,6 +55,10 @@ class SubLayer:
     """Base class: ``embed``, ``attn[i]``, ``ffn[i]``, ``head`` (and vision sub-layers later)."""
 
     kind: str = "?"
+    # Weights that may be given to ``forward`` as one fused tensor, e.g. {"qkv_proj": ("q_proj",
+    # "k_proj", "v_proj")}: where they lie back to back in one buffer, the fused view is free
+    # and saves kernel launches; ``forward`` must work with and without it.
+    fusable: dict[str, tuple[str, ...]] = {}
 
     def __init__(self, name: str, layer: int | None, weights: list[WeightSpec]):
         self.name = name

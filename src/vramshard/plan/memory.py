@@ -76,14 +76,13 @@ def vram_need(model: Model, placement: Placement, kv_slots: int, max_context: in
               num_slots: int = 2, max_logit_rows: int | None = None) -> VramNeed:
     """VRAM a placement needs for ``kv_slots`` sequences of up to ``max_context`` tokens."""
     where = placement.as_dict()
-    resident_sources: dict[str, int] = {}
+    resident = 0
     streamed = []
     gpu_attention = 0
     for sublayer in model:
         w = where[sublayer.name]
         if w.home == "vram":
-            for spec in sublayer.weights:
-                resident_sources[spec.source] = spec.nbytes
+            resident += sublayer_packed_bytes(model, sublayer.name)
         elif w.home == "stream":
             streamed.append(sublayer_packed_bytes(model, sublayer.name))
         if sublayer.kind == "attn" and w.compute == "gpu":
@@ -92,7 +91,7 @@ def vram_need(model: Model, placement: Placement, kv_slots: int, max_context: in
     kv = 2 * gpu_attention * kv_slots * max_context * a.num_key_value_heads * a.head_dim * model.dtype.itemsize
     uses_gpu = placement.uses_gpu
     return VramNeed(
-        resident=packed_bytes(resident_sources.values()),
+        resident=resident,
         slots=num_slots * max(streamed, default=0) if streamed else 0,
         kv=kv,
         workspace=workspace_bytes(model, max_tokens, max_context, max_logit_rows) if uses_gpu else 0,

@@ -9,6 +9,7 @@ fills ahead of the compute.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ import torch
 from ..errors import BudgetError, InvalidInputError
 from ..layers.step import Step
 from ..models.base import Model
-from ..plan.memory import VramNeed, packed_bytes, vram_need
+from ..plan.memory import VramNeed, vram_need
 from ..plan.placement import Placement
 from ..units import format_bytes
 from .host_weights import PackedWeights
@@ -73,6 +74,8 @@ class Executor:
         self.resident: dict[str, dict[str, torch.Tensor]] = {}
         self.ring: SlotRing | None = None
         if self.uses_gpu:
+            gc.collect()  # engines dropped earlier in this process give their VRAM back first
+            torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.gpu)
             self.compute_stream = torch.cuda.Stream(self.gpu)
             self.copy_stream = torch.cuda.Stream(self.gpu)
@@ -84,29 +87,20 @@ class Executor:
 
     # ------------------------------------------------------------------ setup
     def _load_resident(self) -> None:
-        """Copy the weights of VRAM-resident sub-layers into one VRAM buffer (shared tensors once)."""
-        sources: dict[str, tuple] = {}
-        for sublayer in self.model:
-            if self.where[sublayer.name].home != "vram":
-                continue
-            packed = self.host[sublayer.name]
-            for spec in sublayer.weights:
-                sources.setdefault(spec.source, (spec, packed.views[spec.key]))
-        if not sources:
+        """Copy each VRAM-resident sub-layer's packed buffer into VRAM: one transfer per sub-layer,
+        the same layout as on the host, so fused views come for free here too."""
+        names = self.placement.names(home="vram")
+        if not names:
             return
-        from ..plan.memory import align
-
-        self._resident_buffer = torch.empty(packed_bytes(s.nbytes for s, _ in sources.values()),
-                                            dtype=torch.uint8, device=self.gpu)
-        on_gpu, cursor = {}, 0
-        for name, (spec, host_view) in sources.items():
-            raw = self._resident_buffer[cursor : cursor + spec.nbytes]
-            on_gpu[name] = raw.view(spec.dtype).view(spec.shape)
-            on_gpu[name].copy_(host_view, non_blocking=True)
-            cursor += align(spec.nbytes)
-        for sublayer in self.model:
-            if self.where[sublayer.name].home == "vram":
-                self.resident[sublayer.name] = {spec.key: on_gpu[spec.source] for spec in sublayer.weights}
+        total = sum(self.host[name].layout.nbytes for name in names)
+        self._resident_buffer = torch.empty(total, dtype=torch.uint8, device=self.gpu)
+        cursor = 0
+        for name in names:
+            packed = self.host[name]
+            block = self._resident_buffer[cursor : cursor + packed.layout.nbytes]
+            block.copy_(packed.buffer, non_blocking=True)
+            self.resident[name] = packed.layout.views(block)
+            cursor += packed.layout.nbytes
 
     def kv_device(self, layer: int) -> torch.device:
         attn = self.model[f"attn[{layer}]"]

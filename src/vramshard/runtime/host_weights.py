@@ -25,6 +25,7 @@ class PackedLayout:
     specs: tuple[WeightSpec, ...]
     offsets: tuple[int, ...]
     nbytes: int
+    fusable: dict = None  # SubLayer.fusable
 
     @classmethod
     def of(cls, sublayer: SubLayer) -> "PackedLayout":
@@ -32,15 +33,31 @@ class PackedLayout:
         for spec in sublayer.weights:
             offsets.append(cursor)
             cursor += align(spec.nbytes)
-        return cls(sublayer.weights, tuple(offsets), cursor)
+        return cls(sublayer.weights, tuple(offsets), cursor, dict(sublayer.fusable))
 
     def views(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
-        """{key: tensor} views into a uint8 ``buffer`` laid out like this."""
-        out = {}
+        """{key: tensor} views into a uint8 ``buffer`` laid out like this, plus free fused views."""
+        out, where = {}, {}
         for spec, offset in zip(self.specs, self.offsets):
             raw = buffer[offset : offset + spec.nbytes]
             out[spec.key] = raw.view(spec.dtype).view(spec.shape)
+            where[spec.key] = (spec, offset)
+        for fused, members in (self.fusable or {}).items():
+            if all(m in where for m in members) and _back_to_back([where[m] for m in members]):
+                first, offset = where[members[0]]
+                rows = sum(where[m][0].shape[0] for m in members)
+                nbytes = sum(where[m][0].nbytes for m in members)
+                out[fused] = buffer[offset : offset + nbytes].view(first.dtype).view(rows, *first.shape[1:])
         return out
+
+
+def _back_to_back(parts: list[tuple[WeightSpec, int]]) -> bool:
+    """Same dtype and trailing shape, each starting where the previous one ends."""
+    first = parts[0][0]
+    for (spec, offset), (next_spec, next_offset) in zip(parts, parts[1:]):
+        if offset + spec.nbytes != next_offset:
+            return False
+    return all(s.dtype == first.dtype and s.shape[1:] == first.shape[1:] for s, _ in parts)
 
 
 @dataclass
