@@ -21,8 +21,10 @@ from .errors import InvalidInputError
 from .layers.step import Step
 from .loading.checkpoint import Checkpoint, open_checkpoint
 from .models import Model, build_model
-from .plan.memory import max_resident_layers, sublayer_triples, vram_need
+from .plan.memory import LOGIT_ROWS, max_resident_layers, sublayer_triples, vram_need
 from .plan.placement import Placement, named_placement
+from .plan.planner import Planner, machine_profile
+from .plan.tiers import Tiers
 from .runtime.executor import Executor
 from .runtime.host_weights import pack_model
 from .runtime.kv_cache import KVCache
@@ -68,6 +70,7 @@ class Engine:
         self.max_context = max_context or model.args.max_position_embeddings
         self.vram_budget = vram_budget
         self.max_step_tokens = max_step_tokens
+        self.plan = None  # the planner's PlanSet when the placement was planned
         self.last_stats = GenerationStats()
 
     # ------------------------------------------------------------------ loading
@@ -86,7 +89,8 @@ class Engine:
         max_context: longest sequence (prompt + answer) to allow; default: the model's (capped
             at 8192 on the GPU, where its KV cache is reserved in VRAM).
         options: ``max_batch`` (sequences whose KV is reserved, default 1), ``max_step_tokens``
-            (largest step, default 2048), ``threads`` (CPU threads), ``num_slots`` (stream ring).
+            (largest step, default 2048), ``threads`` (CPU threads), ``num_slots`` (stream ring),
+            ``tiers`` (:class:`Tiers`), ``profile`` (a machine profile for the planner).
         """
         checkpoint = open_checkpoint(path)
         return cls.from_checkpoint(checkpoint, vram=vram, device=device, dtype=dtype, placement=placement,
@@ -94,21 +98,25 @@ class Engine:
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint, vram=None, device=None, dtype=None, placement=None,
-                        max_context=None, progress=None, max_batch: int = 1, max_step_tokens: int = 2048,
-                        threads: int | None = None, num_slots: int = 2) -> "Engine":
+                        max_context=None, progress=None, **options) -> "Engine":
         """Build an engine from an opened (or in-memory) :class:`Checkpoint`; see :meth:`load`."""
         model = build_model(checkpoint.config, parse_dtype(dtype))
         weights = load_weights(model, checkpoint, progress)
         tokenizer = _load_tokenizer(checkpoint)
         return cls.from_weights(model, weights, tokenizer, name=checkpoint.path.name, vram=vram, device=device,
-                                placement=placement, max_context=max_context, max_batch=max_batch,
-                                max_step_tokens=max_step_tokens, threads=threads, num_slots=num_slots)
+                                placement=placement, max_context=max_context, **options)
 
     @classmethod
     def from_weights(cls, model: Model, weights: dict[str, torch.Tensor], tokenizer=None, name: str = "model",
                      vram=None, device=None, placement=None, max_context=None, max_batch: int = 1,
-                     max_step_tokens: int = 2048, threads: int | None = None, num_slots: int = 2) -> "Engine":
-        """Build an engine from a model and its CPU weights (consumed), e.g. random weights of a real shape."""
+                     max_step_tokens: int = 2048, threads: int | None = None, num_slots: int = 2,
+                     tiers: Tiers | None = None, profile=None) -> "Engine":
+        """Build an engine from a model and its CPU weights (consumed), e.g. random weights of a real shape.
+
+        With a VRAM budget and no explicit placement, the planner chooses the pinned set and a
+        placement per token tier from the machine profile (``profile``: a
+        :class:`~vramshard.profile.Profile`, default this machine's).
+        """
         limit = model.args.max_position_embeddings
         if max_context is not None and max_context > limit:
             raise InvalidInputError(f"max_context {max_context} exceeds the model's limit of {limit} positions")
@@ -116,14 +124,23 @@ class Engine:
         budget = None if vram in (None, "none") else parse_size(vram)
         context = max_context or (limit if device == "cpu" else min(limit, DEFAULT_GPU_CONTEXT))
         kv_tokens = max(1, max_batch) * context
-        placement = choose_placement(model, placement, device, budget, kv_tokens, max_step_tokens)
+        plan_set = None
+        if placement is None and device != "cpu" and budget is not None:
+            tiers = tiers or Tiers(tuple(t for t in Tiers().sizes if t <= max_step_tokens) or (max_step_tokens,))
+            plan_set = Planner(model, profile or machine_profile(), budget, context=kv_tokens, tiers=tiers,
+                               num_slots=num_slots, name=name).plan()
+            placement = plan_set.tiered()
+        else:
+            placement = choose_placement(model, placement, device, budget, kv_tokens, max_step_tokens)
         host = pack_model(list(model), weights, pin=placement.uses_gpu)
         executor = Executor(model, host, placement, budget=budget, max_tokens=max_step_tokens,
                             max_context=kv_tokens, kv_slots=1, num_slots=num_slots, threads=threads,
                             device=device if device != "cpu" else "cuda")
         log.info("%s", executor.describe())
-        return cls(model, executor, tokenizer, name=name, max_context=context, vram_budget=budget,
-                   max_step_tokens=max_step_tokens)
+        engine = cls(model, executor, tokenizer, name=name, max_context=context, vram_budget=budget,
+                     max_step_tokens=max_step_tokens)
+        engine.plan = plan_set
+        return engine
 
     # ------------------------------------------------------------------ inference
     def logits(self, ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
@@ -131,8 +148,10 @@ class Engine:
         ids = self._check_prompt(ids)
         kv = self.executor.new_kv_cache(slots=1, max_ctx=len(ids))
         rows = []
-        for begin in range(0, len(ids), self.max_step_tokens):
-            chunk = ids[begin : begin + self.max_step_tokens]
+        # On the GPU, the workspace holds logits for at most LOGIT_ROWS rows per step.
+        chunk_size = min(self.max_step_tokens, LOGIT_ROWS) if self.executor.uses_gpu else self.max_step_tokens
+        for begin in range(0, len(ids), chunk_size):
+            chunk = ids[begin : begin + chunk_size]
             step = Step.single(begin, len(chunk), all_logits=True, kv_lookup=kv)
             rows.append(self.executor.forward(torch.tensor(chunk), step))
         return torch.cat(rows)
@@ -163,6 +182,18 @@ class Engine:
         params = [SamplingParams(temperature, top_k, top_p, seed)]
         for _, token in self._run([prompt_ids], max_new_tokens, params, None):
             yield token
+
+    def scheduler(self, max_seqs: int = 8, max_context: int | None = None, max_step_tokens: int | None = None,
+                  chunk_sizes: Sequence[int] | None = None, kv_tokens: int | None = None):
+        """A continuous-batching :class:`~vramshard.runtime.scheduler.Scheduler` over this engine's
+        executor, with a KV pool of ``max_seqs`` sequences of ``max_context`` tokens (default: the
+        engine's context) allocated now; see the Scheduler for the other arguments."""
+        from .runtime.scheduler import Scheduler
+
+        return Scheduler(self.executor, max_seqs=max_seqs, max_context=max_context or self.max_context,
+                         max_step_tokens=max_step_tokens or self.max_step_tokens, chunk_sizes=chunk_sizes,
+                         kv_tokens=kv_tokens, eos_ids=self._eos_ids(), tokenizer=self.tokenizer,
+                         vocab_size=self.args.vocab_size)
 
     # ------------------------------------------------------------------ internals
     def _run(self, prompts, max_new_tokens: int, params: list[SamplingParams], stop) -> Iterator[tuple[int, int]]:
@@ -205,8 +236,9 @@ class Engine:
             if not active:
                 break
             rows = []
-            for begin in range(0, len(active), self.max_step_tokens):
-                group = active[begin : begin + self.max_step_tokens]
+            group_size = min(self.max_step_tokens, LOGIT_ROWS)
+            for begin in range(0, len(active), group_size):
+                group = active[begin : begin + group_size]
                 step = Step(group, [cached[s] for s in group], [1] * len(group), list(range(len(group))),
                             kv_lookup=kv)
                 rows.append(self.executor.forward(torch.tensor([next_tokens[s] for s in group]), step))
@@ -227,7 +259,9 @@ class Engine:
             slots, starts, lengths, rows, finishing = [], [], [], [], []
             room = self.max_step_tokens
             for seq, prompt in enumerate(prompts):
-                if done[seq] == len(prompt) or room == 0:
+                if room == 0 or len(finishing) == LOGIT_ROWS:
+                    break
+                if done[seq] == len(prompt):
                     continue
                 n = min(len(prompt) - done[seq], room)
                 slots.append(seq), starts.append(done[seq]), lengths.append(n)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from ..config import ModelArgs
 from .norm import rms_norm
-from .rotary import apply_rotary, cos_sin, inverse_frequencies
+from .rotary import apply_rotary, cos_sin, inverse_frequencies, mrope_cos_sin
 from .step import Step
 from .sublayer import Cost, SubLayer, WeightSpec, linear
 
@@ -27,6 +27,8 @@ class Attention(SubLayer):
         self.head_dim = args.head_dim
         self.eps = args.rms_norm_eps
         self.inv_freq = inverse_frequencies(args.rope, args.head_dim)
+        # Multimodal rotary sections (Qwen2-VL family); only their args carry the field.
+        self.mrope_section = tuple(getattr(args, "mrope_section", ()) or ())
         d, hq, hkv = args.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         specs = [
             WeightSpec("input_layernorm", f"{prefix}.input_layernorm.weight", (d,), dtype),
@@ -47,6 +49,13 @@ class Attention(SubLayer):
                 WeightSpec("k_norm", f"{prefix}.self_attn.k_norm.weight", (self.head_dim,), dtype),
             ]
         super().__init__(f"attn[{layer}]", layer, specs)
+
+    launches = 22
+
+    def matmuls(self, n_tokens: int) -> list[tuple[float, int, int]]:
+        d = self.args.hidden_size
+        hq, hkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return [(n_tokens, d, hq + 2 * hkv), (n_tokens, hq, d)]
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
         return 2 * self.num_kv_heads * self.head_dim * dtype.itemsize
@@ -82,11 +91,19 @@ class Attention(SubLayer):
             q = rms_norm(q, w["q_norm"], self.eps)
             k = rms_norm(k, w["k_norm"], self.eps)
         cos, sin = step.memo(("rope", id(self.inv_freq), x.dtype), x.device,
-                             lambda: cos_sin(self.inv_freq, step.positions(x.device), x.dtype))
+                             lambda: self._rotary_tables(step.rotary_positions(x.device), x.dtype))
         q = apply_rotary(q, cos, sin)
         k = apply_rotary(k, cos, sin)
         out = attend(q, k, v, step.kv(self.layer), step)  # [T, H, D]
         return x + linear(out.reshape(T, -1), w["o_proj"])
+
+    def _rotary_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, D] for positions [T] (ordinary rotary) or [3, T] (multimodal rotary)."""
+        if positions.dim() == 1:
+            return cos_sin(self.inv_freq, positions, dtype)
+        if not self.mrope_section:
+            raise ValueError(f"{self.name}: 3-row rotary positions need a model with mrope_section")
+        return mrope_cos_sin(self.inv_freq, positions, self.mrope_section, dtype)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache, step: Step) -> torch.Tensor:

@@ -16,6 +16,7 @@ EMBED_NAME = "model.embed_tokens.weight"
 
 class Embedding(SubLayer):
     kind = "embed"
+    launches = 1
 
     def __init__(self, args: ModelArgs, dtype: torch.dtype):
         self.hidden = args.hidden_size
@@ -33,6 +34,10 @@ class Embedding(SubLayer):
 
 class Head(SubLayer):
     kind = "head"
+    launches = 6
+
+    def matmuls(self, n_tokens: int) -> list[tuple[float, int, int]]:
+        return [(n_tokens, self.hidden, self.vocab)]
 
     def __init__(self, args: ModelArgs, dtype: torch.dtype):
         self.eps = args.rms_norm_eps

@@ -39,6 +39,11 @@ class DenseFFN(SubLayer):
         ])
         self.hidden, self.intermediate = d, f
 
+    launches = 9
+
+    def matmuls(self, n_tokens: int) -> list[tuple[float, int, int]]:
+        return [(n_tokens, self.hidden, 2 * self.intermediate), (n_tokens, self.intermediate, self.hidden)]
+
     def cost(self, n_tokens: int, context: int) -> Cost:
         itemsize = self.weights[0].dtype.itemsize
         return Cost(flops=2 * n_tokens * 3 * self.hidden * self.intermediate, weight_bytes=self.nbytes,

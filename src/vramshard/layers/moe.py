@@ -73,6 +73,16 @@ class MoEFFN(SubLayer):
         miss = (1 - self.top_k / self.num_experts) ** n_tokens
         return self.num_experts * (1 - miss)
 
+    launches = 14  # plus about 8 per expert that receives tokens (see matmuls)
+
+    def matmuls(self, n_tokens: int) -> list[tuple[float, int, int]]:
+        hit = self.expected_experts_touched(n_tokens)
+        per_expert = n_tokens * self.top_k / hit  # expected tokens of each expert hit
+        out: list[tuple[float, int, int]] = [(n_tokens, self.hidden, self.num_experts)]
+        for _ in range(round(hit)):
+            out += [(per_expert, self.hidden, 2 * self.intermediate), (per_expert, self.intermediate, self.hidden)]
+        return out
+
     def cost(self, n_tokens: int, context: int) -> Cost:
         itemsize = self.weights[0].dtype.itemsize
         router_bytes = self.num_experts * self.hidden * itemsize + self.hidden * itemsize

@@ -46,3 +46,36 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+def mrope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, section: tuple[int, ...],
+                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Multimodal rotary (Qwen2-VL "mrope"): cos and sin [T, head_dim] for positions [3, T].
+
+    Rows are the temporal, height and width positions; frequency pair j takes its angle
+    from row ``i % 3`` where ``i`` is the section of ``section`` (sums to head_dim / 2)
+    that j falls in. With three equal rows this is ordinary rotary.
+    """
+    freqs = positions.float()[:, :, None] * inv_freq.to(positions.device)[None, None, :]  # [3, T, head_dim/2]
+    chunks = freqs.split(list(section), dim=-1)
+    freqs = torch.cat([chunk[i % 3] for i, chunk in enumerate(chunks)], dim=-1)  # [T, head_dim/2]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def axial_inverse_frequencies(theta: float, head_dim: int) -> torch.Tensor:
+    """Inverse frequencies [head_dim / 4] of the 2-D (row, column) rotary of Qwen2-VL vision encoders."""
+    spatial = head_dim // 2
+    return 1.0 / (theta ** (torch.arange(0, spatial, 2, dtype=torch.float) / spatial))
+
+
+def axial_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 cos and sin [N, head_dim] for (row, column) patch positions [N, 2].
+
+    The first quarter of the pairs rotate with the row, the second with the column; the
+    half-split layout repeats them for the second half, as ``apply_rotary`` expects.
+    """
+    freqs = positions.float()[..., None] * inv_freq.to(positions.device)  # [N, 2, head_dim/4]
+    freqs = torch.cat([freqs[:, 0], freqs[:, 1]], dim=-1)  # [N, head_dim/2]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()

@@ -29,6 +29,11 @@ class Step:
     at positions ``starts[b] .. starts[b] + lengths[b] - 1`` and keeps its cache in row
     ``slots[b]`` of every layer's KV cache. ``logit_rows`` selects the token rows the
     head computes logits for (None: all rows).
+
+    Multimodal models add two optional inputs: ``rope_positions``, the positions the
+    rotary embedding uses when they differ from the cache positions ([T], or [3, T] for
+    multimodal rotary), and ``input_embeds`` = (rows [K], vectors [K, D]), embeddings
+    (image features) that replace those of the token rows ``rows``.
     """
 
     slots: list[int]
@@ -36,6 +41,8 @@ class Step:
     lengths: list[int]
     logit_rows: list[int] | None = None
     kv_lookup: Callable[[int], LayerKV] | None = None
+    rope_positions: torch.Tensor | None = None  # int64 [T] or [3, T]; None: positions()
+    input_embeds: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows [K] int64, vectors [K, D])
     _memo: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
@@ -82,6 +89,15 @@ class Step:
             return torch.tensor(pos, dtype=torch.long).to(device, non_blocking=True)
 
         return self.memo("positions", device, build)
+
+    def rotary_positions(self, device: torch.device) -> torch.Tensor:
+        """Positions for the rotary embedding: ``rope_positions`` if given, else ``positions()``."""
+        if self.rope_positions is None:
+            return self.positions(device)
+        if self.rope_positions.shape[-1] != self.num_tokens:
+            raise ValueError(f"rope_positions cover {self.rope_positions.shape[-1]} tokens, the step has "
+                             f"{self.num_tokens}")
+        return self.memo("rope_positions", device, lambda: self.rope_positions.to(device, non_blocking=True))
 
     def token_slots(self, device: torch.device) -> torch.Tensor:
         """Cache slot of every new token [T] (int64)."""

@@ -76,9 +76,17 @@ class SubLayer:
             groups.setdefault(spec.piece, []).append(spec)
         return {k: tuple(v) for k, v in groups.items()}
 
+    # Kernel launches of one forward (roughly): the per-step overhead the estimator charges.
+    launches: int = 8
+
     def cost(self, n_tokens: int, context: int) -> Cost:
         """Work for ``n_tokens`` new tokens attending to ``context`` tokens in total."""
         raise NotImplementedError
+
+    def matmuls(self, n_tokens: int) -> list[tuple[float, int, int]]:
+        """The weight matmuls of one forward as (M, K, N): [M, K] @ [K, N]; M may be fractional
+        (an expected token count per expert)."""
+        return []
 
     def forward(self, w: Mapping[str, torch.Tensor], x: torch.Tensor, step: Step) -> torch.Tensor:
         """Compute on the device of ``x``; ``w`` maps ``WeightSpec.key`` to tensors."""

@@ -14,6 +14,7 @@ from ..units import format_bytes
 from .placement import Placement
 
 SLOT_ALIGN = 256  # byte alignment of each tensor inside a packed buffer
+LOGIT_ROWS = 64  # most logit rows one GPU step computes (decode batch); prompts need one row each
 ALLOCATOR_SLACK = 64 * 2**20  # rounding of the caching allocator, cuBLAS workspace
 
 
@@ -60,7 +61,7 @@ def workspace_bytes(model: Model, max_tokens: int, max_context: int, max_logit_r
     """Peak activation memory of one GPU step of ``max_tokens`` new tokens (upper estimate)."""
     a = model.args
     item = model.dtype.itemsize
-    rows = max_tokens if max_logit_rows is None else max_logit_rows
+    rows = min(max_tokens, LOGIT_ROWS) if max_logit_rows is None else max_logit_rows
     ffn = a.moe.intermediate_size * a.moe.top_k if a.moe else a.intermediate_size
     qkv = (a.num_attention_heads + 2 * a.num_key_value_heads) * a.head_dim
     per_token = item * (4 * a.hidden_size + 3 * qkv + 3 * ffn)
@@ -117,3 +118,11 @@ def max_resident_layers(model: Model, budget: int, kv_slots: int, max_context: i
 
 def sublayer_triples(model: Model) -> list[tuple[str, str, int | None]]:
     return [(s.name, s.kind, s.layer) for s in model]
+
+
+def tiered_vram_need(model: Model, plans, kv_slots: int, max_context: int, max_tokens: int,
+                     num_slots: int = 2) -> VramNeed:
+    """VRAM of a :class:`TieredPlacement`: shared resident weights, the largest ring, KV, workspace."""
+    needs = [vram_need(model, p, kv_slots, max_context, max_tokens, num_slots) for p in plans.placements]
+    return VramNeed(resident=needs[0].resident, slots=max(n.slots for n in needs),
+                    kv=max(n.kv for n in needs), workspace=max(n.workspace for n in needs))

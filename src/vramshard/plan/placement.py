@@ -138,3 +138,60 @@ def named_placement(spec: str, sublayers: list[tuple[str, str, int | None]], num
 
         return uniform(f"layers:{n}", sublayers, choose)
     raise InvalidInputError(f"unknown placement {spec!r}; choose one of {', '.join(NAMED)}")
+
+
+@dataclass(frozen=True)
+class TieredPlacement:
+    """One placement per token tier, all with the same VRAM-resident sub-layers.
+
+    A step of n new tokens runs the placement of the smallest tier >= n (the largest
+    tier for anything bigger), with the tier's CPU thread count (None: unchanged).
+    """
+
+    tiers: tuple[int, ...]
+    placements: tuple[Placement, ...]
+    threads: tuple[int | None, ...]
+
+    def __post_init__(self):
+        if not (len(self.tiers) == len(self.placements) == len(self.threads)) or not self.tiers:
+            raise InvalidInputError("a tiered placement needs one placement and thread count per tier")
+        resident = {frozenset(p.names(home="vram")) for p in self.placements}
+        if len(resident) != 1:
+            raise InvalidInputError("every tier must keep the same sub-layers resident in VRAM")
+
+    @classmethod
+    def single(cls, placement: Placement) -> "TieredPlacement":
+        return cls((1 << 62,), (placement,), (None,))
+
+    def index_for(self, n_tokens: int) -> int:
+        for i, size in enumerate(self.tiers):
+            if n_tokens <= size:
+                return i
+        return len(self.tiers) - 1
+
+    def for_tokens(self, n_tokens: int) -> tuple[Placement, int | None]:
+        i = self.index_for(n_tokens)
+        return self.placements[i], self.threads[i]
+
+    @property
+    def name(self) -> str:
+        if len(self.placements) == 1:
+            return self.placements[0].name
+        return "planned(" + ", ".join(f"{t}:{p.name}" for t, p in zip(self.tiers, self.placements)) + ")"
+
+    @property
+    def uses_gpu(self) -> bool:
+        return any(p.uses_gpu for p in self.placements)
+
+    def to_json(self) -> str:
+        return json.dumps({"tiers": list(self.tiers), "threads": list(self.threads),
+                           "placements": [json.loads(p.to_json()) for p in self.placements]})
+
+    @classmethod
+    def from_json(cls, text: str) -> "TieredPlacement":
+        try:
+            data = json.loads(text)
+            return cls(tuple(data["tiers"]), tuple(Placement.from_json(json.dumps(p)) for p in data["placements"]),
+                       tuple(data["threads"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidInputError(f"not a tiered placement JSON document: {exc}") from None

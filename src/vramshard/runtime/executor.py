@@ -19,8 +19,8 @@ import torch
 from ..errors import BudgetError, InvalidInputError
 from ..layers.step import Step
 from ..models.base import Model
-from ..plan.memory import VramNeed, vram_need
-from ..plan.placement import Placement
+from ..plan.memory import VramNeed, tiered_vram_need
+from ..plan.placement import Placement, TieredPlacement
 from ..units import format_bytes
 from .host_weights import PackedWeights
 from .kv_cache import KVCache
@@ -49,21 +49,24 @@ class Executor:
     ``kv_slots`` sequences of ``max_context`` tokens.
     """
 
-    def __init__(self, model: Model, host: dict[str, PackedWeights], placement: Placement,
+    def __init__(self, model: Model, host: dict[str, PackedWeights], placement: Placement | TieredPlacement,
                  budget: int | None = None, max_tokens: int = 2048, max_context: int = 4096, kv_slots: int = 1,
                  num_slots: int = 2, threads: int | None = None, device: str | torch.device = "cuda"):
         self.model = model
-        self.placement = placement
+        self.plans = placement if isinstance(placement, TieredPlacement) else TieredPlacement.single(placement)
+        self.placement = self.plans.placements[0]
         self.budget = budget
-        self.where = placement.as_dict()
-        missing = [s.name for s in model if s.name not in self.where]
-        if missing:
-            raise ValueError(f"placement {placement.name} does not place {', '.join(missing[:3])}")
+        for p in self.plans.placements:
+            missing = [s.name for s in model if s.name not in p.as_dict()]
+            if missing:
+                raise ValueError(f"placement {p.name} does not place {', '.join(missing[:3])}")
+        self._kv_gpu = self._kv_layers_on_gpu()
+        self.threads = threads
         if threads:
             torch.set_num_threads(threads)
-        self.uses_gpu = placement.uses_gpu
-        self.need: VramNeed = vram_need(model, placement, kv_slots, max_context, max_tokens, num_slots)
-        self.need.check(budget, f"placement {placement.name}")
+        self.uses_gpu = self.plans.uses_gpu
+        self.need: VramNeed = tiered_vram_need(model, self.plans, kv_slots, max_context, max_tokens, num_slots)
+        self.need.check(budget, f"placement {self.plans.name}")
         if self.uses_gpu and not torch.cuda.is_available():
             raise InvalidInputError(f"placement {placement.name} computes on the GPU, but no CUDA GPU is available")
         self.gpu = torch.device(device) if self.uses_gpu else None
@@ -80,9 +83,10 @@ class Executor:
             self.compute_stream = torch.cuda.Stream(self.gpu)
             self.copy_stream = torch.cuda.Stream(self.gpu)
             self._load_resident()
-            streamed = placement.names(home="stream")
+            streamed = {n for p in self.plans.placements for n in p.names(home="stream")}
             if streamed:
-                self.ring = SlotRing(streamed, self.host, num_slots, self.gpu, self.copy_stream)
+                slot_bytes = max(self.host[n].layout.nbytes for n in streamed)
+                self.ring = SlotRing(slot_bytes, self.host, num_slots, self.gpu, self.copy_stream)
             torch.cuda.synchronize(self.gpu)
 
     # ------------------------------------------------------------------ setup
@@ -102,15 +106,22 @@ class Executor:
             self.resident[name] = packed.layout.views(block)
             cursor += packed.layout.nbytes
 
+    def _kv_layers_on_gpu(self) -> set[int]:
+        """Attention layers computed on the GPU; the same in every tier, since KV caches stay put."""
+        sets = {frozenset(s.layer for s in self.model.attention_layers if p[s.name].compute == "gpu")
+                for p in self.plans.placements}
+        if len(sets) != 1:
+            raise ValueError("every tier must compute each attention layer on the same device as its KV cache")
+        return set(next(iter(sets)))
+
     def kv_device(self, layer: int) -> torch.device:
-        attn = self.model[f"attn[{layer}]"]
-        return self.gpu if self.where[attn.name].compute == "gpu" else torch.device("cpu")
+        return self.gpu if layer in self._kv_gpu else torch.device("cpu")
 
     def new_kv_cache(self, slots: int, max_ctx: int) -> KVCache:
         """A KV cache for ``slots`` sequences of ``max_ctx`` tokens, each layer beside its attention."""
         planned_slots, planned_ctx = self.kv_plan
         if self.uses_gpu and slots * max_ctx > planned_slots * planned_ctx:
-            needed = vram_need(self.model, self.placement, slots, max_ctx, 1).kv
+            needed = tiered_vram_need(self.model, self.plans, slots, max_ctx, 1).kv
             raise BudgetError(
                 f"a KV cache for {slots} sequence(s) of {max_ctx} tokens needs {format_bytes(needed)} of VRAM, "
                 f"more than the {format_bytes(self.need.kv)} reserved when the model was loaded "
@@ -127,6 +138,12 @@ class Executor:
         start = time.perf_counter()
         copied_before = self.ring.bytes_copied if self.ring else 0
         crossings = 0
+        placement, threads = self.plans.for_tokens(step.num_tokens)
+        if threads and threads != torch.get_num_threads():
+            torch.set_num_threads(threads)
+        where = placement.as_dict()
+        if self.ring is not None:
+            self.ring.set_order(placement.names(home="stream"))
         x = token_ids
         if not self.uses_gpu:
             for sublayer in self.model:
@@ -138,8 +155,8 @@ class Executor:
         compute.wait_stream(torch.cuda.current_stream(self.gpu))  # KV caches, inputs made on the default stream
         with torch.cuda.stream(compute):
             for sublayer in self.model:
-                where = self.where[sublayer.name]
-                if where.compute == "cpu":
+                here = where[sublayer.name]
+                if here.compute == "cpu":
                     if x.device.type != "cpu":
                         x = x.cpu()  # waits for the GPU work queued so far
                         crossings += 1
@@ -148,7 +165,7 @@ class Executor:
                 if x.device.type == "cpu":
                     x = x.to(self.gpu, non_blocking=True)
                     crossings += 1 if sublayer.kind != "embed" else 0
-                if where.home == "vram":
+                if here.home == "vram":
                     x = sublayer.forward(self.resident[sublayer.name], x, step)
                 else:
                     weights = self.ring.acquire(sublayer.name, compute)
@@ -156,7 +173,7 @@ class Executor:
                     self.ring.release(compute)
             logits = x.cpu()
         copied = (self.ring.bytes_copied if self.ring else 0) - copied_before
-        self.report = StepReport(time.perf_counter() - start, copied, crossings)
+        self.report = StepReport(time.perf_counter() - start, copied, crossings, {"placement": placement.name})
         return logits
 
     # ------------------------------------------------------------------ reporting
@@ -165,7 +182,7 @@ class Executor:
         return torch.cuda.max_memory_reserved(self.gpu) if self.uses_gpu else 0
 
     def describe(self) -> str:
-        text = f"{self.placement.summary()}; VRAM plan {format_bytes(self.need.total)} ({self.need.breakdown()})"
+        text = f"{'; '.join(p.summary() for p in self.plans.placements)}; VRAM plan {format_bytes(self.need.total)} ({self.need.breakdown()})"
         if self.budget is not None:
             text += f" of budget {format_bytes(self.budget)}"
         return text

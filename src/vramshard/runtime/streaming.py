@@ -28,12 +28,11 @@ class Slot:
 class SlotRing:
     """Streams the weights of ``order`` (sub-layer names, run order) through ``num_slots`` slots."""
 
-    def __init__(self, order: list[str], host: dict[str, PackedWeights], num_slots: int,
+    def __init__(self, slot_bytes: int, host: dict[str, PackedWeights], num_slots: int,
                  device: torch.device, copy_stream: torch.cuda.Stream):
-        self.order = list(order)
+        self.order: list[str] = []
         self.host = host
         self.copy_stream = copy_stream
-        slot_bytes = max(host[name].layout.nbytes for name in self.order)
         self.slots = [
             Slot(torch.empty(slot_bytes, dtype=torch.uint8, device=device), torch.cuda.Event(), torch.cuda.Event(), {})
             for _ in range(num_slots)
@@ -43,6 +42,13 @@ class SlotRing:
         self._next_index = 0  # position in `order` of the next sub-layer to fill
         self._next_slot = 0
         self.bytes_copied = 0
+
+    def set_order(self, order: list[str]) -> None:
+        """The streamed sub-layers of the placement about to run, in run order."""
+        if order != self.order:
+            self.order = list(order)
+            self.pending.clear()
+            self._next_index = 0
 
     @property
     def nbytes(self) -> int:

@@ -1,0 +1,53 @@
+"""``vramshard plan MODEL --vram 4GiB``: show the plan the engine would run."""
+
+from __future__ import annotations
+
+import json
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("plan", help="show where every sub-layer would run, per token tier")
+    p.add_argument("model", nargs="?", help="Hugging Face model directory or .gguf file")
+    p.add_argument("--shape", help="plan a named real shape instead of a file (e.g. nemo-8b, llama3-8b, qwen3-30b-a3b)")
+    p.add_argument("--vram", required=True, help="VRAM budget, e.g. 4GiB or 2048MiB")
+    p.add_argument("--ctx", type=int, default=4096, help="context tokens to reserve KV cache for (default 4096)")
+    p.add_argument("--tiers", default=None, help="token tiers, e.g. 1,4,16,64,256,512,1024,2048")
+    p.add_argument("--slots", type=int, default=2, help="streaming slots in the ring (default 2)")
+    p.add_argument("--profile", default=None, help="profile file (default: this machine's)")
+    p.add_argument("--dtype", default=None, help="weights dtype (default: the checkpoint's)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="draw where each sub-layer runs per tier")
+    p.set_defaults(func=main)
+
+
+def main(args) -> int:
+    from ..config import parse_dtype
+    from ..errors import InvalidInputError
+    from ..models import build_model
+    from ..plan.planner import Planner, machine_profile
+    from ..plan.report import plot_plan, print_plan
+    from ..plan.tiers import Tiers
+    from ..units import parse_size
+
+    if bool(args.model) == bool(args.shape):
+        raise InvalidInputError("give a MODEL path or --shape NAME (one of them)")
+    if args.shape:
+        from ..shapes import shape_config
+
+        config, name = shape_config(args.shape), args.shape
+    else:
+        from ..loading.checkpoint import open_checkpoint
+
+        checkpoint = open_checkpoint(args.model)
+        config, name = checkpoint.config, checkpoint.path.name
+    model = build_model(config, parse_dtype(args.dtype))
+    tiers = Tiers.parse(args.tiers) if args.tiers else Tiers()
+    plan = Planner(model, machine_profile(args.profile), parse_size(args.vram), context=args.ctx, tiers=tiers,
+                   num_slots=args.slots, name=name).plan()
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=1))
+    else:
+        print_plan(plan)
+    if args.plot:
+        plot_plan(plan, args.plot)
+    return 0

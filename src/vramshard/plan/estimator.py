@@ -1,0 +1,178 @@
+"""Roofline estimator: the time of every sub-layer on each device, and a simulation of a
+whole step over three resources (CPU thread, GPU, copy engine) with the executor's real
+dependencies: the Python thread issues GPU work and blocks on CPU sub-layers and on
+device crossings; fill k+S of the slot ring is issued after sub-layer k is queued and
+waits until the GPU has finished with that slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..layers.attention import Attention
+from ..layers.sublayer import SubLayer
+from ..models.base import Model
+from ..profile.query import Profile
+from .memory import sublayer_packed_bytes
+from .placement import Placement
+
+DISPATCH_LAUNCHES = 5  # kernel launches in the profile's "tiny sub-layer" dispatch probe
+
+
+@dataclass
+class StepEstimate:
+    """Predicted time of one step of a placement, with what kept each resource busy."""
+
+    seconds: float
+    cpu_busy: float
+    gpu_busy: float
+    copy_busy: float
+    bytes_streamed: int
+    timeline: list[tuple[str, str, float, float]] = field(default_factory=list, repr=False)  # (name, resource, start, end)
+
+
+class Estimator:
+    """Costs of one model on one machine (a :class:`Profile`)."""
+
+    def __init__(self, model: Model, profile: Profile, threads: int | None = None):
+        self.model = model
+        self.profile = profile
+        self.threads = threads
+        self.dtype = model.dtype
+        self._cache: dict = {}
+
+    # ------------------------------------------------------------------ one sub-layer
+    def logit_rows(self, n_tokens: int) -> int:
+        """Rows the head computes: one per decoded sequence, one per prompt chunk when prefilling."""
+        return n_tokens if n_tokens <= 64 else 1
+
+    def compute_s(self, sublayer: SubLayer, device: str, n_tokens: int, context: int,
+                  contended: bool = False) -> float:
+        """Kernel time of one sub-layer (``device`` "cpu" or "cuda"), launch overhead excluded."""
+        key = (sublayer.name, device, n_tokens, context, contended, self.threads)
+        if key in self._cache:
+            return self._cache[key]
+        rows = self.logit_rows(n_tokens) if sublayer.kind == "head" else n_tokens
+        seconds = 0.0
+        for m, k, n in sublayer.matmuls(rows):
+            seconds += self._matmul(m, k, n, device, contended)
+        if isinstance(sublayer, Attention):
+            seconds += self.profile.attention_s(n_tokens, context, sublayer.num_heads, sublayer.num_kv_heads,
+                                                sublayer.head_dim, self.dtype, device,
+                                                threads=self.threads if device == "cpu" else None)
+        if sublayer.kind == "embed":
+            row = sublayer.weights[0].nbytes // sublayer.weights[0].shape[0]
+            seconds += n_tokens * row / 5e9
+        self._cache[key] = seconds
+        return seconds
+
+    def _matmul(self, m: float, k: int, n: int, device: str, contended: bool) -> float:
+        if m <= 0:
+            return 0.0
+        whole = max(1, int(m))
+        t = self.profile.matmul_s(whole, k, n, self.dtype, device,
+                                  threads=self.threads if device == "cpu" else None,
+                                  contended=contended and device == "cpu")
+        return t * (m / whole) if m < 1 else t
+
+    def launch_s(self, sublayer: SubLayer, device: str, n_tokens: int) -> float:
+        """Python + launch overhead of one sub-layer's forward."""
+        launches = sublayer.launches
+        if sublayer.kind == "ffn" and hasattr(sublayer, "expected_experts_touched"):
+            launches += 8 * round(sublayer.expected_experts_touched(n_tokens))
+        return self.profile.dispatch_s(device) * launches / DISPATCH_LAUNCHES
+
+    def copy_s(self, sublayer: SubLayer, contended: bool = False) -> float:
+        return self.profile.transfer_s(sublayer_packed_bytes(self.model, sublayer.name), "h2d", contended)
+
+    def crossing_s(self, nbytes: int, direction: str) -> float:
+        """Moving activations between devices: a small copy plus a synchronisation."""
+        return self.profile.transfer_s(nbytes, direction) + self.profile.dispatch_s("cuda")
+
+    # ------------------------------------------------------------------ one step
+    def simulate(self, placement: Placement, n_tokens: int, context: int, num_slots: int = 2) -> StepEstimate:
+        """Predicted steady-state time of one step (the ring already primed by the step before)."""
+        where = placement.as_dict()
+        streams = bool(placement.names(home="stream"))
+        cpu_work = bool(placement.names(compute="cpu"))
+        order = [s for s in self.model if where[s.name].home == "stream"]
+        # Simulate two consecutive steps; the second is the steady state.
+        first = self._simulate_steps(where, order, n_tokens, context, num_slots, streams, cpu_work, steps=1)
+        both = self._simulate_steps(where, order, n_tokens, context, num_slots, streams, cpu_work, steps=2)
+        est = both
+        est.seconds = both.seconds - first.seconds
+        est.bytes_streamed = sum(sublayer_packed_bytes(self.model, s.name) for s in order)
+        return est
+
+    def _simulate_steps(self, where, order, n_tokens, context, num_slots, streams, cpu_work, steps) -> StepEstimate:
+        py = 0.0  # the Python thread (it also does the CPU compute)
+        gpu_free = 0.0
+        copy_free = 0.0
+        cpu_busy = gpu_busy = copy_busy = 0.0
+        timeline = []
+        n_stream = len(order)
+        fill_done: dict[int, float] = {}  # global fill index -> time the slot holds its weights
+        slot_released: dict[int, float] = {}  # global use index -> GPU time the slot became free
+        fills_issued = 0
+
+        def issue_fill(at: float):
+            nonlocal fills_issued, copy_free, copy_busy
+            index = fills_issued
+            sublayer = order[index % n_stream]
+            previous_user = index - num_slots
+            free_at = slot_released.get(previous_user, 0.0) if previous_user >= 0 else 0.0
+            start = max(at, copy_free, free_at)
+            seconds = self.copy_s(sublayer, contended=cpu_work)
+            copy_free = start + seconds
+            copy_busy += seconds
+            fill_done[index] = copy_free
+            timeline.append((sublayer.name, "copy", start, copy_free))
+            fills_issued += 1
+
+        if n_stream:
+            for _ in range(min(num_slots, n_stream)):
+                issue_fill(0.0)
+        uses = 0
+        x_device, x_ready = "cpu", 0.0
+        act_bytes = n_tokens * self.model.args.hidden_size * self.dtype.itemsize
+        logit_bytes = self.logit_rows(n_tokens) * self.model.args.vocab_size * 4
+        for _ in range(steps):
+            for sublayer in self.model:
+                w = where[sublayer.name]
+                if w.compute == "cpu":
+                    if x_device == "cuda":
+                        py = max(py, x_ready) + self.crossing_s(act_bytes, "d2h")
+                        x_device = "cpu"
+                    start = max(py, x_ready)
+                    seconds = self.compute_s(sublayer, "cpu", n_tokens, context, contended=streams) \
+                        + self.launch_s(sublayer, "cpu", n_tokens)
+                    py = x_ready = start + seconds
+                    cpu_busy += seconds
+                    timeline.append((sublayer.name, "cpu", start, py))
+                    continue
+                if x_device == "cpu":
+                    if sublayer.kind != "embed":
+                        py = max(py, x_ready) + self.crossing_s(act_bytes, "h2d")
+                    x_ready = max(x_ready, py)
+                    x_device = "cuda"
+                launch = self.launch_s(sublayer, "cuda", n_tokens)
+                ready = x_ready
+                if w.home == "stream":
+                    ready = max(ready, fill_done[uses])
+                start = max(gpu_free, ready, py)
+                kernels = self.compute_s(sublayer, "cuda", n_tokens, context)
+                py += launch
+                gpu_free = max(start + kernels, py)
+                gpu_busy += kernels
+                x_ready = gpu_free
+                timeline.append((sublayer.name, "gpu", start, gpu_free))
+                if w.home == "stream":
+                    slot_released[uses] = gpu_free
+                    uses += 1
+                    issue_fill(py)
+            # Logits back to the host.
+            if x_device == "cuda":
+                py = max(py, x_ready) + self.crossing_s(logit_bytes, "d2h")
+                x_device = "cpu"
+            x_ready = py
+        return StepEstimate(py, cpu_busy, gpu_busy, copy_busy, 0, timeline)

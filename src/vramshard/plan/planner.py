@@ -1,0 +1,314 @@
+"""The planner: a pinned set under the VRAM budget, then for each token tier the fastest
+placement of the other sub-layers among the plan families, as predicted by the estimator.
+
+Families (over the sub-layers not pinned):
+  gpu-only  every streamable sub-layer streamed to the GPU (prompt chunks, big batches);
+  static    attention on the GPU beside its KV cache, FFN and head on the CPU;
+  dynamic   streaming and CPU compute balanced so PCIe and the CPU finish together;
+  cpu       everything not pinned on the CPU;
+  search    a per-sub-layer local search started from the best family.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+from ..errors import BudgetError
+from ..models.base import Model
+from ..profile.query import Profile
+from ..units import format_bytes
+from .estimator import Estimator
+from .memory import VramNeed, sublayer_packed_bytes, workspace_bytes
+from .placement import CPU, GPU_RESIDENT, GPU_STREAMED, Placement, TieredPlacement, Where
+from .tiers import Tiers
+
+log = logging.getLogger(__name__)
+FAMILIES = ("gpu-only", "static", "dynamic", "cpu", "search")
+
+
+@dataclass
+class PinReason:
+    name: str
+    nbytes: int
+    saved_s: dict[int, float]  # tier -> seconds per step saved by keeping it in VRAM
+    score: float  # relative step time saved per GiB, summed over tiers
+
+
+@dataclass
+class TierPlan:
+    tier: int
+    family: str
+    placement: Placement
+    threads: int | None
+    predicted_s: float
+    candidates: dict[str, float]  # family -> predicted seconds per step (inf: not possible)
+
+
+@dataclass
+class PlanSet:
+    """Everything the planner decided, as plain data."""
+
+    model_name: str
+    budget: int | None
+    context: int
+    kv_on_gpu: bool
+    num_slots: int
+    need: VramNeed
+    pinned: list[str]
+    reasons: list[PinReason]
+    tiers: dict[int, TierPlan]
+    notes: list[str] = field(default_factory=list)
+
+    def tiered(self) -> TieredPlacement:
+        sizes = tuple(sorted(self.tiers))
+        named = tuple(Placement(f"{self.tiers[s].family}@{s}", self.tiers[s].placement.where) for s in sizes)
+        return TieredPlacement(sizes, named,
+                               tuple(self.tiers[s].threads for s in sizes))
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model_name, "budget": self.budget, "context": self.context, "kv_on_gpu": self.kv_on_gpu,
+            "num_slots": self.num_slots,
+            "vram": {"resident": self.need.resident, "slots": self.need.slots, "kv": self.need.kv,
+                     "workspace": self.need.workspace, "total": self.need.total},
+            "pinned": [{"name": r.name, "bytes": r.nbytes, "score": r.score,
+                        "saved_ms": {str(t): s * 1e3 for t, s in r.saved_s.items()}} for r in self.reasons],
+            "tiers": {str(t): {"family": p.family, "threads": p.threads, "predicted_ms": p.predicted_s * 1e3,
+                               "tok_s": t / p.predicted_s if p.predicted_s else None,
+                               "candidates_ms": {k: (v * 1e3 if math.isfinite(v) else None)
+                                                 for k, v in p.candidates.items()},
+                               "placement": [[n, w.compute, w.home] for n, w in p.placement.where]}
+                      for t, p in self.tiers.items()},
+            "notes": self.notes,
+        }
+
+
+class Planner:
+    """Plans ``model`` on the machine described by ``profile`` under ``budget`` bytes of VRAM."""
+
+    def __init__(self, model: Model, profile: Profile, budget: int | None, context: int = 4096,
+                 tiers: Tiers = Tiers(), kv_slots: int = 1, num_slots: int = 2, name: str = "model"):
+        self.model = model
+        self.profile = profile
+        self.budget = budget
+        self.context = context
+        self.tiers = tiers
+        self.kv_slots = kv_slots
+        self.num_slots = num_slots
+        self.name = name
+        self.estimator = Estimator(model, profile)
+        self.sizes = {s.name: sublayer_packed_bytes(model, s.name) for s in model}
+        # Slots are sized for attention/FFN sub-layers: the embedding and the head (often the
+        # largest tensors) are never streamed, they are pinned or computed on the CPU.
+        self.streamable = [s.name for s in model if s.kind in ("attn", "ffn")]
+        self.slot_bytes = max((self.sizes[n] for n in self.streamable), default=0)
+
+    # ------------------------------------------------------------------ public
+    def plan(self) -> PlanSet:
+        if not self.profile.has_gpu:
+            return self._all_cpu("no GPU: every sub-layer runs on the CPU")
+        workspace = workspace_bytes(self.model, self.tiers.largest, self.context)
+        kv = self.kv_bytes()
+        slots = self.num_slots * self.slot_bytes
+        minimum = workspace + slots
+        if self.budget is not None and self.budget < minimum:
+            raise BudgetError(
+                f"a VRAM budget of {format_bytes(self.budget)} is below the minimum of {format_bytes(minimum)} "
+                f"(workspace for {self.tiers.largest}-token steps {format_bytes(workspace)}, "
+                f"{self.num_slots} streaming slots {format_bytes(slots)}); raise --vram to at least "
+                f"{format_bytes(minimum)}, lower the largest tier, or plan for the CPU only (--device cpu)"
+            )
+        options = []
+        if self.budget is None or self.budget >= minimum + kv:
+            options.append(self._plan_variant(kv_on_gpu=True, workspace=workspace, kv=kv))
+        options.append(self._plan_variant(kv_on_gpu=False, workspace=workspace, kv=0))
+        best = min(options, key=self._score)
+        if len(options) == 2:
+            other = options[0] if best is options[1] else options[1]
+            best.notes.append(
+                f"KV cache on the {'GPU' if best.kv_on_gpu else 'CPU'}: predicted tier-1 step "
+                f"{best.tiers[self.tiers.sizes[0]].predicted_s * 1e3:.2f} ms vs "
+                f"{other.tiers[self.tiers.sizes[0]].predicted_s * 1e3:.2f} ms with it on the "
+                f"{'GPU' if other.kv_on_gpu else 'CPU'}")
+        else:
+            best.notes.append("KV cache on the CPU: it does not fit beside the minimum in the budget")
+        return best
+
+    def kv_bytes(self) -> int:
+        a = self.model.args
+        return (2 * a.num_hidden_layers * self.kv_slots * self.context * a.num_key_value_heads * a.head_dim
+                * self.model.dtype.itemsize)
+
+    # ------------------------------------------------------------------ variants
+    def _score(self, plan: PlanSet) -> float:
+        """Sum over tiers of predicted time relative to the tier size (seconds per token)."""
+        return sum(p.predicted_s / t for t, p in plan.tiers.items())
+
+    def _plan_variant(self, kv_on_gpu: bool, workspace: int, kv: int) -> PlanSet:
+        budget = math.inf if self.budget is None else self.budget
+        everything = sum(self.sizes.values())
+        if everything + workspace + kv <= budget:
+            pinned, reasons = [s.name for s in self.model], []
+            slots = 0
+        else:
+            slots = self.num_slots * self.slot_bytes
+            room = budget - workspace - kv - slots
+            pinned, reasons = self._pinned_set(room, kv_on_gpu)
+        tiers = {t: self._plan_tier(t, set(pinned), kv_on_gpu) for t in self.tiers.sizes}
+        streams = any(p.placement.names(home="stream") for p in tiers.values())
+        need = VramNeed(resident=sum(self.sizes[n] for n in pinned), slots=slots if streams else 0,
+                        kv=kv, workspace=workspace)
+        return PlanSet(self.name, self.budget, self.context, kv_on_gpu, self.num_slots, need, pinned, reasons, tiers)
+
+    def _pinned_set(self, room: float, kv_on_gpu: bool) -> tuple[list[str], list[PinReason]]:
+        """Greedy by step time saved per byte, summed over tiers relative to each tier's step."""
+        est = self.estimator
+        candidates = []
+        baseline = {}
+        for tier in self.tiers.sizes:
+            baseline[tier] = sum(self._unpinned_s(s, tier, kv_on_gpu) for s in self.model) or 1.0
+        for sublayer in self.model:
+            if sublayer.kind == "attn" and not kv_on_gpu:
+                continue  # attention runs beside its KV cache, on the CPU here
+            saved = {}
+            for tier in self.tiers.sizes:
+                pinned_s = est.compute_s(sublayer, "cuda", tier, self.context) + est.launch_s(sublayer, "cuda", tier)
+                saved[tier] = max(0.0, self._unpinned_s(sublayer, tier, kv_on_gpu) - pinned_s)
+            score = sum(saved[t] / baseline[t] for t in saved) / max(self.sizes[sublayer.name], 1) * 2**30
+            candidates.append(PinReason(sublayer.name, self.sizes[sublayer.name], saved, score))
+        candidates.sort(key=lambda r: r.score, reverse=True)
+        pinned, reasons, used = [], [], 0
+        for reason in candidates:
+            if reason.score <= 0:
+                break
+            if used + reason.nbytes <= room:
+                pinned.append(reason.name)
+                reasons.append(reason)
+                used += reason.nbytes
+        order = {s.name: i for i, s in enumerate(self.model)}
+        pinned.sort(key=order.__getitem__)
+        return pinned, reasons
+
+    def _unpinned_s(self, sublayer, tier: int, kv_on_gpu: bool) -> float:
+        """Cost of a sub-layer left out of VRAM: its cheaper of streaming and CPU compute."""
+        est = self.estimator
+        cpu = est.compute_s(sublayer, "cpu", tier, self.context) + est.launch_s(sublayer, "cpu", tier)
+        if sublayer.kind == "attn":
+            return max(est.copy_s(sublayer), est.compute_s(sublayer, "cuda", tier, self.context)) if kv_on_gpu else cpu
+        if sublayer.name in self.streamable:
+            stream = max(est.copy_s(sublayer), est.compute_s(sublayer, "cuda", tier, self.context))
+            return min(cpu, stream)
+        return cpu
+
+    # ------------------------------------------------------------------ one tier
+    def _plan_tier(self, tier: int, pinned: set[str], kv_on_gpu: bool) -> TierPlan:
+        families = {
+            "gpu-only": self._family("gpu-only", pinned, kv_on_gpu, lambda s: "stream"),
+            "static": self._family("static", pinned, kv_on_gpu, lambda s: "stream" if s.kind == "attn" else "cpu"),
+            "cpu": self._family("cpu", pinned, kv_on_gpu, lambda s: "cpu"),
+            "dynamic": self._dynamic(tier, pinned, kv_on_gpu),
+        }
+        times = {name: self._time(p, tier) for name, p in families.items()}
+        best_family = min(times, key=times.get)
+        searched = self._search(families[best_family], tier, pinned, kv_on_gpu, times[best_family])
+        families["search"] = searched
+        times["search"] = self._time(searched, tier)
+        winner = min(times, key=times.get)
+        threads = self._best_threads(families[winner], tier)
+        return TierPlan(tier, winner, families[winner], threads, times[winner], times)
+
+    def _time(self, placement: Placement, tier: int) -> float:
+        return self.estimator.simulate(placement, tier, self.context, self.num_slots).seconds
+
+    def _where(self, sublayer, choice: str, pinned: set[str], kv_on_gpu: bool) -> Where:
+        if sublayer.name in pinned:
+            return GPU_RESIDENT
+        if sublayer.kind == "attn":
+            return GPU_STREAMED if kv_on_gpu else CPU
+        if choice == "stream" and sublayer.name in self.streamable:
+            return GPU_STREAMED
+        return CPU
+
+    def _family(self, name: str, pinned, kv_on_gpu, choose) -> Placement:
+        return Placement(name, tuple((s.name, self._where(s, choose(s), pinned, kv_on_gpu)) for s in self.model))
+
+    def _dynamic(self, tier: int, pinned: set[str], kv_on_gpu: bool) -> Placement:
+        """Split the free sub-layers between PCIe and the CPU so both finish together (LPT)."""
+        est = self.estimator
+        free = [s for s in self.model if s.name not in pinned and s.name in self.streamable
+                and not (s.kind == "attn")]
+        fixed_cpu = sum(est.compute_s(s, "cpu", tier, self.context) for s in self.model
+                        if s.name not in pinned and (s.name not in self.streamable or (s.kind == "attn" and not kv_on_gpu)))
+        fixed_copy = sum(est.copy_s(s) for s in self.model
+                         if s.name not in pinned and s.kind == "attn" and kv_on_gpu)
+        choice = {}
+        cpu_total, copy_total = fixed_cpu, fixed_copy
+        for s in sorted(free, key=lambda s: self.sizes[s.name], reverse=True):
+            cpu_s = est.compute_s(s, "cpu", tier, self.context, contended=True)
+            copy_s = est.copy_s(s, contended=True)
+            if cpu_total + cpu_s <= copy_total + copy_s:
+                choice[s.name], cpu_total = "cpu", cpu_total + cpu_s
+            else:
+                choice[s.name], copy_total = "stream", copy_total + copy_s
+        return self._family("dynamic", pinned, kv_on_gpu, lambda s: choice.get(s.name, "cpu"))
+
+    def _search(self, start: Placement, tier: int, pinned: set[str], kv_on_gpu: bool, best_s: float) -> Placement:
+        """Flip single sub-layers between streaming and the CPU while the prediction improves."""
+        where = dict(start.where)
+        flippable = [s.name for s in self.model if s.name not in pinned and s.name in self.streamable
+                     and s.kind != "attn"]
+        for _ in range(3):
+            improved = False
+            for name in flippable:
+                old = where[name]
+                where[name] = CPU if old == GPU_STREAMED else GPU_STREAMED
+                candidate = Placement("search", tuple(where.items()))
+                seconds = self._time(candidate, tier)
+                if seconds < best_s * 0.999:
+                    best_s, improved = seconds, True
+                else:
+                    where[name] = old
+            if not improved:
+                break
+        return Placement("search", tuple(where.items()))
+
+    def _best_threads(self, placement: Placement, tier: int) -> int | None:
+        if not placement.names(compute="cpu"):
+            return None
+        best, best_s = None, math.inf
+        for threads in self.profile.threads:
+            est = Estimator(self.model, self.profile, threads)
+            seconds = est.simulate(placement, tier, self.context, self.num_slots).seconds
+            if seconds < best_s * 0.98:
+                best, best_s = threads, seconds
+        return best
+
+    def _all_cpu(self, note: str) -> PlanSet:
+        placement = Placement("cpu", tuple((s.name, CPU) for s in self.model))
+        tiers = {}
+        for t in self.tiers.sizes:
+            seconds = self._time(placement, t)
+            tiers[t] = TierPlan(t, "cpu", placement, self._best_threads(placement, t), seconds, {"cpu": seconds})
+        return PlanSet(self.name, self.budget, self.context, False, 0, VramNeed(0, 0, 0, 0), [], [], tiers, [note])
+
+
+
+
+def machine_profile(path=None) -> Profile:
+    """This machine's profile (``vramshard profile``); without one, rough defaults and a warning."""
+    from ..profile import load, load_or_none, synthetic
+
+    if path is not None:
+        return load(path, check_fingerprint=False)
+    profile = load_or_none()
+    if profile is not None:
+        return profile
+    log.warning("no profile of this machine yet: planning with rough defaults; run `vramshard profile` "
+                "once (about a minute with --quick) for plans fitted to this machine")
+    import torch
+
+    if torch.cuda.is_available():
+        return synthetic(cpu_gflops=1000, gpu_gflops=100_000, h2d_gbps=25, cpu_mem_gbps=60, gpu_mem_gbps=1000)
+    return synthetic(cpu_gflops=500, cpu_mem_gbps=40)

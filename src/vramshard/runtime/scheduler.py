@@ -1,0 +1,310 @@
+"""Continuous batching: one forward step at a time over every request in flight.
+
+Requests enter a queue. Each :meth:`Scheduler.step` admits waiting requests while a KV slot and
+KV token budget are free, then fills a token budget (``max_step_tokens``): first one decode token
+for every running sequence that is generating, then chunks of prompts still being read (chunked
+prefill, chunk lengths from the token tiers). It runs the executor once, samples each request
+that finished reading its input with the request's own sampler, streams the new tokens and text
+out, and retires finished sequences, freeing their KV slot at once.
+
+The KV cache is one fixed pool of ``max_seqs`` slots × ``max_context`` positions, allocated when
+the scheduler is built. A request reserves ``prompt + max_new_tokens`` positions of the KV token
+budget when admitted and keeps its slot until it ends: a new request that does not fit waits, and
+a running sequence is never evicted. Cancelled requests are dropped at the next step boundary.
+
+Not thread-safe except :meth:`Scheduler.add` and :meth:`Request.cancel`, which any thread may
+call; :class:`~vramshard.runtime.engine_loop.EngineLoop` runs steps on a background thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Iterable, Sequence
+
+import torch
+
+from ..errors import InvalidInputError
+from ..layers.step import Step
+from .request import Request, RequestOutput, RequestStatus, cut_at_stop
+from .sampler import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What one step did (for metrics)."""
+
+    tokens: int  # new tokens run through the model
+    prefill_tokens: int
+    decode_tokens: int
+    sequences: int  # sequences in the step
+    sampled: int  # tokens sampled (requests that got a new token)
+    seconds: float  # wall time of the whole step (scheduling, forward, sampling, detokenizing)
+    queue_length: int  # requests waiting after admission
+    running: int  # sequences holding a KV slot during the step
+    end_time: float  # time.time() at the end of the step
+
+
+@dataclass
+class _Chunk:
+    request: Request
+    length: int
+    samples: bool  # the chunk ends the request's known tokens: its last row gives logits
+
+
+class Scheduler:
+    """Runs many requests through ``executor`` with continuous batching and chunked prefill.
+
+    max_seqs: KV slots (sequences running at once). max_context: positions per slot (prompt plus
+    answer). max_step_tokens: new tokens per step. chunk_sizes: token tiers; a prompt that does
+    not fit in what is left of a step is cut to the largest tier that does. kv_tokens: KV
+    positions that running requests may reserve in total (default: the whole pool). eos_ids: tokens
+    that end a sequence. tokenizer: needed for text output and stop strings. vocab_size: checks
+    prompt token ids.
+    """
+
+    def __init__(self, executor, max_seqs: int = 8, max_context: int = 4096, max_step_tokens: int = 2048,
+                 chunk_sizes: Sequence[int] | None = None, kv_tokens: int | None = None,
+                 eos_ids: Iterable[int] = (), tokenizer=None, vocab_size: int | None = None,
+                 stats_window: int = 512):
+        if max_seqs < 1 or max_context < 1 or max_step_tokens < 1:
+            raise InvalidInputError(f"max_seqs, max_context and max_step_tokens must be >= 1, got "
+                                    f"{max_seqs}, {max_context}, {max_step_tokens}")
+        self.executor = executor
+        self.max_seqs = max_seqs
+        self.max_context = max_context
+        self.max_step_tokens = max_step_tokens
+        self.chunk_sizes = tuple(sorted(set(int(c) for c in chunk_sizes or ()) - {0}))
+        self.kv_tokens = max_seqs * max_context if kv_tokens is None else int(kv_tokens)
+        self.eos_ids = frozenset(int(t) for t in eos_ids)
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.kv = executor.new_kv_cache(slots=max_seqs, max_ctx=max_context)
+        self.free_slots: list[int] = list(range(max_seqs))
+        self.kv_reserved = 0
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.running: list[Request] = []
+        self._incoming: collections.deque[Request] = collections.deque()  # append/popleft: thread-safe
+        self.history: collections.deque[StepStats] = collections.deque(maxlen=stats_window)
+        self.total_steps = 0
+        self.total_prompt_tokens = 0
+        self.total_generated_tokens = 0
+        self.total_step_s = 0.0
+
+    # ------------------------------------------------------------------ requests
+    def add(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, max_new_tokens: int = 128,
+            stop: Sequence[str] | None = None, on_output: Callable[[RequestOutput], None] | None = None) -> Request:
+        """Queue a prompt (any thread); returns its :class:`Request`. Raises InvalidInputError for a
+        request that can never run (bad token ids, longer than a KV slot, stop strings without a tokenizer)."""
+        prompt_ids = self.check_prompt(prompt_ids)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise InvalidInputError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
+        stop = [stop] if isinstance(stop, str) else list(stop or ())
+        if stop and self.tokenizer is None:
+            raise InvalidInputError("stop strings need a tokenizer, and this model has none")
+        request = Request(prompt_ids, params or SamplingParams(), max_new_tokens, stop, on_output)
+        self.check_fits(request.prompt_len, max_new_tokens)
+        request.attach_tokenizer(self.tokenizer)
+        self._incoming.append(request)
+        return request
+
+    def check_prompt(self, ids) -> list[int]:
+        """The prompt as a list of valid token ids, or InvalidInputError saying what is wrong."""
+        if isinstance(ids, torch.Tensor):
+            ids = ids.reshape(-1).tolist()
+        if isinstance(ids, (str, bytes)):
+            raise InvalidInputError("token ids expected, got a string; encode it with the tokenizer first")
+        ids = list(ids)
+        if not ids:
+            raise InvalidInputError("a prompt needs at least one token")
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, int) or t < 0 or (self.vocab_size and t >= self.vocab_size):
+                raise InvalidInputError(f"token id {t!r} is out of range for a vocabulary of {self.vocab_size}")
+        return ids
+
+    def check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
+        """InvalidInputError unless a prompt of this length plus its answer fits one KV slot."""
+        need = prompt_len + max_new_tokens
+        limit = min(self.max_context, self.kv_tokens)
+        if need > limit:
+            raise InvalidInputError(
+                f"prompt ({prompt_len} tokens) plus max_new_tokens ({max_new_tokens}) is {need} tokens, "
+                f"more than the context of {limit}; shorten the prompt or ask for fewer tokens"
+            )
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._incoming or self.waiting or self.running)
+
+    @property
+    def queue_length(self) -> int:
+        """Requests waiting for a KV slot."""
+        return len(self.waiting) + len(self._incoming)
+
+    # ------------------------------------------------------------------ one step
+    def step(self) -> StepStats | None:
+        """Admit, run one forward step, sample, stream, retire. None when there was nothing to run."""
+        start = time.perf_counter()
+        self._take_incoming()
+        self._retire_cancelled()
+        self._admit()
+        chunks = self._schedule()
+        if not chunks:
+            return None
+        ids: list[int] = []
+        slots, starts, lengths, rows = [], [], [], []
+        for chunk in chunks:
+            request = chunk.request
+            ids += request.next_input(chunk.length)
+            slots.append(request.slot), starts.append(request.num_cached), lengths.append(chunk.length)
+            if chunk.samples:
+                rows.append(len(ids) - 1)
+        step = Step(slots, starts, lengths, rows, kv_lookup=self.kv)
+        running = len(self.running)
+        try:
+            logits = self.executor.forward(torch.tensor(ids, dtype=torch.long), step)  # [len(rows), V]
+        except Exception as exc:  # a failed step must not leave requests hanging: end them with the error
+            log.exception("forward step failed; ending the %d running request(s)", len(self.running))
+            self.abort_running(f"the forward step failed: {exc}")
+            raise
+        prefill = decode = sampled = 0
+        row = 0
+        for chunk in chunks:
+            request = chunk.request
+            if request.in_prefill:
+                prefill += chunk.length
+            else:
+                decode += chunk.length
+            request.num_cached += chunk.length
+            if chunk.samples:
+                self._sample(request, logits[row])
+                row += 1
+                sampled += 1
+        self.running = [r for r in self.running if not r.is_finished]
+        seconds = time.perf_counter() - start
+        stats = StepStats(len(ids), prefill, decode, len(chunks), sampled, seconds, self.queue_length, running,
+                          time.time())
+        self.history.append(stats)
+        self.total_steps += 1
+        self.total_prompt_tokens += prefill
+        self.total_generated_tokens += sampled
+        self.total_step_s += seconds
+        return stats
+
+    def run_until_idle(self) -> None:
+        """Step until every queued request has finished."""
+        while self.has_work:
+            self.step()
+
+    def abort_running(self, message: str) -> None:
+        """End every running request with ``finish_reason="error"`` (after a failed step)."""
+        for request in list(self.running):
+            request.error = message
+            self._finish(request, "error", [], "")
+        self.running = []
+
+    # ------------------------------------------------------------------ internals
+    def _take_incoming(self) -> None:
+        while self._incoming:
+            request = self._incoming.popleft()
+            if request.max_new_tokens == 0:
+                self._finish(request, "length", [], "")
+            else:
+                self.waiting.append(request)
+
+    def _retire_cancelled(self) -> None:
+        for request in [r for r in self.waiting if r.cancelled]:
+            self.waiting.remove(request)
+            self._finish(request, "cancelled", [], "")
+        for request in [r for r in self.running if r.cancelled]:
+            self._finish(request, "cancelled", [], "")
+        self.running = [r for r in self.running if not r.is_finished]
+
+    def _admit(self) -> None:
+        """First come, first served: the oldest waiting request goes first, and later ones wait behind it."""
+        while self.waiting and self.free_slots:
+            request = self.waiting[0]
+            if self.kv_reserved + request.context_needed > self.kv_tokens:
+                break
+            self.waiting.popleft()
+            request.slot = self.free_slots.pop(0)
+            request.status = RequestStatus.RUNNING
+            self.kv_reserved += request.context_needed
+            self.running.append(request)
+
+    def _schedule(self) -> list[_Chunk]:
+        """Decode tokens of generating sequences first (they never starve), then prompt chunks."""
+        room = self.max_step_tokens
+        chunks = []
+        for request in self.running:
+            if not request.in_prefill and room > 0:
+                chunks.append(_Chunk(request, 1, True))
+                room -= 1
+        for request in self.running:
+            if request.in_prefill and room > 0:
+                n = request.pending if request.pending <= room else self._chunk_length(room)
+                chunks.append(_Chunk(request, n, n == request.pending))
+                room -= n
+        return chunks
+
+    def _chunk_length(self, room: int) -> int:
+        """Largest token tier that fits ``room`` (the whole room without tiers or when none fits)."""
+        fitting = [size for size in self.chunk_sizes if size <= room]
+        return fitting[-1] if fitting else room
+
+    def _sample(self, request: Request, logits: torch.Tensor) -> None:
+        if request.cancelled:  # cancelled during the step: no more output
+            self._finish(request, "cancelled", [], "")
+            return
+        token = request.sampler(logits)
+        text = request.append_token(token)
+        if token in self.eos_ids or request.stop_hit is not None:
+            reason = "stop"
+        elif len(request.output_ids) >= request.max_new_tokens:
+            reason = "length"
+        else:
+            request.emit(RequestOutput(request.request_id, [token], text))
+            return
+        self._finish(request, reason, [token], text + request.flush_text())
+
+    def _finish(self, request: Request, reason: str, token_ids: list[int], text: str) -> None:
+        if request.stop_hit is not None:
+            request.output_ids = cut_at_stop(self.tokenizer, request.output_ids, request.stop)
+        if request.slot is not None:
+            self.free_slots.append(request.slot)
+            self.free_slots.sort()
+            self.kv_reserved -= request.context_needed
+            request.slot = None
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.finish_s = time.perf_counter()
+        request.emit(RequestOutput(request.request_id, token_ids, text, True, reason, request.error))
+
+    # ------------------------------------------------------------------ metrics
+    def stats(self, window_s: float = 10.0) -> dict:
+        """Queue, running sequences, totals and recent throughput (tokens/s over the last ``window_s``)."""
+        now = time.time()
+        history = list(self.history)  # one C-level copy: safe while the engine thread appends
+        recent = [s for s in history if now - s.end_time <= window_s]
+        # Over the window, or since the first recent step began when the server was idle before it.
+        span = max(min(window_s, now - recent[0].end_time + recent[0].seconds), 1e-9) if recent else 1.0
+        return {
+            "queue_length": self.queue_length,
+            "running": len(self.running),
+            "free_slots": len(self.free_slots),
+            "kv_tokens_reserved": self.kv_reserved,
+            "kv_tokens": self.kv_tokens,
+            "max_seqs": self.max_seqs,
+            "max_context": self.max_context,
+            "steps": self.total_steps,
+            "prompt_tokens": self.total_prompt_tokens,
+            "generated_tokens": self.total_generated_tokens,
+            "busy_s": round(self.total_step_s, 4),
+            "generated_tokens_per_s": sum(s.sampled for s in recent) / span if recent else 0.0,
+            "step_tokens_per_s": sum(s.tokens for s in recent) / span if recent else 0.0,
+            "last_step": asdict(history[-1]) if history else None,
+        }

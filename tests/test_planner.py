@@ -1,0 +1,106 @@
+"""Planner on synthetic profiles: tiers, budget arithmetic, pinned set, families, ranking."""
+
+import pytest
+
+from vramshard.errors import BudgetError, InvalidInputError
+from vramshard.plan.memory import tiered_vram_need
+from vramshard.plan.planner import FAMILIES, Planner
+from vramshard.plan.tiers import Tiers
+from vramshard.profile.query import synthetic
+from vramshard.shapes import shape_model
+
+GiB = 2**30
+NEMO = shape_model("nemo-8b")
+# A client-like machine: 16-core CPU, PCIe Gen5, a fast GPU.
+CLIENT = dict(cpu_gflops=1500, gpu_gflops=200_000, h2d_gbps=50, cpu_mem_gbps=80, gpu_mem_gbps=1500)
+TIERS = Tiers((1, 16, 64, 512))
+
+
+def plan(budget, tiers=TIERS, **profile):
+    return Planner(NEMO, synthetic(**{**CLIENT, **profile}), budget, context=1024, tiers=tiers).plan()
+
+
+def test_tier_selection():
+    tiers = Tiers()
+    assert tiers.sizes == (1, 4, 16, 64, 256, 512, 1024, 2048)
+    assert [tiers.tier_for(n) for n in (1, 2, 4, 5, 64, 65, 2048)] == [1, 4, 4, 16, 64, 256, 2048]
+    with pytest.raises(InvalidInputError, match="larger than the largest tier"):
+        tiers.tier_for(2049)
+    assert Tiers.parse("64, 1,16").sizes == (1, 16, 64)
+    with pytest.raises(InvalidInputError):
+        Tiers((4, 1))
+
+
+@pytest.mark.parametrize("budget_gib", [2, 4, 8, 12])
+def test_pinned_set_and_total_within_budget(budget_gib):
+    result = plan(budget_gib * GiB)
+    assert result.need.total <= budget_gib * GiB
+    need = tiered_vram_need(NEMO, result.tiered(), 1, 1024, TIERS.largest)
+    assert need.resident == result.need.resident
+    assert set(result.pinned) == set(result.tiered().placements[0].names(home="vram"))
+    assert [r.name for r in result.reasons] and all(r.score > 0 for r in result.reasons)
+
+
+def test_more_budget_pins_more():
+    pinned = [plan(b * GiB).need.resident for b in (2, 4, 8, 12)]
+    assert pinned == sorted(pinned) and pinned[-1] > pinned[0]
+
+
+def test_budget_below_minimum_says_the_minimum():
+    with pytest.raises(BudgetError, match=r"below the minimum of .* raise --vram to at least"):
+        plan(256 * 2**20)
+
+
+def test_everything_fits_means_all_resident():
+    result = plan(40 * GiB)
+    assert len(result.pinned) == len(NEMO) and result.need.slots == 0
+    assert all(p.family for p in result.tiers.values())
+
+
+def test_no_gpu_plan_is_all_cpu_and_said_plainly():
+    result = Planner(NEMO, synthetic(cpu_gflops=1000), 4 * GiB, context=1024, tiers=TIERS).plan()
+    assert all(p.placement.name == "cpu" and not p.placement.uses_gpu for p in result.tiers.values())
+    assert any("no GPU" in note for note in result.notes)
+
+
+def test_every_family_is_generated_for_every_tier():
+    result = plan(4 * GiB)
+    for tier_plan in result.tiers.values():
+        assert set(tier_plan.candidates) == set(FAMILIES)
+        assert tier_plan.predicted_s == min(tier_plan.candidates.values())
+
+
+def test_fast_pcie_favours_streaming_slow_pcie_favours_cpu():
+    fast = plan(4 * GiB, h2d_gbps=500, cpu_gflops=200, cpu_mem_gbps=20)
+    slow = plan(4 * GiB, h2d_gbps=1, cpu_gflops=5000, cpu_mem_gbps=300)
+    # With PCIe 10x the CPU, decode streams; with PCIe starved, it keeps the free weights on the CPU.
+    assert fast.tiers[1].candidates["gpu-only"] < fast.tiers[1].candidates["cpu"]
+    assert slow.tiers[1].candidates["cpu"] < slow.tiers[1].candidates["gpu-only"]
+    assert len(fast.tiers[1].placement.names(home="stream")) > len(slow.tiers[1].placement.names(home="stream"))
+
+
+def test_prompt_tiers_stream_more_than_decode():
+    result = plan(4 * GiB)
+    decode = len(result.tiers[1].placement.names(home="stream"))
+    prompt = len(result.tiers[512].placement.names(home="stream"))
+    assert prompt >= decode
+    assert result.tiers[512].candidates["gpu-only"] < result.tiers[512].candidates["cpu"]
+
+
+def test_dynamic_balances_pcie_and_cpu():
+    result = plan(2 * GiB)
+    dynamic = result.tiers[1].candidates["dynamic"]
+    assert dynamic <= result.tiers[1].candidates["gpu-only"]
+    assert dynamic <= result.tiers[1].candidates["cpu"]
+
+
+def test_plan_set_is_plain_data():
+    import json
+
+    data = plan(4 * GiB).to_dict()
+    text = json.dumps(data)
+    assert json.loads(text)["tiers"]["1"]["family"] in FAMILIES
+    from vramshard.plan.placement import TieredPlacement
+
+    tiered = plan(4 * GiB).tiered()
+    assert TieredPlacement.from_json(tiered.to_json()) == tiered
