@@ -143,8 +143,16 @@ class Engine:
         return engine
 
     # ------------------------------------------------------------------ inference
-    def logits(self, ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
-        """Float32 logits [len(ids), vocab] of one sequence, all positions, in one pass."""
+    def logits(self, ids: Sequence[int] | torch.Tensor, pixel_values: torch.Tensor | None = None,
+               image_grid_thw: torch.Tensor | None = None) -> torch.Tensor:
+        """Float32 logits [len(ids), vocab] of one sequence, all positions, in one pass.
+
+        Vision-language models: ``pixel_values`` / ``image_grid_thw`` as the Hugging Face image
+        processor makes them, with ``ids`` holding the expanded image placeholder tokens.
+        """
+        if pixel_values is not None:
+            from . import vlm
+            return vlm.logits(self, ids, pixel_values, image_grid_thw)
         ids = self._check_prompt(ids)
         kv = self.executor.new_kv_cache(slots=1, max_ctx=len(ids))
         rows = []
@@ -158,17 +166,23 @@ class Engine:
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 128, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
-                 stop: Sequence[str] | None = None) -> list[list[int]]:
+                 stop: Sequence[str] | None = None, pixel_values: torch.Tensor | None = None,
+                 image_grid_thw: torch.Tensor | None = None) -> list[list[int]]:
         """Generate for several prompts at once (batched); returns the new tokens of each.
 
         Greedy when temperature is 0. A sequence ends at an EOS token (included in its
         output), at a stop string (output cut before it; needs a tokenizer) or after
         ``max_new_tokens``. With ``seed``, prompt i samples with seed ``seed + i``.
+        With ``pixel_values`` / ``image_grid_thw`` (see :meth:`logits`), the images of all
+        prompts in placeholder order.
         """
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
             raise InvalidInputError("prompts must be a list of token-id lists")
         params = [SamplingParams(temperature, top_k, top_p, None if seed is None else seed + i)
                   for i in range(len(prompts))]
+        if pixel_values is not None:
+            from . import vlm
+            return vlm.generate(self, prompts, pixel_values, image_grid_thw, max_new_tokens, params, stop)
         outputs = [[] for _ in prompts]
         for index, token in self._run(prompts, max_new_tokens, params, stop):
             outputs[index].append(token)

@@ -13,6 +13,7 @@ import gc
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -80,6 +81,10 @@ class Executor:
             gc.collect()  # engines dropped earlier in this process give their VRAM back first
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.gpu)
+            self._vram_before = torch.cuda.memory_reserved(self.gpu)
+            # cuDNN attention rebuilds its plan for every new KV length (milliseconds of CPU per
+            # decode step); the flash and memory-efficient kernels have no such cost.
+            torch.backends.cuda.enable_cudnn_sdp(False)
             self.compute_stream = torch.cuda.Stream(self.gpu)
             self.copy_stream = torch.cuda.Stream(self.gpu)
             self._load_resident()
@@ -135,26 +140,44 @@ class Executor:
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, step: Step) -> torch.Tensor:
         """token ids [T] → float32 logits [R, V] (R: the step's logit rows), on the CPU."""
+        return self._run(self.token_sublayers, token_ids, step, step.num_tokens)
+
+    @cached_property
+    def token_sublayers(self) -> list:
+        """The sub-layers a token step runs: all but a vision encoder's (run apart, by :meth:`run_sublayers`)."""
+        return [s for s in self.model if s.kind != "vision"]
+
+    @torch.inference_mode()
+    def run_sublayers(self, names: list[str], x: torch.Tensor, step, tokens: int | None = None) -> torch.Tensor:
+        """Run only the sub-layers ``names`` (model order) on ``x``; the result comes back on the CPU.
+
+        For phases that are not token steps, e.g. the vision encoder (``step`` is then its
+        ``VisionStep``). The placement is the one for ``tokens`` (default: rows of ``x``).
+        """
+        wanted = set(names)
+        return self._run([s for s in self.model if s.name in wanted], x, step, tokens or x.shape[0])
+
+    def _run(self, sublayers: list, x: torch.Tensor, step, tokens: int) -> torch.Tensor:
+        """The one loop: each sub-layer where the tier's placement says; activations cross
+        PCIe only where consecutive sub-layers change device."""
         start = time.perf_counter()
-        copied_before = self.ring.bytes_copied if self.ring else 0
-        crossings = 0
-        placement, threads = self.plans.for_tokens(step.num_tokens)
+        placement, threads = self.plans.for_tokens(tokens)
         if threads and threads != torch.get_num_threads():
             torch.set_num_threads(threads)
         where = placement.as_dict()
-        if self.ring is not None:
-            self.ring.set_order(placement.names(home="stream"))
-        x = token_ids
         if not self.uses_gpu:
-            for sublayer in self.model:
+            for sublayer in sublayers:
                 x = sublayer.forward(self.host[sublayer.name].views, x, step)
             self.report = StepReport(time.perf_counter() - start)
             return x
-
+        copied_before = self.ring.bytes_copied if self.ring else 0
+        if self.ring is not None:
+            self.ring.set_order(_streamed(placement, sublayers))
+        crossings = 0
         compute = self.compute_stream
         compute.wait_stream(torch.cuda.current_stream(self.gpu))  # KV caches, inputs made on the default stream
         with torch.cuda.stream(compute):
-            for sublayer in self.model:
+            for sublayer in sublayers:
                 here = where[sublayer.name]
                 if here.compute == "cpu":
                     if x.device.type != "cpu":
@@ -163,26 +186,35 @@ class Executor:
                     x = sublayer.forward(self.host[sublayer.name].views, x, step)
                     continue
                 if x.device.type == "cpu":
+                    crossings += sublayer.kind != "embed"
                     x = x.to(self.gpu, non_blocking=True)
-                    crossings += 1 if sublayer.kind != "embed" else 0
                 if here.home == "vram":
                     x = sublayer.forward(self.resident[sublayer.name], x, step)
                 else:
                     weights = self.ring.acquire(sublayer.name, compute)
                     x = sublayer.forward(weights, x, step)
                     self.ring.release(compute)
-            logits = x.cpu()
+            out = x.cpu()
         copied = (self.ring.bytes_copied if self.ring else 0) - copied_before
         self.report = StepReport(time.perf_counter() - start, copied, crossings, {"placement": placement.name})
-        return logits
+        return out
 
     # ------------------------------------------------------------------ reporting
     def peak_vram(self) -> int:
-        """``torch.cuda.max_memory_reserved`` since load (0 without a GPU)."""
-        return torch.cuda.max_memory_reserved(self.gpu) if self.uses_gpu else 0
+        """Peak ``torch.cuda.max_memory_reserved`` since load, less what the process already
+        held before (other engines), i.e. this engine's peak VRAM (0 without a GPU)."""
+        if not self.uses_gpu:
+            return 0
+        return torch.cuda.max_memory_reserved(self.gpu) - self._vram_before
 
     def describe(self) -> str:
         text = f"{'; '.join(p.summary() for p in self.plans.placements)}; VRAM plan {format_bytes(self.need.total)} ({self.need.breakdown()})"
         if self.budget is not None:
             text += f" of budget {format_bytes(self.budget)}"
         return text
+
+
+def _streamed(placement: Placement, sublayers: list) -> list[str]:
+    """Names of ``sublayers`` that ``placement`` streams, in run order: the ring's fill order."""
+    where = placement.as_dict()
+    return [s.name for s in sublayers if where[s.name].home == "stream"]

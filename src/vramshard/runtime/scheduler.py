@@ -184,7 +184,6 @@ class Scheduler:
                 self._sample(request, logits[row])
                 row += 1
                 sampled += 1
-        self.running = [r for r in self.running if not r.is_finished]
         seconds = time.perf_counter() - start
         stats = StepStats(len(ids), prefill, decode, len(chunks), sampled, seconds, self.queue_length, running,
                           time.time())
@@ -205,7 +204,6 @@ class Scheduler:
         for request in list(self.running):
             request.error = message
             self._finish(request, "error", [], "")
-        self.running = []
 
     # ------------------------------------------------------------------ internals
     def _take_incoming(self) -> None:
@@ -222,7 +220,6 @@ class Scheduler:
             self._finish(request, "cancelled", [], "")
         for request in [r for r in self.running if r.cancelled]:
             self._finish(request, "cancelled", [], "")
-        self.running = [r for r in self.running if not r.is_finished]
 
     def _admit(self) -> None:
         """First come, first served: the oldest waiting request goes first, and later ones wait behind it."""
@@ -279,6 +276,8 @@ class Scheduler:
             self.free_slots.sort()
             self.kv_reserved -= request.context_needed
             request.slot = None
+        if request in self.running:  # before the output goes out: a reader may look at the stats at once
+            self.running.remove(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.finish_s = time.perf_counter()

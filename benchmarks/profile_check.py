@@ -1,0 +1,186 @@
+"""Check the profiler on this machine: duration, repeatability, interpolation error.
+
+Runs the full profile twice, reports each run's wall time, the percent difference of the
+main figures (peak GFLOP/s per device and dtype, H2D/D2H GB/s alone and under CPU load,
+dispatch µs) between the runs, and the percent error of interpolated predictions against
+direct measurements for matmul shapes (and transfer sizes, attention sizes) the profile
+did not measure. Prints a summary and writes JSON.
+
+    python benchmarks/profile_check.py [--out PATH] [--quick] [--second-quick] [--budget-s 540]
+
+The whole check is meant to fit in ~9 minutes on a 16-core + H200 machine: if the first
+full run takes more than half the budget, the second run is a ``--quick`` profile (this is
+said in the output and in the JSON as ``second_run_quick``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from vramshard.profile import BenchmarkSpec, save
+from vramshard.profile.bench_attention import sdpa_gqa
+from vramshard.profile.runner import run_profile
+from vramshard.profile.spec import torch_dtype
+from vramshard.profile.timing import time_cpu, time_cuda
+
+# (M, K, N): none of these (K, N) is in the full grid, nor any M except where noted.
+HELD_OUT_MATMUL = [
+    (3, 4096, 6144),
+    (8, 3072, 9216),
+    (32, 5120, 13824),
+    (48, 14336, 4096),  # measured shape, unmeasured M
+    (128, 2048, 5632),
+    (512, 3072, 3072),
+    (1536, 4096, 11008),
+]
+HELD_OUT_TRANSFER = [3 * 2**20, 100 * 2**20, 384 * 2**20]
+HELD_OUT_ATTENTION = [(8, 3000), (64, 12000), (512, 1500)]  # (n_new, context), 32 heads, 8 kv, 128 dim
+
+
+def pct(a: float, b: float) -> float:
+    """Percent difference of ``b`` from ``a``."""
+    return 100.0 * (b - a) / a if a else float("nan")
+
+
+def compare(first: dict, second: dict) -> dict:
+    """Percent differences of the main figures of two profile summaries."""
+    out: dict[str, float] = {}
+    for device, per in first["matmul_peak_gflops"].items():
+        for dtype, value in per.items():
+            other = second["matmul_peak_gflops"].get(device, {}).get(dtype)
+            if other is not None:
+                out[f"peak GFLOP/s {device} {dtype}"] = pct(value, other)
+    for direction, per in first["transfer_gbps"].items():
+        for case, value in per.items():
+            other = second["transfer_gbps"].get(direction, {}).get(case)
+            if other is not None:
+                out[f"{direction} GB/s {case}"] = pct(value, other)
+    for device, value in first["dispatch_us"].items():
+        if device in second["dispatch_us"]:
+            out[f"dispatch us {device}"] = pct(value, second["dispatch_us"][device])
+    return out
+
+
+def held_out(profile) -> list[dict]:
+    """Direct measurement vs interpolated prediction for shapes the profile did not measure."""
+    rows = []
+    devices = ["cpu"] + (["cuda"] if profile.has_gpu else [])
+    with torch.inference_mode():
+        for device in devices:
+            for dtype in ("bf16", "fp16", "fp32"):
+                for m, k, n in HELD_OUT_MATMUL:
+                    dt = torch_dtype(dtype)
+                    x = torch.randn(m, k, dtype=dt, device=device)
+                    w = torch.randn(n, k, dtype=dt, device=device)
+                    fn = lambda: F.linear(x, w)  # noqa: E731
+                    direct = time_cuda(fn, 0.05) if device == "cuda" else time_cpu(fn, 0.3)
+                    predicted = profile.matmul_s(m, k, n, dtype, device)
+                    rows.append({"kind": "matmul", "device": device, "dtype": dtype, "shape": [m, k, n],
+                                 "direct_s": direct, "predicted_s": predicted, "error_pct": pct(direct, predicted)})
+                    del x, w
+                for n_new, context in HELD_OUT_ATTENTION:
+                    dt = torch_dtype(dtype)
+                    q = torch.randn(1, 32, n_new, 128, dtype=dt, device=device)
+                    kv = torch.randn(1, 8, context, 128, dtype=dt, device=device)
+                    fn = lambda: sdpa_gqa(q, kv, kv)  # noqa: E731
+                    direct = time_cuda(fn, 0.05) if device == "cuda" else time_cpu(fn, 0.3)
+                    predicted = profile.attention_s(n_new, context, 32, 8, 128, dtype, device)
+                    rows.append({"kind": "attention", "device": device, "dtype": dtype, "shape": [n_new, context],
+                                 "direct_s": direct, "predicted_s": predicted, "error_pct": pct(direct, predicted)})
+        if profile.has_gpu:
+            host = torch.empty(max(HELD_OUT_TRANSFER), dtype=torch.uint8, pin_memory=True)
+            dev = torch.empty(max(HELD_OUT_TRANSFER), dtype=torch.uint8, device="cuda")
+            for size in HELD_OUT_TRANSFER:
+                for direction in ("h2d", "d2h"):
+                    src, dst = (host[:size], dev[:size]) if direction == "h2d" else (dev[:size], host[:size])
+                    direct = time_cuda(lambda: dst.copy_(src, non_blocking=True), 0.1)
+                    predicted = profile.transfer_s(size, direction)
+                    rows.append({"kind": "transfer", "device": direction, "dtype": "-", "shape": [size],
+                                 "direct_s": direct, "predicted_s": predicted, "error_pct": pct(direct, predicted)})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    default_out = os.path.join(os.environ["OUT"], "profile_check.json") if os.environ.get("OUT") else "profile_check.json"
+    parser.add_argument("--out", default=default_out, help=f"JSON report path (default {default_out})")
+    parser.add_argument("--quick", action="store_true", help="both runs quick (for a smoke test)")
+    parser.add_argument("--second-quick", action="store_true", help="second run quick (to fit the time budget)")
+    parser.add_argument("--budget-s", type=float, default=540.0, help="total time to stay under (default 540)")
+    args = parser.parse_args(argv)
+
+    started = time.perf_counter()
+    make = BenchmarkSpec.quick_spec if args.quick else BenchmarkSpec.full
+    print(f"run 1: {'quick' if args.quick else 'full'} profile ...", flush=True)
+    t0 = time.perf_counter()
+    first = run_profile(make())
+    elapsed_1 = time.perf_counter() - t0
+    print(f"run 1: {elapsed_1:.1f} s", flush=True)
+    second_quick = args.quick or args.second_quick or elapsed_1 > args.budget_s / 2 - 30
+    if second_quick and not args.quick:
+        print(f"run 2: quick profile (first run took {elapsed_1:.0f} s; two full runs would exceed the "
+              f"{args.budget_s:.0f} s budget or --second-quick was given)", flush=True)
+    else:
+        print("run 2: same profile ...", flush=True)
+    t0 = time.perf_counter()
+    second = run_profile(BenchmarkSpec.quick_spec() if second_quick else make())
+    elapsed_2 = time.perf_counter() - t0
+    print(f"run 2: {elapsed_2:.1f} s", flush=True)
+
+    summary_1, summary_2 = first.summary(), second.summary()
+    differences = compare(summary_1, summary_2)
+    print("held-out shapes: direct vs interpolated ...", flush=True)
+    rows = held_out(first)
+
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    profile_file = save(first, out_path.with_name("profile_run1.json"))
+    report = {
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu only",
+        "cpu_threads": torch.get_num_threads(),
+        "fingerprint": first.data["fingerprint"],
+        "run1_elapsed_s": elapsed_1, "run2_elapsed_s": elapsed_2, "second_run_quick": second_quick,
+        "run1_quick": args.quick, "profile_file_bytes": profile_file.stat().st_size,
+        "run1_summary": summary_1, "run2_summary": summary_2, "difference_pct": differences,
+        "held_out": rows,
+        "held_out_max_abs_error_pct": {
+            kind: max((abs(r["error_pct"]) for r in rows if r["kind"] == kind), default=None)
+            for kind in ("matmul", "attention", "transfer")
+        },
+        "total_elapsed_s": time.perf_counter() - started,
+    }
+    out_path.write_text(json.dumps(report, indent=1))
+
+    print(f"\nprofile runs: {elapsed_1:.1f} s and {elapsed_2:.1f} s"
+          f"{' (second quick)' if second_quick and not args.quick else ''}; file {report['profile_file_bytes'] / 1024:.0f} KiB")
+    print("main figures: run 1 | run 2 | difference")
+    for device, per in summary_1["matmul_peak_gflops"].items():
+        for dtype, value in per.items():
+            other = summary_2["matmul_peak_gflops"].get(device, {}).get(dtype, float("nan"))
+            print(f"  peak {device:4s} {dtype}: {value:10.0f} | {other:10.0f} GFLOP/s | {pct(value, other):+6.1f}%")
+    for direction, per in summary_1["transfer_gbps"].items():
+        for case, value in per.items():
+            other = summary_2["transfer_gbps"].get(direction, {}).get(case, float("nan"))
+            print(f"  {direction} {case:9s}: {value:7.1f} | {other:7.1f} GB/s | {pct(value, other):+6.1f}%")
+    for device, value in summary_1["dispatch_us"].items():
+        other = summary_2["dispatch_us"].get(device, float("nan"))
+        print(f"  dispatch {device:4s}: {value:7.1f} | {other:7.1f} µs | {pct(value, other):+6.1f}%")
+    print("held-out: kind device dtype shape: direct | predicted | error")
+    for r in rows:
+        print(f"  {r['kind']:9s} {r['device']:4s} {r['dtype']:4s} {str(r['shape']):22s}: "
+              f"{r['direct_s'] * 1e3:9.3f} | {r['predicted_s'] * 1e3:9.3f} ms | {r['error_pct']:+6.1f}%")
+    print(f"max |error| by kind: {report['held_out_max_abs_error_pct']}")
+    print(f"total {report['total_elapsed_s']:.0f} s; report written to {out_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

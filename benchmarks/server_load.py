@@ -1,0 +1,218 @@
+"""Load test of `vramshard serve`: many concurrent streaming clients over loopback.
+
+    python benchmarks/server_load.py --model PATH [--clients 64] [--disconnect 0.3] [--max-seqs 16]
+    python benchmarks/server_load.py --url http://127.0.0.1:8000 --model-name NAME [--api-key KEY]
+
+Each client streams one completion (prompts and answer lengths differ) and checks that its
+stream is whole: events in order, a finish reason, ``[DONE]``. With ``--disconnect P`` each
+client hangs up mid-stream with probability P. Reports throughput (completion tokens/s) and
+p50/p99 of end-to-end latency and time to first token; with ``--json`` as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import httpx
+
+WORDS = ("the plan runs each sub layer on the processor or the graphics card and streams weights over "
+         "the link while the other side computes so the step time is the larger of the two").split()
+
+
+@dataclass
+class ClientResult:
+    index: int
+    text: str = ""
+    events: int = 0
+    finish_reason: str | None = None
+    done: bool = False  # saw [DONE]
+    disconnected: bool = False
+    status: int = 0
+    completion_tokens: int = 0
+    latency_s: float = 0.0
+    ttft_s: float | None = None
+    ids: set = field(default_factory=set)  # response ids seen in its events (must be exactly one)
+    error: str | None = None
+
+
+@dataclass
+class LoadReport:
+    clients: int
+    completed: int
+    disconnected: int
+    failed: int
+    wall_s: float
+    completion_tokens: int
+    tokens_per_s: float
+    latency_p50_s: float
+    latency_p99_s: float
+    ttft_p50_s: float
+    ttft_p99_s: float
+
+
+def make_specs(clients: int, seed: int = 0, min_words: int = 2, max_words: int = 60,
+               min_tokens: int = 4, max_tokens: int = 24) -> list[tuple[str, int]]:
+    """(prompt, max_tokens) per client: different lengths, each prompt unique."""
+    rng = random.Random(seed)
+    specs = []
+    for index in range(clients):
+        words = [rng.choice(WORDS) for _ in range(rng.randint(min_words, max_words))]
+        specs.append((f"{index} " + " ".join(words), rng.randint(min_tokens, max_tokens)))
+    return specs
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
+
+
+async def one_client(client: httpx.AsyncClient, url: str, model: str, index: int, prompt: str, max_tokens: int,
+                     headers: dict, hang_up_after: int | None) -> ClientResult:
+    result = ClientResult(index)
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    try:
+        async with client.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as response:
+            result.status = response.status_code
+            if response.status_code != 200:
+                result.error = (await response.aread()).decode(errors="replace")
+                return result
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[len("data: "):]
+                if data == "[DONE]":
+                    result.done = True
+                    break
+                event = json.loads(data)
+                result.ids.add(event["id"])
+                if event.get("usage"):
+                    result.completion_tokens = event["usage"]["completion_tokens"]
+                for choice in event["choices"]:
+                    if result.ttft_s is None:
+                        result.ttft_s = time.perf_counter() - start
+                    result.text += choice["text"]
+                    result.finish_reason = choice["finish_reason"] or result.finish_reason
+                    result.events += 1
+                if hang_up_after is not None and result.events >= hang_up_after:
+                    result.disconnected = True
+                    break
+    except httpx.HTTPError as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+    result.latency_s = time.perf_counter() - start
+    return result
+
+
+async def run_load(url: str, specs: list[tuple[str, int]], model: str, api_key: str | None = None,
+                   disconnect: float = 0.0, seed: int = 0) -> tuple[LoadReport, list[ClientResult]]:
+    """All clients at once; returns the report and each client's result (in spec order)."""
+    rng = random.Random(seed)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    limits = httpx.Limits(max_connections=len(specs) + 8, max_keepalive_connections=len(specs) + 8)
+    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(120.0)) as client:
+        start = time.perf_counter()
+        results = await asyncio.gather(*(
+            one_client(client, url, model, i, prompt, max_tokens, headers,
+                       rng.randint(1, 3) if rng.random() < disconnect else None)
+            for i, (prompt, max_tokens) in enumerate(specs)))
+        wall = time.perf_counter() - start
+    complete = [r for r in results if r.done and not r.disconnected]
+    tokens = sum(r.completion_tokens for r in complete)
+    latencies = [r.latency_s for r in complete]
+    ttfts = [r.ttft_s for r in complete if r.ttft_s is not None]
+    report = LoadReport(
+        clients=len(specs), completed=len(complete), disconnected=sum(r.disconnected for r in results),
+        failed=sum(1 for r in results if r.error or (not r.done and not r.disconnected)), wall_s=wall,
+        completion_tokens=tokens, tokens_per_s=tokens / wall if wall else 0.0,
+        latency_p50_s=percentile(latencies, 0.5), latency_p99_s=percentile(latencies, 0.99),
+        ttft_p50_s=percentile(ttfts, 0.5), ttft_p99_s=percentile(ttfts, 0.99))
+    return report, list(results)
+
+
+# ---------------------------------------------------------------------- a server to test
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(model: str, *extra: str, timeout: float = 120.0) -> tuple[subprocess.Popen, str]:
+    """`vramshard serve MODEL EXTRA...` on a free loopback port; returns (process, base url) once healthy."""
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "vramshard.cli.main", "serve", str(model), "--port", str(port),
+                                *map(str, extra)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited with code {process.returncode}: {process.stdout.read()}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    process.kill()
+    raise RuntimeError(f"the server did not answer /health within {timeout:.0f} s")
+
+
+def stop_server(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", help="model to serve (starts a server on a free loopback port)")
+    parser.add_argument("--url", help="an already running server instead")
+    parser.add_argument("--model-name", default=None, help="model name to send (default: as served)")
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--disconnect", type=float, default=0.0, help="probability a client hangs up mid-stream")
+    parser.add_argument("--max-tokens", type=int, default=24, help="longest answer (answers vary from 4 to this)")
+    parser.add_argument("--max-seqs", type=int, default=16, help="server --max-seqs (with --model)")
+    parser.add_argument("--server-args", default="", help="more arguments for `vramshard serve` (with --model)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(argv)
+    if bool(args.model) == bool(args.url):
+        parser.error("give exactly one of --model and --url")
+    process = None
+    url = args.url
+    if args.model:
+        process, url = start_server(args.model, "--max-seqs", str(args.max_seqs), *args.server_args.split())
+    try:
+        name = args.model_name or httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {args.api_key}"}
+                                            if args.api_key else {}).json()["data"][0]["id"]
+        specs = make_specs(args.clients, args.seed, max_tokens=args.max_tokens)
+        report, _ = asyncio.run(run_load(url, specs, name, args.api_key, args.disconnect, args.seed))
+    finally:
+        if process is not None:
+            stop_server(process)
+    if args.json:
+        print(json.dumps(asdict(report), indent=2))
+    else:
+        print(f"{report.clients} clients: {report.completed} complete, {report.disconnected} hung up, "
+              f"{report.failed} failed in {report.wall_s:.2f} s; {report.tokens_per_s:.1f} completion tok/s; "
+              f"latency p50 {report.latency_p50_s:.3f} s p99 {report.latency_p99_s:.3f} s; "
+              f"TTFT p50 {report.ttft_p50_s:.3f} s p99 {report.ttft_p99_s:.3f} s")
+    return 0 if report.failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""``vramshard profile``: measure this machine once and store the profile file.
+
+    vramshard profile                 # full profile (minutes), saved in the cache directory
+    vramshard profile --quick         # coarse profile (under a minute)
+    vramshard profile --show          # summary of the stored profile (measures if there is none)
+    vramshard profile --threads 1,4,8 # CPU thread counts to measure (the largest = "all cores")
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import InvalidInputError
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "profile", help="measure this machine's CPU, GPU and PCIe speeds for the planner",
+        description="Measure this machine's CPU, GPU and PCIe speeds and store them for the planner.",
+    )
+    parser.add_argument("--quick", action="store_true", help="coarse profile: fewer shapes and sizes (under a minute)")
+    parser.add_argument("--out", metavar="PATH", help="write the profile here instead of the cache directory")
+    parser.add_argument("--show", action="store_true",
+                        help="print a summary; without --quick/--threads shows the stored profile if there is one")
+    parser.add_argument("--threads", metavar="LIST", help="CPU thread counts to measure, e.g. 1,2,4,8 (default: powers of two up to all cores)")
+    parser.add_argument("--no-gpu", action="store_true", help="measure the CPU only, even if CUDA is available")
+    parser.set_defaults(func=main)
+
+
+def _parse_threads(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        counts = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise InvalidInputError(f"--threads must be a comma-separated list of integers, got {text!r}") from None
+    if not counts or counts[0] < 1:
+        raise InvalidInputError(f"--threads needs positive thread counts, got {text!r}")
+    return counts
+
+
+def main(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from ..profile import store
+    from ..profile.spec import BenchmarkSpec
+
+    console = Console()
+    threads = _parse_threads(args.threads)
+    target = Path(args.out) if args.out else None
+    if args.show and not args.quick and threads is None:
+        existing = target or store.profile_path()
+        if existing.exists():
+            profile = store.load(existing, check_fingerprint=target is None)
+            print_summary(console, profile, existing)
+            return 0
+
+    from ..profile.runner import run_profile
+
+    overrides = {"threads": threads}
+    if args.no_gpu:
+        overrides["gpu"] = False
+    spec = BenchmarkSpec.quick_spec(**overrides) if args.quick else BenchmarkSpec.full(**overrides)
+    with _RichProgress(console) as progress:
+        profile = run_profile(spec, progress)
+    path = store.save(profile, target)
+    size = path.stat().st_size
+    console.print(f"profile written to [bold]{path}[/bold] ({size / 1024:.0f} KiB, "
+                  f"measured in {profile.data['elapsed_s']:.0f} s)")
+    if args.show:
+        print_summary(console, profile, path)
+    return 0
+
+
+class _RichProgress:
+    """A rich progress bar fed by the profiler's ProgressSink calls."""
+
+    def __init__(self, console):
+        from rich.progress import (BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn)
+
+        self._progress = Progress(
+            TextColumn("{task.description}", style="cyan"), BarColumn(), TaskProgressColumn(),
+            TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(), console=console, transient=True,
+        )
+        self._task = None
+
+    def __enter__(self):
+        self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._progress.__exit__(*exc)
+
+    def start(self, total_weight: float) -> None:
+        self._task = self._progress.add_task("profiling", total=total_weight)
+
+    def step(self, label: str) -> None:
+        self._progress.update(self._task, description=f"{label:<52}")
+
+    def advance(self, weight: float) -> None:
+        self._progress.advance(self._task, weight)
+
+
+def print_summary(console, profile, path) -> None:
+    """A readable summary of a profile: peaks, PCIe, dispatch cost."""
+    from rich.table import Table
+
+    summary = profile.summary()
+    data = profile.data
+    fp = data["fingerprint"]
+    console.print(f"[bold]profile[/bold] {path}")
+    console.print(f"  measured {data['created']}{' (quick)' if data.get('quick') else ''} in {data.get('elapsed_s', 0):.0f} s; "
+                  f"CPU {fp.get('cpu_model')} ({fp.get('cpu_count')} CPUs, {fp.get('memory_gib')} GiB), "
+                  f"GPU {fp.get('gpu_name') or 'none'}, torch {fp.get('torch')}")
+    console.print(f"  CPU threads measured: {summary['cpu_threads']} (default {summary['default_threads']})")
+    peaks = Table(title="peak matmul GFLOP/s")
+    peaks.add_column("device")
+    dtypes = sorted({d for per in summary["matmul_peak_gflops"].values() for d in per})
+    for dtype in dtypes:
+        peaks.add_column(dtype, justify="right")
+    for device, per in summary["matmul_peak_gflops"].items():
+        peaks.add_row(device, *[f"{per[d]:,.0f}" if d in per else "-" for d in dtypes])
+    console.print(peaks)
+    if summary["transfer_gbps"]:
+        pcie = Table(title="PCIe GB/s (pinned)")
+        for column in ("direction", "alone", "CPU busy"):
+            pcie.add_column(column, justify="right")
+        for direction, per in summary["transfer_gbps"].items():
+            pcie.add_row(direction, f"{per.get('alone', 0):.1f}", f"{per.get('contended', 0):.1f}")
+        console.print(pcie)
+    else:
+        console.print("  no GPU: CPU-only profile")
+    dispatch = ", ".join(f"{device} {us:.1f} µs" for device, us in summary["dispatch_us"].items())
+    console.print(f"  dispatch cost per sub-layer: {dispatch}")

@@ -1,0 +1,64 @@
+"""``vramshard serve MODEL``: an OpenAI-compatible HTTP server with continuous batching."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from ..errors import InvalidInputError
+from .common import add_engine_args, stderr_console
+
+log = logging.getLogger(__name__)
+DEFAULT_CONTEXT = 8192  # KV positions per sequence when the model allows more (the pool is max_seqs x this)
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="serve the model over an OpenAI-compatible HTTP API",
+        description="Serve /v1/completions, /v1/chat/completions, /v1/models, /v1/stats and /health. "
+                    "Requests from all clients are batched continuously.",
+    )
+    parser.add_argument("model", metavar="MODEL", help="Hugging Face model directory or .gguf file")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    parser.add_argument("--api-key", default=None, metavar="KEY",
+                        help="require 'Authorization: Bearer KEY' on every request but /health")
+    parser.add_argument("--max-seqs", type=int, default=8, metavar="N",
+                        help="sequences generated at once; more requests wait in a queue (default 8)")
+    parser.add_argument("--max-context", type=int, default=None, metavar="N",
+                        help=f"longest prompt + answer per sequence (default: the model's, at most {DEFAULT_CONTEXT})")
+    parser.add_argument("--max-step-tokens", type=int, default=2048, metavar="N",
+                        help="most new tokens in one forward step (default 2048)")
+    parser.add_argument("--served-model-name", default=None, metavar="NAME",
+                        help="the model name clients must send (default: the model directory or file name)")
+    add_engine_args(parser)
+    parser.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from ..serve.app import ServerState, create_app
+    except ImportError as exc:
+        raise InvalidInputError(f"vramshard serve needs FastAPI and uvicorn ({exc}); "
+                                "install them with: pip install 'vramshard[serve]'") from None
+    from ..engine import Engine
+    from ..runtime.engine_loop import EngineLoop
+
+    if args.max_seqs < 1 or not 0 < args.port < 65536 or args.max_step_tokens < 1:
+        raise InvalidInputError("--max-seqs and --max-step-tokens must be >= 1 and --port in 1..65535")
+    console = stderr_console()
+    engine = Engine.load(args.model, vram=args.vram, device=args.device, dtype=args.dtype, placement=args.placement,
+                         max_context=args.max_context, max_batch=args.max_seqs, max_step_tokens=args.max_step_tokens)
+    context = args.max_context or min(engine.max_context, DEFAULT_CONTEXT)
+    loop = EngineLoop(engine.scheduler(max_seqs=args.max_seqs, max_context=context))
+    name = args.served_model_name or engine.model_name
+    app = create_app(ServerState(loop, engine.tokenizer, name, args.api_key, engine.executor))
+    console.print(f"[bold]vramshard serve[/bold] {name} on http://{args.host}:{args.port}/v1 "
+                  f"({args.max_seqs} sequences x {context} tokens; {engine.executor.placement.name})", soft_wrap=True)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
+    finally:
+        loop.close()
+    return 0

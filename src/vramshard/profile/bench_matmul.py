@@ -1,0 +1,69 @@
+"""Matrix-multiply micro-benchmark: seconds of ``F.linear(x[M, K], W[N, K])`` on a grid.
+
+``F.linear`` is the path the executor's projections take on either device.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .progress import ProgressSink
+from .spec import torch_dtype
+from .timing import time_cpu, time_cuda
+
+
+def repair_row(row: list[float], measured: list[bool], remeasure) -> None:
+    """Re-measure points slower than the next larger one (time cannot fall as work grows).
+
+    Such a point was hit by a burst of outside load; one more try usually fixes it.
+    """
+    for j in range(len(row) - 1):
+        if measured[j] and row[j] > 1.25 * row[j + 1]:
+            row[j] = min(row[j], remeasure(j))
+
+
+def measure_matmul(
+    device: str, dtype: str, shapes, ms, *, budget_s: float, cap_s: float,
+    progress: ProgressSink, label: str, weight: float,
+) -> dict:
+    """Measure ``shapes`` × ``ms`` and return the table's fields.
+
+    Returns ``{"shapes", "m", "seconds", "estimated"}`` where ``seconds[s][j]`` is shape
+    ``s`` at ``ms[j]``. A point whose run would take more than ``cap_s`` (predicted from
+    the previous M) is not run: it is estimated at the best throughput measured so far in
+    this table (never below the previous M's time); ``estimated`` counts those.
+    """
+    torch_dt = torch_dtype(dtype)
+    ms = sorted(int(m) for m in ms)
+    shapes = sorted(((int(k), int(n)) for k, n in shapes), key=lambda s: (s[0] * s[1], s))
+    seconds: list[list[float]] = []
+    estimated = 0
+    peak_flops = 0.0  # best FLOP/s measured so far in this table
+    for k, n in shapes:
+        weight_t = torch.randn(n, k, dtype=torch_dt, device=device) * 0.02  # [N, K]
+
+        def run(m: int) -> float:
+            x = torch.randn(m, k, dtype=torch_dt, device=device)  # [M, K]
+            fn = lambda: F.linear(x, weight_t)  # noqa: E731
+            return time_cuda(fn, budget_s) if device == "cuda" else time_cpu(fn, budget_s)
+
+        row: list[float] = []
+        measured: list[bool] = []
+        for m in ms:
+            progress.step(f"{label} M={m} K={k} N={n}")
+            flops = 2.0 * m * k * n
+            predicted = row[-1] * m / ms[len(row) - 1] if row else 0.0
+            if predicted > cap_s and peak_flops > 0:
+                row.append(max(row[-1], flops / peak_flops))
+                measured.append(False)
+                estimated += 1
+            else:
+                row.append(run(m))
+                measured.append(True)
+                peak_flops = max(peak_flops, flops / row[-1])
+            progress.advance(weight)
+        repair_row(row, measured, lambda j: run(ms[j]))
+        seconds.append(row)
+        del weight_t
+    return {"shapes": [list(s) for s in shapes], "m": ms, "seconds": seconds, "estimated": estimated}

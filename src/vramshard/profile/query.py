@@ -1,0 +1,254 @@
+"""Reading a profile: the times the estimator asks for, interpolated in log space.
+
+    profile = Profile.from_dict(data)          # or store.load() / synthetic(...)
+    profile.matmul_s(16, 4096, 14336, "bf16", "cpu", threads=8, contended=True)
+    profile.transfer_s(64 * 2**20, "h2d")
+    profile.attention_s(1, 4096, 32, 8, 128, "bf16", "cuda")
+    profile.dispatch_s("cpu")
+
+Full tables are measured at all cores; other thread counts and the CPU under PCIe load
+are smaller tables read as a ratio to the full one on their common grid, so the
+shape-dependence comes from the full table and the scaling from the small one.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import InvalidInputError, ProfileError
+from .schema import validate
+from .tables import Curve, Grid2D, MatmulTable, interp_log
+
+_DTYPE_NAMES = {
+    "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16",
+    "fp16": "fp16", "float16": "fp16", "half": "fp16", "torch.float16": "fp16",
+    "fp32": "fp32", "float32": "fp32", "float": "fp32", "torch.float32": "fp32",
+}
+
+
+def dtype_name(dtype) -> str:
+    """``"bf16"``, ``"fp16"`` or ``"fp32"`` from a torch dtype or a name such as ``"bfloat16"``."""
+    name = _DTYPE_NAMES.get(str(dtype).lower())
+    if name is None:
+        raise InvalidInputError(f"dtype {dtype!r} is not profiled; use bf16, fp16 or fp32")
+    return name
+
+
+def device_name(device) -> str:
+    """``"cpu"`` or ``"cuda"`` from ``"cuda:0"``, ``"gpu"``, a torch.device, …"""
+    text = str(device).lower().split(":")[0]
+    if text in ("cuda", "gpu"):
+        return "cuda"
+    if text == "cpu":
+        return "cpu"
+    raise InvalidInputError(f"device {device!r} is not profiled; use 'cpu' or 'cuda'")
+
+
+class Profile:
+    """Measured speeds of one machine, with interpolating queries (all results in seconds)."""
+
+    def __init__(self, data: dict):
+        validate(data)
+        self.data = data
+        self.threads: list[int] = sorted(int(t) for t in data["cpu"]["threads"])
+        self.default_threads: int = int(data["cpu"].get("default_threads") or self.threads[-1])
+        self._matmul: dict[tuple, MatmulTable] = {}
+        for t in data["matmul"]:
+            threads = int(t["threads"]) if t["device"] == "cpu" and t.get("threads") else None
+            key = (t["device"], t["dtype"], threads, bool(t.get("contended")))
+            self._matmul[key] = MatmulTable(t["shapes"], t["m"], t["seconds"])
+        self._transfer = {
+            (t["direction"], bool(t.get("contended"))): Curve(t["bytes"], t["seconds"]) for t in data["transfer"]
+        }
+        self._attention: dict[tuple, list[tuple[dict, Grid2D]]] = {}
+        for t in data["attention"]:
+            key = (t["device"], t["dtype"])
+            self._attention.setdefault(key, []).append((t, Grid2D(t["n_new"], t["context"], t["seconds"])))
+        self._subsets: dict[tuple, MatmulTable] = {}
+
+    # --- construction -------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: dict) -> "Profile":
+        """A profile from its JSON dict (validated; raises ProfileError)."""
+        return cls(data)
+
+    def to_dict(self) -> dict:
+        """The JSON dict (the same object the profile was built from)."""
+        return self.data
+
+    @classmethod
+    def synthetic(cls, **peaks) -> "Profile":
+        """A profile built from peak numbers instead of measurements; see :func:`synthetic`."""
+        from .synthetic import synthetic_data
+
+        return cls(synthetic_data(**peaks))
+
+    # --- facts --------------------------------------------------------------------------
+    @property
+    def has_gpu(self) -> bool:
+        """Whether the profile holds GPU and PCIe measurements."""
+        return any(key[0] == "cuda" for key in self._matmul)
+
+    @property
+    def fingerprint_hash(self) -> str:
+        return self.data["fingerprint_hash"]
+
+    def _require_gpu(self, what: str) -> None:
+        if not self.has_gpu:
+            raise ProfileError(
+                f"the profile has no GPU data, so it cannot estimate {what}; it was measured on a machine "
+                "without CUDA (re-run `vramshard profile` on a machine with a GPU, or plan for the CPU only)"
+            )
+
+    # --- queries ------------------------------------------------------------------------
+    def matmul_s(self, m: int, k: int, n: int, dtype, device, threads: int | None = None, contended: bool = False) -> float:
+        """Seconds of ``[m, k] @ [k, n]`` in ``dtype`` on ``device``.
+
+        ``threads``: CPU threads (default all cores); ignored on the GPU. ``contended``: the
+        CPU shares the memory controller with a PCIe stream (ignored on the GPU).
+        """
+        dtype, device = dtype_name(dtype), device_name(device)
+        if min(m, k, n) < 0:
+            raise InvalidInputError(f"matmul dimensions must not be negative, got M={m} K={k} N={n}")
+        if m == 0 or k == 0 or n == 0:
+            return 0.0
+        if device == "cuda":
+            self._require_gpu("a GPU matmul")
+            table = self._matmul.get(("cuda", dtype, None, False))
+            if table is None:
+                raise ProfileError(f"the profile has no GPU matmul data for {dtype}; re-run `vramshard profile`")
+            return table(m, k, n)
+        full = self._cpu_full(dtype)
+        seconds = full(m, k, n)
+        threads = self._check_threads(threads)
+        if threads != self.default_threads:
+            seconds *= self._thread_ratio(dtype, threads, m, k, n)
+        if contended:
+            seconds *= self._ratio(("cpu", dtype, self.default_threads, True), full, m, k, n)
+        return seconds
+
+    def transfer_s(self, nbytes: int, direction: str = "h2d", contended: bool = False) -> float:
+        """Seconds to copy ``nbytes`` between pinned host memory and the GPU.
+
+        ``direction``: "h2d" or "d2h". ``contended``: while the CPU computes.
+        """
+        if direction not in ("h2d", "d2h"):
+            raise InvalidInputError(f"transfer direction must be 'h2d' or 'd2h', got {direction!r}")
+        self._require_gpu("a PCIe transfer")
+        if nbytes <= 0:
+            return 0.0
+        curve = self._transfer.get((direction, bool(contended))) or self._transfer.get((direction, False))
+        if curve is None:
+            raise ProfileError(f"the profile has no {direction} transfer data; re-run `vramshard profile`")
+        return curve(nbytes)
+
+    def attention_s(
+        self, n_new: int, context: int, heads: int, kv_heads: int, head_dim: int, dtype, device,
+        threads: int | None = None,
+    ) -> float:
+        """Seconds of attention of ``n_new`` query tokens over ``context`` cached tokens.
+
+        Measured for a few head layouts; others scale with ``heads * head_dim`` from the
+        layout with the nearest ``head_dim`` and KV grouping.
+        """
+        dtype, device = dtype_name(dtype), device_name(device)
+        if n_new <= 0 or context <= 0:
+            return 0.0
+        if device == "cuda":
+            self._require_gpu("GPU attention")
+        tables = self._attention.get((device, dtype))
+        if not tables:
+            raise ProfileError(f"the profile has no {device} attention data for {dtype}; re-run `vramshard profile`")
+        group = heads / max(kv_heads, 1)
+
+        def distance(entry):
+            t = entry[0]
+            return (abs(math.log(head_dim / t["head_dim"])), abs(math.log(group * t["kv_heads"] / t["heads"])))
+
+        layout, grid = min(tables, key=distance)
+        seconds = grid(n_new, context) * (heads * head_dim) / (layout["heads"] * layout["head_dim"])
+        if device == "cpu":
+            threads = self._check_threads(threads)
+            if threads != self.default_threads:
+                seconds *= self._thread_ratio(dtype, threads, max(n_new, 1), 4096, 4096)
+        return seconds
+
+    def dispatch_s(self, device) -> float:
+        """Fixed seconds to dispatch one sub-layer (Python and launch overhead) on ``device``."""
+        device = device_name(device)
+        if device == "cuda":
+            self._require_gpu("GPU dispatch cost")
+        return float(self.data["dispatch"][device])
+
+    # --- helpers ------------------------------------------------------------------------
+    def _cpu_full(self, dtype: str) -> MatmulTable:
+        table = self._matmul.get(("cpu", dtype, self.default_threads, False))
+        if table is None:
+            raise ProfileError(f"the profile has no CPU matmul data for {dtype}; re-run `vramshard profile`")
+        return table
+
+    def _check_threads(self, threads: int | None) -> int:
+        if threads is None:
+            return self.default_threads
+        if threads < 1:
+            raise InvalidInputError(f"threads must be ≥ 1, got {threads}")
+        return int(threads)
+
+    def _ratio(self, key: tuple, full: MatmulTable, m: int, k: int, n: int) -> float:
+        """Time of table ``key`` over the full table, both read on ``key``'s grid (1 if absent)."""
+        small = self._matmul.get(key)
+        if small is None or key[2] == self.default_threads and not key[3]:
+            return 1.0
+        base = self._subsets.get(key)
+        if base is None:
+            base = self._subsets[key] = full.subset(small.shapes, small.ms)
+        return small(m, k, n) / base(m, k, n)
+
+    def _thread_ratio(self, dtype: str, threads: int, m: int, k: int, n: int) -> float:
+        """How much slower ``threads`` CPU threads are than all cores, for this shape."""
+        full = self._cpu_full(dtype)
+        counts = [t for t in self.threads if ("cpu", dtype, t, False) in self._matmul]
+        ratios = [self._ratio(("cpu", dtype, t, False), full, m, k, n) for t in counts]
+        if threads >= counts[-1]:
+            return ratios[-1]
+        if threads <= counts[0]:
+            return ratios[0] * counts[0] / threads  # fewer threads than measured: linear
+        # Ratio falls as threads grow: interpolate it in log space over 1/threads.
+        inverse = [1.0 / t for t in reversed(counts)]
+        return interp_log(1.0 / threads, inverse, list(reversed(ratios)))
+
+    # --- summary ------------------------------------------------------------------------
+    def summary(self) -> dict:
+        """Main figures: peak GFLOP/s per device and dtype, PCIe GB/s alone and under CPU
+        load, dispatch µs, thread counts. Plain JSON-able dict."""
+        peaks: dict[str, dict[str, float]] = {}
+        for (device, dtype, threads, contended), table in self._matmul.items():
+            if contended or (device == "cpu" and threads != self.default_threads):
+                continue
+            best = max(
+                2 * m * k * n / t / 1e9
+                for (k, n), row in zip(table.shapes, table.seconds)
+                for m, t in zip(table.ms, row)
+            )
+            peaks.setdefault(device, {})[dtype] = best
+        transfer: dict[str, dict[str, float]] = {}
+        for (direction, contended), curve in self._transfer.items():
+            best = max(b / t / 1e9 for b, t in zip(curve.xs, curve.seconds))
+            transfer.setdefault(direction, {})["contended" if contended else "alone"] = best
+        return {
+            "matmul_peak_gflops": peaks,
+            "transfer_gbps": transfer,
+            "dispatch_us": {device: s * 1e6 for device, s in self.data["dispatch"].items()},
+            "cpu_threads": self.threads,
+            "default_threads": self.default_threads,
+            "has_gpu": self.has_gpu,
+        }
+
+
+def synthetic(**peaks) -> Profile:
+    """A :class:`Profile` from peak numbers, for tests and what-if planning.
+
+    See :func:`vramshard.profile.synthetic.synthetic_data` for the arguments, e.g.
+    ``synthetic(cpu_gflops=200, gpu_gflops=50_000, h2d_gbps=4)`` makes PCIe slow.
+    """
+    return Profile.synthetic(**peaks)

@@ -1,0 +1,148 @@
+"""Run the micro-benchmarks of a :class:`BenchmarkSpec` and assemble a :class:`Profile`."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import time
+
+import torch
+
+from .. import __version__
+from ..errors import ProfileError
+from .bench_attention import measure_attention
+from .bench_dispatch import measure_dispatch
+from .bench_matmul import measure_matmul
+from .bench_transfer import measure_transfers
+from .contention import cpu_load, pcie_load
+from .fingerprint import fingerprint_hash, machine_fingerprint
+from .progress import ProgressSink
+from .query import Profile
+from .schema import SCHEMA, VERSION
+from .spec import BenchmarkSpec
+
+log = logging.getLogger(__name__)
+
+_OVERHEAD_S = 0.01  # per point: allocation and bookkeeping, for the time estimate
+
+
+def _weights(spec: BenchmarkSpec, threads: list[int], use_gpu: bool) -> dict[str, float]:
+    """Expected seconds per point of each kind, for the progress bar's time left."""
+    cpu_point = spec.point_budget_s * 1.3 + _OVERHEAD_S
+    gpu_point = spec.gpu_point_budget_s * 1.5 + _OVERHEAD_S
+    return {"cpu": cpu_point, "gpu": gpu_point, "transfer": gpu_point * 1.5, "dispatch": 0.25}
+
+
+def _total_weight(spec: BenchmarkSpec, threads: list[int], use_gpu: bool, w: dict) -> float:
+    full = len(spec.shapes) * len(spec.ms) * len(spec.dtypes)
+    ratio = len(spec.ratio_shapes) * len(spec.ratio_ms) * len(spec.dtypes)
+    attn = len(spec.attention_n_new) * len(spec.attention_context) * len(spec.dtypes) * len(spec.attention_heads)
+    total = (full + ratio * (len(threads) - 1) + attn) * w["cpu"] + w["dispatch"]
+    if use_gpu:
+        total += (full + attn) * w["gpu"] + w["dispatch"]
+        total += 4 * len(spec.transfer_sizes) * w["transfer"]
+        if spec.cpu_contention:
+            total += ratio * w["cpu"]
+    return total
+
+
+@contextlib.contextmanager
+def _torch_threads(count: int):
+    saved = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None = None) -> Profile:
+    """Measure this machine as ``spec`` says (default: the full profile) and return the Profile.
+
+    Without CUDA (or with ``spec.gpu=False``) the profile is CPU-only: no GPU or PCIe tables.
+    """
+    spec = spec or BenchmarkSpec.full()
+    spec.validate()
+    progress = progress or ProgressSink()
+    use_gpu = torch.cuda.is_available() if spec.gpu is None else spec.gpu
+    if use_gpu and not torch.cuda.is_available():
+        raise ProfileError("a GPU profile was asked for but CUDA is not available; drop the GPU request")
+    threads = spec.resolved_threads()
+    top = threads[-1]
+    w = _weights(spec, threads, use_gpu)
+    progress.start(_total_weight(spec, threads, use_gpu, w))
+    started = time.perf_counter()
+    matmul: list[dict] = []
+    attention: list[dict] = []
+    transfer: list[dict] = []
+    dispatch: dict[str, float] = {}
+    cpu_args = {"budget_s": spec.point_budget_s, "cap_s": spec.point_cap_s, "progress": progress, "weight": w["cpu"]}
+    gpu_args = {"budget_s": spec.gpu_point_budget_s, "cap_s": spec.point_cap_s, "progress": progress, "weight": w["gpu"]}
+
+    with torch.inference_mode():
+        with _torch_threads(top):
+            progress.step("cpu dispatch cost")
+            dispatch["cpu"] = measure_dispatch("cpu", min(0.2, spec.point_budget_s * 2))
+            progress.advance(w["dispatch"])
+            for dtype in spec.dtypes:
+                table = measure_matmul("cpu", dtype, spec.shapes, spec.ms, label=f"cpu matmul {dtype} threads={top}", **cpu_args)
+                matmul.append({"device": "cpu", "dtype": dtype, "threads": top, "contended": False, **table})
+        for count in threads[:-1]:
+            with _torch_threads(count):
+                for dtype in spec.dtypes:
+                    table = measure_matmul("cpu", dtype, spec.ratio_shapes, spec.ratio_ms,
+                                           label=f"cpu matmul {dtype} threads={count}", **cpu_args)
+                    matmul.append({"device": "cpu", "dtype": dtype, "threads": count, "contended": False, **table})
+        with _torch_threads(top):
+            for dtype in spec.dtypes:
+                for heads, kv_heads, head_dim in spec.attention_heads:
+                    table = measure_attention("cpu", dtype, heads, kv_heads, head_dim, spec.attention_n_new,
+                                              spec.attention_context, label=f"cpu attention {dtype}", **cpu_args)
+                    attention.append({"device": "cpu", "dtype": dtype, "threads": top, **table})
+            if use_gpu:
+                _measure_gpu(spec, top, w, cpu_args, gpu_args, progress, matmul, attention, transfer, dispatch)
+
+    elapsed = time.perf_counter() - started
+    fingerprint = machine_fingerprint()
+    data = {
+        "schema": SCHEMA, "version": VERSION, "vramshard_version": __version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "fingerprint": fingerprint, "fingerprint_hash": fingerprint_hash(fingerprint),
+        "quick": spec.quick, "synthetic": False, "elapsed_s": round(elapsed, 2),
+        "cpu": {"threads": threads, "default_threads": top},
+        "matmul": matmul, "transfer": transfer, "attention": attention, "dispatch": dispatch,
+    }
+    estimated = sum(t.get("estimated", 0) for t in matmul + attention)
+    log.info("profile measured in %.1f s (%d points extrapolated beyond the time cap)", elapsed, estimated)
+    return Profile(data)
+
+
+def _measure_gpu(spec, top, w, cpu_args, gpu_args, progress, matmul, attention, transfer, dispatch) -> None:
+    """GPU matmul, attention, dispatch, PCIe alone and contended (CPU threads = ``top``)."""
+    progress.step("cuda dispatch cost")
+    dispatch["cuda"] = measure_dispatch("cuda", min(0.2, spec.point_budget_s * 2))
+    progress.advance(w["dispatch"])
+    for dtype in spec.dtypes:
+        table = measure_matmul("cuda", dtype, spec.shapes, spec.ms, label=f"cuda matmul {dtype}", **gpu_args)
+        matmul.append({"device": "cuda", "dtype": dtype, "threads": None, "contended": False, **table})
+        for heads, kv_heads, head_dim in spec.attention_heads:
+            table = measure_attention("cuda", dtype, heads, kv_heads, head_dim, spec.attention_n_new,
+                                      spec.attention_context, label=f"cuda attention {dtype}", **gpu_args)
+            attention.append({"device": "cuda", "dtype": dtype, "threads": None, **table})
+    torch.cuda.empty_cache()
+    transfer_args = {"budget_s": max(spec.gpu_point_budget_s, 0.02), "progress": progress, "weight": w["transfer"]}
+    for direction in ("h2d", "d2h"):
+        table = measure_transfers(spec.transfer_sizes, direction, label=f"{direction} pinned", **transfer_args)
+        transfer.append({"direction": direction, "contended": False, **table})
+    with cpu_load():
+        for direction in ("h2d", "d2h"):
+            table = measure_transfers(spec.transfer_sizes, direction, label=f"{direction} pinned, CPU busy", **transfer_args)
+            transfer.append({"direction": direction, "contended": True, **table})
+    torch.cuda.empty_cache()
+    if spec.cpu_contention:
+        with pcie_load(64 * 2**20 if spec.quick else 256 * 2**20):
+            for dtype in spec.dtypes:
+                table = measure_matmul("cpu", dtype, spec.ratio_shapes, spec.ratio_ms,
+                                       label=f"cpu matmul {dtype} threads={top} +PCIe", **cpu_args)
+                matmul.append({"device": "cpu", "dtype": dtype, "threads": top, "contended": True, **table})

@@ -1,0 +1,82 @@
+"""The profile file's layout, and its validation.
+
+Top level: ``schema`` ("vramshard-profile"), ``version``, ``vramshard_version``,
+``created`` (ISO date), ``fingerprint`` and ``fingerprint_hash``, ``quick``, ``synthetic``,
+``elapsed_s``, ``cpu`` (``threads``: measured counts, ``default_threads``: all cores), and
+the tables:
+
+- ``matmul``: list of ``{device, dtype, threads, contended, shapes: [[K, N]], m: [M],
+  seconds: [[per M] per shape], estimated}`` (``threads`` is null on "cuda");
+- ``transfer``: list of ``{direction: "h2d"|"d2h", contended, bytes: [...], seconds: [...]}``;
+- ``attention``: list of ``{device, dtype, threads, heads, kv_heads, head_dim, n_new: [...],
+  context: [...], seconds: [[per context] per n_new], estimated}``;
+- ``dispatch``: ``{"cpu": seconds, "cuda": seconds}``.
+
+GPU tables are absent when the machine has no CUDA device.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import ProfileError
+
+SCHEMA = "vramshard-profile"
+VERSION = 1
+DEVICES = ("cpu", "cuda")
+
+
+def _positive(value, what: str) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise ProfileError(f"{what} must be a positive number, found {value!r}")
+
+
+def _grid(table: dict, rows_key: str, cols_key: str, what: str) -> None:
+    rows, cols, seconds = table.get(rows_key), table.get(cols_key), table.get("seconds")
+    if not isinstance(rows, list) or not isinstance(cols, list) or not isinstance(seconds, list) or not rows or not cols:
+        raise ProfileError(f"{what}: needs non-empty '{rows_key}', '{cols_key}' and 'seconds' lists")
+    if len(seconds) != len(rows) or any(not isinstance(r, list) or len(r) != len(cols) for r in seconds):
+        raise ProfileError(f"{what}: 'seconds' is not a {len(rows)}×{len(cols)} grid")
+    for row in seconds:
+        for value in row:
+            _positive(value, f"{what}: a time")
+
+
+def validate(data) -> None:
+    """Raise :class:`ProfileError` naming the first thing wrong with a profile dict."""
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise ProfileError(f"not a vramshard profile (missing \"schema\": \"{SCHEMA}\")")
+    if data.get("version") != VERSION:
+        raise ProfileError(f"profile format version {data.get('version')!r} is not the supported {VERSION}")
+    for key in ("fingerprint", "fingerprint_hash", "cpu", "matmul", "transfer", "attention", "dispatch"):
+        if key not in data:
+            raise ProfileError(f"profile lacks the '{key}' section")
+    cpu = data["cpu"]
+    if not isinstance(cpu, dict) or not isinstance(cpu.get("threads"), list) or not cpu["threads"]:
+        raise ProfileError("profile 'cpu' section lacks the measured 'threads' list")
+    for index, table in enumerate(data["matmul"]):
+        what = f"matmul table {index}"
+        if not isinstance(table, dict) or table.get("device") not in DEVICES:
+            raise ProfileError(f"{what}: device must be one of {DEVICES}")
+        _grid(table, "shapes", "m", what)
+        if any(not isinstance(s, list) or len(s) != 2 for s in table["shapes"]):
+            raise ProfileError(f"{what}: each shape must be [K, N]")
+    for index, table in enumerate(data["transfer"]):
+        what = f"transfer table {index}"
+        if not isinstance(table, dict) or table.get("direction") not in ("h2d", "d2h"):
+            raise ProfileError(f"{what}: direction must be 'h2d' or 'd2h'")
+        if len(table.get("bytes") or []) != len(table.get("seconds") or []) or not table.get("bytes"):
+            raise ProfileError(f"{what}: 'bytes' and 'seconds' must be non-empty lists of equal length")
+        for value in table["seconds"]:
+            _positive(value, f"{what}: a time")
+    for index, table in enumerate(data["attention"]):
+        what = f"attention table {index}"
+        if not isinstance(table, dict) or table.get("device") not in DEVICES:
+            raise ProfileError(f"{what}: device must be one of {DEVICES}")
+        for key in ("heads", "kv_heads", "head_dim"):
+            _positive(table.get(key), f"{what}: {key}")
+        _grid(table, "n_new", "context", what)
+    if not isinstance(data["dispatch"], dict) or "cpu" not in data["dispatch"]:
+        raise ProfileError("profile 'dispatch' section lacks the 'cpu' time")
+    for device, value in data["dispatch"].items():
+        _positive(value, f"dispatch time on {device}")

@@ -1,0 +1,81 @@
+"""Timing one operation on the CPU (wall clock) or the GPU (CUDA events), time-bounded."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+
+def time_cpu(fn: Callable[[], object], budget_s: float, max_reps: int = 50, min_reps: int = 2) -> float:
+    """Seconds of ``fn()`` after one warm-up run, repeating for about ``budget_s``.
+
+    Returns the lower quartile of the runs: robust against other processes stealing the
+    CPU for a while (they only ever make a run slower). A run longer than the budget is
+    repeated once only (its warm-up is not counted).
+    """
+    start = time.perf_counter()
+    fn()
+    first = time.perf_counter() - start
+    if first >= budget_s:
+        start = time.perf_counter()
+        fn()
+        return min(first, time.perf_counter() - start)
+    times: list[float] = []
+    deadline = time.perf_counter() + budget_s
+    while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() < deadline):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[(len(times) - 1) // 4]
+
+
+def time_cuda(fn: Callable[[], object], budget_s: float, batches: int = 3, max_reps: int = 2000) -> float:
+    """Median GPU seconds of ``fn()`` on the current stream, timed with CUDA events.
+
+    ``fn`` is launched back to back in ``batches`` batches sized to fill ``budget_s``.
+    """
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    single = max(start.elapsed_time(end) / 1e3, 1e-7)
+    reps = max(1, min(max_reps, int(budget_s / batches / single)))
+    samples = []
+    for _ in range(batches):
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / 1e3 / reps)
+    return statistics.median(samples)
+
+
+def time_wall_cuda(fn: Callable[[], object], budget_s: float, batches: int = 3) -> float:
+    """Median wall seconds per ``fn()`` launched back to back with one synchronize per batch.
+
+    This is what the host pays to issue work (launch overhead) when the GPU is not the limit.
+    """
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    single = max(time.perf_counter() - start, 1e-7)
+    reps = max(1, int(budget_s / batches / single))
+    samples = []
+    for _ in range(batches):
+        start = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - start) / reps)
+    return statistics.median(samples)

@@ -1,0 +1,321 @@
+"""The OpenAI-compatible HTTP API over an :class:`~vramshard.runtime.engine_loop.EngineLoop`.
+
+Endpoints: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (both
+streaming through server-sent events or not), ``GET /health`` and ``GET /v1/stats``. Every request
+of every client goes into the engine loop's continuous batching with its own sampling settings;
+``n`` choices are ``n`` independent requests (seed ``seed + i`` for choice i). A client that
+disconnects cancels its requests at once, which frees their KV slots at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
+
+from ..errors import InvalidInputError
+from ..runtime.engine_loop import EngineLoop, RequestHandle
+from ..runtime.request import RequestOutput
+from ..runtime.sampler import SamplingParams
+from . import schemas
+from .errors import APIError, bad_request, install_handlers
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerState:
+    """What the endpoints need: the engine loop, the tokenizer, names and limits."""
+
+    loop: EngineLoop
+    tokenizer: object | None
+    model_name: str
+    api_key: str | None = None
+    executor: object | None = None  # for VRAM and plan in /v1/stats
+    created: int = 0
+
+    @property
+    def max_context(self) -> int:
+        scheduler = self.loop.scheduler
+        return min(scheduler.max_context, scheduler.kv_tokens)
+
+
+def create_app(state: ServerState) -> FastAPI:
+    """The FastAPI application serving ``state.loop``."""
+    state.created = state.created or int(time.time())
+
+    async def check_key(request: Request) -> None:
+        if state.api_key is None or request.url.path == "/health":
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, key = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), state.api_key.encode()):
+            raise APIError(401, "missing or wrong API key; send it as 'Authorization: Bearer KEY'",
+                           type="authentication_error", code="invalid_api_key")
+
+    app = FastAPI(title="vramshard", dependencies=[Depends(check_key)])
+    install_handlers(app)
+
+    @app.get("/health")
+    async def health():
+        if not state.loop.alive:
+            return JSONResponse({"status": "error", "message": "the engine thread stopped"}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [schemas.model_card(state.model_name, state.created)]}
+
+    @app.get("/v1/stats")
+    async def stats():
+        data = state.loop.stats()
+        executor = state.executor
+        if executor is not None:
+            data["vram_peak_bytes"] = executor.peak_vram()
+            data["plan"] = executor.placement.name
+        data["model"] = state.model_name
+        return data
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await _parse(request, schemas.CompletionRequest)
+        _check_common(state, body)
+        if body.echo or body.best_of not in (None, 1) or body.suffix:
+            raise bad_request("echo, best_of and suffix are not supported", param="echo")
+        prompts = _completion_prompts(state, body.prompt)
+        max_tokens = 16 if body.max_tokens is None else body.max_tokens
+        handles = _submit(state, prompts, body, [max_tokens] * len(prompts))
+        lens = [len(p) for p in prompts for _ in range(body.n or 1)]
+        job = schemas.new_id("cmpl")
+        if body.stream:
+            return _stream(handles, _completion_events(state, job, handles, lens, body))
+        finished = await _wait(request, handles)
+        choices = [schemas.completion_choice(i, r.text, r.finish_reason) for i, r in enumerate(finished)]
+        used = schemas.usage(sum(lens), sum(len(r.output_ids) for r in finished))
+        return schemas.completion(job, state.model_name, choices, used)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        body = await _parse(request, schemas.ChatRequest)
+        _check_common(state, body)
+        if body.tools:
+            raise bad_request("tools are not supported", param="tools")
+        if state.tokenizer is None:
+            raise bad_request("this model has no tokenizer, so chat messages cannot be encoded")
+        try:
+            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        except ValueError as exc:
+            raise bad_request(f"{exc} is not supported: {state.model_name} is a text model",
+                              param="messages") from None
+        prompt = state.tokenizer.encode_chat(messages)
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        if max_tokens is None:
+            _check_context(state, len(prompt), 1)
+            max_tokens = state.max_context - len(prompt)
+        handles = _submit(state, [prompt], body, [max_tokens])
+        lens = [len(prompt)] * len(handles)
+        job = schemas.new_id("chatcmpl")
+        if body.stream:
+            return _stream(handles, _chat_events(state, job, handles, lens, body))
+        finished = await _wait(request, handles)
+        choices = [schemas.chat_choice(i, r.text, r.finish_reason) for i, r in enumerate(finished)]
+        used = schemas.usage(sum(lens), sum(len(r.output_ids) for r in finished))
+        return schemas.chat_completion(job, state.model_name, choices, used)
+
+    return app
+
+
+# ---------------------------------------------------------------------- request checks
+async def _parse(request: Request, model):
+    raw = await request.body()
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise bad_request("the request body must be a JSON object")
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(part) for part in first["loc"]) or None
+        raise bad_request(f"invalid value for {param or 'the body'}: {first['msg']}", param=param) from None
+
+
+def _check_common(state: ServerState, body) -> None:
+    if body.model != state.model_name:
+        raise APIError(404, f"the model {body.model!r} does not exist; this server serves {state.model_name!r}",
+                       type="invalid_request_error", param="model", code="model_not_found")
+    stops = body.stop_list()
+    if len(stops) > schemas.MAX_STOP:
+        raise bad_request(f"at most {schemas.MAX_STOP} stop strings, got {len(stops)}", param="stop")
+    if stops and state.tokenizer is None:
+        raise bad_request("stop strings need a tokenizer, and this model has none", param="stop")
+    if body.presence_penalty or body.frequency_penalty or body.logit_bias:
+        raise bad_request("presence_penalty, frequency_penalty and logit_bias are not supported")
+    if body.logprobs:
+        raise bad_request("logprobs are not supported", param="logprobs")
+
+
+def _check_context(state: ServerState, prompt_len: int, max_tokens: int) -> None:
+    limit = state.max_context
+    if prompt_len + max_tokens > limit:
+        raise APIError(400, f"this model's maximum context length is {limit} tokens, but the request asks "
+                            f"for {prompt_len + max_tokens} ({prompt_len} in the prompt, {max_tokens} to "
+                            "generate); shorten the prompt or lower max_tokens",
+                       param="max_tokens" if prompt_len < limit else "messages", code="context_length_exceeded")
+
+
+def _completion_prompts(state: ServerState, prompt) -> list[list[int]]:
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    if not prompt:
+        raise bad_request("prompt is empty", param="prompt")
+    if isinstance(prompt[0], int):
+        prompt = [prompt]
+    prompts = []
+    for item in prompt:
+        if isinstance(item, str):
+            if state.tokenizer is None:
+                raise bad_request("this model has no tokenizer; send the prompt as token ids", param="prompt")
+            item = state.tokenizer.encode(item)
+        if not item:
+            raise bad_request("prompt is empty", param="prompt")
+        prompts.append(item)
+    return prompts
+
+
+def _submit(state: ServerState, prompts: list[list[int]], body, max_tokens: list[int]) -> list[RequestHandle]:
+    """Queue n requests per prompt; all or none (a bad one cancels those already queued)."""
+    for prompt, limit in zip(prompts, max_tokens):
+        _check_context(state, len(prompt), limit)
+    n = body.n or 1
+    handles: list[RequestHandle] = []
+    try:
+        for prompt, limit in zip(prompts, max_tokens):
+            for _ in range(n):
+                seed = None if body.seed is None else body.seed + len(handles)
+                params = SamplingParams(1.0 if body.temperature is None else body.temperature, body.top_k or 0,
+                                        1.0 if body.top_p is None else body.top_p, seed)
+                handles.append(state.loop.submit(prompt, params, limit, body.stop_list()))
+    except InvalidInputError as exc:
+        for handle in handles:
+            handle.cancel()
+        raise bad_request(str(exc), param="prompt") from None
+    return handles
+
+
+# ---------------------------------------------------------------------- waiting and streaming
+async def _wait(request: Request, handles: list[RequestHandle]):
+    """The finished requests, in order; a client disconnect cancels them all."""
+    async def disconnected():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    results = asyncio.ensure_future(asyncio.gather(*(h.aresult() for h in handles)))
+    try:
+        await asyncio.wait({watcher, results}, return_when=asyncio.FIRST_COMPLETED)
+        if not results.done():
+            for handle in handles:
+                handle.cancel()
+            raise APIError(499, "client closed the request")
+        finished = results.result()
+    finally:
+        watcher.cancel()
+        for handle in handles:
+            handle.cancel()
+    failed = [r for r in finished if r.finish_reason == "error"]
+    if failed:
+        raise APIError(500, failed[0].error or "generation failed", type="server_error")
+    return finished
+
+
+class _CancellingStream(StreamingResponse):
+    """An SSE response that cancels its requests when it ends for any reason (disconnect included)."""
+
+    def __init__(self, content, handles: list[RequestHandle]):
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self._handles = handles
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            for handle in self._handles:
+                handle.cancel()
+
+
+def _stream(handles: list[RequestHandle], events: AsyncIterator[dict]) -> StreamingResponse:
+    async def body():
+        async for event in events:
+            yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return _CancellingStream(body(), handles)
+
+
+async def _merged(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(choice index, output) from all handles as they come, until every one has finished."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, handle: RequestHandle):
+        async for output in handle:
+            await queue.put((index, output))
+
+    tasks = [asyncio.ensure_future(pump(i, h)) for i, h in enumerate(handles)]
+    remaining = len(handles)
+    try:
+        while remaining:
+            index, output = await queue.get()
+            remaining -= output.finished
+            yield index, output
+    finally:
+        for task in tasks:
+            task.cancel()
+        for handle in handles:
+            handle.cancel()
+
+
+def _error_event(output: RequestOutput) -> dict:
+    return APIError(500, output.error or "generation failed", type="server_error").body()
+
+
+async def _completion_events(state, job, handles, lens, body) -> AsyncIterator[dict]:
+    generated = [0] * len(handles)
+    async for index, output in _merged(handles):
+        generated[index] += len(output.token_ids)
+        if output.finish_reason == "error":
+            yield _error_event(output)
+            return
+        if output.text or output.finished:
+            choice = schemas.completion_choice(index, output.text, output.finish_reason if output.finished else None)
+            yield schemas.completion(job, state.model_name, [choice], None)
+    if body.stream_options and body.stream_options.include_usage:
+        yield schemas.completion(job, state.model_name, [], schemas.usage(sum(lens), sum(generated)))
+
+
+async def _chat_events(state, job, handles, lens, body) -> AsyncIterator[dict]:
+    model = state.model_name
+    for index in range(len(handles)):
+        yield schemas.chat_chunk(job, model, [schemas.chat_delta(index, {"role": "assistant", "content": ""})])
+    generated = [0] * len(handles)
+    async for index, output in _merged(handles):
+        generated[index] += len(output.token_ids)
+        if output.finish_reason == "error":
+            yield _error_event(output)
+            return
+        if output.text:
+            yield schemas.chat_chunk(job, model, [schemas.chat_delta(index, {"content": output.text})])
+        if output.finished:
+            yield schemas.chat_chunk(job, model, [schemas.chat_delta(index, {}, output.finish_reason)])
+    if body.stream_options and body.stream_options.include_usage:
+        yield schemas.chat_chunk(job, model, [], schemas.usage(sum(lens), sum(generated)))

@@ -1,0 +1,137 @@
+"""Request bodies of the OpenAI API (the fields vramshard understands) and the response shapes.
+
+Types are strict (a string where a number belongs is an error, not coerced); unknown fields are
+ignored, as OpenAI's own server does for fields it does not know.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_N = 16  # choices per request
+MAX_STOP = 16  # stop strings per request
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _Sampling(_Body):
+    """Fields shared by completions and chat completions."""
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=100)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)  # an extension (vLLM and llama.cpp accept it too)
+    n: int | None = Field(None, ge=1, le=MAX_N)
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    stop: Union[str, list[str], None] = Field(None)
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logprobs: Union[bool, int, None] = None
+    logit_bias: dict | None = None
+    user: str | None = None
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class CompletionRequest(_Sampling):
+    """POST /v1/completions."""
+
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    echo: bool | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+class ContentPart(_Body):
+    type: str
+    text: str | None = None
+    image_url: dict | str | None = None
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[ContentPart], None] = None
+    name: str | None = None
+
+    def text(self) -> str:
+        """The message's text; image parts are not understood by text models (ValueError)."""
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        pieces = []
+        for part in self.content:
+            if part.type != "text":
+                raise ValueError(f"content part type {part.type!r}")
+            pieces.append(part.text or "")
+        return "".join(pieces)
+
+
+class ChatRequest(_Sampling):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    tools: list | None = None
+
+
+# ---------------------------------------------------------------------- responses
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion(id: str, model: str, choices: list[dict], usage_: dict) -> dict:
+    return {"id": id, "object": "text_completion", "created": now(), "model": model,
+            "choices": choices, "usage": usage_}
+
+
+def completion_choice(index: int, text: str, finish_reason: str | None) -> dict:
+    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+
+def chat_completion(id: str, model: str, choices: list[dict], usage_: dict) -> dict:
+    return {"id": id, "object": "chat.completion", "created": now(), "model": model,
+            "choices": choices, "usage": usage_}
+
+
+def chat_choice(index: int, text: str, finish_reason: str | None) -> dict:
+    return {"index": index, "message": {"role": "assistant", "content": text},
+            "logprobs": None, "finish_reason": finish_reason}
+
+
+def chat_chunk(id: str, model: str, choices: list[dict], usage_: dict | None = None) -> dict:
+    chunk = {"id": id, "object": "chat.completion.chunk", "created": now(), "model": model, "choices": choices}
+    if usage_ is not None:
+        chunk["usage"] = usage_
+    return chunk
+
+
+def chat_delta(index: int, delta: dict, finish_reason: str | None = None) -> dict:
+    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+
+def model_card(name: str, created: int) -> dict:
+    return {"id": name, "object": "model", "created": created, "owned_by": "vramshard"}

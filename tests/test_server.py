@@ -1,0 +1,237 @@
+"""A real `vramshard serve` process on a loopback port, driven by the official openai client."""
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from vramshard import Engine  # noqa: E402
+from vramshard.demo_model import ensure_demo_model  # noqa: E402
+
+KEY = "sk-test-key"
+MODEL = "demo"
+CONTEXT = 512
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(model_dir, *extra, timeout=90.0):
+    """Start `vramshard serve` on a free loopback port; returns (process, base url)."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "vramshard.cli.main", "serve", str(model_dir), "--port", str(port), "--device", "cpu",
+         "--dtype", "float32", "--served-model-name", MODEL, *map(str, extra)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}: {process.stdout.read()}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    process.kill()
+    raise RuntimeError("server did not come up")
+
+
+def stop_server(process):
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return ensure_demo_model(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    return Engine.load(model_dir, device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    process, url = start_server(model_dir, "--api-key", KEY, "--max-seqs", 4, "--max-context", CONTEXT)
+    yield url
+    stop_server(process)
+    assert process.returncode is not None
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+def _text(engine, ids):
+    return engine.tokenizer.decode(ids)
+
+
+PROMPTS = ["The plan is printed as a table", "A model with eight billion", "vramshard"]
+
+
+def test_models_and_health(client, server):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert httpx.get(f"{server}/health").json() == {"status": "ok"}  # no key needed for health
+
+
+def test_completions_greedy_equal_engine_generate(client, engine):
+    for prompt, n in zip(PROMPTS, (12, 5, 20)):
+        expected = engine.generate([engine.tokenizer.encode(prompt)], n)[0]
+        result = client.completions.create(model=MODEL, prompt=prompt, max_tokens=n, temperature=0)
+        assert result.choices[0].text == _text(engine, expected)
+        assert result.usage.completion_tokens == len(expected)
+        assert result.usage.prompt_tokens == len(engine.tokenizer.encode(prompt))
+        streamed = client.completions.create(model=MODEL, prompt=prompt, max_tokens=n, temperature=0, stream=True)
+        chunks = list(streamed)
+        assert "".join(c.choices[0].text for c in chunks) == _text(engine, expected)
+        assert chunks[-1].choices[0].finish_reason == result.choices[0].finish_reason
+
+
+def test_batch_of_prompts_and_token_ids(client, engine):
+    ids = [engine.tokenizer.encode(p) for p in PROMPTS]
+    expected = [_text(engine, out) for out in engine.generate(ids, 8)]
+    result = client.completions.create(model=MODEL, prompt=PROMPTS, max_tokens=8, temperature=0)
+    assert [c.text for c in sorted(result.choices, key=lambda c: c.index)] == expected
+    result = client.completions.create(model=MODEL, prompt=ids[0], max_tokens=8, temperature=0)
+    assert result.choices[0].text == expected[0]
+
+
+def test_chat_greedy_equal_engine_generate(client, engine):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is a tier?"}]
+    expected = _text(engine, engine.generate([engine.tokenizer.encode_chat(messages)], 10)[0])
+    result = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0)
+    assert result.choices[0].message.content == expected and result.choices[0].message.role == "assistant"
+    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
+    assert chunks[-1].usage.completion_tokens == result.usage.completion_tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == result.choices[0].finish_reason
+
+
+def test_stop_strings(client, engine):
+    ids = engine.tokenizer.encode(PROMPTS[0])
+    full = _text(engine, engine.generate([ids], 24, temperature=0.9, seed=5)[0])
+    stop = full[len(full) // 2: len(full) // 2 + 3]
+    assert stop.strip()
+    expected = full[: full.index(stop)]  # text-level: cut right before the stop string
+    for stream in (False, True):
+        result = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=24, temperature=0.9, seed=5,
+                                           stop=["never-there", stop], stream=stream)
+        chunks = list(result) if stream else [result]
+        assert "".join(c.choices[0].text for c in chunks) == expected
+        assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_n_choices_are_independent_requests(client, engine):
+    messages = [{"role": "user", "content": "Tell me about tiers."}]
+    ids = engine.tokenizer.encode_chat(messages)
+    expected = [_text(engine, out) for out in engine.generate([ids] * 3, 10, temperature=0.9, seed=7)]
+    result = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0.9,
+                                            seed=7, n=3)
+    assert [c.message.content for c in sorted(result.choices, key=lambda c: c.index)] == expected
+    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0.9,
+                                            seed=7, n=3, stream=True)
+    texts = ["", "", ""]
+    for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+    assert texts == expected
+
+
+def _post(server, path, body, key=KEY, raw=False):
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    content = body if raw else json.dumps(body)
+    return httpx.post(f"{server}{path}", content=content, headers=headers, timeout=30)
+
+
+BAD_REQUESTS = [
+    ("malformed JSON", "/v1/completions", '{"model": "demo", "prompt": ', True, None, 400),
+    ("not an object", "/v1/completions", "[1, 2]", True, None, 400),
+    ("wrong type", "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": "ten"}, False, "max_tokens", 400),
+    ("wrong type nested", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": 5}]},
+     False, None, 400),
+    ("negative max_tokens", "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": -3}, False,
+     "max_tokens", 400),
+    ("huge max_tokens", "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 10**30}, False,
+     "max_tokens", 400),
+    ("prompt too long", "/v1/completions", {"model": MODEL, "prompt": "plan " * 800, "max_tokens": 4}, False,
+     None, 400),
+    ("chat too long", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x " * 900}]},
+     False, None, 400),
+    ("missing messages", "/v1/chat/completions", {"model": MODEL}, False, "messages", 400),
+    ("unknown role", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "king", "content": "hi"}]},
+     False, None, 400),
+    ("image for a text model", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}, False, "messages", 400),
+    ("bad token id", "/v1/completions", {"model": MODEL, "prompt": [1, 2, 10**6], "max_tokens": 2}, False,
+     "prompt", 400),
+    ("empty prompt", "/v1/completions", {"model": MODEL, "prompt": "", "max_tokens": 2}, False, "prompt", 400),
+    ("n too big", "/v1/completions", {"model": MODEL, "prompt": "hi", "n": 1000}, False, "n", 400),
+    ("unknown model", "/v1/completions", {"model": "gpt-9", "prompt": "hi"}, False, "model", 404),
+]
+
+
+@pytest.mark.parametrize("name,path,body,raw,param,status", BAD_REQUESTS, ids=[b[0] for b in BAD_REQUESTS])
+def test_bad_requests_get_openai_errors(server, name, path, body, raw, param, status):
+    response = _post(server, path, body, raw=raw)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["message"] and error["type"]
+    if param is not None:
+        assert error["param"] is not None and error["param"].startswith(param)
+    assert httpx.get(f"{server}/health").status_code == 200
+
+
+def test_api_key_is_required(server, client):
+    assert _post(server, "/v1/completions", {"model": MODEL, "prompt": "hi"}, key=None).status_code == 401
+    assert _post(server, "/v1/completions", {"model": MODEL, "prompt": "hi"}, key="sk-wrong").status_code == 401
+    assert httpx.get(f"{server}/v1/models").status_code == 401
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{server}/v1", api_key="sk-wrong", max_retries=0).models.list()
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="gpt-9", prompt="hi")
+    with pytest.raises(openai.BadRequestError, match="maximum context length"):
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=CONTEXT * 4)
+    assert client.completions.create(model=MODEL, prompt="hi", max_tokens=2).choices[0].finish_reason
+
+
+def test_disconnect_mid_stream_frees_the_sequence(server, client):
+    headers = {"Authorization": f"Bearer {KEY}"}
+    stats = lambda: httpx.get(f"{server}/v1/stats", headers=headers).json()  # noqa: E731
+    before = stats()["generated_tokens"]
+    body = {"model": MODEL, "prompt": "The plan", "max_tokens": 400, "temperature": 0.8, "stream": True}
+    # Reading two events and leaving the block closes the connection mid-stream.
+    with httpx.stream("POST", f"{server}/v1/completions", json=body, headers=headers, timeout=30) as response:
+        seen = 0
+        for line in response.iter_lines():
+            seen += line.startswith("data:")
+            if seen >= 2:
+                break
+    deadline = time.time() + 5
+    while time.time() < deadline and stats()["running"]:
+        time.sleep(0.05)
+    after = stats()
+    assert after["running"] == 0 and after["queue_length"] == 0
+    assert after["generated_tokens"] - before < 200  # the disconnected stream stopped long before its 400 tokens
+    assert after["engine_alive"] and after["plan"] == "cpu" and "vram_peak_bytes" in after
+    assert client.completions.create(model=MODEL, prompt="hi", max_tokens=2).choices[0].text is not None
