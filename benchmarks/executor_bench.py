@@ -35,9 +35,7 @@ GiB = 2**30
 
 
 def fill_kv(kv, context: int) -> None:
-    for layer in kv._layers.values():
-        layer.k[:, :context].normal_()
-        layer.v[:, :context].normal_()
+    kv.fill_random(context)
 
 
 def decode_seconds(executor: Executor, context: int, steps: int) -> float:

@@ -17,27 +17,34 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from .config import parse_dtype
-from .errors import InvalidInputError
+from .errors import BudgetError, InvalidInputError
 from .layers.step import Step
 from .loading.checkpoint import Checkpoint, open_checkpoint
 from .models import Model, build_model
-from .plan.memory import LOGIT_ROWS, max_resident_layers, sublayer_triples, vram_need
+from .plan.memory import LOGIT_ROWS, max_resident_layers, moe_layers, sublayer_triples, vram_need
 from .plan.placement import Placement, named_placement
 from .plan.planner import Planner, machine_profile
 from .plan.tiers import Tiers
 from .runtime.executor import Executor
-from .runtime.host_weights import pack_model
-from .runtime.kv_cache import KVCache
-from .runtime.sampler import Sampler, SamplingParams
+from .runtime.host_weights import PackedWeights, pack_model
+from .runtime.kv_cache import DEFAULT_BLOCK_SIZE
+from .runtime.request import Request
+from .runtime.sampler import SamplingParams
 from .runtime.weights import load_weights
-from .units import parse_size
+from .units import auto_vram_budget, format_bytes, is_auto, parse_size
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class GenerationStats:
-    """Timing of the last ``generate``/``stream`` call."""
+    """Timing of the last ``generate``/``stream`` call.
+
+    prefill_s: from the call until every prompt has its first new token (prompts are read then);
+    decode_s: from there to the end. ``extra`` holds ``ttft_s`` (first token of the first prompt),
+    ``forward_s`` (time inside the executor) and ``scheduling_s`` (the rest of the steps' time:
+    scheduling, sampling, streaming in Python).
+    """
 
     prompt_tokens: int = 0
     generated_tokens: int = 0
@@ -61,7 +68,8 @@ class Engine:
     """A loaded model ready to run: weights placed, tokenizer attached."""
 
     def __init__(self, model: Model, executor: Executor, tokenizer=None, name: str = "model",
-                 max_context: int | None = None, vram_budget: int | None = None, max_step_tokens: int = 2048):
+                 max_context: int | None = None, vram_budget: int | None = None, max_step_tokens: int = 2048,
+                 kv_tokens: int | None = None):
         self.model = model
         self.args = model.args
         self.executor = executor
@@ -70,7 +78,10 @@ class Engine:
         self.max_context = max_context or model.args.max_position_embeddings
         self.vram_budget = vram_budget
         self.max_step_tokens = max_step_tokens
+        # KV positions reserved at load (on the GPU, the paged pools of all sequences must fit in them).
+        self.kv_tokens = kv_tokens or self.max_context
         self.plan = None  # the planner's PlanSet when the placement was planned
+        self.vision = None  # vlm.VisionSetup of a vision-language model (set by vlm.configure)
         self.last_stats = GenerationStats()
 
     # ------------------------------------------------------------------ loading
@@ -81,20 +92,44 @@ class Engine:
              **options) -> "Engine":
         """Load a Hugging Face model directory or a ``.gguf`` file.
 
-        vram: the VRAM budget (``"4GiB"``, bytes, or None for no limit).
+        vram: the VRAM budget (``"4GiB"``, bytes, ``"auto"`` for the free VRAM less a safety margin
+            (no GPU at all on a machine without CUDA), or None for no limit).
         device: ``"cpu"`` or ``"cuda"``; default: cuda when available.
         dtype: weights and compute dtype; default: the checkpoint's.
         placement: a named placement (``cpu``, ``gpu``, ``layers:N``, ``layers:max``, ``stream``,
             ``static``) or a :class:`Placement`; default: chosen from the budget.
         max_context: longest sequence (prompt + answer) to allow; default: the model's (capped
             at 8192 on the GPU, where its KV cache is reserved in VRAM).
-        options: ``max_batch`` (sequences whose KV is reserved, default 1), ``max_step_tokens``
+        options: ``max_batch`` (sequences whose KV is reserved, default 1), ``kv_tokens`` (KV
+            positions to reserve, shared by all sequences; default ``max_batch`` x context), ``max_step_tokens``
             (largest step, default 2048), ``threads`` (CPU threads), ``num_slots`` (stream ring),
-            ``tiers`` (:class:`Tiers`), ``profile`` (a machine profile for the planner).
+            ``tiers`` (:class:`Tiers`), ``profile`` (a machine profile for the planner),
+            ``vision`` (:class:`vramshard.vlm.VisionOptions`, vision-language models only).
         """
+        vision = options.pop("vision", None)
         checkpoint = open_checkpoint(path)
-        return cls.from_checkpoint(checkpoint, vram=vram, device=device, dtype=dtype, placement=placement,
-                                   max_context=max_context, progress=progress, **options)
+        engine = cls.from_checkpoint(checkpoint, vram=vram, device=device, dtype=dtype, placement=placement,
+                                     max_context=max_context, progress=progress, **options)
+        if any(s.kind == "vision" for s in engine.model):
+            from . import vlm
+            from .loading.image import ImageConfig
+
+            image_config = ImageConfig.from_dir(checkpoint.path) if checkpoint.path.is_dir() else ImageConfig()
+            vlm.configure(engine, vision, image_config, options.get("profile"))
+        return engine
+
+    def chat(self, messages, images=(), **sampling) -> list[int]:
+        """Answer OpenAI-style chat messages whose parts may hold images (PIL, paths, data URLs);
+        returns the new token ids. Needs a tokenizer with a chat template."""
+        from . import vlm
+
+        return vlm.generate_chat(self, messages, images, **sampling)
+
+    def stream_chat(self, messages, images=(), **sampling) -> Iterator[int]:
+        """As :meth:`chat`, yielding token ids as they are generated."""
+        from . import vlm
+
+        return vlm.stream_chat(self, messages, images, **sampling)
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint, vram=None, device=None, dtype=None, placement=None,
@@ -108,22 +143,37 @@ class Engine:
 
     @classmethod
     def from_weights(cls, model: Model, weights: dict[str, torch.Tensor], tokenizer=None, name: str = "model",
-                     vram=None, device=None, placement=None, max_context=None, max_batch: int = 1,
-                     max_step_tokens: int = 2048, threads: int | None = None, num_slots: int = 2,
-                     tiers: Tiers | None = None, profile=None) -> "Engine":
+                     **options) -> "Engine":
         """Build an engine from a model and its CPU weights (consumed), e.g. random weights of a real shape.
 
         With a VRAM budget and no explicit placement, the planner chooses the pinned set and a
         placement per token tier from the machine profile (``profile``: a
-        :class:`~vramshard.profile.Profile`, default this machine's).
+        :class:`~vramshard.profile.Profile`, default this machine's). ``options``: as
+        :meth:`from_host`.
         """
+        return cls._build(model, lambda pin: pack_model(list(model), weights, pin=pin), tokenizer, name, **options)
+
+    @classmethod
+    def from_host(cls, model: Model, host: dict[str, PackedWeights], tokenizer=None, name: str = "model",
+                  **options) -> "Engine":
+        """Build an engine over weights already packed by :func:`~vramshard.runtime.host_weights.pack_model`
+        (pinned, to stream at full speed), e.g. several engines of different placements sharing one
+        host copy. ``options``: ``vram``, ``device``, ``placement``, ``max_context``, ``max_batch``,
+        ``kv_tokens``, ``max_step_tokens``, ``threads``, ``num_slots``, ``tiers``, ``profile``
+        (see :meth:`load`)."""
+        return cls._build(model, lambda pin: host, tokenizer, name, **options)
+
+    @classmethod
+    def _build(cls, model: Model, pack: Callable[[bool], dict[str, PackedWeights]], tokenizer, name: str,
+               vram=None, device=None, placement=None, max_context=None, max_batch: int = 1,
+               max_step_tokens: int = 2048, threads: int | None = None, num_slots: int = 2,
+               tiers: Tiers | None = None, profile=None, kv_tokens: int | None = None) -> "Engine":
         limit = model.args.max_position_embeddings
         if max_context is not None and max_context > limit:
             raise InvalidInputError(f"max_context {max_context} exceeds the model's limit of {limit} positions")
-        device = _resolve_device(device)
-        budget = None if vram in (None, "none") else parse_size(vram)
+        budget, device = resolve_budget(vram, device)
         context = max_context or (limit if device == "cpu" else min(limit, DEFAULT_GPU_CONTEXT))
-        kv_tokens = max(1, max_batch) * context
+        kv_tokens = kv_tokens or max(1, max_batch) * context
         plan_set = None
         if placement is None and device != "cpu" and budget is not None:
             tiers = tiers or Tiers(tuple(t for t in Tiers().sizes if t <= max_step_tokens) or (max_step_tokens,))
@@ -132,13 +182,13 @@ class Engine:
             placement = plan_set.tiered()
         else:
             placement = choose_placement(model, placement, device, budget, kv_tokens, max_step_tokens)
-        host = pack_model(list(model), weights, pin=placement.uses_gpu)
+        host = pack(placement.uses_gpu)
         executor = Executor(model, host, placement, budget=budget, max_tokens=max_step_tokens,
                             max_context=kv_tokens, kv_slots=1, num_slots=num_slots, threads=threads,
                             device=device if device != "cpu" else "cuda")
         log.info("%s", executor.describe())
         engine = cls(model, executor, tokenizer, name=name, max_context=context, vram_budget=budget,
-                     max_step_tokens=max_step_tokens)
+                     max_step_tokens=max_step_tokens, kv_tokens=kv_tokens)
         engine.plan = plan_set
         return engine
 
@@ -168,7 +218,7 @@ class Engine:
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
                  stop: Sequence[str] | None = None, pixel_values: torch.Tensor | None = None,
                  image_grid_thw: torch.Tensor | None = None) -> list[list[int]]:
-        """Generate for several prompts at once (batched); returns the new tokens of each.
+        """Generate for several prompts at once (continuous batching); returns the new tokens of each.
 
         Greedy when temperature is 0. A sequence ends at an EOS token (included in its
         output), at a stop string (output cut before it; needs a tokenizer) or after
@@ -183,12 +233,10 @@ class Engine:
         if pixel_values is not None:
             from . import vlm
             return vlm.generate(self, prompts, pixel_values, image_grid_thw, max_new_tokens, params, stop)
-        outputs = [[] for _ in prompts]
-        for index, token in self._run(prompts, max_new_tokens, params, stop):
-            outputs[index].append(token)
-        if stop:
-            outputs = [self._cut_at_stop(out, stop) for out in outputs]
-        return outputs
+        requests: list[Request] = []
+        for _ in self._run(prompts, max_new_tokens, params, stop, requests):
+            pass
+        return [list(r.output_ids) for r in requests] if requests else [[] for _ in prompts]
 
     def stream(self, prompt_ids: Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, seed: int | None = None) -> Iterator[int]:
@@ -197,24 +245,48 @@ class Engine:
         for _, token in self._run([prompt_ids], max_new_tokens, params, None):
             yield token
 
+    def step_shape(self) -> tuple[int, tuple[int, ...] | None]:
+        """(most tokens in one step, prompt chunk sizes): the planner's token tiers when the
+        engine was planned (steps then fill whole tiers), else ``max_step_tokens`` and no tiers."""
+        if self.plan is not None and self.plan.tiers:
+            sizes = tuple(sorted(self.plan.tiers))
+            fitting = tuple(size for size in sizes if size <= self.max_step_tokens) or sizes[:1]
+            return fitting[-1], fitting
+        return self.max_step_tokens, None
+
     def scheduler(self, max_seqs: int = 8, max_context: int | None = None, max_step_tokens: int | None = None,
-                  chunk_sizes: Sequence[int] | None = None, kv_tokens: int | None = None):
+                  chunk_sizes: Sequence[int] | None = None, kv_tokens: int | None = None, ignore_eos: bool = False):
         """A continuous-batching :class:`~vramshard.runtime.scheduler.Scheduler` over this engine's
-        executor, with a KV pool of ``max_seqs`` sequences of ``max_context`` tokens (default: the
-        engine's context) allocated now; see the Scheduler for the other arguments."""
+        executor, with a paged KV pool of ``kv_tokens`` positions (default ``max_seqs`` x
+        ``max_context``, on the GPU at most what was reserved at load) allocated now, shared by
+        up to ``max_seqs`` sequences of at most ``max_context`` tokens (default: the engine's
+        context). Step size and chunk sizes default to :meth:`step_shape`. ``ignore_eos``: generate
+        ``max_new_tokens`` whatever comes (benchmarks)."""
         from .runtime.scheduler import Scheduler
 
-        return Scheduler(self.executor, max_seqs=max_seqs, max_context=max_context or self.max_context,
+        max_context = max_context or self.max_context
+        step_tokens, tiers = self.step_shape()
+        if max_step_tokens is None and chunk_sizes is None:
+            max_step_tokens, chunk_sizes = step_tokens, tiers
+        if kv_tokens is None:
+            kv_tokens = max_seqs * max_context
+            if self.executor.uses_gpu:
+                kv_tokens = min(kv_tokens, self.kv_tokens)
+        return Scheduler(self.executor, max_seqs=max_seqs, max_context=max_context,
                          max_step_tokens=max_step_tokens or self.max_step_tokens, chunk_sizes=chunk_sizes,
-                         kv_tokens=kv_tokens, eos_ids=self._eos_ids(), tokenizer=self.tokenizer,
-                         vocab_size=self.args.vocab_size)
+                         kv_tokens=kv_tokens, eos_ids=() if ignore_eos else self._eos_ids(), tokenizer=self.tokenizer,
+                         vocab_size=self.args.vocab_size,
+                         max_logit_rows=LOGIT_ROWS if self.executor.uses_gpu else None)
 
     # ------------------------------------------------------------------ internals
-    def _run(self, prompts, max_new_tokens: int, params: list[SamplingParams], stop) -> Iterator[tuple[int, int]]:
+    def _run(self, prompts, max_new_tokens: int, params: list[SamplingParams], stop,
+             requests: list[Request] | None = None) -> Iterator[tuple[int, int]]:
+        """Run ``prompts`` through a scheduler of their own; yield (prompt index, token) as steps
+        make them. ``requests`` (if given) receives the :class:`Request` objects."""
         if not prompts:
             return
-        if max_new_tokens < 0:
-            raise InvalidInputError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise InvalidInputError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
         if stop and self.tokenizer is None:
             raise InvalidInputError("stop strings need a tokenizer, and this model has none")
         prompts = [self._check_prompt(p) for p in prompts]
@@ -223,75 +295,35 @@ class Engine:
             raise InvalidInputError(
                 f"prompt plus max_new_tokens is {longest} tokens, more than the context of {self.max_context}"
             )
+        stats = self.last_stats = GenerationStats(prompt_tokens=sum(len(p) for p in prompts))
         if max_new_tokens == 0:
             return
-        samplers = [Sampler(p) for p in params]
-        eos = self._eos_ids()
-        stats = self.last_stats = GenerationStats(prompt_tokens=sum(len(p) for p in prompts))
-        kv = self.executor.new_kv_cache(slots=len(prompts), max_ctx=longest)
-        t0 = time.perf_counter()
-        logits = self._prefill(prompts, kv, stats)
-        stats.prefill_s = time.perf_counter() - t0
-        active = list(range(len(prompts)))
-        cached = [len(p) for p in prompts]
-        generated = [[] for _ in prompts]
-        t0 = time.perf_counter()
-        while True:
-            next_tokens = {}
-            for row, seq in enumerate(active):
-                token = samplers[seq](logits[row])
-                generated[seq].append(token)
-                stats.generated_tokens += 1
-                yield seq, token
-                if not (token in eos or len(generated[seq]) >= max_new_tokens
-                        or (stop and self._cut_at_stop(generated[seq], stop) != generated[seq])):
-                    next_tokens[seq] = token
-            active = list(next_tokens)
-            if not active:
-                break
-            rows = []
-            group_size = min(self.max_step_tokens, LOGIT_ROWS)
-            for begin in range(0, len(active), group_size):
-                group = active[begin : begin + group_size]
-                step = Step(group, [cached[s] for s in group], [1] * len(group), list(range(len(group))),
-                            kv_lookup=kv)
-                rows.append(self.executor.forward(torch.tensor([next_tokens[s] for s in group]), step))
-                stats.steps += 1
-            logits = torch.cat(rows)
-            for s in active:
-                cached[s] += 1
-        stats.decode_s = time.perf_counter() - t0
+        scheduler = self._scheduler_for(prompts, max_new_tokens)
+        news: list[tuple[int, int]] = []
+        mine = [] if requests is None else requests
+        for index, (prompt, sampling) in enumerate(zip(prompts, params)):
+            def deliver(output, index=index):
+                news.extend((index, token) for token in output.token_ids)
+            mine.append(scheduler.add(prompt, sampling, max_new_tokens, stop, on_output=deliver))
+        start = time.perf_counter()
+        try:
+            while scheduler.has_work:
+                scheduler.step()
+                yield from news
+                news.clear()
+        finally:
+            _fill_stats(stats, scheduler, mine, start)
 
-    def _prefill(self, prompts: list[list[int]], kv: KVCache, stats: GenerationStats) -> torch.Tensor:
-        """Run all prompts through the model in steps of at most ``max_step_tokens`` tokens.
-
-        Returns the logits [len(prompts), V] of each prompt's last token.
-        """
-        last = [None] * len(prompts)
-        done = [0] * len(prompts)
-        while any(d < len(p) for d, p in zip(done, prompts)):
-            slots, starts, lengths, rows, finishing = [], [], [], [], []
-            room = self.max_step_tokens
-            for seq, prompt in enumerate(prompts):
-                if room == 0 or len(finishing) == LOGIT_ROWS:
-                    break
-                if done[seq] == len(prompt):
-                    continue
-                n = min(len(prompt) - done[seq], room)
-                slots.append(seq), starts.append(done[seq]), lengths.append(n)
-                room -= n
-                if done[seq] + n == len(prompt):
-                    rows.append(sum(lengths) - 1)
-                    finishing.append(seq)
-            ids = [t for seq, s, n in zip(slots, starts, lengths) for t in prompts[seq][s : s + n]]
-            step = Step(slots, starts, lengths, rows, kv_lookup=kv)
-            logits = self.executor.forward(torch.tensor(ids), step)
-            stats.steps += 1
-            for row, seq in enumerate(finishing):
-                last[seq] = logits[row]
-            for seq, n in zip(slots, lengths):
-                done[seq] += n
-        return torch.stack(last)
+    def _scheduler_for(self, prompts: list[list[int]], max_new_tokens: int):
+        """A scheduler whose paged KV pool holds all ``prompts`` at once (on the GPU, at most the
+        KV reserved at load: then later prompts wait for blocks of finished ones)."""
+        needs = [len(p) + max_new_tokens for p in prompts]
+        pool = sum(-(-n // DEFAULT_BLOCK_SIZE) * DEFAULT_BLOCK_SIZE for n in needs)
+        max_seqs = len(prompts)
+        if self.executor.uses_gpu:
+            pool = max(min(pool, self.kv_tokens), max(needs))
+            max_seqs = min(max_seqs, LOGIT_ROWS)
+        return self.scheduler(max_seqs=max_seqs, max_context=max(needs), kv_tokens=pool)
 
     def _check_prompt(self, ids) -> list[int]:
         if isinstance(ids, torch.Tensor):
@@ -329,6 +361,28 @@ class Engine:
 DEFAULT_GPU_CONTEXT = 8192  # KV reserved by default on the GPU when the model allows more
 
 
+def resolve_budget(vram: str | int | None, device: str | None) -> tuple[int | None, str]:
+    """(budget bytes or None, device) from ``vram`` and ``device`` as :meth:`Engine.load` takes them.
+
+    ``vram="auto"``: the free VRAM less a safety margin; on a machine without CUDA (or with
+    ``device="cpu"``) it means no GPU, so the device becomes the CPU.
+    """
+    if is_auto(vram):
+        if device is None and not torch.cuda.is_available():
+            return None, "cpu"
+        device = _resolve_device(device)
+        if device == "cpu":
+            return None, device
+        budget = auto_vram_budget(device)
+        if budget is None or budget <= 0:
+            raise BudgetError(f"--vram auto found no free VRAM on {device} beyond the safety margin; "
+                              "free some VRAM, give a size such as --vram 2GiB, or run on the CPU (--device cpu)")
+        log.info("--vram auto: budget %s", format_bytes(budget))
+        return budget, device
+    device = _resolve_device(device)
+    return (None if vram in (None, "none") else parse_size(vram)), device
+
+
 def _resolve_device(device: str | None) -> str:
     if device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -356,12 +410,29 @@ def choose_placement(model: Model, placement: str | Placement | None, device: st
         most = None
         if budget is not None and str(placement).strip().lower() == "layers:max":
             most = max_resident_layers(model, budget, 1, kv_tokens, max_step_tokens)
-        return named_placement(placement, triples, layers, most)
+        return named_placement(placement, triples, layers, most, moe_layers=moe_layers(model))
     everything = named_placement("gpu", triples, layers)
     if budget is None or vram_need(model, everything, 1, kv_tokens, max_step_tokens).total <= budget:
         return everything
     return named_placement("layers:max", triples, layers,
                            max_resident_layers(model, budget, 1, kv_tokens, max_step_tokens))
+
+
+def _fill_stats(stats: GenerationStats, scheduler, requests: list[Request], start: float) -> None:
+    """Timings of one ``_run`` from its scheduler's counters and the requests' timestamps."""
+    end = time.perf_counter()
+    firsts = [r.first_token_s for r in requests if r.first_token_s is not None]
+    prefill_end = max(firsts) if len(firsts) == len(requests) and firsts else end
+    stats.prefill_s = prefill_end - start
+    stats.decode_s = end - prefill_end
+    stats.generated_tokens = scheduler.total_generated_tokens
+    stats.steps = scheduler.total_steps
+    stats.extra.update(
+        ttft_s=(min(firsts) - start) if firsts else None,
+        forward_s=scheduler.total_forward_s,
+        scheduling_s=scheduler.total_step_s - scheduler.total_forward_s,
+        max_running=max((s.running for s in scheduler.history), default=0),
+    )
 
 
 def _load_tokenizer(checkpoint: Checkpoint):

@@ -34,6 +34,17 @@ SHAPES: dict[str, dict] = {
                           num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
                           vocab_size=151936, max_position_embeddings=40960, rms_norm_eps=1e-6,
                           tie_word_embeddings=False, dtype="bfloat16", **_DENSE_ROPE),
+    # Tiny shapes for tests and quick CPU runs (seconds, not minutes).
+    "tiny-llama": dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64,
+                       intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=16, vocab_size=256, max_position_embeddings=4096, rms_norm_eps=1e-5,
+                       tie_word_embeddings=False, dtype="float32", rope_theta=10000.0),
+    "tiny-qwen3-moe": dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_size=64,
+                           intermediate_size=128, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+                           norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256,
+                           max_position_embeddings=4096, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                           dtype="float32", **_DENSE_ROPE),
 }
 
 
@@ -74,3 +85,18 @@ def random_weights(model: Model, seed: int = 0, device: str | None = None) -> di
             t = torch.randn(spec.shape, generator=generator, device=device, dtype=torch.float32) * 0.02
             weights[name] = t.to(spec.dtype).cpu()
     return weights
+
+
+# Qwen2.5-VL-7B (bf16; Cosmos-Reason1-7B has the same shape): vision encoder of 32 blocks (width 1280,
+# 16 heads, windows of 112 pixels, full attention in blocks 7, 15, 23, 31) and a Qwen2 language model.
+SHAPES["qwen2.5-vl-7b"] = dict(
+    architectures=["Qwen2_5_VLForConditionalGeneration"], model_type="qwen2_5_vl", hidden_size=3584,
+    intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+    vocab_size=152064, max_position_embeddings=128000, rms_norm_eps=1e-6, tie_word_embeddings=False,
+    dtype="bfloat16", rope_theta=1000000.0, rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]},
+    image_token_id=151655, video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653,
+    vision_config=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, in_chans=3,
+                       patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
+                       out_hidden_size=3584, fullatt_block_indexes=[7, 15, 23, 31], hidden_act="silu",
+                       tokens_per_second=2),
+)

@@ -35,3 +35,28 @@ def format_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+AUTO = "auto"  # --vram auto: the free VRAM less a safety margin
+AUTO_MARGIN_BYTES = 512 * 2**20  # at least this much VRAM is left for the display, other programs, drivers
+AUTO_MARGIN_FRACTION = 0.05  # ... or this fraction of the GPU's memory, whichever is more
+
+
+def is_auto(text) -> bool:
+    """Whether a ``--vram`` value asks for the automatic budget."""
+    return isinstance(text, str) and text.strip().lower() == AUTO
+
+
+def auto_margin(total_bytes: int) -> int:
+    """VRAM ``--vram auto`` leaves free on a GPU of ``total_bytes``."""
+    return max(AUTO_MARGIN_BYTES, int(total_bytes * AUTO_MARGIN_FRACTION))
+
+
+def auto_vram_budget(device: str = "cuda") -> int | None:
+    """Free VRAM on ``device`` less a safety margin (bytes, at least 0); None without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    return max(0, free - auto_margin(total))

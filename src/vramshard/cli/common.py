@@ -34,7 +34,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """--vram, --device, --placement, --dtype."""
     group = parser.add_argument_group("placement")
     group.add_argument("--vram", default=None, metavar="SIZE",
-                       help="VRAM budget, e.g. 4GiB or 2048MiB (default: no limit)")
+                       help="VRAM budget, e.g. 4GiB or 2048MiB, or auto: the free VRAM less a safety margin "
+                            "(no GPU on a machine without CUDA) (default: no limit)")
     group.add_argument("--device", choices=("cpu", "cuda"), default=None,
                        help="where to run (default: cuda when available)")
     group.add_argument("--placement", default=None, metavar="NAME",

@@ -9,7 +9,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("plan", help="show where every sub-layer would run, per token tier")
     p.add_argument("model", nargs="?", help="Hugging Face model directory or .gguf file")
     p.add_argument("--shape", help="plan a named real shape instead of a file (e.g. nemo-8b, llama3-8b, qwen3-30b-a3b)")
-    p.add_argument("--vram", required=True, help="VRAM budget, e.g. 4GiB or 2048MiB")
+    p.add_argument("--vram", required=True, help="VRAM budget, e.g. 4GiB or 2048MiB, or auto (free VRAM less a margin)")
     p.add_argument("--ctx", type=int, default=4096, help="context tokens to reserve KV cache for (default 4096)")
     p.add_argument("--tiers", default=None, help="token tiers, e.g. 1,4,16,64,256,512,1024,2048")
     p.add_argument("--slots", type=int, default=2, help="streaming slots in the ring (default 2)")
@@ -27,7 +27,8 @@ def main(args) -> int:
     from ..plan.planner import Planner, machine_profile
     from ..plan.report import plot_plan, print_plan
     from ..plan.tiers import Tiers
-    from ..units import parse_size
+    from ..engine import resolve_budget
+    from ..units import is_auto, parse_size
 
     if bool(args.model) == bool(args.shape):
         raise InvalidInputError("give a MODEL path or --shape NAME (one of them)")
@@ -42,7 +43,9 @@ def main(args) -> int:
         config, name = checkpoint.config, checkpoint.path.name
     model = build_model(config, parse_dtype(args.dtype))
     tiers = Tiers.parse(args.tiers) if args.tiers else Tiers()
-    plan = Planner(model, machine_profile(args.profile), parse_size(args.vram), context=args.ctx, tiers=tiers,
+    # auto: this machine's free VRAM (None without CUDA, where the plan is all-CPU anyway).
+    budget = resolve_budget(args.vram, None)[0] if is_auto(args.vram) else parse_size(args.vram)
+    plan = Planner(model, machine_profile(args.profile), budget, context=args.ctx, tiers=tiers,
                    num_slots=args.slots, name=name).plan()
     if args.json:
         print(json.dumps(plan.to_dict(), indent=1))

@@ -8,6 +8,7 @@ from typing import Callable
 from rich.console import Console
 
 from ..errors import InvalidInputError
+from . import images
 from .common import (add_engine_args, add_sampling_args, load_engine, parse_ids, print_stats, stderr_console,
                      stream, write_stdout)
 
@@ -28,12 +29,15 @@ def register(subparsers) -> None:
     parser.add_argument("--system", metavar="TEXT", default=None, help="system message (with --chat)")
     add_sampling_args(parser)
     add_engine_args(parser)
+    images.add_args(parser)
     parser.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
     console = stderr_console()
     engine = load_engine(args.model, args, console)
+    if args.image:
+        return images.main(engine, args, console)
     return generate_and_report(engine, args, console)
 
 

@@ -54,7 +54,7 @@ def main(args: argparse.Namespace) -> int:
     context = args.max_context or min(engine.max_context, DEFAULT_CONTEXT)
     loop = EngineLoop(engine.scheduler(max_seqs=args.max_seqs, max_context=context))
     name = args.served_model_name or engine.model_name
-    app = create_app(ServerState(loop, engine.tokenizer, name, args.api_key, engine.executor))
+    app = create_app(ServerState(loop, engine.tokenizer, name, args.api_key, engine.executor, engine=engine))
     console.print(f"[bold]vramshard serve[/bold] {name} on http://{args.host}:{args.port}/v1 "
                   f"({args.max_seqs} sequences x {context} tokens; {engine.executor.placement.name})", soft_wrap=True)
     try:

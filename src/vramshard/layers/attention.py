@@ -107,27 +107,36 @@ class Attention(SubLayer):
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache, step: Step) -> torch.Tensor:
-    """Store k, v [T, Hkv, D] in the cache, then attend q [T, H, D] to each sequence's keys.
+    """Store k, v [T, Hkv, D] in the paged cache, then attend q [T, H, D] to each sequence's keys.
 
-    One sequence attends over a view of its cache row (no copy). Several sequences are
-    padded to a common query and key length, with a mask for causality and padding.
+    Positions map to cache blocks through ``step.block_tables`` (or, without tables, the
+    cache's fixed row per slot). One sequence whose blocks are consecutive attends over a
+    view of the pool (no copy); otherwise its blocks are gathered. Several sequences are
+    gathered and padded to a common query and key length, with a mask for causality and padding.
     """
     device = q.device
-    if step.num_seqs == 1:
-        slot, start = step.slots[0], step.starts[0]
-        cache.k[slot, start : start + k.shape[0]] = k
-        cache.v[slot, start : start + k.shape[0]] = v
-    else:
-        positions = step.positions(device)
-        cache.k[step.token_slots(device), positions] = k.to(cache.k.dtype)
-        cache.v[step.token_slots(device), positions] = v.to(cache.v.dtype)
+    flat_k = cache.k.view(-1, *cache.k.shape[2:])  # [num_blocks * block_size, Hkv, D]
+    flat_v = cache.v.view(-1, *cache.v.shape[2:])
+    k, v = k.to(flat_k.dtype), v.to(flat_v.dtype)
+    geometry = (cache.block_size, cache.blocks_per_slot)
     scale = q.shape[-1] ** -0.5
     gqa = q.shape[1] != k.shape[1]
 
     if step.num_seqs == 1:
-        slot, start, n = step.slots[0], step.starts[0], step.lengths[0]
-        keys = cache.k[slot, : start + n].transpose(0, 1)[None]  # [1, Hkv, L, D]
-        values = cache.v[slot, : start + n].transpose(0, 1)[None]
+        start, n = step.starts[0], step.lengths[0]
+        base = step.memo(("kv_base", geometry), None, lambda: _contiguous_base(step, cache))
+        if base is not None:  # consecutive blocks: plain slices of the pool
+            flat_k[base + start : base + start + n] = k
+            flat_v[base + start : base + start + n] = v
+            keys = flat_k[base : base + start + n].transpose(0, 1)[None]  # [1, Hkv, L, D]
+            values = flat_v[base : base + start + n].transpose(0, 1)[None]
+        else:
+            index = step.memo(("kv_write", geometry), device, lambda: _write_index(step, cache, device))
+            flat_k[index] = k
+            flat_v[index] = v
+            blocks = step.memo(("kv_blocks", geometry), device, lambda: _table_tensor(step, cache, device))[0]
+            keys = cache.k[blocks].flatten(0, 1)[: start + n].transpose(0, 1)[None]  # [1, Hkv, L, D]
+            values = cache.v[blocks].flatten(0, 1)[: start + n].transpose(0, 1)[None]
         query = q.transpose(0, 1)[None]  # [1, H, T, D]
         mask = None
         causal = False
@@ -140,17 +149,60 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache, step: Step)
                                              scale=scale, enable_gqa=gqa)
         return out[0].transpose(0, 1)  # [T, H, D]
 
+    index = step.memo(("kv_write", geometry), device, lambda: _write_index(step, cache, device))
+    flat_k[index] = k
+    flat_v[index] = v
     B, q_max, k_max = step.num_seqs, max(step.lengths), step.max_context
     rows, cols = step.memo("pad_index", device, lambda: _pad_index(step, device))
     query = q.new_zeros(B, q_max, q.shape[1], q.shape[2])
     query[rows, cols] = q
-    slots = step.memo("slots", device, lambda: torch.tensor(step.slots, device=device))
-    keys = cache.k[slots, :k_max].transpose(1, 2)  # [B, Hkv, L, D]
-    values = cache.v[slots, :k_max].transpose(1, 2)
+    tables = step.memo(("kv_blocks", geometry), device, lambda: _table_tensor(step, cache, device))  # [B, nb]
+    keys = cache.k[tables].flatten(1, 2)[:, :k_max].transpose(1, 2)  # [B, Hkv, L, D]
+    values = cache.v[tables].flatten(1, 2)[:, :k_max].transpose(1, 2)
     mask = step.memo("batch_mask", device, lambda: _batch_mask(step, q_max, k_max, device))
     out = F.scaled_dot_product_attention(query.transpose(1, 2), keys, values, attn_mask=mask,
                                          scale=scale, enable_gqa=gqa)  # [B, H, Qmax, D]
     return out.transpose(1, 2)[rows, cols]
+
+
+def _block_tables(step: Step, cache) -> list:
+    """Each sequence's blocks in position order: the step's tables, or the cache's fixed rows."""
+    if step.block_tables is not None:
+        return step.block_tables
+    per_slot = cache.blocks_per_slot
+    return [range(slot * per_slot, (slot + 1) * per_slot) for slot in step.slots]
+
+
+def _contiguous_base(step: Step, cache) -> int | None:
+    """Flat pool row of position 0 of the step's only sequence when the blocks it uses are consecutive."""
+    table = _block_tables(step, cache)[0]
+    used = -(-step.max_context // cache.block_size)
+    assert len(table) >= used, "a block table must cover the step's positions"
+    first = table[0]
+    if isinstance(table, range) or all(table[i] == first + i for i in range(1, used)):
+        return first * cache.block_size
+    return None
+
+
+def _write_index(step: Step, cache, device) -> torch.Tensor:
+    """Flat pool row of every new token [T] (int64)."""
+    size = cache.block_size
+    index = []
+    for table, start, n in zip(_block_tables(step, cache), step.starts, step.lengths):
+        assert len(table) * size >= start + n, "a block table must cover the step's positions"
+        index += [table[p // size] * size + p % size for p in range(start, start + n)]
+    return torch.tensor(index, dtype=torch.long).to(device, non_blocking=True)
+
+
+def _table_tensor(step: Step, cache, device) -> torch.Tensor:
+    """Blocks holding positions 0 .. max_context - 1 of each sequence [B, nb] (short tables padded
+    with their first block; those keys lie beyond the sequence's length and are masked)."""
+    used = -(-step.max_context // cache.block_size)
+    rows = []
+    for table in _block_tables(step, cache):
+        row = list(table[:used])
+        rows.append(row + [row[0]] * (used - len(row)))
+    return torch.tensor(rows, dtype=torch.long).to(device, non_blocking=True)
 
 
 def _chunk_mask(start: int, n: int, device) -> torch.Tensor:

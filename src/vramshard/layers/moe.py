@@ -2,20 +2,31 @@
 
 Every expert is its own placement piece (``expert.E``). The forward computes only the
 experts that received tokens, grouping the tokens of each expert (no per-token loop).
+
+Expert weights reach the math through a small protocol, :class:`ExpertWeights`: a mapping
+of the sub-layer's own weights (norm, router) with ``experts(ids)``, which yields the
+weights of the asked experts, possibly lazily (copied into VRAM as they are asked for),
+and ``stacked()``, all experts as two strided tensors where they are resident. The
+executor supplies the source; a plain weight mapping is wrapped in :class:`DictExperts`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterator, Mapping, NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from ..config import ModelArgs
-from .mlp import swiglu
+from .mlp import swiglu, swiglu_fused
 from .norm import rms_norm
 from .step import Step
 from .sublayer import Cost, SubLayer, WeightSpec, linear
+
+# The gather path (no host synchronisation) copies each assignment's expert weights; used
+# only while those copies stay below this many bytes (a decode step of a few tokens).
+GATHER_BYTES = 96 * 2**20
 
 
 @dataclass(frozen=True)
@@ -38,6 +49,93 @@ class Routing:
 
     experts: torch.Tensor  # [T, k] int64
     weights: torch.Tensor  # [T, k] in the activation dtype
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> "Routing":
+        return Routing(self.experts.to(device, non_blocking=non_blocking),
+                       self.weights.to(device, non_blocking=non_blocking))
+
+
+class ExpertTensors(NamedTuple):
+    """One expert's weights; ``gate_up`` [2F, D] is the free fused view of gate and up when
+    they lie back to back (None otherwise)."""
+
+    gate: torch.Tensor  # [F, D]
+    up: torch.Tensor  # [F, D]
+    down: torch.Tensor  # [D, F]
+    gate_up: torch.Tensor | None = None
+
+
+class StackedExperts(NamedTuple):
+    """All experts of a layer as strided tensors over one buffer (no copy)."""
+
+    gate_up: torch.Tensor  # [E, 2F, D]
+    down: torch.Tensor  # [E, D, F]
+
+
+class ExpertWeights(Mapping):
+    """The weights of one MoE ``ffn[i]``: its own tensors by key, and its experts on demand."""
+
+    def experts(self, ids: list[int]) -> Iterator[tuple[int, ExpertTensors]]:
+        """(expert, weights) for every id in ``ids``, in an order of the source's choosing.
+
+        The tensors of one item may be reused for another expert once the next item is
+        asked for: the consumer must have queued all work on them by then.
+        """
+        raise NotImplementedError
+
+    def stacked(self) -> StackedExperts | None:
+        """All experts stacked, where the source holds them so (resident in VRAM); else None."""
+        return None
+
+
+class DictExperts(ExpertWeights):
+    """Expert source over a plain ``{key: tensor}`` mapping holding every expert (host or VRAM).
+
+    ``stack``: offer :meth:`stacked` when the experts lie at a uniform stride (worth it on
+    the GPU, where it avoids a host synchronisation per layer; the CPU path stays grouped).
+    """
+
+    def __init__(self, weights: Mapping[str, torch.Tensor], num_experts: int, stack: bool = False):
+        self.weights = weights
+        self.num_experts = num_experts
+        self._stacked = stack_experts(weights, num_experts) if stack else None
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.weights[key]
+
+    def __iter__(self):
+        return iter(self.weights)
+
+    def __len__(self) -> int:
+        return len(self.weights)
+
+    def experts(self, ids: list[int]) -> Iterator[tuple[int, ExpertTensors]]:
+        w = self.weights
+        for e in ids:
+            yield e, ExpertTensors(w[f"experts.{e}.gate"], w[f"experts.{e}.up"], w[f"experts.{e}.down"],
+                                   w.get(f"experts.{e}.gate_up"))
+
+    def stacked(self) -> StackedExperts | None:
+        return self._stacked
+
+
+def stack_experts(weights: Mapping[str, torch.Tensor], num_experts: int) -> StackedExperts | None:
+    """Strided [E, ...] views over experts laid out at one stride in one buffer, or None."""
+    if num_experts < 2 or any(f"experts.{e}.gate_up" not in weights for e in range(num_experts)):
+        return None
+    out = []
+    for key in ("gate_up", "down"):
+        parts = [weights[f"experts.{e}.{key}"] for e in range(num_experts)]
+        first = parts[0]
+        itemsize = first.element_size()
+        stride_bytes = parts[1].data_ptr() - first.data_ptr()
+        if stride_bytes <= 0 or stride_bytes % itemsize or not first.is_contiguous():
+            return None
+        if any(p.data_ptr() - first.data_ptr() != e * stride_bytes or p.shape != first.shape or not p.is_contiguous()
+               for e, p in enumerate(parts)):
+            return None
+        out.append(first.as_strided((num_experts, *first.shape), (stride_bytes // itemsize, *first.stride())))
+    return StackedExperts(*out)
 
 
 class MoEFFN(SubLayer):
@@ -63,10 +161,18 @@ class MoEFFN(SubLayer):
                 WeightSpec(f"experts.{e}.down", f"{block}.experts.{e}.{names.down}.weight", (d, f), dtype, piece),
             ]
         super().__init__(f"ffn[{layer}]", layer, specs)
+        # Gate and up of each expert lie back to back in a packed buffer: one fused matmul.
+        self.fusable = {f"experts.{e}.gate_up": (f"experts.{e}.gate", f"experts.{e}.up")
+                        for e in range(moe.num_experts)}
 
     @property
     def expert_bytes(self) -> int:
         return 3 * self.hidden * self.intermediate * self.weights[0].dtype.itemsize
+
+    @property
+    def main_bytes(self) -> int:
+        """Bytes of the sub-layer without its experts (norm and router)."""
+        return self.nbytes - self.num_experts * self.expert_bytes
 
     def expected_experts_touched(self, n_tokens: int) -> float:
         """Expected distinct experts hit by n tokens under uniform routing."""
@@ -75,13 +181,20 @@ class MoEFFN(SubLayer):
 
     launches = 14  # plus about 8 per expert that receives tokens (see matmuls)
 
-    def matmuls(self, n_tokens: int) -> list[tuple[float, int, int]]:
+    def router_matmuls(self, n_tokens: int) -> list[tuple[float, int, int]]:
+        return [(n_tokens, self.hidden, self.num_experts)]
+
+    def expert_matmuls(self, n_tokens: int) -> list[tuple[float, int, int]]:
+        """The matmuls of the routed experts: two per expert hit, at its expected token count."""
         hit = self.expected_experts_touched(n_tokens)
         per_expert = n_tokens * self.top_k / hit  # expected tokens of each expert hit
-        out: list[tuple[float, int, int]] = [(n_tokens, self.hidden, self.num_experts)]
+        out: list[tuple[float, int, int]] = []
         for _ in range(round(hit)):
             out += [(per_expert, self.hidden, 2 * self.intermediate), (per_expert, self.intermediate, self.hidden)]
         return out
+
+    def matmuls(self, n_tokens: int) -> list[tuple[float, int, int]]:
+        return self.router_matmuls(n_tokens) + self.expert_matmuls(n_tokens)
 
     def cost(self, n_tokens: int, context: int) -> Cost:
         itemsize = self.weights[0].dtype.itemsize
@@ -92,7 +205,9 @@ class MoEFFN(SubLayer):
             act_bytes=2 * n_tokens * self.hidden * itemsize,
         )
 
+    # ------------------------------------------------------------------ forward, in two halves
     def route(self, w: Mapping[str, torch.Tensor], h: torch.Tensor) -> Routing:
+        """Top-k experts of each token (ties: ``torch.topk`` order, as transformers)."""
         logits = linear(h, w["router"])  # [T, E]
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         top_weights, top_experts = torch.topk(probs, self.top_k, dim=-1)
@@ -100,26 +215,54 @@ class MoEFFN(SubLayer):
             top_weights = top_weights / top_weights.sum(dim=-1, keepdim=True)
         return Routing(top_experts, top_weights.to(h.dtype))
 
-    def forward(self, w: Mapping[str, torch.Tensor], x: torch.Tensor, step: Step) -> torch.Tensor:
+    def prepare(self, w: Mapping[str, torch.Tensor], x: torch.Tensor) -> tuple[torch.Tensor, Routing]:
+        """First half: normed hidden states [T, D] and their routing (norm and router weights only)."""
         h = rms_norm(x, w["post_attention_layernorm"], self.eps)
-        routing = self.route(w, h)
-        return x + self.run_experts(w, h, routing)
+        return h, self.route(w, h)
 
-    def run_experts(self, w: Mapping[str, torch.Tensor], h: torch.Tensor, routing: Routing) -> torch.Tensor:
-        """Sum over each token's routed experts, computing each hit expert once on its tokens."""
-        T = h.shape[0]
+    def forward(self, w: Mapping[str, torch.Tensor], x: torch.Tensor, step: Step) -> torch.Tensor:
+        source = w if isinstance(w, ExpertWeights) else DictExperts(w, self.num_experts)
+        h, routing = self.prepare(source, x)
+        return x + self.run_experts(source, h, routing)
+
+    def run_experts(self, source: ExpertWeights, h: torch.Tensor, routing: Routing) -> torch.Tensor:
+        """Second half: the sum over each token's routed experts [T, D] (no residual)."""
+        stacked = source.stacked()
+        assignments = routing.experts.numel()
+        if stacked is not None and assignments * self.expert_bytes <= GATHER_BYTES:
+            return self._run_gathered(stacked, h, routing)
+        return self._run_grouped(source, h, routing)
+
+    def _run_grouped(self, source: ExpertWeights, h: torch.Tensor, routing: Routing) -> torch.Tensor:
+        """Each hit expert once, on all its tokens: one (fused) matmul pair per hit expert."""
         flat_experts = routing.experts.reshape(-1)  # [T*k]
         order = torch.argsort(flat_experts, stable=True)
-        counts = torch.bincount(flat_experts, minlength=self.num_experts).tolist()
+        counts = torch.bincount(flat_experts, minlength=self.num_experts).tolist()  # host sync: which experts
+        begins, cursor = {}, 0
+        for expert, count in enumerate(counts):
+            begins[expert] = cursor
+            cursor += count
         token_of = order // self.top_k  # token index of each sorted assignment
         weight_of = routing.weights.reshape(-1)[order]
         out = torch.zeros_like(h)
-        begin = 0
-        for expert, count in enumerate(counts):
-            if count == 0:
-                continue
+        hit = [e for e, c in enumerate(counts) if c]
+        for expert, weights in source.experts(hit):
+            begin, count = begins[expert], counts[expert]
             tokens = token_of[begin : begin + count]
-            y = swiglu(h[tokens], w[f"experts.{expert}.gate"], w[f"experts.{expert}.up"], w[f"experts.{expert}.down"])
+            if weights.gate_up is not None:
+                y = swiglu_fused(h[tokens], weights.gate_up, weights.down)
+            else:
+                y = swiglu(h[tokens], weights.gate, weights.up, weights.down)
             out.index_add_(0, tokens, y * weight_of[begin : begin + count, None])
-            begin += count
         return out
+
+    def _run_gathered(self, stacked: StackedExperts, h: torch.Tensor, routing: Routing) -> torch.Tensor:
+        """Few tokens, experts resident: gather each assignment's expert and batch the matmuls,
+        with no host synchronisation."""
+        T, k = routing.experts.shape
+        flat = routing.experts.reshape(-1)  # [A], A = T*k, token-major
+        hx = h.repeat_interleave(k, dim=0)[:, :, None]  # [A, D, 1]
+        gate, up = torch.bmm(stacked.gate_up[flat], hx).squeeze(-1).chunk(2, dim=-1)  # [A, F] each
+        act = (F.silu(gate) * up)[:, :, None]  # [A, F, 1]
+        y = torch.bmm(stacked.down[flat], act).squeeze(-1)  # [A, D]
+        return (y.view(T, k, -1) * routing.weights[:, :, None]).sum(dim=1)

@@ -17,8 +17,10 @@ import torch
 class LayerKV(Protocol):
     """The KV cache of one attention layer (see ``vramshard.runtime.kv_cache``)."""
 
-    k: torch.Tensor  # [slots, max_ctx, kv_heads, head_dim]
-    v: torch.Tensor  # [slots, max_ctx, kv_heads, head_dim]
+    k: torch.Tensor  # [num_blocks, block_size, kv_heads, head_dim]
+    v: torch.Tensor  # [num_blocks, block_size, kv_heads, head_dim]
+    block_size: int  # positions per block
+    blocks_per_slot: int  # without block tables, slot s owns blocks s * blocks_per_slot onwards
 
 
 @dataclass
@@ -34,6 +36,9 @@ class Step:
     rotary embedding uses when they differ from the cache positions ([T], or [3, T] for
     multimodal rotary), and ``input_embeds`` = (rows [K], vectors [K, D]), embeddings
     (image features) that replace those of the token rows ``rows``.
+
+    ``block_tables``: with a paged KV cache, sequence b's blocks in position order (covering at
+    least ``starts[b] + lengths[b]`` positions); None: slot s owns a fixed row of blocks.
     """
 
     slots: list[int]
@@ -43,6 +48,7 @@ class Step:
     kv_lookup: Callable[[int], LayerKV] | None = None
     rope_positions: torch.Tensor | None = None  # int64 [T] or [3, T]; None: positions()
     input_embeds: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows [K] int64, vectors [K, D])
+    block_tables: list[list[int]] | None = None  # per sequence: its KV blocks in position order
     _memo: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):

@@ -82,13 +82,15 @@ class VisionStep:
 
     Derives (once, then per device on demand) the window permutation, the 2-D rotary
     tables and the attention segments. ``tile_queries`` switches query tiling of long
-    segments on or off (off: one kernel call per group of segments, for measuring).
+    segments on or off (off: one kernel call per group of segments, for measuring);
+    ``mlp_rows`` bounds the MLP's intermediate activations the same way.
     """
 
     grid_thw: list[tuple[int, int, int]]
     args: VisionArgs
     tile_queries: bool = True
     max_score_bytes: int = SCORE_BYTES
+    mlp_rows: int | None = None  # run the blocks' MLP over row chunks of this size (None: all rows at once)
     _memo: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
@@ -289,8 +291,9 @@ class VisionBlock(SubLayer):
     def forward(self, w: Mapping[str, torch.Tensor], x: torch.Tensor, step: VisionStep) -> torch.Tensor:
         N, d = x.shape
         heads = self.args.num_heads
-        h = rms_norm(x, w["norm1"], VISION_EPS)
-        q, k, v = linear(h, w["qkv"], w["qkv_bias"]).view(N, 3, heads, -1).unbind(1)  # each [N, H, Dh]
+        # The normed input is not kept: it is freed as soon as the projection has read it.
+        qkv = linear(rms_norm(x, w["norm1"], VISION_EPS), w["qkv"], w["qkv_bias"])  # [N, 3 * D]
+        q, k, v = qkv.view(N, 3, heads, -1).unbind(1)  # each [N, H, Dh]
         cos, sin = step.rotary(x.device)
         # Rotary in float32, as the reference does, then back to the compute dtype.
         q = apply_rotary(q.float(), cos, sin).to(x.dtype)
@@ -298,9 +301,18 @@ class VisionBlock(SubLayer):
         out = segment_attention(q, k, v, step.segments(self.full_attention, x.device),
                                 step.tile_queries, step.max_score_bytes)  # [N, H, Dh]
         x = x + linear(out.reshape(N, d), w["proj"], w["proj_bias"])
+        del q, k, v, qkv, out
+        rows = step.mlp_rows or N
+        if rows >= N:
+            return x + self._mlp(w, x)
+        for begin in range(0, N, rows):  # the MLP is per row: chunks bound its [rows, F] intermediates
+            x[begin : begin + rows] += self._mlp(w, x[begin : begin + rows])
+        return x
+
+    def _mlp(self, w: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         h = rms_norm(x, w["norm2"], VISION_EPS)
         gated = self.act(linear(h, w["gate_proj"], w["gate_bias"])) * linear(h, w["up_proj"], w["up_bias"])
-        return x + linear(gated, w["down_proj"], w["down_bias"])
+        return linear(gated, w["down_proj"], w["down_bias"])
 
 
 class PatchMerger(SubLayer):

@@ -203,3 +203,20 @@ def expand_image_text(text: str, tokens_per_image: Sequence[int], pad: str = IMA
     for count, rest in zip(tokens_per_image, parts[1:]):
         out.append(pad * count + rest)
     return "".join(out)
+
+
+def decode_data_url(url: str) -> bytes:
+    """The bytes of a base64 ``data:image/...;base64,...`` URL (remote URLs are not fetched)."""
+    import base64
+    import binascii
+
+    if not url.startswith("data:"):
+        raise InvalidInputError(f"image URL {url[:60]!r} is not a data URL; send the image inline as "
+                                "data:image/png;base64,... (vramshard fetches nothing over the network)")
+    header, _, data = url.partition(",")
+    if not header.endswith(";base64"):
+        raise InvalidInputError("an image data URL must be base64-encoded (data:image/png;base64,...)")
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidInputError("an image data URL holds invalid base64") from None

@@ -7,13 +7,15 @@ waits until the GPU has finished with that slot.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from ..layers.attention import Attention
+from ..layers.moe import MoEFFN
 from ..layers.sublayer import SubLayer
 from ..models.base import Model
 from ..profile.query import Profile
-from .memory import sublayer_packed_bytes
+from .memory import expert_slot_bytes, sublayer_packed_bytes
 from .placement import Placement
 
 DISPATCH_LAUNCHES = 5  # kernel launches in the profile's "tiny sub-layer" dispatch probe
@@ -32,13 +34,22 @@ class StepEstimate:
 
 
 class Estimator:
-    """Costs of one model on one machine (a :class:`Profile`)."""
+    """Costs of one model on one machine (a :class:`Profile`).
 
-    def __init__(self, model: Model, profile: Profile, threads: int | None = None):
+    expert_hit_rate: the fraction of routed experts found in the VRAM expert cache (a
+    measured rate, or :func:`uniform_hit_rate` of the cache size); MoE sub-layers split at
+    their experts copy the rest, at the routed fraction.
+    """
+
+    def __init__(self, model: Model, profile: Profile, threads: int | None = None, expert_hit_rate: float = 0.0,
+                 sizes: dict[str, int] | None = None):
         self.model = model
+        self.sizes = sizes if sizes is not None else {}  # packed bytes by sub-layer name, filled lazily
         self.profile = profile
         self.threads = threads
         self.dtype = model.dtype
+        self.expert_hit_rate = expert_hit_rate
+        self._expert_slot = expert_slot_bytes(model)
         self._cache: dict = {}
 
     # ------------------------------------------------------------------ one sub-layer
@@ -54,8 +65,8 @@ class Estimator:
             return self._cache[key]
         rows = self.logit_rows(n_tokens) if sublayer.kind == "head" else n_tokens
         seconds = 0.0
-        for m, k, n in sublayer.matmuls(rows):
-            seconds += self._matmul(m, k, n, device, contended)
+        for (m, k, n), count in Counter(sublayer.matmuls(rows)).items():  # MoE: many identical experts
+            seconds += count * self._matmul(m, k, n, device, contended)
         if isinstance(sublayer, Attention):
             seconds += self.profile.attention_s(n_tokens, context, sublayer.num_heads, sublayer.num_kv_heads,
                                                 sublayer.head_dim, self.dtype, device,
@@ -82,8 +93,38 @@ class Estimator:
             launches += 8 * round(sublayer.expected_experts_touched(n_tokens))
         return self.profile.dispatch_s(device) * launches / DISPATCH_LAUNCHES
 
+    def packed_bytes(self, name: str) -> int:
+        if name not in self.sizes:
+            self.sizes[name] = sublayer_packed_bytes(self.model, name)
+        return self.sizes[name]
+
     def copy_s(self, sublayer: SubLayer, contended: bool = False) -> float:
-        return self.profile.transfer_s(sublayer_packed_bytes(self.model, sublayer.name), "h2d", contended)
+        return self.profile.transfer_s(self.packed_bytes(sublayer.name), "h2d", contended)
+
+    # ------------------------------------------------------------------ MoE split at its experts
+    def router_s(self, sublayer: MoEFFN, n_tokens: int) -> float:
+        """GPU time of norm and router, launches included."""
+        key = ("router", sublayer.hidden, sublayer.num_experts, n_tokens)
+        if key not in self._cache:
+            kernels = sum(self._matmul(m, k, n, "cuda", False) for m, k, n in sublayer.router_matmuls(n_tokens))
+            self._cache[key] = kernels + self.profile.dispatch_s("cuda") * 6 / DISPATCH_LAUNCHES
+        return self._cache[key]
+
+    def experts_s(self, sublayer: MoEFFN, device: str, n_tokens: int, contended: bool = False) -> float:
+        """Time of the routed experts alone (the hit ones, grouped), launches included."""
+        key = ("experts", sublayer.hidden, sublayer.intermediate, sublayer.num_experts, sublayer.top_k, device,
+               n_tokens, contended, self.threads)
+        if key not in self._cache:
+            kernels = sum(count * self._matmul(m, k, n, device, contended)
+                          for (m, k, n), count in Counter(sublayer.expert_matmuls(n_tokens)).items())
+            launches = 8 + 8 * round(sublayer.expected_experts_touched(n_tokens))
+            self._cache[key] = kernels + self.profile.dispatch_s(device) * launches / DISPATCH_LAUNCHES
+        return self._cache[key]
+
+    def expert_miss_bytes(self, sublayer: MoEFFN, n_tokens: int) -> float:
+        """Expected bytes the expert cache copies for one step: routed experts it lacks."""
+        touched = sublayer.expected_experts_touched(n_tokens)
+        return touched * (1 - self.expert_hit_rate) * self._expert_slot
 
     def crossing_s(self, nbytes: int, direction: str) -> float:
         """Moving activations between devices: a small copy plus a synchronisation."""
@@ -93,15 +134,17 @@ class Estimator:
     def simulate(self, placement: Placement, n_tokens: int, context: int, num_slots: int = 2) -> StepEstimate:
         """Predicted steady-state time of one step (the ring already primed by the step before)."""
         where = placement.as_dict()
-        streams = bool(placement.names(home="stream"))
-        cpu_work = bool(placement.names(compute="cpu"))
+        streams = bool(placement.names(home="stream") or placement.expert_names("cache"))
+        cpu_work = bool(placement.names(compute="cpu") or placement.expert_names("host"))
         order = [s for s in self.model if where[s.name].home == "stream"]
         # Simulate two consecutive steps; the second is the steady state.
         first = self._simulate_steps(where, order, n_tokens, context, num_slots, streams, cpu_work, steps=1)
         both = self._simulate_steps(where, order, n_tokens, context, num_slots, streams, cpu_work, steps=2)
         est = both
         est.seconds = both.seconds - first.seconds
-        est.bytes_streamed = sum(sublayer_packed_bytes(self.model, s.name) for s in order)
+        est.bytes_streamed = int(sum(self.packed_bytes(s.name) for s in order)
+                                 + sum(self.expert_miss_bytes(self.model[n], n_tokens)
+                                       for n in placement.expert_names("cache")))
         return est
 
     def _simulate_steps(self, where, order, n_tokens, context, num_slots, streams, cpu_work, steps) -> StepEstimate:
@@ -155,6 +198,34 @@ class Estimator:
                         py = max(py, x_ready) + self.crossing_s(act_bytes, "h2d")
                     x_ready = max(x_ready, py)
                     x_device = "cuda"
+                if w.home == "experts":
+                    # Norm and router on the GPU; the grouped experts need the routing on the host.
+                    start = max(gpu_free, x_ready, py)
+                    router_done = start + self.router_s(sublayer, n_tokens)
+                    gpu_busy += router_done - start
+                    py = max(py, router_done)
+                    if w.experts == "host":
+                        py += self.crossing_s(act_bytes, "d2h")
+                        seconds = self.experts_s(sublayer, "cpu", n_tokens, contended=streams)
+                        timeline.append((sublayer.name, "cpu", py, py + seconds))
+                        cpu_busy += seconds
+                        py += seconds + self.crossing_s(act_bytes, "h2d")
+                        gpu_free = x_ready = py
+                    else:
+                        miss = self.expert_miss_bytes(sublayer, n_tokens)
+                        copy_start = max(copy_free, py)
+                        copy_free = copy_start + self.profile.transfer_s(miss, "h2d", cpu_work) if miss else copy_start
+                        copy_busy += copy_free - copy_start
+                        timeline.append((sublayer.name, "copy", copy_start, copy_free))
+                        kernels = self.experts_s(sublayer, "cuda", n_tokens)
+                        touched = max(1.0, sublayer.expected_experts_touched(n_tokens))
+                        py += self.profile.dispatch_s("cuda") * 8 * touched / DISPATCH_LAUNCHES
+                        # Cached experts compute while the others arrive; the last one after its copy.
+                        gpu_free = max(router_done + kernels, copy_free + kernels / touched, py)
+                        gpu_busy += kernels
+                        timeline.append((sublayer.name, "gpu", router_done, gpu_free))
+                        x_ready = gpu_free
+                    continue
                 launch = self.launch_s(sublayer, "cuda", n_tokens)
                 ready = x_ready
                 if w.home == "stream":
@@ -176,3 +247,14 @@ class Estimator:
                 x_device = "cpu"
             x_ready = py
         return StepEstimate(py, cpu_busy, gpu_busy, copy_busy, 0, timeline)
+
+
+def uniform_hit_rate(model: Model, cache_slots: int, cached_layers: int | None = None) -> float:
+    """Expert-cache hit rate under uniform routing: the fraction of the cached layers' experts
+    that fit in the cache (random routers route almost uniformly; real ones are skewed, so
+    this is a floor — a measured rate is better)."""
+    moe = [s for s in model if isinstance(s, MoEFFN)]
+    if not moe or cache_slots <= 0:
+        return 0.0
+    layers = len(moe) if cached_layers is None else max(cached_layers, 1)
+    return min(1.0, cache_slots / (layers * moe[0].num_experts))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import BudgetError
+from ..layers.moe import GATHER_BYTES
 from ..models.base import Model
 from ..units import format_bytes
 from .placement import Placement
@@ -35,14 +36,18 @@ class VramNeed:
     slots: int  # ring of slots for streamed weights
     kv: int  # KV cache of GPU-attention layers
     workspace: int  # activations of the largest step, allocator slack
+    experts: int = 0  # MoE split layers: their routers in VRAM, and the VRAM expert cache
 
     @property
     def total(self) -> int:
-        return self.resident + self.slots + self.kv + self.workspace
+        return self.resident + self.slots + self.kv + self.workspace + self.experts
 
     def breakdown(self) -> str:
-        return (f"resident weights {format_bytes(self.resident)}, slots {format_bytes(self.slots)}, "
+        text = (f"resident weights {format_bytes(self.resident)}, slots {format_bytes(self.slots)}, "
                 f"KV cache {format_bytes(self.kv)}, workspace {format_bytes(self.workspace)}")
+        if self.experts:
+            text += f", routers and expert cache {format_bytes(self.experts)}"
+        return text
 
     def check(self, budget: int | None, what: str = "this placement") -> None:
         if budget is not None and self.total > budget:
@@ -67,15 +72,46 @@ def workspace_bytes(model: Model, max_tokens: int, max_context: int, max_logit_r
     per_token = item * (4 * a.hidden_size + 3 * qkv + 3 * ffn)
     if a.moe:
         per_token += 4 * a.moe.num_experts * 3  # router logits, probabilities (fp32)
+    extra = GATHER_BYTES if a.moe else 0  # resident experts gathered for a few-token step
     # A masked attention may fall back to materialised scores [heads, tokens, context] in fp32.
     scores = 4 * a.num_attention_heads * max_tokens * max_context if max_tokens > 1 else 0
     logits = rows * a.vocab_size * (item + 4 + 4)  # head output, fp32 copy, sampling
-    return align(2 * max_tokens * per_token + scores + logits, 2**20) + ALLOCATOR_SLACK
+    return align(2 * max_tokens * per_token + scores + logits + extra, 2**20) + ALLOCATOR_SLACK
+
+
+def moe_layers(model: Model) -> list[int]:
+    """Layers whose FFN is a Mixture of Experts (whose experts are placement pieces)."""
+    return [s.layer for s in model if s.kind == "ffn" and any(spec.piece != "main" for spec in s.weights)]
+
+
+def main_piece_bytes(model: Model, name: str) -> int:
+    """Packed bytes of a sub-layer's ``main`` piece (a MoE FFN's norm and router)."""
+    return packed_bytes(spec.nbytes for spec in model[name].weights if spec.piece == "main")
+
+
+def expert_slot_bytes(model: Model) -> int:
+    """Bytes of one VRAM expert-cache slot: the largest packed expert of any MoE layer."""
+    best = 0
+    for sublayer in model:
+        sizes: dict[str, int] = {}
+        for spec in sublayer.weights:
+            if spec.piece != "main":
+                sizes[spec.piece] = sizes.get(spec.piece, 0) + align(spec.nbytes)
+        best = max(best, max(sizes.values(), default=0))
+    return best
+
+
+def expert_split_bytes(model: Model, placement: Placement) -> int:
+    """VRAM of the routers (main pieces) of the sub-layers ``placement`` splits at their experts."""
+    return sum(main_piece_bytes(model, name) for name in placement.expert_names())
 
 
 def vram_need(model: Model, placement: Placement, kv_slots: int, max_context: int, max_tokens: int,
-              num_slots: int = 2, max_logit_rows: int | None = None) -> VramNeed:
-    """VRAM a placement needs for ``kv_slots`` sequences of up to ``max_context`` tokens."""
+              num_slots: int = 2, max_logit_rows: int | None = None, expert_cache: int = 0) -> VramNeed:
+    """VRAM a placement needs for ``kv_slots`` sequences of up to ``max_context`` tokens.
+
+    expert_cache: bytes of the VRAM expert cache, counted when the placement caches experts.
+    """
     where = placement.as_dict()
     resident = 0
     streamed = []
@@ -96,6 +132,7 @@ def vram_need(model: Model, placement: Placement, kv_slots: int, max_context: in
         slots=num_slots * max(streamed, default=0) if streamed else 0,
         kv=kv,
         workspace=workspace_bytes(model, max_tokens, max_context, max_logit_rows) if uses_gpu else 0,
+        experts=expert_split_bytes(model, placement) + (expert_cache if placement.expert_names("cache") else 0),
     )
 
 
@@ -121,8 +158,41 @@ def sublayer_triples(model: Model) -> list[tuple[str, str, int | None]]:
 
 
 def tiered_vram_need(model: Model, plans, kv_slots: int, max_context: int, max_tokens: int,
-                     num_slots: int = 2) -> VramNeed:
-    """VRAM of a :class:`TieredPlacement`: shared resident weights, the largest ring, KV, workspace."""
+                     num_slots: int = 2, expert_cache: int = 0) -> VramNeed:
+    """VRAM of a :class:`TieredPlacement`: shared resident weights, the largest ring, KV, workspace,
+    the routers of every sub-layer some tier splits at its experts, and the expert cache."""
     needs = [vram_need(model, p, kv_slots, max_context, max_tokens, num_slots) for p in plans.placements]
+    split = {name for p in plans.placements for name in p.expert_names()}
+    caches = any(p.expert_names("cache") for p in plans.placements)
+    experts = sum(main_piece_bytes(model, name) for name in split) + (expert_cache if caches else 0)
     return VramNeed(resident=needs[0].resident, slots=max(n.slots for n in needs),
-                    kv=max(n.kv for n in needs), workspace=max(n.workspace for n in needs))
+                    kv=max(n.kv for n in needs), workspace=max(n.workspace for n in needs), experts=experts)
+
+
+def vision_workspace_bytes(model: Model, patches: int, memory_efficient: bool = True,
+                           mlp_rows: int = 4096) -> int:
+    """Peak VRAM of the vision phase's activations for ``patches`` patches (upper estimate).
+
+    The largest of its stages: patch embedding (float32 pixels and their cast), a block's
+    attention (rotary in float32, then the gathered segments), a block's MLP and the merger,
+    plus the rotary tables that live through the pass. With ``memory_efficient`` (fused
+    attention kernels, MLP over row chunks of ``mlp_rows``) nothing grows faster than the
+    patches; without it, a full-attention block materializes the scores [heads, patches,
+    patches] of the largest image (and their softmax).
+    """
+    v = model.args.vision
+    item = model.dtype.itemsize
+    n, d, f = patches, v.hidden_size, v.intermediate_size
+    embed = n * v.patch_dim * (4 + item) + n * d * item
+    # x, qkv (3), one float32 query or key and its rotation temporaries (4 x 4 bytes) ...
+    rotary = n * (item * 4 * d + 4 * 4 * d)
+    # ... then x, qkv (3), rotated q, k (2), gathered q, k, v (3), attention output, projection.
+    attention = n * item * 11 * d
+    rows = min(n, mlp_rows) if memory_efficient else n
+    mlp = n * d * item + rows * (2 * d + 4 * f) * item
+    groups = n // v.merge_unit
+    merger = n * d * item * 2 + groups * (2 * d * v.merge_unit + 2 * v.out_hidden_size) * item
+    tables = n * 2 * v.head_dim * 4  # cos, sin (float32)
+    scores = 0 if memory_efficient else 2 * v.num_heads * n * n * max(item, 4)
+    peak = max(embed, rotary, attention + scores, mlp, merger) + tables
+    return align(peak, 2**20) + ALLOCATOR_SLACK

@@ -2,7 +2,13 @@
 
 Plain data: printable, comparable, JSON round-trip. It knows sub-layer names and kinds,
 nothing of tensors or streams. ``named_placement`` builds the baselines the planner must
-beat: ``cpu``, ``gpu``, ``layers:N``, ``stream``, ``static``.
+beat: ``cpu``, ``gpu``, ``layers:N``, ``stream``, ``static``, and for MoE models
+``experts-cpu`` and ``experts-stream``.
+
+A MoE ``ffn[i]`` may also be split: home ``experts`` keeps its norm and router in VRAM
+(computed on the GPU) and says in ``Where.experts`` where its routed experts are handled:
+``host`` (computed on the CPU from host memory, as llama.cpp ``--cpu-moe``) or ``cache``
+(the experts a step routes to are copied into a VRAM expert cache and computed there).
 """
 
 from __future__ import annotations
@@ -14,9 +20,11 @@ from typing import Iterable, Literal
 from ..errors import InvalidInputError
 
 Compute = Literal["cpu", "gpu"]
-Home = Literal["vram", "stream", "host"]  # pinned in VRAM | streamed into a VRAM slot | host memory
+Home = Literal["vram", "stream", "host", "experts"]  # pinned in VRAM | streamed into a VRAM slot | host
+# memory | MoE split: norm and router in VRAM, experts as ``Where.experts`` says
+ExpertHome = Literal["host", "cache"]  # experts on the CPU | routed experts copied into the VRAM expert cache
 
-NAMED = ("cpu", "gpu", "layers:N", "layers:max", "stream", "static")
+NAMED = ("cpu", "gpu", "layers:N", "layers:max", "stream", "static", "experts-cpu", "experts-stream")
 
 
 @dataclass(frozen=True)
@@ -25,22 +33,36 @@ class Where:
 
     compute: Compute
     home: Home
+    experts: ExpertHome | None = None  # only with home "experts"
 
     def __post_init__(self):
-        valid = {("cpu", "host"), ("gpu", "vram"), ("gpu", "stream")}
+        valid = {("cpu", "host"), ("gpu", "vram"), ("gpu", "stream"), ("gpu", "experts")}
         if (self.compute, self.home) not in valid:
             raise InvalidInputError(
                 f"invalid placement compute={self.compute} home={self.home}: GPU compute reads weights "
-                "from vram or a stream slot, CPU compute from host memory"
+                "from vram, a stream slot or (MoE) the expert split, CPU compute from host memory"
+            )
+        if (self.home == "experts") != (self.experts in ("host", "cache")):
+            raise InvalidInputError(
+                f"invalid placement home={self.home} experts={self.experts}: home 'experts' needs experts "
+                "'host' or 'cache', and other homes take no experts field"
             )
 
     def __str__(self) -> str:
+        if self.home == "experts":
+            return "gpu+experts@cpu" if self.experts == "host" else "gpu+expert-cache"
         return {"host": "cpu", "vram": "gpu", "stream": "gpu+stream"}[self.home]
+
+    def to_list(self) -> list:
+        """[compute, home] or, for the MoE split, [compute, home, experts]."""
+        return [self.compute, self.home] + ([self.experts] if self.experts else [])
 
 
 CPU = Where("cpu", "host")
 GPU_RESIDENT = Where("gpu", "vram")
 GPU_STREAMED = Where("gpu", "stream")
+EXPERTS_CPU = Where("gpu", "experts", "host")
+EXPERTS_CACHED = Where("gpu", "experts", "cache")
 
 
 @dataclass(frozen=True)
@@ -69,14 +91,18 @@ class Placement:
     def uses_gpu(self) -> bool:
         return any(w.compute == "gpu" for _, w in self.where)
 
+    def expert_names(self, experts: ExpertHome | None = None) -> list[str]:
+        """MoE sub-layers split at their experts (home ``experts``), optionally of one expert home."""
+        return [n for n, w in self.where if w.home == "experts" and (experts is None or w.experts == experts)]
+
     def to_json(self) -> str:
-        return json.dumps({"name": self.name, "where": [[n, w.compute, w.home] for n, w in self.where]})
+        return json.dumps({"name": self.name, "where": [[n, *w.to_list()] for n, w in self.where]})
 
     @classmethod
     def from_json(cls, text: str) -> "Placement":
         try:
             data = json.loads(text)
-            return cls(data["name"], tuple((n, Where(c, h)) for n, c, h in data["where"]))
+            return cls(data["name"], tuple((n, Where(*rest)) for n, *rest in data["where"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidInputError(f"not a placement JSON document: {exc}") from None
 
@@ -89,7 +115,12 @@ class Placement:
     def summary(self) -> str:
         """One line: how many sub-layers are on each side."""
         counts = {k: len(self.names(home=k)) for k in ("vram", "stream", "host")}
-        return f"{self.name}: {counts['vram']} resident, {counts['stream']} streamed, {counts['host']} on CPU"
+        text = f"{self.name}: {counts['vram']} resident, {counts['stream']} streamed, {counts['host']} on CPU"
+        if self.expert_names("host"):
+            text += f", {len(self.expert_names('host'))} with experts on CPU"
+        if self.expert_names("cache"):
+            text += f", {len(self.expert_names('cache'))} with experts cached"
+        return text
 
 
 def uniform(name: str, sublayers: Iterable[tuple[str, str, int | None]], choose) -> Placement:
@@ -98,13 +129,17 @@ def uniform(name: str, sublayers: Iterable[tuple[str, str, int | None]], choose)
 
 
 def named_placement(spec: str, sublayers: list[tuple[str, str, int | None]], num_layers: int,
-                    max_layers: int | None = None) -> Placement:
+                    max_layers: int | None = None, moe_layers: Iterable[int] | None = None) -> Placement:
     """Build a named baseline placement.
 
     sublayers: (name, kind, layer) in model order. ``layers:max`` needs ``max_layers``, the
     most whole layers that fit the budget (computed by the caller, who knows the sizes).
+    ``experts-cpu`` / ``experts-stream`` need ``moe_layers``, the layers whose FFN is MoE
+    (:func:`vramshard.plan.memory.moe_layers`).
     """
     spec = spec.strip().lower()
+    if spec in ("experts-cpu", "experts-stream"):
+        return _experts_placement(spec, sublayers, moe_layers)
     if spec == "cpu":
         return uniform("cpu", sublayers, lambda kind, layer: CPU)
     if spec == "gpu":
@@ -140,17 +175,40 @@ def named_placement(spec: str, sublayers: list[tuple[str, str, int | None]], num
     raise InvalidInputError(f"unknown placement {spec!r}; choose one of {', '.join(NAMED)}")
 
 
+def _experts_placement(spec: str, sublayers, moe_layers: Iterable[int] | None) -> Placement:
+    """``experts-cpu``: everything on the GPU but the routed experts, computed on the CPU.
+    ``experts-stream``: attention, routers and head resident, the embedding (a gather) on the
+    CPU, routed experts copied into the VRAM expert cache."""
+    moe = set(moe_layers or ())
+    if not moe:
+        raise InvalidInputError(f"placement {spec} is for Mixture-of-Experts models, and this model has no MoE "
+                                "layers (or the caller did not say which); choose another placement")
+    split = EXPERTS_CPU if spec == "experts-cpu" else EXPERTS_CACHED
+
+    def choose(kind, layer):
+        if kind == "ffn" and layer in moe:
+            return split
+        if kind == "embed" and spec == "experts-stream":
+            return CPU
+        return GPU_RESIDENT
+
+    return uniform(spec, sublayers, choose)
+
+
 @dataclass(frozen=True)
 class TieredPlacement:
     """One placement per token tier, all with the same VRAM-resident sub-layers.
 
     A step of n new tokens runs the placement of the smallest tier >= n (the largest
     tier for anything bigger), with the tier's CPU thread count (None: unchanged).
+    ``expert_cache``: bytes of the VRAM expert cache for placements that cache experts
+    (0: the executor's default).
     """
 
     tiers: tuple[int, ...]
     placements: tuple[Placement, ...]
     threads: tuple[int | None, ...]
+    expert_cache: int = 0
 
     def __post_init__(self):
         if not (len(self.tiers) == len(self.placements) == len(self.threads)) or not self.tiers:
@@ -184,14 +242,17 @@ class TieredPlacement:
         return any(p.uses_gpu for p in self.placements)
 
     def to_json(self) -> str:
-        return json.dumps({"tiers": list(self.tiers), "threads": list(self.threads),
-                           "placements": [json.loads(p.to_json()) for p in self.placements]})
+        data = {"tiers": list(self.tiers), "threads": list(self.threads),
+                "placements": [json.loads(p.to_json()) for p in self.placements]}
+        if self.expert_cache:
+            data["expert_cache"] = self.expert_cache
+        return json.dumps(data)
 
     @classmethod
     def from_json(cls, text: str) -> "TieredPlacement":
         try:
             data = json.loads(text)
             return cls(tuple(data["tiers"]), tuple(Placement.from_json(json.dumps(p)) for p in data["placements"]),
-                       tuple(data["threads"]))
+                       tuple(data["threads"]), int(data.get("expert_cache", 0)))
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidInputError(f"not a tiered placement JSON document: {exc}") from None

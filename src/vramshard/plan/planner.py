@@ -7,6 +7,14 @@ Families (over the sub-layers not pinned):
   dynamic   streaming and CPU compute balanced so PCIe and the CPU finish together;
   cpu       everything not pinned on the CPU;
   search    a per-sub-layer local search started from the best family.
+
+MoE models add (their FFN split at the experts, norm and router in VRAM):
+  experts-cpu     routed experts computed on the CPU (llama.cpp --cpu-moe);
+  experts-stream  routed experts copied into the VRAM expert cache (only those it lacks);
+  experts-mix     MoE layers split between the two so the CPU and PCIe finish together;
+and choose between slots sized for whole MoE layers (whole-layer streaming) or not, and the
+expert cache's size against pinned sub-layers (a few sizes tried, at the hit rate uniform
+routing gives, a floor for real routers).
 """
 
 from __future__ import annotations
@@ -16,16 +24,20 @@ import math
 from dataclasses import dataclass, field
 
 from ..errors import BudgetError
+from ..layers.moe import MoEFFN
 from ..models.base import Model
 from ..profile.query import Profile
 from ..units import format_bytes
-from .estimator import Estimator
-from .memory import VramNeed, sublayer_packed_bytes, workspace_bytes
-from .placement import CPU, GPU_RESIDENT, GPU_STREAMED, Placement, TieredPlacement, Where
+from .estimator import Estimator, uniform_hit_rate
+from .memory import VramNeed, expert_slot_bytes, main_piece_bytes, sublayer_packed_bytes, workspace_bytes
+from .placement import (CPU, EXPERTS_CACHED, EXPERTS_CPU, GPU_RESIDENT, GPU_STREAMED, Placement, TieredPlacement,
+                        Where)
 from .tiers import Tiers
 
 log = logging.getLogger(__name__)
 FAMILIES = ("gpu-only", "static", "dynamic", "cpu", "search")
+MOE_FAMILIES = FAMILIES + ("experts-cpu", "experts-stream", "experts-mix")
+CACHE_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)  # of the room left after the minimum, tried for the expert cache
 
 
 @dataclass
@@ -44,6 +56,7 @@ class TierPlan:
     threads: int | None
     predicted_s: float
     candidates: dict[str, float]  # family -> predicted seconds per step (inf: not possible)
+    placements: dict[str, Placement] = field(default_factory=dict, repr=False)  # family -> its placement
 
 
 @dataclass
@@ -60,26 +73,29 @@ class PlanSet:
     reasons: list[PinReason]
     tiers: dict[int, TierPlan]
     notes: list[str] = field(default_factory=list)
+    expert_cache: int = 0  # bytes of the VRAM expert cache (MoE placements that cache experts)
+    expert_hit_rate: float = 0.0  # the hit rate the estimator assumed for it
 
     def tiered(self) -> TieredPlacement:
         sizes = tuple(sorted(self.tiers))
         named = tuple(Placement(f"{self.tiers[s].family}@{s}", self.tiers[s].placement.where) for s in sizes)
         return TieredPlacement(sizes, named,
-                               tuple(self.tiers[s].threads for s in sizes))
+                               tuple(self.tiers[s].threads for s in sizes), self.expert_cache)
 
     def to_dict(self) -> dict:
         return {
             "model": self.model_name, "budget": self.budget, "context": self.context, "kv_on_gpu": self.kv_on_gpu,
             "num_slots": self.num_slots,
             "vram": {"resident": self.need.resident, "slots": self.need.slots, "kv": self.need.kv,
-                     "workspace": self.need.workspace, "total": self.need.total},
+                     "workspace": self.need.workspace, "experts": self.need.experts, "total": self.need.total},
+            "expert_cache": self.expert_cache, "expert_hit_rate": self.expert_hit_rate,
             "pinned": [{"name": r.name, "bytes": r.nbytes, "score": r.score,
                         "saved_ms": {str(t): s * 1e3 for t, s in r.saved_s.items()}} for r in self.reasons],
             "tiers": {str(t): {"family": p.family, "threads": p.threads, "predicted_ms": p.predicted_s * 1e3,
                                "tok_s": t / p.predicted_s if p.predicted_s else None,
                                "candidates_ms": {k: (v * 1e3 if math.isfinite(v) else None)
                                                  for k, v in p.candidates.items()},
-                               "placement": [[n, w.compute, w.home] for n, w in p.placement.where]}
+                               "placement": [[n, *w.to_list()] for n, w in p.placement.where]}
                       for t, p in self.tiers.items()},
             "notes": self.notes,
         }
@@ -98,17 +114,27 @@ class Planner:
         self.kv_slots = kv_slots
         self.num_slots = num_slots
         self.name = name
-        self.estimator = Estimator(model, profile)
         self.sizes = {s.name: sublayer_packed_bytes(model, s.name) for s in model}
+        self.estimator = Estimator(model, profile, sizes=self.sizes)
         # Slots are sized for attention/FFN sub-layers: the embedding and the head (often the
         # largest tensors) are never streamed, they are pinned or computed on the CPU.
         self.streamable = [s.name for s in model if s.kind in ("attn", "ffn")]
+        self.slot_bytes = max((self.sizes[n] for n in self.streamable), default=0)
+        self.moe = {s.name for s in model if isinstance(s, MoEFFN)}
+        self.expert_cache = 0  # bytes, for the variant being planned
+        self.moe_fixed = sum(main_piece_bytes(model, n) for n in self.moe)  # routers of split layers
+
+    def _stream_whole_moe(self, whole: bool) -> None:
+        """Whether MoE FFNs may stream whole (slots sized for them) or only split at their experts."""
+        self.streamable = [s.name for s in self.model if s.kind in ("attn", "ffn") and (whole or s.name not in self.moe)]
         self.slot_bytes = max((self.sizes[n] for n in self.streamable), default=0)
 
     # ------------------------------------------------------------------ public
     def plan(self) -> PlanSet:
         if not self.profile.has_gpu:
             return self._all_cpu("no GPU: every sub-layer runs on the CPU")
+        if self.moe:
+            return self._plan_moe()
         workspace = workspace_bytes(self.model, self.tiers.largest, self.context)
         kv = self.kv_bytes()
         slots = self.num_slots * self.slot_bytes
@@ -146,7 +172,7 @@ class Planner:
         """Sum over tiers of predicted time relative to the tier size (seconds per token)."""
         return sum(p.predicted_s / t for t, p in plan.tiers.items())
 
-    def _plan_variant(self, kv_on_gpu: bool, workspace: int, kv: int) -> PlanSet:
+    def _plan_variant(self, kv_on_gpu: bool, workspace: int, kv: int, search: bool = True) -> PlanSet:
         budget = math.inf if self.budget is None else self.budget
         everything = sum(self.sizes.values())
         if everything + workspace + kv <= budget:
@@ -154,13 +180,92 @@ class Planner:
             slots = 0
         else:
             slots = self.num_slots * self.slot_bytes
-            room = budget - workspace - kv - slots
+            room = budget - workspace - kv - slots - self._moe_reserved()
             pinned, reasons = self._pinned_set(room, kv_on_gpu)
-        tiers = {t: self._plan_tier(t, set(pinned), kv_on_gpu) for t in self.tiers.sizes}
+        tiers = {t: self._plan_tier(t, set(pinned), kv_on_gpu, search) for t in self.tiers.sizes}
         streams = any(p.placement.names(home="stream") for p in tiers.values())
+        split = {n for p in tiers.values() for n in p.placement.expert_names()}
+        caches = any(p.placement.expert_names("cache") for p in tiers.values())
+        routers = sum(main_piece_bytes(self.model, n) for n in split)
         need = VramNeed(resident=sum(self.sizes[n] for n in pinned), slots=slots if streams else 0,
-                        kv=kv, workspace=workspace)
-        return PlanSet(self.name, self.budget, self.context, kv_on_gpu, self.num_slots, need, pinned, reasons, tiers)
+                        kv=kv, workspace=workspace, experts=routers + (self.expert_cache if caches else 0))
+        return PlanSet(self.name, self.budget, self.context, kv_on_gpu, self.num_slots, need, pinned, reasons, tiers,
+                       expert_cache=self.expert_cache if caches else 0,
+                       expert_hit_rate=self.estimator.expert_hit_rate if caches else 0.0)
+
+    def _moe_reserved(self) -> int:
+        return self.moe_fixed + self.expert_cache if self.moe else 0
+
+    # ------------------------------------------------------------------ MoE
+    def _plan_moe(self) -> PlanSet:
+        """Try whole-layer slots or not, KV on either side, and a few expert-cache sizes, on a
+        quick plan (no search, the smallest and largest tier); then plan the best fully."""
+        workspace = workspace_bytes(self.model, self.tiers.largest, self.context)
+        kv = self.kv_bytes()
+        expert = expert_slot_bytes(self.model)
+        least_cache = 2 * max(self.model[n].top_k for n in self.moe) * expert
+        budget = math.inf if self.budget is None else self.budget
+        full_tiers, options = self.tiers, []
+        quick_tiers = Tiers(tuple(sorted({self.tiers.sizes[0], self.tiers.largest})))
+        for whole in (True, False):
+            self._stream_whole_moe(whole)
+            minimum = workspace + self.num_slots * self.slot_bytes + self.moe_fixed + least_cache
+            for kv_on_gpu in (True, False):
+                kv_here = kv if kv_on_gpu else 0
+                room = budget - minimum - kv_here
+                if room < 0:
+                    continue
+                sizes = [least_cache] if math.isinf(room) else \
+                    sorted({least_cache + int(f * room) // expert * expert for f in CACHE_FRACTIONS})
+                for cache in sizes:
+                    options.append((whole, kv_on_gpu, cache))
+        if not options:
+            self._stream_whole_moe(False)
+            minimum = workspace + self.num_slots * self.slot_bytes + self.moe_fixed + least_cache
+            raise BudgetError(
+                f"a VRAM budget of {format_bytes(self.budget)} is below the minimum of {format_bytes(minimum)} "
+                f"for this MoE model (workspace {format_bytes(workspace)}, {self.num_slots} streaming slots, routers "
+                f"{format_bytes(self.moe_fixed)}, an expert cache of {format_bytes(least_cache)}); raise --vram to "
+                f"at least {format_bytes(minimum)}, lower the largest tier, or plan for the CPU only (--device cpu)")
+        scored = []
+        self.tiers = quick_tiers
+        try:
+            for whole, kv_on_gpu, cache in options:
+                self._use(whole, cache)
+                quick = self._plan_variant(kv_on_gpu, workspace, kv if kv_on_gpu else 0, search=False)
+                scored.append((self._score(quick), whole, kv_on_gpu, cache))
+        finally:
+            self.tiers = full_tiers
+        _, whole, kv_on_gpu, cache = min(scored, key=lambda item: item[0])
+        self._use(whole, cache)
+        best = self._plan_variant(kv_on_gpu, workspace, kv if kv_on_gpu else 0)
+        best.notes.append(
+            f"MoE: {'slots sized for whole MoE layers' if whole else 'no whole-layer streaming of MoE layers'}, "
+            f"KV cache on the {'GPU' if kv_on_gpu else 'CPU'}, expert cache {format_bytes(cache)} "
+            f"(assumed hit rate {self.estimator.expert_hit_rate:.0%}, uniform routing); "
+            f"{len(scored)} variants tried")
+        return best
+
+    def _use(self, whole: bool, cache: int) -> None:
+        self._stream_whole_moe(whole)
+        self.expert_cache = cache
+        slots = cache // max(expert_slot_bytes(self.model), 1)
+        self.estimator = Estimator(self.model, self.profile, expert_hit_rate=uniform_hit_rate(self.model, slots),
+                                   sizes=self.sizes)
+
+    def _experts_mix(self, tier: int, pinned: set[str], kv_on_gpu: bool) -> Placement:
+        """MoE layers split between experts on the CPU and cached experts so both finish together."""
+        est = self.estimator
+        choice, cpu_total, copy_total = {}, 0.0, 0.0
+        for name in sorted(self.moe - pinned, key=lambda n: self.model[n].layer):
+            sublayer = self.model[name]
+            cpu_s = est.experts_s(sublayer, "cpu", tier, contended=True)
+            copy_s = self.profile.transfer_s(est.expert_miss_bytes(sublayer, tier), "h2d", True)
+            if cpu_total + cpu_s <= copy_total + copy_s:
+                choice[name], cpu_total = "experts-host", cpu_total + cpu_s
+            else:
+                choice[name], copy_total = "experts-cache", copy_total + copy_s
+        return self._family("experts-mix", pinned, kv_on_gpu, lambda s: choice.get(s.name, "stream"))
 
     def _pinned_set(self, room: float, kv_on_gpu: bool) -> tuple[list[str], list[PinReason]]:
         """Greedy by step time saved per byte, summed over tiers relative to each tier's step."""
@@ -203,21 +308,31 @@ class Planner:
         return cpu
 
     # ------------------------------------------------------------------ one tier
-    def _plan_tier(self, tier: int, pinned: set[str], kv_on_gpu: bool) -> TierPlan:
+    def _plan_tier(self, tier: int, pinned: set[str], kv_on_gpu: bool, search: bool = True) -> TierPlan:
         families = {
             "gpu-only": self._family("gpu-only", pinned, kv_on_gpu, lambda s: "stream"),
             "static": self._family("static", pinned, kv_on_gpu, lambda s: "stream" if s.kind == "attn" else "cpu"),
             "cpu": self._family("cpu", pinned, kv_on_gpu, lambda s: "cpu"),
             "dynamic": self._dynamic(tier, pinned, kv_on_gpu),
         }
+        if self.moe:
+            families["experts-cpu"] = self._family("experts-cpu", pinned, kv_on_gpu,
+                                                   lambda s: "experts-host" if s.name in self.moe else "stream")
+            if self.expert_cache:
+                families["experts-stream"] = self._family("experts-stream", pinned, kv_on_gpu,
+                                                          lambda s: "experts-cache" if s.name in self.moe else "stream")
+                families["experts-mix"] = self._experts_mix(tier, pinned, kv_on_gpu)
         times = {name: self._time(p, tier) for name, p in families.items()}
         best_family = min(times, key=times.get)
-        searched = self._search(families[best_family], tier, pinned, kv_on_gpu, times[best_family])
+        searched = self._search(families[best_family], tier, pinned, kv_on_gpu, times[best_family]) if search \
+            else families[best_family]
         families["search"] = searched
-        times["search"] = self._time(searched, tier)
-        winner = min(times, key=times.get)
-        threads = self._best_threads(families[winner], tier)
-        return TierPlan(tier, winner, families[winner], threads, times[winner], times)
+        times["search"] = self._time(searched, tier) if search else times[best_family]
+        for name in (MOE_FAMILIES if self.moe else ()):
+            times.setdefault(name, math.inf)
+        winner = min((n for n in times if n in families), key=times.get)
+        threads = self._best_threads(families[winner], tier) if search else None
+        return TierPlan(tier, winner, families[winner], threads, times[winner], times, families)
 
     def _time(self, placement: Placement, tier: int) -> float:
         return self.estimator.simulate(placement, tier, self.context, self.num_slots).seconds
@@ -227,6 +342,10 @@ class Planner:
             return GPU_RESIDENT
         if sublayer.kind == "attn":
             return GPU_STREAMED if kv_on_gpu else CPU
+        if choice == "experts-host" and sublayer.name in self.moe:
+            return EXPERTS_CPU
+        if choice == "experts-cache" and sublayer.name in self.moe:
+            return EXPERTS_CACHED
         if choice == "stream" and sublayer.name in self.streamable:
             return GPU_STREAMED
         return CPU
@@ -257,13 +376,17 @@ class Planner:
     def _search(self, start: Placement, tier: int, pinned: set[str], kv_on_gpu: bool, best_s: float) -> Placement:
         """Flip single sub-layers between streaming and the CPU while the prediction improves."""
         where = dict(start.where)
-        flippable = [s.name for s in self.model if s.name not in pinned and s.name in self.streamable
-                     and s.kind != "attn"]
+        split = {EXPERTS_CPU: EXPERTS_CACHED, EXPERTS_CACHED: EXPERTS_CPU} if self.expert_cache else {}
+        flippable = [s.name for s in self.model if s.name not in pinned and s.kind != "attn"
+                     and (s.name in self.streamable or where[s.name] in split)]
         for _ in range(3):
             improved = False
             for name in flippable:
                 old = where[name]
-                where[name] = CPU if old == GPU_STREAMED else GPU_STREAMED
+                if old in split:  # MoE split: experts on the CPU <-> in the expert cache
+                    where[name] = split[old]
+                else:
+                    where[name] = CPU if old == GPU_STREAMED else GPU_STREAMED
                 candidate = Placement("search", tuple(where.items()))
                 seconds = self._time(candidate, tier)
                 if seconds < best_s * 0.999:
@@ -279,7 +402,7 @@ class Planner:
             return None
         best, best_s = None, math.inf
         for threads in self.profile.threads:
-            est = Estimator(self.model, self.profile, threads)
+            est = Estimator(self.model, self.profile, threads, self.estimator.expert_hit_rate, self.sizes)
             seconds = est.simulate(placement, tier, self.context, self.num_slots).seconds
             if seconds < best_s * 0.98:
                 best, best_s = threads, seconds
@@ -290,7 +413,8 @@ class Planner:
         tiers = {}
         for t in self.tiers.sizes:
             seconds = self._time(placement, t)
-            tiers[t] = TierPlan(t, "cpu", placement, self._best_threads(placement, t), seconds, {"cpu": seconds})
+            tiers[t] = TierPlan(t, "cpu", placement, self._best_threads(placement, t), seconds, {"cpu": seconds},
+                                {"cpu": placement})
         return PlanSet(self.name, self.budget, self.context, False, 0, VramNeed(0, 0, 0, 0), [], [], tiers, [note])
 
 

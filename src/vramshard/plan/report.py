@@ -7,8 +7,9 @@ import math
 from ..units import format_bytes
 from .planner import FAMILIES, PlanSet
 
-COLORS = {"vram": "#2b8a3e", "stream": "#1971c2", "host": "#e8590c"}
-LABELS = {"vram": "GPU, resident", "stream": "GPU, streamed", "host": "CPU"}
+COLORS = {"vram": "#2b8a3e", "stream": "#1971c2", "host": "#e8590c", "experts": "#9c36b5"}
+LABELS = {"vram": "GPU, resident", "stream": "GPU, streamed", "host": "CPU",
+          "experts": "GPU router, experts on CPU / cached"}
 
 
 def print_plan(plan: PlanSet, console=None) -> None:
@@ -24,12 +25,14 @@ def print_plan(plan: PlanSet, console=None) -> None:
                   f"[bold]{format_bytes(need.total)}[/]")
     table = Table(title="predicted ms per step (tok/s) by plan family; * = chosen")
     table.add_column("tier", justify="right")
-    for family in FAMILIES:
+    families = [f for f in FAMILIES if any(f in tp.candidates for tp in plan.tiers.values())]
+    families += sorted({f for tp in plan.tiers.values() for f in tp.candidates} - set(families))
+    for family in families:
         table.add_column(family, justify="right")
     table.add_column("threads", justify="right")
     for tier, tp in sorted(plan.tiers.items()):
         cells = []
-        for family in FAMILIES:
+        for family in families:
             seconds = tp.candidates.get(family, math.inf)
             if not math.isfinite(seconds):
                 cells.append("-")

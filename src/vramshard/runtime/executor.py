@@ -5,6 +5,11 @@ the sub-layers in model order: each computes where the placement says, activatio
 cross PCIe only where consecutive sub-layers change device, and streamed weights
 arrive through a :class:`~vramshard.runtime.streaming.SlotRing` that the copy engine
 fills ahead of the compute.
+
+MoE ``ffn[i]`` split at their experts (home ``experts``) keep norm and router in VRAM;
+after the router ran, their experts run on the CPU (the routed hidden states cross to
+the host and back) or come through the VRAM expert cache
+(:mod:`~vramshard.runtime.expert_cache`), which copies only the routed experts it lacks.
 """
 
 from __future__ import annotations
@@ -18,26 +23,38 @@ from functools import cached_property
 import torch
 
 from ..errors import BudgetError, InvalidInputError
+from ..layers.moe import DictExperts, MoEFFN
 from ..layers.step import Step
 from ..models.base import Model
-from ..plan.memory import VramNeed, tiered_vram_need
-from ..plan.placement import Placement, TieredPlacement
+from ..plan.memory import VramNeed, expert_slot_bytes, tiered_vram_need
+from ..plan.placement import Placement, TieredPlacement, Where
 from ..units import format_bytes
+from .expert_cache import CachedExperts, CacheStats, ExpertCache, cache_slots
 from .host_weights import PackedWeights
 from .kv_cache import KVCache
-from .streaming import SlotRing
+from .streaming import ExpertSlots, SlotRing
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class StepReport:
-    """What the last step did: time, bytes streamed, device crossings."""
+    """What the last step did: time, bytes streamed (expert-cache copies included), device
+    crossings, and the expert cache's hits, misses and evictions in this step."""
 
     seconds: float = 0.0
     bytes_streamed: int = 0
     crossings: int = 0
     extra: dict = field(default_factory=dict)
+    expert_hits: int = 0
+    expert_misses: int = 0
+    expert_evictions: int = 0
+
+    @property
+    def expert_hit_rate(self) -> float | None:
+        """Routed experts found in the VRAM expert cache / routed experts asked for (None: none asked)."""
+        asked = self.expert_hits + self.expert_misses
+        return self.expert_hits / asked if asked else None
 
 
 class Executor:
@@ -48,11 +65,14 @@ class Executor:
     budget: VRAM bytes the GPU side may use (None: no limit); checked before anything
     is allocated, with room for ``max_tokens`` new tokens per step and a KV cache of
     ``kv_slots`` sequences of ``max_context`` tokens.
+    expert_cache: bytes of the VRAM expert cache when a placement caches experts (None: the
+    tiered placement's ``expert_cache``, else room for 2 x top-k experts).
     """
 
     def __init__(self, model: Model, host: dict[str, PackedWeights], placement: Placement | TieredPlacement,
                  budget: int | None = None, max_tokens: int = 2048, max_context: int = 4096, kv_slots: int = 1,
-                 num_slots: int = 2, threads: int | None = None, device: str | torch.device = "cuda"):
+                 num_slots: int = 2, threads: int | None = None, device: str | torch.device = "cuda",
+                 expert_cache: int | None = None):
         self.model = model
         self.plans = placement if isinstance(placement, TieredPlacement) else TieredPlacement.single(placement)
         self.placement = self.plans.placements[0]
@@ -62,11 +82,14 @@ class Executor:
             if missing:
                 raise ValueError(f"placement {p.name} does not place {', '.join(missing[:3])}")
         self._kv_gpu = self._kv_layers_on_gpu()
+        self.split = self._expert_split()  # MoE sub-layers some tier splits at their experts
+        self.expert_cache_bytes = self._expert_cache_bytes(expert_cache)
         self.threads = threads
         if threads:
             torch.set_num_threads(threads)
         self.uses_gpu = self.plans.uses_gpu
-        self.need: VramNeed = tiered_vram_need(model, self.plans, kv_slots, max_context, max_tokens, num_slots)
+        self.need: VramNeed = tiered_vram_need(model, self.plans, kv_slots, max_context, max_tokens, num_slots,
+                                               self.expert_cache_bytes)
         self.need.check(budget, f"placement {self.plans.name}")
         if self.uses_gpu and not torch.cuda.is_available():
             raise InvalidInputError(f"placement {placement.name} computes on the GPU, but no CUDA GPU is available")
@@ -77,6 +100,9 @@ class Executor:
         self.host = host
         self.resident: dict[str, dict[str, torch.Tensor]] = {}
         self.ring: SlotRing | None = None
+        self.expert_cache: ExpertCache | None = None
+        self.split_weights: dict[str, CachedExperts | dict] = {}  # split sub-layer -> router (+ cached experts)
+        self.host_experts: dict[str, DictExperts] = {}  # split sub-layer -> its experts in host memory
         if self.uses_gpu:
             gc.collect()  # engines dropped earlier in this process give their VRAM back first
             torch.cuda.empty_cache()
@@ -88,6 +114,7 @@ class Executor:
             self.compute_stream = torch.cuda.Stream(self.gpu)
             self.copy_stream = torch.cuda.Stream(self.gpu)
             self._load_resident()
+            self._load_split()
             streamed = {n for p in self.plans.placements for n in p.names(home="stream")}
             if streamed:
                 slot_bytes = max(self.host[n].layout.nbytes for n in streamed)
@@ -108,8 +135,49 @@ class Executor:
             packed = self.host[name]
             block = self._resident_buffer[cursor : cursor + packed.layout.nbytes]
             block.copy_(packed.buffer, non_blocking=True)
-            self.resident[name] = packed.layout.views(block)
+            views = packed.layout.views(block)
+            sublayer = self.model[name]
+            # Resident experts lie at one stride: a few-token step gathers them without a host sync.
+            self.resident[name] = DictExperts(views, sublayer.num_experts, stack=True) \
+                if isinstance(sublayer, MoEFFN) else views
             cursor += packed.layout.nbytes
+
+    def _expert_split(self) -> set[str]:
+        names = {n for p in self.plans.placements for n in p.expert_names()}
+        wrong = sorted(n for n in names if not isinstance(self.model[n], MoEFFN))
+        if wrong:
+            raise InvalidInputError(f"placement {self.plans.name} splits {', '.join(wrong[:3])} at its experts, "
+                                    "but only Mixture-of-Experts FFN sub-layers have experts")
+        return names
+
+    def _expert_cache_bytes(self, asked: int | None) -> int:
+        if not any(p.expert_names("cache") for p in self.plans.placements):
+            return 0
+        slot = expert_slot_bytes(self.model)
+        if asked is None:
+            asked = self.plans.expert_cache or 2 * max(self.model[n].top_k for n in self.split) * slot
+        if asked < slot:
+            raise BudgetError(f"an expert cache of {format_bytes(asked)} holds no expert of "
+                              f"{format_bytes(slot)}; give it at least {format_bytes(slot)}")
+        return cache_slots(asked, slot) * slot
+
+    def _load_split(self) -> None:
+        """Routers (main pieces) of split MoE sub-layers into VRAM; host expert sources; the cache."""
+        if not self.split:
+            return
+        cached = {n for p in self.plans.placements for n in p.expert_names("cache")}
+        if cached:
+            slot = expert_slot_bytes(self.model)
+            copier = ExpertSlots(self.expert_cache_bytes // slot, slot, self.host, self.gpu, self.copy_stream)
+            self.expert_cache = ExpertCache(self.expert_cache_bytes // slot, copier)
+        for name in sorted(self.split, key=lambda n: self.model[n].layer):
+            packed = self.host[name]
+            begin, end = packed.layout.piece_range("main")
+            block = torch.empty(end - begin, dtype=torch.uint8, device=self.gpu)
+            block.copy_(packed.buffer[begin:end], non_blocking=True)
+            main = packed.layout.views(block, piece="main")
+            self.split_weights[name] = CachedExperts(main, name, self.expert_cache) if name in cached else main
+            self.host_experts[name] = DictExperts(packed.views, self.model[name].num_experts)
 
     def _kv_layers_on_gpu(self) -> set[int]:
         """Attention layers computed on the GPU; the same in every tier, since KV caches stay put."""
@@ -171,6 +239,7 @@ class Executor:
             self.report = StepReport(time.perf_counter() - start)
             return x
         copied_before = self.ring.bytes_copied if self.ring else 0
+        cache_before = self.expert_cache.stats.copy() if self.expert_cache else CacheStats()
         if self.ring is not None:
             self.ring.set_order(_streamed(placement, sublayers))
         crossings = 0
@@ -190,14 +259,28 @@ class Executor:
                     x = x.to(self.gpu, non_blocking=True)
                 if here.home == "vram":
                     x = sublayer.forward(self.resident[sublayer.name], x, step)
+                elif here.home == "experts":
+                    x, crossed = self._run_split(sublayer, here, x)
+                    crossings += crossed
                 else:
                     weights = self.ring.acquire(sublayer.name, compute)
                     x = sublayer.forward(weights, x, step)
                     self.ring.release(compute)
             out = x.cpu()
         copied = (self.ring.bytes_copied if self.ring else 0) - copied_before
-        self.report = StepReport(time.perf_counter() - start, copied, crossings, {"placement": placement.name})
+        cache = self.expert_cache.stats.minus(cache_before) if self.expert_cache else CacheStats()
+        self.report = StepReport(time.perf_counter() - start, copied + cache.bytes_copied, crossings,
+                                 {"placement": placement.name}, cache.hits, cache.misses, cache.evictions)
         return out
+
+    def _run_split(self, sublayer: MoEFFN, here: Where, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """A MoE FFN split at its experts: norm and router on the GPU, then the routed experts on
+        the CPU (hidden states there and back) or from the VRAM expert cache. Returns (x, crossings)."""
+        h, routing = sublayer.prepare(self.split_weights[sublayer.name], x)
+        if here.experts == "host":
+            y = sublayer.run_experts(self.host_experts[sublayer.name], h.cpu(), routing.to(torch.device("cpu")))
+            return x + y.to(self.gpu, non_blocking=True), 2
+        return x + sublayer.run_experts(self.split_weights[sublayer.name], h, routing), 0
 
     # ------------------------------------------------------------------ reporting
     def peak_vram(self) -> int:

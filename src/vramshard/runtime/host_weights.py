@@ -35,10 +35,28 @@ class PackedLayout:
             cursor += align(spec.nbytes)
         return cls(sublayer.weights, tuple(offsets), cursor, dict(sublayer.fusable))
 
-    def views(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
-        """{key: tensor} views into a uint8 ``buffer`` laid out like this, plus free fused views."""
+    def piece_range(self, piece: str) -> tuple[int, int]:
+        """Byte range [begin, end) of one placement piece (``main``, ``expert.E``); its tensors
+        are consecutive in the layout, so one copy moves the piece."""
+        spans = [(offset, offset + align(spec.nbytes)) for spec, offset in zip(self.specs, self.offsets)
+                 if spec.piece == piece]
+        if not spans:
+            raise KeyError(f"no piece {piece!r} in this layout")
+        begin, end = spans[0][0], spans[-1][1]
+        assert sum(e - b for b, e in spans) == end - begin, f"piece {piece} is not contiguous"
+        return begin, end
+
+    def views(self, buffer: torch.Tensor, piece: str | None = None) -> dict[str, torch.Tensor]:
+        """{key: tensor} views into a uint8 ``buffer`` laid out like this, plus free fused views.
+
+        With ``piece``, ``buffer`` holds only that piece's byte range and only its keys are made.
+        """
         out, where = {}, {}
+        base = self.piece_range(piece)[0] if piece is not None else 0
         for spec, offset in zip(self.specs, self.offsets):
+            if piece is not None and spec.piece != piece:
+                continue
+            offset -= base
             raw = buffer[offset : offset + spec.nbytes]
             out[spec.key] = raw.view(spec.dtype).view(spec.shape)
             where[spec.key] = (spec, offset)

@@ -1,43 +1,187 @@
-"""The KV cache: per attention layer, one row of ``max_ctx`` positions per sequence slot."""
+"""The paged KV cache: per attention layer, a pool of fixed-size blocks of positions.
+
+Every layer's keys and values live in ``num_blocks`` blocks of ``block_size`` positions
+([num_blocks, block_size, kv_heads, head_dim]). A sequence owns a *block table*, the list of
+its blocks in position order: position p lives at block ``table[p // block_size]``, offset
+``p % block_size``. Tables are the same for every layer, so one :class:`BlockAllocator` per
+cache hands blocks out, on demand as sequences grow, and takes them back when they end.
+
+No sequence can be stranded half-way: a sequence *reserves* the blocks it may ever need
+(prompt plus answer) when it is admitted, and only then takes physical blocks as it grows.
+When the unreserved blocks run out, a new sequence waits; a running one never loses its cache.
+
+Callers that never pass block tables (``Step.block_tables`` None) see the old row layout:
+slot s owns blocks ``s * blocks_per_slot ...``, contiguous, so a single sequence reads a view.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
+DEFAULT_BLOCK_SIZE = 16  # positions per block; the most a sequence wastes is one block less one
+
 
 @dataclass
 class LayerCache:
-    k: torch.Tensor  # [slots, max_ctx, kv_heads, head_dim]
-    v: torch.Tensor  # [slots, max_ctx, kv_heads, head_dim]
+    """Keys and values of one attention layer, in blocks."""
+
+    k: torch.Tensor  # [num_blocks, block_size, kv_heads, head_dim]
+    v: torch.Tensor  # [num_blocks, block_size, kv_heads, head_dim]
+    block_size: int
+    blocks_per_slot: int  # row layout for steps without block tables: slot s starts at block s * this
 
     @property
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
+    @property
+    def num_blocks(self) -> int:
+        return self.k.shape[0]
+
+
+class BlockAllocator:
+    """Hands out the blocks of a pool to sequences (keyed by any hashable id).
+
+    :meth:`admit` reserves the blocks a sequence may ever need; :meth:`grow` gives it physical
+    blocks up to a length (never failing within the reservation); :meth:`release` frees both.
+    A growing sequence gets the block after its last one when that is free, so a sequence that
+    runs alone keeps a contiguous cache (attention then reads a view, no gather).
+    """
+
+    def __init__(self, num_blocks: int, block_size: int):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"a block pool needs num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._free: set[int] = set(range(num_blocks))
+        self._tables: dict[object, list[int]] = {}
+        self._reserved: dict[object, int] = {}
+        self.reserved_blocks = 0
+
+    # ------------------------------------------------------------------ queries
+    def blocks_for(self, tokens: int) -> int:
+        """Blocks that hold ``tokens`` positions."""
+        return -(-tokens // self.block_size)
+
+    @property
+    def free_blocks(self) -> int:
+        """Blocks nobody holds now."""
+        return len(self._free)
+
+    @property
+    def used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    @property
+    def unreserved_blocks(self) -> int:
+        """Blocks a new sequence may still reserve."""
+        return self.num_blocks - self.reserved_blocks
+
+    def can_admit(self, tokens: int) -> bool:
+        return self.blocks_for(tokens) <= self.unreserved_blocks
+
+    def table(self, seq) -> list[int]:
+        """The block table of ``seq`` (its blocks in position order); the live list, do not change it."""
+        return self._tables[seq]
+
+    def __contains__(self, seq) -> bool:
+        return seq in self._tables
+
+    # ------------------------------------------------------------------ changes
+    def admit(self, seq, tokens: int) -> None:
+        """Reserve room for ``tokens`` positions of a new sequence (no physical block yet)."""
+        if seq in self._tables:
+            raise ValueError(f"sequence {seq!r} already holds blocks")
+        need = self.blocks_for(tokens)
+        if need > self.unreserved_blocks:
+            raise ValueError(f"sequence {seq!r} needs {need} blocks, only {self.unreserved_blocks} are unreserved")
+        self._tables[seq] = []
+        self._reserved[seq] = need
+        self.reserved_blocks += need
+
+    def grow(self, seq, tokens: int) -> list[int]:
+        """Make the table of ``seq`` cover ``tokens`` positions; returns the table."""
+        table = self._tables[seq]
+        need = self.blocks_for(tokens)
+        if need > self._reserved[seq]:
+            raise ValueError(f"sequence {seq!r} grows to {tokens} positions, beyond the "
+                             f"{self._reserved[seq] * self.block_size} it reserved")
+        while len(table) < need:
+            after = table[-1] + 1 if table else None
+            block = after if after in self._free else min(self._free)
+            self._free.remove(block)
+            table.append(block)
+        return table
+
+    def release(self, seq) -> None:
+        """Give back the blocks and the reservation of ``seq`` (a no-op for an unknown one)."""
+        table = self._tables.pop(seq, None)
+        if table is None:
+            return
+        self._free.update(table)
+        self.reserved_blocks -= self._reserved.pop(seq)
+
 
 class KVCache:
-    """Caches for the given attention layers, each on the device ``device_of(layer)`` says."""
+    """Caches for the given attention layers, each on the device ``device_of(layer)`` says.
+
+    Sized as ``slots`` rows of ``max_ctx`` positions (rounded up to whole blocks): the pool
+    holds ``slots * ceil(max_ctx / block_size)`` blocks. Use it either through block tables
+    from :attr:`allocator` (paged: sequences of any length share the pool) or, without block
+    tables, as ``slots`` rows (see the module docstring).
+    """
 
     def __init__(self, layers: list[int], slots: int, max_ctx: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device_of: Callable[[int], torch.device | str]):
-        self.slots, self.max_ctx = slots, max_ctx
-        shape = (slots, max_ctx, kv_heads, head_dim)
+                 dtype: torch.dtype, device_of: Callable[[int], torch.device | str],
+                 block_size: int = DEFAULT_BLOCK_SIZE):
+        self.slots, self.max_ctx, self.block_size = slots, max_ctx, block_size
+        self.blocks_per_slot = math.ceil(max_ctx / block_size)
+        self.num_blocks = slots * self.blocks_per_slot
+        shape = (self.num_blocks, block_size, kv_heads, head_dim)
+        # Zeros, not empty: padded key rows of a batch are masked, but 0 * NaN would still be NaN.
         self._layers = {
             layer: LayerCache(torch.zeros(shape, dtype=dtype, device=device_of(layer)),
-                              torch.zeros(shape, dtype=dtype, device=device_of(layer)))
+                              torch.zeros(shape, dtype=dtype, device=device_of(layer)),
+                              block_size, self.blocks_per_slot)
             for layer in layers
         }
+        self.allocator = BlockAllocator(self.num_blocks, block_size)
 
     def __call__(self, layer: int) -> LayerCache:
         return self._layers[layer]
+
+    @property
+    def num_tokens(self) -> int:
+        """Positions in the pool."""
+        return self.num_blocks * self.block_size
+
+    def slot_rows(self, layer: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of ``slot`` in the row layout (no block tables): views [rows, Hkv, D]."""
+        cache = self._layers[layer]
+        rows = self.blocks_per_slot * self.block_size
+        k = cache.k.view(-1, *cache.k.shape[2:])
+        v = cache.v.view(-1, *cache.v.shape[2:])
+        return k[slot * rows : (slot + 1) * rows], v[slot * rows : (slot + 1) * rows]
+
+    @torch.inference_mode()
+    def fill_random(self, context: int, std: float = 1.0) -> None:
+        """Benchmarks: random keys and values at positions 0 .. context - 1 of every slot (row layout),
+        as if each slot had ``context`` tokens cached."""
+        for layer in self._layers:
+            for slot in range(self.slots):
+                k, v = self.slot_rows(layer, slot)
+                k[:context].normal_(0, std)
+                v[:context].normal_(0, std)
 
     def bytes_on(self, device_type: str) -> int:
         return sum(c.nbytes for c in self._layers.values() if c.k.device.type == device_type)
 
     @staticmethod
     def bytes_needed(num_layers: int, slots: int, max_ctx: int, kv_heads: int, head_dim: int,
-                     dtype: torch.dtype) -> int:
-        return 2 * num_layers * slots * max_ctx * kv_heads * head_dim * dtype.itemsize
+                     dtype: torch.dtype, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
+        positions = slots * math.ceil(max_ctx / block_size) * block_size
+        return 2 * num_layers * positions * kv_heads * head_dim * dtype.itemsize

@@ -1,7 +1,7 @@
 """The state of one generation request while the scheduler runs it.
 
 A :class:`Request` holds what was asked (prompt, sampling, limits, stop strings), where it
-stands (KV slot, tokens cached, tokens generated, text released) and how it ended. Values
+stands (sequence slot, tokens cached, tokens generated, text released) and how it ended. Values
 that follow from that state (is it still reading its prompt, how many tokens it feeds the
 next step) are properties, so they cannot drift out of sync.
 
@@ -25,8 +25,8 @@ _ids = itertools.count(1)
 
 
 class RequestStatus(enum.Enum):
-    WAITING = "waiting"  # queued, no KV slot yet
-    RUNNING = "running"  # owns a KV slot; reading its prompt or generating
+    WAITING = "waiting"  # queued, no sequence slot or KV blocks yet
+    RUNNING = "running"  # owns a slot and reserved KV blocks; reading its prompt or generating
     FINISHED = "finished"
 
 
@@ -60,7 +60,7 @@ class Request:
     request_id: int = field(default_factory=lambda: next(_ids))
 
     status: RequestStatus = RequestStatus.WAITING
-    slot: int | None = None  # row of the KV cache while running
+    slot: int | None = None  # sequence slot while running; keys its block table in the paged KV cache
     num_cached: int = 0  # tokens whose keys and values are in the cache
     output_ids: list[int] = field(default_factory=list)
     text: str = ""  # text released so far (cut before any stop string)

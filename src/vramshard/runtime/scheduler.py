@@ -1,16 +1,19 @@
 """Continuous batching: one forward step at a time over every request in flight.
 
-Requests enter a queue. Each :meth:`Scheduler.step` admits waiting requests while a KV slot and
-KV token budget are free, then fills a token budget (``max_step_tokens``): first one decode token
+Requests enter a queue. Each :meth:`Scheduler.step` admits waiting requests while a sequence slot
+and KV blocks are free, then fills a token budget (``max_step_tokens``): first one decode token
 for every running sequence that is generating, then chunks of prompts still being read (chunked
-prefill, chunk lengths from the token tiers). It runs the executor once, samples each request
-that finished reading its input with the request's own sampler, streams the new tokens and text
-out, and retires finished sequences, freeing their KV slot at once.
+prefill, chunks cut so the step's tokens fill a token tier). It runs the executor once (which
+picks the tier's placement), samples each request that finished reading its input with the
+request's own sampler, streams the new tokens and text out, and retires finished sequences,
+freeing their KV blocks at once.
 
-The KV cache is one fixed pool of ``max_seqs`` slots × ``max_context`` positions, allocated when
-the scheduler is built. A request reserves ``prompt + max_new_tokens`` positions of the KV token
-budget when admitted and keeps its slot until it ends: a new request that does not fit waits, and
-a running sequence is never evicted. Cancelled requests are dropped at the next step boundary.
+The KV cache is a paged pool of ``kv_tokens`` positions in fixed-size blocks
+(:mod:`~vramshard.runtime.kv_cache`), allocated when the scheduler is built. A request reserves
+the blocks of ``prompt + max_new_tokens`` positions when admitted and takes physical blocks as it
+grows: a new request that does not fit waits, and a running sequence is never evicted. Sequences
+of different lengths share the pool, so short ones do not hold a whole ``max_context`` row.
+Cancelled requests are dropped at the next step boundary.
 
 Not thread-safe except :meth:`Scheduler.add` and :meth:`Request.cancel`, which any thread may
 call; :class:`~vramshard.runtime.engine_loop.EngineLoop` runs steps on a background thread.
@@ -47,6 +50,12 @@ class StepStats:
     queue_length: int  # requests waiting after admission
     running: int  # sequences holding a KV slot during the step
     end_time: float  # time.time() at the end of the step
+    forward_s: float = 0.0  # of ``seconds``, the time inside executor.forward; the rest is scheduling
+
+    @property
+    def overhead_s(self) -> float:
+        """Time of the step spent in Python outside the forward pass (scheduling, sampling, streaming)."""
+        return self.seconds - self.forward_s
 
 
 @dataclass
@@ -59,18 +68,19 @@ class _Chunk:
 class Scheduler:
     """Runs many requests through ``executor`` with continuous batching and chunked prefill.
 
-    max_seqs: KV slots (sequences running at once). max_context: positions per slot (prompt plus
-    answer). max_step_tokens: new tokens per step. chunk_sizes: token tiers; a prompt that does
-    not fit in what is left of a step is cut to the largest tier that does. kv_tokens: KV
-    positions that running requests may reserve in total (default: the whole pool). eos_ids: tokens
-    that end a sequence. tokenizer: needed for text output and stop strings. vocab_size: checks
-    prompt token ids.
+    max_seqs: sequences running at once. max_context: longest sequence (prompt plus answer).
+    max_step_tokens: new tokens per step. chunk_sizes: token tiers; a prompt that does not fit in
+    what is left of a step is cut so the step's tokens fill the largest tier that they can.
+    kv_tokens: positions of the paged KV pool, shared by the running sequences (default
+    ``max_seqs * max_context``). eos_ids: tokens that end a sequence. tokenizer: needed for text
+    output and stop strings. vocab_size: checks prompt token ids. max_logit_rows: most sequences
+    sampled in one step (the GPU workspace holds that many logit rows; None: no limit).
     """
 
     def __init__(self, executor, max_seqs: int = 8, max_context: int = 4096, max_step_tokens: int = 2048,
                  chunk_sizes: Sequence[int] | None = None, kv_tokens: int | None = None,
                  eos_ids: Iterable[int] = (), tokenizer=None, vocab_size: int | None = None,
-                 stats_window: int = 512):
+                 stats_window: int = 512, max_logit_rows: int | None = None):
         if max_seqs < 1 or max_context < 1 or max_step_tokens < 1:
             raise InvalidInputError(f"max_seqs, max_context and max_step_tokens must be >= 1, got "
                                     f"{max_seqs}, {max_context}, {max_step_tokens}")
@@ -83,9 +93,13 @@ class Scheduler:
         self.eos_ids = frozenset(int(t) for t in eos_ids)
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
-        self.kv = executor.new_kv_cache(slots=max_seqs, max_ctx=max_context)
+        self.max_logit_rows = max_logit_rows
+        if self.kv_tokens < 1:
+            raise InvalidInputError(f"kv_tokens must be >= 1, got {self.kv_tokens}")
+        self.kv = executor.new_kv_cache(slots=1, max_ctx=self.kv_tokens)
+        self.blocks = self.kv.allocator
         self.free_slots: list[int] = list(range(max_seqs))
-        self.kv_reserved = 0
+        self.kv_reserved = 0  # positions reserved by running requests
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []
         self._incoming: collections.deque[Request] = collections.deque()  # append/popleft: thread-safe
@@ -94,6 +108,7 @@ class Scheduler:
         self.total_prompt_tokens = 0
         self.total_generated_tokens = 0
         self.total_step_s = 0.0
+        self.total_forward_s = 0.0
 
     # ------------------------------------------------------------------ requests
     def add(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, max_new_tokens: int = 128,
@@ -156,17 +171,20 @@ class Scheduler:
         if not chunks:
             return None
         ids: list[int] = []
-        slots, starts, lengths, rows = [], [], [], []
+        slots, starts, lengths, rows, tables = [], [], [], [], []
         for chunk in chunks:
             request = chunk.request
             ids += request.next_input(chunk.length)
             slots.append(request.slot), starts.append(request.num_cached), lengths.append(chunk.length)
+            tables.append(self.blocks.grow(request.slot, request.num_cached + chunk.length))
             if chunk.samples:
                 rows.append(len(ids) - 1)
-        step = Step(slots, starts, lengths, rows, kv_lookup=self.kv)
+        step = Step(slots, starts, lengths, rows, kv_lookup=self.kv, block_tables=tables)
         running = len(self.running)
+        forward_start = time.perf_counter()
         try:
             logits = self.executor.forward(torch.tensor(ids, dtype=torch.long), step)  # [len(rows), V]
+            forward_s = time.perf_counter() - forward_start
         except Exception as exc:  # a failed step must not leave requests hanging: end them with the error
             log.exception("forward step failed; ending the %d running request(s)", len(self.running))
             self.abort_running(f"the forward step failed: {exc}")
@@ -186,12 +204,13 @@ class Scheduler:
                 sampled += 1
         seconds = time.perf_counter() - start
         stats = StepStats(len(ids), prefill, decode, len(chunks), sampled, seconds, self.queue_length, running,
-                          time.time())
+                          time.time(), forward_s)
         self.history.append(stats)
         self.total_steps += 1
         self.total_prompt_tokens += prefill
         self.total_generated_tokens += sampled
         self.total_step_s += seconds
+        self.total_forward_s += forward_s
         return stats
 
     def run_until_idle(self) -> None:
@@ -222,13 +241,17 @@ class Scheduler:
             self._finish(request, "cancelled", [], "")
 
     def _admit(self) -> None:
-        """First come, first served: the oldest waiting request goes first, and later ones wait behind it."""
+        """First come, first served: the oldest waiting request goes first, and later ones wait behind it.
+        A request is admitted when a sequence slot is free and the unreserved KV blocks hold its
+        prompt and answer."""
         while self.waiting and self.free_slots:
             request = self.waiting[0]
-            if self.kv_reserved + request.context_needed > self.kv_tokens:
+            if (self.kv_reserved + request.context_needed > self.kv_tokens
+                    or not self.blocks.can_admit(request.context_needed)):
                 break
             self.waiting.popleft()
             request.slot = self.free_slots.pop(0)
+            self.blocks.admit(request.slot, request.context_needed)
             request.status = RequestStatus.RUNNING
             self.kv_reserved += request.context_needed
             self.running.append(request)
@@ -236,21 +259,33 @@ class Scheduler:
     def _schedule(self) -> list[_Chunk]:
         """Decode tokens of generating sequences first (they never starve), then prompt chunks."""
         room = self.max_step_tokens
+        rows = self.max_logit_rows if self.max_logit_rows is not None else len(self.running)
         chunks = []
         for request in self.running:
-            if not request.in_prefill and room > 0:
+            if not request.in_prefill and room > 0 and rows > 0:
                 chunks.append(_Chunk(request, 1, True))
                 room -= 1
+                rows -= 1
         for request in self.running:
             if request.in_prefill and room > 0:
-                n = request.pending if request.pending <= room else self._chunk_length(room)
-                chunks.append(_Chunk(request, n, n == request.pending))
+                used = self.max_step_tokens - room
+                n = request.pending if request.pending <= room else self._chunk_length(used, room)
+                samples = n == request.pending
+                if samples and rows <= 0:  # no logit row left: read all but the last token now
+                    n -= 1
+                    samples = False
+                    if n == 0:
+                        continue
+                chunks.append(_Chunk(request, n, samples))
                 room -= n
+                rows -= samples
         return chunks
 
-    def _chunk_length(self, room: int) -> int:
-        """Largest token tier that fits ``room`` (the whole room without tiers or when none fits)."""
-        fitting = [size for size in self.chunk_sizes if size <= room]
+    def _chunk_length(self, used: int, room: int) -> int:
+        """Tokens of a prompt chunk after ``used`` tokens are already in the step, at most ``room``:
+        enough to fill the largest token tier that can be filled, so the step runs a whole tier
+        (the whole room without tiers, or when no tier fits)."""
+        fitting = [size - used for size in self.chunk_sizes if used < size <= used + room]
         return fitting[-1] if fitting else room
 
     def _sample(self, request: Request, logits: torch.Tensor) -> None:
@@ -272,6 +307,7 @@ class Scheduler:
         if request.stop_hit is not None:
             request.output_ids = cut_at_stop(self.tokenizer, request.output_ids, request.stop)
         if request.slot is not None:
+            self.blocks.release(request.slot)
             self.free_slots.append(request.slot)
             self.free_slots.sort()
             self.kv_reserved -= request.context_needed
@@ -297,12 +333,18 @@ class Scheduler:
             "free_slots": len(self.free_slots),
             "kv_tokens_reserved": self.kv_reserved,
             "kv_tokens": self.kv_tokens,
+            "kv_block_size": self.blocks.block_size,
+            "kv_blocks": self.blocks.num_blocks,
+            "kv_blocks_used": self.blocks.used_blocks,
+            "kv_blocks_reserved": self.blocks.reserved_blocks,
             "max_seqs": self.max_seqs,
             "max_context": self.max_context,
             "steps": self.total_steps,
             "prompt_tokens": self.total_prompt_tokens,
             "generated_tokens": self.total_generated_tokens,
             "busy_s": round(self.total_step_s, 4),
+            "scheduling_s": round(self.total_step_s - self.total_forward_s, 4),
+            "scheduling_ms_per_step": (self.total_step_s - self.total_forward_s) * 1e3 / max(self.total_steps, 1),
             "generated_tokens_per_s": sum(s.sampled for s in recent) / span if recent else 0.0,
             "step_tokens_per_s": sum(s.tokens for s in recent) / span if recent else 0.0,
             "last_step": asdict(history[-1]) if history else None,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..plan.memory import align
 from .host_weights import PackedWeights
 
 
@@ -91,3 +92,83 @@ class SlotRing:
         self._next_index = self.order.index(name)
         for _ in range(min(len(self.slots), len(self.order))):
             self._issue_fill()
+
+
+class ExpertSlots:
+    """The CUDA side of the VRAM expert cache (:class:`~vramshard.runtime.expert_cache.ExpertCache`):
+    ``capacity`` slots of ``slot_bytes`` in one VRAM buffer, two events per slot as in the
+    ring (``filled``: copy done; ``free``: the compute reading it is done), and one copy per
+    expert from the sub-layer's packed (pinned) host buffer, where its tensors lie together."""
+
+    def __init__(self, capacity: int, slot_bytes: int, host: dict[str, PackedWeights], device: torch.device,
+                 copy_stream: torch.cuda.Stream):
+        self.host = host
+        self.slot_bytes = slot_bytes
+        self.copy_stream = copy_stream
+        self.device = device
+        self.buffer = torch.empty(capacity * slot_bytes, dtype=torch.uint8, device=device)
+        self.filled = [torch.cuda.Event() for _ in range(capacity)]
+        self.free = [torch.cuda.Event() for _ in range(capacity)]
+        self._ranges: dict[str, list[tuple[int, int]]] = {}  # sub-layer -> byte range of each expert
+        self._views: dict[tuple, object] = {}  # (slot, expert shape) -> ExpertTensors
+        self._shapes: dict[str, tuple] = {}  # sub-layer -> shape of its experts in a slot
+
+    def _range(self, name: str, expert: int) -> tuple[int, int]:
+        if name not in self._ranges:
+            layout = self.host[name].layout
+            spans: dict[int, tuple[int, int]] = {}
+            for spec, offset in zip(layout.specs, layout.offsets):
+                if spec.piece.startswith("expert."):
+                    e = int(spec.piece.split(".")[1])
+                    begin, end = spans.get(e, (offset, offset))
+                    spans[e] = (min(begin, offset), max(end, offset + align(spec.nbytes)))
+            self._ranges[name] = [spans[e] for e in range(len(spans))]
+        return self._ranges[name][expert]
+
+    def fill(self, slot: int, name: str, expert: int) -> int:
+        begin, end = self._range(name, expert)
+        nbytes = end - begin
+        assert nbytes <= self.slot_bytes, "expert larger than a cache slot"
+        target = self.buffer[slot * self.slot_bytes : slot * self.slot_bytes + nbytes]
+        with torch.cuda.stream(self.copy_stream):
+            self.copy_stream.wait_event(self.free[slot])  # the last compute reading the slot is done
+            target.copy_(self.host[name].buffer[begin:end], non_blocking=True)
+            self.filled[slot].record(self.copy_stream)
+        return nbytes
+
+    def ready(self, slot: int) -> None:
+        torch.cuda.current_stream(self.device).wait_event(self.filled[slot])
+
+    def done(self, slot: int) -> None:
+        self.free[slot].record(torch.cuda.current_stream(self.device))
+
+    def view(self, slot: int, name: str):
+        shape = self._shape_of(name)
+        key = (slot, shape)
+        if key not in self._views:
+            from ..layers.moe import ExpertTensors
+
+            base = slot * self.slot_bytes
+            parts = {}
+            for part, offset, nbytes, dtype, dims in shape:
+                parts[part] = self.buffer[base + offset : base + offset + nbytes].view(dtype).view(dims)
+            (_, g_off, g_bytes, dtype, g_dims), (_, u_off, u_bytes, _, u_dims) = shape[0], shape[1]
+            gate_up = None
+            if g_off + g_bytes == u_off and g_dims[1:] == u_dims[1:]:
+                gate_up = self.buffer[base + g_off : base + u_off + u_bytes].view(dtype).view(
+                    g_dims[0] + u_dims[0], *g_dims[1:])
+            self._views[key] = ExpertTensors(parts["gate"], parts["up"], parts["down"], gate_up)
+        return self._views[key]
+
+    def _shape_of(self, name: str) -> tuple:
+        """(part, offset in the slot, bytes, dtype, shape) of gate, up, down: the same for every
+        expert of a layer (and of every layer of one model), so slot views are shared."""
+        if name not in self._shapes:
+            layout = self.host[name].layout
+            begin, _ = layout.piece_range("expert.0")
+            by_key = {spec.key: (spec, offset) for spec, offset in zip(layout.specs, layout.offsets)
+                      if spec.piece == "expert.0"}
+            self._shapes[name] = tuple((part, by_key[f"experts.0.{part}"][1] - begin, by_key[f"experts.0.{part}"][0].nbytes,
+                                        by_key[f"experts.0.{part}"][0].dtype, tuple(by_key[f"experts.0.{part}"][0].shape))
+                                       for part in ("gate", "up", "down"))
+        return self._shapes[name]

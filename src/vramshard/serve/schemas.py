@@ -80,6 +80,30 @@ class ChatMessage(_Body):
             pieces.append(part.text or "")
         return "".join(pieces)
 
+    def has_images(self) -> bool:
+        return isinstance(self.content, list) and any(part.type == "image_url" for part in self.content)
+
+    def vlm_content(self) -> list[dict]:
+        """The content as parts for :func:`vramshard.vlm.chat_prompt`: text, and images from data URLs
+        (InvalidInputError for a remote URL, bad base64 or a part type that is not understood)."""
+        from ..errors import InvalidInputError
+        from ..loading.image import decode_data_url
+
+        if self.content is None or isinstance(self.content, str):
+            return [{"type": "text", "text": self.content or ""}]
+        parts = []
+        for part in self.content:
+            if part.type == "text":
+                parts.append({"type": "text", "text": part.text or ""})
+            elif part.type == "image_url":
+                url = part.image_url.get("url") if isinstance(part.image_url, dict) else part.image_url
+                if not isinstance(url, str):
+                    raise InvalidInputError("an image_url part needs image_url.url, a data:image/...;base64 URL")
+                parts.append({"type": "image", "image": decode_data_url(url)})
+            else:
+                raise InvalidInputError(f"content part type {part.type!r} is not supported; use text or image_url")
+        return parts
+
 
 class ChatRequest(_Sampling):
     """POST /v1/chat/completions."""

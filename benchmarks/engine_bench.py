@@ -1,0 +1,205 @@
+"""Engine benchmark for the GPU machine, in one call: the grid of the Engine issue, JSON to $OUT.
+
+    PYTHONPATH=src python -m benchmarks.engine_bench             # about 6-8 minutes on the H200 box (< 9)
+    PYTHONPATH=src python -m benchmarks.engine_bench --quick     # smoke test: 2 layers, tiny token counts
+
+For each model (nemo-8b fp16, llama3-8b bf16; random weights of the real shapes, built once on
+the GPU and packed into pinned host memory, shared by every engine of the model):
+  - ``unconstrained``: the whole model resident in VRAM, no budget (the GPU reference: decode
+    tok/s against the GPU memory-bandwidth bound, weights bytes / measured device bandwidth);
+  - for each budget (2 and 8 GiB): the planned engine (``vramshard``) and the best ``layers:N``
+    baseline (``layers:max``: as many whole layers as fit, the rest on the CPU; what ``-ngl N`` does).
+Each engine: TTFT of a 1K prompt (pp tok/s), decode tok/s at 1K context (tg: 32 tokens after
+it), batched throughput at batch 1/4/16/64 (16-token prompts, 16 new tokens each), the Python scheduling time per step (outside executor.forward),
+peak VRAM against the budget. Derived checks: batch-64 throughput of vramshard / baseline at
+8 GiB, and TTFT at 2 GiB / ((weights bytes - resident bytes) / h2d bandwidth + unconstrained TTFT).
+
+The planner uses the stored machine profile when there is one, else a synthetic profile fitted
+to bandwidths and a matmul speed measured here in seconds (``--profile PATH`` to give one).
+Every run stops stepping after ``--run-limit-s``; cells are skipped once ``--deadline-s`` is
+spent, and the JSON is rewritten after every cell, so a cut-short run still reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import time
+
+import torch
+
+from vramshard.cli.bench import BenchSettings, EngineSpec, bench_engine
+from vramshard.runtime.host_weights import pack_model
+from vramshard.shapes import random_weights, shape_model
+
+from .common import cpu_read_bandwidth, h2d_bandwidth, hardware, now, out_dir, sync, write_json
+
+log = logging.getLogger("engine_bench")
+GiB = 2**30
+MODELS = {"nemo-8b": torch.float16, "llama3-8b": torch.bfloat16}
+_DTYPE_KEYS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def device_bandwidth(nbytes: int = 2**31) -> float:
+    """Bytes/s the GPU moves device to device (read + write of one large copy)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(5):
+        dst.copy_(src)
+    sync()
+    seconds = (time.perf_counter() - t0) / 5
+    del src, dst
+    return 2 * nbytes / seconds
+
+
+def cpu_matmul_gflops(dtype: torch.dtype, m: int = 256, k: int = 4096, n: int = 4096) -> float:
+    a = torch.randn(m, k).to(dtype)
+    b = torch.randn(k, n).to(dtype)
+    a @ b
+    t0 = time.perf_counter()
+    for _ in range(3):
+        a @ b
+    return 2 * m * k * n * 3 / (time.perf_counter() - t0) / 1e9
+
+
+def gpu_matmul_gflops(dtype: torch.dtype, size: int = 8192) -> float:
+    a = torch.randn(size, size, device="cuda", dtype=dtype)
+    b = torch.randn(size, size, device="cuda", dtype=dtype)
+    a @ b
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(5):
+        a @ b
+    sync()
+    return 2 * size**3 * 5 / (time.perf_counter() - t0) / 1e9
+
+
+def planner_profile(path: str | None, bandwidth: dict, dtypes) -> tuple[object, str]:
+    """(profile, where it came from): --profile, the stored one, or a synthetic one fitted here."""
+    from vramshard.profile import load, load_or_none, synthetic
+
+    if path:
+        return load(path, check_fingerprint=False), path
+    stored = load_or_none()
+    if stored is not None:
+        return stored, "stored"
+    cpu = {key: 0.0 for key in ("bf16", "fp16", "fp32")}
+    gpu = dict(cpu)
+    for dtype in (torch.float32, *dtypes):
+        cpu[_DTYPE_KEYS[dtype]] = cpu_matmul_gflops(dtype)
+        gpu[_DTYPE_KEYS[dtype]] = gpu_matmul_gflops(dtype)
+    for key in cpu:  # dtypes not measured: the fp32 speed
+        cpu[key] = cpu[key] or cpu["fp32"]
+        gpu[key] = gpu[key] or gpu["fp32"]
+    log.info("synthetic profile: cpu GFLOP/s %s, gpu GFLOP/s %s", cpu, gpu)
+    profile = synthetic(cpu_gflops=cpu, gpu_gflops=gpu, h2d_gbps=bandwidth["h2d"], cpu_mem_gbps=bandwidth["cpu_read"],
+                        gpu_mem_gbps=bandwidth["device"], cpu_threads=torch.get_num_threads())
+    return profile, "synthetic (fitted)"
+
+
+def derived(cells: list[dict], weights: int, bandwidth: dict) -> dict:
+    """The issue's checks from the cells of one model."""
+    by = {(c["engine"], c.get("vram")): c for c in cells if "error" not in c}
+    out = {}
+    free = by.get(("unconstrained", None))
+    if free and free.get("tg_tok_s"):
+        bound = bandwidth["device"] * 1e9 / weights
+        out["unconstrained_decode_fraction_of_bandwidth_bound"] = free["tg_tok_s"] / bound
+        out["decode_bandwidth_bound_tok_s"] = bound
+    for budget in {c.get("vram") for c in cells if c.get("vram") is not None}:
+        ours, base = by.get(("vramshard", budget)), by.get(("layers:max", budget))
+        key = f"{budget / GiB:g}GiB"
+        if ours and base:
+            b64 = [str(s) for s in ours["batched"] if s in base["batched"]]
+            if b64:
+                top = max(b64, key=int)
+                out[f"{key}_batch{top}_speedup_vs_layers_max"] = (
+                    ours["batched"][top]["tok_s"] / base["batched"][top]["tok_s"])
+            out[f"{key}_ttft_speedup_vs_layers_max"] = base["ttft_s"] / ours["ttft_s"]
+            out[f"{key}_tg_speedup_vs_layers_max"] = (ours["tg_tok_s"] or 0) / (base["tg_tok_s"] or float("inf"))
+        if ours and free:
+            bound = (weights - ours["resident_bytes"]) / (bandwidth["h2d"] * 1e9) + free["ttft_s"]
+            out[f"{key}_ttft_bound_s"] = bound
+            out[f"{key}_ttft_over_bound"] = ours["ttft_s"] / bound
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--budgets", default="8,2", help="GiB, comma-separated (first ones run first)")
+    parser.add_argument("--pp", type=int, default=1024)
+    parser.add_argument("--tg", type=int, default=32, help="decode tokens after the pp prompt (tok/s at ~pp context)")
+    parser.add_argument("--batch-sizes", default="1,4,16,64")
+    parser.add_argument("--batch-prompt", type=int, default=16)
+    parser.add_argument("--batch-gen", type=int, default=16)
+    parser.add_argument("--run-limit-s", type=float, default=10.0, help="most seconds of one measured run")
+    parser.add_argument("--deadline-s", type=float, default=400.0, help="start no new cell after this")
+    parser.add_argument("--baseline", default="layers:max")
+    parser.add_argument("--profile", default=None, help="machine profile for the planner")
+    parser.add_argument("--layers", type=int, default=None, help="cut every model to N layers")
+    parser.add_argument("--quick", action="store_true", help="smoke test: 2 layers, small token counts")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if args.quick:
+        args.layers, args.pp, args.tg, args.batch_prompt, args.batch_gen = 2, 64, 8, 8, 4
+    t_start = time.perf_counter()
+    target = args.out or out_dir() / "engine_bench.json"
+    settings = BenchSettings(args.pp, args.tg, tuple(int(b) for b in args.batch_sizes.split(",")), args.batch_prompt,
+                             args.batch_gen, time_limit_s=args.run_limit_s)
+    if not torch.cuda.is_available():
+        raise SystemExit("engine_bench needs a CUDA GPU (use `vramshard bench --shape tiny-llama` on a CPU)")
+    bandwidth = {"h2d": h2d_bandwidth() / 1e9, "cpu_read": cpu_read_bandwidth() / 1e9,
+                 "device": device_bandwidth() / 1e9}
+    log.info("bandwidth GB/s: %s", bandwidth)
+    names = args.models.split(",")
+    profile, profile_source = planner_profile(args.profile, bandwidth, {MODELS.get(n, torch.bfloat16) for n in names})
+    results = {"date": now(), "hardware": hardware(), "args": vars(args), "bandwidth_gb_s": bandwidth,
+               "profile": profile_source, "settings": vars(settings), "models": {}, "skipped": []}
+    for name in names:
+        model = shape_model(name, MODELS.get(name))
+        if args.layers:
+            from vramshard.models import build_model
+            from vramshard.shapes import shape_config
+
+            config = shape_config(name)
+            config["num_hidden_layers"] = args.layers
+            model = build_model(config, MODELS.get(name))
+        t0 = time.perf_counter()
+        host = pack_model(list(model), random_weights(model), pin=True)
+        log.info("%s: %.1f GiB built and pinned in %.1f s", name, model.nbytes / GiB, time.perf_counter() - t0)
+        specs = [EngineSpec("unconstrained", "gpu", None)]
+        for budget in args.budgets.split(","):
+            vram = int(float(budget) * GiB)
+            specs += [EngineSpec("vramshard", None, vram), EngineSpec(args.baseline, args.baseline, vram)]
+        cells: list[dict] = []
+        entry = results["models"][name] = {"bytes": model.nbytes, "dtype": str(model.dtype), "cells": cells}
+        for spec in specs:
+            if time.perf_counter() - t_start > args.deadline_s:
+                results["skipped"].append(f"{name} {spec.label} {spec.vram}")
+                log.warning("deadline: skipping %s %s %s", name, spec.label, spec.vram)
+                continue
+            t0 = time.perf_counter()
+            cell = bench_engine(model, host, spec, settings, device="cuda", profile=profile)
+            cell["cell_s"] = time.perf_counter() - t0
+            cells.append(cell)
+            log.info("%s %s %s: %s", name, spec.label, spec.vram,
+                     cell.get("error") or {k: cell.get(k) for k in ("placement", "ttft_s", "tg_tok_s", "peak_vram_bytes")})
+            entry["checks"] = derived(cells, model.nbytes, bandwidth)
+            results["elapsed_s"] = time.perf_counter() - t_start
+            write_json(target, results)
+        del host
+        gc.collect()
+        torch.cuda.empty_cache()
+    results["elapsed_s"] = time.perf_counter() - t_start
+    write_json(target, results)
+    log.info("done in %.0f s: %s", results["elapsed_s"], target)
+
+
+if __name__ == "__main__":
+    main()

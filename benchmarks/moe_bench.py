@@ -1,0 +1,276 @@
+"""MoE benchmark on the GPU machine: Qwen3-30B-A3B (bf16, random weights) at 2, 8, 16 GiB.
+
+    PYTHONPATH=src python -m benchmarks.moe_bench            # JSON to $OUT/moe_bench.json
+
+Weights are made on the GPU one tensor piece at a time and copied straight into each
+sub-layer's pinned packed host buffer (no second host copy: ~57 GiB of 128 GiB RAM).
+For each budget and placement — the planner's, ``experts-stream`` (cache filling the
+budget), and the baselines ``layers:max`` and ``experts-cpu`` — decode tok/s at a 1K
+context, TTFT of a 1K prompt, and batched decode tok/s at batch 1/4/16/64 (64-token
+contexts, a separate KV reservation); peak VRAM; expert-cache hit rate. The bound of a
+decode step comes from routed-expert bytes: per token each MoE layer needs top-k experts,
+and those not in VRAM (uniform routing: the cache holds a slots/(layers x experts)
+fraction) must come over PCIe or be read by the CPU:
+``bound tok/s = (PCIe bw + CPU bw) / (missed routed-expert bytes + other non-resident bytes)``;
+for ``experts-stream`` alone the PCIe part counts (``pcie_bound_tok_s``). Random routers
+route almost uniformly; a last run biases the routers (a Zipf-like prior on a constant
+embedding channel) to show the cache at work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import math
+import time
+
+import torch
+
+from vramshard.errors import BudgetError
+from vramshard.layers.moe import MoEFFN
+from vramshard.layers.step import Step
+from vramshard.plan.memory import expert_slot_bytes, max_resident_layers, moe_layers, sublayer_triples, vram_need
+from vramshard.plan.placement import named_placement
+from vramshard.plan.planner import Planner
+from vramshard.plan.tiers import Tiers
+from vramshard.profile.query import synthetic
+from vramshard.runtime.executor import Executor
+from vramshard.runtime.host_weights import PackedLayout, PackedWeights, _empty_host
+from vramshard.shapes import shape_model
+
+from .common import cpu_read_bandwidth, h2d_bandwidth, hardware, now, out_dir, sync, timed, write_json
+
+log = logging.getLogger("moe_bench")
+GiB = 2**30
+CHUNK = 2**26  # elements generated on the GPU at a time
+
+
+def random_packed(model, seed: int = 0) -> dict[str, PackedWeights]:
+    """Pinned packed host buffers of random weights (std 0.02, norms 1), built piece by piece on the GPU."""
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    host = {}
+    for sublayer in model:
+        layout = PackedLayout.of(sublayer)
+        buffer = _empty_host(layout.nbytes, pin=True)
+        views = layout.views(buffer)
+        for spec in sublayer.weights:
+            target = views[spec.key].view(-1)
+            if len(spec.shape) == 1:
+                target.fill_(1.0)
+                continue
+            for begin in range(0, target.numel(), CHUNK):
+                end = min(begin + CHUNK, target.numel())
+                part = torch.randn(end - begin, generator=generator, device="cuda") * 0.02
+                target[begin:end].copy_(part.to(spec.dtype))
+        host[sublayer.name] = PackedWeights(layout, buffer, views)
+    torch.cuda.synchronize()
+    return host
+
+
+def skew_routing(model, host, alpha: float = 2.0, channel_value: float = 3.0) -> None:
+    """Bias every router towards a Zipf-like ranking of experts (different per layer): embedding
+    channel 0 becomes a constant, so after the norm it dominates, and router column 0 carries
+    -alpha * log(rank + 1) per expert."""
+    embed = host["embed"].views
+    table = next(v for k, v in embed.items() if v.dim() == 2)
+    table[:, 0] = channel_value
+    d = model.args.hidden_size
+    rms = math.sqrt((channel_value**2 + (d - 1) * 0.02**2) / d)
+    h0 = channel_value / rms  # channel 0 after the norm (norm weights are 1)
+    for sublayer in model:
+        if isinstance(sublayer, MoEFFN):
+            ranks = torch.randperm(sublayer.num_experts, generator=torch.Generator().manual_seed(sublayer.layer))
+            bias = -alpha * torch.log(ranks.float() + 1)
+            host[sublayer.name].views["router"][:, 0] = (bias / h0).to(host[sublayer.name].views["router"].dtype)
+
+
+def fill_kv(kv, context: int) -> None:
+    for layer in kv._layers.values():
+        layer.k[:, :context].normal_()
+        layer.v[:, :context].normal_()
+
+
+def decode_tok_s(executor: Executor, context: int, steps: int) -> float:
+    kv = executor.new_kv_cache(1, context + steps + 4)
+    fill_kv(kv, context)
+    state = {"pos": context}
+
+    def one():
+        executor.forward(torch.tensor([11]), Step.single(state["pos"], 1, kv_lookup=kv))
+        state["pos"] += 1
+
+    return 1 / timed(one, repeat=steps, warmup=2, budget_s=30)
+
+
+def ttft_s(executor: Executor, prompt: int) -> float:
+    kv = executor.new_kv_cache(1, prompt + 1)
+    ids = torch.randint(0, 1000, (prompt,))
+    return timed(lambda: executor.forward(ids, Step.single(0, prompt, kv_lookup=kv)), repeat=1, warmup=1, budget_s=60)
+
+
+def batched_tok_s(executor: Executor, batch: int, context: int, steps: int) -> float:
+    kv = executor.new_kv_cache(batch, context + steps + 4)
+    fill_kv(kv, context)
+    state = {"pos": context}
+
+    def one():
+        step = Step(list(range(batch)), [state["pos"]] * batch, [1] * batch, list(range(batch)), kv_lookup=kv)
+        executor.forward(torch.full((batch,), 11), step)
+        state["pos"] += 1
+
+    return batch / timed(one, repeat=steps, warmup=1, budget_s=30)
+
+
+def make_executor(model, host, placement, budget, args, kv_slots=1, max_context=None, expert_cache=None):
+    gc.collect()
+    torch.cuda.empty_cache()
+    return Executor(model, host, placement, budget=budget, max_tokens=args.prompt,
+                    max_context=max_context or args.ctx + args.prompt + 16, kv_slots=kv_slots,
+                    threads=args.threads, expert_cache=expert_cache)
+
+
+def placements_for(model, budget, args, profile):
+    """(label, placement, expert cache bytes) of every candidate at this budget."""
+    triples, layers, moe = sublayer_triples(model), model.args.num_hidden_layers, moe_layers(model)
+    kv_tokens = args.ctx + args.prompt + 16
+    out = []
+    tiers = Tiers((1, 4, 16, 64, 256, 1024))
+    try:
+        plan = Planner(model, profile, budget, context=kv_tokens, tiers=tiers).plan()
+        out.append(("planned", plan.tiered(), plan.expert_cache or None))
+    except BudgetError as exc:
+        out.append(("planned", exc, None))
+    stream = named_placement("experts-stream", triples, layers, moe_layers=moe)
+    slot = expert_slot_bytes(model)
+    rest = vram_need(model, stream, 1, kv_tokens, args.prompt, expert_cache=0).total
+    cache = (budget - rest) // slot * slot
+    out.append(("experts-stream", stream if cache >= 2 * slot else BudgetError(
+        f"experts-stream needs {rest / GiB:.2f} GiB before its cache"), cache))
+    most = max_resident_layers(model, budget, 1, kv_tokens, args.prompt)
+    out.append(("layers:max", named_placement("layers:max", triples, layers, most), None))
+    out.append(("experts-cpu", named_placement("experts-cpu", triples, layers, moe_layers=moe), None))
+    return out
+
+
+def routed_bound(model, executor, bw) -> dict:
+    """Decode bound from routed-expert bytes not in VRAM (uniform routing) plus other non-resident bytes."""
+    need = executor.need
+    moe = [s for s in model if isinstance(s, MoEFFN)]
+    slot = expert_slot_bytes(model)
+    routed = sum(s.top_k * slot for s in moe)
+    resident_moe = [s for s in moe if s.name in executor.resident]
+    routed -= sum(s.top_k * slot for s in resident_moe)
+    cached_fraction = 0.0
+    if executor.expert_cache is not None:
+        cached_fraction = min(1.0, executor.expert_cache.capacity / (len(moe) * moe[0].num_experts))
+    missed = routed * (1 - cached_fraction)
+    non_expert = sum(s.nbytes for s in model if not isinstance(s, MoEFFN) and s.name not in executor.resident
+                     and s.kind != "embed")
+    total = missed + non_expert
+    return {"routed_bytes_per_token": routed, "missed_routed_bytes": missed, "other_nonresident_bytes": non_expert,
+            "bound_tok_s": (bw["h2d"] + bw["cpu_read"]) / total if total else None,
+            "pcie_bound_tok_s": bw["h2d"] / total if total else None}
+
+
+def run_cell(model, host, label, placement, cache, budget, args, bw, deadline) -> dict:
+    cell = {"placement": label, "budget_gib": budget / GiB}
+    if isinstance(placement, Exception):
+        cell["error"] = str(placement)
+        return cell
+    if time.perf_counter() > deadline:
+        cell["error"] = "skipped: benchmark time limit"
+        return cell
+    torch.cuda.reset_peak_memory_stats()
+    try:
+        executor = make_executor(model, host, placement, budget, args, expert_cache=cache)
+    except BudgetError as exc:
+        cell["error"] = str(exc)
+        return cell
+    cell["name"] = executor.plans.name
+    cell["vram_plan_gib"] = executor.need.total / GiB
+    cell["expert_cache_gib"] = executor.expert_cache_bytes / GiB
+    cell.update(routed_bound(model, executor, bw))
+    cell["decode_tok_s"] = decode_tok_s(executor, args.ctx, args.decode_steps)
+    report = executor.report
+    cell["decode_bytes_streamed"] = report.bytes_streamed
+    cell["decode_expert_hit_rate"] = report.expert_hit_rate
+    if cell["bound_tok_s"]:
+        cell["decode_fraction_of_bound"] = cell["decode_tok_s"] / cell["bound_tok_s"]
+    if executor.expert_cache is not None:
+        cell["pcie_measured_bound_tok_s"] = bw["h2d"] / max(report.bytes_streamed, 1)
+    if time.perf_counter() < deadline:
+        cell["ttft_s"] = ttft_s(executor, args.prompt)
+    cell["peak_vram_gib"] = torch.cuda.max_memory_reserved() / GiB
+    del executor
+    batched = {}
+    for batch in (int(b) for b in args.batches.split(",") if b):
+        if time.perf_counter() > deadline:
+            break
+        try:
+            executor = make_executor(model, host, placement, budget, args, kv_slots=batch,
+                                     max_context=args.batch_ctx + 8, expert_cache=cache)
+            batched[batch] = batched_tok_s(executor, batch, args.batch_ctx, args.batch_steps)
+            del executor
+        except BudgetError as exc:
+            batched[batch] = f"error: {exc}"
+    cell["batched_tok_s"] = batched
+    cell["peak_vram_gib"] = max(cell["peak_vram_gib"], torch.cuda.max_memory_reserved() / GiB)
+    cell["within_budget"] = cell["peak_vram_gib"] * GiB <= budget
+    return cell
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="qwen3-30b-a3b")
+    parser.add_argument("--budgets", default="2,8,16", help="GiB, comma-separated")
+    parser.add_argument("--ctx", type=int, default=1024)
+    parser.add_argument("--prompt", type=int, default=1024)
+    parser.add_argument("--batches", default="1,4,16,64")
+    parser.add_argument("--batch-ctx", type=int, default=64)
+    parser.add_argument("--batch-steps", type=int, default=3)
+    parser.add_argument("--decode-steps", type=int, default=6)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--time-limit", type=float, default=480.0, help="seconds; later cells are skipped")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    t_start = time.perf_counter()
+    deadline = t_start + args.time_limit
+    out_path = args.out or out_dir() / "moe_bench.json"
+    results = {"date": now(), "hardware": hardware(), "args": vars(args), "cells": [],
+               "note": "random routers route almost uniformly; see 'skewed' for a biased router"}
+    bw = {"h2d": h2d_bandwidth(), "cpu_read": cpu_read_bandwidth()}
+    results["bandwidth_gb_s"] = {k: v / 1e9 for k, v in bw.items()}
+    model = shape_model(args.shape)
+    t0 = time.perf_counter()
+    host = random_packed(model)
+    results["build_s"] = time.perf_counter() - t0
+    results["model_gib"] = model.nbytes / GiB
+    log.info("%s: %.1f GiB built and pinned in %.1f s; bandwidth %s", args.shape, model.nbytes / GiB,
+             results["build_s"], results["bandwidth_gb_s"])
+    profile = synthetic(cpu_gflops=1500, gpu_gflops=400_000, h2d_gbps=bw["h2d"] / 1e9,
+                        cpu_mem_gbps=bw["cpu_read"] / 1e9, gpu_mem_gbps=4000)
+    budgets = [int(float(b) * GiB) for b in args.budgets.split(",")]
+    for budget in budgets:
+        for label, placement, cache in placements_for(model, budget, args, profile):
+            cell = run_cell(model, host, label, placement, cache, budget, args, bw, deadline)
+            log.info("%s", cell)
+            results["cells"].append(cell)
+            write_json(out_path, results)
+    # Skewed routing: the cache's hit rate and decode speed at the largest budget.
+    skew_routing(model, host)
+    budget = budgets[-1]
+    for label, placement, cache in placements_for(model, budget, args, profile)[1:2]:  # experts-stream
+        args_skew = argparse.Namespace(**{**vars(args), "batches": "", "decode_steps": 3 * args.decode_steps})
+        cell = run_cell(model, host, label + " (skewed routing)", placement, cache, budget, args_skew, bw,
+                        deadline + 60)
+        results["skewed"] = cell
+        log.info("skewed: %s", cell)
+    results["total_s"] = time.perf_counter() - t_start
+    write_json(out_path, results)
+    sync()
+
+
+if __name__ == "__main__":
+    main()

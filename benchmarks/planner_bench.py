@@ -1,0 +1,159 @@
+"""Planner benchmark: predicted vs measured step time per family, on real shapes.
+
+    PYTHONPATH=src python -m benchmarks.planner_bench --models nemo-8b,llama3-8b --budgets 2,4,8
+
+For each model and budget the planner plans tiers 1, 16, 64 and 512 from this machine's
+profile (``--profile PATH``, else a quick profile measured first, in the same run). Each
+family's placement is then run by the executor and timed:
+
+- decode tier t: t sequences of one new token each, each with ``ctx // t`` tokens of context
+  (at most ``--seq-ctx``), so the KV reserved (``--ctx`` tokens in all) serves every tier;
+- prompt tier t (t > 64): one chunk of t prompt tokens.
+
+Families predicted slower than ``--measure-within`` times the winner are not run (said so).
+Also in the same run: the best ``layers:N`` baseline at tier 1, and the physical bound of a
+decode step, (model bytes − pinned bytes) / (PCIe + CPU read bandwidth), both measured here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import time
+
+import torch
+
+from vramshard.errors import BudgetError
+from vramshard.layers.step import Step
+from vramshard.plan.memory import max_resident_layers, sublayer_triples
+from vramshard.plan.placement import TieredPlacement, named_placement
+from vramshard.plan.planner import Planner
+from vramshard.plan.tiers import Tiers
+from vramshard.runtime.executor import Executor
+from vramshard.runtime.host_weights import pack_model
+from vramshard.shapes import random_weights, shape_model
+
+from .common import cpu_read_bandwidth, h2d_bandwidth, hardware, now, out_dir, timed, write_json
+
+log = logging.getLogger("planner_bench")
+GiB = 2**30
+
+
+def step_seconds(executor: Executor, tier: int, ctx: int, seq_ctx: int) -> float:
+    """Median seconds of one step of the tier's shape (see the module docstring)."""
+    if tier <= 64:
+        per_seq = min(seq_ctx, ctx // tier - 8)
+        kv = executor.new_kv_cache(tier, per_seq + 8)
+        kv.fill_random(per_seq)
+        tokens = torch.full((tier,), 11)
+        state = {"pos": per_seq}
+
+        def one():
+            step = Step(list(range(tier)), [state["pos"]] * tier, [1] * tier, list(range(tier)), kv_lookup=kv)
+            executor.forward(tokens, step)
+            state["pos"] += 1
+
+        return timed(one, repeat=5, warmup=2, budget_s=15)
+    kv = executor.new_kv_cache(1, tier + 1)
+    ids = torch.randint(0, 1000, (tier,))
+    return timed(lambda: executor.forward(ids, Step.single(0, tier, kv_lookup=kv)), repeat=3, warmup=1, budget_s=20)
+
+
+def run_model(name: str, args, profile, bw) -> dict:
+    model = shape_model(name)
+    t0 = time.perf_counter()
+    host = pack_model(list(model), random_weights(model), pin=True)
+    log.info("%s built and pinned in %.1f s", name, time.perf_counter() - t0)
+    tiers = Tiers(tuple(int(t) for t in args.tiers.split(",")))
+    cells = []
+    for budget_gib in (float(b) for b in args.budgets.split(",")):
+        budget = int(budget_gib * GiB)
+        plan = Planner(model, profile, budget, context=args.ctx, tiers=tiers, name=name).plan()
+        pinned_bytes = plan.need.resident
+        bound = (bw["h2d"] + bw["cpu_read"]) / max(model.nbytes - pinned_bytes, 1)
+        for tier, tier_plan in sorted(plan.tiers.items()):
+            cell = {"model": name, "budget_gib": budget_gib, "tier": tier, "chosen": tier_plan.family,
+                    "threads": tier_plan.threads, "kv_on_gpu": plan.kv_on_gpu, "pinned_gib": pinned_bytes / GiB,
+                    "predicted_ms": {}, "measured_ms": {}, "skipped": {}}
+            best_predicted = tier_plan.predicted_s
+            for family, placement in tier_plan.placements.items():
+                predicted = tier_plan.candidates[family]
+                cell["predicted_ms"][family] = predicted * 1e3
+                if predicted > args.measure_within * best_predicted:
+                    cell["skipped"][family] = f"predicted {predicted / best_predicted:.1f}x the winner"
+                    continue
+                threads = tier_plan.threads if family == tier_plan.family else None
+                tiered = TieredPlacement((tier,), (placement,), (threads,), plan.expert_cache)
+                gc.collect()
+                torch.cuda.empty_cache()
+                try:
+                    executor = Executor(model, host, tiered, budget=budget, max_tokens=max(tiers.sizes),
+                                        max_context=args.ctx)
+                except BudgetError as exc:
+                    cell["skipped"][family] = str(exc)
+                    continue
+                cell["measured_ms"][family] = step_seconds(executor, tier, args.ctx, args.seq_ctx) * 1e3
+                cell.setdefault("peak_vram_gib", 0.0)
+                cell["peak_vram_gib"] = max(cell["peak_vram_gib"], executor.peak_vram() / GiB)
+                del executor
+            measured = cell["measured_ms"]
+            if tier_plan.family in measured:
+                chosen = measured[tier_plan.family]
+                cell["error_pct"] = (cell["predicted_ms"][tier_plan.family] - chosen) / chosen * 100
+                cell["chosen_is_fastest"] = chosen <= min(measured.values()) * 1.02
+            if tier == 1:
+                cell["bound_tok_s"] = bound
+                if tier_plan.family in measured:
+                    cell["tok_s"] = 1e3 / measured[tier_plan.family]
+                    cell["of_bound"] = cell["tok_s"] / bound
+                cell.update(layers_baseline(model, host, budget, args))
+            cells.append(cell)
+            log.info("%s", cell)
+    del host
+    gc.collect()
+    return {"bytes": model.nbytes, "cells": cells}
+
+
+def layers_baseline(model, host, budget: int, args) -> dict:
+    n = max_resident_layers(model, budget, 1, args.ctx, max(int(t) for t in args.tiers.split(",")))
+    placement = named_placement(f"layers:{n}", sublayer_triples(model), model.args.num_hidden_layers)
+    gc.collect()
+    torch.cuda.empty_cache()
+    executor = Executor(model, host, placement, budget=budget, max_tokens=512, max_context=args.ctx)
+    seconds = step_seconds(executor, 1, args.ctx, args.seq_ctx)
+    del executor
+    return {"baseline": placement.name, "baseline_tok_s": 1 / seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="nemo-8b,llama3-8b")
+    parser.add_argument("--budgets", default="2,4,8")
+    parser.add_argument("--tiers", default="1,16,64,512")
+    parser.add_argument("--ctx", type=int, default=4096, help="KV tokens reserved in all")
+    parser.add_argument("--seq-ctx", type=int, default=1024, help="context of each decoding sequence, at most")
+    parser.add_argument("--measure-within", type=float, default=3.0)
+    parser.add_argument("--profile", default=None, help="profile file; default: a quick profile measured now")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    from vramshard.profile import load, run_profile
+    from vramshard.profile.spec import BenchmarkSpec
+
+    t0 = time.perf_counter()
+    profile = load(args.profile, check_fingerprint=False) if args.profile else run_profile(BenchmarkSpec.quick_spec())
+    results = {"date": now(), "hardware": hardware(), "args": vars(args), "profile_s": time.perf_counter() - t0,
+               "models": {}}
+    bw = {"h2d": h2d_bandwidth(), "cpu_read": cpu_read_bandwidth()}
+    results["bandwidth_gb_s"] = {k: v / 1e9 for k, v in bw.items()}
+    path = args.out or out_dir() / "planner_bench.json"
+    for name in args.models.split(","):
+        results["models"][name] = run_model(name, args, profile, bw)
+        write_json(path, results)
+    results["elapsed_s"] = time.perf_counter() - t0
+    write_json(path, results)
+
+
+if __name__ == "__main__":
+    main()

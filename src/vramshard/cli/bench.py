@@ -1,0 +1,413 @@
+"""``vramshard bench``: llama-bench-style speed of the planned engine and of placement baselines.
+
+    vramshard bench MODEL --vram 4GiB                      # planned engine + layers:max and cpu baselines
+    vramshard bench --shape nemo-8b --vram 2GiB --json out.json --png out.png
+    vramshard bench --shape tiny-llama --pp 64 --tg 16     # seconds on a CPU
+
+Measured for each engine, all in the same run and on one host copy of the weights:
+  pp     prompt tokens/s of a ``--pp``-token prompt (= pp / time to first token);
+  tg     generation tokens/s of ``--tg`` tokens after that prompt (decode at that context);
+  TTFT   time to first token; e2e: the whole request;
+  bN     batched throughput: N prompts of ``--batch-prompt`` tokens, ``--batch-gen`` new tokens each,
+         generated tokens / wall time (prompts included), for N in ``--batch-sizes``;
+  sched  Python time per step outside the forward pass (scheduling, sampling, streaming).
+With ``--shape`` the model is a named real shape (``vramshard.shapes``) with random weights built
+in memory: nothing is downloaded, and speed does not depend on weight values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..errors import InvalidInputError, VramshardError
+from ..runtime.kv_cache import DEFAULT_BLOCK_SIZE
+from ..units import format_bytes
+
+log = logging.getLogger(__name__)
+DEFAULT_BATCHES = (1, 4, 16, 64)
+
+
+@dataclass
+class BenchSettings:
+    """What to measure (token counts of the tests)."""
+
+    pp: int = 512
+    tg: int = 128
+    batch_sizes: tuple[int, ...] = DEFAULT_BATCHES
+    batch_prompt: int = 32
+    batch_gen: int = 32
+    repeat: int = 1
+    seed: int = 0
+    time_limit_s: float | None = None  # decode time limit of one run (see _over_limit); rates from what it made
+
+    def __post_init__(self):
+        counts = (self.pp, self.tg, self.batch_prompt, self.batch_gen, self.repeat, *self.batch_sizes)
+        if not self.batch_sizes or any(not isinstance(n, int) or n < 1 for n in counts):
+            raise InvalidInputError(f"bench sizes must be whole numbers >= 1, got pp={self.pp} tg={self.tg} "
+                                    f"batch sizes {self.batch_sizes} batch prompt {self.batch_prompt} "
+                                    f"batch gen {self.batch_gen} repeat {self.repeat}")
+
+    @property
+    def max_context(self) -> int:
+        """Longest sequence a test runs."""
+        return max(self.pp + self.tg, self.batch_prompt + self.batch_gen)
+
+    @property
+    def kv_tokens(self) -> int:
+        """KV positions the engine must reserve: the largest batch at once, or the pp+tg request."""
+        def blocks(n: int) -> int:
+            return -(-n // DEFAULT_BLOCK_SIZE) * DEFAULT_BLOCK_SIZE
+        return max(blocks(self.pp + self.tg), max(self.batch_sizes) * blocks(self.batch_prompt + self.batch_gen))
+
+
+@dataclass
+class EngineSpec:
+    """One engine of the comparison: ``placement`` None is the planned engine."""
+
+    label: str
+    placement: str | None = None
+    vram: str | int | None = None
+    options: dict = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------- measuring
+def _prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (count, length), generator=generator).tolist()
+
+
+def run_requests(engine, prompts: list[list[int]], new_tokens: int, settings: BenchSettings) -> dict:
+    """Run ``prompts`` together through a fresh scheduler (EOS ignored); timings of the run."""
+    scheduler = engine.scheduler(max_seqs=len(prompts), max_context=settings.max_context,
+                                 kv_tokens=settings.kv_tokens, ignore_eos=True)
+    requests = [scheduler.add(p, max_new_tokens=new_tokens) for p in prompts]
+    start = time.perf_counter()
+    read_all = None  # when every prompt had been read (its first token sampled)
+    while scheduler.has_work and not _over_limit(settings.time_limit_s, start, read_all):
+        scheduler.step()
+        if read_all is None and all(r.first_token_s is not None for r in requests):
+            read_all = time.perf_counter()
+    end = time.perf_counter()
+    for request in requests:  # cut short by the time limit: free the pool now
+        request.cancel()
+    firsts = [r.first_token_s for r in requests if r.first_token_s is not None]
+    steps = list(scheduler.history)
+    decode_steps = [s for s in steps if s.prefill_tokens == 0]
+    generated = sum(len(r.output_ids) for r in requests)
+    last_first = max(firsts) if len(firsts) == len(requests) else end
+    decoded = generated - len(firsts)
+    return {
+        "e2e_s": end - start,
+        "ttft_s": (min(firsts) if firsts else end) - start,
+        "prefill_s": last_first - start,
+        "decode_s": end - last_first,
+        "generated": generated,
+        "complete": generated == new_tokens * len(requests),
+        "tok_s": generated / (end - start),
+        "decode_tok_s": decoded / (end - last_first) if end > last_first else 0.0,
+        "steps": len(steps),
+        "sched_ms_per_step": 1e3 * statistics.fmean(s.overhead_s for s in steps),
+        "decode_step_ms": 1e3 * statistics.fmean(s.seconds for s in decode_steps) if decode_steps else None,
+        "decode_sched_ms": 1e3 * statistics.fmean(s.overhead_s for s in decode_steps) if decode_steps else None,
+    }
+
+
+def _over_limit(limit_s: float | None, start: float, read_all: float | None) -> bool:
+    """A run under a time limit decodes for at most ``limit_s`` after its prompts were read, and
+    stops reading prompts after three times that (a step in flight always finishes)."""
+    if limit_s is None:
+        return False
+    now = time.perf_counter()
+    return now - start > 3 * limit_s or (read_all is not None and now - read_all > limit_s)
+
+
+def _median_runs(runs: list[dict]) -> dict:
+    out = dict(runs[0])
+    for key, value in out.items():
+        if isinstance(value, float):
+            out[key] = statistics.median(r[key] for r in runs)
+    return out
+
+
+def measure(engine, settings: BenchSettings) -> dict:
+    """pp/tg/TTFT/e2e of one request and batched throughput of each batch size (after a warm-up)."""
+    vocab = engine.args.vocab_size
+    warm = min(settings.pp, 64)
+    run_requests(engine, _prompts(1, warm, vocab, 99), 2, settings)
+    run_requests(engine, _prompts(min(4, max(settings.batch_sizes)), min(settings.batch_prompt, 16), vocab, 98), 2,
+                 settings)
+    single = _median_runs([run_requests(engine, _prompts(1, settings.pp, vocab, settings.seed + r), settings.tg,
+                                        settings) for r in range(settings.repeat)])
+    result = {
+        "pp_tok_s": settings.pp / single["ttft_s"],
+        "tg_tok_s": single["decode_tok_s"] if settings.tg > 1 and single["decode_s"] else None,
+        "ttft_s": single["ttft_s"],
+        "e2e_s": single["e2e_s"],
+        "sched_ms_per_step": single["sched_ms_per_step"],
+        "decode_step_ms": single["decode_step_ms"],
+        "decode_sched_ms": single["decode_sched_ms"],
+        "complete": single["complete"],
+        "batched": {},
+    }
+    for size in settings.batch_sizes:
+        runs = [run_requests(engine, _prompts(size, settings.batch_prompt, vocab, settings.seed + 1000 * size + r),
+                             settings.batch_gen, settings) for r in range(settings.repeat)]
+        result["batched"][str(size)] = _median_runs(runs)
+    return result
+
+
+def bench_engine(model, host, spec: EngineSpec, settings: BenchSettings, device: str | None = None,
+                 profile=None) -> dict:
+    """Build the engine of ``spec`` over the shared ``host`` weights, measure it, let it go.
+
+    Failures to build (a placement that does not fit, no GPU) come back as ``{"error": ...}``."""
+    from ..engine import Engine
+
+    row = {"engine": spec.label, "placement_asked": spec.placement, "vram": spec.vram}
+    try:
+        engine = Engine.from_host(model, host, vram=spec.vram, device=device, placement=spec.placement,
+                                  max_context=settings.max_context, kv_tokens=settings.kv_tokens, profile=profile,
+                                  **spec.options)
+    except VramshardError as exc:
+        log.warning("%s: %s", spec.label, exc)
+        return {**row, "error": str(exc)}
+    try:
+        executor = engine.executor
+        row.update(placement=executor.plans.name, budget=engine.vram_budget, uses_gpu=executor.uses_gpu,
+                   resident_bytes=executor.need.resident, vram_plan_bytes=executor.need.total,
+                   planned=engine.plan is not None)
+        row.update(measure(engine, settings))
+        row["peak_vram_bytes"] = executor.peak_vram()
+        row["within_budget"] = engine.vram_budget is None or row["peak_vram_bytes"] <= engine.vram_budget
+    finally:
+        del engine
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return row
+
+
+def run_bench(model, host, specs: list[EngineSpec], settings: BenchSettings, device: str | None = None,
+              profile=None, on_result: Callable[[dict], None] | None = None) -> list[dict]:
+    """:func:`bench_engine` for every spec, in order; ``on_result`` sees each row as it is made."""
+    rows = []
+    for spec in specs:
+        row = bench_engine(model, host, spec, settings, device, profile)
+        rows.append(row)
+        if on_result is not None:
+            on_result(row)
+    return rows
+
+
+def baseline_specs(text: str | None, vram) -> list[EngineSpec]:
+    """``"layers:max,cpu"`` → baseline engine specs at the same budget."""
+    names = [part.strip() for part in (text or "").split(",") if part.strip()]
+    return [EngineSpec(name, placement=name, vram=vram) for name in names]
+
+
+# ---------------------------------------------------------------------------- the model
+def load_host(model_path: str | None, shape: str | None, dtype: str | None, layers: int | None, pin: bool,
+              seed: int = 0):
+    """(model, packed host weights, name): a checkpoint, or a named shape with random weights."""
+    from ..config import parse_dtype
+    from ..runtime.host_weights import pack_model
+
+    if (model_path is None) == (shape is None):
+        raise InvalidInputError("give either MODEL (a model directory or .gguf file) or --shape NAME, not both")
+    if shape is not None:
+        from ..models import build_model
+        from ..shapes import random_weights, shape_config
+
+        config = shape_config(shape)
+        if layers:
+            config["num_hidden_layers"] = layers
+        model = build_model(config, parse_dtype(dtype))
+        weights = random_weights(model, seed)
+        name = shape if not layers else f"{shape} ({layers} layers)"
+    else:
+        from ..loading.checkpoint import open_checkpoint
+        from ..models import build_model
+        from ..runtime.weights import load_weights
+
+        if layers:
+            raise InvalidInputError("--layers cuts a --shape model; it does not apply to a checkpoint")
+        checkpoint = open_checkpoint(model_path)
+        model = build_model(checkpoint.config, parse_dtype(dtype))
+        weights = load_weights(model, checkpoint)
+        name = checkpoint.path.name
+    return model, pack_model(list(model), weights, pin=pin), name
+
+
+def weights_bytes(model) -> int:
+    return model.nbytes
+
+
+# ---------------------------------------------------------------------------- output
+def results_table(rows: list[dict], settings: BenchSettings, title: str = "vramshard bench"):
+    """A rich table: one row per engine."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for name in ("engine", "placement", f"pp{settings.pp} tok/s", f"tg{settings.tg} tok/s", "TTFT ms", "e2e s"):
+        table.add_column(name, justify="left" if name in ("engine", "placement") else "right")
+    for size in settings.batch_sizes:
+        table.add_column(f"b{size} tok/s", justify="right")
+    table.add_column("sched ms/step", justify="right")
+    table.add_column("peak VRAM", justify="right")
+    for row in rows:
+        if "error" in row:
+            table.add_row(row["engine"], f"[red]{row['error'][:70]}[/red]")
+            continue
+        batched = [_num(row["batched"][str(s)]["tok_s"]) for s in settings.batch_sizes]
+        table.add_row(row["engine"], _short(row["placement"]), _num(row["pp_tok_s"]), _num(row["tg_tok_s"]),
+                      _num(row["ttft_s"] * 1e3), _num(row["e2e_s"]), *batched, _num(row["sched_ms_per_step"], 2),
+                      format_bytes(row["peak_vram_bytes"]) if row["uses_gpu"] else "-")
+    return table
+
+
+def _num(value, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _short(text: str, width: int = 40) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def write_png(rows: list[dict], settings: BenchSettings, path: str | Path, title: str = "vramshard bench") -> None:
+    """Bar charts (one panel per metric, one bar per engine) as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    good = [r for r in rows if "error" not in r]
+    metrics = [(f"pp{settings.pp} tok/s", lambda r: r["pp_tok_s"]),
+               (f"tg{settings.tg} tok/s", lambda r: r["tg_tok_s"] or 0.0),
+               ("TTFT ms", lambda r: r["ttft_s"] * 1e3)]
+    metrics += [(f"batch {s} tok/s", lambda r, s=s: r["batched"][str(s)]["tok_s"]) for s in settings.batch_sizes]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(2.6 * len(metrics), 3.4), squeeze=False)
+    labels = [r["engine"] for r in good]
+    colors = [f"C{i}" for i in range(len(good))]
+    for ax, (name, value) in zip(axes[0], metrics):
+        ax.bar(range(len(good)), [value(r) for r in good], color=colors)
+        ax.set_title(name, fontsize=9)
+        ax.set_xticks(range(len(good)), labels, rotation=45, ha="right", fontsize=8)
+        ax.tick_params(axis="y", labelsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(rows: list[dict], settings: BenchSettings, info: dict) -> dict:
+    """The JSON document of a bench run."""
+    return {**info, "settings": asdict(settings), "results": rows}
+
+
+# ---------------------------------------------------------------------------- the command
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers such as 1,4,16,64, got {text!r}")
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"batch sizes must be >= 1, got {text!r}")
+    return sizes
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "bench", help="measure prompt, generation and batched speed against placement baselines",
+        description="llama-bench-style speed test of the planned engine and of --baselines placements, "
+                    "in one run. With --shape, a random-weight model of a real shape is built in memory.",
+    )
+    parser.add_argument("model", metavar="MODEL", nargs="?", default=None,
+                        help="Hugging Face model directory or .gguf file (or use --shape)")
+    parser.add_argument("--shape", metavar="NAME", help="random weights of a named shape, e.g. nemo-8b, llama3-8b, "
+                                                        "qwen3-30b-a3b, tiny-llama (no download)")
+    parser.add_argument("--layers", type=int, default=None, metavar="N", help="cut a --shape model to N layers")
+    parser.add_argument("--vram", default=None, metavar="SIZE",
+                        help="VRAM budget, e.g. 4GiB or 2048MiB, or auto (free VRAM minus a safety margin)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                        help="where to run (default: cuda when available)")
+    parser.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"),
+                        help="weights and compute dtype (default: the checkpoint's or shape's)")
+    parser.add_argument("--placement", default=None, metavar="NAME",
+                        help="run the candidate with this placement instead of the planned one")
+    parser.add_argument("--baselines", default=None, metavar="LIST",
+                        help="placements to compare in the same run, e.g. layers:max,cpu "
+                             "(default: layers:max,cpu with a GPU, none without)")
+    parser.add_argument("--profile", metavar="PATH", default=None, help="machine profile for the planner")
+    parser.add_argument("-p", "--pp", type=int, default=512, metavar="N", help="prompt tokens (default 512)")
+    parser.add_argument("-n", "--tg", type=int, default=128, metavar="N", help="generated tokens (default 128)")
+    parser.add_argument("-b", "--batch-sizes", type=_sizes, default=DEFAULT_BATCHES, metavar="LIST",
+                        help="batch sizes for throughput (default 1,4,16,64)")
+    parser.add_argument("--batch-prompt", type=int, default=32, metavar="N",
+                        help="prompt tokens of each batched sequence (default 32)")
+    parser.add_argument("--batch-gen", type=int, default=32, metavar="N",
+                        help="new tokens of each batched sequence (default 32)")
+    parser.add_argument("-r", "--repeat", type=int, default=1, metavar="N", help="runs per test; the median is kept")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompts")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON here")
+    parser.add_argument("--png", metavar="PATH", help="draw the results as a bar chart (PNG) here")
+    parser.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from ..engine import resolve_budget
+    from ..plan.planner import machine_profile
+
+    console = Console(stderr=True, highlight=False)
+    settings = BenchSettings(args.pp, args.tg, tuple(args.batch_sizes), args.batch_prompt, args.batch_gen,
+                             args.repeat, args.seed)
+    budget, device = resolve_budget(args.vram, args.device)
+    vram = budget  # "auto" is measured once, so every engine gets the same budget
+    baselines = args.baselines
+    if baselines is None:
+        baselines = "layers:max,cpu" if device != "cpu" else ""
+    specs = [EngineSpec("vramshard" if args.placement is None else args.placement, args.placement, vram)]
+    specs += baseline_specs(baselines, vram)
+    profile = machine_profile(args.profile) if args.profile else None
+    started = time.perf_counter()
+    with console.status("building the model"):
+        model, host, name = load_host(args.model, args.shape, args.dtype, args.layers,
+                                      pin=device != "cpu", seed=args.seed)
+    console.print(f"[dim]{name}: {format_bytes(weights_bytes(model))} of weights, built in "
+                  f"{time.perf_counter() - started:.1f} s; device {device}, budget "
+                  f"{format_bytes(budget) if budget is not None else 'none'}[/dim]")
+
+    def show(row):
+        state = row.get("error") or f"{row['placement']}: tg {_num(row['tg_tok_s'])} tok/s"
+        console.print(f"[dim]{row['engine']}: {state}[/dim]", soft_wrap=True)
+
+    rows = run_bench(model, host, specs, settings, device=device, profile=profile, on_result=show)
+    title = f"vramshard bench · {name} · {device} · budget {format_bytes(budget) if budget is not None else 'none'}"
+    Console(highlight=False).print(results_table(rows, settings, title))
+    info = {"model": name, "device": device, "budget": budget, "weights_bytes": weights_bytes(model),
+            "dtype": str(model.dtype).replace("torch.", ""), "elapsed_s": time.perf_counter() - started}
+    if args.json:
+        write_json(args.json, report(rows, settings, info))
+        console.print(f"[dim]wrote {args.json}[/dim]")
+    if args.png:
+        write_png(rows, settings, args.png, title)
+        console.print(f"[dim]wrote {args.png}[/dim]")
+    return 0 if any("error" not in row for row in rows) else 1
+
+
+def write_json(path: str | Path, data) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, default=str))

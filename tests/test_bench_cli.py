@@ -1,0 +1,60 @@
+"""`vramshard bench` on the CPU: a random-weight shape and a checkpoint, table, JSON and PNG."""
+
+import json
+
+import pytest
+
+from vramshard.cli.bench import BenchSettings
+from vramshard.cli.main import main
+from vramshard.errors import InvalidInputError
+from vramshard.shapes import SHAPES, shape_model
+
+SMALL = ["--pp", "24", "--tg", "6", "--batch-sizes", "1,4", "--batch-prompt", "5", "--batch-gen", "3"]
+
+
+def test_bench_shape_end_to_end(tmp_path, capsys):
+    out_json, out_png = tmp_path / "bench.json", tmp_path / "chart" / "bench.png"
+    code = main(["bench", "--shape", "tiny-llama", *SMALL, "--baselines", "cpu,layers:max", "--json", str(out_json),
+                 "--png", str(out_png), "--device", "cpu"])
+    assert code == 0
+    table = capsys.readouterr().out
+    assert "pp24" in table and "tg6" in table and "b4" in table and "vramshard" in table
+    report = json.loads(out_json.read_text())
+    assert report["model"] == "tiny-llama" and report["device"] == "cpu" and report["settings"]["pp"] == 24
+    ours, cpu, gpu_only = report["results"]
+    assert [ours["engine"], cpu["engine"], gpu_only["engine"]] == ["vramshard", "cpu", "layers:max"]
+    assert "GPU" in gpu_only["error"]  # a GPU baseline on a CPU-only run is reported, not fatal
+    for row in (ours, cpu):
+        assert row["placement"] == "cpu" and row["complete"]
+        assert row["pp_tok_s"] > 0 and row["tg_tok_s"] > 0 and 0 < row["ttft_s"] < row["e2e_s"]
+        assert set(row["batched"]) == {"1", "4"}
+        batch = row["batched"]["4"]
+        assert batch["generated"] == 12 and batch["tok_s"] > 0 and batch["complete"]
+        assert 0 < row["sched_ms_per_step"] < 1e3 * row["e2e_s"]
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_checkpoint_and_moe_shape(tiny_model_dir, tmp_path, capsys):
+    out_json = tmp_path / "ckpt.json"
+    assert main(["bench", str(tiny_model_dir("llama")), *SMALL, "--batch-sizes", "2", "--json", str(out_json)]) == 0
+    rows = json.loads(out_json.read_text())["results"]
+    assert len(rows) == 1 and rows[0]["batched"]["2"]["generated"] == 6  # no baselines by default on a CPU
+    assert main(["bench", "--shape", "tiny-qwen3-moe", *SMALL, "--batch-sizes", "2", "--repeat", "2"]) == 0
+    assert "tiny-qwen3-moe" in capsys.readouterr().out
+
+
+def test_bench_refuses_bad_arguments(tiny_model_dir, capsys):
+    assert main(["bench", "--shape", "no-such-shape", "--device", "cpu"]) != 0
+    assert "known shapes" in capsys.readouterr().err
+    assert main(["bench", str(tiny_model_dir("llama")), "--shape", "tiny-llama", "--device", "cpu"]) != 0
+    assert "not both" in capsys.readouterr().err
+    assert main(["bench", "--device", "cpu"]) != 0
+    with pytest.raises(InvalidInputError, match=">= 1"):
+        BenchSettings(pp=0)
+
+
+def test_tiny_shapes_are_small_and_build():
+    for name in ("tiny-llama", "tiny-qwen3-moe"):
+        assert name in SHAPES and shape_model(name).nbytes < 2**20
+    settings = BenchSettings(pp=100, tg=28, batch_sizes=(1, 8), batch_prompt=10, batch_gen=6)
+    assert settings.max_context == 128 and settings.kv_tokens == 128  # 8 x 16-token blocks vs one 128 sequence

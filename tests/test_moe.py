@@ -1,0 +1,299 @@
+"""MoE: grouped/gathered/cached expert math against transformers, routing ties, the expert
+cache policy with a fake copier, MoE placements as data, the planner's MoE families, and
+(on a GPU) every MoE placement against the CPU reference."""
+
+import pytest
+import torch
+
+from tiny_models import make_hf_model
+from vramshard import Engine
+from vramshard.errors import InvalidInputError
+from vramshard.layers.moe import DictExperts, ExpertTensors, MoEFFN, stack_experts
+from vramshard.layers.step import Step
+from vramshard.loading.checkpoint import open_checkpoint
+from vramshard.models import build_model
+from vramshard.plan.memory import expert_slot_bytes, moe_layers, sublayer_triples, tiered_vram_need, vram_need
+from vramshard.plan.placement import (EXPERTS_CACHED, EXPERTS_CPU, Placement, TieredPlacement, Where,
+                                      named_placement)
+from vramshard.plan.planner import MOE_FAMILIES, Planner
+from vramshard.plan.tiers import Tiers
+from vramshard.profile.query import synthetic
+from vramshard.runtime.expert_cache import CachedExperts, ExpertCache, FrequencyRecency
+from vramshard.runtime.executor import Executor
+from vramshard.runtime.host_weights import pack_model
+from vramshard.runtime.weights import load_weights
+from vramshard.shapes import shape_model
+
+from placement_helpers import PROMPT, trace_logits
+
+MOE_ARCHS = ["qwen3_moe", "mixtral"]
+gpu = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+class FakeCopier:
+    """Copies experts on the CPU, recording every call (the ExpertSlots protocol without CUDA)."""
+
+    def __init__(self, host, capacity):
+        self.host = host
+        self.slots = [None] * capacity
+        self.log = []
+
+    def fill(self, slot, name, expert):
+        views = self.host[name].views
+        self.slots[slot] = (name, expert, ExpertTensors(*(views[f"experts.{expert}.{p}"].clone()
+                                                          for p in ("gate", "up", "down"))))
+        self.log.append(("fill", slot, name, expert))
+        return 3
+
+    def ready(self, slot):
+        self.log.append(("ready", slot))
+
+    def done(self, slot):
+        self.log.append(("done", slot))
+
+    def view(self, slot, name):
+        assert self.slots[slot][0] == name
+        return self.slots[slot][2]
+
+
+def loaded(tiny_model_dir, arch):
+    path = tiny_model_dir(arch)
+    model = build_model(open_checkpoint(path).config)
+    host = pack_model(list(model), load_weights(model, open_checkpoint(path)), pin=False)
+    return path, model, host
+
+
+# ---------------------------------------------------------------------------------------- math
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_expert_paths_agree(arch, tiny_model_dir):
+    """Grouped (plain mapping), fused gate_up, stacked gather and cache-fed experts: one result."""
+    _, model, host = loaded(tiny_model_dir, arch)
+    ffn = next(s for s in model if isinstance(s, MoEFFN))
+    views = host[ffn.name].views
+    assert f"experts.0.gate_up" in views  # free fused view in the packed buffer
+    torch.manual_seed(0)
+    x = torch.randn(7, model.args.hidden_size)
+    step = Step.single(0, 7)
+    plain = {k: v for k, v in views.items() if not k.endswith("gate_up")}
+    expected = ffn.forward(plain, x, step)
+    torch.testing.assert_close(ffn.forward(views, x, step), expected, rtol=1e-5, atol=1e-5)
+    stacked = DictExperts(views, ffn.num_experts, stack=True)
+    assert stacked.stacked() is not None and stacked.stacked().gate_up.shape[0] == ffn.num_experts
+    torch.testing.assert_close(ffn.forward(stacked, x, step), expected, rtol=1e-5, atol=1e-5)
+    cache = ExpertCache(2, FakeCopier(host, 2))  # fewer slots than hit experts: evicts mid-layer
+    torch.testing.assert_close(ffn.forward(CachedExperts(views, ffn.name, cache), x, step), expected,
+                               rtol=1e-5, atol=1e-5)
+    assert cache.stats.misses > 2 and cache.stats.evictions > 0
+
+
+def test_stacking_needs_uniform_layout():
+    a = torch.zeros(8, 6)
+    uneven = {"experts.0.gate_up": a[0:2], "experts.1.gate_up": a[2:4], "experts.2.gate_up": a[4:6],
+              "experts.0.down": a[6:7], "experts.1.down": a[7:8], "experts.2.down": a[0:1]}
+    assert stack_experts(uneven, 3) is None  # down of expert 2 is not at the stride of the others
+    assert stack_experts({k: v for k, v in uneven.items() if k != "experts.2.gate_up"}, 3) is None
+    buf = torch.arange(24.0)
+    w = {"experts.0.gate_up": buf[0:4].view(2, 2), "experts.1.gate_up": buf[6:10].view(2, 2),
+         "experts.0.down": buf[4:6].view(2, 1), "experts.1.down": buf[10:12].view(2, 1)}
+    s = stack_experts(w, 2)
+    assert torch.equal(s.gate_up[1], w["experts.1.gate_up"]) and torch.equal(s.down[1], w["experts.1.down"])
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_cpu_engine_matches_transformers_with_routing_ties(arch, tmp_path):
+    """The first MoE layer's router (of two or more) has all rows zero (every score tied); the last one's has
+    three identical rows (three experts tied). The engine must route exactly as transformers
+    (torch.topk order) and give its logits."""
+    hf = make_hf_model(arch)
+    routers = {i: layer.mlp.gate for i, layer in enumerate(hf.model.layers) if hasattr(layer.mlp, "gate")}
+    last = max(routers)
+    first_layer = min(routers)
+    with torch.no_grad():
+        if first_layer != last:
+            routers[first_layer].weight.zero_()
+        weight = routers[last].weight
+        weight[0] *= 4
+        weight[1] = weight[3] = weight[0]  # three rows tied (and dominant where their score is positive)
+    chosen = {}
+    for index, router in routers.items():
+        router.register_forward_hook(lambda module, args, out, index=index: chosen.__setitem__(index, out[2].clone()))
+    hf.save_pretrained(tmp_path)
+    with torch.no_grad():
+        expected = hf(torch.tensor([PROMPT])).logits[0].float()
+    assert set(chosen) == set(routers)
+    engine = Engine.load(tmp_path, device="cpu", dtype="float32")
+    routed = {}
+    for index in routers:
+        ffn = engine.model[f"ffn[{index}]"]
+        original = ffn.route
+        ffn.route = lambda w, h, original=original, index=index: routed.setdefault(index, original(w, h))
+    torch.testing.assert_close(engine.logits(PROMPT), expected, rtol=1e-4, atol=1e-4)
+    for index in routers:
+        assert torch.equal(routed[index].experts, chosen[index]), f"layer {index} routes differently"
+    if first_layer != last:
+        first = routed[first_layer].experts
+        assert torch.equal(first, first[:1].expand_as(first))  # all tied: the same experts for every token
+    tied = routed[last].experts
+    assert any(set(row.tolist()) < {0, 1, 3} for row in tied)  # two of the three tied experts chosen
+
+
+# ---------------------------------------------------------------------------------------- cache
+def test_frequency_with_recency_policy():
+    policy = FrequencyRecency(half_life=4)
+    for key in ["a", "a", "a", "b", "c"]:
+        policy.touch(key)
+    for key in "abc":
+        policy.insert(key)
+    assert policy.victim(protected=set()) == "b"  # used once, earlier than c
+    assert policy.victim(protected={"c"}) == "a"  # c protected
+    policy.insert("a")
+    for _ in range(40):  # a long time later, "d" is used often: old frequency of "a" has decayed
+        policy.touch("d")
+    policy.insert("d")
+    policy.touch("a")
+    assert policy.victim(protected=set()) == "c"
+
+
+def test_expert_cache_hits_misses_evictions(tiny_model_dir):
+    _, model, host = loaded(tiny_model_dir, "qwen3_moe")
+    copier = FakeCopier(host, 3)
+    cache = ExpertCache(3, copier)
+    got = [e for e, _ in cache.fetch("ffn[0]", [1, 2])]
+    assert got == [1, 2] and (cache.stats.hits, cache.stats.misses, cache.stats.evictions) == (0, 2, 0)
+    got = [e for e, _ in cache.fetch("ffn[0]", [5, 2])]
+    assert got == [2, 5]  # cached first, while the miss is copied
+    assert (cache.stats.hits, cache.stats.misses, cache.stats.evictions) == (1, 3, 0)
+    list(cache.fetch("ffn[0]", [2, 6]))  # full: evicts the least used (1 or 5), never 2
+    assert cache.stats.evictions == 1 and ("ffn[0]", 2) in cache and ("ffn[0]", 6) in cache
+    # The copy into a slot is issued before it is read, and a slot is only refilled after "done".
+    fills = [entry for entry in copier.log if entry[0] == "fill"]
+    assert len(fills) == cache.stats.misses
+    # More experts than slots in one layer: each yielded slot is reused after its use.
+    small = ExpertCache(1, FakeCopier(host, 1))
+    assert [e for e, _ in small.fetch("ffn[0]", [0, 3, 4])] == [0, 3, 4]
+    assert small.stats.evictions == 2 and small.stats.hit_rate == 0.0
+    log = small.copier.log
+    assert log.index(("done", 0)) < log.index(("fill", 0, "ffn[0]", 3))
+
+
+# ---------------------------------------------------------------------------------------- plan
+def test_moe_placements_as_data(tiny_model_dir):
+    _, model, _ = loaded(tiny_model_dir, "qwen3_moe")
+    triples, layers = sublayer_triples(model), model.args.num_hidden_layers
+    assert moe_layers(model) == [0]  # layer 1 is a dense mlp_only layer
+    cpu_moe = named_placement("experts-cpu", triples, layers, moe_layers=moe_layers(model))
+    stream = named_placement("experts-stream", triples, layers, moe_layers=moe_layers(model))
+    assert cpu_moe["ffn[0]"] == EXPERTS_CPU and cpu_moe["ffn[1]"].home == "vram" and cpu_moe["embed"].home == "vram"
+    assert stream["ffn[0]"] == EXPERTS_CACHED and stream["embed"].compute == "cpu"
+    for p in (cpu_moe, stream):
+        assert Placement.from_json(p.to_json()) == p
+    host_experts = Placement("mix", tuple((n, EXPERTS_CPU if n == "ffn[0]" else w) for n, w in stream.where))
+    tiered = TieredPlacement((1, 64), (stream, host_experts), (None, 2), expert_cache=123)
+    assert TieredPlacement.from_json(tiered.to_json()) == tiered
+    # Old JSON (three-element entries, no expert_cache) still reads, and stays the same.
+    plain = named_placement("gpu", triples, layers)
+    assert '"expert_cache"' not in TieredPlacement.single(plain).to_json()
+    assert Placement.from_json(plain.to_json()) == plain
+    with pytest.raises(InvalidInputError, match="experts"):
+        Where("gpu", "experts")
+    with pytest.raises(InvalidInputError, match="experts"):
+        Where("gpu", "vram", "host")
+    with pytest.raises(InvalidInputError, match="Mixture-of-Experts"):
+        named_placement("experts-cpu", triples, layers)
+    # VRAM: the routers of split layers, plus the cache when the placement caches experts.
+    slot = expert_slot_bytes(model)
+    plain_need = vram_need(model, cpu_moe, 1, 64, 16)
+    cached_need = vram_need(model, stream, 1, 64, 16, expert_cache=4 * slot)
+    assert 0 < plain_need.experts < slot and cached_need.experts == plain_need.experts + 4 * slot
+    assert tiered_vram_need(model, tiered, 1, 64, 16, expert_cache=4 * slot).experts == cached_need.experts
+
+
+def test_executor_refuses_split_of_dense_layers(tiny_model_dir):
+    _, model, host = loaded(tiny_model_dir, "qwen3_moe")
+    where = tuple((s.name, EXPERTS_CPU if s.name == "ffn[1]" else Where("cpu", "host")) for s in model)
+    with pytest.raises(InvalidInputError, match="only Mixture-of-Experts"):
+        Executor(model, host, Placement("bad", where))
+
+
+QWEN30 = shape_model("qwen3-30b-a3b")
+GiB = 2**30
+
+
+def plan_qwen30(budget, **profile):
+    peaks = dict(cpu_gflops=1500, gpu_gflops=200_000, h2d_gbps=50, cpu_mem_gbps=80, gpu_mem_gbps=1500)
+    return Planner(QWEN30, synthetic(**{**peaks, **profile}), budget, context=2048, tiers=Tiers((1, 512))).plan()
+
+
+def test_planner_moe_experts_on_cpu_win_when_pcie_is_slow():
+    result = plan_qwen30(8 * GiB, h2d_gbps=2, cpu_mem_gbps=150)
+    decode = result.tiers[1]
+    assert set(decode.candidates) == set(MOE_FAMILIES)
+    assert decode.candidates["experts-cpu"] < decode.candidates["experts-stream"]
+    assert not decode.placement.expert_names("cache") and not decode.placement.names(home="stream")[4:]
+    assert result.need.total <= 8 * GiB
+
+
+def test_planner_moe_streaming_wins_when_pcie_is_fast():
+    result = plan_qwen30(8 * GiB, h2d_gbps=400, cpu_mem_gbps=20)
+    decode = result.tiers[1]
+    assert decode.candidates["experts-stream"] < decode.candidates["experts-cpu"]
+    assert decode.placement.expert_names("cache")
+    assert result.expert_cache >= 16 * expert_slot_bytes(QWEN30)
+    assert result.tiered().expert_cache == result.expert_cache
+    need = tiered_vram_need(QWEN30, result.tiered(), 1, 2048, 512, expert_cache=result.expert_cache)
+    assert need.experts == result.need.experts and result.need.total <= 8 * GiB
+
+
+def test_estimator_counts_routed_fraction_and_hit_rate():
+    from vramshard.plan.estimator import Estimator
+
+    ffn = QWEN30["ffn[0]"]
+    est = Estimator(QWEN30, synthetic(cpu_gflops=1500, gpu_gflops=200_000, h2d_gbps=50))
+    miss = est.expert_miss_bytes(ffn, 1)
+    assert miss == pytest.approx(8 * expert_slot_bytes(QWEN30))  # decode: 8 of 128 experts
+    est.expert_hit_rate = 0.75
+    assert est.expert_miss_bytes(ffn, 1) == pytest.approx(miss / 4)
+    assert est.experts_s(ffn, "cpu", 1) < est.compute_s(ffn, "cpu", 1, 1024) + est.launch_s(ffn, "cpu", 1)
+
+
+# ---------------------------------------------------------------------------------------- GPU
+def executor_engine(path, model, host, placement, **kw):
+    executor = Executor(model, host, placement, max_tokens=64, max_context=64, device="cuda", **kw)
+    return Engine(model, executor, name="tiny", max_context=64)
+
+
+@pytest.mark.parametrize("spec", ["experts-cpu", "experts-stream", "experts-stream-small", "stream", "gpu", "mixed"])
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_moe_placements_match_cpu(arch, spec, tiny_model_dir):
+    path = tiny_model_dir(arch)
+    reference = Engine.load(path, device="cpu", dtype="float32")
+    expected = trace_logits(reference)
+    model = build_model(open_checkpoint(path).config)
+    host = pack_model(list(model), load_weights(model, open_checkpoint(path)), pin=True)
+    triples, layers, moe = sublayer_triples(model), model.args.num_hidden_layers, moe_layers(model)
+    cache = None
+    if spec == "mixed":  # layer 0 experts on the CPU, layer 1 cached, all else streamed/resident
+        placement = Placement("mixed", tuple(
+            (s.name, EXPERTS_CPU if s.name == "ffn[0]" else EXPERTS_CACHED if s.name == "ffn[1]"
+             else Where("gpu", "stream") if s.kind == "attn" else Where("gpu", "vram")) for s in model))
+        if 1 not in moe:
+            placement = Placement("mixed", tuple((n, Where("gpu", "vram") if n == "ffn[1]" else w)
+                                                 for n, w in placement.where))
+    else:
+        name = "experts-stream" if spec == "experts-stream-small" else spec
+        placement = named_placement(name, triples, layers, moe_layers=moe)
+        if spec == "experts-stream-small":
+            cache = 2 * expert_slot_bytes(model)  # fewer slots than a prefill routes to: evicts
+    engine = executor_engine(path, model, host, placement, expert_cache=cache)
+    got = trace_logits(engine)
+    torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-3)
+    assert engine.generate([PROMPT], 8) == reference.generate([PROMPT], 8)
+    report = engine.executor.report
+    if spec == "experts-stream-small":
+        assert engine.executor.expert_cache.stats.evictions > 0
+        assert report.expert_hit_rate is not None and report.bytes_streamed > 0
+    if spec == "experts-cpu":
+        assert report.crossings >= 2 * len(moe)
+    assert engine.executor.peak_vram() > 0
