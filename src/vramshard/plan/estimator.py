@@ -181,6 +181,8 @@ class Estimator:
         logit_bytes = self.logit_rows(n_tokens) * self.model.args.vocab_size * 4
         for _ in range(steps):
             for sublayer in self.model:
+                if sublayer.kind == "vision":
+                    continue  # a token step does not run the vision encoder
                 w = where[sublayer.name]
                 if w.compute == "cpu":
                     if x_device == "cuda":

@@ -273,8 +273,11 @@ class Planner:
         candidates = []
         baseline = {}
         for tier in self.tiers.sizes:
-            baseline[tier] = sum(self._unpinned_s(s, tier, kv_on_gpu) for s in self.model) or 1.0
+            baseline[tier] = sum(self._unpinned_s(s, tier, kv_on_gpu) for s in self.model
+                                 if s.kind != "vision") or 1.0
         for sublayer in self.model:
+            if sublayer.kind == "vision":
+                continue  # never runs in a token step; vlm.configure plans the vision phase
             if sublayer.kind == "attn" and not kv_on_gpu:
                 continue  # attention runs beside its KV cache, on the CPU here
             saved = {}
@@ -338,6 +341,8 @@ class Planner:
         return self.estimator.simulate(placement, tier, self.context, self.num_slots).seconds
 
     def _where(self, sublayer, choice: str, pinned: set[str], kv_on_gpu: bool) -> Where:
+        if sublayer.kind == "vision":
+            return CPU  # token steps never run the vision encoder
         if sublayer.name in pinned:
             return GPU_RESIDENT
         if sublayer.kind == "attn":

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -74,6 +75,7 @@ class Executor:
                  num_slots: int = 2, threads: int | None = None, device: str | torch.device = "cuda",
                  expert_cache: int | None = None):
         self.model = model
+        self._lock = threading.RLock()
         self.plans = placement if isinstance(placement, TieredPlacement) else TieredPlacement.single(placement)
         self.placement = self.plans.placements[0]
         self.budget = budget
@@ -227,7 +229,12 @@ class Executor:
 
     def _run(self, sublayers: list, x: torch.Tensor, step, tokens: int) -> torch.Tensor:
         """The one loop: each sub-layer where the tier's placement says; activations cross
-        PCIe only where consecutive sub-layers change device."""
+        PCIe only where consecutive sub-layers change device. One run at a time: the streams,
+        slot ring and expert cache are shared by every thread that uses this executor."""
+        with self._lock:
+            return self._run_locked(sublayers, x, step, tokens)
+
+    def _run_locked(self, sublayers: list, x: torch.Tensor, step, tokens: int) -> torch.Tensor:
         start = time.perf_counter()
         placement, threads = self.plans.for_tokens(tokens)
         if threads and threads != torch.get_num_threads():
