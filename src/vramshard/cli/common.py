@@ -33,9 +33,9 @@ def add_sampling_args(parser: argparse.ArgumentParser, max_new_tokens: int = 128
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """--vram, --device, --placement, --dtype."""
     group = parser.add_argument_group("placement")
-    group.add_argument("--vram", default=None, metavar="SIZE",
-                       help="VRAM budget, e.g. 4GiB or 2048MiB, or auto: the free VRAM less a safety margin "
-                            "(no GPU on a machine without CUDA) (default: no limit)")
+    group.add_argument("--vram", default="auto", metavar="SIZE",
+                       help="VRAM budget, e.g. 4GiB or 2048MiB, auto: the free VRAM less a safety margin "
+                            "(no GPU on a machine without CUDA), or none: no limit (default: auto)")
     group.add_argument("--device", choices=("cpu", "cuda"), default=None,
                        help="where to run (default: cuda when available)")
     group.add_argument("--placement", default=None, metavar="NAME",
