@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from .plan.memory import LOGIT_ROWS, max_resident_layers, moe_layers, sublayer_t
 from .plan.placement import Placement, named_placement
 from .plan.planner import Planner, machine_profile
 from .plan.tiers import Tiers
+from .runtime import budget as budgets
 from .runtime.executor import Executor
 from .runtime.host_weights import PackedWeights, pack_model
 from .runtime.kv_cache import DEFAULT_BLOCK_SIZE
@@ -83,6 +85,13 @@ class Engine:
         self.plan = None  # the planner's PlanSet when the placement was planned
         self.vision = None  # vlm.VisionSetup of a vision-language model (set by vlm.configure)
         self.last_stats = GenerationStats()
+        # The budget while running: polled at step boundaries (see set_vram / poll_budget).
+        self.device = "cuda" if executor.uses_gpu or executor.simulated else "cpu"
+        self.budget_watcher = budgets.BudgetWatcher(budgets.SettableBudget(vram_budget), vram_budget)
+        self.plan_settings: budgets.PlanSettings | None = None  # default: made on the first re-plan
+        self.plan_cache = budgets.PlanCache()
+        self.budget_events: collections.deque[dict] = collections.deque(maxlen=256)  # adaptations, newest last
+        executor.oom_handler = self._recover_from_oom
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -167,29 +176,43 @@ class Engine:
     def _build(cls, model: Model, pack: Callable[[bool], dict[str, PackedWeights]], tokenizer, name: str,
                vram=None, device=None, placement=None, max_context=None, max_batch: int = 1,
                max_step_tokens: int = 2048, threads: int | None = None, num_slots: int = 2,
-               tiers: Tiers | None = None, profile=None, kv_tokens: int | None = None) -> "Engine":
+               tiers: Tiers | None = None, profile=None, kv_tokens: int | None = None,
+               simulate_gpu: bool = False) -> "Engine":
         limit = model.args.max_position_embeddings
         if max_context is not None and max_context > limit:
             raise InvalidInputError(f"max_context {max_context} exceeds the model's limit of {limit} positions")
-        budget, device = resolve_budget(vram, device)
-        context = max_context or (limit if device == "cpu" else min(limit, DEFAULT_GPU_CONTEXT))
+        if simulate_gpu:  # plan and account as on a GPU, compute on the CPU (tests, demonstrations)
+            device, budget = "cpu", (None if vram in (None, "none") else parse_size(vram))
+        else:
+            budget, device = resolve_budget(vram, device)
+        gpu_side = device != "cpu" or simulate_gpu
+        context = max_context or (limit if not gpu_side else min(limit, DEFAULT_GPU_CONTEXT))
         kv_tokens = kv_tokens or max(1, max_batch) * context
-        plan_set = None
-        if placement is None and device != "cpu" and budget is not None:
-            tiers = tiers or Tiers(tuple(t for t in Tiers().sizes if t <= max_step_tokens) or (max_step_tokens,))
-            plan_set = Planner(model, profile or machine_profile(), budget, context=kv_tokens, tiers=tiers,
+        tiers = tiers or Tiers(tuple(t for t in Tiers().sizes if t <= max_step_tokens) or (max_step_tokens,))
+        plan_set = settings = None
+        if gpu_side:
+            settings = budgets.PlanSettings(profile or machine_profile(), tiers, kv_tokens, num_slots, name)
+        if placement is None and gpu_side and budget is not None:
+            plan_set = Planner(model, settings.profile, budget, context=kv_tokens, tiers=tiers,
                                num_slots=num_slots, name=name).plan()
             placement = plan_set.tiered()
         else:
-            placement = choose_placement(model, placement, device, budget, kv_tokens, max_step_tokens)
-        host = pack(placement.uses_gpu)
+            placement = choose_placement(model, placement, "cuda" if simulate_gpu else device, budget, kv_tokens,
+                                         max_step_tokens)
+        # Pinned whenever a GPU is in use: a budget that grows later streams from it at full speed.
+        host = pack(device != "cpu")
         executor = Executor(model, host, placement, budget=budget, max_tokens=max_step_tokens,
                             max_context=kv_tokens, kv_slots=1, num_slots=num_slots, threads=threads,
-                            device=device if device != "cpu" else "cuda")
+                            device=device if device != "cpu" else "cuda", simulate_gpu=simulate_gpu)
         log.info("%s", executor.describe())
         engine = cls(model, executor, tokenizer, name=name, max_context=context, vram_budget=budget,
                      max_step_tokens=max_step_tokens, kv_tokens=kv_tokens)
         engine.plan = plan_set
+        engine.plan_settings = settings
+        engine.device = "cuda" if simulate_gpu else device
+        if is_auto(vram) and device != "cpu":
+            engine.budget_watcher.set_source(budgets.AutoBudget(device))
+            engine.budget_watcher.accept(budget)
         return engine
 
     # ------------------------------------------------------------------ inference
@@ -209,6 +232,7 @@ class Engine:
         # On the GPU, the workspace holds logits for at most LOGIT_ROWS rows per step.
         chunk_size = min(self.max_step_tokens, LOGIT_ROWS) if self.executor.uses_gpu else self.max_step_tokens
         for begin in range(0, len(ids), chunk_size):
+            self.poll_budget()
             chunk = ids[begin : begin + chunk_size]
             step = Step.single(begin, len(chunk), all_logits=True, kv_lookup=kv)
             rows.append(self.executor.forward(torch.tensor(chunk), step))
@@ -276,7 +300,124 @@ class Engine:
                          max_step_tokens=max_step_tokens or self.max_step_tokens, chunk_sizes=chunk_sizes,
                          kv_tokens=kv_tokens, eos_ids=() if ignore_eos else self._eos_ids(), tokenizer=self.tokenizer,
                          vocab_size=self.args.vocab_size,
-                         max_logit_rows=LOGIT_ROWS if self.executor.uses_gpu else None)
+                         max_logit_rows=LOGIT_ROWS if self.executor.uses_gpu else None,
+                         before_step=self.poll_budget)
+
+    # ------------------------------------------------------------------ the VRAM budget while running
+    def set_vram(self, vram: str | int | None) -> None:
+        """Change the VRAM budget; it takes effect at the next step boundary (any thread may call it).
+
+        vram: bytes, a size (``"4GiB"``), ``"auto"`` (follow the free VRAM less a margin) or None /
+        ``"none"`` (no limit). A smaller budget re-plans and gives VRAM back (unpinned sub-layers,
+        smaller slots and expert cache, KV caches moved to host memory if they no longer fit) before
+        the next step runs; a larger one pins more again. Requests in flight go on, KV content kept.
+        """
+        value = budgets.parse_vram(vram)
+        watcher = self.budget_watcher
+        if value == budgets.AUTO:
+            if self.device == "cpu" or not torch.cuda.is_available():
+                raise BudgetError("vram 'auto' follows the free VRAM of a GPU, and this engine runs without one; "
+                                  "give a size such as 4GiB")
+            watcher.set_source(budgets.AutoBudget(self.device))
+        elif isinstance(watcher.source, budgets.SettableBudget):
+            watcher.source.set(value)
+        else:
+            watcher.set_source(budgets.SettableBudget(value))
+        log.info("VRAM budget set to %s; effective at the next step", vram)
+
+    def poll_budget(self):
+        """Adapt to the budget source if it changed (the scheduler calls this before each step).
+        Returns the executor's :class:`~vramshard.runtime.executor.ReconfigureReport`, or None."""
+        with self.executor.lock:  # one adaptation at a time, never during a step
+            change = self.budget_watcher.poll(self.executor.need.total if self.executor.uses_gpu else None)
+            if change is None:
+                return None
+            return self._adapt(change.budget, change.requested_at, change.source)
+
+    def budget_state(self) -> dict:
+        """The budget in force and the VRAM in use, for ``GET /v1/budget`` and logs."""
+        executor = self.executor
+        real_gpu = executor.gpu is not None and not executor.simulated
+        return {
+            "vram_budget": self.budget_watcher.in_force,
+            "source": self.budget_watcher.source.name,
+            "device": self.device,
+            "simulated_gpu": executor.simulated,
+            "vram_planned": executor.need.total,
+            "vram_planned_breakdown": executor.need.breakdown(),
+            "vram_reserved": torch.cuda.memory_reserved(executor.gpu) if real_gpu else 0,
+            "vram_peak": executor.peak_vram(),
+            "kv_on_gpu": bool(executor.kv_layers_on_gpu),
+            "plan": executor.plans.name,
+            "last_change": self.budget_events[-1] if self.budget_events else None,
+        }
+
+    def _adapt(self, budget: int | None, requested_at: float, why: str):
+        """Re-plan under ``budget`` and reconfigure the executor (caller holds the executor lock)."""
+        executor = self.executor
+        if self.device == "cpu" or self.vision is not None:
+            # No GPU (nothing to give back), or a vision-language model whose phases are planned
+            # together at load (vlm.configure): the budget is recorded, the placement stays.
+            if self.vision is not None:
+                log.warning("a VRAM budget change is not applied to vision-language models yet; "
+                            "placement %s stays", executor.plans.name)
+            self.vram_budget = budget
+            self.budget_watcher.accept(budget)
+            return None
+        settings = self._plan_settings()
+        adaptation = budgets.adapt_plan(self.model, settings, self.plan, budget, executor.live_kv_positions(),
+                                        self.plan_cache)
+        try:
+            report = executor.reconfigure(adaptation.plan.tiered(), budget)
+        except BudgetError as exc:  # the executor counts VRAM its own way: fall back to the CPU
+            log.warning("the plan for %s does not fit as the executor counts it (%s); running on the CPU",
+                        "no limit" if budget is None else format_bytes(budget), exc)
+            plan = budgets.cpu_plan_set(self.model, settings, budget, f"fallback: {exc}")
+            adaptation = budgets.Adaptation(budget, plan, tuple(self.plan.pinned if self.plan else ()), (),
+                                            bool(executor.kv_layers_on_gpu), False)
+            report = executor.reconfigure(plan.tiered(), budget)
+        self.plan = adaptation.plan
+        self.vram_budget = budget
+        self.budget_watcher.accept(budget)
+        waited = max(0.0, time.monotonic() - requested_at - report.total_s)
+        event = {
+            "time": time.time(), "why": why, "budget": budget, "plan": executor.plans.name,
+            "vram_planned": executor.need.total, "kv_on_gpu": bool(executor.kv_layers_on_gpu),
+            "unpinned": len(adaptation.unpin), "pinned": len(adaptation.pin),
+            "kv_bytes_to_host": report.kv_bytes_to_host, "kv_bytes_to_gpu": report.kv_bytes_to_gpu,
+            "wait_s": waited, "release_s": report.release_s, "adapt_s": report.total_s,
+            "time_to_release_s": waited + report.release_s,
+            "reserved_after_release": report.reserved_after_release, "reserved_after": report.reserved_after,
+        }
+        self.budget_events.append(event)
+        log.info("VRAM budget (%s) -> %s: %s; VRAM released %.1f ms after the change (%.1f ms waiting for the "
+                 "step boundary), adapted in %.1f ms", why, "no limit" if budget is None else format_bytes(budget),
+                 adaptation.summary(), event["time_to_release_s"] * 1e3, waited * 1e3, report.total_s * 1e3)
+        return report
+
+    def _plan_settings(self) -> budgets.PlanSettings:
+        if self.plan_settings is None:
+            tiers = Tiers(tuple(sorted(self.plan.tiers))) if self.plan is not None else \
+                Tiers(tuple(t for t in Tiers().sizes if t <= self.max_step_tokens) or (self.max_step_tokens,))
+            slots = self.plan.num_slots if self.plan is not None and self.plan.num_slots else self.executor.num_slots
+            self.plan_settings = budgets.PlanSettings(machine_profile(), tiers, self.kv_tokens, slots, self.model_name)
+        return self.plan_settings
+
+    def _recover_from_oom(self, failure: str) -> None:
+        """The executor ran out of VRAM in a step: re-plan under what this process holds plus what
+        is free now, less a margin, before the step is retried."""
+        executor = self.executor
+        need = executor.need.total
+        if executor.gpu is not None and not executor.simulated:
+            held = torch.cuda.memory_reserved(executor.gpu)
+            free, _ = budgets.free_vram(executor.gpu)
+        else:
+            held, free = need, 0
+        target = budgets.budget_after_oom(need, held, free)
+        log.warning("out of VRAM during a step (%s): re-planning under %s (the plan needed %s) and retrying the step",
+                    failure, format_bytes(target), format_bytes(need))
+        self.budget_watcher.lower(target)
+        self._adapt(target, time.monotonic(), "out of memory")
 
     # ------------------------------------------------------------------ internals
     def _run(self, prompts, max_new_tokens: int, params: list[SamplingParams], stop,

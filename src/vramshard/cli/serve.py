@@ -15,7 +15,7 @@ DEFAULT_CONTEXT = 8192  # KV positions per sequence when the model allows more (
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "serve", help="serve the model over an OpenAI-compatible HTTP API",
-        description="Serve /v1/completions, /v1/chat/completions, /v1/models, /v1/stats and /health. "
+        description="Serve /v1/completions, /v1/chat/completions, /v1/models, /v1/stats, /v1/budget and /health. "
                     "Requests from all clients are batched continuously.",
     )
     parser.add_argument("model", metavar="MODEL", help="Hugging Face model directory or .gguf file")
@@ -29,6 +29,9 @@ def register(subparsers) -> None:
                         help=f"longest prompt + answer per sequence (default: the model's, at most {DEFAULT_CONTEXT})")
     parser.add_argument("--max-step-tokens", type=int, default=2048, metavar="N",
                         help="most new tokens in one forward step (default 2048)")
+    parser.add_argument("--budget-poll", type=float, default=1.0, metavar="S",
+                        help="while idle, check the VRAM budget every S seconds (--vram auto follows the free "
+                             "VRAM; POST /v1/budget changes it); 0: only at step boundaries (default 1)")
     parser.add_argument("--served-model-name", default=None, metavar="NAME",
                         help="the model name clients must send (default: the model directory or file name)")
     add_engine_args(parser)
@@ -48,6 +51,8 @@ def main(args: argparse.Namespace) -> int:
 
     if args.max_seqs < 1 or not 0 < args.port < 65536 or args.max_step_tokens < 1:
         raise InvalidInputError("--max-seqs and --max-step-tokens must be >= 1 and --port in 1..65535")
+    if not args.budget_poll >= 0:
+        raise InvalidInputError(f"--budget-poll must be 0 or more seconds, got {args.budget_poll}")
     console = stderr_console()
     engine = Engine.load(args.model, vram=args.vram, device=args.device, dtype=args.dtype, placement=args.placement,
                          max_context=args.max_context, max_batch=args.max_seqs, max_step_tokens=args.max_step_tokens)
@@ -57,8 +62,15 @@ def main(args: argparse.Namespace) -> int:
     app = create_app(ServerState(loop, engine.tokenizer, name, args.api_key, engine.executor, engine=engine))
     console.print(f"[bold]vramshard serve[/bold] {name} on http://{args.host}:{args.port}/v1 "
                   f"({args.max_seqs} sequences x {context} tokens; {engine.executor.placement.name})", soft_wrap=True)
+    stop_polling = None
+    if args.budget_poll > 0 and engine.device != "cpu":
+        from ..runtime.budget import start_budget_thread
+
+        stop_polling = start_budget_thread(engine.poll_budget, args.budget_poll)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
     finally:
+        if stop_polling is not None:
+            stop_polling.set()
         loop.close()
     return 0

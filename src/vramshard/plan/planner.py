@@ -105,7 +105,8 @@ class Planner:
     """Plans ``model`` on the machine described by ``profile`` under ``budget`` bytes of VRAM."""
 
     def __init__(self, model: Model, profile: Profile, budget: int | None, context: int = 4096,
-                 tiers: Tiers = Tiers(), kv_slots: int = 1, num_slots: int = 2, name: str = "model"):
+                 tiers: Tiers = Tiers(), kv_slots: int = 1, num_slots: int = 2, name: str = "model",
+                 kv_on_gpu: bool | None = None):
         self.model = model
         self.profile = profile
         self.budget = budget
@@ -114,6 +115,9 @@ class Planner:
         self.kv_slots = kv_slots
         self.num_slots = num_slots
         self.name = name
+        # None: the planner chooses where the KV cache lives; True / False: it must be in VRAM / host
+        # memory (a running engine whose KV caches already live there, or that cannot move them).
+        self.kv_on_gpu = kv_on_gpu
         self.sizes = {s.name: sublayer_packed_bytes(model, s.name) for s in model}
         self.estimator = Estimator(model, profile, sizes=self.sizes)
         # Slots are sized for attention/FFN sub-layers: the embedding and the head (often the
@@ -147,11 +151,16 @@ class Planner:
                 f"{format_bytes(minimum)}, lower the largest tier, or plan for the CPU only (--device cpu)"
             )
         options = []
-        if self.budget is None or self.budget >= minimum + kv:
+        if self.kv_on_gpu is not False and (self.budget is None or self.budget >= minimum + kv):
             options.append(self._plan_variant(kv_on_gpu=True, workspace=workspace, kv=kv))
-        options.append(self._plan_variant(kv_on_gpu=False, workspace=workspace, kv=0))
+        if self.kv_on_gpu is not True:
+            options.append(self._plan_variant(kv_on_gpu=False, workspace=workspace, kv=0))
+        if not options:
+            raise self._kv_forced_error(minimum + kv)
         best = min(options, key=self._score)
-        if len(options) == 2:
+        if self.kv_on_gpu is not None:
+            best.notes.append(f"KV cache on the {'GPU' if self.kv_on_gpu else 'CPU'}: placed there by the caller")
+        elif len(options) == 2:
             other = options[0] if best is options[1] else options[1]
             best.notes.append(
                 f"KV cache on the {'GPU' if best.kv_on_gpu else 'CPU'}: predicted tier-1 step "
@@ -161,6 +170,15 @@ class Planner:
         else:
             best.notes.append("KV cache on the CPU: it does not fit beside the minimum in the budget")
         return best
+
+    def _kv_choices(self) -> tuple[bool, ...]:
+        return (True, False) if self.kv_on_gpu is None else (self.kv_on_gpu,)
+
+    def _kv_forced_error(self, needed: int) -> BudgetError:
+        return BudgetError(
+            f"the KV cache must stay in VRAM, but a budget of {format_bytes(self.budget)} is below the "
+            f"{format_bytes(needed)} it needs with the minimum beside it; raise --vram or let the KV cache "
+            "move to host memory (kv_on_gpu=None or False)")
 
     def kv_bytes(self) -> int:
         a = self.model.args
@@ -176,7 +194,8 @@ class Planner:
         budget = math.inf if self.budget is None else self.budget
         everything = sum(self.sizes.values())
         if everything + workspace + kv <= budget:
-            pinned, reasons = [s.name for s in self.model], []
+            # Attention stays beside its KV cache: on the CPU when the cache is in host memory.
+            pinned, reasons = [s.name for s in self.model if kv_on_gpu or s.kind != "attn"], []
             slots = 0
         else:
             slots = self.num_slots * self.slot_bytes
@@ -210,7 +229,7 @@ class Planner:
         for whole in (True, False):
             self._stream_whole_moe(whole)
             minimum = workspace + self.num_slots * self.slot_bytes + self.moe_fixed + least_cache
-            for kv_on_gpu in (True, False):
+            for kv_on_gpu in self._kv_choices():
                 kv_here = kv if kv_on_gpu else 0
                 room = budget - minimum - kv_here
                 if room < 0:

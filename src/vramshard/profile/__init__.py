@@ -8,6 +8,9 @@
 Importing this package does not import torch; :func:`run_profile` does.
 """
 
+# Load the submodule `synthetic` first: importing it later (Profile.synthetic does) would
+# otherwise replace the package attribute `synthetic`, the function below, with the module.
+from . import synthetic as _synthetic_module  # noqa: F401
 from .query import Profile, synthetic
 from .spec import BenchmarkSpec, projection_shapes
 from .store import load, load_or_none, profile_path, save

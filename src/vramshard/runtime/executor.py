@@ -18,8 +18,10 @@ import gc
 import logging
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Callable
 
 import torch
 
@@ -27,7 +29,7 @@ from ..errors import BudgetError, InvalidInputError
 from ..layers.moe import DictExperts, MoEFFN
 from ..layers.step import Step
 from ..models.base import Model
-from ..plan.memory import VramNeed, expert_slot_bytes, tiered_vram_need
+from ..plan.memory import ALLOCATOR_SLACK, VramNeed, expert_slot_bytes, tiered_vram_need
 from ..plan.placement import Placement, TieredPlacement, Where
 from ..units import format_bytes
 from .expert_cache import CachedExperts, CacheStats, ExpertCache, cache_slots
@@ -58,6 +60,37 @@ class StepReport:
         return self.expert_hits / asked if asked else None
 
 
+@dataclass(frozen=True)
+class _Config:
+    """What a tiered placement means for the executor, checked before any of it is applied."""
+
+    plans: TieredPlacement
+    budget: int | None
+    kv_gpu: frozenset[int]  # attention layers whose KV cache lives in VRAM
+    split: frozenset[str]  # MoE sub-layers some tier splits at their experts
+    expert_cache_bytes: int
+    need: VramNeed
+
+
+@dataclass
+class ReconfigureReport:
+    """What :meth:`Executor.reconfigure` did and how long it took.
+
+    release_s: from the call until the VRAM the new placement no longer needs was given back (KV
+    moved out, old weights, slots and expert cache freed, the allocator's cache emptied);
+    total_s: until the new placement was ready. ``reserved_*``: ``torch.cuda.memory_reserved``
+    after the release and at the end (0 without a GPU).
+    """
+
+    release_s: float
+    total_s: float
+    kv_bytes_to_host: int
+    kv_bytes_to_gpu: int
+    reserved_after_release: int
+    reserved_after: int
+    need: VramNeed
+
+
 class Executor:
     """Runs ``model`` under ``placement``.
 
@@ -68,62 +101,195 @@ class Executor:
     ``kv_slots`` sequences of ``max_context`` tokens.
     expert_cache: bytes of the VRAM expert cache when a placement caches experts (None: the
     tiered placement's ``expert_cache``, else room for 2 x top-k experts).
+    simulate_gpu: plan, account and check VRAM as on the GPU, but compute every sub-layer on the
+    CPU from host memory and allocate nothing on a GPU (tests and demonstrations of budgets and
+    re-planning on a machine without one).
+
+    :meth:`reconfigure` switches to another placement while running (a VRAM budget that changed),
+    rebuilding only the VRAM side: the host weights stay, KV caches move where the new placement
+    wants them. ``oom_handler``: called when a step runs out of VRAM, to make the executor smaller
+    (normally through :meth:`reconfigure`) before the step is retried.
     """
 
     def __init__(self, model: Model, host: dict[str, PackedWeights], placement: Placement | TieredPlacement,
                  budget: int | None = None, max_tokens: int = 2048, max_context: int = 4096, kv_slots: int = 1,
                  num_slots: int = 2, threads: int | None = None, device: str | torch.device = "cuda",
-                 expert_cache: int | None = None):
+                 expert_cache: int | None = None, simulate_gpu: bool = False):
         self.model = model
         self._lock = threading.RLock()
-        self.plans = placement if isinstance(placement, TieredPlacement) else TieredPlacement.single(placement)
-        self.placement = self.plans.placements[0]
-        self.budget = budget
-        for p in self.plans.placements:
-            missing = [s.name for s in model if s.name not in p.as_dict()]
-            if missing:
-                raise ValueError(f"placement {p.name} does not place {', '.join(missing[:3])}")
-        self._kv_gpu = self._kv_layers_on_gpu()
-        self.split = self._expert_split()  # MoE sub-layers some tier splits at their experts
-        self.expert_cache_bytes = self._expert_cache_bytes(expert_cache)
         self.threads = threads
         if threads:
             torch.set_num_threads(threads)
-        self.uses_gpu = self.plans.uses_gpu
-        self.need: VramNeed = tiered_vram_need(model, self.plans, kv_slots, max_context, max_tokens, num_slots,
-                                               self.expert_cache_bytes)
-        self.need.check(budget, f"placement {self.plans.name}")
-        if self.uses_gpu and not torch.cuda.is_available():
-            raise InvalidInputError(f"placement {placement.name} computes on the GPU, but no CUDA GPU is available")
-        self.gpu = torch.device(device) if self.uses_gpu else None
         self.kv_plan = (kv_slots, max_context)
+        self.max_tokens = max_tokens
+        self.num_slots = num_slots
+        self.simulated = simulate_gpu
         self.report = StepReport()
+        self.oom_handler: Callable[[str], None] | None = None
+        self.oom_retries = 3  # steps retried after the handler made room, before giving up
+        self._kv_caches: weakref.WeakSet[KVCache] = weakref.WeakSet()  # live caches, moved on reconfigure
 
         self.host = host
+        self.gpu: torch.device | None = None
+        self._device = torch.device("cpu") if simulate_gpu else torch.device(device)
+        self.compute_stream = self.copy_stream = None
+        self._vram_before = 0
+        self._clear_vram()
+        self._apply(self._configure(placement, budget, expert_cache))
+        if self.uses_gpu:
+            self._start_gpu()
+            self._load_vram()
+
+    # ------------------------------------------------------------------ setup
+    def _configure(self, placement: Placement | TieredPlacement, budget: int | None,
+                   expert_cache: int | None) -> _Config:
+        """Check ``placement`` under ``budget`` without changing anything."""
+        plans = placement if isinstance(placement, TieredPlacement) else TieredPlacement.single(placement)
+        for p in plans.placements:
+            missing = [s.name for s in self.model if s.name not in p.as_dict()]
+            if missing:
+                raise ValueError(f"placement {p.name} does not place {', '.join(missing[:3])}")
+        kv_gpu = self._kv_layers_on_gpu(plans)
+        split = self._expert_split(plans)
+        cache_bytes = self._expert_cache_bytes(plans, split, expert_cache)
+        kv_slots, max_context = self.kv_plan
+        need = tiered_vram_need(self.model, plans, kv_slots, max_context, self.max_tokens, self.num_slots,
+                                cache_bytes)
+        need.check(budget, f"placement {plans.name}")
+        if plans.uses_gpu and not self.simulated and not torch.cuda.is_available():
+            raise InvalidInputError(f"placement {plans.name} computes on the GPU, but no CUDA GPU is available")
+        return _Config(plans, budget, frozenset(kv_gpu), frozenset(split), cache_bytes, need)
+
+    def _apply(self, config: _Config) -> None:
+        self.plans = config.plans
+        self.placement = config.plans.placements[0]
+        self.budget = config.budget
+        self._kv_gpu = set(config.kv_gpu)
+        self.split = set(config.split)
+        self.expert_cache_bytes = config.expert_cache_bytes
+        self.uses_gpu = config.plans.uses_gpu
+        self.need: VramNeed = config.need
+
+    def _start_gpu(self) -> None:
+        """Once, when the GPU is first used: streams, peak statistics (a simulated GPU is the CPU)."""
+        if self.gpu is not None:
+            return
+        self.gpu = self._device
+        if self.simulated:
+            return
+        gc.collect()  # engines dropped earlier in this process give their VRAM back first
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.gpu)
+        self._vram_before = torch.cuda.memory_reserved(self.gpu)
+        # cuDNN attention rebuilds its plan for every new KV length (milliseconds of CPU per
+        # decode step); the flash and memory-efficient kernels have no such cost.
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        self.compute_stream = torch.cuda.Stream(self.gpu)
+        self.copy_stream = torch.cuda.Stream(self.gpu)
+
+    def _load_vram(self) -> None:
+        """Resident weights, split routers, the expert cache and the stream ring of the placement."""
+        if self.simulated or not self.uses_gpu:
+            return
+        self._load_resident()
+        self._load_split()
+        streamed = {n for p in self.plans.placements for n in p.names(home="stream")}
+        if streamed:
+            slot_bytes = max(self.host[n].layout.nbytes for n in streamed)
+            self.ring = SlotRing(slot_bytes, self.host, self.num_slots, self.gpu, self.copy_stream)
+        torch.cuda.synchronize(self.gpu)
+
+    def _clear_vram(self) -> None:
+        """Forget every VRAM buffer of the placement (KV caches are not the executor's to drop)."""
         self.resident: dict[str, dict[str, torch.Tensor]] = {}
+        self._resident_buffer: torch.Tensor | None = None
         self.ring: SlotRing | None = None
         self.expert_cache: ExpertCache | None = None
         self.split_weights: dict[str, CachedExperts | dict] = {}  # split sub-layer -> router (+ cached experts)
         self.host_experts: dict[str, DictExperts] = {}  # split sub-layer -> its experts in host memory
-        if self.uses_gpu:
-            gc.collect()  # engines dropped earlier in this process give their VRAM back first
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(self.gpu)
-            self._vram_before = torch.cuda.memory_reserved(self.gpu)
-            # cuDNN attention rebuilds its plan for every new KV length (milliseconds of CPU per
-            # decode step); the flash and memory-efficient kernels have no such cost.
-            torch.backends.cuda.enable_cudnn_sdp(False)
-            self.compute_stream = torch.cuda.Stream(self.gpu)
-            self.copy_stream = torch.cuda.Stream(self.gpu)
-            self._load_resident()
-            self._load_split()
-            streamed = {n for p in self.plans.placements for n in p.names(home="stream")}
-            if streamed:
-                slot_bytes = max(self.host[n].layout.nbytes for n in streamed)
-                self.ring = SlotRing(slot_bytes, self.host, num_slots, self.gpu, self.copy_stream)
-            torch.cuda.synchronize(self.gpu)
 
-    # ------------------------------------------------------------------ setup
+    def _reserved(self) -> int:
+        if self.gpu is None or self.simulated:
+            return 0
+        return torch.cuda.memory_reserved(self.gpu)
+
+    # ------------------------------------------------------------------ changing the placement
+    def reconfigure(self, placement: Placement | TieredPlacement, budget: int | None,
+                    expert_cache: int | None = None) -> ReconfigureReport:
+        """Switch to ``placement`` under ``budget`` between two steps, keeping the host weights.
+
+        VRAM the new placement does not need is given back first (KV caches of layers whose
+        attention now runs on the CPU move to host memory, old resident weights, slots and the
+        expert cache are freed, the allocator's cache is emptied), then the new placement's
+        weights are copied in and KV caches it wants in VRAM move there. Block tables and cache
+        content are untouched, so running sequences go on. Raises BudgetError (changing nothing)
+        when the placement does not fit the budget or the live KV caches do not fit its KV reservation.
+        """
+        with self._lock:
+            start = time.perf_counter()
+            config = self._configure(placement, budget, expert_cache)
+            self._check_kv_fits(config)
+            if self.gpu is not None and not self.simulated:
+                torch.cuda.synchronize(self.gpu)
+            cpu = torch.device("cpu")
+            to_host = self._move_kv(self._kv_gpu - config.kv_gpu, cpu)
+            kept_kv = sum(cache.bytes_on("cuda") for cache in list(self._kv_caches))
+            self._clear_vram()
+            self.report = StepReport()
+            if self.gpu is not None and not self.simulated:
+                torch.cuda.empty_cache()
+                if torch.cuda.memory_reserved(self.gpu) - self._vram_before > kept_kv + ALLOCATOR_SLACK:
+                    gc.collect()  # a reference cycle still holds old buffers (slow: only when needed)
+                    torch.cuda.empty_cache()
+            released = time.perf_counter() - start
+            reserved_after_release = self._reserved()
+            moving_in = config.kv_gpu - self._kv_gpu
+            self._apply(config)
+            if self.uses_gpu:
+                self._start_gpu()
+                self._load_vram()
+            to_gpu = self._move_kv(moving_in, self.gpu) if moving_in else 0
+            if self.gpu is not None and not self.simulated:
+                torch.cuda.synchronize(self.gpu)
+            report = ReconfigureReport(released, time.perf_counter() - start, to_host, to_gpu,
+                                       reserved_after_release, self._reserved(), self.need)
+            log.info("reconfigured to %s in %.1f ms (VRAM released after %.1f ms; KV moved: %s to host, %s to "
+                     "GPU)", self.describe(), report.total_s * 1e3, released * 1e3, format_bytes(to_host),
+                     format_bytes(to_gpu))
+            return report
+
+    def _check_kv_fits(self, config: _Config) -> None:
+        """The live KV caches fit what ``config`` reserves for the layers it keeps in VRAM."""
+        if not config.kv_gpu:
+            return
+        live = self.live_kv_positions()
+        slots, ctx = self.kv_plan
+        if live > slots * ctx:
+            raise BudgetError(f"the live KV caches hold {live} positions, more than the {slots * ctx} reserved "
+                              f"in VRAM by placement {config.plans.name}; keep the KV cache in host memory")
+
+    def _move_kv(self, layers: set[int] | frozenset[int], device: torch.device) -> int:
+        if not layers:
+            return 0
+        moved = 0
+        for cache in list(self._kv_caches):
+            moved += cache.move_layers(sorted(layer for layer in layers if layer in cache.layers), device)
+        return moved
+
+    @property
+    def lock(self) -> threading.RLock:
+        """Held during every step and every reconfigure: hold it to change anything between steps."""
+        return self._lock
+
+    def live_kv_positions(self) -> int:
+        """Positions of the KV caches made by :meth:`new_kv_cache` that are still in use."""
+        return sum(cache.slots * cache.max_ctx for cache in list(self._kv_caches))
+
+    @property
+    def kv_layers_on_gpu(self) -> set[int]:
+        """Attention layers whose KV cache the placement keeps in VRAM (and computes there)."""
+        return set(self._kv_gpu)
+
     def _load_resident(self) -> None:
         """Copy each VRAM-resident sub-layer's packed buffer into VRAM: one transfer per sub-layer,
         the same layout as on the host, so fused views come for free here too."""
@@ -144,20 +310,20 @@ class Executor:
                 if isinstance(sublayer, MoEFFN) else views
             cursor += packed.layout.nbytes
 
-    def _expert_split(self) -> set[str]:
-        names = {n for p in self.plans.placements for n in p.expert_names()}
+    def _expert_split(self, plans: TieredPlacement) -> set[str]:
+        names = {n for p in plans.placements for n in p.expert_names()}
         wrong = sorted(n for n in names if not isinstance(self.model[n], MoEFFN))
         if wrong:
-            raise InvalidInputError(f"placement {self.plans.name} splits {', '.join(wrong[:3])} at its experts, "
+            raise InvalidInputError(f"placement {plans.name} splits {', '.join(wrong[:3])} at its experts, "
                                     "but only Mixture-of-Experts FFN sub-layers have experts")
         return names
 
-    def _expert_cache_bytes(self, asked: int | None) -> int:
-        if not any(p.expert_names("cache") for p in self.plans.placements):
+    def _expert_cache_bytes(self, plans: TieredPlacement, split: set[str], asked: int | None) -> int:
+        if not any(p.expert_names("cache") for p in plans.placements):
             return 0
         slot = expert_slot_bytes(self.model)
         if asked is None:
-            asked = self.plans.expert_cache or 2 * max(self.model[n].top_k for n in self.split) * slot
+            asked = plans.expert_cache or 2 * max(self.model[n].top_k for n in split) * slot
         if asked < slot:
             raise BudgetError(f"an expert cache of {format_bytes(asked)} holds no expert of "
                               f"{format_bytes(slot)}; give it at least {format_bytes(slot)}")
@@ -181,16 +347,16 @@ class Executor:
             self.split_weights[name] = CachedExperts(main, name, self.expert_cache) if name in cached else main
             self.host_experts[name] = DictExperts(packed.views, self.model[name].num_experts)
 
-    def _kv_layers_on_gpu(self) -> set[int]:
+    def _kv_layers_on_gpu(self, plans: TieredPlacement) -> set[int]:
         """Attention layers computed on the GPU; the same in every tier, since KV caches stay put."""
         sets = {frozenset(s.layer for s in self.model.attention_layers if p[s.name].compute == "gpu")
-                for p in self.plans.placements}
+                for p in plans.placements}
         if len(sets) != 1:
             raise ValueError("every tier must compute each attention layer on the same device as its KV cache")
         return set(next(iter(sets)))
 
     def kv_device(self, layer: int) -> torch.device:
-        return self.gpu if layer in self._kv_gpu else torch.device("cpu")
+        return self.gpu if layer in self._kv_gpu and self.gpu is not None else torch.device("cpu")
 
     def new_kv_cache(self, slots: int, max_ctx: int) -> KVCache:
         """A KV cache for ``slots`` sequences of ``max_ctx`` tokens, each layer beside its attention."""
@@ -204,7 +370,11 @@ class Executor:
             )
         a = self.model.args
         layers = [s.layer for s in self.model.attention_layers]
-        return KVCache(layers, slots, max_ctx, a.num_key_value_heads, a.head_dim, self.model.dtype, self.kv_device)
+        with self._lock:  # not while reconfigure moves the caches
+            cache = KVCache(layers, slots, max_ctx, a.num_key_value_heads, a.head_dim, self.model.dtype,
+                            self.kv_device)
+            self._kv_caches.add(cache)
+        return cache
 
     # ------------------------------------------------------------------ run
     @torch.inference_mode()
@@ -232,7 +402,32 @@ class Executor:
         PCIe only where consecutive sub-layers change device. One run at a time: the streams,
         slot ring and expert cache are shared by every thread that uses this executor."""
         with self._lock:
-            return self._run_locked(sublayers, x, step, tokens)
+            for attempt in range(self.oom_retries + 1):
+                try:
+                    return self._run_locked(sublayers, x, step, tokens)
+                except torch.cuda.OutOfMemoryError as exc:
+                    failure = str(exc).splitlines()[0] if str(exc) else "out of memory"
+                # Outside the except clause: the traceback's frames (holding the failed step's
+                # tensors) are gone, so their VRAM can be given back.
+                self._after_oom(failure, attempt)
+            raise AssertionError("unreachable")
+
+    def _after_oom(self, failure: str, attempt: int) -> None:
+        """A step ran out of VRAM (another program took it faster than the budget said): let the
+        handler make the executor smaller, then the step is run again. Retrying is safe: a step's KV
+        writes land at the same positions with the same values the second time."""
+        if self.gpu is not None and not self.simulated:
+            torch.cuda.empty_cache()
+        if self.oom_handler is None or attempt >= self.oom_retries:
+            tried = f" after {attempt} re-plan(s)" if attempt else ""
+            raise BudgetError(
+                f"the GPU ran out of memory during a step{tried} (placement {self.plans.name}, planned "
+                f"{format_bytes(self.need.total)}): another program holds the VRAM the budget counted on; "
+                f"free VRAM or lower --vram ({failure})")
+        log.warning("the GPU ran out of memory during a step (placement %s, planned %s): re-planning smaller "
+                    "and running the step again (attempt %d of %d)", self.plans.name, format_bytes(self.need.total),
+                    attempt + 1, self.oom_retries)
+        self.oom_handler(failure)
 
     def _run_locked(self, sublayers: list, x: torch.Tensor, step, tokens: int) -> torch.Tensor:
         start = time.perf_counter()
@@ -240,7 +435,7 @@ class Executor:
         if threads and threads != torch.get_num_threads():
             torch.set_num_threads(threads)
         where = placement.as_dict()
-        if not self.uses_gpu:
+        if not self.uses_gpu or self.simulated:
             for sublayer in sublayers:
                 x = sublayer.forward(self.host[sublayer.name].views, x, step)
             self.report = StepReport(time.perf_counter() - start)
@@ -293,7 +488,7 @@ class Executor:
     def peak_vram(self) -> int:
         """Peak ``torch.cuda.max_memory_reserved`` since load, less what the process already
         held before (other engines), i.e. this engine's peak VRAM (0 without a GPU)."""
-        if not self.uses_gpu:
+        if self.gpu is None or self.simulated:
             return 0
         return torch.cuda.max_memory_reserved(self.gpu) - self._vram_before
 

@@ -177,6 +177,33 @@ class KVCache:
                 k[:context].normal_(0, std)
                 v[:context].normal_(0, std)
 
+    @property
+    def layers(self) -> list[int]:
+        """The attention layers this cache holds."""
+        return list(self._layers)
+
+    def device_of(self, layer: int) -> torch.device:
+        """Where the keys and values of ``layer`` live now."""
+        return self._layers[layer].k.device
+
+    @torch.inference_mode()
+    def move_layers(self, layers, device: torch.device | str) -> int:
+        """Move the keys and values of ``layers`` to ``device`` (a running engine whose VRAM budget
+        changed). Content, block tables and the allocator stay as they are: sequences go on where they
+        were. Not during a forward step (the executor calls it under its lock). Returns bytes moved."""
+        device = torch.device(device)
+        moved = 0
+        for layer in layers:
+            cache = self._layers[layer]
+            if _same_device(cache.k.device, device):
+                continue
+            # One layer at a time, the old copy dropped at once: moving out of VRAM never needs
+            # room for a second copy of the whole cache there.
+            cache.k = cache.k.to(device)
+            cache.v = cache.v.to(device)
+            moved += cache.nbytes
+        return moved
+
     def bytes_on(self, device_type: str) -> int:
         return sum(c.nbytes for c in self._layers.values() if c.k.device.type == device_type)
 
@@ -185,3 +212,13 @@ class KVCache:
                      dtype: torch.dtype, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
         positions = slots * math.ceil(max_ctx / block_size) * block_size
         return 2 * num_layers * positions * kv_heads * head_dim * dtype.itemsize
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """``cuda`` and ``cuda:0`` are one device when the current device is 0."""
+    if a.type != b.type:
+        return False
+    if a.type != "cuda" or a.index == b.index:
+        return True
+    current = torch.cuda.current_device()
+    return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)

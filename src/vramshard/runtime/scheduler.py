@@ -75,12 +75,15 @@ class Scheduler:
     ``max_seqs * max_context``). eos_ids: tokens that end a sequence. tokenizer: needed for text
     output and stop strings. vocab_size: checks prompt token ids. max_logit_rows: most sequences
     sampled in one step (the GPU workspace holds that many logit rows; None: no limit).
+    before_step: called at every step boundary before anything is scheduled (the engine adapts
+    to a changed VRAM budget there: the executor may re-plan and move KV caches, block tables stay).
     """
 
     def __init__(self, executor, max_seqs: int = 8, max_context: int = 4096, max_step_tokens: int = 2048,
                  chunk_sizes: Sequence[int] | None = None, kv_tokens: int | None = None,
                  eos_ids: Iterable[int] = (), tokenizer=None, vocab_size: int | None = None,
-                 stats_window: int = 512, max_logit_rows: int | None = None):
+                 stats_window: int = 512, max_logit_rows: int | None = None,
+                 before_step: Callable[[], object] | None = None):
         if max_seqs < 1 or max_context < 1 or max_step_tokens < 1:
             raise InvalidInputError(f"max_seqs, max_context and max_step_tokens must be >= 1, got "
                                     f"{max_seqs}, {max_context}, {max_step_tokens}")
@@ -94,6 +97,7 @@ class Scheduler:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_logit_rows = max_logit_rows
+        self.before_step = before_step
         if self.kv_tokens < 1:
             raise InvalidInputError(f"kv_tokens must be >= 1, got {self.kv_tokens}")
         self.kv = executor.new_kv_cache(slots=1, max_ctx=self.kv_tokens)
@@ -164,6 +168,8 @@ class Scheduler:
     def step(self) -> StepStats | None:
         """Admit, run one forward step, sample, stream, retire. None when there was nothing to run."""
         start = time.perf_counter()
+        if self.before_step is not None:
+            self.before_step()
         self._take_incoming()
         self._retire_cancelled()
         self._admit()

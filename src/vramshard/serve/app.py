@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP API over an :class:`~vramshard.runtime.engine_loop.EngineLoop`.
 
 Endpoints: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (both
-streaming through server-sent events or not), ``GET /health`` and ``GET /v1/stats``. Every request
+streaming through server-sent events or not), ``GET /health``, ``GET /v1/stats`` and
+``GET|POST /v1/budget`` (the VRAM budget in force and in use; a new budget, applied at the next step). Every request
 of every client goes into the engine loop's continuous batching with its own sampling settings;
 ``n`` choices are ``n`` independent requests (seed ``seed + i`` for choice i). A client that
 disconnects cancels its requests at once, which frees their KV slots at the next step.
@@ -86,6 +87,26 @@ def create_app(state: ServerState) -> FastAPI:
             data["plan"] = executor.placement.name
         data["model"] = state.model_name
         return data
+
+    @app.get("/v1/budget")
+    async def get_budget():
+        return _budget_state(state)
+
+    @app.post("/v1/budget")
+    async def set_budget(request: Request):
+        body = await _parse(request, schemas.BudgetRequest)
+        if state.engine is None:
+            raise APIError(501, "this server cannot change its VRAM budget (no engine attached)", type="server_error")
+        from ..errors import BudgetError
+
+        try:
+            state.engine.set_vram(body.vram)
+        except (InvalidInputError, BudgetError) as exc:
+            raise bad_request(str(exc), param="vram") from None
+        # Adapt now rather than at the next request's first step: an idle server gives VRAM back
+        # too. This waits for a step in progress to end (the engine thread may adapt first).
+        await asyncio.to_thread(state.engine.poll_budget)
+        return _budget_state(state)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -191,6 +212,14 @@ async def _chat_with_images(state: ServerState, body):
             yield schemas.chat_chunk(job, state.model_name, [], used)
 
     return _stream([], events())
+
+
+def _budget_state(state: ServerState) -> dict:
+    if state.engine is None:
+        executor = state.executor
+        return {"vram_budget": executor.budget if executor else None,
+                "vram_planned": executor.need.total if executor else None, "adjustable": False}
+    return {**state.engine.budget_state(), "adjustable": True}
 
 
 # ---------------------------------------------------------------------- request checks

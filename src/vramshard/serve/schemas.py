@@ -49,6 +49,12 @@ class _Sampling(_Body):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
 
+class BudgetRequest(_Body):
+    """POST /v1/budget: the new VRAM budget, a size (``"4GiB"``, bytes), ``"auto"`` or ``"none"`` / null."""
+
+    vram: Union[str, int, None]
+
+
 class CompletionRequest(_Sampling):
     """POST /v1/completions."""
 

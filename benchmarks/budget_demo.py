@@ -1,0 +1,207 @@
+"""Sharing the GPU: vramshard generates while another program takes VRAM and gives it back.
+
+A separate process (multiprocessing, spawn) plays the other application: it allocates and frees
+VRAM in a pattern (default 0 -> 10 GiB -> 4 GiB -> 0, each held ``--hold`` seconds). Meanwhile
+vramshard generates greedily with a budget that follows it:
+
+  auto  the engine reads the free VRAM (NVML, else torch) of a virtual card of ``--gpu-size``
+        (the real card's free VRAM less what the card had in use before the demo started), less
+        a margin, at step boundaries, as ``--vram auto`` does on a client GPU of that size;
+  set   the driver calls ``engine.set_vram`` at each phase change (a cooperative application).
+
+Both processes sample their VRAM (torch.cuda.memory_reserved; NVML per process when available)
+and the engine's tokens/s over time. Then the same prompts run undisturbed (fixed budget) and
+the greedy tokens are compared. Writes budget_demo.json and budget_demo.png to $OUT.
+
+    python benchmarks/budget_demo.py --shape llama3-8b --gpu-size 16GiB --pattern 0,10,4,0 --hold 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import multiprocessing as mp
+import os
+import time
+
+import torch
+
+from vramshard import Engine
+from vramshard.runtime import budget as budgets
+from vramshard.runtime.host_weights import pack_model
+from vramshard.shapes import random_weights, shape_model
+from vramshard.units import format_bytes, parse_size
+
+try:
+    from common import hardware, out_dir, versions, write_json
+except ImportError:  # run as a module
+    from benchmarks.common import hardware, out_dir, versions, write_json
+
+GiB = 2**30
+log = logging.getLogger("budget_demo")
+
+
+# ---------------------------------------------------------------------- the other application
+def other_app(pattern_gib: list[float], hold_s: float, start, samples, sample_s: float) -> None:
+    """Allocate ``pattern_gib[i]`` GiB for ``hold_s`` seconds each, sampling its own VRAM."""
+    torch.cuda.init()
+    start.wait()
+    t0 = time.time()
+    held: list[torch.Tensor] = []
+    rows = []
+    for phase, gib in enumerate(pattern_gib):
+        target = int(gib * GiB)
+        now = sum(t.numel() for t in held)
+        while now > target and held:  # free
+            now -= held.pop().numel()
+        while now < target:  # allocate in 256 MiB blocks, touched so the memory is real
+            block = torch.empty(min(256 * 2**20, target - now), dtype=torch.uint8, device="cuda")
+            block.fill_(1)
+            held.append(block)
+            now += block.numel()
+        torch.cuda.synchronize()
+        rows.append({"t": time.time() - t0, "event": "phase", "phase": phase, "gib": gib})
+        end = time.time() + hold_s
+        while time.time() < end:
+            rows.append({"t": time.time() - t0, "reserved": torch.cuda.memory_reserved(),
+                         "nvml": budgets.process_vram(os.getpid())})
+            time.sleep(sample_s)
+    held.clear()
+    torch.cuda.empty_cache()
+    samples.put(rows)
+
+
+# ---------------------------------------------------------------------- vramshard's side
+def virtual_card(gpu_size: int, baseline_used: int):
+    """(free, total) of a card of ``gpu_size`` bytes: the real card's use beyond ``baseline_used``
+    (what was in use before the demo) counts against it."""
+    def read():
+        free, total = budgets.free_vram("cuda")
+        used = max(0, total - free - baseline_used)
+        return max(0, gpu_size - used), gpu_size
+    return read
+
+
+def generate_under_pattern(engine, prompts, args, start, pattern_s: float):
+    """Step a scheduler through the pattern; returns (outputs, samples)."""
+    scheduler = engine.scheduler(max_seqs=len(prompts), max_context=args.context, ignore_eos=True)
+    requests = [scheduler.add(p, max_new_tokens=args.context - len(p)) for p in prompts]
+    samples = []
+    t0 = time.time()
+    start.set()
+    phase_at = [i * args.hold for i in range(len(args.pattern))]
+    next_phase = 0
+    last = (t0, 0)
+    while time.time() - t0 < pattern_s and scheduler.has_work:
+        elapsed = time.time() - t0
+        if args.mode == "set" and next_phase < len(phase_at) and elapsed >= phase_at[next_phase]:
+            engine.set_vram(max(0, args.gpu_size - int(args.pattern[next_phase] * GiB) - args.margin))
+            next_phase += 1
+        scheduler.step()
+        now = time.time()
+        generated = scheduler.total_generated_tokens
+        if now - last[0] >= args.sample:
+            samples.append({"t": now - t0, "tok_s": (generated - last[1]) / (now - last[0]),
+                            "reserved": torch.cuda.memory_reserved(), "budget": engine.budget_watcher.in_force,
+                            "planned": engine.executor.need.total, "kv_on_gpu": bool(engine.executor.kv_layers_on_gpu),
+                            "nvml": budgets.process_vram(os.getpid())})
+            last = (now, generated)
+    for request in requests:
+        request.cancel()
+    scheduler.run_until_idle()
+    return [list(r.output_ids) for r in requests], samples
+
+
+def plot(path, ours, theirs, events, args) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+    top.plot([s["t"] for s in ours], [s["reserved"] / GiB for s in ours], label="vramshard reserved")
+    top.step([s["t"] for s in ours], [(s["budget"] or 0) / GiB for s in ours], where="post", label="budget in force")
+    top.plot([s["t"] for s in theirs if "reserved" in s], [s["reserved"] / GiB for s in theirs if "reserved" in s],
+             label="other application")
+    top.axhline(args.gpu_size / GiB, color="grey", linestyle=":", label="virtual card")
+    for event in events:
+        top.axvline(event["t"], color="red", alpha=0.2)
+    top.set_ylabel("VRAM (GiB)")
+    top.legend(loc="upper right", fontsize=8)
+    bottom.plot([s["t"] for s in ours], [s["tok_s"] for s in ours])
+    bottom.set_ylabel("tokens/s")
+    bottom.set_xlabel("seconds")
+    fig.suptitle(f"{args.shape}, {args.mode} budget, other app {args.pattern} GiB x {args.hold:.0f} s")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="llama3-8b")
+    parser.add_argument("--gpu-size", default="16GiB", help="the virtual client card (default 16GiB)")
+    parser.add_argument("--pattern", default="0,10,4,0", help="GiB the other application holds, phase by phase")
+    parser.add_argument("--hold", type=float, default=20.0, help="seconds per phase (default 20)")
+    parser.add_argument("--mode", choices=("auto", "set"), default="auto")
+    parser.add_argument("--margin", default="512MiB")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--sample", type=float, default=0.25, help="seconds between samples")
+    args = parser.parse_args()
+    args.pattern = [float(x) for x in args.pattern.split(",")]
+    args.gpu_size, args.margin = parse_size(args.gpu_size), parse_size(args.margin)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if not torch.cuda.is_available():
+        raise SystemExit("budget_demo needs a CUDA GPU")
+
+    free, total = budgets.free_vram("cuda")
+    baseline_used = total - free
+    model = shape_model(args.shape)
+    host = pack_model(list(model), random_weights(model), pin=True)
+    start_budget = args.gpu_size - args.margin
+    engine = Engine.from_host(model, host, name=args.shape, vram=start_budget, device="cuda",
+                              max_context=args.context, max_batch=args.batch, max_step_tokens=256)
+    if args.mode == "auto":
+        engine.budget_watcher.set_source(budgets.AutoBudget(margin=args.margin, min_interval_s=0.2,
+                                                            reader=virtual_card(args.gpu_size, baseline_used)))
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, model.args.vocab_size, (args.prompt_len,), generator=g).tolist()
+               for _ in range(args.batch)]
+
+    ctx = mp.get_context("spawn")
+    start, samples = ctx.Event(), ctx.Queue()
+    other = ctx.Process(target=other_app, args=(args.pattern, args.hold, start, samples, args.sample))
+    other.start()
+    pattern_s = args.hold * len(args.pattern) + 2
+    disturbed, ours = generate_under_pattern(engine, prompts, args, start, pattern_s)
+    theirs = samples.get(timeout=120)
+    other.join(30)
+
+    engine.set_vram(start_budget)  # undisturbed: the same prompts under the starting budget
+    engine.budget_watcher.set_source(budgets.SettableBudget(start_budget))
+    engine.poll_budget()
+    counts = [len(o) for o in disturbed]
+    undisturbed = [engine.generate([p], n)[0] if n else [] for p, n in zip(prompts, counts)]
+    first_diff = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), None)
+                  for x, y in zip(disturbed, undisturbed)]
+    over = [s for s in ours if s["budget"] is not None and s["reserved"] > s["budget"] + 256 * 2**20]
+    result = {
+        "hardware": hardware(), "versions": versions(), "args": {k: v for k, v in vars(args).items()},
+        "tokens_identical": disturbed == undisturbed, "tokens_generated": counts, "first_difference": first_diff,
+        "adaptations": list(engine.budget_events),
+        "time_to_release_s": [e["time_to_release_s"] for e in engine.budget_events],
+        "samples_over_budget": len(over), "ours": ours, "theirs": theirs,
+    }
+    out = out_dir()
+    write_json(out / "budget_demo.json", result)
+    plot(out / "budget_demo.png", ours, theirs, [{"t": s["t"]} for s in theirs if s.get("event") == "phase"], args)
+    log.info("tokens identical: %s; %d adaptations, time to release VRAM %s; samples over budget: %d",
+             result["tokens_identical"], len(engine.budget_events),
+             ", ".join(f"{t * 1e3:.0f} ms" for t in result["time_to_release_s"]), len(over))
+    log.info("peak VRAM of vramshard %s", format_bytes(engine.executor.peak_vram()))
+    return 0 if result["tokens_identical"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,347 @@
+"""A VRAM budget that changes while the model runs: sources, re-planning, the executor's reconfigure,
+KV caches moving between VRAM and host memory, out-of-memory recovery and the server's /v1/budget.
+
+Without a GPU the engine runs with ``simulate_gpu``: plans, VRAM accounting and KV placement are as on
+a GPU (from a synthetic GPU profile), the arithmetic runs on the CPU, so greedy tokens can be compared."""
+
+import functools
+import logging
+
+import pytest
+import torch
+
+from vramshard import Engine
+from vramshard.errors import BudgetError, InvalidInputError
+from vramshard.plan.memory import workspace_bytes
+from vramshard.plan.planner import Planner
+from vramshard.plan.tiers import Tiers
+from vramshard.profile.query import synthetic
+from vramshard.runtime import budget as budgets
+from vramshard.runtime.executor import Executor
+from vramshard.runtime.kv_cache import KVCache
+
+TIERS = Tiers((1, 4, 16))
+KV_TOKENS = 512  # max_batch 4 x max_context 128
+GiB = 2**30
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_profile():
+    """The synthetic GPU profile, built on first use: building it at import would import the
+    ``vramshard.profile.synthetic`` submodule during collection, which shadows the package's
+    ``synthetic`` function for test files collected later (test_profile.py)."""
+    return synthetic(cpu_gflops=50, gpu_gflops=20_000, h2d_gbps=25, cpu_threads=2)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_model_dir):
+    return tiny_model_dir("qwen3")
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    return Engine.load(model_dir, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def sizes(reference):
+    """Budgets that matter for this model: the planner's minimum, its KV cache, all weights."""
+    probe = Planner(reference.model, gpu_profile(), None, context=KV_TOKENS, tiers=TIERS)
+    minimum = workspace_bytes(reference.model, TIERS.largest, KV_TOKENS) + 2 * probe.slot_bytes
+    return {"minimum": minimum, "kv": probe.kv_bytes(), "weights": reference.model.nbytes}
+
+
+def budget_points(sizes):
+    """Everything fits / part pinned, KV in VRAM / KV does not fit (host) / below the minimum (all CPU)."""
+    m, kv, w = sizes["minimum"], sizes["kv"], sizes["weights"]
+    return {"all": m + kv + 2 * w, "part": m + kv + w // 3, "kv_host": m + kv // 2, "cpu": m // 2}
+
+
+def simulated(model_dir, vram):
+    return Engine.load(model_dir, vram=vram, simulate_gpu=True, profile=gpu_profile(), tiers=TIERS, max_step_tokens=16,
+                       max_context=128, max_batch=4)
+
+
+def prompts(lengths=(5, 30, 12), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 96, (n,), generator=g).tolist() for n in lengths]
+
+
+def run_with_changes(engine, batch, new_tokens, changes: dict):
+    """Generate through a scheduler, calling set_vram(changes[step]) before those steps; checks the
+    accounting after every step. Returns the outputs and the plans seen (kv_on_gpu, need)."""
+    scheduler = engine.scheduler(max_seqs=4, max_context=64)
+    requests = [scheduler.add(p, max_new_tokens=new_tokens) for p in batch]
+    seen, step = [], 0
+    while scheduler.has_work:
+        if step in changes:
+            engine.set_vram(changes[step])
+        scheduler.step()
+        step += 1
+        executor, budget = engine.executor, engine.budget_watcher.in_force
+        assert budget is None or executor.need.total <= budget
+        assert engine.plan.kv_on_gpu == bool(executor.kv_layers_on_gpu)
+        where = {layer: scheduler.kv.device_of(layer).type for layer in scheduler.kv.layers}
+        assert set(where.values()) == {"cpu"}  # simulated: the "GPU" is the CPU
+        seen.append((engine.plan.kv_on_gpu, executor.need.total))
+    return [r.output_ids for r in requests], seen
+
+
+# ---------------------------------------------------------------------------- parsing and sources
+def test_parse_vram_accepts_sizes_auto_none_and_says_what_is_wrong():
+    assert budgets.parse_vram("4GiB") == 4 * GiB
+    assert budgets.parse_vram(1234) == 1234
+    assert budgets.parse_vram(" Auto ") == budgets.AUTO
+    assert budgets.parse_vram(None) is None and budgets.parse_vram("none") is None
+    for bad in ("4 parsecs", "-4GiB", -1, True, float("nan"), [4], ""):
+        with pytest.raises(InvalidInputError, match="size|budget"):
+            budgets.parse_vram(bad)
+
+
+def test_set_vram_rejects_bad_values(reference):
+    with pytest.raises(InvalidInputError, match="4GiB"):
+        reference.set_vram("lots")
+    with pytest.raises(InvalidInputError):
+        reference.set_vram(-5)
+    if not torch.cuda.is_available():
+        with pytest.raises(BudgetError, match="without one"):
+            reference.set_vram("auto")
+
+
+def test_watcher_counts_explicit_changes_and_rate_limits_auto():
+    settable = budgets.SettableBudget(8 * GiB)
+    watcher = budgets.BudgetWatcher(settable, 8 * GiB)
+    assert watcher.poll() is None
+    settable.set(4 * GiB)
+    change = watcher.poll()
+    assert change.budget == 4 * GiB and change.source == "set"
+    watcher.accept(4 * GiB)
+    assert watcher.poll() is None
+
+    now = [0.0]
+    free = [6 * GiB]
+    auto = budgets.AutoBudget(margin=GiB, reader=lambda: (free[0], 16 * GiB), held=lambda: 2 * GiB,
+                              min_interval_s=0.5)
+    watcher = budgets.BudgetWatcher(auto, 7 * GiB, clock=lambda: now[0])
+    assert watcher.poll() is None  # 6 + 2 - 1 = 7 GiB: unchanged
+    free[0] = 2 * GiB
+    assert watcher.poll() is None  # read less than 0.5 s ago: not read again
+    now[0] = 1.0
+    assert watcher.poll().budget == 3 * GiB
+    watcher.accept(3 * GiB)
+    free[0] = 2 * GiB + 100 * 2**20
+    now[0] = 2.0
+    assert watcher.poll() is None  # within the tolerance
+    free[0] = 2 * GiB - 100 * 2**20
+    now[0] = 3.0
+    assert watcher.poll(need=3 * GiB).budget < 3 * GiB  # within the tolerance, but below what the plan needs
+
+
+def test_ceiling_after_oom_holds_until_the_source_changes():
+    settable = budgets.SettableBudget(8 * GiB)
+    watcher = budgets.BudgetWatcher(settable, 8 * GiB)
+    watcher.lower(5 * GiB)
+    assert watcher.poll().budget == 5 * GiB
+    watcher.accept(5 * GiB)
+    assert watcher.poll() is None
+    settable.set(6 * GiB)
+    assert watcher.poll().budget == 6 * GiB
+    assert budgets.budget_after_oom(10 * GiB, held=9 * GiB, free=0) == 9 * GiB - budgets.OOM_MARGIN_BYTES
+    assert budgets.budget_after_oom(10 * GiB, held=10 * GiB, free=GiB) == 10 * GiB - budgets.OOM_MARGIN_BYTES
+    assert budgets.budget_after_oom(800, held=800) == 700  # small plans: an eighth less
+
+
+# ---------------------------------------------------------------------------- deciding (no GPU needed)
+def test_planner_kv_location_can_be_forced(reference, sizes):
+    budget = budget_points(sizes)["all"]
+    host = Planner(reference.model, gpu_profile(), budget, context=KV_TOKENS, tiers=TIERS, kv_on_gpu=False).plan()
+    assert not host.kv_on_gpu and host.need.kv == 0
+    assert all(p.placement[f"attn[{i}]"].compute == "cpu" for p in host.tiers.values() for i in (0, 1))
+    with pytest.raises(BudgetError, match="must stay in VRAM"):
+        Planner(reference.model, gpu_profile(), sizes["minimum"] + sizes["kv"] // 2, context=KV_TOKENS, tiers=TIERS,
+                kv_on_gpu=True).plan()
+
+
+def test_adapt_plan_follows_the_budget_down_and_up(reference, sizes):
+    settings = budgets.PlanSettings(gpu_profile(), TIERS, KV_TOKENS)
+    points = budget_points(sizes)
+    cache = budgets.PlanCache()
+    current, steps = None, []
+    for name in ("all", "part", "kv_host", "cpu", "part", "all"):
+        adaptation = budgets.adapt_plan(reference.model, settings, current, points[name], cache=cache)
+        assert adaptation.plan.need.total <= points[name]
+        steps.append((name, adaptation))
+        current = adaptation.plan
+    by = dict((name, a) for name, a in steps[:4])
+    assert by["all"].plan.kv_on_gpu and len(by["all"].plan.pinned) == len(list(reference.model))
+    assert len(by["part"].plan.pinned) < len(by["all"].plan.pinned) and by["part"].unpin
+    assert by["kv_host"].kv_to_host and not by["kv_host"].plan.kv_on_gpu
+    assert by["cpu"].plan.need.total == 0 and not by["cpu"].plan.pinned
+    assert steps[4][1].pin and steps[5][1].kv_to_gpu is False  # KV came back at "part" already
+    assert steps[4][1].kv_to_gpu
+    assert cache.hits == 2 and cache.misses == 4  # "part" and "all" planned once each
+    # Live KV caches larger than the reservation cannot go to VRAM: forced to host.
+    forced = budgets.adapt_plan(reference.model, settings, None, points["all"], live_kv_positions=KV_TOKENS + 1)
+    assert not forced.plan.kv_on_gpu
+
+
+# ---------------------------------------------------------------------------- running (simulated GPU)
+def test_budget_changes_during_generation_keep_greedy_tokens(model_dir, reference, sizes):
+    points = budget_points(sizes)
+    batch = prompts()
+    want = [reference.generate([p], 20)[0] for p in batch]
+    engine = simulated(model_dir, points["all"])
+    assert engine.plan.kv_on_gpu
+    changes = {2: points["part"], 5: points["kv_host"], 8: points["cpu"], 10: points["kv_host"],
+               12: points["all"], 13: points["part"], 15: None}
+    outputs, seen = run_with_changes(engine, batch, 20, changes)
+    assert outputs == want
+    kv_sides = [kv for kv, _ in seen]
+    assert kv_sides[1] and not kv_sides[6] and kv_sides[12]  # KV went to host and came back
+    assert seen[8][1] == 0  # below the minimum: nothing on the GPU
+    assert len(engine.budget_events) == len(changes)
+    assert engine.budget_state()["vram_budget"] is None
+
+
+def test_unchanged_budget_run_equals_reference_and_generate_polls(model_dir, reference, sizes):
+    points = budget_points(sizes)
+    engine = simulated(model_dir, points["part"])
+    batch = prompts((7, 19), seed=1)
+    assert engine.generate(batch, 12) == reference.generate(batch, 12)
+    engine.set_vram(points["kv_host"])
+    tokens = []
+    for token in engine.stream(batch[0], 12):  # a change between streamed tokens
+        tokens.append(token)
+        if len(tokens) == 3:
+            engine.set_vram(points["all"])
+    assert tokens == reference.generate([batch[0]], 12)[0]
+    assert engine.budget_watcher.in_force == points["all"] and engine.plan.kv_on_gpu
+    assert engine.logits(batch[1]).shape[0] == len(batch[1])
+
+
+def test_out_of_memory_in_a_step_replans_smaller_and_retries(model_dir, reference, sizes, monkeypatch, caplog):
+    engine = simulated(model_dir, budget_points(sizes)["all"])
+    batch = prompts((9,), seed=2)
+    want = reference.generate(batch, 10)
+    ffn = engine.model["ffn[1]"]
+    real = ffn.forward
+    failures = [2]  # the next two runs of ffn[1] fail
+
+    def flaky(*args, **kwargs):
+        if failures[0]:
+            failures[0] -= 1
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ffn, "forward", flaky)
+    need_before = engine.executor.need.total
+    with caplog.at_level(logging.WARNING):
+        assert engine.generate(batch, 10) == want
+    assert engine.executor.need.total < need_before
+    assert [e["why"] for e in engine.budget_events] == ["out of memory", "out of memory"]
+    assert any("re-planning" in r.message for r in caplog.records)
+
+    failures[0] = 10**6  # never recovers: a clear BudgetError, not a crash
+    with pytest.raises(BudgetError, match="ran out of memory"):
+        engine.generate(batch, 4)
+
+
+def test_executor_without_handler_turns_oom_into_budget_error(reference, monkeypatch):
+    executor = Executor(reference.model, reference.executor.host, reference.executor.placement, max_context=64)
+    monkeypatch.setattr(reference.model["head"], "forward",
+                        lambda *a, **k: (_ for _ in ()).throw(torch.cuda.OutOfMemoryError("out of memory")))
+    kv = executor.new_kv_cache(1, 16)
+    from vramshard.layers.step import Step
+
+    with pytest.raises(BudgetError, match="free VRAM or lower --vram"):
+        executor.forward(torch.tensor([1, 2]), Step.single(0, 2, kv_lookup=kv))
+
+
+def test_move_layers_keeps_tables_and_content():
+    cache = KVCache([0, 1], slots=1, max_ctx=64, kv_heads=2, head_dim=4, dtype=torch.float32,
+                    device_of=lambda layer: "cpu")
+    cache.allocator.admit("a", 40)
+    table = list(cache.allocator.grow("a", 40))
+    cache(0).k.normal_()
+    before = cache(0).k.clone()
+    assert cache.move_layers([0, 1], "cpu") == 0  # already there: nothing copied
+    assert torch.equal(cache(0).k, before) and cache.allocator.table("a") == table
+
+
+# ---------------------------------------------------------------------------- the server
+def test_server_budget_endpoint_auth_and_validation(tmp_path_factory):
+    pytest.importorskip("fastapi")
+    httpx = pytest.importorskip("httpx")
+    from test_server import KEY, _post, start_server, stop_server
+
+    from vramshard.demo_model import ensure_demo_model
+
+    model_dir = ensure_demo_model(tmp_path_factory.mktemp("budget_cache"))
+    process, url = start_server(model_dir, "--api-key", KEY, "--max-seqs", 2, "--max-context", 64)
+    try:
+        headers = {"Authorization": f"Bearer {KEY}"}
+        assert httpx.get(f"{url}/v1/budget").status_code == 401
+        assert _post(url, "/v1/budget", {"vram": "1GiB"}, key=None).status_code == 401
+        assert _post(url, "/v1/budget", {"vram": "1GiB"}, key="sk-wrong").status_code == 401
+        for body in ({"vram": "lots"}, {"vram": -3}, {"vram": True}, {}, {"vram": 1.5}):
+            response = _post(url, "/v1/budget", body)
+            assert response.status_code == 400, (body, response.text)
+            assert response.json()["error"]["message"]
+        response = _post(url, "/v1/budget", {"vram": "1GiB"})
+        assert response.status_code == 200 and response.json()["vram_budget"] == GiB
+        state = httpx.get(f"{url}/v1/budget", headers=headers).json()
+        assert state["vram_budget"] == GiB and state["adjustable"] and "vram_reserved" in state
+        assert _post(url, "/v1/budget", {"vram": None}).json()["vram_budget"] is None
+        done = _post(url, "/v1/completions", {"model": "demo", "prompt": "hi", "max_tokens": 3})
+        assert done.status_code == 200
+    finally:
+        stop_server(process)
+
+
+# ---------------------------------------------------------------------------- on the GPU machine
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_move_layers_round_trip():
+    cache = KVCache([0, 1], slots=2, max_ctx=32, kv_heads=2, head_dim=8, dtype=torch.float16,
+                    device_of=lambda layer: "cuda")
+    cache.allocator.admit(0, 20)
+    table = list(cache.allocator.grow(0, 20))
+    cache(1).v.normal_()
+    before = cache(1).v.cpu()
+    assert cache.move_layers([1], "cpu") == cache(1).nbytes
+    assert cache.device_of(1).type == "cpu" and cache.device_of(0).type == "cuda"
+    assert cache.move_layers([1], "cuda") == cache(1).nbytes
+    assert torch.equal(cache(1).v.cpu(), before) and cache.allocator.table(0) == table
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_reconfigure_releases_vram_and_keeps_tokens(model_dir, reference, sizes):
+    points = budget_points(sizes)
+    engine = Engine.load(model_dir, vram=points["all"], device="cuda", profile=gpu_profile(), tiers=TIERS,
+                         max_step_tokens=16, max_context=128, max_batch=4)
+    batch = prompts()
+    want = [engine.generate([p], 20)[0] for p in batch]  # the GPU's own greedy tokens, budget unchanged
+    changes = {2: points["part"], 5: points["kv_host"], 8: points["cpu"], 10: points["kv_host"],
+               12: points["all"], 13: points["part"]}
+    scheduler = engine.scheduler(max_seqs=4, max_context=64)
+    requests = [scheduler.add(p, max_new_tokens=20) for p in batch]
+    step = 0
+    while scheduler.has_work:
+        if step in changes:
+            engine.set_vram(changes[step])
+        scheduler.step()
+        step += 1
+        executor = engine.executor
+        held = torch.cuda.memory_reserved(executor.gpu) - executor._vram_before
+        assert executor.need.total <= engine.budget_watcher.in_force
+        gpu_layers = {layer for layer in scheduler.kv.layers if scheduler.kv.device_of(layer).type == "cuda"}
+        assert gpu_layers == executor.kv_layers_on_gpu
+        if step == 9:  # all on the CPU: the VRAM is given back
+            assert executor.need.total == 0 and held <= 64 * 2**20
+    assert [r.output_ids for r in requests] == want
+    events = list(engine.budget_events)
+    assert len(events) == len(changes) and all(e["release_s"] < 5 for e in events)
+    assert any(e["kv_bytes_to_host"] for e in events) and any(e["kv_bytes_to_gpu"] for e in events)
