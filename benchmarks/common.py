@@ -83,3 +83,40 @@ def write_json(path: str | Path, data) -> None:
 
 def out_dir() -> Path:
     return Path(os.environ.get("OUT", "bench_out"))
+
+
+def versions() -> dict:
+    """Software versions a benchmark table states: vramshard, torch, CUDA, Python, driver, git commit."""
+    import subprocess
+
+    import vramshard
+
+    info = {"vramshard": vramshard.__version__, "torch": torch.__version__, "cuda": torch.version.cuda,
+            "python": platform.python_version()}
+    try:
+        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                        timeout=5, check=True).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        info["commit"] = None  # the device's copy of the tree has no .git
+    if torch.cuda.is_available():
+        try:
+            info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                            capture_output=True, text=True, timeout=10,
+                                            check=True).stdout.strip().splitlines()[0]
+        except (OSError, subprocess.SubprocessError, IndexError):
+            info["driver"] = None
+    return info
+
+
+class Deadline:
+    """Seconds left of a run that must end before ``limit_s`` (one call on the GPU machine)."""
+
+    def __init__(self, limit_s: float):
+        self.start = time.perf_counter()
+        self.limit_s = limit_s
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def left(self) -> float:
+        return self.limit_s - self.elapsed()

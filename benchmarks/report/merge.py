@@ -1,0 +1,87 @@
+"""Merge part JSONs into docs/BENCHMARKS.md (between the report markers) and PNG charts."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+
+from ..common import now
+from . import charts, narrative, repro, sections
+from .results import Grid, Runs, batch_rows, dense_rows, load_runs
+from .tables import Footnotes, splice
+
+log = logging.getLogger("report")
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-")
+
+
+def _link(path: Path, md_path: Path) -> str:
+    return Path(os.path.relpath(path, md_path.parent)).as_posix()
+
+
+def generate(runs: Runs, md_path: Path, charts_dir: Path, command: str) -> tuple[str, list[Path]]:
+    """The generated block (markdown) and the charts it references, written to ``charts_dir``."""
+    notes = Footnotes()
+    pngs: list[Path] = []
+    dense, batch, body = [], [], []
+    for model in runs.models("dense"):
+        grid = Grid.of(runs, "dense", model)
+        if not grid.runs:
+            body.append(f"### Table 4 — {model}\n\nNot run yet: parts {', '.join(grid.parts)} have no results.")
+            continue
+        rows = dense_rows(grid)
+        dense.append((grid, rows))
+        png = charts.speedup_bars(rows, model, charts_dir / f"speedup-{_slug(model)}.png")
+        pngs.append(png)
+        body.append(sections.dense_section(grid, rows, notes, _link(png, md_path)))
+    for model in runs.models("batch"):
+        grid = Grid.of(runs, "batch", model)
+        if not grid.runs:
+            body.append(f"### Table 9 — {model}\n\nNot run yet: parts {', '.join(grid.parts)} have no results.")
+            continue
+        rows = batch_rows(grid)
+        batch.append((grid, rows))
+        png = charts.throughput_lines(grid, charts_dir / f"batch-{_slug(model)}.png")
+        pngs.append(png)
+        body.append(sections.batch_section(grid, rows, notes, _link(png, md_path)))
+    points = sections.estimator_points([g for g, _ in dense + batch])
+    chart = None
+    if points:
+        png = charts.estimator_scatter([(p[1], p[4], p[5]) for p in points], charts_dir / "estimator.png")
+        pngs.append(png)
+        chart = _link(png, md_path)
+    body.append(sections.estimator_section(points, chart))
+    vlm_runs = runs.grid_runs("vlm") + runs.grid_runs("vlm-hf")
+    body.append(sections.vlm_section(vlm_runs, notes) if vlm_runs else
+                "### Table 8 — Qwen2.5-VL-7B\n\nNot run yet: parts vlm, vlm-hf have no results.")
+    body.append(repro.section(runs))
+    if notes.reasons:
+        body.append("### Why some cells have no number\n\n" + notes.render())
+    summary = narrative.narrative(dense, batch, points, vlm_runs, _count_na(body))
+    head = ["## Report: the paper's tables on this hardware (generated)", "",
+            f"Generated {now()} by `{command}` from {sum(len(r) for r in runs.by_part.values())} part runs "
+            f"({', '.join(runs.by_part)}). Everything between the report markers is rewritten by the merge; edit "
+            "the text outside them.", "", ""]
+    return "\n\n".join(["\n".join(head) + summary, *body]), pngs
+
+
+def _count_na(blocks: list[str]) -> int:
+    return sum(block.count("n/a [") for block in blocks)
+
+
+def merge(paths, md_path: str | Path, charts_dir: str | Path, command: str = "python -m benchmarks.report --merge") \
+        -> tuple[Path, list[Path]]:
+    """Read every part JSON under ``paths``, rewrite the generated block of ``md_path`` (its text
+    outside the markers is kept; a missing file is created) and the charts in ``charts_dir``."""
+    md_path, charts_dir = Path(md_path), Path(charts_dir)
+    runs = Runs.of(load_runs(paths))
+    generated, pngs = generate(runs, md_path, charts_dir, command)
+    old = md_path.read_text() if md_path.exists() else ""
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    md_path.write_text(splice(old, generated))
+    log.info("wrote %s and %d charts in %s", md_path, len(pngs), charts_dir)
+    return md_path, pngs

@@ -1,0 +1,349 @@
+"""The benchmark report (benchmarks/report): the merge on synthetic part JSONs (CPU), the
+measuring helpers on tiny shapes (CPU), and one smoke run of each GPU part kind (gpu)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.report import parts as report_parts
+from benchmarks.report.__main__ import main as report_main
+from benchmarks.report.measure import System, decode_bound_tok_s, plan_name, predicted, prefill_ttft, systems_for
+from benchmarks.report.merge import merge
+from benchmarks.report.tables import BEGIN, END, num, splice
+from vramshard.profile.query import synthetic
+from vramshard.shapes import shape_model
+
+GIB = 2**30
+HW = {"cpu": "Test CPU", "cores": 16, "gpu": "Test GPU (140 GiB)", "torch": "2.11", "python": "3.12"}
+VERSIONS = {"vramshard": "0.1.0", "torch": "2.11.0+cu130", "cuda": "13.0", "python": "3.12.3"}
+HAND_WRITTEN = "# vramshard benchmarks\n\nHand-written intro that must survive.\n\n## Executor\n\nOld numbers.\n"
+
+
+def run_doc(part, grid, model, cells, started=1.0, budgets=None, complete=True, date="2026-12-01 10:00 UTC"):
+    settings = {"budgets": budgets or list(report_parts.PARTS[part].budgets), "contexts": [1024, 4096]}
+    return {"report_version": 1, "part": part, "grid": grid, "model": model, "date": date, "started_unix": started,
+            "command": f"python -m benchmarks.report --part {part} --out $OUT", "hardware": HW,
+            "versions": VERSIONS, "bandwidth_gb_s": {"h2d": 55.0, "cpu_read": 92.0}, "profile": "stored",
+            "settings": settings, "elapsed_s": 300.0, "complete": complete, "cells": cells}
+
+
+def dense_cell(system, budget, context, tok_s, ttft, **extra):
+    cell = {"system": system, "budget_gib": budget, "context": context, "decode_tok_s": tok_s,
+            "decode_step_ms": 1e3 / tok_s, "ttft_s": ttft, "ttft_estimated": False, "peak_vram_gib": 1.5,
+            "placement": "static@1-64, gpu-only@256-1024" if system == "vramshard" else "layers:3",
+            "predicted_step_ms": 1e3 / tok_s * 1.1}
+    cell.update(extra)
+    return cell
+
+
+def nemo_a(decode_2g_1k=6.0, started=1.0, date="2026-12-01 10:00 UTC"):
+    """dense-nemo-a at 2 and 4 GiB, 1K and 4K: vramshard ahead everywhere except (2 GiB, 1K)
+    when ``decode_2g_1k`` is below the baseline's 4.0; the layers:max cell at (4 GiB, 4K) failed."""
+    cells = [dense_cell("unconstrained", None, c, 48.0, 0.05) for c in (1024, 4096)]
+    for budget in (2, 4):
+        for context in (1024, 4096):
+            cells.append({"system": "bound", "budget_gib": budget, "context": context, "decode_tok_s": 9.5})
+            ours = decode_2g_1k if (budget, context) == (2, 1024) else 8.0
+            cells.append(dense_cell("vramshard", budget, context, ours, 0.4))
+            if (budget, context) == (4, 4096):
+                cells.append({"system": "layers:max", "budget_gib": 4, "context": 4096,
+                              "error": "placement layers:12 needs 4.31 GiB of VRAM but the budget is 4.00 GiB"})
+            else:
+                cells.append(dense_cell("layers:max", budget, context, 4.0, 14.0,
+                                        ttft_estimated=context > 1024))
+    return run_doc("dense-nemo-a", "dense", "nemo-8b", cells, started=started, budgets=[2, 4], date=date)
+
+
+def batch_run():
+    cells = []
+    for budget in (2, 8):
+        for batch in (1, 4):
+            for system, rate in (("vramshard", 10.0), ("layers:max", 6.0), ("experts-cpu", 7.0)):
+                cells.append({"system": system, "budget_gib": budget, "batch": batch, "context": 64,
+                              "tok_s": rate * batch, "step_ms": 1e3 / rate, "predicted_step_ms": 90.0,
+                              "placement": "experts-stream" if system == "vramshard" else system})
+    cells.append({"system": "vramshard", "budget_gib": 16, "batch": 1, "context": 64,
+                  "skipped": "part time limit: 480 s spent before this cell"})
+    return run_doc("batch-qwen3moe", "batch", "qwen3-30b-a3b", cells, budgets=[2, 8, 16])
+
+
+def vlm_run():
+    cells = [{"grid": "vlm", "system": "vramshard", "budget_gib": 2, "options": "all_on", "image": "1440p",
+              "status": "ok", "peak_vram": int(1.8 * GIB), "vision_s": 3.0, "ttft_s": 9.0, "e2e_128_s": 30.0,
+              "e2e_measured": False},
+             {"grid": "vlm", "system": "vramshard", "budget_gib": 2, "options": "all_off", "image": "1440p",
+              "status": "OOM", "error": "CUDA out of memory. Tried to allocate 12.00 GiB"}]
+    return run_doc("vlm", "vlm", "qwen2.5-vl-7b", cells, budgets=[2])
+
+
+def write_runs(folder: Path, *runs) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for run in runs:
+        (folder / f"report-{run['part']}.json").write_text(json.dumps(run))
+    return folder
+
+
+@pytest.fixture
+def merged(tmp_path):
+    runs = write_runs(tmp_path / "run1", nemo_a(decode_2g_1k=3.0), batch_run(), vlm_run())
+    md = tmp_path / "docs" / "BENCHMARKS.md"
+    md.parent.mkdir()
+    md.write_text(HAND_WRITTEN)
+    path, pngs = merge([runs], md, tmp_path / "docs" / "charts")
+    return md.read_text(), pngs, md
+
+
+def test_merge_writes_tables_with_provenance(merged):
+    text, _, _ = merged
+    assert "### Table 4 — nemo-8b" in text and "### Table 9 — qwen3-30b-a3b" in text and "### Table 8" in text
+    assert "| budget | context | vramshard tok/s | layers:max tok/s | speedup |" in text
+    # the (4 GiB, 4K) row: vramshard 8.0, baseline failed, TTFT 0.4
+    row = next(line for line in text.splitlines() if line.startswith("| 4 GiB | 4K |"))
+    assert "| 8 |" in row and "n/a [" in row
+    # each table says where, when and how it was made
+    assert "`python -m benchmarks.report --part dense-nemo-a --out $OUT`" in text
+    assert "Test GPU (140 GiB)" in text and "torch 2.11.0+cu130" in text and "2026-12-01 10:00 UTC" in text
+    assert "≥14 (est.)" in text  # an extrapolated TTFT is marked
+    assert "| 2 GiB | 1 | 10 | 6 | 7 | 1.43× |" in text  # batch: best baseline experts-cpu
+
+
+def test_merge_marks_missing_cells_with_reason(merged):
+    text, _, _ = merged
+    notes = text[text.index("### Why some cells have no number"):]
+    reason = re.search(r"\[(\d+)\] layers:max: placement layers:12 needs 4.31 GiB", notes)
+    assert reason, notes
+    row = next(line for line in text.splitlines() if line.startswith("| 4 GiB | 4K |"))
+    assert f"n/a [{reason.group(1)}]" in row
+    # parts that never ran: their rows say so
+    assert re.search(r"\[\d+\] .*part dense-nemo-b has not run yet", notes)
+    assert any(line.startswith("| 16 GiB | 1K |") and "n/a [" in line for line in text.splitlines())
+    assert "part time limit: 480 s" in notes  # a skipped batch cell
+    assert "OOM: CUDA out of memory" in notes  # a VLM row that ran out of memory
+    assert "Not run yet: parts dense-qwen3moe-a, dense-qwen3moe-b, dense-qwen3moe-c" in text
+
+
+def test_merge_renders_charts(merged):
+    text, pngs, md = merged
+    names = {p.name for p in pngs}
+    assert {"speedup-nemo-8b.png", "batch-qwen3-30b-a3b.png", "estimator.png"} <= names
+    for png in pngs:
+        assert png.exists() and png.stat().st_size > 1000
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"](charts/{png.name})" in text  # referenced relative to the markdown
+        assert (md.parent / "charts" / png.name).exists()
+
+
+def test_merge_keeps_text_outside_markers(merged, tmp_path):
+    text, _, md = merged
+    assert text.startswith(HAND_WRITTEN.rstrip("\n"))
+    assert text.count(BEGIN) == 1 and text.count(END) == 1
+    md.write_text(text + "\n## Hand-written after the block\n\nKeep me.\n")
+    merge([tmp_path / "run1"], md, tmp_path / "docs" / "charts")
+    again = md.read_text()
+    assert again.count(BEGIN) == 1 and "Keep me." in again and "Hand-written intro that must survive." in again
+    assert again.index("Old numbers.") < again.index(BEGIN) < again.index("Keep me.")
+
+
+def test_narrative_follows_the_numbers(merged, tmp_path):
+    text, _, _ = merged
+    summary = text[text.index("### Summary"):text.index("### Table 4")]
+    # decode: (2,1K) baseline 4.0 > ours 3.0 -> behind; (2,4K),(4,1K) ahead at 2.00x; (4,4K) no baseline
+    assert "Table 4, nemo-8b, decode tok/s**: vramshard is ahead of the best baseline in 2 of 3 cells (2.00×)" in summary
+    assert "behind in 1 (0.75×)" in summary
+    assert "behind at 2 GiB / 1K: 0.75× against layers:max; plan static@1-64, gpu-only@256-1024" in summary
+    assert "Table 9, qwen3-30b-a3b, batched tok/s**: vramshard is ahead of the best baseline in 4 of 4 cells" in summary
+    assert "1440p at 2 GiB: peak 1.80 GiB (within the 2 GiB goal)" in summary
+    # the same grid with vramshard faster everywhere says so, and nothing is behind
+    md = tmp_path / "other.md"
+    merge([write_runs(tmp_path / "run2", nemo_a(decode_2g_1k=6.0))], md, tmp_path / "charts2")
+    other = md.read_text()
+    assert "ahead of the best baseline in 3 of 3 cells (1.50–2.00×), behind in 0," in other
+    assert "behind at" not in other
+
+
+def test_reproducibility_compares_reruns(tmp_path):
+    first = write_runs(tmp_path / "a", nemo_a(decode_2g_1k=6.0, started=1.0))
+    rerun = nemo_a(decode_2g_1k=6.6, started=2.0, date="2026-12-02 10:00 UTC")  # +10% in one cell
+    second = write_runs(tmp_path / "b", rerun)
+    md = tmp_path / "B.md"
+    merge([first, second], md, tmp_path / "charts")
+    text = md.read_text()
+    section = text[text.index("### Reproducibility"):]
+    assert "2026-12-01 10:00 UTC → 2026-12-02 10:00 UTC" in section
+    assert "largest 10%" in section and "Run-to-run noise: median |change| 0%" in section
+    assert "| 6.6 |" in text  # the later run fills the table
+    md2 = tmp_path / "C.md"
+    merge([first], md2, tmp_path / "charts")
+    assert "No part has been run twice yet" in md2.read_text()
+
+
+def test_cli_merge_and_bad_input(tmp_path, capsys):
+    runs = write_runs(tmp_path / "r", nemo_a())
+    md = tmp_path / "X.md"
+    assert report_main(["--merge", str(runs), "--md", str(md), "--charts", str(tmp_path / "c")]) == 0
+    assert BEGIN in md.read_text() and "--merge" in md.read_text()
+    assert report_main(["--merge", str(tmp_path / "nothing-here"), "--md", str(md)]) == 2
+    assert "neither a part JSON nor a folder" in capsys.readouterr().err
+
+
+def test_splice_and_numbers():
+    assert splice("intro\n", "X") == f"intro\n\n{BEGIN}\nX\n{END}\n"
+    assert splice(f"a\n{BEGIN}\nold\n{END}\nb\n", "new") == f"a\n{BEGIN}\nnew\n{END}\nb\n"
+    assert [num(x) for x in (None, 0.0512, 3.746, 48.02, 1234.5)] == ["—", "0.0512", "3.75", "48", "1,234"]
+
+
+def test_parts_fit_a_call():
+    for part in report_parts.PARTS.values():
+        assert part.minutes < 9 and part.deadline_s <= 9 * 60 - 60, part
+    budgets = sorted(b for p in report_parts.parts_of("dense", "nemo-8b") for b in p.budgets)
+    assert budgets == list(report_parts.DENSE_BUDGETS)
+    budgets = sorted(b for p in report_parts.parts_of("dense", "qwen3-30b-a3b") for b in p.budgets)
+    assert budgets == list(report_parts.DENSE_BUDGETS)
+
+
+# ------------------------------------------------------------------ measuring helpers on the CPU
+def gpu_profile():
+    return synthetic(cpu_gflops=1500, gpu_gflops=400_000, h2d_gbps=55, cpu_mem_gbps=90, gpu_mem_gbps=4000)
+
+
+def test_decode_bound():
+    bw = {"h2d": 55.0, "cpu_read": 92.0}
+    dense = shape_model("nemo-8b")
+    weights = dense.nbytes
+    low = decode_bound_tok_s(dense, 2 * GIB, bw)
+    high = decode_bound_tok_s(dense, 12 * GIB, bw)
+    assert 9.0 < low < 11.0  # ~ 147 GB/s over ~14 GiB: the docs' bound at 2-4 GiB
+    assert high > 3 * low
+    assert decode_bound_tok_s(dense, weights + GIB, bw) is None and decode_bound_tok_s(dense, None, bw) is None
+    moe = shape_model("qwen3-30b-a3b")
+    # a token reads ~3B active parameters, far fewer bytes than the whole model
+    assert decode_bound_tok_s(moe, 2 * GIB, bw) > 147e9 / moe.nbytes * 5
+    assert decode_bound_tok_s(moe, 16 * GIB, bw) > decode_bound_tok_s(moe, 2 * GIB, bw)
+
+
+class FakeExecutor:
+    """Each forward takes 1 ms per token (recorded), enough for prefill_ttft's arithmetic."""
+
+    def __init__(self):
+        self.calls = []
+        self.model = shape_model("tiny-llama")
+
+    def new_kv_cache(self, slots, max_ctx):
+        return object()
+
+    def forward(self, ids, step):
+        import time
+
+        self.calls.append(len(ids))
+        time.sleep(len(ids) * 1e-3)
+
+
+def test_prefill_ttft_extrapolates_past_the_cap():
+    fake = FakeExecutor()
+    whole = prefill_ttft(fake, 256, 64, cap_s=10.0)
+    assert fake.calls == [64, 64, 64, 64, 64] and not whole["ttft_estimated"]
+    assert 0.25 <= whole["ttft_s"] < 0.6
+    fake = FakeExecutor()
+    cut = prefill_ttft(fake, 4096, 256, cap_s=0.5)
+    assert cut["ttft_estimated"] and cut["ttft_measured_tokens"] < 4096
+    assert sum(fake.calls[1:]) == cut["ttft_measured_tokens"]
+    assert cut["ttft_s"] >= 4.0  # ~1 ms per token, scaled to the whole prompt
+
+
+def test_systems_and_predictions_on_tiny_shapes():
+    profile = gpu_profile()
+    dense = shape_model("tiny-llama")
+    systems = systems_for(dense, 256 * 2**20, 2048, 1024, profile)
+    assert [s.label for s in systems] == ["vramshard", "layers:max"]
+    ours = systems[0]
+    assert ours.plan is not None and ours.error is None
+    guess = predicted(dense, profile, ours, 1024, 1024, 256)
+    assert guess["predicted_step_ms"] > 0 and guess["predicted_ttft_s"] > 0 and "planner_predicted_ms" in guess
+    assert plan_name(ours.tiered)
+    moe = shape_model("tiny-qwen3-moe")
+    labels = [s.label for s in systems_for(moe, 256 * 2**20, 2048, 64, profile)]
+    assert labels == ["vramshard", "layers:max", "experts-cpu"]
+    tiny = systems_for(dense, 1024, 2048, 1024, profile)  # 1 KiB: the planner refuses, with the reason
+    assert tiny[0].error and "raise --vram" in tiny[0].error
+
+
+def test_run_part_without_gpu_says_so(tmp_path, monkeypatch):
+    from benchmarks.report.run import run_part
+    from vramshard.errors import InvalidInputError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(InvalidInputError, match="needs a CUDA GPU"):
+        run_part("dense-nemo-a", tmp_path)
+
+
+# ------------------------------------------------------------------ GPU smoke runs of each part kind
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_parts_smoke(tmp_path):
+    from benchmarks.report.grids import Settings
+    from benchmarks.report.run import run_part
+
+    out = tmp_path / "out"
+    dense = run_part("dense-nemo-a", out, Settings(shape="tiny-llama", chunk=64, decode_steps=2, ttft_cap_s=5),
+                     budgets=[0.25, 0.5], contexts=[64, 256], deadline_s=120)
+    data = json.loads(dense.read_text())
+    assert data["complete"] and data["part"] == "dense-nemo-a" and data["hardware"].get("gpu")
+    systems = {c["system"] for c in data["cells"]}
+    assert {"unconstrained", "bound", "vramshard", "layers:max"} <= systems
+    ran = [c for c in data["cells"] if c["system"] == "vramshard" and "decode_tok_s" in c]
+    assert ran and all(c["ttft_s"] > 0 and c["within_budget"] and "predicted_step_ms" in c for c in ran)
+    batch = run_part("batch-qwen3moe", out, Settings(shape="tiny-qwen3-moe", batch_ctx=16, batch_steps=2),
+                     budgets=[0.25], batch_sizes=[1, 4], deadline_s=120)
+    cells = json.loads(batch.read_text())["cells"]
+    assert {c["system"] for c in cells} == {"vramshard", "layers:max", "experts-cpu"}
+    assert any(c.get("tok_s") for c in cells)
+    md = tmp_path / "BENCHMARKS.md"
+    merge([out], md, tmp_path / "charts")
+    text = md.read_text()
+    assert "### Table 4 — nemo-8b" in text and "### Table 9 — qwen3-30b-a3b" in text
+
+
+def test_dense_and_batch_loops_on_cpu_placements(tmp_path, monkeypatch):
+    """The part loops and cell measurement end to end, with all-CPU placements standing in for the
+    GPU ones (the real placements run in test_gpu_parts_smoke)."""
+    import dataclasses
+
+    from benchmarks.common import Deadline
+    from benchmarks.report import grids
+    from benchmarks.report.record import PartRecord
+    from vramshard.plan.memory import sublayer_triples
+    from vramshard.plan.placement import named_placement
+    from vramshard.runtime.host_weights import pack_model
+    from vramshard.shapes import random_weights
+
+    model = shape_model("tiny-llama")
+    host = pack_model(list(model), random_weights(model, device="cpu"), pin=False)
+    cpu = named_placement("cpu", sublayer_triples(model), model.args.num_hidden_layers)
+    bw = {"h2d": 55.0, "cpu_read": 90.0, "device": 4000.0}
+    monkeypatch.setattr(grids, "setup", lambda part, record, settings: (model, host, gpu_profile(), bw))
+    monkeypatch.setattr(grids, "unconstrained", lambda m: System("unconstrained", cpu))
+    monkeypatch.setattr(grids, "systems_for", lambda *a: [System("vramshard", cpu),
+                                                          System("layers:max", None, error="does not fit")])
+    settings = grids.Settings(chunk=32, decode_steps=2, batch_ctx=8, batch_steps=2)
+    part = dataclasses.replace(report_parts.PARTS["dense-nemo-a"], budgets=(1,), contexts=(48,))
+    record = PartRecord(part, tmp_path, "test", {"budgets": [1]})
+    grids.run_dense(part, record, settings, Deadline(60))
+    cells = {c["system"]: c for c in json.loads(record.finish().read_text())["cells"]}
+    assert set(cells) == {"unconstrained", "bound", "vramshard", "layers:max"}
+    ours = cells["vramshard"]
+    assert ours["decode_tok_s"] > 0 and ours["ttft_s"] > 0 and ours["predicted_step_ms"] > 0
+    assert ours["placement"] == "cpu" and ours["within_budget"] and cells["layers:max"]["error"] == "does not fit"
+    part = dataclasses.replace(report_parts.PARTS["batch-qwen3moe"], budgets=(1,), batch_sizes=(1, 2))
+    record = PartRecord(part, tmp_path, "test", {"budgets": [1]})
+    grids.run_batch(part, record, settings, Deadline(60))
+    cells = json.loads(record.finish().read_text())["cells"]
+    assert [(c["system"], c["batch"]) for c in cells if c.get("tok_s")] == [("vramshard", 1), ("vramshard", 2)]
+    record = PartRecord(part, tmp_path, "test", {"budgets": [1]})
+    grids.run_batch(part, record, settings, Deadline(0))  # no time left: every cell says so
+    assert all("part time limit" in c.get("skipped", c.get("error", "")) or c.get("error") == "does not fit"
+               for c in record.cells)
