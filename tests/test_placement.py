@@ -92,10 +92,7 @@ def test_cpu_engine_needs_no_gpu_and_chunked_prefill_matches(tiny_model_dir):
     assert engine.generate([list(range(1, 13))], 8) == wide.generate([list(range(1, 13))], 8)
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the error on a machine without a GPU")
 def test_gpu_placement_without_gpu_is_a_clear_error(tiny_model_dir):
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
     with pytest.raises(InvalidInputError, match="no CUDA GPU"):
         Engine.load(tiny_model_dir("llama"), device="cuda")
