@@ -273,3 +273,19 @@ def test_gpu_profile_round_trip(tmp_path):
     assert loaded.matmul_s(64, 512, 512, "fp32", "cpu", contended=True) > 0
     summary = loaded.summary()
     assert summary["transfer_gbps"]["h2d"]["alone"] > 0.5 and "cuda" in summary["matmul_peak_gflops"]
+
+
+def test_background_load_runs_and_reports_its_failure():
+    import time
+
+    from vramshard.profile import contention
+
+    with contention.cpu_load(m=4, k=256, n=512):
+        time.sleep(0.1)
+
+    def broken():
+        raise ValueError("boom")
+
+    with pytest.raises(RuntimeError, match="test load failed"):
+        with contention._background("test load", broken):
+            time.sleep(0.1)

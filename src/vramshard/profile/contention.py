@@ -22,28 +22,17 @@ def pcie_load(nbytes: int = 256 * 2**20):
 
     src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    stop = threading.Event()
     copy_stream = torch.cuda.Stream()
 
-    errors: list[BaseException] = []
+    def copies() -> None:
+        with torch.cuda.stream(copy_stream):
+            for _ in range(4):
+                dst.copy_(src, non_blocking=True)
+            copy_stream.synchronize()  # releases the GIL while the copies run
 
-    def stream_copies() -> None:
-        # inference_mode is per thread; the buffers may be inference tensors.
-        with _recording(errors), torch.inference_mode(), torch.cuda.stream(copy_stream):
-            while not stop.is_set():
-                for _ in range(4):
-                    dst.copy_(src, non_blocking=True)
-                copy_stream.synchronize()  # releases the GIL while the copies run
-
-    worker = threading.Thread(target=stream_copies, name="vramshard-pcie-load", daemon=True)
-    worker.start()
-    try:
+    with _background("PCIe background load", copies):
         yield
-    finally:
-        stop.set()
-        worker.join()
-        torch.cuda.synchronize()
-    _raise_first(errors, "PCIe background load")
+    torch.cuda.synchronize()
 
 
 @contextlib.contextmanager
@@ -54,23 +43,32 @@ def cpu_load(m: int = 16, k: int = 4096, n: int = 14336):
 
     x = torch.randn(m, k)  # [M, K]
     weight = torch.randn(n, k)  # [N, K], as nn.Linear stores it
-    stop = threading.Event()
+    with _background("CPU background load", lambda: F.linear(x, weight)):  # releases the GIL in the kernel
+        yield
 
+
+@contextlib.contextmanager
+def _background(what: str, work):
+    """Run ``work()`` over and over on a daemon thread while inside; re-raise its first error after."""
+    import torch
+
+    stop = threading.Event()
     errors: list[BaseException] = []
 
-    def compute() -> None:
+    def loop() -> None:
+        # inference_mode is per thread; the buffers may be inference tensors.
         with _recording(errors), torch.inference_mode():
             while not stop.is_set():
-                F.linear(x, weight)  # releases the GIL inside the kernel
+                work()
 
-    worker = threading.Thread(target=compute, name="vramshard-cpu-load", daemon=True)
+    worker = threading.Thread(target=loop, name=f"vramshard-{what.split()[0].lower()}-load", daemon=True)
     worker.start()
     try:
         yield
     finally:
         stop.set()
         worker.join()
-    _raise_first(errors, "CPU background load")
+    _raise_first(errors, what)
 
 
 @contextlib.contextmanager
