@@ -77,13 +77,24 @@ def run_model(name: str, args, profile, bw) -> dict:
                     "threads": tier_plan.threads, "kv_on_gpu": plan.kv_on_gpu, "pinned_gib": pinned_bytes / GiB,
                     "predicted_ms": {}, "measured_ms": {}, "skipped": {}}
             best_predicted = tier_plan.predicted_s
-            for family, placement in tier_plan.placements.items():
+            # Families that produce the same placement (static and cpu when the KV cache is on
+            # the host, search when it finds nothing better) are one plan: measure it once, so
+            # that run-to-run noise cannot rank a plan against itself.
+            families = sorted(tier_plan.placements, key=lambda f: f != tier_plan.family)
+            measured_as: dict[tuple, str] = {}
+            for family in families:
+                placement = tier_plan.placements[family]
                 predicted = tier_plan.candidates[family]
                 cell["predicted_ms"][family] = predicted * 1e3
                 if predicted > args.measure_within * best_predicted:
                     cell["skipped"][family] = f"predicted {predicted / best_predicted:.1f}x the winner"
                     continue
                 threads = tier_plan.threads if family == tier_plan.family else None
+                same = measured_as.get((placement.where, threads))
+                if same is not None:
+                    cell["same_plan_as"] = {**cell.get("same_plan_as", {}), family: same}
+                    continue
+                measured_as[(placement.where, threads)] = family
                 tiered = TieredPlacement((tier,), (placement,), (threads,), plan.expert_cache)
                 gc.collect()
                 torch.cuda.empty_cache()
@@ -102,6 +113,7 @@ def run_model(name: str, args, profile, bw) -> dict:
                 chosen = measured[tier_plan.family]
                 cell["error_pct"] = (cell["predicted_ms"][tier_plan.family] - chosen) / chosen * 100
                 cell["chosen_is_fastest"] = chosen <= min(measured.values()) * 1.02
+                cell["distinct_plans_measured"] = len(measured)
             if tier == 1:
                 cell["bound_tok_s"] = bound
                 if tier_plan.family in measured:

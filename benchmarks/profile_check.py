@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from vramshard.profile import BenchmarkSpec, save
 from vramshard.profile.bench_attention import sdpa_gqa
+from vramshard.profile.bench_matmul import cold_copies
 from vramshard.profile.runner import run_profile
 from vramshard.profile.spec import torch_dtype
 from vramshard.profile.timing import time_cpu, time_cuda
@@ -79,13 +80,18 @@ def held_out(profile) -> list[dict]:
                 for m, k, n in HELD_OUT_MATMUL:
                     dt = torch_dtype(dtype)
                     x = torch.randn(m, k, dtype=dt, device=device)
-                    w = torch.randn(n, k, dtype=dt, device=device)
-                    fn = lambda: F.linear(x, w)  # noqa: E731
+                    # Cold weights, as the profile measures them (and as the model reads them).
+                    weights, turn = cold_copies(torch.randn(n, k, dtype=dt, device=device)), [0]
+
+                    def fn():
+                        turn[0] = (turn[0] + 1) % len(weights)
+                        return F.linear(x, weights[turn[0]])
+
                     direct = time_cuda(fn, 0.05) if device == "cuda" else time_cpu(fn, 0.3)
                     predicted = profile.matmul_s(m, k, n, dtype, device)
                     rows.append({"kind": "matmul", "device": device, "dtype": dtype, "shape": [m, k, n],
                                  "direct_s": direct, "predicted_s": predicted, "error_pct": pct(direct, predicted)})
-                    del x, w
+                    del x, weights
                 for n_new, context in HELD_OUT_ATTENTION:
                     dt = torch_dtype(dtype)
                     q = torch.randn(1, 32, n_new, 128, dtype=dt, device=device)

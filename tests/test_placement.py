@@ -96,3 +96,19 @@ def test_cpu_engine_needs_no_gpu_and_chunked_prefill_matches(tiny_model_dir):
 def test_gpu_placement_without_gpu_is_a_clear_error(tiny_model_dir):
     with pytest.raises(InvalidInputError, match="no CUDA GPU"):
         Engine.load(tiny_model_dir("llama"), device="cuda")
+
+
+def test_thread_count_of_one_executor_does_not_leak_into_the_next(model, tiny_model_dir):
+    import torch
+
+    triples, layers = sublayer_triples(model), model.args.num_hidden_layers
+    host = pack_model(list(model), load_weights(model, open_checkpoint(tiny_model_dir("llama"))), pin=False)
+    cpu = named_placement("cpu", triples, layers)
+    default = torch.get_num_threads()
+    try:
+        Executor(model, host, cpu, device="cpu", threads=1)
+        assert torch.get_num_threads() == 1
+        Executor(model, host, cpu, device="cpu")  # asked for none: back to all cores
+        assert torch.get_num_threads() == default
+    finally:
+        torch.set_num_threads(default)

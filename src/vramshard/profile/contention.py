@@ -23,12 +23,18 @@ def pcie_load(nbytes: int = 256 * 2**20):
     src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     copy_stream = torch.cuda.Stream()
+    # A blocking-sync event sleeps until the copies finish. ``Stream.synchronize`` would spin a
+    # core at 100%, and one spinning core beside a matmul on every core stalls the whole
+    # thread pool at each barrier (measured: CPU matmul 5x slower), which the executor never
+    # does: it issues copies asynchronously from the thread that computes.
+    done = torch.cuda.Event(blocking=True)
 
     def copies() -> None:
         with torch.cuda.stream(copy_stream):
             for _ in range(4):
                 dst.copy_(src, non_blocking=True)
-            copy_stream.synchronize()  # releases the GIL while the copies run
+            done.record(copy_stream)
+        done.synchronize()  # sleeps, and releases the GIL, while the copies run
 
     with _background("PCIe background load", copies):
         yield
