@@ -39,6 +39,21 @@ from .streaming import ExpertSlots, SlotRing
 
 log = logging.getLogger(__name__)
 
+_DEFAULT_THREADS: list[int] = []  # torch's CPU thread count before any executor changed it
+
+
+def use_cpu_threads(threads: int | None) -> None:
+    """Run CPU sub-layers on ``threads`` threads; None: the process default (all cores).
+
+    The torch thread pool is process-wide, so an executor (or a tier) that asked for fewer
+    threads must not leave them to the next one that asked for none.
+    """
+    if not _DEFAULT_THREADS:
+        _DEFAULT_THREADS.append(torch.get_num_threads())
+    wanted = threads or _DEFAULT_THREADS[0]
+    if wanted != torch.get_num_threads():
+        torch.set_num_threads(wanted)
+
 
 @dataclass
 class StepReport:
@@ -118,8 +133,7 @@ class Executor:
         self.model = model
         self._lock = threading.RLock()
         self.threads = threads
-        if threads:
-            torch.set_num_threads(threads)
+        use_cpu_threads(threads)
         self.kv_plan = (kv_slots, max_context)
         self.max_tokens = max_tokens
         self.num_slots = num_slots
@@ -432,8 +446,7 @@ class Executor:
     def _run_locked(self, sublayers: list, x: torch.Tensor, step, tokens: int) -> torch.Tensor:
         start = time.perf_counter()
         placement, threads = self.plans.for_tokens(tokens)
-        if threads and threads != torch.get_num_threads():
-            torch.set_num_threads(threads)
+        use_cpu_threads(threads or self.threads)
         where = placement.as_dict()
         if not self.uses_gpu or self.simulated:
             for sublayer in sublayers:
