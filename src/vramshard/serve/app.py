@@ -118,13 +118,7 @@ def create_app(state: ServerState) -> FastAPI:
         max_tokens = 16 if body.max_tokens is None else body.max_tokens
         handles = _submit(state, prompts, body, [max_tokens] * len(prompts))
         lens = [len(p) for p in prompts for _ in range(body.n or 1)]
-        job = schemas.new_id("cmpl")
-        if body.stream:
-            return _stream(handles, _completion_events(state, job, handles, lens, body))
-        finished = await _wait(request, handles)
-        choices = [schemas.completion_choice(i, r.text, r.finish_reason) for i, r in enumerate(finished)]
-        used = schemas.usage(sum(lens), sum(len(r.output_ids) for r in finished))
-        return schemas.completion(job, state.model_name, choices, used)
+        return await _respond(request, state, body, handles, lens, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -148,15 +142,24 @@ def create_app(state: ServerState) -> FastAPI:
             max_tokens = state.max_context - len(prompt)
         handles = _submit(state, [prompt], body, [max_tokens])
         lens = [len(prompt)] * len(handles)
-        job = schemas.new_id("chatcmpl")
-        if body.stream:
-            return _stream(handles, _chat_events(state, job, handles, lens, body))
-        finished = await _wait(request, handles)
-        choices = [schemas.chat_choice(i, r.text, r.finish_reason) for i, r in enumerate(finished)]
-        used = schemas.usage(sum(lens), sum(len(r.output_ids) for r in finished))
-        return schemas.chat_completion(job, state.model_name, choices, used)
+        return await _respond(request, state, body, handles, lens, chat=True)
 
     return app
+
+
+async def _respond(request: Request, state: ServerState, body, handles, lens: list[int], chat: bool):
+    """The answer to a submitted request: server-sent events as tokens come, or, when not
+    streaming, one response once every handle finished (``lens``: prompt tokens per handle)."""
+    job = schemas.new_id("chatcmpl" if chat else "cmpl")
+    if body.stream:
+        events = _chat_events if chat else _completion_events
+        return _stream(handles, events(state, job, handles, lens, body))
+    finished = await _wait(request, handles)
+    choice = schemas.chat_choice if chat else schemas.completion_choice
+    choices = [choice(i, r.text, r.finish_reason) for i, r in enumerate(finished)]
+    used = schemas.usage(sum(lens), sum(len(r.output_ids) for r in finished))
+    response = schemas.chat_completion if chat else schemas.completion
+    return response(job, state.model_name, choices, used)
 
 
 # ---------------------------------------------------------------------- chat with images
