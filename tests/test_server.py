@@ -1,9 +1,6 @@
 """A real `vramshard serve` process on a loopback port, driven by the official openai client."""
 
 import json
-import socket
-import subprocess
-import sys
 import time
 
 import pytest
@@ -13,6 +10,8 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
+from benchmarks.server_load import stop_server  # noqa: E402,F401 - test_budget imports it from here
+from benchmarks import server_load  # noqa: E402
 from vramshard import Engine  # noqa: E402
 from vramshard.demo_model import ensure_demo_model  # noqa: E402
 
@@ -21,39 +20,10 @@ MODEL = "demo"
 CONTEXT = 512
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start_server(model_dir, *extra, timeout=90.0):
-    """Start `vramshard serve` on a free loopback port; returns (process, base url)."""
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "vramshard.cli.main", "serve", str(model_dir), "--port", str(port), "--device", "cpu",
-         "--dtype", "float32", "--served-model-name", MODEL, *map(str, extra)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}: {process.stdout.read()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    process.kill()
-    raise RuntimeError("server did not come up")
-
-
-def stop_server(process):
-    process.terminate()
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
+    """`vramshard serve` of the demo model on the CPU, on a free loopback port; returns (process, base url)."""
+    return server_load.start_server(model_dir, "--device", "cpu", "--dtype", "float32", "--served-model-name", MODEL,
+                                    *extra, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
