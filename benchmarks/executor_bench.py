@@ -9,6 +9,10 @@ at a 1K context, time to first token for a 1K prompt, peak VRAM
 bandwidths measured in the same run. Also the two overlap checks of the Executor issue:
 streamed bytes per second during a 1K prefill with ``stream``, and ``static`` decode
 against CPU-FFN time + GPU-attention time measured separately.
+
+``--graphs`` adds a ``gpu+graphs`` cell beside the plain ``gpu`` cell, from the same executor:
+decode replayed from CUDA graphs (:class:`~vramshard.runtime.graphs.DecodeGraphs`). Both cells
+report the HBM bound of a decode step, resident bytes / ``--hbm-gb-s``, and the fraction of it reached.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from vramshard.layers.step import Step
 from vramshard.plan.memory import max_resident_layers, sublayer_triples
 from vramshard.plan.placement import named_placement
 from vramshard.runtime.executor import Executor
+from vramshard.runtime.graphs import DecodeGraphs
 from vramshard.runtime.host_weights import pack_model
 from vramshard.shapes import random_weights, shape_model
 
@@ -51,13 +56,60 @@ def decode_seconds(executor: Executor, context: int, steps: int) -> float:
     return timed(one, repeat=steps, warmup=2)
 
 
+def graph_decode_seconds(executor: Executor, graphs: DecodeGraphs, context: int, steps: int) -> float:
+    """As :func:`decode_seconds`, each step replayed from the graphs as the executor's GPU path would
+    run it (on its compute stream, under its lock, logits copied to the host)."""
+    kv = executor.new_kv_cache(1, context + steps + 4)
+    fill_kv(kv, context)
+    token = torch.tensor([11])
+    state = {"pos": context}
+    sublayers = executor.token_sublayers
+    compute = executor.compute_stream
+
+    @torch.inference_mode()
+    def one():
+        with executor.lock:
+            compute.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(compute):
+                out = graphs.run(sublayers, token, Step.single(state["pos"], 1, kv_lookup=kv))
+                if out is None:
+                    raise RuntimeError(f"decode graphs did not cover the step: {graphs.stats.fallbacks}")
+                out.cpu()
+        state["pos"] += 1
+
+    return timed(one, repeat=steps, warmup=2)
+
+
+def hbm_bound(cell: dict, resident: int, args) -> None:
+    """Tokens/s if a decode step only read the resident weights at HBM speed, and the fraction reached."""
+    cell["hbm_bound_tok_s"] = args.hbm_gb_s * 1e9 / resident
+    cell["hbm_fraction"] = cell["decode_tok_s"] / cell["hbm_bound_tok_s"]
+
+
+def graph_cell(executor: Executor, cell: dict, args) -> dict:
+    """The ``gpu+graphs`` cell, from the executor of the plain ``gpu`` cell."""
+    graphs = DecodeGraphs(executor.resident, executor.gpu, executor.kv_plan[1])
+    graph = {"placement": "gpu+graphs", "budget_gib": cell["budget_gib"], "resident_gib": cell["resident_gib"]}
+    step = graph_decode_seconds(executor, graphs, args.ctx, max(args.decode_steps, 16))
+    graph["decode_tok_s"] = 1 / step
+    hbm_bound(graph, executor.need.resident, args)
+    graph["graphs_captured"] = graphs.stats.captures
+    graph["graph_capture_s"] = graphs.stats.capture_seconds
+    graph["graph_pool_mib"] = graphs.pool_bytes / 2**20
+    graph["speedup_vs_eager"] = graph["decode_tok_s"] / cell["decode_tok_s"]
+    del graphs
+    return graph
+
+
 def prefill_seconds(executor: Executor, prompt: int) -> float:
     kv = executor.new_kv_cache(1, prompt + 1)
     ids = torch.randint(0, 1000, (prompt,))
     return timed(lambda: executor.forward(ids, Step.single(0, prompt, kv_lookup=kv)), repeat=2, warmup=1)
 
 
-def run_cell(model, host, spec, budget, args, bw) -> dict:
+def run_cell(model, host, spec, budget, args, bw, extra: list | None = None) -> dict:
+    """One placement × budget; with ``extra`` (a list) and ``--graphs``, the ``gpu`` cell appends its
+    ``gpu+graphs`` cell there."""
     triples, layers = sublayer_triples(model), model.args.num_hidden_layers
     kv_tokens = args.ctx + args.prompt + 64
     most = max_resident_layers(model, budget, 1, kv_tokens, args.prompt) if budget else layers
@@ -80,6 +132,10 @@ def run_cell(model, host, spec, budget, args, bw) -> dict:
     step = decode_seconds(executor, args.ctx, args.decode_steps)
     cell["decode_tok_s"] = 1 / step
     cell["decode_bytes_streamed"] = executor.report.bytes_streamed
+    if placement.name == "gpu":
+        hbm_bound(cell, resident, args)
+        if args.graphs and extra is not None:
+            extra.append(graph_cell(executor, cell, args))
     # TTFT: a quick probe first, so CPU-heavy placements do not eat the time limit.
     probe = prefill_seconds(executor, 128)
     if probe * args.prompt / 128 > args.max_prefill_s:
@@ -149,6 +205,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--max-prefill-s", type=float, default=40.0)
     parser.add_argument("--skip-cpu", action="store_true", help="skip the all-CPU placement")
+    parser.add_argument("--graphs", action="store_true", help="add a gpu+graphs cell (decode from CUDA graphs)")
+    parser.add_argument("--hbm-gb-s", type=float, default=4800.0, help="HBM bandwidth for the decode bound (H200)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -162,8 +220,12 @@ def main() -> None:
         t0 = time.perf_counter()
         host = pack_model(list(model), random_weights(model), pin=True)
         log.info("%s: %.1f GiB built and pinned in %.1f s", name, model.nbytes / GiB, time.perf_counter() - t0)
-        cells = [run_cell(model, host, "gpu", None, args, bw)]
+        graph_cells: list[dict] = []
+        cells = [run_cell(model, host, "gpu", None, args, bw, graph_cells)]
         log.info("%s", cells[-1])
+        for graph in graph_cells:
+            cells.append(graph)
+            log.info("%s", graph)
         for budget in args.budgets.split(","):
             for spec in args.placements.split(","):
                 cells.append(run_cell(model, host, spec, int(float(budget) * GiB), args, bw))

@@ -75,6 +75,16 @@ class Attention(SubLayer):
         )
 
     def forward(self, w: Mapping[str, torch.Tensor], x: torch.Tensor, step: Step) -> torch.Tensor:
+        cos, sin = step.memo(("rope", id(self.inv_freq), x.dtype), x.device,
+                             lambda: self._rotary_tables(step.rotary_positions(x.device), x.dtype))
+        q, k, v = self.qkv(w, x, cos, sin)
+        out = attend(q, k, v, step.kv(self.layer), step)  # [T, H, D]
+        return x + linear(out.reshape(x.shape[0], -1), w["o_proj"])
+
+    def qkv(self, w: Mapping[str, torch.Tensor], x: torch.Tensor, cos: torch.Tensor,
+            sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries [T, H, D], keys and values [T, Hkv, D] of x [T, hidden]: norm, projections,
+        q/k norm where the model has it, rotary with the tables cos, sin [T, D]."""
         T = x.shape[0]
         h = rms_norm(x, w["input_layernorm"], self.eps)
         if "qkv_proj" in w and ("q_bias" not in w or "qkv_bias" in w):
@@ -90,12 +100,7 @@ class Attention(SubLayer):
         if "q_norm" in w:
             q = rms_norm(q, w["q_norm"], self.eps)
             k = rms_norm(k, w["k_norm"], self.eps)
-        cos, sin = step.memo(("rope", id(self.inv_freq), x.dtype), x.device,
-                             lambda: self._rotary_tables(step.rotary_positions(x.device), x.dtype))
-        q = apply_rotary(q, cos, sin)
-        k = apply_rotary(k, cos, sin)
-        out = attend(q, k, v, step.kv(self.layer), step)  # [T, H, D]
-        return x + linear(out.reshape(T, -1), w["o_proj"])
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
     def _rotary_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, D] for positions [T] (ordinary rotary) or [3, T] (multimodal rotary)."""

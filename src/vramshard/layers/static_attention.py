@@ -1,0 +1,89 @@
+"""``attn[i]`` for a decode step in fixed shapes: the same function as :meth:`Attention.forward`
+for one new token per row, with every index a tensor of a shape fixed by the step's bucket.
+
+:func:`~vramshard.layers.attention.attend` builds its indices from Python lists and picks a
+code path by the step's shape (a view of the pool for one contiguous sequence, a gather for
+the rest). Here a step of B rows (sequences, padded up to a batch bucket) attending to at most
+L keys (a key-length bucket) always gathers ``nb = ceil(L / block_size)`` blocks per row and
+masks keys beyond each row's position, so nothing in the computation depends on the values of
+the indices: no host synchronisation, no data-dependent shape. That is what a CUDA graph needs;
+the math itself knows nothing of graphs or devices.
+
+Padded rows (beyond the step's real sequences) must not disturb the cache: each padded row
+writes the key and value *of row 0* to row 0's position (``write_source`` = 0, ``write_index``
+= row 0's), so the duplicate writes carry identical values, and they see key 0 only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+import torch.nn.functional as F
+
+from .attention import Attention
+from .step import LayerKV
+from .sublayer import linear
+
+
+@dataclass
+class DecodeIndex:
+    """The per-step inputs of a fixed-shape decode step of B rows over at most L keys.
+
+    positions: [B] int64, position of each row's new token (padded rows: 0).
+    write_index: [B] int64, flat pool row (block * block_size + offset) where each row's new key
+    and value go (padded rows: row 0's).
+    write_source: [B] int64, the row whose new key and value are written there (padded rows: 0).
+    block_tables: [B, nb] int64, blocks holding positions 0 .. nb * block_size - 1 of each row
+    (padded with any valid block; keys beyond a row's position are masked).
+    mask: [B, 1, 1, L] bool, key j visible to row b iff j <= positions[b] (see :func:`decode_mask`).
+    """
+
+    positions: torch.Tensor
+    write_index: torch.Tensor
+    write_source: torch.Tensor
+    block_tables: torch.Tensor
+    mask: torch.Tensor
+
+    @property
+    def key_length(self) -> int:
+        return self.mask.shape[-1]
+
+
+def decode_mask(positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+    """[B, 1, 1, L] bool: key j (``key_positions`` [L] = 0 .. L-1) is visible to row b iff j <= positions[b]."""
+    return (key_positions[None, :] <= positions[:, None])[:, None, None, :]
+
+
+def static_attention(attn: Attention, w: Mapping[str, torch.Tensor], x: torch.Tensor, cos: torch.Tensor,
+                     sin: torch.Tensor, cache: LayerKV, index: DecodeIndex) -> torch.Tensor:
+    """:meth:`Attention.forward` for x [B, D] (one new token per row) in fixed shapes.
+
+    cos, sin: rotary tables [B, head_dim] of ``index.positions``.
+    """
+    q, k, v = attn.qkv(w, x, cos, sin)
+    out = static_attend(q, k, v, cache, index)  # [B, H, D]
+    return x + linear(out.reshape(x.shape[0], -1), w["o_proj"])
+
+
+def static_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: LayerKV,
+                  index: DecodeIndex) -> torch.Tensor:
+    """Store k, v [B, Hkv, D] in the paged cache, then attend q [B, H, D] to each row's keys → [B, H, D]."""
+    B, nb = index.block_tables.shape
+    L = index.key_length
+    flat_k = cache.k.view(-1, *cache.k.shape[2:])  # [num_blocks * block_size, Hkv, D]
+    flat_v = cache.v.view(-1, *cache.v.shape[2:])
+    # Padded rows write row 0's values to row 0's place: duplicates agree, whichever lands last.
+    flat_k.index_copy_(0, index.write_index, k.to(flat_k.dtype).index_select(0, index.write_source))
+    flat_v.index_copy_(0, index.write_index, v.to(flat_v.dtype).index_select(0, index.write_source))
+    blocks = index.block_tables.reshape(-1)  # [B * nb]
+    keys = cache.k.index_select(0, blocks).view(B, -1, *cache.k.shape[2:])[:, :L].transpose(1, 2)  # [B, Hkv, L, D]
+    values = cache.v.index_select(0, blocks).view(B, -1, *cache.v.shape[2:])[:, :L].transpose(1, 2)
+    # One query per row: the G = H / Hkv query heads sharing a KV head become G query rows of that
+    # head (head h reads KV head h // G, as repeat_interleave). No GQA broadcast is needed, which SDPA
+    # would only give a masked call through its slow math kernel.
+    hkv, group = k.shape[1], q.shape[1] // k.shape[1]
+    query = q.view(B, hkv, group, q.shape[-1])  # [B, Hkv, G, D]
+    out = F.scaled_dot_product_attention(query, keys, values, attn_mask=index.mask, scale=q.shape[-1] ** -0.5)
+    return out.reshape(B, q.shape[1], q.shape[-1])  # [B, H, D]

@@ -1,0 +1,394 @@
+"""CUDA graphs for decode steps over a run of GPU-resident sub-layers.
+
+A decode step with every weight in VRAM is bound by Python and kernel launches (some 1,700
+launches per step for an 8B model), not by HBM. :class:`DecodeGraphs` captures, per bucket of
+(padded batch size, padded key length), one ``torch.cuda.CUDAGraph`` of a fixed-shape forward
+(:class:`StaticDecode`) over a contiguous run of resident sub-layers, and replays it: the
+step's few index arrays are packed on the host, copied into the bucket's static buffers with one
+transfer, the graph is replayed and the output buffer read.
+
+Steps the graphs do not cover run the eager path (:meth:`DecodeGraphs.run` returns None and
+logs the reason once): prefill chunks or several tokens per sequence, multimodal inputs,
+contexts beyond the largest key bucket, batches beyond the largest batch bucket, sub-layers that
+are not resident or not supported (MoE FFNs route with a host sync), KV caches off the device.
+
+``capture=False`` runs the same fixed-shape forward with the same padded buffers eagerly (also
+on the CPU): the tests check it against the normal path without a GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import torch
+
+from ..layers.attention import Attention
+from ..layers.embedding import Embedding, Head
+from ..layers.mlp import DenseFFN
+from ..layers.rotary import cos_sin
+from ..layers.static_attention import DecodeIndex, decode_mask, static_attention
+from ..layers.step import Step
+from ..layers.sublayer import SubLayer
+from ..plan.placement import GPU_RESIDENT, Placement
+
+log = logging.getLogger(__name__)
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+MIN_KEY_BUCKET = 64
+SUPPORTED = (Embedding, Attention, DenseFFN, Head)  # sub-layers whose decode forward needs no host sync
+_FIXED_COLUMNS = 4  # token, position, write index, write source; then the block table
+
+
+# ---------------------------------------------------------------------------- buckets and coverage
+def batch_bucket(sequences: int, buckets: Sequence[int] = BATCH_BUCKETS) -> int | None:
+    """The smallest batch bucket >= ``sequences`` (None: more than the largest)."""
+    return next((b for b in buckets if b >= sequences), None)
+
+
+def key_buckets(max_context: int, smallest: int = MIN_KEY_BUCKET) -> tuple[int, ...]:
+    """Key-length buckets: powers of two from ``smallest`` below ``max_context``, then ``max_context``."""
+    buckets, size = [], smallest
+    while size < max_context:
+        buckets.append(size)
+        size *= 2
+    return tuple(buckets) + (max_context,)
+
+
+def key_bucket(context: int, buckets: Sequence[int]) -> int | None:
+    """The smallest key bucket >= ``context`` (None: longer than the largest)."""
+    return next((b for b in buckets if b >= context), None)
+
+
+def decode_uncovered(step: Step) -> str | None:
+    """Why ``step`` is not a plain decode step (None: it is one): one new token per sequence,
+    no multimodal inputs."""
+    if any(n != 1 for n in step.lengths):
+        return "prefill or several new tokens per sequence"
+    if step.rope_positions is not None or step.input_embeds is not None:
+        return "multimodal inputs (rope_positions / input_embeds)"
+    return None
+
+
+def resident_runs(placement: Placement, sublayers: Sequence[SubLayer], shortest: int = 2) -> list[tuple[int, int]]:
+    """Index ranges [begin, end) of ``sublayers`` that are runs of at least ``shortest`` consecutive
+    sub-layers computed on the GPU from VRAM-resident weights and supported by :class:`StaticDecode`."""
+    where = placement.as_dict()
+    runs, begin = [], None
+    for i, sublayer in enumerate(list(sublayers) + [None]):
+        ok = sublayer is not None and where[sublayer.name] == GPU_RESIDENT and isinstance(sublayer, SUPPORTED)
+        if ok and begin is None:
+            begin = i
+        elif not ok and begin is not None:
+            if i - begin >= shortest:
+                runs.append((begin, i))
+            begin = None
+    return runs
+
+
+# ---------------------------------------------------------------------------- the fixed-shape forward
+def pack_decode_inputs(step: Step, geometry: tuple[int, int] | None, out: torch.Tensor,
+                       tokens: torch.Tensor | None = None) -> None:
+    """Fill ``out`` [B_pad, 4 + nb] int64 (host) with the step's indices for :class:`StaticDecode`.
+
+    Columns: token id, position, write index (flat pool row of the new key), write source, then
+    the blocks holding positions 0 .. nb * block_size - 1. Rows beyond the step's sequences repeat
+    row 0's write (see :mod:`~vramshard.layers.static_attention`). geometry: (block_size,
+    blocks_per_slot) of the KV cache (None: the run has no attention). tokens: ids [B] on the host.
+    """
+    batch, nb = out.shape[0], out.shape[1] - _FIXED_COLUMNS
+    rows = []
+    if geometry is None:
+        rows = [[0, start, 0, b] + [0] * nb for b, start in enumerate(step.starts)]
+    else:
+        size, per_slot = geometry
+        tables = step.block_tables if step.block_tables is not None else \
+            [range(slot * per_slot, (slot + 1) * per_slot) for slot in step.slots]
+        for b, (table, start) in enumerate(zip(tables, step.starts)):
+            assert len(table) * size > start, "a block table must cover the step's positions"
+            blocks = list(table[:nb])
+            rows.append([0, start, table[start // size] * size + start % size, b]
+                        + blocks + [blocks[0]] * (nb - len(blocks)))
+    first = rows[0]
+    rows += [[0, 0, first[2], 0] + first[_FIXED_COLUMNS:]] * (batch - len(rows))
+    out.copy_(torch.tensor(rows, dtype=torch.long))
+    if tokens is not None:
+        out[: step.num_seqs, 0] = tokens
+
+
+class StaticDecode:
+    """The fixed-shape decode forward of a run of sub-layers (see :mod:`~vramshard.layers.static_attention`).
+
+    weights: resident weights by sub-layer name. device: where they live; rotary frequencies are
+    copied there once here, so the forward itself never moves a tensor between devices.
+    """
+
+    def __init__(self, sublayers: Sequence[SubLayer], weights: Mapping[str, Mapping[str, torch.Tensor]],
+                 device: torch.device):
+        self.sublayers = list(sublayers)
+        self.weights = [weights[s.name] for s in self.sublayers]
+        self.attention = [s for s in self.sublayers if isinstance(s, Attention)]
+        self.starts_with_tokens = isinstance(self.sublayers[0], Embedding)
+        self.ends_with_logits = isinstance(self.sublayers[-1], Head)
+        # Layers whose rotary frequencies agree share one cos/sin table per step.
+        self._rope_group: dict[str, int] = {}
+        self._inv_freq: list[torch.Tensor] = []
+        for attn in self.attention:
+            group = next((g for g, f in enumerate(self._inv_freq) if torch.equal(f.cpu(), attn.inv_freq)), None)
+            if group is None:
+                group = len(self._inv_freq)
+                self._inv_freq.append(attn.inv_freq.to(device))
+            self._rope_group[attn.name] = group
+        self._no_step = Step([0], [0], [1])  # embed / ffn / head read nothing from it; logit rows: all
+
+    def __call__(self, x: torch.Tensor, ints: torch.Tensor, kv, key_positions: torch.Tensor) -> torch.Tensor:
+        """x: hidden states [B, D] (ignored when the run starts at ``embed``); ints [B, 4 + nb] from
+        :func:`pack_decode_inputs` on the device; kv: layer → its cache; key_positions: 0 .. L-1 [L].
+        Returns float32 logits [B, V] (run ends at ``head``) or hidden states [B, D]."""
+        positions = ints[:, 1]
+        index = DecodeIndex(positions, ints[:, 2], ints[:, 3], ints[:, _FIXED_COLUMNS:],
+                            decode_mask(positions, key_positions))
+        if self.starts_with_tokens:
+            x = ints[:, 0]
+        tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for sublayer, w in zip(self.sublayers, self.weights):
+            if isinstance(sublayer, Attention):
+                group = self._rope_group[sublayer.name]
+                if group not in tables:
+                    tables[group] = cos_sin(self._inv_freq[group], positions, x.dtype)
+                x = static_attention(sublayer, w, x, *tables[group], kv(sublayer.layer), index)
+            else:
+                x = sublayer.forward(w, x, self._no_step)
+        return x
+
+
+# ---------------------------------------------------------------------------- the graph runner
+@dataclass
+class _Bucket:
+    """Static buffers (and, once captured, the graph) of one run at one (batch, keys) bucket."""
+
+    batch: int
+    keys: int
+    ints: torch.Tensor  # [batch, 4 + nb] int64 on the device
+    staging: torch.Tensor  # the same on the host (pinned with CUDA)
+    key_positions: torch.Tensor  # [keys] int64 on the device
+    hidden: torch.Tensor | None  # [batch, D] input of a run that does not start at embed
+    copied: torch.cuda.Event | None = None  # the last host → device copy out of ``staging``
+    graph: torch.cuda.CUDAGraph | None = None
+    output: torch.Tensor | None = None
+
+
+@dataclass
+class GraphStats:
+    """Counters since the runner was made: steps replayed, run eagerly in fixed shapes, captured,
+    evicted, and steps left to the eager path by reason."""
+
+    replays: int = 0
+    static_eager: int = 0
+    captures: int = 0
+    evictions: int = 0
+    capture_seconds: float = 0.0
+    fallbacks: dict[str, int] = field(default_factory=dict)
+
+
+class DecodeGraphs:
+    """Captures and replays decode steps of runs of resident sub-layers, one graph per bucket.
+
+    weights: resident weights by sub-layer name (the executor's ``resident``); a sub-layer missing
+    there is not resident. device: the GPU.
+    max_context: the longest context a step may have (the largest key bucket).
+    capture: False runs the fixed-shape forward eagerly (tests, and any device without graphs).
+    max_graphs: captured graphs kept (least recently used dropped first). pool_limit: bytes the
+    graphs' memory pool may reach before no new bucket is captured (None: no limit).
+    """
+
+    def __init__(self, weights: Mapping[str, Mapping[str, torch.Tensor]], device: torch.device | str,
+                 max_context: int, capture: bool = True, max_graphs: int = 16,
+                 batch_buckets: Sequence[int] = BATCH_BUCKETS, smallest_keys: int = MIN_KEY_BUCKET,
+                 pool_limit: int | None = None, warmup_runs: int = 2):
+        self.weights = weights
+        self.device = torch.device(device)
+        self.capture = capture
+        self.max_graphs = max_graphs
+        self.batch_buckets = tuple(sorted(batch_buckets))
+        self.key_buckets = key_buckets(max_context, smallest_keys)
+        self.pool_limit = pool_limit
+        self.warmup_runs = warmup_runs
+        self.stats = GraphStats()
+        self.pool_bytes = 0  # VRAM the captures added (their private pool), for the budget
+        self._forwards: dict[tuple[str, ...], StaticDecode] = {}
+        self._buckets: OrderedDict[tuple, _Bucket] = OrderedDict()
+        self._pool = None
+        self._side_stream = None
+        self._told: set[str] = set()
+        self._runs: dict[tuple, tuple[Sequence[SubLayer], dict[int, int]]] = {}
+
+    @property
+    def graphs(self) -> int:
+        """Captured graphs held now."""
+        return sum(bucket.graph is not None for bucket in self._buckets.values())
+
+    def clear(self) -> None:
+        """Drop every bucket and graph (the weights or KV caches moved). Their pool memory returns to
+        the allocator once no graph holds it."""
+        self._buckets.clear()
+        self._forwards.clear()
+        self._runs.clear()
+        self._pool = None
+        self.pool_bytes = 0
+
+    def runs(self, placement: Placement, sublayers: Sequence[SubLayer], shortest: int = 2) -> dict[int, int]:
+        """{begin: end} of the :func:`resident_runs` of ``sublayers`` under ``placement`` whose sub-layers
+        this runner holds weights for (remembered per placement and sub-layer list)."""
+        key = (placement, id(sublayers), shortest)
+        known = self._runs.get(key)
+        if known is None or known[0] is not sublayers:
+            runs = {begin: end for begin, end in resident_runs(placement, sublayers, shortest)
+                    if all(s.name in self.weights for s in sublayers[begin:end])}
+            known = self._runs[key] = (sublayers, runs)
+        return known[1]
+
+    def covers(self, sublayers: Sequence[SubLayer], step: Step) -> str | None:
+        """Why :meth:`run` would leave ``step`` over ``sublayers`` to the eager path (None: it covers it)."""
+        if self.capture and self.device.type != "cuda":
+            return f"CUDA graphs need a CUDA device, not {self.device.type}"
+        why = decode_uncovered(step)
+        if why:
+            return why
+        if batch_bucket(step.num_seqs, self.batch_buckets) is None:
+            return f"more than {self.batch_buckets[-1]} sequences"
+        if key_bucket(step.max_context, self.key_buckets) is None:
+            return f"context beyond the largest key bucket ({self.key_buckets[-1]})"
+        for sublayer in sublayers:
+            if sublayer.name not in self.weights:
+                return f"{sublayer.name} is not resident in VRAM"
+            if not isinstance(sublayer, SUPPORTED):
+                return f"{sublayer.name} ({type(sublayer).__name__}) has no fixed-shape decode forward"
+        attention = [s for s in sublayers if isinstance(s, Attention)]
+        if attention:
+            if step.kv_lookup is None:
+                return "the step has no KV cache"
+            for attn in attention:
+                if step.kv(attn.layer).k.device.type != self.device.type:
+                    return f"the KV cache of layer {attn.layer} is not on {self.device.type}"
+        return None
+
+    @torch.inference_mode()
+    def run(self, sublayers: Sequence[SubLayer], x: torch.Tensor, step: Step) -> torch.Tensor | None:
+        """Run the decode ``step`` over ``sublayers`` (consecutive, resident) on ``x`` (token ids [B],
+        or hidden states [B, D] when the run does not start at ``embed``), replaying the bucket's graph
+        (captured on first use). Returns float32 logits [R, V] for the step's logit rows when the run
+        ends at ``head``, else hidden states [B, D] — or None when the step is not covered (run it
+        eagerly then). The result is a view of a static buffer: consume it (on the same stream) before
+        the next :meth:`run`, since all buckets share one memory pool."""
+        why = self.covers(sublayers, step)
+        if why is not None:
+            self._fall_back(why)
+            return None
+        names = tuple(s.name for s in sublayers)
+        forward = self._forwards.get(names)
+        if forward is None:
+            forward = self._forwards[names] = StaticDecode(sublayers, self.weights, self.device)
+        batch = batch_bucket(step.num_seqs, self.batch_buckets)
+        keys = key_bucket(step.max_context, self.key_buckets)
+        caches = [step.kv(a.layer) for a in forward.attention]
+        geometry = (caches[0].block_size, caches[0].blocks_per_slot) if caches else None
+        # Graphs hold the caches' addresses: a new or moved cache is a new bucket.
+        key = (names, batch, keys, tuple((c.k.data_ptr(), c.v.data_ptr(), tuple(c.k.shape)) for c in caches))
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            if self.capture and self.pool_limit is not None and self.pool_bytes >= self.pool_limit:
+                self._fall_back("the graph memory limit is reached")
+                return None
+            bucket = self._new_bucket(forward, batch, keys, geometry, x)
+            self._buckets[key] = bucket
+        self._buckets.move_to_end(key)
+        self._fill(bucket, forward, step, geometry, x)
+
+        def compute():
+            return forward(bucket.hidden, bucket.ints, step.kv_lookup, bucket.key_positions)
+
+        if not self.capture:
+            bucket.output = compute()
+            self.stats.static_eager += 1
+        elif bucket.graph is None:
+            self._capture(bucket, compute)
+            self._evict()
+        else:
+            bucket.graph.replay()
+            self.stats.replays += 1
+        out = bucket.output[: step.num_seqs]
+        if forward.ends_with_logits and step.logit_rows is not None and step.logit_rows != list(range(step.num_seqs)):
+            out = out[torch.tensor(step.logit_rows, dtype=torch.long, device=out.device)]
+        return out
+
+    # ------------------------------------------------------------------ internals
+    def _new_bucket(self, forward: StaticDecode, batch: int, keys: int, geometry, x: torch.Tensor) -> _Bucket:
+        nb = -(-keys // geometry[0]) if geometry else 0
+        shape = (batch, _FIXED_COLUMNS + nb)
+        pinned = self.device.type == "cuda"
+        hidden = None
+        if not forward.starts_with_tokens:
+            hidden = torch.zeros(batch, x.shape[-1], dtype=x.dtype, device=self.device)
+        return _Bucket(batch, keys, torch.zeros(shape, dtype=torch.long, device=self.device),
+                       torch.zeros(shape, dtype=torch.long, pin_memory=pinned),
+                       torch.arange(keys, device=self.device), hidden)
+
+    def _fill(self, bucket: _Bucket, forward: StaticDecode, step: Step, geometry, x: torch.Tensor) -> None:
+        """The step's indices (and input) into the bucket's static buffers, outside any capture."""
+        if bucket.copied is not None:
+            bucket.copied.synchronize()  # the last step's copy out of the staging buffer is done
+        tokens = x if forward.starts_with_tokens and x.device.type == "cpu" else None
+        pack_decode_inputs(step, geometry, bucket.staging, tokens)
+        bucket.ints.copy_(bucket.staging, non_blocking=True)
+        if self.device.type == "cuda":
+            bucket.copied = torch.cuda.Event()
+            bucket.copied.record()
+        if forward.starts_with_tokens and tokens is None:
+            bucket.ints[: step.num_seqs, 0].copy_(x, non_blocking=True)
+        if not forward.starts_with_tokens:
+            bucket.hidden[: step.num_seqs].copy_(x, non_blocking=True)
+
+    def _capture(self, bucket: _Bucket, compute) -> None:
+        """Warm up on a side stream, capture into the shared pool, then replay for this step's result.
+
+        The warm-up runs write the step's own keys and values to the step's own positions (the
+        buffers hold the real step), so they change nothing the replay does not write again."""
+        start = time.perf_counter()
+        current = torch.cuda.current_stream(self.device)
+        if self._side_stream is None:
+            self._side_stream = torch.cuda.Stream(self.device)
+        if self._pool is None:  # one pool for every bucket: they never replay at the same time
+            self._pool = torch.cuda.graph_pool_handle()
+        self._side_stream.wait_stream(current)
+        with torch.cuda.stream(self._side_stream):
+            for _ in range(self.warmup_runs):
+                compute()
+        current.wait_stream(self._side_stream)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()  # torch.cuda.graph empties it too: measure from the same point
+        before = torch.cuda.memory_reserved(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            bucket.output = compute()
+        self.pool_bytes += max(0, torch.cuda.memory_reserved(self.device) - before)
+        bucket.graph = graph
+        graph.replay()
+        self.stats.captures += 1
+        self.stats.capture_seconds += time.perf_counter() - start
+        log.info("captured a decode graph: %d sequence(s), %d keys in %.0f ms (graph pool %d MiB)",
+                 bucket.batch, bucket.keys, (time.perf_counter() - start) * 1e3, self.pool_bytes >> 20)
+
+    def _evict(self) -> None:
+        while len(self._buckets) > self.max_graphs:
+            self._buckets.popitem(last=False)
+            self.stats.evictions += 1
+
+    def _fall_back(self, why: str) -> None:
+        self.stats.fallbacks[why] = self.stats.fallbacks.get(why, 0) + 1
+        if why not in self._told:
+            self._told.add(why)
+            log.info("decode graphs: running a step eagerly: %s", why)
