@@ -32,9 +32,8 @@ from vramshard.layers.moe import MoEFFN
 from vramshard.layers.step import Step
 from vramshard.plan.memory import expert_slot_bytes, max_resident_layers, moe_layers, sublayer_triples, vram_need
 from vramshard.plan.placement import named_placement
-from vramshard.plan.planner import Planner
+from vramshard.plan.planner import Planner, machine_profile
 from vramshard.plan.tiers import Tiers
-from vramshard.profile.query import synthetic
 from vramshard.runtime.executor import Executor
 from vramshard.runtime.host_weights import PackedLayout, PackedWeights, _empty_host
 from vramshard.shapes import shape_model
@@ -202,6 +201,10 @@ def run_cell(model, host, label, placement, cache, budget, args, bw, deadline) -
     if time.perf_counter() < deadline:
         cell["ttft_s"] = ttft_s(executor, args.prompt)
     cell["peak_vram_gib"] = torch.cuda.max_memory_reserved() / GiB
+    # Each executor resets the peak when it starts: one peak per phase, against that executor's plan.
+    phases = {"decode+ttft": {"peak_gib": cell["peak_vram_gib"], "plan_gib": executor.need.total / GiB,
+                              "before_gib": executor._vram_before / GiB,
+                              "allocated_peak_gib": torch.cuda.max_memory_allocated() / GiB}}
     del executor
     batched = {}
     for batch in (int(b) for b in args.batches.split(",") if b):
@@ -211,11 +214,16 @@ def run_cell(model, host, label, placement, cache, budget, args, bw, deadline) -
             executor = make_executor(model, host, placement, budget, args, kv_slots=batch,
                                      max_context=args.batch_ctx + 8, expert_cache=cache)
             batched[batch] = batched_tok_s(executor, batch, args.batch_ctx, args.batch_steps)
+            phases[f"batch {batch}"] = {"peak_gib": torch.cuda.max_memory_reserved() / GiB,
+                                        "plan_gib": executor.need.total / GiB,
+                                        "before_gib": executor._vram_before / GiB,
+                                        "allocated_peak_gib": torch.cuda.max_memory_allocated() / GiB}
+            cell["peak_vram_gib"] = max(cell["peak_vram_gib"], phases[f"batch {batch}"]["peak_gib"])
             del executor
         except BudgetError as exc:
             batched[batch] = f"error: {exc}"
     cell["batched_tok_s"] = batched
-    cell["peak_vram_gib"] = max(cell["peak_vram_gib"], torch.cuda.max_memory_reserved() / GiB)
+    cell["peak_by_phase"] = phases
     cell["within_budget"] = cell["peak_vram_gib"] * GiB <= budget
     return cell
 
@@ -233,6 +241,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--time-limit", type=float, default=480.0, help="seconds; later cells are skipped")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--profile", default=None,
+                        help="profile JSON of this machine (`vramshard profile`); default: the stored one. The "
+                             "planner needs measured CPU expert speeds: a synthetic roofline profile makes the CPU "
+                             "look 2-4x faster than it is at few-token MoE steps")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     t_start = time.perf_counter()
@@ -249,8 +261,8 @@ def main() -> None:
     results["model_gib"] = model.nbytes / GiB
     log.info("%s: %.1f GiB built and pinned in %.1f s; bandwidth %s", args.shape, model.nbytes / GiB,
              results["build_s"], results["bandwidth_gb_s"])
-    profile = synthetic(cpu_gflops=1500, gpu_gflops=400_000, h2d_gbps=bw["h2d"] / 1e9,
-                        cpu_mem_gbps=bw["cpu_read"] / 1e9, gpu_mem_gbps=4000)
+    profile = machine_profile(args.profile)
+    results["profile"] = profile.summary()
     budgets = [int(float(b) * GiB) for b in args.budgets.split(",")]
     for budget in budgets:
         for label, placement, cache in placements_for(model, budget, args, profile):

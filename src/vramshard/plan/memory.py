@@ -11,12 +11,17 @@ from dataclasses import dataclass
 from ..errors import BudgetError
 from ..layers.moe import GATHER_BYTES
 from ..models.base import Model
+from ..runtime.kv_cache import DEFAULT_BLOCK_SIZE
 from ..units import format_bytes
 from .placement import Placement
 
 SLOT_ALIGN = 256  # byte alignment of each tensor inside a packed buffer
 LOGIT_ROWS = 64  # most logit rows one GPU step computes (decode batch); prompts need one row each
-ALLOCATOR_SLACK = 64 * 2**20  # rounding of the caching allocator, cuBLAS workspace
+ALLOCATOR_SLACK = 64 * 2**20  # rounding of the caching allocator (2 MiB / 20 MiB segments)
+# cuBLAS keeps a workspace per (handle, stream) in the caching allocator for as long as the
+# process lives (32 MiB on Hopper, shared with cuBLASLt); the executor's compute stream and the
+# default stream run matmuls.
+CUBLAS_WORKSPACES = 2 * 32 * 2**20
 
 
 def align(n: int, to: int = SLOT_ALIGN) -> int:
@@ -62,21 +67,75 @@ def sublayer_packed_bytes(model: Model, name: str) -> int:
     return packed_bytes(spec.nbytes for spec in model[name].weights)
 
 
-def workspace_bytes(model: Model, max_tokens: int, max_context: int, max_logit_rows: int | None = None) -> int:
-    """Peak activation memory of one GPU step of ``max_tokens`` new tokens (upper estimate)."""
+def kv_positions(kv_slots: int, max_context: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
+    """Positions a KV cache of ``kv_slots`` rows of ``max_context`` holds: rows round up to whole blocks."""
+    return kv_slots * -(-max_context // block_size) * block_size
+
+
+def attention_workspace_bytes(model: Model, max_tokens: int, max_context: int, kv_slots: int = 1) -> int:
+    """Peak temporaries of one GPU attention sub-layer (upper estimate), over the step shapes a
+    ``max_tokens`` step can take: one sequence of up to ``max_tokens`` new tokens, or a batch of
+    up to ``min(kv_slots, max_tokens)`` sequences, each over up to ``max_context`` cached keys.
+
+    A masked or batched attention may run PyTorch's math kernel, which repeats the grouped keys
+    and values to every head, upcasts them to float32, and materialises the scores and their
+    softmax in float32; a batch also gathers each sequence's KV blocks (padded to the longest).
+    """
+    a = model.args
+    item = model.dtype.itemsize
+    heads, kv_heads, dim = a.num_attention_heads, a.num_key_value_heads, a.head_dim
+    ctx = -(-max_context // DEFAULT_BLOCK_SIZE) * DEFAULT_BLOCK_SIZE
+
+    def one(batch: int, queries: int) -> int:
+        gathered = 2 * batch * ctx * kv_heads * dim * item if batch > 1 else 0  # k, v of the batch's blocks
+        repeated = 2 * batch * ctx * heads * dim * (item + 4)  # k, v repeated per head, and as float32
+        scores = 2 * batch * heads * queries * ctx * 4  # scores and softmax, float32
+        query = batch * queries * heads * dim * (2 * item + 4)  # padded query, float32 copy, output
+        mask = batch * queries * ctx * 4
+        return gathered + repeated + scores + query + mask
+
+    batch = max(1, min(kv_slots, max_tokens))
+    single = one(1, max_tokens) if max_tokens > 1 else 0  # one token: a fused kernel, no scores
+    return max(single, one(batch, -(-max_tokens // batch)) if batch > 1 else 0)
+
+
+def moe_workspace_bytes(model: Model, max_tokens: int) -> int:
+    """Peak temporaries of one MoE FFN on the GPU beyond the per-token activations (upper estimate).
+
+    Routing: router logits, float32 probabilities, top-k weights and indices. Grouped path
+    (:meth:`~vramshard.layers.moe.MoEFFN._run_grouped`): the sorted assignments and their
+    token indices and weights (int64 / activation dtype), the output accumulator, and one
+    expert's activations when every token routes to it. Gathered path: the gathered expert
+    weights of a few-token step (at most ``GATHER_BYTES``).
+    """
+    moe = model.args.moe
+    if moe is None:
+        return 0
+    item = model.dtype.itemsize
+    d, f, k, e = model.args.hidden_size, moe.intermediate_size, moe.top_k, moe.num_experts
+    t = max_tokens
+    routing = t * e * (item + 4 + 4) + t * k * (8 + 4 + 2 * item)
+    assignments = t * k * (8 * 3 + item * 2)  # order, token_of, bincount, weight_of, scaled weights
+    expert = t * (3 * d + 3 * f) * item  # h[tokens], gate_up, act, y, y * w (all tokens on one expert)
+    return routing + assignments + t * d * item + max(expert, GATHER_BYTES)
+
+
+def workspace_bytes(model: Model, max_tokens: int, max_context: int, max_logit_rows: int | None = None,
+                    kv_slots: int = 1) -> int:
+    """Peak activation memory of one GPU step of ``max_tokens`` new tokens (upper estimate) for up to
+    ``kv_slots`` sequences of up to ``max_context`` tokens, plus the allocator's rounding and the
+    cuBLAS workspaces."""
     a = model.args
     item = model.dtype.itemsize
     rows = min(max_tokens, LOGIT_ROWS) if max_logit_rows is None else max_logit_rows
     ffn = a.moe.intermediate_size * a.moe.top_k if a.moe else a.intermediate_size
     qkv = (a.num_attention_heads + 2 * a.num_key_value_heads) * a.head_dim
     per_token = item * (4 * a.hidden_size + 3 * qkv + 3 * ffn)
-    if a.moe:
-        per_token += 4 * a.moe.num_experts * 3  # router logits, probabilities (fp32)
-    extra = GATHER_BYTES if a.moe else 0  # resident experts gathered for a few-token step
-    # A masked attention may fall back to materialised scores [heads, tokens, context] in fp32.
-    scores = 4 * a.num_attention_heads * max_tokens * max_context if max_tokens > 1 else 0
+    attention = attention_workspace_bytes(model, max_tokens, max_context, kv_slots)
+    moe = moe_workspace_bytes(model, max_tokens)
     logits = rows * a.vocab_size * (item + 4 + 4)  # head output, fp32 copy, sampling
-    return align(2 * max_tokens * per_token + scores + logits + extra, 2**20) + ALLOCATOR_SLACK
+    peak = 2 * max_tokens * per_token + max(attention, moe) + logits
+    return align(peak, 2**20) + ALLOCATOR_SLACK + CUBLAS_WORKSPACES
 
 
 def moe_layers(model: Model) -> list[int]:
@@ -102,8 +161,15 @@ def expert_slot_bytes(model: Model) -> int:
 
 
 def expert_split_bytes(model: Model, placement: Placement) -> int:
-    """VRAM of the routers (main pieces) of the sub-layers ``placement`` splits at their experts."""
-    return sum(main_piece_bytes(model, name) for name in placement.expert_names())
+    """VRAM of the routers (main pieces) of the sub-layers ``placement`` splits at their experts
+    (one buffer for all of them, rounded as the allocator rounds it)."""
+    return split_router_bytes(model, placement.expert_names())
+
+
+def split_router_bytes(model: Model, names) -> int:
+    """Bytes of the one VRAM buffer that holds the main pieces of the split sub-layers ``names``."""
+    total = sum(main_piece_bytes(model, name) for name in names)
+    return align(total, 2 * 2**20) if total else 0  # the allocator rounds large blocks to 2 MiB
 
 
 def vram_need(model: Model, placement: Placement, kv_slots: int, max_context: int, max_tokens: int,
@@ -125,13 +191,14 @@ def vram_need(model: Model, placement: Placement, kv_slots: int, max_context: in
         if sublayer.kind == "attn" and w.compute == "gpu":
             gpu_attention += 1
     a = model.args
-    kv = 2 * gpu_attention * kv_slots * max_context * a.num_key_value_heads * a.head_dim * model.dtype.itemsize
+    kv = 2 * gpu_attention * kv_positions(kv_slots, max_context) * a.num_key_value_heads * a.head_dim \
+        * model.dtype.itemsize
     uses_gpu = placement.uses_gpu
     return VramNeed(
         resident=resident,
         slots=num_slots * max(streamed, default=0) if streamed else 0,
         kv=kv,
-        workspace=workspace_bytes(model, max_tokens, max_context, max_logit_rows) if uses_gpu else 0,
+        workspace=workspace_bytes(model, max_tokens, max_context, max_logit_rows, kv_slots) if uses_gpu else 0,
         experts=expert_split_bytes(model, placement) + (expert_cache if placement.expert_names("cache") else 0),
     )
 
@@ -164,7 +231,7 @@ def tiered_vram_need(model: Model, plans, kv_slots: int, max_context: int, max_t
     needs = [vram_need(model, p, kv_slots, max_context, max_tokens, num_slots) for p in plans.placements]
     split = {name for p in plans.placements for name in p.expert_names()}
     caches = any(p.expert_names("cache") for p in plans.placements)
-    experts = sum(main_piece_bytes(model, name) for name in split) + (expert_cache if caches else 0)
+    experts = split_router_bytes(model, split) + (expert_cache if caches else 0)
     return VramNeed(resident=needs[0].resident, slots=max(n.slots for n in needs),
                     kv=max(n.kv for n in needs), workspace=max(n.workspace for n in needs), experts=experts)
 

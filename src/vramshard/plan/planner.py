@@ -29,7 +29,7 @@ from ..models.base import Model
 from ..profile.query import Profile
 from ..units import format_bytes
 from .estimator import Estimator, uniform_hit_rate
-from .memory import VramNeed, expert_slot_bytes, main_piece_bytes, sublayer_packed_bytes, workspace_bytes
+from .memory import VramNeed, expert_slot_bytes, split_router_bytes, sublayer_packed_bytes, workspace_bytes
 from .placement import (CPU, EXPERTS_CACHED, EXPERTS_CPU, GPU_RESIDENT, GPU_STREAMED, Placement, TieredPlacement,
                         Where)
 from .tiers import Tiers
@@ -126,7 +126,7 @@ class Planner:
         self.slot_bytes = max((self.sizes[n] for n in self.streamable), default=0)
         self.moe = {s.name for s in model if isinstance(s, MoEFFN)}
         self.expert_cache = 0  # bytes, for the variant being planned
-        self.moe_fixed = sum(main_piece_bytes(model, n) for n in self.moe)  # routers of split layers
+        self.moe_fixed = split_router_bytes(model, self.moe)  # routers of split layers (one buffer)
 
     def _stream_whole_moe(self, whole: bool) -> None:
         """Whether MoE FFNs may stream whole (slots sized for them) or only split at their experts."""
@@ -139,7 +139,7 @@ class Planner:
             return self._all_cpu("no GPU: every sub-layer runs on the CPU")
         if self.moe:
             return self._plan_moe()
-        workspace = workspace_bytes(self.model, self.tiers.largest, self.context)
+        workspace = workspace_bytes(self.model, self.tiers.largest, self.context, kv_slots=self.kv_slots)
         kv = self.kv_bytes()
         slots = self.num_slots * self.slot_bytes
         minimum = workspace + slots
@@ -205,7 +205,7 @@ class Planner:
         streams = any(p.placement.names(home="stream") for p in tiers.values())
         split = {n for p in tiers.values() for n in p.placement.expert_names()}
         caches = any(p.placement.expert_names("cache") for p in tiers.values())
-        routers = sum(main_piece_bytes(self.model, n) for n in split)
+        routers = split_router_bytes(self.model, split)
         need = VramNeed(resident=sum(self.sizes[n] for n in pinned), slots=slots if streams else 0,
                         kv=kv, workspace=workspace, experts=routers + (self.expert_cache if caches else 0))
         return PlanSet(self.name, self.budget, self.context, kv_on_gpu, self.num_slots, need, pinned, reasons, tiers,
@@ -219,7 +219,7 @@ class Planner:
     def _plan_moe(self) -> PlanSet:
         """Try whole-layer slots or not, KV on either side, and a few expert-cache sizes, on a
         quick plan (no search, the smallest and largest tier); then plan the best fully."""
-        workspace = workspace_bytes(self.model, self.tiers.largest, self.context)
+        workspace = workspace_bytes(self.model, self.tiers.largest, self.context, kv_slots=self.kv_slots)
         kv = self.kv_bytes()
         expert = expert_slot_bytes(self.model)
         least_cache = 2 * max(self.model[n].top_k for n in self.moe) * expert

@@ -29,7 +29,7 @@ from ..errors import BudgetError, InvalidInputError
 from ..layers.moe import DictExperts, MoEFFN
 from ..layers.step import Step
 from ..models.base import Model
-from ..plan.memory import ALLOCATOR_SLACK, VramNeed, expert_slot_bytes, tiered_vram_need
+from ..plan.memory import ALLOCATOR_SLACK, VramNeed, align, expert_slot_bytes, tiered_vram_need
 from ..plan.placement import Placement, TieredPlacement, Where
 from ..units import format_bytes
 from .expert_cache import CachedExperts, CacheStats, ExpertCache, cache_slots
@@ -217,6 +217,7 @@ class Executor:
         """Forget every VRAM buffer of the placement (KV caches are not the executor's to drop)."""
         self.resident: dict[str, dict[str, torch.Tensor]] = {}
         self._resident_buffer: torch.Tensor | None = None
+        self._router_buffer: torch.Tensor | None = None  # routers of split MoE sub-layers, back to back
         self.ring: SlotRing | None = None
         self.expert_cache: ExpertCache | None = None
         self.split_weights: dict[str, CachedExperts | dict] = {}  # split sub-layer -> router (+ cached experts)
@@ -344,7 +345,10 @@ class Executor:
         return cache_slots(asked, slot) * slot
 
     def _load_split(self) -> None:
-        """Routers (main pieces) of split MoE sub-layers into VRAM; host expert sources; the cache."""
+        """Routers (main pieces) of split MoE sub-layers into VRAM; host expert sources; the cache.
+
+        The routers share one VRAM buffer (as counted by ``split_router_bytes``): each is about
+        half a MiB, and separate allocations that small would each take a slice of a 2 MiB segment."""
         if not self.split:
             return
         cached = {n for p in self.plans.placements for n in p.expert_names("cache")}
@@ -352,11 +356,17 @@ class Executor:
             slot = expert_slot_bytes(self.model)
             copier = ExpertSlots(self.expert_cache_bytes // slot, slot, self.host, self.gpu, self.copy_stream)
             self.expert_cache = ExpertCache(self.expert_cache_bytes // slot, copier)
-        for name in sorted(self.split, key=lambda n: self.model[n].layer):
+        names = sorted(self.split, key=lambda n: self.model[n].layer)
+        ranges = {name: self.host[name].layout.piece_range("main") for name in names}
+        total = sum(align(end - begin) for begin, end in ranges.values())
+        self._router_buffer = torch.empty(total, dtype=torch.uint8, device=self.gpu)
+        cursor = 0
+        for name in names:
             packed = self.host[name]
-            begin, end = packed.layout.piece_range("main")
-            block = torch.empty(end - begin, dtype=torch.uint8, device=self.gpu)
+            begin, end = ranges[name]
+            block = self._router_buffer[cursor : cursor + end - begin]
             block.copy_(packed.buffer[begin:end], non_blocking=True)
+            cursor += align(end - begin)
             main = packed.layout.views(block, piece="main")
             self.split_weights[name] = CachedExperts(main, name, self.expert_cache) if name in cached else main
             self.host_experts[name] = DictExperts(packed.views, self.model[name].num_experts)
