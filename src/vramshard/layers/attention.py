@@ -158,13 +158,21 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache, step: Step)
     flat_k[index] = k
     flat_v[index] = v
     B, q_max, k_max = step.num_seqs, max(step.lengths), step.max_context
-    rows, cols = step.memo("pad_index", device, lambda: _pad_index(step, device))
-    query = q.new_zeros(B, q_max, q.shape[1], q.shape[2])
-    query[rows, cols] = q
     tables = step.memo(("kv_blocks", geometry), device, lambda: _table_tensor(step, cache, device))  # [B, nb]
     keys = cache.k[tables].flatten(1, 2)[:, :k_max].transpose(1, 2)  # [B, Hkv, L, D]
     values = cache.v[tables].flatten(1, 2)[:, :k_max].transpose(1, 2)
-    mask = step.memo("batch_mask", device, lambda: _batch_mask(step, q_max, k_max, device))
+    mask = step.memo("batch_mask", device, lambda: _batch_mask(step, q_max, k_max, device))  # [B, 1, Qmax, L]
+    if q_max == 1:
+        # Decode: one query per sequence, so the G query heads sharing a KV head become G query rows
+        # of that head (head h reads KV head h // G). A masked SDPA call with a GQA broadcast would
+        # take the slow math kernel, which also materialises the repeated keys and values.
+        kv_heads = k.shape[1]
+        grouped = q.view(B, kv_heads, q.shape[1] // kv_heads, q.shape[2])  # [B, Hkv, G, D]
+        out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask, scale=scale)
+        return out.reshape(q.shape)  # [T = B, H, D]
+    rows, cols = step.memo("pad_index", device, lambda: _pad_index(step, device))
+    query = q.new_zeros(B, q_max, q.shape[1], q.shape[2])
+    query[rows, cols] = q
     out = F.scaled_dot_product_attention(query.transpose(1, 2), keys, values, attn_mask=mask,
                                          scale=scale, enable_gqa=gqa)  # [B, H, Qmax, D]
     return out.transpose(1, 2)[rows, cols]
