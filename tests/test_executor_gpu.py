@@ -79,3 +79,19 @@ def test_budget_is_enforced_and_peak_reported(tiny_model_dir):
     engine = Engine.load(path, device="cuda", placement="stream", vram=budget, max_context=64)
     trace_logits(engine)
     assert 0 < engine.executor.peak_vram() <= budget
+
+
+@pytest.mark.parametrize("placement", ["gpu", "layers:1"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral"])
+def test_decode_graphs_match_cpu_float32(arch, placement, tiny_model_dir, cpu_reference):
+    """Decode steps replayed from CUDA graphs compute what the CPU computes, greedy tokens too."""
+    path = tiny_model_dir(arch)
+    cpu_engine, expected = cpu_reference(path, "float32")
+    engine = Engine.load(path, device="cuda", dtype="float32", placement=placement, max_context=64,
+                         decode_graphs=True)
+    got = trace_logits(engine)
+    torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-3)
+    assert engine.generate([PROMPT], 16) == cpu_engine.generate([PROMPT], 16)
+    graphs = engine.executor.graphs
+    assert graphs is not None and graphs.stats.replays > 0, graphs.stats if graphs else "no graphs"
+    assert engine.executor.peak_vram() > 0

@@ -113,7 +113,8 @@ class Engine:
             positions to reserve, shared by all sequences; default ``max_batch`` x context), ``max_step_tokens``
             (largest step, default 2048), ``threads`` (CPU threads), ``num_slots`` (stream ring),
             ``tiers`` (:class:`Tiers`), ``profile`` (a machine profile for the planner),
-            ``vision`` (:class:`vramshard.vlm.VisionOptions`, vision-language models only).
+            ``vision`` (:class:`vramshard.vlm.VisionOptions`, vision-language models only),
+            ``decode_graphs`` (replay decode steps over VRAM-resident sub-layers from CUDA graphs).
         """
         vision = options.pop("vision", None)
         checkpoint = open_checkpoint(path)
@@ -177,7 +178,7 @@ class Engine:
                vram=None, device=None, placement=None, max_context=None, max_batch: int = 1,
                max_step_tokens: int = 2048, threads: int | None = None, num_slots: int = 2,
                tiers: Tiers | None = None, profile=None, kv_tokens: int | None = None,
-               simulate_gpu: bool = False) -> "Engine":
+               simulate_gpu: bool = False, decode_graphs: bool = False) -> "Engine":
         limit = model.args.max_position_embeddings
         if max_context is not None and max_context > limit:
             raise InvalidInputError(f"max_context {max_context} exceeds the model's limit of {limit} positions")
@@ -203,7 +204,8 @@ class Engine:
         host = pack(device != "cpu")
         executor = Executor(model, host, placement, budget=budget, max_tokens=max_step_tokens,
                             max_context=kv_tokens, kv_slots=1, num_slots=num_slots, threads=threads,
-                            device=device if device != "cpu" else "cuda", simulate_gpu=simulate_gpu)
+                            device=device if device != "cpu" else "cuda", simulate_gpu=simulate_gpu,
+                            decode_graphs=decode_graphs and device != "cpu" and not simulate_gpu)
         log.info("%s", executor.describe())
         engine = cls(model, executor, tokenizer, name=name, max_context=context, vram_budget=budget,
                      max_step_tokens=max_step_tokens, kv_tokens=kv_tokens)

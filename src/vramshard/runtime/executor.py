@@ -32,6 +32,7 @@ from ..models.base import Model
 from ..plan.memory import ALLOCATOR_SLACK, VramNeed, align, expert_slot_bytes, tiered_vram_need
 from ..plan.placement import Placement, TieredPlacement, Where
 from ..units import format_bytes
+from .graphs import DecodeGraphs
 from .expert_cache import CachedExperts, CacheStats, ExpertCache, cache_slots
 from .host_weights import PackedWeights
 from .kv_cache import KVCache
@@ -129,8 +130,9 @@ class Executor:
     def __init__(self, model: Model, host: dict[str, PackedWeights], placement: Placement | TieredPlacement,
                  budget: int | None = None, max_tokens: int = 2048, max_context: int = 4096, kv_slots: int = 1,
                  num_slots: int = 2, threads: int | None = None, device: str | torch.device = "cuda",
-                 expert_cache: int | None = None, simulate_gpu: bool = False):
+                 expert_cache: int | None = None, simulate_gpu: bool = False, decode_graphs: bool = False):
         self.model = model
+        self.decode_graphs = decode_graphs  # replay decode steps over resident runs from CUDA graphs
         self._lock = threading.RLock()
         self.threads = threads
         use_cpu_threads(threads)
@@ -207,6 +209,9 @@ class Executor:
             return
         self._load_resident()
         self._load_split()
+        if self.decode_graphs and self.resident:
+            room = None if self.budget is None else max(0, self.budget - self.need.total)
+            self.graphs = DecodeGraphs(self.resident, self.gpu, self.kv_plan[1], pool_limit=room)
         streamed = {n for p in self.plans.placements for n in p.names(home="stream")}
         if streamed:
             slot_bytes = max(self.host[n].layout.nbytes for n in streamed)
@@ -222,6 +227,7 @@ class Executor:
         self.expert_cache: ExpertCache | None = None
         self.split_weights: dict[str, CachedExperts | dict] = {}  # split sub-layer -> router (+ cached experts)
         self.host_experts: dict[str, DictExperts] = {}  # split sub-layer -> its experts in host memory
+        self.graphs: DecodeGraphs | None = None  # captured over the resident weights: dropped with them
 
     def _reserved(self) -> int:
         if self.gpu is None or self.simulated:
@@ -470,8 +476,23 @@ class Executor:
         crossings = 0
         compute = self.compute_stream
         compute.wait_stream(torch.cuda.current_stream(self.gpu))  # KV caches, inputs made on the default stream
+        # Decode steps: runs of resident sub-layers replay a CUDA graph (None / eager when not covered).
+        runs = self.graphs.runs(placement, sublayers) if self.graphs is not None and isinstance(step, Step) \
+            and tokens == step.num_seqs else {}
         with torch.cuda.stream(compute):
-            for sublayer in sublayers:
+            skip_to = 0
+            for index, sublayer in enumerate(sublayers):
+                if index < skip_to:
+                    continue
+                end = runs.get(index)
+                if end is not None:
+                    if x.device.type == "cpu" and sublayer.kind != "embed":
+                        x = x.to(self.gpu, non_blocking=True)
+                        crossings += 1
+                    replayed = self.graphs.run(sublayers[index:end], x, step)
+                    if replayed is not None:
+                        x, skip_to = replayed, end
+                        continue
                 here = where[sublayer.name]
                 if here.compute == "cpu":
                     if x.device.type != "cpu":
