@@ -104,3 +104,24 @@ def test_plan_set_is_plain_data():
 
     tiered = plan(4 * GiB).tiered()
     assert TieredPlacement.from_json(tiered.to_json()) == tiered
+
+
+def test_pinned_set_takes_the_faster_of_the_two_greedy_orders():
+    """With the KV cache in VRAM, attention left out can only stream, while an FFN left out can
+    also run on the CPU: pinning attention first frees the copy engine for FFNs. The planner
+    compares both orders and must keep the one its estimator predicts faster."""
+    profile = synthetic(**{**CLIENT, "cpu_mem_gbps": 50})  # a CPU slow enough that FFNs score first
+    planner = Planner(NEMO, profile, 8 * GiB, context=1024, tiers=TIERS, kv_on_gpu=True)
+    result = planner.plan()
+    room = 8 * GiB - result.need.workspace - result.need.kv - result.need.slots
+
+    def predicted(pinned):
+        return sum(planner._plan_tier(t, set(pinned), True, search=False).predicted_s / t for t in TIERS.sizes)
+
+    orders = [planner._pinned_set(room, True, fixed_first=first)[0] for first in (False, True)]
+    assert orders[0] != orders[1]  # the two orders differ here, so the choice means something
+    assert predicted(result.pinned) <= min(predicted(p) for p in orders) * 1.0001
+    assert predicted(orders[1]) < predicted(orders[0])  # and here attention first is the faster one
+    assert set(result.pinned) == set(orders[1])
+    attention = [n for n in orders[1] if n.startswith("attn")]
+    assert len(attention) == NEMO.args.num_hidden_layers  # attention first: all of it fits in 8 GiB

@@ -196,11 +196,12 @@ class Planner:
         if everything + workspace + kv <= budget:
             # Attention stays beside its KV cache: on the CPU when the cache is in host memory.
             pinned, reasons = [s.name for s in self.model if kv_on_gpu or s.kind != "attn"], []
-            slots = 0
+            slots, note = 0, None
         else:
             slots = self.num_slots * self.slot_bytes
             room = budget - workspace - kv - slots - self._moe_reserved()
-            pinned, reasons = self._pinned_set(room, kv_on_gpu)
+            pinned, reasons = self._choose_pinned(room, kv_on_gpu, search)
+            note = self._pin_note
         tiers = {t: self._plan_tier(t, set(pinned), kv_on_gpu, search) for t in self.tiers.sizes}
         streams = any(p.placement.names(home="stream") for p in tiers.values())
         split = {n for p in tiers.values() for n in p.placement.expert_names()}
@@ -208,9 +209,12 @@ class Planner:
         routers = split_router_bytes(self.model, split)
         need = VramNeed(resident=sum(self.sizes[n] for n in pinned), slots=slots if streams else 0,
                         kv=kv, workspace=workspace, experts=routers + (self.expert_cache if caches else 0))
-        return PlanSet(self.name, self.budget, self.context, kv_on_gpu, self.num_slots, need, pinned, reasons, tiers,
+        plan = PlanSet(self.name, self.budget, self.context, kv_on_gpu, self.num_slots, need, pinned, reasons, tiers,
                        expert_cache=self.expert_cache if caches else 0,
                        expert_hit_rate=self.estimator.expert_hit_rate if caches else 0.0)
+        if note:
+            plan.notes.append(note)
+        return plan
 
     def _moe_reserved(self) -> int:
         return self.moe_fixed + self.expert_cache if self.moe else 0
@@ -286,8 +290,37 @@ class Planner:
                 choice[name], copy_total = "experts-cache", copy_total + copy_s
         return self._family("experts-mix", pinned, kv_on_gpu, lambda s: choice.get(s.name, "stream"))
 
-    def _pinned_set(self, room: float, kv_on_gpu: bool) -> tuple[list[str], list[PinReason]]:
-        """Greedy by step time saved per byte, summed over tiers relative to each tier's step."""
+    def _choose_pinned(self, room: float, kv_on_gpu: bool, compare: bool) -> tuple[list[str], list[PinReason]]:
+        """The pinned set of the two greedy orders (see :meth:`_pinned_set`) whose plan the
+        estimator predicts faster, over all tiers (without the per-sub-layer search)."""
+        by_score = self._pinned_set(room, kv_on_gpu)
+        self._pin_note = None
+        if not compare:
+            return by_score
+        fixed_first = self._pinned_set(room, kv_on_gpu, fixed_first=True)
+        if fixed_first[0] == by_score[0]:
+            return by_score
+
+        def predicted(pinned: list[str]) -> float:
+            return sum(self._plan_tier(t, set(pinned), kv_on_gpu, search=False).predicted_s / t
+                       for t in self.tiers.sizes)
+
+        seconds = [predicted(by_score[0]), predicted(fixed_first[0])]
+        best = 0 if seconds[0] <= seconds[1] else 1
+        self._pin_note = (f"pinned set: {'by time saved per byte' if best == 0 else 'stream-only attention first'} "
+                          f"(predicted {seconds[best] * 1e3:.2f} vs {seconds[1 - best] * 1e3:.2f} ms per token "
+                          "summed over tiers, without search)")
+        return (by_score, fixed_first)[best]
+
+    def _pinned_set(self, room: float, kv_on_gpu: bool, fixed_first: bool = False) -> tuple[list[str], list[PinReason]]:
+        """Greedy by step time saved per byte, summed over tiers relative to each tier's step.
+
+        ``fixed_first``: pin first the sub-layers that can only stream when left out of VRAM
+        (attention beside a GPU KV cache). Per-byte scores see each sub-layer
+        alone; in a step where the CPU and the copy engine share the unpinned work, a sub-layer
+        that can only use the copy engine costs more than its score says, because FFNs that
+        could run on either side absorb the balance.
+        """
         est = self.estimator
         candidates = []
         baseline = {}
@@ -305,12 +338,12 @@ class Planner:
                 saved[tier] = max(0.0, self._unpinned_s(sublayer, tier, kv_on_gpu) - pinned_s)
             score = sum(saved[t] / baseline[t] for t in saved) / max(self.sizes[sublayer.name], 1) * 2**30
             candidates.append(PinReason(sublayer.name, self.sizes[sublayer.name], saved, score))
-        candidates.sort(key=lambda r: r.score, reverse=True)
+        stream_only = {s.name for s in self.model if s.kind == "attn" and s.name in self.streamable} if kv_on_gpu \
+            else set()
+        candidates.sort(key=lambda r: (fixed_first and r.name in stream_only, r.score), reverse=True)
         pinned, reasons, used = [], [], 0
         for reason in candidates:
-            if reason.score <= 0:
-                break
-            if used + reason.nbytes <= room:
+            if reason.score > 0 and used + reason.nbytes <= room:
                 pinned.append(reason.name)
                 reasons.append(reason)
                 used += reason.nbytes
