@@ -142,6 +142,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache, step: Step)
             blocks = step.memo(("kv_blocks", geometry), device, lambda: _table_tensor(step, cache, device))[0]
             keys = cache.k[blocks].flatten(0, 1)[: start + n].transpose(0, 1)[None]  # [1, Hkv, L, D]
             values = cache.v[blocks].flatten(0, 1)[: start + n].transpose(0, 1)[None]
+        if n == 1:  # decode: every key is visible, and the query heads of a KV head are its rows
+            return decode_attention(q, keys, values, scale)
         query = q.transpose(0, 1)[None]  # [1, H, T, D]
         mask = None
         causal = False
@@ -163,19 +165,29 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache, step: Step)
     values = cache.v[tables].flatten(1, 2)[:, :k_max].transpose(1, 2)
     mask = step.memo("batch_mask", device, lambda: _batch_mask(step, q_max, k_max, device))  # [B, 1, Qmax, L]
     if q_max == 1:
-        # Decode: one query per sequence, so the G query heads sharing a KV head become G query rows
-        # of that head (head h reads KV head h // G). A masked SDPA call with a GQA broadcast would
-        # take the slow math kernel, which also materialises the repeated keys and values.
-        kv_heads = k.shape[1]
-        grouped = q.view(B, kv_heads, q.shape[1] // kv_heads, q.shape[2])  # [B, Hkv, G, D]
-        out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask, scale=scale)
-        return out.reshape(q.shape)  # [T = B, H, D]
+        return decode_attention(q, keys, values, scale, mask)
     rows, cols = step.memo("pad_index", device, lambda: _pad_index(step, device))
     query = q.new_zeros(B, q_max, q.shape[1], q.shape[2])
     query[rows, cols] = q
     out = F.scaled_dot_product_attention(query.transpose(1, 2), keys, values, attn_mask=mask,
                                          scale=scale, enable_gqa=gqa)  # [B, H, Qmax, D]
     return out.transpose(1, 2)[rows, cols]
+
+
+def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float,
+                      mask: torch.Tensor | None = None) -> torch.Tensor:
+    """One new token per sequence: q [B, H, D] against keys, values [B, Hkv, L, D] → [B, H, D].
+
+    The G = H / Hkv query heads sharing a KV head become G query rows of that head (head h reads
+    KV head h // G, as a GQA broadcast does), so no kernel needs GQA support: a masked SDPA call
+    with a GQA broadcast would take the slow math kernel and materialise repeated keys and values.
+    mask: [B, 1, 1, L] (padding of a batch), or None when every key is visible.
+    """
+    B, H, D = q.shape
+    kv_heads = keys.shape[1]
+    grouped = q.view(B, kv_heads, H // kv_heads, D)  # [B, Hkv, G, D]
+    out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask, scale=scale)
+    return out.reshape(B, H, D)
 
 
 def _block_tables(step: Step, cache) -> list:

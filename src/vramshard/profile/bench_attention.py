@@ -16,7 +16,13 @@ from .timing import time_cpu, time_cuda
 
 
 def sdpa_gqa(q, k, v):
-    """SDPA with ``kv_heads < heads``; repeats KV heads where torch lacks ``enable_gqa``."""
+    """Attention of q [1, H, T, D] to k, v [1, Hkv, L, D] as the executor computes it: one new
+    token through :func:`~vramshard.layers.attention.decode_attention` (query heads as rows of
+    their KV head), more through SDPA's GQA broadcast (repeated KV heads where torch lacks it)."""
+    if q.shape[2] == 1:
+        from ..layers.attention import decode_attention
+
+        return decode_attention(q[:, :, 0], k, v, q.shape[-1] ** -0.5)
     try:
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     except TypeError:
