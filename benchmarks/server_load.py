@@ -2,6 +2,7 @@
 
     python benchmarks/server_load.py --model PATH [--clients 64] [--disconnect 0.3] [--max-seqs 16]
     python benchmarks/server_load.py --url http://127.0.0.1:8000 --model-name NAME [--api-key KEY]
+    python benchmarks/server_load.py --shape nemo-8b --server-args "--vram 8GiB"   # random weights, token-id prompts
 
 Each client streams one completion (prompts and answer lengths differ) and checks that its
 stream is whole: events in order, a finish reason, ``[DONE]``. With ``--disconnect P`` each
@@ -70,6 +71,14 @@ def make_specs(clients: int, seed: int = 0, min_words: int = 2, max_words: int =
     return specs
 
 
+def token_specs(specs: list[tuple[str, int]], vocab: int = 200, seed: int = 0) -> list[tuple[list[int], int]]:
+    """The same clients with token-id prompts (one id per word, the client's index first) for a
+    model without a tokenizer (``vramshard serve --shape``)."""
+    rng = random.Random(seed)
+    return [([1 + index % (vocab - 1)] + [rng.randrange(1, vocab) for _ in prompt.split()[1:]], max_tokens)
+            for index, (prompt, max_tokens) in enumerate(specs)]
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return 0.0
@@ -77,7 +86,7 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
 
 
-async def one_client(client: httpx.AsyncClient, url: str, model: str, index: int, prompt: str, max_tokens: int,
+async def one_client(client: httpx.AsyncClient, url: str, model: str, index: int, prompt: str | list[int], max_tokens: int,
                      headers: dict, hang_up_after: int | None) -> ClientResult:
     result = ClientResult(index)
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
@@ -115,7 +124,7 @@ async def one_client(client: httpx.AsyncClient, url: str, model: str, index: int
     return result
 
 
-async def run_load(url: str, specs: list[tuple[str, int]], model: str, api_key: str | None = None,
+async def run_load(url: str, specs: list[tuple[str | list[int], int]], model: str, api_key: str | None = None,
                    disconnect: float = 0.0, seed: int = 0) -> tuple[LoadReport, list[ClientResult]]:
     """All clients at once; returns the report and each client's result (in spec order)."""
     rng = random.Random(seed)
@@ -148,11 +157,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(model: str, *extra: str, timeout: float = 120.0) -> tuple[subprocess.Popen, str]:
-    """`vramshard serve MODEL EXTRA...` on a free loopback port; returns (process, base url) once healthy."""
+def start_server(model: str | None, *extra: str, timeout: float = 120.0) -> tuple[subprocess.Popen, str]:
+    """`vramshard serve MODEL EXTRA...` on a free loopback port (MODEL None: EXTRA names a --shape);
+    returns (process, base url) once healthy."""
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "vramshard.cli.main", "serve", str(model), "--port", str(port),
-                                *map(str, extra)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen([sys.executable, "-m", "vramshard.cli.main", "serve", *([str(model)] if model else []),
+                                "--port", str(port), *map(str, extra)],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -180,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="model to serve (starts a server on a free loopback port)")
     parser.add_argument("--url", help="an already running server instead")
+    parser.add_argument("--shape", help="serve random weights of a named shape (prompts as token ids)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds the server may take to start")
     parser.add_argument("--model-name", default=None, help="model name to send (default: as served)")
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--clients", type=int, default=64)
@@ -190,16 +203,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
-    if bool(args.model) == bool(args.url):
-        parser.error("give exactly one of --model and --url")
+    if sum(map(bool, (args.model, args.url, args.shape))) != 1:
+        parser.error("give exactly one of --model, --shape and --url")
     process = None
     url = args.url
-    if args.model:
-        process, url = start_server(args.model, "--max-seqs", str(args.max_seqs), *args.server_args.split())
+    if args.model or args.shape:
+        shape = ("--shape", args.shape) if args.shape else ()
+        process, url = start_server(args.model, *shape, "--max-seqs", str(args.max_seqs), *args.server_args.split(),
+                                    timeout=args.timeout)
     try:
         name = args.model_name or httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {args.api_key}"}
                                             if args.api_key else {}).json()["data"][0]["id"]
         specs = make_specs(args.clients, args.seed, max_tokens=args.max_tokens)
+        if args.shape:
+            specs = token_specs(specs, seed=args.seed)
         report, _ = asyncio.run(run_load(url, specs, name, args.api_key, args.disconnect, args.seed))
     finally:
         if process is not None:

@@ -76,3 +76,12 @@ def test_64_streaming_clients_then_random_disconnects(server, model_dir):
     response = httpx.post(f"{server}/v1/completions", timeout=30,
                           json={"model": "demo", "prompt": prompt, "max_tokens": n, "temperature": 0})
     assert response.json()["choices"][0]["text"] == expected[0]
+
+
+def test_load_on_a_random_weight_shape_with_token_id_prompts(capsys):
+    """`serve --shape` has no tokenizer: the load test sends token ids and counts tokens from usage."""
+    code = load.main(["--shape", "tiny-llama", "--clients", "6", "--max-tokens", "5", "--max-seqs", "4",
+                      "--server-args", "--device cpu --max-context 128", "--json"])
+    report = __import__("json").loads(capsys.readouterr().out)
+    assert code == 0 and report["completed"] == 6 and report["failed"] == 0
+    assert 6 <= report["completion_tokens"] <= 30

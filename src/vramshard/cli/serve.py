@@ -1,4 +1,4 @@
-"""``vramshard serve MODEL``: an OpenAI-compatible HTTP server with continuous batching."""
+"""``vramshard serve MODEL`` (or ``--shape NAME``): an OpenAI-compatible HTTP server with continuous batching."""
 
 from __future__ import annotations
 
@@ -18,7 +18,11 @@ def register(subparsers) -> None:
         description="Serve /v1/completions, /v1/chat/completions, /v1/models, /v1/stats, /v1/budget and /health. "
                     "Requests from all clients are batched continuously.",
     )
-    parser.add_argument("model", metavar="MODEL", help="Hugging Face model directory or .gguf file")
+    parser.add_argument("model", metavar="MODEL", nargs="?", help="Hugging Face model directory or .gguf file "
+                        "(or use --shape)")
+    parser.add_argument("--shape", metavar="NAME", default=None,
+                        help="serve random weights of a named real shape (e.g. nemo-8b) for load tests; it has no "
+                             "tokenizer, so prompts are token ids")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     parser.add_argument("--api-key", default=None, metavar="KEY",
@@ -54,8 +58,19 @@ def main(args: argparse.Namespace) -> int:
     if not args.budget_poll >= 0:
         raise InvalidInputError(f"--budget-poll must be 0 or more seconds, got {args.budget_poll}")
     console = stderr_console()
-    engine = Engine.load(args.model, vram=args.vram, device=args.device, dtype=args.dtype, placement=args.placement,
-                         max_context=args.max_context, max_batch=args.max_seqs, max_step_tokens=args.max_step_tokens)
+    options = dict(vram=args.vram, device=args.device, placement=args.placement, max_context=args.max_context,
+                   max_batch=args.max_seqs, max_step_tokens=args.max_step_tokens)
+    if args.shape is not None or args.model is None:
+        import torch
+
+        from .bench import load_host
+
+        with console.status(f"building random weights of {args.shape}"):
+            model, host, name = load_host(args.model, args.shape, args.dtype, None,
+                                          pin=args.device != "cpu" and torch.cuda.is_available())
+        engine = Engine.from_host(model, host, None, name=name, **options)
+    else:
+        engine = Engine.load(args.model, dtype=args.dtype, **options)
     context = args.max_context or min(engine.max_context, DEFAULT_CONTEXT)
     loop = EngineLoop(engine.scheduler(max_seqs=args.max_seqs, max_context=context))
     name = args.served_model_name or engine.model_name
