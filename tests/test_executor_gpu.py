@@ -95,3 +95,65 @@ def test_decode_graphs_match_cpu_float32(arch, placement, tiny_model_dir, cpu_re
     graphs = engine.executor.graphs
     assert graphs is not None and graphs.stats.replays > 0, graphs.stats if graphs else "no graphs"
     assert engine.executor.peak_vram() > 0
+
+
+# ---------------------------------------------------------------------------- attention over a host KV cache
+def _host_kv_tiers(model):
+    """KV caches in host memory. Decode (tier 1): attention on the CPU, except attn[0], resident and
+    run on the GPU over its host KV cache in every tier; prompt chunks (tier 64): every attention on
+    the GPU over its host KV cache, staged through VRAM. FFNs stream, the head is resident."""
+    from vramshard.plan.placement import GPU_RESIDENT_HOST_KV, GPU_STREAMED_HOST_KV, TieredPlacement
+
+    def place(prompt: bool) -> Placement:
+        def where(s):
+            if s.kind == "embed":
+                return CPU
+            if s.kind == "head":
+                return GPU_RESIDENT
+            if s.kind == "attn":
+                if s.layer == 0:
+                    return GPU_RESIDENT_HOST_KV
+                return GPU_STREAMED_HOST_KV if prompt else CPU
+            return GPU_STREAMED
+        return Placement("prompt" if prompt else "decode", tuple((s.name, where(s)) for s in model))
+
+    return TieredPlacement((1, 64), (place(False), place(True)), (None, None))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_gpu_attention_over_host_kv_matches_cpu_float32(arch, tiny_model_dir, cpu_reference):
+    """Prompt chunks compute attention on the GPU over the host KV cache, decode steps on the CPU:
+    same logits and greedy tokens as the CPU reference, KV never in VRAM, peak VRAM within budget."""
+    path = tiny_model_dir(arch)
+    cpu_engine, expected = cpu_reference(path, "float32")
+    budget = 200 * 2**20
+    engine = Engine.load(path, device="cuda", dtype="float32", placement="stream", vram=budget, max_context=64)
+    engine.executor.reconfigure(_host_kv_tiers(engine.model), budget)
+    executor = engine.executor
+    assert executor.kv_layers_on_gpu == set() and executor.need.kv == 0 and executor.need.kv_staging > 0
+    got = trace_logits(engine, prefill_chunk=5)  # chunks of 5, 5, 2: later chunks copy their prefix in
+    torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-3)
+    assert engine.generate([PROMPT], 16) == cpu_engine.generate([PROMPT], 16)
+    # A batch of two (paged KV blocks of two sequences) and a second round over the same caches.
+    prompts = [PROMPT, FORCED[:7]]
+    assert engine.generate(prompts, 8) == cpu_engine.generate(prompts, 8)
+    assert 0 < executor.peak_vram() <= budget, (executor.peak_vram(), executor.need.breakdown())
+
+
+def test_gpu_attention_over_host_kv_reports_staging_copies(tiny_model_dir):
+    from vramshard.layers.step import Step
+
+    engine = Engine.load(tiny_model_dir("llama"), device="cuda", dtype="float32", placement="stream", max_context=64)
+    engine.executor.reconfigure(_host_kv_tiers(engine.model), None)
+    executor = engine.executor
+    kv = executor.new_kv_cache(slots=1, max_ctx=32)
+    assert all(kv.device_of(layer).type == "cpu" for layer in kv.layers)
+    executor.forward(torch.tensor(PROMPT[:8]), Step.single(0, 8, kv_lookup=kv))
+    first = dict(executor.report.extra)
+    executor.forward(torch.tensor(PROMPT[8:]), Step.single(8, 4, kv_lookup=kv))
+    later = dict(executor.report.extra)
+    layers = len(kv.layers)
+    per_token = 2 * engine.model.args.num_key_value_heads * engine.model.args.head_dim * 4
+    assert first.get("kv_staged_in", 0) == 0 and first["kv_written_back"] == layers * 8 * per_token
+    assert later["kv_staged_in"] == layers * 16 * per_token  # the prefix: one block of 16 positions per layer
+    assert later["kv_written_back"] == layers * 4 * per_token

@@ -23,7 +23,7 @@ from .layers.step import Step
 from .loading.checkpoint import Checkpoint, open_checkpoint
 from .models import Model, build_model
 from .plan.memory import LOGIT_ROWS, max_resident_layers, moe_layers, sublayer_triples, vram_need
-from .plan.placement import Placement, named_placement
+from .plan.placement import Placement, TieredPlacement, named_placement
 from .plan.planner import Planner, machine_profile
 from .plan.tiers import Tiers
 from .runtime import budget as budgets
@@ -537,13 +537,14 @@ def _resolve_device(device: str | None) -> str:
     return device
 
 
-def choose_placement(model: Model, placement: str | Placement | None, device: str, budget: int | None,
-                     kv_tokens: int, max_step_tokens: int) -> Placement:
-    """The placement to run: the one asked for, else all-CPU without a GPU, else the
-    whole model resident when it fits, else as many whole layers as fit."""
+def choose_placement(model: Model, placement: str | Placement | TieredPlacement | None, device: str,
+                     budget: int | None, kv_tokens: int, max_step_tokens: int) -> Placement | TieredPlacement:
+    """The placement to run: the one asked for (a name, a placement, or one per token tier),
+    else all-CPU without a GPU, else the whole model resident when it fits, else as many
+    whole layers as fit."""
     triples = sublayer_triples(model)
     layers = model.args.num_hidden_layers
-    if isinstance(placement, Placement):
+    if isinstance(placement, (Placement, TieredPlacement)):
         return placement
     if device == "cpu":
         if placement not in (None, "cpu"):

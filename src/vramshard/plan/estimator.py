@@ -3,6 +3,11 @@ whole step over three resources (CPU thread, GPU, copy engine) with the executor
 dependencies: the Python thread issues GPU work and blocks on CPU sub-layers and on
 device crossings; fill k+S of the slot ring is issued after sub-layer k is queued and
 waits until the GPU has finished with that slot.
+
+GPU attention over a host KV cache (``Where.kv == "host"``) adds its staging copies on the
+copy engine, in the executor's order: the cached prefix host → VRAM before the attention, the
+new keys and values VRAM → host after it (the copy engine waits for the attention), and the
+Python thread's gather and scatter of those rows in host memory.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from .memory import expert_slot_bytes, sublayer_packed_bytes
 from .placement import Placement
 
 DISPATCH_LAUNCHES = 5  # kernel launches in the profile's "tiny sub-layer" dispatch probe
+HOST_GATHER_BPS = 10e9  # rows of a host KV cache gathered into / scattered from pinned buffers (one thread)
 
 
 @dataclass
@@ -126,6 +132,13 @@ class Estimator:
         touched = sublayer.expected_experts_touched(n_tokens)
         return touched * (1 - self.expert_hit_rate) * self._expert_slot
 
+    def staging_bytes(self, sublayer: Attention, n_tokens: int, context: int) -> tuple[int, int]:
+        """(prefix bytes copied host → VRAM, new bytes copied VRAM → host) of one step of GPU attention
+        over a host KV cache: the step's ``n_tokens`` end at ``context``, so ``context - n_tokens``
+        positions were cached before it (0 for a first chunk)."""
+        per_token = sublayer.kv_bytes_per_token(self.dtype)
+        return max(0, context - n_tokens) * per_token, n_tokens * per_token
+
     def crossing_s(self, nbytes: int, direction: str) -> float:
         """Moving activations between devices: a small copy plus a synchronisation."""
         return self.profile.transfer_s(nbytes, direction) + self.profile.dispatch_s("cuda")
@@ -157,6 +170,7 @@ class Estimator:
         fill_done: dict[int, float] = {}  # global fill index -> time the slot holds its weights
         slot_released: dict[int, float] = {}  # global use index -> GPU time the slot became free
         fills_issued = 0
+        written_back = 0.0  # when the last KV write-back of a staged attention is done
 
         def issue_fill(at: float):
             nonlocal fills_issued, copy_free, copy_busy
@@ -232,6 +246,16 @@ class Estimator:
                 ready = x_ready
                 if w.home == "stream":
                     ready = max(ready, fill_done[uses])
+                if w.stages_kv:
+                    prefix, new = self.staging_bytes(sublayer, n_tokens, context)
+                    py += (prefix + new) / HOST_GATHER_BPS  # gather the prefix, scatter the new rows
+                    ready = max(ready, written_back)  # the staging cache is free again
+                    if prefix:
+                        copy_start = max(copy_free, py)
+                        copy_free = copy_start + self.profile.transfer_s(prefix, "h2d", cpu_work)
+                        copy_busy += copy_free - copy_start
+                        timeline.append((sublayer.name + " kv in", "copy", copy_start, copy_free))
+                        ready = max(ready, copy_free)
                 start = max(gpu_free, ready, py)
                 kernels = self.compute_s(sublayer, "cuda", n_tokens, context)
                 py += launch
@@ -239,6 +263,11 @@ class Estimator:
                 gpu_busy += kernels
                 x_ready = gpu_free
                 timeline.append((sublayer.name, "gpu", start, gpu_free))
+                if w.stages_kv:
+                    copy_start = max(copy_free, gpu_free)  # the copy stream waits for the attention
+                    copy_free = written_back = copy_start + self.profile.transfer_s(new, "d2h", cpu_work)
+                    copy_busy += copy_free - copy_start
+                    timeline.append((sublayer.name + " kv out", "copy", copy_start, copy_free))
                 if w.home == "stream":
                     slot_released[uses] = gpu_free
                     uses += 1
@@ -247,6 +276,7 @@ class Estimator:
             if x_device == "cuda":
                 py = max(py, x_ready) + self.crossing_s(logit_bytes, "d2h")
                 x_device = "cpu"
+            py = max(py, written_back)  # the step ends when every KV write-back has landed
             x_ready = py
         return StepEstimate(py, cpu_busy, gpu_busy, copy_busy, 0, timeline)
 

@@ -42,16 +42,19 @@ class VramNeed:
     kv: int  # KV cache of GPU-attention layers
     workspace: int  # activations of the largest step, allocator slack
     experts: int = 0  # MoE split layers: their routers in VRAM, and the VRAM expert cache
+    kv_staging: int = 0  # one layer's KV, staged from host memory for GPU attention over a host KV cache
 
     @property
     def total(self) -> int:
-        return self.resident + self.slots + self.kv + self.workspace + self.experts
+        return self.resident + self.slots + self.kv + self.workspace + self.experts + self.kv_staging
 
     def breakdown(self) -> str:
         text = (f"resident weights {format_bytes(self.resident)}, slots {format_bytes(self.slots)}, "
                 f"KV cache {format_bytes(self.kv)}, workspace {format_bytes(self.workspace)}")
         if self.experts:
             text += f", routers and expert cache {format_bytes(self.experts)}"
+        if self.kv_staging:
+            text += f", KV staging {format_bytes(self.kv_staging)}"
         return text
 
     def check(self, budget: int | None, what: str = "this placement") -> None:
@@ -70,6 +73,14 @@ def sublayer_packed_bytes(model: Model, name: str) -> int:
 def kv_positions(kv_slots: int, max_context: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
     """Positions a KV cache of ``kv_slots`` rows of ``max_context`` holds: rows round up to whole blocks."""
     return kv_slots * -(-max_context // block_size) * block_size
+
+
+def kv_staging_bytes(model: Model, kv_slots: int, max_context: int) -> int:
+    """VRAM of the staging cache of GPU attention over a host-memory KV cache: keys and values of
+    one layer for the whole pool (a step never needs more blocks than the host pool holds), reused
+    by every staged layer (:mod:`~vramshard.runtime.kv_staging`)."""
+    a = model.args
+    return 2 * kv_positions(kv_slots, max_context) * a.num_key_value_heads * a.head_dim * model.dtype.itemsize
 
 
 def attention_workspace_bytes(model: Model, max_tokens: int, max_context: int, kv_slots: int = 1) -> int:
@@ -188,7 +199,7 @@ def vram_need(model: Model, placement: Placement, kv_slots: int, max_context: in
             resident += sublayer_packed_bytes(model, sublayer.name)
         elif w.home == "stream":
             streamed.append(sublayer_packed_bytes(model, sublayer.name))
-        if sublayer.kind == "attn" and w.compute == "gpu":
+        if sublayer.kind == "attn" and w.kv_in_vram:
             gpu_attention += 1
     a = model.args
     kv = 2 * gpu_attention * kv_positions(kv_slots, max_context) * a.num_key_value_heads * a.head_dim \
@@ -200,6 +211,7 @@ def vram_need(model: Model, placement: Placement, kv_slots: int, max_context: in
         kv=kv,
         workspace=workspace_bytes(model, max_tokens, max_context, max_logit_rows, kv_slots) if uses_gpu else 0,
         experts=expert_split_bytes(model, placement) + (expert_cache if placement.expert_names("cache") else 0),
+        kv_staging=kv_staging_bytes(model, kv_slots, max_context) if placement.staged_kv_names() else 0,
     )
 
 
@@ -227,13 +239,15 @@ def sublayer_triples(model: Model) -> list[tuple[str, str, int | None]]:
 def tiered_vram_need(model: Model, plans, kv_slots: int, max_context: int, max_tokens: int,
                      num_slots: int = 2, expert_cache: int = 0) -> VramNeed:
     """VRAM of a :class:`TieredPlacement`: shared resident weights, the largest ring, KV, workspace,
-    the routers of every sub-layer some tier splits at its experts, and the expert cache."""
+    the routers of every sub-layer some tier splits at its experts, the expert cache, and the KV
+    staging cache when some tier runs GPU attention over a host KV cache."""
     needs = [vram_need(model, p, kv_slots, max_context, max_tokens, num_slots) for p in plans.placements]
     split = {name for p in plans.placements for name in p.expert_names()}
     caches = any(p.expert_names("cache") for p in plans.placements)
     experts = split_router_bytes(model, split) + (expert_cache if caches else 0)
     return VramNeed(resident=needs[0].resident, slots=max(n.slots for n in needs),
-                    kv=max(n.kv for n in needs), workspace=max(n.workspace for n in needs), experts=experts)
+                    kv=max(n.kv for n in needs), workspace=max(n.workspace for n in needs), experts=experts,
+                    kv_staging=max(n.kv_staging for n in needs))
 
 
 def vision_workspace_bytes(model: Model, patches: int, memory_efficient: bool = True,

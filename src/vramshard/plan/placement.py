@@ -2,13 +2,20 @@
 
 Plain data: printable, comparable, JSON round-trip. It knows sub-layer names and kinds,
 nothing of tensors or streams. ``named_placement`` builds the baselines the planner must
-beat: ``cpu``, ``gpu``, ``layers:N``, ``stream``, ``static``, and for MoE models
+beat: ``cpu``, ``gpu``, ``layers:N``, ``stream``, ``stream-hostkv`` (``stream`` with every KV
+cache in host memory, staged through VRAM), ``static``, and for MoE models
 ``experts-cpu`` and ``experts-stream``.
 
 A MoE ``ffn[i]`` may also be split: home ``experts`` keeps its norm and router in VRAM
 (computed on the GPU) and says in ``Where.experts`` where its routed experts are handled:
 ``host`` (computed on the CPU from host memory, as llama.cpp ``--cpu-moe``) or ``cache``
 (the experts a step routes to are copied into a VRAM expert cache and computed there).
+
+An attention sub-layer computed on the GPU normally keeps its KV cache in VRAM beside it.
+``Where.kv = "host"`` says instead that its KV cache lives in host memory and is staged
+through a small VRAM cache for the step (:mod:`~vramshard.runtime.kv_staging`): prompt
+chunks then run attention on the GPU while decode steps may still run it on the CPU, and
+the KV cache never moves between tiers.
 """
 
 from __future__ import annotations
@@ -23,8 +30,11 @@ Compute = Literal["cpu", "gpu"]
 Home = Literal["vram", "stream", "host", "experts"]  # pinned in VRAM | streamed into a VRAM slot | host
 # memory | MoE split: norm and router in VRAM, experts as ``Where.experts`` says
 ExpertHome = Literal["host", "cache"]  # experts on the CPU | routed experts copied into the VRAM expert cache
+KVHome = Literal["host"]  # GPU attention over a KV cache in host memory (None: the KV cache is beside the compute)
+HOST_KV_TAG = "kv@host"  # how ``to_list`` / JSON write ``kv="host"``
 
-NAMED = ("cpu", "gpu", "layers:N", "layers:max", "stream", "static", "experts-cpu", "experts-stream")
+NAMED = ("cpu", "gpu", "layers:N", "layers:max", "stream", "stream-hostkv", "static", "experts-cpu",
+         "experts-stream")
 
 
 @dataclass(frozen=True)
@@ -34,6 +44,7 @@ class Where:
     compute: Compute
     home: Home
     experts: ExpertHome | None = None  # only with home "experts"
+    kv: KVHome | None = None  # only for GPU attention: "host" stages a host-memory KV cache through VRAM
 
     def __post_init__(self):
         valid = {("cpu", "host"), ("gpu", "vram"), ("gpu", "stream"), ("gpu", "experts")}
@@ -47,20 +58,52 @@ class Where:
                 f"invalid placement home={self.home} experts={self.experts}: home 'experts' needs experts "
                 "'host' or 'cache', and other homes take no experts field"
             )
+        if self.kv not in (None, "host"):
+            raise InvalidInputError(f"invalid placement kv={self.kv!r}: the only KV home to name is 'host' "
+                                    "(leave it out for a KV cache beside the compute)")
+        if self.kv == "host" and (self.compute != "gpu" or self.home not in ("vram", "stream")):
+            raise InvalidInputError(
+                f"invalid placement compute={self.compute} home={self.home} kv=host: a host-memory KV cache is "
+                "named only for GPU attention with resident or streamed weights (CPU attention uses it anyway)")
+
+    @property
+    def kv_in_vram(self) -> bool:
+        """Whether an attention sub-layer placed here keeps its KV cache in VRAM (GPU compute beside it)."""
+        return self.compute == "gpu" and self.kv is None
+
+    @property
+    def stages_kv(self) -> bool:
+        """GPU attention over a host-memory KV cache, staged through VRAM for the step."""
+        return self.kv == "host"
 
     def __str__(self) -> str:
         if self.home == "experts":
             return "gpu+experts@cpu" if self.experts == "host" else "gpu+expert-cache"
-        return {"host": "cpu", "vram": "gpu", "stream": "gpu+stream"}[self.home]
+        text = {"host": "cpu", "vram": "gpu", "stream": "gpu+stream"}[self.home]
+        return text + "+kv@cpu" if self.kv == "host" else text
 
     def to_list(self) -> list:
-        """[compute, home] or, for the MoE split, [compute, home, experts]."""
-        return [self.compute, self.home] + ([self.experts] if self.experts else [])
+        """[compute, home]; for the MoE split [compute, home, experts]; for GPU attention over a
+        host KV cache [compute, home, "kv@host"]."""
+        return [self.compute, self.home] + ([self.experts] if self.experts else []) \
+            + ([HOST_KV_TAG] if self.kv == "host" else [])
+
+    @classmethod
+    def from_list(cls, items: list) -> "Where":
+        """Inverse of :meth:`to_list`."""
+        if len(items) < 2 or len(items) > 3:
+            raise InvalidInputError(f"a placement entry is [compute, home] with at most one more field, got {items}")
+        compute, home, *rest = items
+        if rest == [HOST_KV_TAG]:
+            return cls(compute, home, kv="host")
+        return cls(compute, home, *rest)
 
 
 CPU = Where("cpu", "host")
 GPU_RESIDENT = Where("gpu", "vram")
 GPU_STREAMED = Where("gpu", "stream")
+GPU_RESIDENT_HOST_KV = Where("gpu", "vram", kv="host")  # attention only: resident weights, KV staged from host
+GPU_STREAMED_HOST_KV = Where("gpu", "stream", kv="host")  # attention only: streamed weights, KV staged from host
 EXPERTS_CPU = Where("gpu", "experts", "host")
 EXPERTS_CACHED = Where("gpu", "experts", "cache")
 
@@ -91,6 +134,10 @@ class Placement:
     def uses_gpu(self) -> bool:
         return any(w.compute == "gpu" for _, w in self.where)
 
+    def staged_kv_names(self) -> list[str]:
+        """Attention sub-layers computed on the GPU over a host-memory KV cache (staged through VRAM)."""
+        return [n for n, w in self.where if w.stages_kv]
+
     def expert_names(self, experts: ExpertHome | None = None) -> list[str]:
         """MoE sub-layers split at their experts (home ``experts``), optionally of one expert home."""
         return [n for n, w in self.where if w.home == "experts" and (experts is None or w.experts == experts)]
@@ -102,7 +149,7 @@ class Placement:
     def from_json(cls, text: str) -> "Placement":
         try:
             data = json.loads(text)
-            return cls(data["name"], tuple((n, Where(*rest)) for n, *rest in data["where"]))
+            return cls(data["name"], tuple((n, Where.from_list(rest)) for n, *rest in data["where"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidInputError(f"not a placement JSON document: {exc}") from None
 
@@ -120,6 +167,8 @@ class Placement:
             text += f", {len(self.expert_names('host'))} with experts on CPU"
         if self.expert_names("cache"):
             text += f", {len(self.expert_names('cache'))} with experts cached"
+        if self.staged_kv_names():
+            text += f", {len(self.staged_kv_names())} GPU attention over host KV"
         return text
 
 
@@ -147,6 +196,9 @@ def named_placement(spec: str, sublayers: list[tuple[str, str, int | None]], num
     if spec == "stream":
         # The embedding is a gather of a few rows: done on the CPU rather than streaming the table.
         return uniform("stream", sublayers, lambda kind, layer: CPU if kind == "embed" else GPU_STREAMED)
+    if spec == "stream-hostkv":
+        return uniform("stream-hostkv", sublayers, lambda kind, layer: CPU if kind == "embed"
+                       else GPU_STREAMED_HOST_KV if kind == "attn" else GPU_STREAMED)
     if spec == "static":
         return uniform("static", sublayers, lambda kind, layer: GPU_RESIDENT if kind == "attn" else CPU)
     if spec.startswith("layers:"):

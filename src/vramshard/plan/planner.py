@@ -3,7 +3,8 @@ placement of the other sub-layers among the plan families, as predicted by the e
 
 Families (over the sub-layers not pinned):
   gpu-only  every streamable sub-layer streamed to the GPU (prompt chunks, big batches);
-  static    attention on the GPU beside its KV cache, FFN and head on the CPU;
+  static    attention on the GPU (beside its KV cache, or over a host KV cache staged through
+            VRAM), FFN and head on the CPU;
   dynamic   streaming and CPU compute balanced so PCIe and the CPU finish together;
   cpu       everything not pinned on the CPU;
   search    a per-sub-layer local search started from the best family.
@@ -15,6 +16,11 @@ MoE models add (their FFN split at the experts, norm and router in VRAM):
 and choose between slots sized for whole MoE layers (whole-layer streaming) or not, and the
 expert cache's size against pinned sub-layers (a few sizes tried, at the hit rate uniform
 routing gives, a floor for real routers).
+
+With the KV cache in host memory, attention may still compute on the GPU, streamed or pinned,
+over its host KV cache staged through a one-layer VRAM cache (``Where.kv == "host"``): prompt
+chunks gain most (CPU attention projections are compute-bound); every family, the balance and
+the search consider it per tier, costed with its staging copies.
 """
 
 from __future__ import annotations
@@ -29,9 +35,10 @@ from ..models.base import Model
 from ..profile.query import Profile
 from ..units import format_bytes
 from .estimator import Estimator, uniform_hit_rate
-from .memory import VramNeed, expert_slot_bytes, split_router_bytes, sublayer_packed_bytes, workspace_bytes
-from .placement import (CPU, EXPERTS_CACHED, EXPERTS_CPU, GPU_RESIDENT, GPU_STREAMED, Placement, TieredPlacement,
-                        Where)
+from .memory import (VramNeed, expert_slot_bytes, kv_staging_bytes, split_router_bytes, sublayer_packed_bytes,
+                     workspace_bytes)
+from .placement import (CPU, EXPERTS_CACHED, EXPERTS_CPU, GPU_RESIDENT, GPU_RESIDENT_HOST_KV, GPU_STREAMED,
+                        GPU_STREAMED_HOST_KV, Placement, TieredPlacement, Where)
 from .tiers import Tiers
 
 log = logging.getLogger(__name__)
@@ -87,7 +94,8 @@ class PlanSet:
             "model": self.model_name, "budget": self.budget, "context": self.context, "kv_on_gpu": self.kv_on_gpu,
             "num_slots": self.num_slots,
             "vram": {"resident": self.need.resident, "slots": self.need.slots, "kv": self.need.kv,
-                     "workspace": self.need.workspace, "experts": self.need.experts, "total": self.need.total},
+                     "workspace": self.need.workspace, "experts": self.need.experts,
+                     "kv_staging": self.need.kv_staging, "total": self.need.total},
             "expert_cache": self.expert_cache, "expert_hit_rate": self.expert_hit_rate,
             "pinned": [{"name": r.name, "bytes": r.nbytes, "score": r.score,
                         "saved_ms": {str(t): s * 1e3 for t, s in r.saved_s.items()}} for r in self.reasons],
@@ -126,6 +134,10 @@ class Planner:
         self.slot_bytes = max((self.sizes[n] for n in self.streamable), default=0)
         self.moe = {s.name for s in model if isinstance(s, MoEFFN)}
         self.expert_cache = 0  # bytes, for the variant being planned
+        # With the KV cache in host memory: whether attention may run on the GPU over it (the VRAM
+        # staging cache fits), for the variant being planned.
+        self.stage_attention = False
+        self.staging = kv_staging_bytes(model, kv_slots, context)
         self.moe_fixed = split_router_bytes(model, self.moe)  # routers of split layers (one buffer)
 
     def _stream_whole_moe(self, whole: bool) -> None:
@@ -193,22 +205,29 @@ class Planner:
     def _plan_variant(self, kv_on_gpu: bool, workspace: int, kv: int, search: bool = True) -> PlanSet:
         budget = math.inf if self.budget is None else self.budget
         everything = sum(self.sizes.values())
+        staging = 0 if kv_on_gpu else self.staging
         if everything + workspace + kv <= budget:
-            # Attention stays beside its KV cache: on the CPU when the cache is in host memory.
+            # Attention stays beside its KV cache: on the CPU when the cache is in host memory (this
+            # variant then only runs when the caller forces the KV cache there; no slots to stream with).
             pinned, reasons = [s.name for s in self.model if kv_on_gpu or s.kind != "attn"], []
             slots, note = 0, None
+            self.stage_attention = False
         else:
             slots = self.num_slots * self.slot_bytes
             room = budget - workspace - kv - slots - self._moe_reserved()
+            self.stage_attention = not kv_on_gpu and room >= staging
+            room -= staging if self.stage_attention else 0
             pinned, reasons = self._choose_pinned(room, kv_on_gpu, search)
             note = self._pin_note
         tiers = {t: self._plan_tier(t, set(pinned), kv_on_gpu, search) for t in self.tiers.sizes}
+        staged = any(p.placement.staged_kv_names() for p in tiers.values())
         streams = any(p.placement.names(home="stream") for p in tiers.values())
         split = {n for p in tiers.values() for n in p.placement.expert_names()}
         caches = any(p.placement.expert_names("cache") for p in tiers.values())
         routers = split_router_bytes(self.model, split)
         need = VramNeed(resident=sum(self.sizes[n] for n in pinned), slots=slots if streams else 0,
-                        kv=kv, workspace=workspace, experts=routers + (self.expert_cache if caches else 0))
+                        kv=kv, workspace=workspace, experts=routers + (self.expert_cache if caches else 0),
+                        kv_staging=self.staging if staged else 0)
         plan = PlanSet(self.name, self.budget, self.context, kv_on_gpu, self.num_slots, need, pinned, reasons, tiers,
                        expert_cache=self.expert_cache if caches else 0,
                        expert_hit_rate=self.estimator.expert_hit_rate if caches else 0.0)
@@ -330,11 +349,13 @@ class Planner:
         for sublayer in self.model:
             if sublayer.kind == "vision":
                 continue  # never runs in a token step; vlm.configure plans the vision phase
-            if sublayer.kind == "attn" and not kv_on_gpu:
+            if sublayer.kind == "attn" and not kv_on_gpu and not self.stage_attention:
                 continue  # attention runs beside its KV cache, on the CPU here
             saved = {}
             for tier in self.tiers.sizes:
                 pinned_s = est.compute_s(sublayer, "cuda", tier, self.context) + est.launch_s(sublayer, "cuda", tier)
+                if sublayer.kind == "attn" and not kv_on_gpu:
+                    pinned_s += self._staging_s(sublayer, tier)
                 saved[tier] = max(0.0, self._unpinned_s(sublayer, tier, kv_on_gpu) - pinned_s)
             score = sum(saved[t] / baseline[t] for t in saved) / max(self.sizes[sublayer.name], 1) * 2**30
             candidates.append(PinReason(sublayer.name, self.sizes[sublayer.name], saved, score))
@@ -356,11 +377,19 @@ class Planner:
         est = self.estimator
         cpu = est.compute_s(sublayer, "cpu", tier, self.context) + est.launch_s(sublayer, "cpu", tier)
         if sublayer.kind == "attn":
-            return max(est.copy_s(sublayer), est.compute_s(sublayer, "cuda", tier, self.context)) if kv_on_gpu else cpu
+            stream = max(est.copy_s(sublayer), est.compute_s(sublayer, "cuda", tier, self.context))
+            if kv_on_gpu:
+                return stream
+            return min(cpu, stream + self._staging_s(sublayer, tier)) if self.stage_attention else cpu
         if sublayer.name in self.streamable:
             stream = max(est.copy_s(sublayer), est.compute_s(sublayer, "cuda", tier, self.context))
             return min(cpu, stream)
         return cpu
+
+    def _staging_s(self, sublayer, tier: int) -> float:
+        """Copy-engine time of staging a host KV cache for one step of GPU attention (in and out)."""
+        prefix, new = self.estimator.staging_bytes(sublayer, tier, self.context)
+        return self.profile.transfer_s(prefix, "h2d", True) + self.profile.transfer_s(new, "d2h", True)
 
     # ------------------------------------------------------------------ one tier
     def _plan_tier(self, tier: int, pinned: set[str], kv_on_gpu: bool, search: bool = True) -> TierPlan:
@@ -396,9 +425,12 @@ class Planner:
         if sublayer.kind == "vision":
             return CPU  # token steps never run the vision encoder
         if sublayer.name in pinned:
-            return GPU_RESIDENT
+            return GPU_RESIDENT_HOST_KV if sublayer.kind == "attn" and not kv_on_gpu else GPU_RESIDENT
         if sublayer.kind == "attn":
-            return GPU_STREAMED if kv_on_gpu else CPU
+            if kv_on_gpu:
+                return GPU_STREAMED
+            # KV cache in host memory: attention on the CPU beside it, or on the GPU over it (staged).
+            return GPU_STREAMED_HOST_KV if choice == "stream" and self.stage_attention else CPU
         if choice == "experts-host" and sublayer.name in self.moe:
             return EXPERTS_CPU
         if choice == "experts-cache" and sublayer.name in self.moe:
@@ -413,17 +445,19 @@ class Planner:
     def _dynamic(self, tier: int, pinned: set[str], kv_on_gpu: bool) -> Placement:
         """Split the free sub-layers between PCIe and the CPU so both finish together (LPT)."""
         est = self.estimator
+        staged = not kv_on_gpu and self.stage_attention  # attention may go either way, over host KV
         free = [s for s in self.model if s.name not in pinned and s.name in self.streamable
-                and not (s.kind == "attn")]
+                and (s.kind != "attn" or staged)]
         fixed_cpu = sum(est.compute_s(s, "cpu", tier, self.context) for s in self.model
-                        if s.name not in pinned and (s.name not in self.streamable or (s.kind == "attn" and not kv_on_gpu)))
+                        if s.name not in pinned and (s.name not in self.streamable
+                                                     or (s.kind == "attn" and not kv_on_gpu and not staged)))
         fixed_copy = sum(est.copy_s(s) for s in self.model
                          if s.name not in pinned and s.kind == "attn" and kv_on_gpu)
         choice = {}
         cpu_total, copy_total = fixed_cpu, fixed_copy
         for s in sorted(free, key=lambda s: self.sizes[s.name], reverse=True):
             cpu_s = est.compute_s(s, "cpu", tier, self.context, contended=True)
-            copy_s = est.copy_s(s, contended=True)
+            copy_s = est.copy_s(s, contended=True) + (self._staging_s(s, tier) if s.kind == "attn" else 0.0)
             if cpu_total + cpu_s <= copy_total + copy_s:
                 choice[s.name], cpu_total = "cpu", cpu_total + cpu_s
             else:
@@ -434,14 +468,18 @@ class Planner:
         """Flip single sub-layers between streaming and the CPU while the prediction improves."""
         where = dict(start.where)
         split = {EXPERTS_CPU: EXPERTS_CACHED, EXPERTS_CACHED: EXPERTS_CPU} if self.expert_cache else {}
-        flippable = [s.name for s in self.model if s.name not in pinned and s.kind != "attn"
+        staged = not kv_on_gpu and self.stage_attention  # attention: CPU <-> GPU over its host KV cache
+        flippable = [s.name for s in self.model if s.name not in pinned and (s.kind != "attn" or staged)
                      and (s.name in self.streamable or where[s.name] in split)]
+        kinds = {s.name: s.kind for s in self.model}
         for _ in range(3):
             improved = False
             for name in flippable:
                 old = where[name]
                 if old in split:  # MoE split: experts on the CPU <-> in the expert cache
                     where[name] = split[old]
+                elif kinds[name] == "attn":
+                    where[name] = CPU if old == GPU_STREAMED_HOST_KV else GPU_STREAMED_HOST_KV
                 else:
                     where[name] = CPU if old == GPU_STREAMED else GPU_STREAMED
                 candidate = Placement("search", tuple(where.items()))

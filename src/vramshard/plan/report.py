@@ -21,8 +21,10 @@ def print_plan(plan: PlanSet, console=None) -> None:
                   f"context {plan.context} tokens, KV cache on the {'GPU' if plan.kv_on_gpu else 'CPU'}")
     need = plan.need
     console.print(f"VRAM: pinned weights {format_bytes(need.resident)} + slots {format_bytes(need.slots)} + "
-                  f"KV {format_bytes(need.kv)} + workspace {format_bytes(need.workspace)} = "
-                  f"[bold]{format_bytes(need.total)}[/]")
+                  f"KV {format_bytes(need.kv)} + workspace {format_bytes(need.workspace)}"
+                  + (f" + experts {format_bytes(need.experts)}" if need.experts else "")
+                  + (f" + KV staging {format_bytes(need.kv_staging)}" if need.kv_staging else "") + " = "
+                  + f"[bold]{format_bytes(need.total)}[/]")
     table = Table(title="predicted ms per step (tok/s) by plan family; * = chosen")
     table.add_column("tier", justify="right")
     families = [f for f in FAMILIES if any(f in tp.candidates for tp in plan.tiers.values())]

@@ -10,6 +10,11 @@ MoE ``ffn[i]`` split at their experts (home ``experts``) keep norm and router in
 after the router ran, their experts run on the CPU (the routed hidden states cross to
 the host and back) or come through the VRAM expert cache
 (:mod:`~vramshard.runtime.expert_cache`), which copies only the routed experts it lacks.
+
+Attention placed on the GPU with ``kv="host"`` keeps its KV cache in host memory: each step
+stages that layer's KV through one small VRAM cache (:mod:`~vramshard.runtime.kv_staging`),
+so prompt tiers can compute attention on the GPU while decode tiers compute it on the CPU,
+and the KV cache never moves between tiers.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import logging
 import threading
 import time
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable
@@ -29,13 +35,14 @@ from ..errors import BudgetError, InvalidInputError
 from ..layers.moe import DictExperts, MoEFFN
 from ..layers.step import Step
 from ..models.base import Model
-from ..plan.memory import ALLOCATOR_SLACK, VramNeed, align, expert_slot_bytes, tiered_vram_need
+from ..plan.memory import ALLOCATOR_SLACK, VramNeed, align, expert_slot_bytes, kv_positions, tiered_vram_need
 from ..plan.placement import Placement, TieredPlacement, Where
 from ..units import format_bytes
 from .graphs import DecodeGraphs
 from .expert_cache import CachedExperts, CacheStats, ExpertCache, cache_slots
 from .host_weights import PackedWeights
 from .kv_cache import KVCache
+from .kv_staging import KVStaging
 from .streaming import ExpertSlots, SlotRing
 
 log = logging.getLogger(__name__)
@@ -83,6 +90,7 @@ class _Config:
     plans: TieredPlacement
     budget: int | None
     kv_gpu: frozenset[int]  # attention layers whose KV cache lives in VRAM
+    staged: bool  # some tier runs GPU attention over a host KV cache (a VRAM staging cache is needed)
     split: frozenset[str]  # MoE sub-layers some tier splits at their experts
     expert_cache_bytes: int
     need: VramNeed
@@ -174,13 +182,15 @@ class Executor:
         need.check(budget, f"placement {plans.name}")
         if plans.uses_gpu and not self.simulated and not torch.cuda.is_available():
             raise InvalidInputError(f"placement {plans.name} computes on the GPU, but no CUDA GPU is available")
-        return _Config(plans, budget, frozenset(kv_gpu), frozenset(split), cache_bytes, need)
+        staged = any(p.staged_kv_names() for p in plans.placements)
+        return _Config(plans, budget, frozenset(kv_gpu), staged, frozenset(split), cache_bytes, need)
 
     def _apply(self, config: _Config) -> None:
         self.plans = config.plans
         self.placement = config.plans.placements[0]
         self.budget = config.budget
         self._kv_gpu = set(config.kv_gpu)
+        self._staged = config.staged
         self.split = set(config.split)
         self.expert_cache_bytes = config.expert_cache_bytes
         self.uses_gpu = config.plans.uses_gpu
@@ -204,7 +214,12 @@ class Executor:
         self.copy_stream = torch.cuda.Stream(self.gpu)
 
     def _load_vram(self) -> None:
-        """Resident weights, split routers, the expert cache and the stream ring of the placement."""
+        """Resident weights, split routers, the expert cache, the stream ring and the KV staging
+        cache of the placement (a simulated GPU stages KV through a CPU cache)."""
+        if self._staged and self.uses_gpu:
+            a = self.model.args
+            self.staging = KVStaging(kv_positions(*self.kv_plan), a.num_key_value_heads, a.head_dim, self.model.dtype,
+                                     self.gpu, self.copy_stream)
         if self.simulated or not self.uses_gpu:
             return
         self._load_resident()
@@ -228,6 +243,7 @@ class Executor:
         self.split_weights: dict[str, CachedExperts | dict] = {}  # split sub-layer -> router (+ cached experts)
         self.host_experts: dict[str, DictExperts] = {}  # split sub-layer -> its experts in host memory
         self.graphs: DecodeGraphs | None = None  # captured over the resident weights: dropped with them
+        self.staging: KVStaging | None = None  # GPU attention over host KV caches: one layer's KV in VRAM
 
     def _reserved(self) -> int:
         if self.gpu is None or self.simulated:
@@ -378,12 +394,29 @@ class Executor:
             self.host_experts[name] = DictExperts(packed.views, self.model[name].num_experts)
 
     def _kv_layers_on_gpu(self, plans: TieredPlacement) -> set[int]:
-        """Attention layers computed on the GPU; the same in every tier, since KV caches stay put."""
-        sets = {frozenset(s.layer for s in self.model.attention_layers if p[s.name].compute == "gpu")
-                for p in plans.placements}
-        if len(sets) != 1:
-            raise ValueError("every tier must compute each attention layer on the same device as its KV cache")
-        return set(next(iter(sets)))
+        """Attention layers whose KV cache lives in VRAM: those computed on the GPU beside it.
+
+        KV caches stay put across tiers, so a layer's KV home must be the same in every tier;
+        where its attention computes may differ when the KV cache is in host memory (CPU
+        attention in one tier, GPU attention over the host KV cache, ``kv="host"``, in another).
+        """
+        attention = {s.name for s in self.model.attention_layers}
+        for p in plans.placements:
+            wrong = [n for n in p.staged_kv_names() if n not in attention]
+            if wrong:
+                raise InvalidInputError(f"placement {p.name} gives {', '.join(wrong[:3])} a host KV cache (kv@host), "
+                                        "but only attention sub-layers have a KV cache")
+        on_gpu = set()
+        for s in self.model.attention_layers:
+            homes = {p[s.name].kv_in_vram for p in plans.placements}
+            if len(homes) != 1:
+                raise InvalidInputError(
+                    f"placement {plans.name} keeps the KV cache of {s.name} in VRAM in some tiers and in host memory "
+                    "in others, but KV caches do not move between tiers; where its attention runs on the GPU with "
+                    "the KV cache in host memory, place it with kv='host' (kv@host)")
+            if homes == {True}:
+                on_gpu.add(s.layer)
+        return on_gpu
 
     def kv_device(self, layer: int) -> torch.device:
         return self.gpu if layer in self._kv_gpu and self.gpu is not None else torch.device("cpu")
@@ -465,11 +498,18 @@ class Executor:
         use_cpu_threads(threads or self.threads)
         where = placement.as_dict()
         if not self.uses_gpu or self.simulated:
-            for sublayer in sublayers:
-                x = sublayer.forward(self.host[sublayer.name].views, x, step)
+            with self._staging_finished():
+                for sublayer in sublayers:
+                    if self.staging is not None and where[sublayer.name].stages_kv:
+                        # A simulated GPU stages KV through a CPU cache: the same steps as on a GPU.
+                        x = self.staging.run(sublayer, self.host[sublayer.name].views, x, step)
+                    else:
+                        x = sublayer.forward(self.host[sublayer.name].views, x, step)
             self.report = StepReport(time.perf_counter() - start)
             return x
         copied_before = self.ring.bytes_copied if self.ring else 0
+        if self.staging is not None:
+            self.staging.reset_counters()
         cache_before = self.expert_cache.stats.copy() if self.expert_cache else CacheStats()
         if self.ring is not None:
             self.ring.set_order(_streamed(placement, sublayers))
@@ -479,7 +519,7 @@ class Executor:
         # Decode steps: runs of resident sub-layers replay a CUDA graph (None / eager when not covered).
         runs = self.graphs.runs(placement, sublayers) if self.graphs is not None and isinstance(step, Step) \
             and tokens == step.num_seqs else {}
-        with torch.cuda.stream(compute):
+        with torch.cuda.stream(compute), self._staging_finished():
             skip_to = 0
             for index, sublayer in enumerate(sublayers):
                 if index < skip_to:
@@ -503,21 +543,37 @@ class Executor:
                 if x.device.type == "cpu":
                     crossings += sublayer.kind != "embed"
                     x = x.to(self.gpu, non_blocking=True)
-                if here.home == "vram":
-                    x = sublayer.forward(self.resident[sublayer.name], x, step)
-                elif here.home == "experts":
+                if here.home == "experts":
                     x, crossed = self._run_split(sublayer, here, x)
                     crossings += crossed
+                    continue
+                streamed = here.home == "stream"
+                weights = self.ring.acquire(sublayer.name, compute) if streamed else self.resident[sublayer.name]
+                if here.stages_kv:  # GPU attention over its host KV cache, staged through VRAM
+                    x = self.staging.run(sublayer, weights, x, step)
                 else:
-                    weights = self.ring.acquire(sublayer.name, compute)
                     x = sublayer.forward(weights, x, step)
+                if streamed:
                     self.ring.release(compute)
             out = x.cpu()
         copied = (self.ring.bytes_copied if self.ring else 0) - copied_before
         cache = self.expert_cache.stats.minus(cache_before) if self.expert_cache else CacheStats()
+        extra = {"placement": placement.name}
+        if self.staging is not None and (self.staging.bytes_in or self.staging.bytes_out):
+            extra.update(kv_staged_in=self.staging.bytes_in, kv_written_back=self.staging.bytes_out)
         self.report = StepReport(time.perf_counter() - start, copied + cache.bytes_copied, crossings,
-                                 {"placement": placement.name}, cache.hits, cache.misses, cache.evictions)
+                                 extra, cache.hits, cache.misses, cache.evictions)
         return out
+
+    @contextmanager
+    def _staging_finished(self):
+        """At the end of a step (or its failure), every staged KV write-back has landed in its host
+        cache: the next step may read it on the CPU or stage it again."""
+        try:
+            yield
+        finally:
+            if self.staging is not None:
+                self.staging.finish()
 
     def _run_split(self, sublayer: MoEFFN, here: Where, x: torch.Tensor) -> tuple[torch.Tensor, int]:
         """A MoE FFN split at its experts: norm and router on the GPU, then the routed experts on

@@ -1,0 +1,256 @@
+"""GPU attention over a KV cache that lives in host memory, staged through a small VRAM cache.
+
+When the KV cache stays in host memory (small VRAM budgets: decode is faster with attention on
+the CPU), prompt chunks would still run their attention projections on the CPU, where they are
+compute-bound. :class:`KVStaging` lets such a layer compute on the GPU instead, for one step:
+
+1. copy in: the blocks holding the step's sequences' cached prefix go host → VRAM (gathered
+   into a pinned buffer first, then one copy per sequence on the copy stream);
+2. the ordinary attention runs over the staging cache, through a :class:`Step` whose block
+   tables point there (it writes the new keys and values into the staging cache too);
+3. write-back: only the new positions go VRAM → host (copy stream, into a pinned buffer),
+   and are scattered into the host cache once the copy is done: when the pinned buffer is
+   needed again, before the host cache of that layer is read again, and at :meth:`finish`
+   (the executor calls it at the end of every step, so the next step, which may run that
+   layer's attention on the CPU, sees a complete cache).
+
+One staging cache serves every staged layer in turn: each sequence gets consecutive staging
+blocks (a single sequence's attention then reads a view, no gather). Copies on the copy stream
+run in order, so the copy in of layer L+1 cannot overwrite the staging cache before the
+write-back of layer L has read it; the write-back itself waits for layer L's attention.
+
+Device-agnostic: with ``device`` the CPU (tests) every copy is immediate and no stream is used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import BudgetError
+from ..layers.step import Step
+from .kv_cache import LayerCache
+
+
+
+@dataclass
+class _Plan:
+    """Where the step's sequences lie in the staging cache, and what to copy (same for every layer)."""
+
+    step: Step  # the step, with block tables into the staging cache
+    cache: LayerCache  # the staging cache viewed in the host cache's block size
+    prefix_index: torch.Tensor  # host blocks of the cached prefixes, sequence by sequence [P] int64 (CPU)
+    prefix_runs: list[tuple[int, int, int]]  # (first row of prefix_index, first staging block, blocks)
+    new_runs: list[tuple[int, int, int]]  # (first flat staging row, first token row, tokens) per sequence
+    write_index: torch.Tensor  # flat host row of every new token [T] int64 (CPU)
+
+    @property
+    def prefix_blocks(self) -> int:
+        return self.prefix_index.numel()
+
+
+@dataclass
+class _WriteBack:
+    done: object  # torch.cuda.Event, or None when the copy was immediate
+    host: LayerCache
+    index: torch.Tensor  # [T] flat host rows
+    k: torch.Tensor  # [T, Hkv, D] new keys (pinned host buffer)
+    v: torch.Tensor
+
+
+class KVStaging:
+    """A VRAM staging cache of ``positions`` positions for GPU attention over host KV caches.
+
+    device: where the staging cache lives (the GPU; the CPU stands in for it in tests).
+    copy_stream: the stream for both copies (None: the current stream; ignored on the CPU).
+    buffers: pinned write-back buffers, used in turn (a write-back is scattered into the host
+    cache when its buffer comes round again, so up to ``buffers`` copies are in flight).
+    """
+
+    def __init__(self, positions: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device | str, copy_stream=None, buffers: int = 2):
+        self.device = torch.device(device)
+        self.on_gpu = self.device.type == "cuda"
+        self.copy_stream = copy_stream if self.on_gpu else None
+        self.positions = positions
+        self.kv_heads, self.head_dim, self.dtype = kv_heads, head_dim, dtype
+        # Zeros, not empty: rows beyond a sequence's length are masked, but 0 * NaN is still NaN.
+        self.k = torch.zeros(positions, kv_heads, head_dim, dtype=dtype, device=self.device)  # [N, Hkv, D]
+        self.v = torch.zeros(positions, kv_heads, head_dim, dtype=dtype, device=self.device)
+        self._in: tuple[torch.Tensor, torch.Tensor] | None = None  # pinned prefix buffers [rows, Hkv, D]
+        self._in_done = None  # event: the last copy in has read the pinned prefix buffers
+        self._out_done = None  # event: the last write-back has read the staging cache
+        self._out: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * max(1, buffers)
+        self._out_owner: list[_WriteBack | None] = [None] * max(1, buffers)
+        self._next_out = 0
+        self._pending: list[_WriteBack] = []
+        self.bytes_in = 0  # bytes copied host -> staging, since the last reset_counters()
+        self.bytes_out = 0  # bytes copied staging -> host
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def reset_counters(self) -> None:
+        self.bytes_in = self.bytes_out = 0
+
+    # ------------------------------------------------------------------ one layer
+    def run(self, sublayer, weights, x: torch.Tensor, step: Step) -> torch.Tensor:
+        """``sublayer.forward(weights, x, step)`` with its layer's host KV cache staged through VRAM.
+
+        The host cache is ``step.kv(sublayer.layer)``; ``x`` and ``weights`` are on the staging
+        device. Returns the sub-layer's output (the new keys and values reach the host cache by
+        :meth:`finish` at the latest)."""
+        host = step.kv(sublayer.layer)
+        plan = step.memo(("kv_staging", id(self), host.block_size, host.blocks_per_slot), None,
+                         lambda: self._plan(step, host))
+        self._drain(host)  # a write-back still in flight to this cache must land before it is read
+        self._copy_in(plan, host)
+        out = sublayer.forward(weights, x, plan.step)
+        self._write_back(plan, host)
+        return out
+
+    def finish(self) -> None:
+        """Wait for every write-back in flight and scatter it into its host cache (end of a step)."""
+        for entry in list(self._pending):
+            self._land(entry)
+
+    # ------------------------------------------------------------------ the step's layout
+    def _plan(self, step: Step, host: LayerCache) -> _Plan:
+        size = host.block_size
+        blocks = self.positions // size
+        tables = step.block_tables if step.block_tables is not None else \
+            [range(slot * host.blocks_per_slot, (slot + 1) * host.blocks_per_slot) for slot in step.slots]
+        staged_tables, prefix, prefix_runs, new_runs, write_index = [], [], [], [], []
+        first_block = token_row = 0
+        for table, start, n in zip(tables, step.starts, step.lengths):
+            used = -(-(start + n) // size)
+            if len(table) < used:
+                raise ValueError(f"a block table of {len(table)} blocks does not cover the {start + n} positions "
+                                 "of its sequence")
+            cached = -(-start // size)  # blocks holding the prefix (the last one may be partial)
+            if cached:
+                prefix_runs.append((len(prefix), first_block, cached))
+                prefix += list(table[:cached])
+            new_runs.append((first_block * size + start, token_row, n))
+            write_index += [table[p // size] * size + p % size for p in range(start, start + n)]
+            staged_tables.append(list(range(first_block, first_block + used)))
+            first_block += used
+            token_row += n
+        if first_block > blocks:
+            raise BudgetError(
+                f"this step's sequences need {first_block * size} positions of KV staging, but the staging cache "
+                f"holds {blocks * size} (sized for the KV cache planned at load); load with a larger max_context "
+                "or run fewer sequences per step")
+        view = LayerCache(self.k[: blocks * size].view(blocks, size, self.kv_heads, self.head_dim),
+                          self.v[: blocks * size].view(blocks, size, self.kv_heads, self.head_dim),
+                          size, blocks)
+        staged = dataclasses.replace(step, kv_lookup=lambda layer: view, block_tables=staged_tables, _memo={})
+        return _Plan(staged, view, torch.tensor(prefix, dtype=torch.long), prefix_runs, new_runs,
+                     torch.tensor(write_index, dtype=torch.long))
+
+    # ------------------------------------------------------------------ copies
+    def _copy_in(self, plan: _Plan, host: LayerCache) -> None:
+        """The prefix blocks of the step's sequences: host cache → pinned buffer → staging cache."""
+        if not plan.prefix_blocks:
+            if self._out_done is not None:
+                # The attention is about to write new keys into rows the last write-back may still read.
+                torch.cuda.current_stream(self.device).wait_event(self._out_done)
+            return
+        size = host.block_size
+        rows = plan.prefix_blocks * size
+        if self._in_done is not None:
+            self._in_done.synchronize()  # the previous copy in has read the pinned buffers
+        in_k, in_v = self._host_buffers("_in", rows)
+        staging_k, staging_v = plan.cache.k, plan.cache.v  # [blocks, size, Hkv, D]
+        shape = (plan.prefix_blocks, size, self.kv_heads, self.head_dim)
+        src_k, src_v = in_k[:rows].view(shape), in_v[:rows].view(shape)
+        torch.index_select(host.k, 0, plan.prefix_index, out=src_k)
+        torch.index_select(host.v, 0, plan.prefix_index, out=src_v)
+        with self._on_copy_stream():
+            for first, block, count in plan.prefix_runs:
+                staging_k[block : block + count].copy_(src_k[first : first + count], non_blocking=True)
+                staging_v[block : block + count].copy_(src_v[first : first + count], non_blocking=True)
+            self._in_done = self._record()
+        if self.on_gpu:
+            torch.cuda.current_stream(self.device).wait_event(self._in_done)  # attention after the copy in
+        self.bytes_in += 2 * src_k.nbytes
+
+    def _write_back(self, plan: _Plan, host: LayerCache) -> None:
+        """The new positions: staging cache → pinned buffer now (after the attention), → host cache later."""
+        tokens = plan.step.num_tokens
+        slot = self._next_out % len(self._out)
+        self._next_out += 1
+        owner = self._out_owner[slot]
+        if owner is not None:
+            self._land(owner)  # the buffer's previous write-back must be scattered before it is reused
+        self._out[slot] = self._host_buffers(None, tokens, self._out[slot])
+        out_k, out_v = self._out[slot][0][:tokens], self._out[slot][1][:tokens]
+        attention_done = self._record() if self.on_gpu else None
+        with self._on_copy_stream():
+            if attention_done is not None and self.copy_stream is not None:
+                self.copy_stream.wait_event(attention_done)
+            for row, token, n in plan.new_runs:
+                out_k[token : token + n].copy_(self.k[row : row + n], non_blocking=True)
+                out_v[token : token + n].copy_(self.v[row : row + n], non_blocking=True)
+            done = self._out_done = self._record()
+        entry = _WriteBack(done, host, plan.write_index, out_k, out_v)
+        self._out_owner[slot] = entry
+        self._pending.append(entry)
+        self.bytes_out += out_k.nbytes + out_v.nbytes
+        if not self.on_gpu:
+            self._land(entry)
+
+    def _land(self, entry: _WriteBack) -> None:
+        """Wait for a write-back's copy and scatter its rows into the host cache."""
+        if entry not in self._pending:
+            return
+        if entry.done is not None:
+            entry.done.synchronize()
+        flat_k = entry.host.k.view(-1, self.kv_heads, self.head_dim)  # [blocks * size, Hkv, D]
+        flat_v = entry.host.v.view(-1, self.kv_heads, self.head_dim)
+        flat_k.index_copy_(0, entry.index, entry.k)
+        flat_v.index_copy_(0, entry.index, entry.v)
+        self._pending.remove(entry)
+        for i, owner in enumerate(self._out_owner):
+            if owner is entry:
+                self._out_owner[i] = None
+
+    def _drain(self, host: LayerCache) -> None:
+        for entry in [e for e in self._pending if e.host is host]:
+            self._land(entry)
+
+    # ------------------------------------------------------------------ helpers
+    def _host_buffers(self, attr: str | None, rows: int, current=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pinned host buffers [>= rows, Hkv, D] for keys and values, grown (to a power of two) when short."""
+        buffers = getattr(self, attr) if attr else current
+        if buffers is None or buffers[0].shape[0] < rows:
+            size = 1 << max(rows - 1, 1).bit_length()
+            shape = (size, self.kv_heads, self.head_dim)
+            buffers = (torch.empty(shape, dtype=self.dtype, pin_memory=self.on_gpu),
+                       torch.empty(shape, dtype=self.dtype, pin_memory=self.on_gpu))
+            if attr:
+                setattr(self, attr, buffers)
+        return buffers
+
+    def _on_copy_stream(self):
+        if self.copy_stream is None:
+            return _NoStream()
+        return torch.cuda.stream(self.copy_stream)
+
+    def _record(self):
+        if not self.on_gpu:
+            return None
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+
+class _NoStream:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
