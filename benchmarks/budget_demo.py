@@ -148,6 +148,10 @@ def main() -> int:
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--sample", type=float, default=0.25, help="seconds between samples")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                        help="weights dtype (default float32: re-planning moves sub-layers between the CPU and "
+                             "the GPU, whose bf16/fp16 kernels round differently, so only float32 can keep greedy "
+                             "tokens identical to an undisturbed run)")
     args = parser.parse_args()
     args.pattern = [float(x) for x in args.pattern.split(",")]
     args.gpu_size, args.margin = parse_size(args.gpu_size), parse_size(args.margin)
@@ -155,10 +159,11 @@ def main() -> int:
     if not torch.cuda.is_available():
         raise SystemExit("budget_demo needs a CUDA GPU")
 
+    model = shape_model(args.shape, getattr(torch, args.dtype))
+    host = pack_model(list(model), random_weights(model), pin=True)
+    torch.cuda.empty_cache()  # the weights were generated on the GPU: give that memory back to the card
     free, total = budgets.free_vram("cuda")
     baseline_used = total - free
-    model = shape_model(args.shape)
-    host = pack_model(list(model), random_weights(model), pin=True)
     start_budget = args.gpu_size - args.margin
     engine = Engine.from_host(model, host, name=args.shape, vram=start_budget, device="cuda",
                               max_context=args.context, max_batch=args.batch, max_step_tokens=256)
