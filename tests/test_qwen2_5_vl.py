@@ -210,3 +210,38 @@ def test_config_with_top_level_text_fields_and_mrope_type():
     assert a.mrope_section == b.mrope_section == (2, 3, 3)
     assert a.rope == b.rope and a.hidden_size == b.hidden_size == 64 and a.vision == b.vision
     assert a.vision.fullatt_block_indexes == (1,) and a.attention_bias
+
+
+def test_text_and_image_requests_share_scheduler_steps(tiny_vl):
+    """A prompt with an image and a text-only prompt in one continuous batch (mixed rotary
+    positions, image features replacing rows in a step that also holds another sequence's
+    tokens, a small step size so the image prompt is read in chunks) give the greedy tokens
+    transformers gives each alone."""
+    from vramshard import vlm
+    from vramshard.runtime.request import MultimodalInput
+
+    path, model = tiny_vl
+    engine = Engine.load(path, device="cpu")
+    x = preprocess_images([random_image(140, 196, seed=7)], ImageConfig(max_pixels=MAX_PIXELS))
+    ids_image = prompt_for(x)
+    ids_text = [5, 17, 42, 3, 77, 12, 9]
+    _, kw = hf_forward(model, ids_image, x)
+    with torch.no_grad():  # each alone, by the reference implementation
+        alone_image = model.generate(input_ids=torch.tensor([ids_image]), max_new_tokens=8, do_sample=False,
+                                     eos_token_id=None, pad_token_id=0, **kw)[0, len(ids_image):].tolist()
+        alone_text = model.generate(torch.tensor([ids_text]), max_new_tokens=8, do_sample=False, eos_token_id=None,
+                                    pad_token_id=0)[0, len(ids_text):].tolist()
+
+    pixels, grid = vlm.check_image_inputs(engine, x.pixel_values, x.image_grid_thw)
+    features = vlm.encode_images(engine, pixels, grid)
+    positions, delta = vlm.rope_index(ids_image, grid, engine.args)
+    rows = torch.tensor([r for r, t in enumerate(ids_image) if t == IMAGE])
+    scheduler = engine.scheduler(max_seqs=2, max_context=len(ids_image) + 8, max_step_tokens=16, chunk_sizes=(16,))
+    text = scheduler.add(ids_text, max_new_tokens=8)
+    image = scheduler.add(ids_image, max_new_tokens=8, multimodal=MultimodalInput(positions, delta, rows, features))
+    mixed_steps = 0
+    while scheduler.has_work:
+        scheduler.step()
+        mixed_steps += len(scheduler.running) == 2
+    assert mixed_steps > 1 and len(ids_image) > 16  # the image prompt was read in chunks beside the text one
+    assert image.output_ids == alone_image and text.output_ids == alone_text

@@ -423,9 +423,13 @@ class Engine:
 
     # ------------------------------------------------------------------ internals
     def _run(self, prompts, max_new_tokens: int, params: list[SamplingParams], stop,
-             requests: list[Request] | None = None) -> Iterator[tuple[int, int]]:
+             requests: list[Request] | None = None, multimodal: Sequence | None = None, scheduler=None,
+             extra: dict | None = None) -> Iterator[tuple[int, int]]:
         """Run ``prompts`` through a scheduler of their own; yield (prompt index, token) as steps
-        make them. ``requests`` (if given) receives the :class:`Request` objects."""
+        make them. ``requests`` (if given) receives the :class:`Request` objects. ``multimodal``:
+        per prompt, its :class:`~vramshard.runtime.request.MultimodalInput` or None; ``scheduler``:
+        one made earlier (its KV pool allocated before a vision phase); ``extra``: merged into the
+        statistics' ``extra``."""
         if not prompts:
             return
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -439,15 +443,17 @@ class Engine:
                 f"prompt plus max_new_tokens is {longest} tokens, more than the context of {self.max_context}"
             )
         stats = self.last_stats = GenerationStats(prompt_tokens=sum(len(p) for p in prompts))
+        stats.extra.update(extra or {})
         if max_new_tokens == 0:
             return
-        scheduler = self._scheduler_for(prompts, max_new_tokens)
+        scheduler = scheduler or self._scheduler_for(prompts, max_new_tokens)
         news: list[tuple[int, int]] = []
         mine = [] if requests is None else requests
-        for index, (prompt, sampling) in enumerate(zip(prompts, params)):
+        multimodal = multimodal or [None] * len(prompts)
+        for index, (prompt, sampling, mm) in enumerate(zip(prompts, params, multimodal)):
             def deliver(output, index=index):
                 news.extend((index, token) for token in output.token_ids)
-            mine.append(scheduler.add(prompt, sampling, max_new_tokens, stop, on_output=deliver))
+            mine.append(scheduler.add(prompt, sampling, max_new_tokens, stop, on_output=deliver, multimodal=mm))
         start = time.perf_counter()
         try:
             while scheduler.has_work:

@@ -31,7 +31,8 @@ from .loading.image import (IMAGE_PAD, IMAGE_PLACEHOLDER, ImageConfig, ImageSour
 from .plan.memory import LOGIT_ROWS, tiered_vram_need, vision_workspace_bytes
 from .plan.placement import CPU, GPU_RESIDENT, GPU_STREAMED, Placement, TieredPlacement
 from .runtime.kv_cache import KVCache
-from .runtime.sampler import Sampler, SamplingParams
+from .runtime.request import MultimodalInput
+from .runtime.sampler import SamplingParams
 from .units import format_bytes
 
 log = logging.getLogger(__name__)
@@ -423,6 +424,22 @@ def generate(engine, prompts: Sequence[Sequence[int]], pixel_values, image_grid_
     return outputs
 
 
+def encode_prompts(engine, prompts: list[list[int]], pixels, grid: list[tuple[int, int, int]],
+                   owners: list[list[int]]) -> list[MultimodalInput]:
+    """The vision phase of ``prompts`` (checked, their images assigned by :func:`assign_images`):
+    per prompt, its multimodal rotary positions and its images' features for the placeholder rows,
+    as :meth:`Scheduler.add <vramshard.runtime.scheduler.Scheduler.add>` takes them."""
+    embeds = encode_images(engine, pixels, grid) if grid else None
+    per_image = torch.split(embeds, tokens_per_image(grid, engine.args.vision.spatial_merge_size)) if grid else ()
+    inputs = []
+    for ids, mine in zip(prompts, owners):
+        positions, delta = rope_index(ids, [grid[i] for i in mine], engine.args)
+        rows = torch.tensor([r for r, t in enumerate(ids) if t == engine.args.image_token_id], dtype=torch.long)
+        features = torch.cat([per_image[i] for i in mine]) if mine else None
+        inputs.append(MultimodalInput(positions, delta, rows, features))
+    return inputs
+
+
 def run(engine, prompts: Sequence[Sequence[int]], pixel_values, image_grid_thw, max_new_tokens: int,
         params: list[SamplingParams], stop: Sequence[str] | None = None) -> Iterator[tuple[int, int]]:
     """Yield (prompt index, new token) as they are made: vision phase, multimodal prefill, decode.
@@ -430,8 +447,6 @@ def run(engine, prompts: Sequence[Sequence[int]], pixel_values, image_grid_thw, 
     ``engine.last_stats.extra`` gets ``vision_s`` (seconds of the vision phase) and, on the GPU,
     ``vision_peak_vram`` (peak VRAM bytes up to the end of the vision phase).
     """
-    from .engine import GenerationStats
-
     if max_new_tokens < 0:
         raise InvalidInputError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if stop and engine.tokenizer is None:
@@ -446,61 +461,18 @@ def run(engine, prompts: Sequence[Sequence[int]], pixel_values, image_grid_thw, 
         raise InvalidInputError(f"prompt plus max_new_tokens is {longest} tokens, more than the context of "
                                 f"{engine.max_context}")
     executor = engine.executor
-    stats = engine.last_stats = GenerationStats(prompt_tokens=sum(len(p) for p in prompts))
-    t0 = time.perf_counter()
     overlap = not vision_setup(engine).options.free_before_prefill
-    # Without the "free before prefill" optimization the KV cache is allocated first, as a
-    # naive implementation would: the two phases' VRAM then adds up.
-    kv = executor.new_kv_cache(slots=len(prompts), max_ctx=longest) if overlap else None
-    embeds = encode_images(engine, pixels, grid)
-    stats.extra["vision_s"] = time.perf_counter() - t0
-    if executor.uses_gpu:
-        stats.extra["vision_peak_vram"] = executor.peak_vram()
-    per_image = torch.split(embeds, tokens_per_image(grid, engine.args.vision.spatial_merge_size))
-    if kv is None:
-        kv = executor.new_kv_cache(slots=len(prompts), max_ctx=longest)
-    last, deltas = [], []
-    for slot, (ids, mine) in enumerate(zip(prompts, owners)):
-        positions, delta = rope_index(ids, [grid[i] for i in mine], engine.args)
-        mine_embeds = torch.cat([per_image[i] for i in mine]) if mine else None
-        last.append(prefill(engine, ids, positions, mine_embeds, kv, slot=slot))
-        deltas.append(delta)
-        stats.steps += 1
-    stats.prefill_s = time.perf_counter() - t0
-    logits = torch.stack(last)
-
-    samplers = [Sampler(p) for p in params]
-    eos = engine._eos_ids()
-    outputs: list[list[int]] = [[] for _ in prompts]
-    active, cached = list(range(len(prompts))), [len(p) for p in prompts]
+    # Without the "free before prefill" optimization the KV pool is allocated first, as a naive
+    # implementation would: the two phases' VRAM then adds up.
+    scheduler = engine._scheduler_for(prompts, max_new_tokens) if overlap else None
     t0 = time.perf_counter()
-    while True:
-        next_tokens = {}
-        for row, seq in enumerate(active):
-            token = samplers[seq](logits[row])
-            outputs[seq].append(token)
-            stats.generated_tokens += 1
-            yield seq, token
-            if not (token in eos or len(outputs[seq]) >= max_new_tokens
-                    or (stop and engine._cut_at_stop(outputs[seq], stop) != outputs[seq])):
-                next_tokens[seq] = token
-        active = list(next_tokens)
-        if not active:
-            break
-        rows = []
-        group_size = min(engine.max_step_tokens, LOGIT_ROWS)
-        for begin in range(0, len(active), group_size):
-            group = active[begin : begin + group_size]
-            # After the prompt, all three rotary rows are equal: 1-D positions shifted by the delta.
-            rope = torch.tensor([cached[s] + deltas[s] for s in group], dtype=torch.long)
-            step = Step(group, [cached[s] for s in group], [1] * len(group), list(range(len(group))),
-                        kv_lookup=kv, rope_positions=rope)
-            rows.append(executor.forward(torch.tensor([next_tokens[s] for s in group]), step))
-            stats.steps += 1
-        logits = torch.cat(rows)
-        for s in active:
-            cached[s] += 1
-        stats.decode_s = time.perf_counter() - t0
+    multimodal = encode_prompts(engine, prompts, pixels, grid, owners)
+    extra = {"vision_s": time.perf_counter() - t0}
+    if executor.uses_gpu:
+        extra["vision_peak_vram"] = executor.peak_vram()
+    # Prefill and decode through the continuous-batching scheduler, as text prompts.
+    yield from engine._run(prompts, max_new_tokens, params, stop, multimodal=multimodal, scheduler=scheduler,
+                           extra=extra)
 
 
 # ---------------------------------------------------------------------- chat with images

@@ -107,17 +107,19 @@ class EngineLoop:
         return self._thread.is_alive() and not self._stopping
 
     def submit(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, max_new_tokens: int = 128,
-               stop: Sequence[str] | None = None, loop: asyncio.AbstractEventLoop | None = None) -> RequestHandle:
+               stop: Sequence[str] | None = None, loop: asyncio.AbstractEventLoop | None = None,
+               multimodal=None) -> RequestHandle:
         """Queue a prompt. ``loop``: deliver outputs to this asyncio loop (default: the running one,
-        if called from a coroutine; otherwise a thread-safe queue). Raises InvalidInputError for a
-        request that cannot run (see :meth:`Scheduler.add`)."""
+        if called from a coroutine; otherwise a thread-safe queue). ``multimodal``: a prompt's images
+        (see :meth:`Scheduler.add`). Raises InvalidInputError for a request that cannot run."""
         if loop is None:
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:
                 loop = None
         handle = RequestHandle(self, loop)
-        handle.request = self.scheduler.add(prompt_ids, params, max_new_tokens, stop, on_output=handle._deliver)
+        handle.request = self.scheduler.add(prompt_ids, params, max_new_tokens, stop, on_output=handle._deliver,
+                                            multimodal=multimodal)
         self._wake.set()
         return handle
 

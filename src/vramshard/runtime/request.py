@@ -48,6 +48,22 @@ class RequestOutput:
     error: str | None = None
 
 
+@dataclass
+class MultimodalInput:
+    """What images add to a prompt (Qwen2.5-VL): the multimodal rotary positions of its tokens,
+    the shift of later positions, and the image features that replace the placeholder tokens.
+
+    positions: int64 [3, P] for the P prompt tokens. delta: a token at cache position p after the
+    prompt sits at rotary position p + delta (all three rows). rows: int64 [K], prompt positions of
+    the image placeholder tokens; embeds: [K, hidden], their features (None: no image).
+    """
+
+    positions: "torch.Tensor"
+    delta: int
+    rows: "torch.Tensor"
+    embeds: "torch.Tensor | None" = None
+
+
 @dataclass(eq=False)
 class Request:
     """One prompt to continue; created by :meth:`Scheduler.add` (or directly) and run by the scheduler."""
@@ -57,6 +73,7 @@ class Request:
     max_new_tokens: int = 128
     stop: Sequence[str] = ()
     on_output: Callable[[RequestOutput], None] | None = None
+    multimodal: MultimodalInput | None = None
     request_id: int = field(default_factory=lambda: next(_ids))
 
     status: RequestStatus = RequestStatus.WAITING

@@ -31,7 +31,7 @@ import torch
 
 from ..errors import InvalidInputError
 from ..layers.step import Step
-from .request import Request, RequestOutput, RequestStatus, cut_at_stop
+from .request import MultimodalInput, Request, RequestOutput, RequestStatus, cut_at_stop
 from .sampler import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -116,16 +116,21 @@ class Scheduler:
 
     # ------------------------------------------------------------------ requests
     def add(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, max_new_tokens: int = 128,
-            stop: Sequence[str] | None = None, on_output: Callable[[RequestOutput], None] | None = None) -> Request:
+            stop: Sequence[str] | None = None, on_output: Callable[[RequestOutput], None] | None = None,
+            multimodal: MultimodalInput | None = None) -> Request:
         """Queue a prompt (any thread); returns its :class:`Request`. Raises InvalidInputError for a
-        request that can never run (bad token ids, longer than a KV slot, stop strings without a tokenizer)."""
+        request that can never run (bad token ids, longer than a KV slot, stop strings without a tokenizer).
+        ``multimodal``: rotary positions and image features of a prompt with images (vision-language models)."""
         prompt_ids = self.check_prompt(prompt_ids)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise InvalidInputError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
         stop = [stop] if isinstance(stop, str) else list(stop or ())
         if stop and self.tokenizer is None:
             raise InvalidInputError("stop strings need a tokenizer, and this model has none")
-        request = Request(prompt_ids, params or SamplingParams(), max_new_tokens, stop, on_output)
+        if multimodal is not None and multimodal.positions.shape[-1] != len(prompt_ids):
+            raise InvalidInputError(f"multimodal positions cover {multimodal.positions.shape[-1]} tokens, "
+                                    f"the prompt has {len(prompt_ids)}")
+        request = Request(prompt_ids, params or SamplingParams(), max_new_tokens, stop, on_output, multimodal)
         self.check_fits(request.prompt_len, max_new_tokens)
         request.attach_tokenizer(self.tokenizer)
         self._incoming.append(request)
@@ -185,7 +190,9 @@ class Scheduler:
             tables.append(self.blocks.grow(request.slot, request.num_cached + chunk.length))
             if chunk.samples:
                 rows.append(len(ids) - 1)
-        step = Step(slots, starts, lengths, rows, kv_lookup=self.kv, block_tables=tables)
+        rope, embeds = _multimodal_inputs(chunks) if any(c.request.multimodal for c in chunks) else (None, None)
+        step = Step(slots, starts, lengths, rows, kv_lookup=self.kv, block_tables=tables, rope_positions=rope,
+                    input_embeds=embeds)
         running = len(self.running)
         forward_start = time.perf_counter()
         try:
@@ -355,3 +362,31 @@ class Scheduler:
             "step_tokens_per_s": sum(s.tokens for s in recent) / span if recent else 0.0,
             "last_step": asdict(history[-1]) if history else None,
         }
+
+
+def _multimodal_inputs(chunks: list[_Chunk]) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+    """Rotary positions [3, T] of a step's tokens and the image features replacing some of its rows.
+
+    A text-only sequence's positions are its cache positions on all three rows (what ordinary
+    rotary computes); a prompt with images uses its multimodal positions, and tokens after its
+    prompt their cache position plus the prompt's delta.
+    """
+    positions, rows, vectors, offset = [], [], [], 0
+    for chunk in chunks:
+        request, start, n = chunk.request, chunk.request.num_cached, chunk.length
+        mm = request.multimodal
+        if mm is None:
+            positions.append(torch.arange(start, start + n).expand(3, n))
+        else:
+            inside = min(n, max(0, request.prompt_len - start))  # prompt tokens in this chunk
+            positions.append(mm.positions[:, start : start + inside])
+            if inside < n:
+                positions.append((torch.arange(start + inside, start + n) + mm.delta).expand(3, n - inside))
+            if mm.embeds is not None:
+                hit = (mm.rows >= start) & (mm.rows < start + inside)
+                if bool(hit.any()):
+                    rows.append(mm.rows[hit] - start + offset)
+                    vectors.append(mm.embeds[hit])
+        offset += n
+    embeds = (torch.cat(rows), torch.cat(vectors)) if rows else None
+    return torch.cat(positions, dim=1).to(torch.long), embeds
