@@ -28,11 +28,11 @@ def measure_dispatch(device: str, budget_s: float) -> float:
     # Dispatch costs a few microseconds and every interruption adds to it: take the fastest
     # of many short batches rather than a median (run-to-run spread was ±50% with 3 batches).
     if device == "cuda":
-        return time_wall_cuda(fn, budget_s, batches=9, fastest=True)
+        return time_wall_cuda(fn, budget_s, batches=15, fastest=True)
     return time_cpu_fastest(fn, budget_s)
 
 
-def time_cpu_fastest(fn, budget_s: float, batches: int = 9) -> float:
+def time_cpu_fastest(fn, budget_s: float, batches: int = 15) -> float:
     """Lowest per-call wall time over ``batches`` batches of back-to-back calls."""
     import time
 
