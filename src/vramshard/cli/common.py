@@ -31,7 +31,7 @@ def add_sampling_args(parser: argparse.ArgumentParser, max_new_tokens: int = 128
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """--vram, --device, --placement, --dtype."""
+    """--vram, --device, --placement, --dtype, --cuda-graphs."""
     group = parser.add_argument_group("placement")
     group.add_argument("--vram", default="auto", metavar="SIZE",
                        help="VRAM budget, e.g. 4GiB or 2048MiB, auto: the free VRAM less a safety margin "
@@ -42,6 +42,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                        help="force a placement instead of the planned one (see `vramshard plan`)")
     group.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"),
                        help="weights and compute dtype (default: the checkpoint's)")
+    group.add_argument("--cuda-graphs", action="store_true",
+                       help="replay decode steps over VRAM-resident sub-layers from CUDA graphs (experimental)")
 
 
 def stderr_console() -> Console:
@@ -57,7 +59,7 @@ def load_engine(model: str, args: argparse.Namespace, console: Console):
 
     def load(report=None):
         return Engine.load(model, vram=args.vram, device=args.device, dtype=args.dtype,
-                           placement=args.placement, progress=report)
+                           placement=args.placement, progress=report, decode_graphs=args.cuda_graphs)
 
     if not console.is_terminal:  # rich would still write a blank line into a pipe or log file
         return load()

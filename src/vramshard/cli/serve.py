@@ -59,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
         raise InvalidInputError(f"--budget-poll must be 0 or more seconds, got {args.budget_poll}")
     console = stderr_console()
     options = dict(vram=args.vram, device=args.device, placement=args.placement, max_context=args.max_context,
-                   max_batch=args.max_seqs, max_step_tokens=args.max_step_tokens)
+                   max_batch=args.max_seqs, max_step_tokens=args.max_step_tokens, decode_graphs=args.cuda_graphs)
     if args.shape is not None or args.model is None:
         import torch
 
