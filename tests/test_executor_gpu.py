@@ -157,3 +157,47 @@ def test_gpu_attention_over_host_kv_reports_staging_copies(tiny_model_dir):
     assert first.get("kv_staged_in", 0) == 0 and first["kv_written_back"] == layers * 8 * per_token
     assert later["kv_staged_in"] == layers * 16 * per_token  # the prefix: one block of 16 positions per layer
     assert later["kv_written_back"] == layers * 4 * per_token
+
+
+# ---------------------------------------------------------------------------- dense FFNs split CPU / GPU
+def _split_ffn_placement(model) -> Placement:
+    """FFNs split between the CPU and a stream slot; attention alternately on the CPU (the split's
+    input then on the host) and streamed to the GPU (input on the GPU), so both split paths run."""
+    from vramshard.plan.placement import split_ffn
+
+    def where(s):
+        if s.kind == "embed":
+            return CPU
+        if s.kind == "head":
+            return GPU_RESIDENT
+        if s.kind == "attn":
+            return CPU if s.layer % 2 == 0 else GPU_STREAMED
+        return split_ffn(3 + 9 * (s.layer % 2))
+
+    return Placement("split", tuple((s.name, where(s)) for s in model))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_split_ffn_placement_matches_cpu_float32(arch, tiny_model_dir, cpu_reference):
+    """Split FFNs (GPU part streamed, CPU part from host memory, added where the input lives) compute
+    the CPU reference's logits and greedy tokens; the ring streams only the GPU parts; peak VRAM
+    stays within the budget."""
+    path = tiny_model_dir(arch)
+    cpu_engine, expected = cpu_reference(path, "float32")
+    budget = 200 * 2**20
+    engine = Engine.load(path, device="cuda", dtype="float32", placement=_split_ffn_placement(cpu_engine.model),
+                         vram=budget, max_context=64)
+    executor = engine.executor
+    assert executor.placement.split_names()
+    got = trace_logits(engine)
+    torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-3)
+    assert engine.generate([PROMPT], 16) == cpu_engine.generate([PROMPT], 16)
+    # One decode step streams the streamed attentions whole and the split FFNs' GPU parts only.
+    host = executor.host
+    per_step = sum(host[n].layout.nbytes for n in executor.placement.names(home="stream")
+                   if not executor.placement[n].split)
+    per_step += sum(sum(e - b for b, e, _ in host[n].layout.split_part(executor.placement[n].cpu_pieces).copies)
+                    for n in executor.placement.split_names())
+    assert executor.report.bytes_streamed == per_step
+    assert executor.report.crossings >= 2 * len(executor.placement.split_names())
+    assert 0 < executor.peak_vram() <= budget, (executor.peak_vram(), executor.need.breakdown())

@@ -1,4 +1,13 @@
-"""``ffn[i]`` for dense models: pre-norm, SwiGLU MLP, residual."""
+"""``ffn[i]`` for dense models: pre-norm, SwiGLU MLP, residual.
+
+The MLP is also a sum of ``pieces`` along its intermediate dimension: piece p is rows
+``bounds[p]:bounds[p+1]`` of gate and up and the same columns of down, and the FFN's output is
+``x + sum over pieces of contribution(piece, norm(x))``. A *split* FFN computes some pieces on
+the CPU and the others on the GPU (:meth:`DenseFFN.pieces_of`, :meth:`DenseFFN.contribution`).
+Its ``down_proj`` is stored transposed ([F, D], see ``stored_transposed``) so each piece's
+columns are contiguous rows in memory; ``forward`` receives it as the usual [D, F] (a
+transposed view) and does not care.
+"""
 
 from __future__ import annotations
 
@@ -24,11 +33,23 @@ def swiglu_fused(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> 
     return linear(F.silu(gate) * up, down)
 
 
+DEFAULT_PIECES = 16  # pieces of a dense FFN along its intermediate dimension (the split's granularity)
+
+
+def piece_bounds(intermediate: int, pieces: int) -> tuple[int, ...]:
+    """``pieces + 1`` row boundaries cutting ``intermediate`` rows into near-equal pieces."""
+    pieces = max(1, min(pieces, intermediate))
+    return tuple(round(p * intermediate / pieces) for p in range(pieces + 1))
+
+
 class DenseFFN(SubLayer):
     kind = "ffn"
     fusable = {"gate_up_proj": ("gate_proj", "up_proj")}
+    # Keys whose host (and VRAM) storage is the transpose of ``WeightSpec.shape``: down_proj as
+    # [F, D], so the columns of a piece (a range of the intermediate dimension) lie together.
+    stored_transposed = ("down_proj",)
 
-    def __init__(self, args: ModelArgs, layer: int, prefix: str, dtype: torch.dtype):
+    def __init__(self, args: ModelArgs, layer: int, prefix: str, dtype: torch.dtype, pieces: int = DEFAULT_PIECES):
         self.eps = args.rms_norm_eps
         d, f = args.hidden_size, args.intermediate_size
         super().__init__(f"ffn[{layer}]", layer, [
@@ -38,6 +59,11 @@ class DenseFFN(SubLayer):
             WeightSpec("down_proj", f"{prefix}.mlp.down_proj.weight", (d, f), dtype),
         ])
         self.hidden, self.intermediate = d, f
+        self.bounds = piece_bounds(f, pieces)  # [P + 1] row boundaries of the pieces
+
+    @property
+    def num_pieces(self) -> int:
+        return len(self.bounds) - 1
 
     launches = 9
 
@@ -49,8 +75,43 @@ class DenseFFN(SubLayer):
         return Cost(flops=2 * n_tokens * 3 * self.hidden * self.intermediate, weight_bytes=self.nbytes,
                     act_bytes=2 * n_tokens * self.hidden * itemsize)
 
+    def part_matmuls(self, n_tokens: int, first: int, last: int) -> list[tuple[float, int, int]]:
+        """The matmuls of pieces ``[first, last)`` alone."""
+        rows = self.bounds[last] - self.bounds[first]
+        return [(n_tokens, self.hidden, 2 * rows), (n_tokens, rows, self.hidden)] if rows else []
+
+    def part_bytes(self, first: int, last: int) -> int:
+        """Weight bytes of pieces ``[first, last)`` (gate, up and down rows; no norm)."""
+        rows = self.bounds[last] - self.bounds[first]
+        return 3 * rows * self.hidden * self.weights[0].dtype.itemsize
+
     def forward(self, w: Mapping[str, torch.Tensor], x: torch.Tensor, step: Step) -> torch.Tensor:
-        h = rms_norm(x, w["post_attention_layernorm"], self.eps)
+        return x + self.contribution(w, self.norm(w, x))
+
+    def norm(self, w: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """The pre-norm of ``x`` (computed once per step, whatever the pieces)."""
+        return rms_norm(x, w["post_attention_layernorm"], self.eps)
+
+    def contribution(self, w: Mapping[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
+        """SwiGLU of the normalized ``h`` [T, D] with the gate/up/down of ``w`` (the whole FFN or some
+        of its pieces, e.g. :meth:`pieces_of`): that part's share of the output, no residual."""
         if "gate_up_proj" in w:
-            return x + swiglu_fused(h, w["gate_up_proj"], w["down_proj"])
-        return x + swiglu(h, w["gate_proj"], w["up_proj"], w["down_proj"])
+            return swiglu_fused(h, w["gate_up_proj"], w["down_proj"])
+        return swiglu(h, w["gate_proj"], w["up_proj"], w["down_proj"])
+
+    def pieces_of(self, w: Mapping[str, torch.Tensor], first: int, last: int) -> dict[str, torch.Tensor]:
+        """Views of pieces ``[first, last)`` in the whole-FFN weights ``w``: gate and up rows [r, D],
+        down columns [D, r] (r: the pieces' rows)."""
+        if not 0 <= first < last <= self.num_pieces:
+            raise ValueError(f"pieces [{first}, {last}) of {self.name}, which has {self.num_pieces}")
+        begin, end = self.bounds[first], self.bounds[last]
+        if "gate_proj" in w:
+            gate, up = w["gate_proj"], w["up_proj"]
+        else:
+            gate, up = w["gate_up_proj"].chunk(2, dim=0)
+        return {"gate_proj": gate[begin:end], "up_proj": up[begin:end], "down_proj": w["down_proj"][:, begin:end]}
+
+    def forward_pieces(self, w: Mapping[str, torch.Tensor], x: torch.Tensor, first: int, last: int) -> torch.Tensor:
+        """The contribution of pieces ``[first, last)`` to the output for input ``x`` (norm included,
+        residual not): ``x + sum of forward_pieces over a partition of the pieces == forward``."""
+        return self.contribution(self.pieces_of(w, first, last), self.norm(w, x))

@@ -8,6 +8,11 @@ GPU attention over a host KV cache (``Where.kv == "host"``) adds its staging cop
 copy engine, in the executor's order: the cached prefix host → VRAM before the attention, the
 new keys and values VRAM → host after it (the copy engine waits for the attention), and the
 Python thread's gather and scatter of those rows in host memory.
+
+A dense FFN split between the CPU and the GPU (``Where.cpu_pieces``) streams only its GPU part;
+the Python thread queues that part's kernels (after its slot is filled), computes the CPU part
+meanwhile, and the layer's output waits for both and for the activation's crossings (the
+normalized input to the other device, its contribution back).
 """
 
 from __future__ import annotations
@@ -16,14 +21,16 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..layers.attention import Attention
+from ..layers.mlp import DenseFFN
 from ..layers.moe import MoEFFN
 from ..layers.sublayer import SubLayer
 from ..models.base import Model
 from ..profile.query import Profile
-from .memory import expert_slot_bytes, sublayer_packed_bytes
+from .memory import expert_slot_bytes, streamed_bytes, sublayer_packed_bytes
 from .placement import Placement
 
 DISPATCH_LAUNCHES = 5  # kernel launches in the profile's "tiny sub-layer" dispatch probe
+PART_LAUNCHES = 6  # kernel launches of one part of a split FFN (gate/up, silu, mul, down, add)
 HOST_GATHER_BPS = 10e9  # rows of a host KV cache gathered into / scattered from pinned buffers (one thread)
 
 
@@ -107,6 +114,28 @@ class Estimator:
     def copy_s(self, sublayer: SubLayer, contended: bool = False) -> float:
         return self.profile.transfer_s(self.packed_bytes(sublayer.name), "h2d", contended)
 
+    # ------------------------------------------------------------------ dense FFN split CPU / GPU
+    def fill_bytes(self, sublayer: SubLayer, where) -> int:
+        """Bytes one stream-slot fill of ``sublayer`` placed at ``where`` copies (a split: its GPU part)."""
+        if not where.split:
+            return self.packed_bytes(sublayer.name)
+        key = ("fill", sublayer.name, where.cpu_pieces)
+        if key not in self._cache:
+            self._cache[key] = streamed_bytes(self.model, sublayer.name, where)
+        return self._cache[key]
+
+    def part_s(self, sublayer: DenseFFN, device: str, n_tokens: int, first: int, last: int,
+               contended: bool = False) -> float:
+        """Time of pieces ``[first, last)`` of a dense FFN on ``device``, launches included (the CPU
+        part also counts the norm and the residual add)."""
+        key = ("part", sublayer.name, device, n_tokens, first, last, contended, self.threads)
+        if key not in self._cache:
+            kernels = sum(self._matmul(m, k, n, device, contended) for m, k, n in
+                          sublayer.part_matmuls(n_tokens, first, last))
+            launches = PART_LAUNCHES + (3 if device == "cpu" else 0)
+            self._cache[key] = kernels + self.profile.dispatch_s(device) * launches / DISPATCH_LAUNCHES
+        return self._cache[key]
+
     # ------------------------------------------------------------------ MoE split at its experts
     def router_s(self, sublayer: MoEFFN, n_tokens: int) -> float:
         """GPU time of norm and router, launches included."""
@@ -148,14 +177,14 @@ class Estimator:
         """Predicted steady-state time of one step (the ring already primed by the step before)."""
         where = placement.as_dict()
         streams = bool(placement.names(home="stream") or placement.expert_names("cache"))
-        cpu_work = bool(placement.names(compute="cpu") or placement.expert_names("host"))
+        cpu_work = bool(placement.names(compute="cpu") or placement.expert_names("host") or placement.split_names())
         order = [s for s in self.model if where[s.name].home == "stream"]
         # Simulate two consecutive steps; the second is the steady state.
         first = self._simulate_steps(where, order, n_tokens, context, num_slots, streams, cpu_work, steps=1)
         both = self._simulate_steps(where, order, n_tokens, context, num_slots, streams, cpu_work, steps=2)
         est = both
         est.seconds = both.seconds - first.seconds
-        est.bytes_streamed = int(sum(self.packed_bytes(s.name) for s in order)
+        est.bytes_streamed = int(sum(self.fill_bytes(s, where[s.name]) for s in order)
                                  + sum(self.expert_miss_bytes(self.model[n], n_tokens)
                                        for n in placement.expert_names("cache")))
         return est
@@ -179,7 +208,7 @@ class Estimator:
             previous_user = index - num_slots
             free_at = slot_released.get(previous_user, 0.0) if previous_user >= 0 else 0.0
             start = max(at, copy_free, free_at)
-            seconds = self.copy_s(sublayer, contended=cpu_work)
+            seconds = self.profile.transfer_s(self.fill_bytes(sublayer, where[sublayer.name]), "h2d", cpu_work)
             copy_free = start + seconds
             copy_busy += seconds
             fill_done[index] = copy_free
@@ -208,6 +237,38 @@ class Estimator:
                     py = x_ready = start + seconds
                     cpu_busy += seconds
                     timeline.append((sublayer.name, "cpu", start, py))
+                    continue
+                if w.split:
+                    # GPU part queued on its slot, CPU part meanwhile, the output where the input is.
+                    k, pieces = w.cpu_pieces, sublayer.num_pieces
+                    gpu_s = self.part_s(sublayer, "cuda", n_tokens, k, pieces)
+                    cpu_s = self.part_s(sublayer, "cpu", n_tokens, 0, k, contended=streams)
+                    launch = self.profile.dispatch_s("cuda") * PART_LAUNCHES / DISPATCH_LAUNCHES
+                    if x_device == "cpu":
+                        py = max(py, x_ready) + self.crossing_s(act_bytes, "h2d")  # h to the GPU
+                        h_ready = py
+                    else:
+                        h_ready = max(gpu_free, x_ready)  # the norm on the GPU (negligible)
+                    start = max(gpu_free, h_ready, fill_done[uses], py)
+                    py += launch
+                    gpu_done = max(start + gpu_s, py)
+                    gpu_busy += gpu_s
+                    gpu_free = gpu_done
+                    timeline.append((sublayer.name, "gpu", start, gpu_done))
+                    slot_released[uses] = gpu_done
+                    uses += 1
+                    issue_fill(py)
+                    if x_device == "cuda":
+                        py = max(py, h_ready) + self.crossing_s(act_bytes, "d2h")  # h to the host
+                    timeline.append((sublayer.name, "cpu", py, py + cpu_s))
+                    py += cpu_s
+                    cpu_busy += cpu_s
+                    if x_device == "cpu":  # the GPU's contribution comes back
+                        py = max(py, gpu_done) + self.crossing_s(act_bytes, "d2h")
+                        x_ready = py
+                    else:  # the CPU's contribution goes to the GPU
+                        py += self.crossing_s(act_bytes, "h2d")
+                        gpu_free = x_ready = max(gpu_done, py)
                     continue
                 if x_device == "cpu":
                     if sublayer.kind != "embed":

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import BudgetError
+from ..layers.mlp import DenseFFN
 from ..layers.moe import GATHER_BYTES
 from ..models.base import Model
 from ..runtime.kv_cache import DEFAULT_BLOCK_SIZE
@@ -68,6 +69,26 @@ class VramNeed:
 
 def sublayer_packed_bytes(model: Model, name: str) -> int:
     return packed_bytes(spec.nbytes for spec in model[name].weights)
+
+
+def split_part_bytes(model: Model, name: str, cpu_pieces: int) -> int:
+    """Slot bytes of the GPU part of dense FFN ``name`` split with ``cpu_pieces`` pieces on the CPU:
+    its norm, then gate and up rows of the other pieces back to back, then their rows of the
+    transposed down (as :class:`~vramshard.runtime.host_weights.SplitPart` lays them out)."""
+    sublayer = model[name]
+    bounds = sublayer.bounds if isinstance(sublayer, DenseFFN) else ()
+    if not bounds or not 0 < cpu_pieces < len(bounds) - 1:
+        raise ValueError(f"{name} cannot be split with {cpu_pieces} pieces on the CPU")
+    norm = next(spec for spec in sublayer.weights if spec.key == "post_attention_layernorm")
+    part = sublayer.part_bytes(cpu_pieces, len(bounds) - 1) // 3  # one matrix's rows
+    return align(norm.nbytes) + align(2 * part) + align(part)
+
+
+def streamed_bytes(model: Model, name: str, where) -> int:
+    """Bytes one stream-slot fill of sub-layer ``name`` placed at ``where`` copies (and needs)."""
+    if where.split:
+        return split_part_bytes(model, name, where.cpu_pieces)
+    return sublayer_packed_bytes(model, name)
 
 
 def kv_positions(kv_slots: int, max_context: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
@@ -198,7 +219,7 @@ def vram_need(model: Model, placement: Placement, kv_slots: int, max_context: in
         if w.home == "vram":
             resident += sublayer_packed_bytes(model, sublayer.name)
         elif w.home == "stream":
-            streamed.append(sublayer_packed_bytes(model, sublayer.name))
+            streamed.append(streamed_bytes(model, sublayer.name, w))
         if sublayer.kind == "attn" and w.kv_in_vram:
             gpu_attention += 1
     a = model.args

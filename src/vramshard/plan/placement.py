@@ -16,6 +16,12 @@ An attention sub-layer computed on the GPU normally keeps its KV cache in VRAM b
 through a small VRAM cache for the step (:mod:`~vramshard.runtime.kv_staging`): prompt
 chunks then run attention on the GPU while decode steps may still run it on the CPU, and
 the KV cache never moves between tiers.
+
+A dense ``ffn[i]`` may be split between the CPU and the GPU inside the layer:
+``Where("gpu", "stream", cpu_pieces=k)`` computes pieces ``0..k-1`` of its intermediate
+dimension on the CPU from host memory while pieces ``k..P-1`` (P: the FFN's
+``num_pieces``), streamed into a VRAM slot, compute on the GPU; the two halves add up
+(:class:`~vramshard.layers.mlp.DenseFFN`). Its GPU part is what the slot ring streams.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ class Where:
     home: Home
     experts: ExpertHome | None = None  # only with home "experts"
     kv: KVHome | None = None  # only for GPU attention: "host" stages a host-memory KV cache through VRAM
+    cpu_pieces: int | None = None  # only for a streamed dense FFN: its first pieces computed on the CPU
 
     def __post_init__(self):
         valid = {("cpu", "host"), ("gpu", "vram"), ("gpu", "stream"), ("gpu", "experts")}
@@ -65,6 +72,19 @@ class Where:
             raise InvalidInputError(
                 f"invalid placement compute={self.compute} home={self.home} kv=host: a host-memory KV cache is "
                 "named only for GPU attention with resident or streamed weights (CPU attention uses it anyway)")
+        if self.cpu_pieces is not None:
+            if isinstance(self.cpu_pieces, bool) or not isinstance(self.cpu_pieces, int) or self.cpu_pieces < 1:
+                raise InvalidInputError(f"invalid placement cpu_pieces={self.cpu_pieces!r}: a split FFN computes a "
+                                        "whole number >= 1 of its pieces on the CPU (leave it out for no split)")
+            if (self.compute, self.home) != ("gpu", "stream") or self.kv is not None:
+                raise InvalidInputError(
+                    f"invalid placement compute={self.compute} home={self.home} cpu_pieces={self.cpu_pieces}: a split "
+                    "FFN streams its GPU part (compute gpu, home stream) and has no KV cache")
+
+    @property
+    def split(self) -> bool:
+        """A dense FFN split between the CPU (its first ``cpu_pieces`` pieces) and a stream slot."""
+        return self.cpu_pieces is not None
 
     @property
     def kv_in_vram(self) -> bool:
@@ -79,14 +99,16 @@ class Where:
     def __str__(self) -> str:
         if self.home == "experts":
             return "gpu+experts@cpu" if self.experts == "host" else "gpu+expert-cache"
+        if self.split:
+            return f"cpu:{self.cpu_pieces}+gpu+stream"
         text = {"host": "cpu", "vram": "gpu", "stream": "gpu+stream"}[self.home]
         return text + "+kv@cpu" if self.kv == "host" else text
 
     def to_list(self) -> list:
         """[compute, home]; for the MoE split [compute, home, experts]; for GPU attention over a
-        host KV cache [compute, home, "kv@host"]."""
+        host KV cache [compute, home, "kv@host"]; for a split dense FFN [compute, home, cpu_pieces]."""
         return [self.compute, self.home] + ([self.experts] if self.experts else []) \
-            + ([HOST_KV_TAG] if self.kv == "host" else [])
+            + ([HOST_KV_TAG] if self.kv == "host" else []) + ([self.cpu_pieces] if self.split else [])
 
     @classmethod
     def from_list(cls, items: list) -> "Where":
@@ -96,6 +118,8 @@ class Where:
         compute, home, *rest = items
         if rest == [HOST_KV_TAG]:
             return cls(compute, home, kv="host")
+        if len(rest) == 1 and isinstance(rest[0], int) and not isinstance(rest[0], bool):
+            return cls(compute, home, cpu_pieces=rest[0])
         return cls(compute, home, *rest)
 
 
@@ -106,6 +130,11 @@ GPU_RESIDENT_HOST_KV = Where("gpu", "vram", kv="host")  # attention only: reside
 GPU_STREAMED_HOST_KV = Where("gpu", "stream", kv="host")  # attention only: streamed weights, KV staged from host
 EXPERTS_CPU = Where("gpu", "experts", "host")
 EXPERTS_CACHED = Where("gpu", "experts", "cache")
+
+
+def split_ffn(cpu_pieces: int) -> Where:
+    """A dense FFN split: its first ``cpu_pieces`` pieces on the CPU, the rest streamed to the GPU."""
+    return Where("gpu", "stream", cpu_pieces=cpu_pieces)
 
 
 @dataclass(frozen=True)
@@ -138,6 +167,10 @@ class Placement:
         """Attention sub-layers computed on the GPU over a host-memory KV cache (staged through VRAM)."""
         return [n for n, w in self.where if w.stages_kv]
 
+    def split_names(self) -> list[str]:
+        """Dense FFNs split between the CPU and the GPU (``Where.cpu_pieces``)."""
+        return [n for n, w in self.where if w.split]
+
     def expert_names(self, experts: ExpertHome | None = None) -> list[str]:
         """MoE sub-layers split at their experts (home ``experts``), optionally of one expert home."""
         return [n for n, w in self.where if w.home == "experts" and (experts is None or w.experts == experts)]
@@ -162,6 +195,7 @@ class Placement:
     def summary(self) -> str:
         """One line: how many sub-layers are on each side."""
         counts = {k: len(self.names(home=k)) for k in ("vram", "stream", "host")}
+        counts["stream"] -= len(self.split_names())
         text = f"{self.name}: {counts['vram']} resident, {counts['stream']} streamed, {counts['host']} on CPU"
         if self.expert_names("host"):
             text += f", {len(self.expert_names('host'))} with experts on CPU"
@@ -169,6 +203,8 @@ class Placement:
             text += f", {len(self.expert_names('cache'))} with experts cached"
         if self.staged_kv_names():
             text += f", {len(self.staged_kv_names())} GPU attention over host KV"
+        if self.split_names():
+            text += f", {len(self.split_names())} FFNs split CPU/GPU"
         return text
 
 

@@ -7,7 +7,12 @@ Families (over the sub-layers not pinned):
             VRAM), FFN and head on the CPU;
   dynamic   streaming and CPU compute balanced so PCIe and the CPU finish together;
   cpu       everything not pinned on the CPU;
-  search    a per-sub-layer local search started from the best family.
+  split     the best of the above with every free dense FFN split into pieces between the CPU
+            and streaming (``Where.cpu_pieces``), the number of CPU pieces spread evenly over the
+            layers and chosen so the CPU and the copy engine finish together: each layer then
+            overlaps its CPU part with the copy of the next layer's GPU part;
+  search    a per-sub-layer local search started from the best family (it also moves split
+            FFNs one piece at a time).
 
 MoE models add (their FFN split at the experts, norm and router in VRAM):
   experts-cpu     routed experts computed on the CPU (llama.cpp --cpu-moe);
@@ -30,6 +35,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..errors import BudgetError
+from ..layers.mlp import DenseFFN
 from ..layers.moe import MoEFFN
 from ..models.base import Model
 from ..profile.query import Profile
@@ -38,11 +44,11 @@ from .estimator import Estimator, uniform_hit_rate
 from .memory import (VramNeed, expert_slot_bytes, kv_staging_bytes, split_router_bytes, sublayer_packed_bytes,
                      workspace_bytes)
 from .placement import (CPU, EXPERTS_CACHED, EXPERTS_CPU, GPU_RESIDENT, GPU_RESIDENT_HOST_KV, GPU_STREAMED,
-                        GPU_STREAMED_HOST_KV, Placement, TieredPlacement, Where)
+                        GPU_STREAMED_HOST_KV, Placement, TieredPlacement, Where, split_ffn)
 from .tiers import Tiers
 
 log = logging.getLogger(__name__)
-FAMILIES = ("gpu-only", "static", "dynamic", "cpu", "search")
+FAMILIES = ("gpu-only", "static", "dynamic", "cpu", "split", "search")
 MOE_FAMILIES = FAMILIES + ("experts-cpu", "experts-stream", "experts-mix")
 CACHE_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)  # of the room left after the minimum, tried for the expert cache
 
@@ -114,7 +120,7 @@ class Planner:
 
     def __init__(self, model: Model, profile: Profile, budget: int | None, context: int = 4096,
                  tiers: Tiers = Tiers(), kv_slots: int = 1, num_slots: int = 2, name: str = "model",
-                 kv_on_gpu: bool | None = None):
+                 kv_on_gpu: bool | None = None, split_ffns: bool = True):
         self.model = model
         self.profile = profile
         self.budget = budget
@@ -126,6 +132,7 @@ class Planner:
         # None: the planner chooses where the KV cache lives; True / False: it must be in VRAM / host
         # memory (a running engine whose KV caches already live there, or that cannot move them).
         self.kv_on_gpu = kv_on_gpu
+        self.split_ffns = split_ffns  # whether dense FFNs may be split between the CPU and streaming
         self.sizes = {s.name: sublayer_packed_bytes(model, s.name) for s in model}
         self.estimator = Estimator(model, profile, sizes=self.sizes)
         # Slots are sized for attention/FFN sub-layers: the embedding and the head (often the
@@ -221,7 +228,7 @@ class Planner:
             note = self._pin_note
         tiers = {t: self._plan_tier(t, set(pinned), kv_on_gpu, search) for t in self.tiers.sizes}
         staged = any(p.placement.staged_kv_names() for p in tiers.values())
-        streams = any(p.placement.names(home="stream") for p in tiers.values())
+        streams = any(p.placement.names(home="stream") for p in tiers.values())  # split FFNs stream too
         split = {n for p in tiers.values() for n in p.placement.expert_names()}
         caches = any(p.placement.expert_names("cache") for p in tiers.values())
         routers = split_router_bytes(self.model, split)
@@ -407,12 +414,22 @@ class Planner:
                                                           lambda s: "experts-cache" if s.name in self.moe else "stream")
                 families["experts-mix"] = self._experts_mix(tier, pinned, kv_on_gpu)
         times = {name: self._time(p, tier) for name, p in families.items()}
+        # The balance's greedy assignment can miss its own end points (everything on one side).
+        for end in ("cpu", "gpu-only"):
+            if times[end] < times["dynamic"]:
+                families["dynamic"] = Placement("dynamic", families[end].where)
+                times["dynamic"] = times[end]
         best_family = min(times, key=times.get)
+        split = self._split(tier, families[best_family], pinned)
+        times["split"] = math.inf
+        if split is not None:
+            families["split"], times["split"] = split
+            best_family = min(times, key=times.get)
         searched = self._search(families[best_family], tier, pinned, kv_on_gpu, times[best_family]) if search \
             else families[best_family]
         families["search"] = searched
         times["search"] = self._time(searched, tier) if search else times[best_family]
-        for name in (MOE_FAMILIES if self.moe else ()):
+        for name in (MOE_FAMILIES if self.moe else FAMILIES):
             times.setdefault(name, math.inf)
         winner = min((n for n in times if n in families), key=times.get)
         threads = self._best_threads(families[winner], tier) if search else None
@@ -464,9 +481,66 @@ class Planner:
                 choice[s.name], copy_total = "stream", copy_total + copy_s
         return self._family("dynamic", pinned, kv_on_gpu, lambda s: choice.get(s.name, "cpu"))
 
+    def _splittable(self, pinned: set[str]) -> list[DenseFFN]:
+        """Dense FFNs the split may place: not pinned, streamable, in more than one piece."""
+        if not self.split_ffns:
+            return []
+        return [s for s in self.model if isinstance(s, DenseFFN) and s.name not in pinned
+                and s.name in self.streamable and s.num_pieces > 1]
+
+    def _split(self, tier: int, base: Placement, pinned: set[str]) -> tuple[Placement, float] | None:
+        """``base`` with every free dense FFN cut into pieces between the CPU and streaming.
+
+        A total of K pieces goes to the CPU, spread evenly over the layers (so each layer overlaps
+        the same CPU part with the next layer's copy); K starts at the fluid balance of CPU and
+        copy-engine time (the rest of ``base`` as it is) and a few neighbours are simulated.
+        Returns (placement, predicted seconds), or None when no FFN can be split.
+        """
+        free = self._splittable(pinned)
+        if not free:
+            return None
+        est = self.estimator
+        where = dict(base.where)
+        names = {s.name for s in free}
+        fixed_cpu = fixed_copy = 0.0
+        for sublayer in self.model:
+            w = where[sublayer.name]
+            if sublayer.name in names or sublayer.kind == "vision":
+                continue
+            if w.compute == "cpu":
+                fixed_cpu += est.compute_s(sublayer, "cpu", tier, self.context, contended=True)
+            elif w.home == "stream":
+                fixed_copy += est.copy_s(sublayer, contended=True)
+        piece_cpu = sum(est.compute_s(s, "cpu", tier, self.context, contended=True) / s.num_pieces for s in free) / len(free)
+        piece_copy = sum(est.copy_s(s, contended=True) / s.num_pieces for s in free) / len(free)
+        total = sum(s.num_pieces for s in free)
+        balance = (fixed_copy + total * piece_copy - fixed_cpu) / max(piece_cpu + piece_copy, 1e-12)
+        step = max(1, len(free) // 2)
+        candidates = sorted({min(total, max(0, round(balance) + d * step)) for d in range(-3, 4)})
+        best = None
+        for cpu_pieces in candidates:
+            placement = Placement("split", tuple(where.items()))
+            placement = self._spread(placement, free, cpu_pieces)
+            seconds = self._time(placement, tier)
+            if best is None or seconds < best[1]:
+                best = (placement, seconds)
+        return best
+
+    @staticmethod
+    def _spread(base: Placement, free: list[DenseFFN], cpu_pieces: int) -> Placement:
+        """``base`` with ``cpu_pieces`` CPU pieces spread evenly over the FFNs ``free`` (model order)."""
+        where = dict(base.where)
+        n = len(free)
+        for i, sublayer in enumerate(free):
+            k = min(sublayer.num_pieces, (i + 1) * cpu_pieces // n - i * cpu_pieces // n)
+            where[sublayer.name] = _pieces_where(sublayer, k)
+        return Placement(base.name, tuple(where.items()))
+
     def _search(self, start: Placement, tier: int, pinned: set[str], kv_on_gpu: bool, best_s: float) -> Placement:
-        """Flip single sub-layers between streaming and the CPU while the prediction improves."""
+        """Flip single sub-layers between streaming and the CPU while the prediction improves; move
+        split FFNs (and, once some FFN is split, any free dense FFN) one piece either way."""
         where = dict(start.where)
+        pieces = {s.name: s for s in self._splittable(pinned)} if start.split_names() else {}
         split = {EXPERTS_CPU: EXPERTS_CACHED, EXPERTS_CACHED: EXPERTS_CPU} if self.expert_cache else {}
         staged = not kv_on_gpu and self.stage_attention  # attention: CPU <-> GPU over its host KV cache
         flippable = [s.name for s in self.model if s.name not in pinned and (s.kind != "attn" or staged)
@@ -476,6 +550,19 @@ class Planner:
             improved = False
             for name in flippable:
                 old = where[name]
+                if name in pieces:  # one piece more or fewer on the CPU
+                    sublayer = pieces[name]
+                    k = old.cpu_pieces if old.split else (sublayer.num_pieces if old == CPU else 0)
+                    for move in (-1, 1):
+                        if not 0 <= k + move <= sublayer.num_pieces:
+                            continue
+                        where[name] = _pieces_where(sublayer, k + move)
+                        seconds = self._time(Placement("search", tuple(where.items())), tier)
+                        if seconds < best_s * 0.999:
+                            best_s, improved = seconds, True
+                            break
+                        where[name] = old
+                    continue
                 if old in split:  # MoE split: experts on the CPU <-> in the expert cache
                     where[name] = split[old]
                 elif kinds[name] == "attn":
@@ -493,7 +580,7 @@ class Planner:
         return Placement("search", tuple(where.items()))
 
     def _best_threads(self, placement: Placement, tier: int) -> int | None:
-        if not placement.names(compute="cpu"):
+        if not placement.names(compute="cpu") and not placement.split_names():
             return None
         best, best_s = None, math.inf
         for threads in self.profile.threads:
@@ -513,6 +600,16 @@ class Planner:
         return PlanSet(self.name, self.budget, self.context, False, 0, VramNeed(0, 0, 0, 0), [], [], tiers, [note])
 
 
+
+
+def _pieces_where(sublayer: DenseFFN, cpu_pieces: int) -> Where:
+    """A dense FFN with ``cpu_pieces`` of its pieces on the CPU: streamed whole (0), on the CPU
+    (all), split otherwise."""
+    if cpu_pieces <= 0:
+        return GPU_STREAMED
+    if cpu_pieces >= sublayer.num_pieces:
+        return CPU
+    return split_ffn(cpu_pieces)
 
 
 def machine_profile(path=None) -> Profile:

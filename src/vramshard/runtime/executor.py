@@ -15,6 +15,12 @@ Attention placed on the GPU with ``kv="host"`` keeps its KV cache in host memory
 stages that layer's KV through one small VRAM cache (:mod:`~vramshard.runtime.kv_staging`),
 so prompt tiers can compute attention on the GPU while decode tiers compute it on the CPU,
 and the KV cache never moves between tiers.
+
+A dense FFN split between the CPU and the GPU (``Where.cpu_pieces``) streams only its GPU
+part (its last pieces) through the ring; the step queues that part on the compute stream,
+computes the first pieces on the CPU meanwhile (the copy engine already filling the next
+streamed item), and adds the two where the FFN's input lives: the normalized activation
+crosses to the other device once and its contribution comes back once.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from typing import Callable
 import torch
 
 from ..errors import BudgetError, InvalidInputError
+from ..layers.mlp import DenseFFN
 from ..layers.moe import DictExperts, MoEFFN
 from ..layers.step import Step
 from ..models.base import Model
@@ -43,7 +50,7 @@ from .expert_cache import CachedExperts, CacheStats, ExpertCache, cache_slots
 from .host_weights import PackedWeights
 from .kv_cache import KVCache
 from .kv_staging import KVStaging
-from .streaming import ExpertSlots, SlotRing
+from .streaming import ExpertSlots, SlotRing, StreamItem, item_bytes
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +181,7 @@ class Executor:
             if missing:
                 raise ValueError(f"placement {p.name} does not place {', '.join(missing[:3])}")
         kv_gpu = self._kv_layers_on_gpu(plans)
+        self._check_ffn_splits(plans)
         split = self._expert_split(plans)
         cache_bytes = self._expert_cache_bytes(plans, split, expert_cache)
         kv_slots, max_context = self.kv_plan
@@ -227,9 +235,9 @@ class Executor:
         if self.decode_graphs and self.resident:
             room = None if self.budget is None else max(0, self.budget - self.need.total)
             self.graphs = DecodeGraphs(self.resident, self.gpu, self.kv_plan[1], pool_limit=room)
-        streamed = {n for p in self.plans.placements for n in p.names(home="stream")}
+        streamed = {item for p in self.plans.placements for item in _streamed(p, list(self.model))}
         if streamed:
-            slot_bytes = max(self.host[n].layout.nbytes for n in streamed)
+            slot_bytes = max(item_bytes(self.host, item) for item in streamed)
             self.ring = SlotRing(slot_bytes, self.host, self.num_slots, self.gpu, self.copy_stream)
         torch.cuda.synchronize(self.gpu)
 
@@ -244,6 +252,7 @@ class Executor:
         self.host_experts: dict[str, DictExperts] = {}  # split sub-layer -> its experts in host memory
         self.graphs: DecodeGraphs | None = None  # captured over the resident weights: dropped with them
         self.staging: KVStaging | None = None  # GPU attention over host KV caches: one layer's KV in VRAM
+        self._sim_slot: torch.Tensor | None = None  # a simulated GPU's slot for split FFNs' GPU parts
 
     def _reserved(self) -> int:
         if self.gpu is None or self.simulated:
@@ -346,6 +355,21 @@ class Executor:
             self.resident[name] = DictExperts(views, sublayer.num_experts, stack=True) \
                 if isinstance(sublayer, MoEFFN) else views
             cursor += packed.layout.nbytes
+
+    def _check_ffn_splits(self, plans: TieredPlacement) -> None:
+        """Split FFNs are dense FFNs packed in pieces, with 1 <= cpu_pieces < their pieces."""
+        for p in plans.placements:
+            for name in p.split_names():
+                sublayer, k = self.model[name], p[name].cpu_pieces
+                if not isinstance(sublayer, DenseFFN):
+                    raise InvalidInputError(f"placement {p.name} splits {name} between the CPU and the GPU, but only "
+                                            "dense FFN sub-layers split into pieces")
+                if not k < sublayer.num_pieces:
+                    raise InvalidInputError(f"placement {p.name} puts {k} pieces of {name} on the CPU, but it has "
+                                            f"{sublayer.num_pieces}; use fewer, or place it on the CPU whole")
+                if not self.host[name].layout.splittable:
+                    raise InvalidInputError(f"placement {p.name} splits {name}, but its host weights were not packed "
+                                            "in pieces; pack them with pack_model (dense FFNs are split-ready)")
 
     def _expert_split(self, plans: TieredPlacement) -> set[str]:
         names = {n for p in plans.placements for n in p.expert_names()}
@@ -503,6 +527,8 @@ class Executor:
                     if self.staging is not None and where[sublayer.name].stages_kv:
                         # A simulated GPU stages KV through a CPU cache: the same steps as on a GPU.
                         x = self.staging.run(sublayer, self.host[sublayer.name].views, x, step)
+                    elif self.uses_gpu and where[sublayer.name].split:
+                        x = self._simulate_ffn_split(sublayer, where[sublayer.name].cpu_pieces, x)
                     else:
                         x = sublayer.forward(self.host[sublayer.name].views, x, step)
             self.report = StepReport(time.perf_counter() - start)
@@ -539,6 +565,10 @@ class Executor:
                         x = x.cpu()  # waits for the GPU work queued so far
                         crossings += 1
                     x = sublayer.forward(self.host[sublayer.name].views, x, step)
+                    continue
+                if here.split:  # both devices; the output stays on the device of the input
+                    x, crossed = self._run_ffn_split(sublayer, here.cpu_pieces, x, compute)
+                    crossings += crossed
                     continue
                 if x.device.type == "cpu":
                     crossings += sublayer.kind != "embed"
@@ -584,6 +614,46 @@ class Executor:
             return x + y.to(self.gpu, non_blocking=True), 2
         return x + sublayer.run_experts(self.split_weights[sublayer.name], h, routing), 0
 
+    def _run_ffn_split(self, sublayer: DenseFFN, cpu_pieces: int, x: torch.Tensor,
+                       compute: torch.cuda.Stream) -> tuple[torch.Tensor, int]:
+        """A dense FFN split: pieces ``cpu_pieces..P-1`` from their stream slot on the GPU, queued first,
+        pieces ``0..cpu_pieces-1`` on the CPU from host memory meanwhile; the output is ``x`` plus both
+        contributions, on ``x``'s device. The normalized activation crosses to the other device once,
+        the other device's contribution comes back once. Returns (x, crossings)."""
+        host = self.host[sublayer.name].views
+        cpu_part = sublayer.pieces_of(host, 0, cpu_pieces)
+        gpu_part = self.ring.acquire((sublayer.name, cpu_pieces), compute)
+        crossed = torch.cuda.Event()
+        if x.device.type == "cpu":
+            h = sublayer.norm(host, x)  # [T, D]
+            y_gpu = sublayer.contribution(gpu_part, h.to(self.gpu, non_blocking=True))
+            self.ring.release(compute)
+            y_back = y_gpu.to("cpu", non_blocking=True)  # lands once the GPU part is done
+            crossed.record(compute)
+            y = x + sublayer.contribution(cpu_part, h)  # the CPU part, while the GPU computes its own
+            crossed.synchronize()
+            return y + y_back, 2
+        h = sublayer.norm(gpu_part, x)  # [T, D] on the GPU
+        h_host = h.to("cpu", non_blocking=True)  # queued before the GPU part: it does not wait for it
+        crossed.record(compute)
+        y = x + sublayer.contribution(gpu_part, h)
+        self.ring.release(compute)
+        crossed.synchronize()
+        y_cpu = sublayer.contribution(cpu_part, h_host)
+        return y + y_cpu.to(self.gpu, non_blocking=True), 2
+
+    def _simulate_ffn_split(self, sublayer: DenseFFN, cpu_pieces: int, x: torch.Tensor) -> torch.Tensor:
+        """The split of a simulated GPU: the GPU part is copied from the host buffer into a CPU
+        "slot" by the same ranges the ring copies, and computed from its views there."""
+        packed = self.host[sublayer.name]
+        part = packed.layout.split_part(cpu_pieces)
+        if self._sim_slot is None or self._sim_slot.numel() < part.nbytes:
+            self._sim_slot = torch.empty(part.nbytes, dtype=torch.uint8)
+        part.fill(self._sim_slot, packed.buffer, non_blocking=False)
+        h = sublayer.norm(packed.views, x)
+        y_gpu = sublayer.contribution(part.views(self._sim_slot), h)
+        return x + sublayer.contribution(sublayer.pieces_of(packed.views, 0, cpu_pieces), h) + y_gpu
+
     # ------------------------------------------------------------------ reporting
     def peak_vram(self) -> int:
         """Peak ``torch.cuda.max_memory_reserved`` since load, less what the process already
@@ -599,7 +669,9 @@ class Executor:
         return text
 
 
-def _streamed(placement: Placement, sublayers: list) -> list[str]:
-    """Names of ``sublayers`` that ``placement`` streams, in run order: the ring's fill order."""
+def _streamed(placement: Placement, sublayers: list) -> list[StreamItem]:
+    """What ``placement`` streams of ``sublayers``, in run order (the ring's fill order): sub-layer
+    names, and (name, cpu_pieces) for the GPU part of a split FFN."""
     where = placement.as_dict()
-    return [s.name for s in sublayers if where[s.name].home == "stream"]
+    return [(s.name, where[s.name].cpu_pieces) if where[s.name].split else s.name
+            for s in sublayers if where[s.name].home == "stream"]

@@ -3,15 +3,24 @@
 Packing a sub-layer's tensors into one buffer lets the copy engine move it to a VRAM
 slot with a single transfer at full PCIe speed, and gives every slot the same layout
 (the same offsets) so weight views into a slot are made once.
+
+A dense FFN is packed so it can also be *split* (:class:`SplitPart`): its ``down_proj`` is
+stored transposed ([F, D]), so the rows of gate and up and the columns of down of the pieces
+``first..P-1`` are three contiguous byte ranges of the host buffer (four with the norm), and
+the GPU part of a split is copied into a slot with one copy each; the CPU part reads pieces
+``0..first-1`` in place. Whole-FFN views are unchanged for ``forward`` (down is a transposed
+[D, F] view of the [F, D] storage), so resident, streamed, CPU and CUDA-graph paths read the
+same tensors as before.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from ..layers.mlp import DenseFFN
 from ..layers.sublayer import SubLayer, WeightSpec
 from ..plan.memory import align
 
@@ -26,6 +35,9 @@ class PackedLayout:
     offsets: tuple[int, ...]
     nbytes: int
     fusable: dict = None  # SubLayer.fusable
+    transposed: frozenset = frozenset()  # keys stored as the transpose of their spec's shape
+    bounds: tuple[int, ...] = ()  # a dense FFN's piece boundaries (rows of the intermediate dimension)
+    _parts: dict = field(default_factory=dict, repr=False, compare=False)  # first piece -> SplitPart
 
     @classmethod
     def of(cls, sublayer: SubLayer) -> "PackedLayout":
@@ -33,7 +45,23 @@ class PackedLayout:
         for spec in sublayer.weights:
             offsets.append(cursor)
             cursor += align(spec.nbytes)
-        return cls(sublayer.weights, tuple(offsets), cursor, dict(sublayer.fusable))
+        dense = isinstance(sublayer, DenseFFN)
+        return cls(sublayer.weights, tuple(offsets), cursor, dict(sublayer.fusable),
+                   frozenset(sublayer.stored_transposed) if dense else frozenset(),
+                   tuple(sublayer.bounds) if dense else ())
+
+    @property
+    def splittable(self) -> bool:
+        """Whether this is a dense FFN packed in pieces (:meth:`split_part` works)."""
+        return len(self.bounds) > 2 and "down_proj" in self.transposed
+
+    def split_part(self, first: int) -> "SplitPart":
+        """The GPU part of a split of this dense FFN: pieces ``first..P-1`` and the norm."""
+        if not self.splittable or not 0 < first < len(self.bounds) - 1:
+            raise ValueError(f"cannot split at piece {first}: the layout has pieces {self.bounds}")
+        if first not in self._parts:
+            self._parts[first] = SplitPart.of(self, first)
+        return self._parts[first]
 
     def piece_range(self, piece: str) -> tuple[int, int]:
         """Byte range [begin, end) of one placement piece (``main``, ``expert.E``); its tensors
@@ -58,6 +86,9 @@ class PackedLayout:
                 continue
             offset -= base
             raw = buffer[offset : offset + spec.nbytes]
+            if spec.key in self.transposed:  # stored [cols, rows]: the forward sees the usual shape
+                out[spec.key] = raw.view(spec.dtype).view(spec.shape[::-1]).t()
+                continue
             out[spec.key] = raw.view(spec.dtype).view(spec.shape)
             where[spec.key] = (spec, offset)
         for fused, members in (self.fusable or {}).items():
@@ -76,6 +107,66 @@ def _back_to_back(parts: list[tuple[WeightSpec, int]]) -> bool:
         if offset + spec.nbytes != next_offset:
             return False
     return all(s.dtype == first.dtype and s.shape[1:] == first.shape[1:] for s, _ in parts)
+
+
+@dataclass(frozen=True)
+class SplitPart:
+    """The GPU part of a split dense FFN, pieces ``first..P-1`` (rows ``rows`` of the intermediate
+    dimension) and the norm, as laid out in a VRAM slot.
+
+    copies: (host begin, host end, slot offset) of each contiguous host range: the norm, the
+    gate rows, the up rows (right after the gate rows in the slot, so ``gate_up_proj`` is a free
+    fused view) and the rows of the transposed down.
+    """
+
+    first: int
+    rows: int
+    copies: tuple[tuple[int, int, int], ...]
+    nbytes: int
+    _keys: tuple = field(repr=False, default=())  # (key, slot offset, dtype, shape as stored, transposed)
+
+    @classmethod
+    def of(cls, layout: PackedLayout, first: int) -> "SplitPart":
+        by_key = {spec.key: (spec, offset) for spec, offset in zip(layout.specs, layout.offsets)}
+        begin_row = layout.bounds[first]
+        norm, norm_at = by_key["post_attention_layernorm"]
+        gate, gate_at = by_key["gate_proj"]
+        up, up_at = by_key["up_proj"]
+        down, down_at = by_key["down_proj"]
+        f, d = gate.shape
+        rows, row_bytes = f - begin_row, d * gate.dtype.itemsize
+        part = rows * row_bytes
+        slot_gate = align(norm.nbytes)
+        slot_down = slot_gate + align(2 * part)
+        copies = ((norm_at, norm_at + norm.nbytes, 0),
+                  (gate_at + begin_row * row_bytes, gate_at + f * row_bytes, slot_gate),
+                  (up_at + begin_row * row_bytes, up_at + f * row_bytes, slot_gate + part),
+                  (down_at + begin_row * row_bytes, down_at + f * row_bytes, slot_down))
+        keys = (("post_attention_layernorm", 0, norm.dtype, norm.shape, False),
+                ("gate_proj", slot_gate, gate.dtype, (rows, d), False),
+                ("up_proj", slot_gate + part, up.dtype, (rows, d), False),
+                ("down_proj", slot_down, down.dtype, (rows, d), True))
+        return cls(first, rows, copies, slot_down + align(part), keys)
+
+    def fill(self, target: torch.Tensor, host: torch.Tensor, non_blocking: bool = True) -> None:
+        """Copy the part's ranges of the packed ``host`` buffer into ``target`` (uint8, a slot)."""
+        for begin, end, at in self.copies:
+            target[at : at + end - begin].copy_(host[begin:end], non_blocking=non_blocking)
+
+    def views(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
+        """{key: tensor} of the part in a ``buffer`` filled by :meth:`fill`: norm [D], gate and up
+        [rows, D], gate_up_proj [2 rows, D], down [D, rows] (a transposed view)."""
+        out = {}
+        for key, offset, dtype, shape, transposed in self._keys:
+            count = 1
+            for n in shape:
+                count *= n
+            tensor = buffer[offset : offset + count * dtype.itemsize].view(dtype).view(shape)
+            out[key] = tensor.t() if transposed else tensor
+        gate_at, rows_bytes = self._keys[1][1], 2 * self.rows * self._keys[1][3][1] * self._keys[1][2].itemsize
+        out["gate_up_proj"] = buffer[gate_at : gate_at + rows_bytes].view(self._keys[1][2]).view(
+            2 * self.rows, self._keys[1][3][1])
+        return out
 
 
 @dataclass

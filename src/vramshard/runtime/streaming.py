@@ -5,6 +5,11 @@ last sub-layer of a step is followed by the first of the next step, so the next 
 first weights are already on their way while the current step ends). Two events per
 slot order the work: ``filled`` (copy done → compute may read) and ``free`` (compute
 done → the copy may overwrite).
+
+An item of the ring's order is a sub-layer name (its whole packed buffer streams) or, for a
+dense FFN split between the CPU and the GPU, ``(name, first)``: only its GPU part, pieces
+``first..P-1`` (:class:`~vramshard.runtime.host_weights.SplitPart`), streams, so the copy
+engine fills the next layer's GPU part while the CPU computes this layer's CPU part.
 """
 
 from __future__ import annotations
@@ -17,21 +22,31 @@ import torch
 from ..plan.memory import align
 from .host_weights import PackedWeights
 
+StreamItem = str | tuple[str, int]  # a sub-layer streamed whole, or (dense FFN, first GPU piece) of a split
+
+
+def item_bytes(host: dict[str, PackedWeights], item: StreamItem) -> int:
+    """Bytes one fill of ``item`` needs in a slot."""
+    if isinstance(item, tuple):
+        name, first = item
+        return host[name].layout.split_part(first).nbytes
+    return host[item].layout.nbytes
+
 
 @dataclass
 class Slot:
     buffer: torch.Tensor  # uint8 in VRAM
     filled: torch.cuda.Event
     free: torch.cuda.Event
-    views: dict  # sub-layer name -> {key: view into buffer}, made once per layout
+    views: dict  # stream item -> {key: view into buffer}, made once per layout
 
 
 class SlotRing:
-    """Streams the weights of ``order`` (sub-layer names, run order) through ``num_slots`` slots."""
+    """Streams the weights of ``order`` (stream items, run order) through ``num_slots`` slots."""
 
     def __init__(self, slot_bytes: int, host: dict[str, PackedWeights], num_slots: int,
                  device: torch.device, copy_stream: torch.cuda.Stream):
-        self.order: list[str] = []
+        self.order: list[StreamItem] = []
         self.host = host
         self.copy_stream = copy_stream
         self.slots = [
@@ -39,13 +54,13 @@ class SlotRing:
             for _ in range(num_slots)
         ]
         self.slot_bytes = slot_bytes
-        self.pending: deque[tuple[str, Slot]] = deque()  # fills issued, not yet used, in order
+        self.pending: deque[tuple[StreamItem, Slot]] = deque()  # fills issued, not yet used, in order
         self._next_index = 0  # position in `order` of the next sub-layer to fill
         self._next_slot = 0
         self.bytes_copied = 0
 
-    def set_order(self, order: list[str]) -> None:
-        """The streamed sub-layers of the placement about to run, in run order."""
+    def set_order(self, order: list[StreamItem]) -> None:
+        """The stream items of the placement about to run, in run order."""
         if order != self.order:
             self.order = list(order)
             self.pending.clear()
@@ -56,20 +71,27 @@ class SlotRing:
         return self.slot_bytes * len(self.slots)
 
     def _issue_fill(self) -> None:
-        name = self.order[self._next_index % len(self.order)]
+        item = self.order[self._next_index % len(self.order)]
         slot = self.slots[self._next_slot % len(self.slots)]
-        packed = self.host[name]
         with torch.cuda.stream(self.copy_stream):
             self.copy_stream.wait_event(slot.free)  # the previous user of the slot is done
-            slot.buffer[: packed.layout.nbytes].copy_(packed.buffer, non_blocking=True)
+            if isinstance(item, tuple):  # the GPU part of a split FFN: a few contiguous ranges
+                name, first = item
+                part = self.host[name].layout.split_part(first)
+                part.fill(slot.buffer, self.host[name].buffer)
+                self.bytes_copied += sum(end - begin for begin, end, _ in part.copies)
+            else:
+                packed = self.host[item]
+                slot.buffer[: packed.layout.nbytes].copy_(packed.buffer, non_blocking=True)
+                self.bytes_copied += packed.layout.nbytes
             slot.filled.record(self.copy_stream)
-        self.bytes_copied += packed.layout.nbytes
-        self.pending.append((name, slot))
+        self.pending.append((item, slot))
         self._next_index += 1
         self._next_slot += 1
 
-    def acquire(self, name: str, compute_stream: torch.cuda.Stream) -> dict[str, torch.Tensor]:
-        """Weights of ``name`` in VRAM; the compute stream waits until they have arrived."""
+    def acquire(self, name: StreamItem, compute_stream: torch.cuda.Stream) -> dict[str, torch.Tensor]:
+        """Weights of stream item ``name`` in VRAM (for a split FFN's GPU part: the part's views,
+        :meth:`SplitPart.views`); the compute stream waits until they have arrived."""
         if not self.pending:
             self._prime(name)
         if self.pending[0][0] != name:
@@ -79,7 +101,10 @@ class SlotRing:
         _, slot = self.pending.popleft()
         compute_stream.wait_event(slot.filled)
         if name not in slot.views:
-            slot.views[name] = self.host[name].layout.views(slot.buffer)
+            if isinstance(name, tuple):
+                slot.views[name] = self.host[name[0]].layout.split_part(name[1]).views(slot.buffer)
+            else:
+                slot.views[name] = self.host[name].layout.views(slot.buffer)
         self._current = slot
         return slot.views[name]
 
@@ -88,7 +113,7 @@ class SlotRing:
         self._current.free.record(compute_stream)
         self._issue_fill()
 
-    def _prime(self, name: str) -> None:
+    def _prime(self, name: StreamItem) -> None:
         self._next_index = self.order.index(name)
         for _ in range(min(len(self.slots), len(self.order))):
             self._issue_fill()
