@@ -65,6 +65,8 @@ class Profile:
             key = (t["device"], t["dtype"])
             self._attention.setdefault(key, []).append((t, Grid2D(t["n_new"], t["context"], t["seconds"])))
         self._subsets: dict[tuple, MatmulTable] = {}
+        self._has_gpu = any(key[0] == "cuda" for key in self._matmul)
+        self._transfers: dict[tuple, float] = {}  # (bytes, direction, contended) -> seconds, memo for the planner
 
     # --- construction -------------------------------------------------------------------
     @classmethod
@@ -87,7 +89,7 @@ class Profile:
     @property
     def has_gpu(self) -> bool:
         """Whether the profile holds GPU and PCIe measurements."""
-        return any(key[0] == "cuda" for key in self._matmul)
+        return self._has_gpu
 
     @property
     def fingerprint_hash(self) -> str:
@@ -132,6 +134,10 @@ class Profile:
 
         ``direction``: "h2d" or "d2h". ``contended``: while the CPU computes.
         """
+        key = (nbytes, direction, bool(contended))
+        seconds = self._transfers.get(key)
+        if seconds is not None:  # the planner's simulations ask the same few sizes thousands of times
+            return seconds
         if direction not in ("h2d", "d2h"):
             raise InvalidInputError(f"transfer direction must be 'h2d' or 'd2h', got {direction!r}")
         self._require_gpu("a PCIe transfer")
@@ -140,7 +146,8 @@ class Profile:
         curve = self._transfer.get((direction, bool(contended))) or self._transfer.get((direction, False))
         if curve is None:
             raise ProfileError(f"the profile has no {direction} transfer data; re-run `vramshard profile`")
-        return curve(nbytes)
+        seconds = self._transfers[key] = curve(nbytes)
+        return seconds
 
     def attention_s(
         self, n_new: int, context: int, heads: int, kv_heads: int, head_dim: int, dtype, device,
