@@ -97,6 +97,13 @@ def test_decode_graphs_match_cpu_float32(arch, placement, tiny_model_dir, cpu_re
     assert engine.executor.peak_vram() > 0
 
 
+def _blocks(name: str, model, attention, ffn) -> Placement:
+    """Embedding on the CPU, head resident, attention and FFN where ``attention(s)`` / ``ffn(s)`` say."""
+    fixed = {"embed": CPU, "head": GPU_RESIDENT}
+    return Placement(name, tuple((s.name, fixed.get(s.kind) or (attention(s) if s.kind == "attn" else ffn(s)))
+                                 for s in model))
+
+
 # ---------------------------------------------------------------------------- attention over a host KV cache
 def _host_kv_tiers(model):
     """KV caches in host memory. Decode (tier 1): attention on the CPU, except attn[0], resident and
@@ -105,17 +112,11 @@ def _host_kv_tiers(model):
     from vramshard.plan.placement import GPU_RESIDENT_HOST_KV, GPU_STREAMED_HOST_KV, TieredPlacement
 
     def place(prompt: bool) -> Placement:
-        def where(s):
-            if s.kind == "embed":
-                return CPU
-            if s.kind == "head":
-                return GPU_RESIDENT
-            if s.kind == "attn":
-                if s.layer == 0:
-                    return GPU_RESIDENT_HOST_KV
-                return GPU_STREAMED_HOST_KV if prompt else CPU
-            return GPU_STREAMED
-        return Placement("prompt" if prompt else "decode", tuple((s.name, where(s)) for s in model))
+        def attention(s):
+            if s.layer == 0:
+                return GPU_RESIDENT_HOST_KV
+            return GPU_STREAMED_HOST_KV if prompt else CPU
+        return _blocks("prompt" if prompt else "decode", model, attention, lambda s: GPU_STREAMED)
 
     return TieredPlacement((1, 64), (place(False), place(True)), (None, None))
 
@@ -165,16 +166,8 @@ def _split_ffn_placement(model) -> Placement:
     input then on the host) and streamed to the GPU (input on the GPU), so both split paths run."""
     from vramshard.plan.placement import split_ffn
 
-    def where(s):
-        if s.kind == "embed":
-            return CPU
-        if s.kind == "head":
-            return GPU_RESIDENT
-        if s.kind == "attn":
-            return CPU if s.layer % 2 == 0 else GPU_STREAMED
-        return split_ffn(3 + 9 * (s.layer % 2))
-
-    return Placement("split", tuple((s.name, where(s)) for s in model))
+    return _blocks("split", model, lambda s: CPU if s.layer % 2 == 0 else GPU_STREAMED,
+                   lambda s: split_ffn(3 + 9 * (s.layer % 2)))
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
