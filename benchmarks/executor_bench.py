@@ -156,6 +156,23 @@ def run_cell(model, host, spec, budget, args, bw, extra: list | None = None) -> 
 
 
 @torch.inference_mode()
+def down_layout_check(model) -> dict:
+    """CPU time of the FFN down projection with down_proj as checkpoints store it ([D, F]) and as
+    the split-FFN layout stores it ([F, D], used transposed), at 1 and 16 tokens: does the layout
+    that lets plans split FFNs cost CPU time?"""
+    d, f = model.args.hidden_size, model.args.intermediate_size
+    stored = torch.randn(d, f, dtype=model.dtype) * 0.02  # [D, F]
+    transposed = stored.t().contiguous()  # [F, D]
+    out = {}
+    for tokens in (1, 16):
+        x = torch.randn(tokens, f, dtype=model.dtype)
+        for label, weight in (("stored", stored), ("transposed", transposed.t())):
+            out[f"{label}_T{tokens}_ms"] = timed(lambda: torch.nn.functional.linear(x, weight), repeat=9,
+                                                 warmup=2) * 1e3
+    return out
+
+
+@torch.inference_mode()
 def static_parts(executor: Executor, context: int) -> dict:
     """CPU-FFN time, GPU-attention time and the rest of the CPU work (embedding, head) of one
     decode step, each measured apart: ``static`` computes the head on the CPU too (a GEMV over
@@ -218,8 +235,11 @@ def main() -> None:
     for name in args.models.split(","):
         model = shape_model(name)
         t0 = time.perf_counter()
-        host = pack_model(list(model), random_weights(model), pin=True)
+        # Named placements split no FFN: keep every tensor as the checkpoint stores it.
+        host = pack_model(list(model), random_weights(model), pin=True, splittable=False)
         log.info("%s: %.1f GiB built and pinned in %.1f s", name, model.nbytes / GiB, time.perf_counter() - t0)
+        results.setdefault("down_proj_layouts", {})[name] = down_layout_check(model)
+        log.info("down_proj as stored vs transposed (split layout), CPU: %s", results["down_proj_layouts"][name])
         graph_cells: list[dict] = []
         cells = [run_cell(model, host, "gpu", None, args, bw, graph_cells)]
         log.info("%s", cells[-1])

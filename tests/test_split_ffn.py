@@ -225,3 +225,18 @@ def test_no_split_when_everything_is_resident_or_there_is_no_gpu():
     assert not any(p.placement.split_names() for p in cpu_only.tiers.values())
     off = Planner(model, _balanced(), 4 * GiB, context=1024, tiers=Tiers((1,)), split_ffns=False).plan()
     assert not off.tiers[1].placement.split_names() and off.tiers[1].candidates["split"] == float("inf")
+
+
+def test_engine_lays_ffns_out_in_pieces_only_when_its_plan_splits_them(llama):
+    """The split layout stores down_proj transposed; an engine whose plan splits nothing keeps the
+    checkpoint's layout, and later plans (a changed budget) are told not to split."""
+    path, reference, expected = llama
+    plain = Engine.load(path, placement="stream", simulate_gpu=True, vram="1GiB", max_context=64)
+    dense = [s.name for s in plain.model if isinstance(s, DenseFFN)]
+    assert not any(plain.executor.host[n].layout.splittable for n in dense)
+    assert plain.plan_settings.split_ffns is False
+    torch.testing.assert_close(trace_logits(plain), expected, rtol=1e-5, atol=1e-5)
+    split = Engine.load(path, placement=_split_placement(reference.model, [3, 15]), simulate_gpu=True,
+                        vram="1GiB", max_context=64)
+    assert all(split.executor.host[n].layout.splittable for n in dense)
+    assert split.plan_settings.split_ffns is True

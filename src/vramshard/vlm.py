@@ -30,6 +30,7 @@ from .loading.image import (IMAGE_PAD, IMAGE_PLACEHOLDER, ImageConfig, ImageSour
                             preprocess_images)
 from .plan.memory import LOGIT_ROWS, tiered_vram_need, vision_workspace_bytes
 from .plan.placement import CPU, GPU_RESIDENT, GPU_STREAMED, Placement, TieredPlacement
+from .runtime.host_weights import splits_ffns
 from .runtime.kv_cache import KVCache
 from .runtime.request import MultimodalInput
 from .runtime.sampler import SamplingParams
@@ -140,7 +141,8 @@ def _vision_plans(engine, vision: VisionOptions, patches: int, profile) -> Tiere
         for _ in range(3):
             try:
                 plan_set = Planner(text, profile, budget, context=slots * ctx, tiers=tiers,
-                                   num_slots=engine.plan.num_slots, name=engine.model_name).plan()
+                                   num_slots=engine.plan.num_slots, name=engine.model_name,
+                                   split_ffns=splits_ffns(list(model), executor.host)).plan()
             except BudgetError:
                 if chosen is None:
                     raise

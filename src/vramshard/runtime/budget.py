@@ -322,6 +322,7 @@ class PlanSettings:
     context: int  # KV positions reserved (the engine's kv_tokens)
     num_slots: int = 2
     name: str = "model"
+    split_ffns: bool = True  # the host packing lets plans split dense FFNs between the CPU and the GPU
 
 
 @dataclass(frozen=True)
@@ -394,7 +395,8 @@ def plan_for_budget(model: Model, settings: PlanSettings, budget: int | None, kv
     def build() -> PlanSet:
         try:
             return Planner(model, settings.profile, key, context=settings.context, tiers=settings.tiers,
-                           num_slots=settings.num_slots, name=settings.name, kv_on_gpu=kv_on_gpu).plan()
+                           num_slots=settings.num_slots, name=settings.name, kv_on_gpu=kv_on_gpu,
+                           split_ffns=settings.split_ffns).plan()
         except BudgetError as exc:
             if kv_on_gpu:
                 raise

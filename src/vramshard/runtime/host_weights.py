@@ -40,12 +40,14 @@ class PackedLayout:
     _parts: dict = field(default_factory=dict, repr=False, compare=False)  # first piece -> SplitPart
 
     @classmethod
-    def of(cls, sublayer: SubLayer) -> "PackedLayout":
+    def of(cls, sublayer: SubLayer, splittable: bool = True) -> "PackedLayout":
+        """``splittable``: lay a dense FFN out in pieces (down_proj transposed) so it can be split
+        between the CPU and the GPU; False keeps every tensor as its checkpoint stores it."""
         offsets, cursor = [], 0
         for spec in sublayer.weights:
             offsets.append(cursor)
             cursor += align(spec.nbytes)
-        dense = isinstance(sublayer, DenseFFN)
+        dense = isinstance(sublayer, DenseFFN) and splittable
         return cls(sublayer.weights, tuple(offsets), cursor, dict(sublayer.fusable),
                    frozenset(sublayer.stored_transposed) if dense else frozenset(),
                    tuple(sublayer.bounds) if dense else ())
@@ -176,8 +178,9 @@ class PackedWeights:
     views: dict[str, torch.Tensor]
 
 
-def pack_sublayer(sublayer: SubLayer, weights: dict[str, torch.Tensor], pin: bool) -> PackedWeights:
-    layout = PackedLayout.of(sublayer)
+def pack_sublayer(sublayer: SubLayer, weights: dict[str, torch.Tensor], pin: bool,
+                  splittable: bool = True) -> PackedWeights:
+    layout = PackedLayout.of(sublayer, splittable)
     buffer = _empty_host(layout.nbytes, pin)
     views = layout.views(buffer)
     for spec in sublayer.weights:
@@ -185,16 +188,19 @@ def pack_sublayer(sublayer: SubLayer, weights: dict[str, torch.Tensor], pin: boo
     return PackedWeights(layout, buffer, views)
 
 
-def pack_model(sublayers: list[SubLayer], weights: dict[str, torch.Tensor], pin: bool) -> dict[str, PackedWeights]:
+def pack_model(sublayers: list[SubLayer], weights: dict[str, torch.Tensor], pin: bool,
+               splittable: bool = True) -> dict[str, PackedWeights]:
     """Pack every sub-layer; each source tensor is dropped from ``weights`` after its last use,
-    so host memory peaks at the model plus one sub-layer, not twice the model."""
+    so host memory peaks at the model plus one sub-layer, not twice the model. ``splittable``:
+    dense FFNs laid out so plans may split them between the CPU and the GPU (see
+    :meth:`PackedLayout.of`)."""
     last_use = {}
     for index, sublayer in enumerate(sublayers):
         for spec in sublayer.weights:
             last_use[spec.source] = index
     packed = {}
     for index, sublayer in enumerate(sublayers):
-        packed[sublayer.name] = pack_sublayer(sublayer, weights, pin)
+        packed[sublayer.name] = pack_sublayer(sublayer, weights, pin, splittable)
         for spec in sublayer.weights:
             if last_use[spec.source] == index:
                 weights.pop(spec.source, None)
@@ -215,3 +221,10 @@ def _empty_host(nbytes: int, pin: bool) -> torch.Tensor:
                             "which is slower", exc)
                 _pin_warned = True
     return torch.empty(nbytes, dtype=torch.uint8)
+
+
+def splits_ffns(sublayers, host: dict[str, PackedWeights]) -> bool:
+    """Whether every dense FFN among ``sublayers`` is packed in ``host`` so that plans may split it
+    (False also when there is none)."""
+    dense = [host[s.name].layout for s in sublayers if isinstance(s, DenseFFN) and s.name in host]
+    return bool(dense) and all(layout.splittable for layout in dense)
