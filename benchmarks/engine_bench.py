@@ -30,7 +30,7 @@ import time
 import torch
 
 from vramshard.cli.bench import BenchSettings, EngineSpec, bench_engine
-from vramshard.runtime.host_weights import pack_model
+from vramshard.runtime.host_weights import HostLayouts, pack_model
 from vramshard.shapes import random_weights, shape_model
 
 from .common import cpu_read_bandwidth, h2d_bandwidth, hardware, now, out_dir, sync, write_json
@@ -176,7 +176,8 @@ def main() -> None:
             config["num_hidden_layers"] = args.layers
             model = build_model(config, MODELS.get(name))
         t0 = time.perf_counter()
-        host = pack_model(list(model), random_weights(model), pin=True)
+        # The planned engines get the split-FFN layout (made on first need), baselines the checkpoint's.
+        host = HostLayouts(list(model), pack_model(list(model), random_weights(model), pin=True, splittable=False))
         log.info("%s: %.1f GiB built and pinned in %.1f s", name, model.nbytes / GiB, time.perf_counter() - t0)
         specs = [EngineSpec("unconstrained", "gpu", None)]
         specs += [EngineSpec("unconstrained+graphs", "gpu", None, {"decode_graphs": True})] if args.graphs else []

@@ -31,7 +31,7 @@ from vramshard.plan.placement import TieredPlacement, named_placement
 from vramshard.plan.planner import Planner
 from vramshard.plan.tiers import Tiers
 from vramshard.runtime.executor import Executor
-from vramshard.runtime.host_weights import pack_model
+from vramshard.runtime.host_weights import HostLayouts, pack_model
 from vramshard.shapes import random_weights, shape_model
 
 from .common import cpu_read_bandwidth, h2d_bandwidth, hardware, now, out_dir, timed, write_json
@@ -63,7 +63,8 @@ def step_seconds(executor: Executor, tier: int, ctx: int, seq_ctx: int) -> float
 def run_model(name: str, args, profile, bw) -> dict:
     model = shape_model(name)
     t0 = time.perf_counter()
-    host = pack_model(list(model), random_weights(model), pin=True)
+    # Placements that split dense FFNs run on the split layout, all others on the checkpoint's.
+    host = HostLayouts(list(model), pack_model(list(model), random_weights(model), pin=True, splittable=False))
     log.info("%s built and pinned in %.1f s", name, time.perf_counter() - t0)
     tiers = Tiers(tuple(int(t) for t in args.tiers.split(",")))
     cells = []
@@ -99,7 +100,8 @@ def run_model(name: str, args, profile, bw) -> dict:
                 gc.collect()
                 torch.cuda.empty_cache()
                 try:
-                    executor = Executor(model, host, tiered, budget=budget, max_tokens=max(tiers.sizes),
+                    executor = Executor(model, host.for_placement(tiered), tiered, budget=budget,
+                                        max_tokens=max(tiers.sizes),
                                         max_context=args.ctx)
                 except BudgetError as exc:
                     cell["skipped"][family] = str(exc)
@@ -132,7 +134,7 @@ def layers_baseline(model, host, budget: int, args) -> dict:
     placement = named_placement(f"layers:{n}", sublayer_triples(model), model.args.num_hidden_layers)
     gc.collect()
     torch.cuda.empty_cache()
-    executor = Executor(model, host, placement, budget=budget, max_tokens=512, max_context=args.ctx)
+    executor = Executor(model, host.plain, placement, budget=budget, max_tokens=512, max_context=args.ctx)
     seconds = step_seconds(executor, 1, args.ctx, args.seq_ctx)
     del executor
     return {"baseline": placement.name, "baseline_tok_s": 1 / seconds}

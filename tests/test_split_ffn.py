@@ -240,3 +240,22 @@ def test_engine_lays_ffns_out_in_pieces_only_when_its_plan_splits_them(llama):
                         vram="1GiB", max_context=64)
     assert all(split.executor.host[n].layout.splittable for n in dense)
     assert split.plan_settings.split_ffns is True
+
+
+def test_host_layouts_give_each_placement_its_layout(llama):
+    from vramshard.runtime.host_weights import HostLayouts, pack_model, splits_ffns
+    from vramshard.runtime.weights import load_weights
+    from vramshard.loading.checkpoint import open_checkpoint
+
+    path, reference, expected = llama
+    model = reference.model
+    host = pack_model(list(model), load_weights(model, open_checkpoint(path)), pin=False, splittable=False)
+    layouts = HostLayouts(model, host, pin=False)
+    split = _split_placement(model, [3, 15])
+    assert layouts.for_placement(Placement("cpu", tuple((s.name, CPU) for s in model))) is host
+    assert splits_ffns(list(model), layouts.for_placement(split)) and splits_ffns(list(model), layouts.for_placement(None))
+    attn = [s.name for s in model if s.kind == "attn"]
+    assert all(layouts.split[n] is host[n] for n in attn)  # only dense FFNs are copied
+    for name in ("ffn[0]", "ffn[1]"):
+        for key, view in host[name].views.items():
+            assert torch.equal(layouts.split[name].views[key], view), (name, key)

@@ -15,13 +15,13 @@ from vramshard.errors import VramshardError
 from vramshard.models import build_model
 from vramshard.plan.memory import moe_layers
 from vramshard.runtime.executor import Executor
-from vramshard.runtime.host_weights import pack_model
+from vramshard.runtime.host_weights import HostLayouts, pack_model
 from vramshard.shapes import random_weights, shape_config
 
 from ..common import Deadline, cpu_read_bandwidth, h2d_bandwidth
 from ..engine_bench import device_bandwidth, planner_profile
 from ..moe_bench import batched_tok_s, random_packed
-from .measure import GiB, decode_bound_tok_s, plan_name, predicted_s, run_cell, systems_for, unconstrained
+from .measure import GiB, decode_bound_tok_s, host_for, plan_name, predicted_s, run_cell, systems_for, unconstrained
 from .parts import Part
 from .record import PartRecord
 
@@ -55,8 +55,10 @@ def build(part: Part, settings: Settings):
     model = build_model(config, dtype)
     t0 = time.perf_counter()
     # MoE: made on the GPU piece by piece straight into pinned buffers (no second 57 GiB host copy).
-    host = random_packed(model) if moe_layers(model) else pack_model(list(model), random_weights(model), pin=True)
-    return model, host, time.perf_counter() - t0
+    host = random_packed(model) if moe_layers(model) else \
+        pack_model(list(model), random_weights(model), pin=True, splittable=False)
+    # Plans that split dense FFNs get the split layout (made on first need), the others this one.
+    return model, HostLayouts(list(model), host), time.perf_counter() - t0
 
 
 def setup(part: Part, record: PartRecord, settings: Settings):
@@ -134,7 +136,8 @@ def batch_cell(model, host, system, budget, batch, per_seq, largest, args, profi
     """Batched decode tok/s of ``batch`` sequences at ``args.batch_ctx`` tokens of context (moe_bench's
     timing), with the estimator's step time for the same shape."""
     try:
-        executor = Executor(model, host, system.tiered, budget=budget, max_tokens=largest, max_context=per_seq,
+        executor = Executor(model, host_for(host, system.tiered), system.tiered, budget=budget,
+                            max_tokens=largest, max_context=per_seq,
                             kv_slots=batch, expert_cache=system.expert_cache)
     except VramshardError as exc:
         return {**cell, "error": str(exc)}

@@ -20,6 +20,7 @@ from vramshard.plan.placement import Placement, TieredPlacement, named_placement
 from vramshard.plan.planner import PlanSet, Planner
 from vramshard.plan.tiers import Tiers
 from vramshard.runtime.executor import Executor
+from vramshard.runtime.host_weights import HostLayouts
 
 from ..common import sync
 from ..executor_bench import decode_seconds
@@ -161,6 +162,12 @@ def plan_name(plans: TieredPlacement) -> str:
     return ", ".join(f"{f}@{a}" if a == b else f"{f}@{a}-{b}" for f, a, b in runs)
 
 
+def host_for(host, placement) -> dict:
+    """The packed weights ``placement`` runs on: from a :class:`HostLayouts` the layout it needs,
+    else ``host`` itself."""
+    return host.for_placement(placement) if isinstance(host, HostLayouts) else host
+
+
 def run_cell(model, host, system: System, budget: int | None, context: int, settings, profile) -> dict:
     """Decode tok/s at ``context`` tokens of context and TTFT of a ``context``-token prompt for one
     engine; errors (budget refusals, CUDA OOM) come back in the cell as ``error``."""
@@ -172,7 +179,8 @@ def run_cell(model, host, system: System, budget: int | None, context: int, sett
     gc.collect()
     torch.cuda.empty_cache()
     try:
-        executor = Executor(model, host, system.tiered, budget=budget, max_tokens=settings.chunk,
+        executor = Executor(model, host_for(host, system.tiered), system.tiered, budget=budget,
+                            max_tokens=settings.chunk,
                             max_context=kv_tokens, expert_cache=system.expert_cache)
     except VramshardError as exc:
         cell["error"] = str(exc)

@@ -170,8 +170,18 @@ def bench_engine(model, host, spec: EngineSpec, settings: BenchSettings, device:
                  profile=None) -> dict:
     """Build the engine of ``spec`` over the shared ``host`` weights, measure it, let it go.
 
-    Failures to build (a placement that does not fit, no GPU) come back as ``{"error": ...}``."""
+    ``host``: packed weights, or a :class:`~vramshard.runtime.host_weights.HostLayouts`, which
+    gives the planned engine (it may split FFNs between the CPU and the GPU) the split layout and
+    every named placement the checkpoint's layout. Failures to build (a placement that does not
+    fit, no GPU) come back as ``{"error": ...}``."""
+    import torch
+
     from ..engine import Engine
+    from ..runtime.host_weights import HostLayouts
+
+    if isinstance(host, HostLayouts):
+        gpu = device != "cpu" and torch.cuda.is_available()
+        host = host.split if spec.placement is None and gpu else host.plain
 
     row = {"engine": spec.label, "placement_asked": spec.placement, "vram": spec.vram}
     try:
@@ -218,34 +228,38 @@ def baseline_specs(text: str | None, vram) -> list[EngineSpec]:
 # ---------------------------------------------------------------------------- the model
 def load_host(model_path: str | None, shape: str | None, dtype: str | None, layers: int | None, pin: bool,
               seed: int = 0):
-    """(model, packed host weights, name): a checkpoint, or a named shape with random weights."""
+    """(model, :class:`HostLayouts` of the packed host weights, name): a checkpoint, or a named
+    shape with random weights."""
+    from ..runtime.host_weights import HostLayouts, pack_model
+
+    model, weights, name = load_weights_of(model_path, shape, dtype, layers, seed)
+    return model, HostLayouts(list(model), pack_model(list(model), weights, pin=pin, splittable=False), pin), name
+
+
+def load_weights_of(model_path: str | None, shape: str | None, dtype: str | None, layers: int | None = None,
+                    seed: int = 0):
+    """(model, CPU weights, name): a checkpoint, or a named shape with random weights."""
     from ..config import parse_dtype
-    from ..runtime.host_weights import pack_model
+    from ..models import build_model
 
     if (model_path is None) == (shape is None):
         raise InvalidInputError("give either MODEL (a model directory or .gguf file) or --shape NAME, not both")
     if shape is not None:
-        from ..models import build_model
         from ..shapes import random_weights, shape_config
 
         config = shape_config(shape)
         if layers:
             config["num_hidden_layers"] = layers
         model = build_model(config, parse_dtype(dtype))
-        weights = random_weights(model, seed)
-        name = shape if not layers else f"{shape} ({layers} layers)"
-    else:
-        from ..loading.checkpoint import open_checkpoint
-        from ..models import build_model
-        from ..runtime.weights import load_weights
+        return model, random_weights(model, seed), (shape if not layers else f"{shape} ({layers} layers)")
+    from ..loading.checkpoint import open_checkpoint
+    from ..runtime.weights import load_weights
 
-        if layers:
-            raise InvalidInputError("--layers cuts a --shape model; it does not apply to a checkpoint")
-        checkpoint = open_checkpoint(model_path)
-        model = build_model(checkpoint.config, parse_dtype(dtype))
-        weights = load_weights(model, checkpoint)
-        name = checkpoint.path.name
-    return model, pack_model(list(model), weights, pin=pin), name
+    if layers:
+        raise InvalidInputError("--layers cuts a --shape model; it does not apply to a checkpoint")
+    checkpoint = open_checkpoint(model_path)
+    model = build_model(checkpoint.config, parse_dtype(dtype))
+    return model, load_weights(model, checkpoint), checkpoint.path.name
 
 
 def weights_bytes(model) -> int:

@@ -61,14 +61,11 @@ def main(args: argparse.Namespace) -> int:
     options = dict(vram=args.vram, device=args.device, placement=args.placement, max_context=args.max_context,
                    max_batch=args.max_seqs, max_step_tokens=args.max_step_tokens, decode_graphs=args.cuda_graphs)
     if args.shape is not None or args.model is None:
-        import torch
-
-        from .bench import load_host
+        from .bench import load_weights_of
 
         with console.status(f"building random weights of {args.shape}"):
-            model, host, name = load_host(args.model, args.shape, args.dtype, None,
-                                          pin=args.device != "cpu" and torch.cuda.is_available())
-        engine = Engine.from_host(model, host, None, name=name, **options)
+            model, weights, name = load_weights_of(args.model, args.shape, args.dtype)
+        engine = Engine.from_weights(model, weights, None, name=name, **options)
     else:
         engine = Engine.load(args.model, dtype=args.dtype, **options)
     context = args.max_context or min(engine.max_context, DEFAULT_CONTEXT)

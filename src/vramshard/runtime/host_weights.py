@@ -228,3 +228,43 @@ def splits_ffns(sublayers, host: dict[str, PackedWeights]) -> bool:
     (False also when there is none)."""
     dense = [host[s.name].layout for s in sublayers if isinstance(s, DenseFFN) and s.name in host]
     return bool(dense) and all(layout.splittable for layout in dense)
+
+
+def repack(sublayers, host: dict[str, PackedWeights], splittable: bool, pin: bool) -> dict[str, PackedWeights]:
+    """``host`` with its dense FFNs in the other layout (see :meth:`PackedLayout.of`); every other
+    sub-layer is shared, not copied. Lets one process compare placements that split FFNs with
+    placements that read the checkpoint's layout, each at its own layout's speed."""
+    out = {}
+    for sublayer in sublayers:
+        packed = host[sublayer.name]
+        if isinstance(sublayer, DenseFFN) and packed.layout.splittable != splittable:
+            weights = {spec.source: packed.views[spec.key] for spec in sublayer.weights}
+            out[sublayer.name] = pack_sublayer(sublayer, weights, pin, splittable)
+        else:
+            out[sublayer.name] = packed
+    return out
+
+
+class HostLayouts:
+    """A model's packed host weights in the checkpoint's layout, and in the split-FFN layout made
+    on first need (:func:`repack`): :meth:`for_placement` gives each placement the layout it runs
+    best on — the split layout only to placements that split a dense FFN."""
+
+    def __init__(self, sublayers, host: dict[str, PackedWeights], pin: bool = True):
+        self.sublayers = list(sublayers)
+        self.plain = host if not splits_ffns(self.sublayers, host) else repack(self.sublayers, host, False, pin)
+        self.pin = pin
+        self._split: dict[str, PackedWeights] | None = host if splits_ffns(self.sublayers, host) else None
+
+    @property
+    def split(self) -> dict[str, PackedWeights]:
+        if self._split is None:
+            self._split = repack(self.sublayers, self.plain, True, self.pin)
+        return self._split
+
+    def for_placement(self, placement) -> dict[str, PackedWeights]:
+        """``placement``: a Placement or TieredPlacement (None: a planned engine, which may split)."""
+        if placement is None:
+            return self.split
+        placements = getattr(placement, "placements", (placement,))
+        return self.split if any(p.split_names() for p in placements) else self.plain
