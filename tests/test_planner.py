@@ -125,3 +125,14 @@ def test_pinned_set_takes_the_faster_of_the_two_greedy_orders():
     assert set(result.pinned) == set(orders[1])
     attention = [n for n in orders[1] if n.startswith("attn")]
     assert len(attention) == NEMO.args.num_hidden_layers  # attention first: all of it fits in 8 GiB
+
+
+def test_plan_picture_colours_splits_and_host_kv_attention(tmp_path):
+    from vramshard.plan.placement import CPU, GPU_RESIDENT, GPU_STREAMED, GPU_STREAMED_HOST_KV, split_ffn
+    from vramshard.plan.report import category, plot_plan
+
+    assert [category(w) for w in (CPU, GPU_RESIDENT, GPU_STREAMED, GPU_STREAMED_HOST_KV, split_ffn(4))] == \
+        ["host", "vram", "stream", "kv@host", "split"]
+    result = plan(2 * GiB, cpu_mem_gbps=50)
+    plot_plan(result, tmp_path / "plan.png")
+    assert (tmp_path / "plan.png").stat().st_size > 10_000

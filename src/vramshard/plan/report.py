@@ -7,9 +7,21 @@ import math
 from ..units import format_bytes
 from .planner import FAMILIES, PlanSet
 
-COLORS = {"vram": "#2b8a3e", "stream": "#1971c2", "host": "#e8590c", "experts": "#9c36b5"}
+COLORS = {"vram": "#2b8a3e", "stream": "#1971c2", "host": "#e8590c", "experts": "#9c36b5", "split": "#f59f00",
+          "kv@host": "#66d9e8"}
 LABELS = {"vram": "GPU, resident", "stream": "GPU, streamed", "host": "CPU",
-          "experts": "GPU router, experts on CPU / cached"}
+          "experts": "GPU router, experts on CPU / cached", "split": "FFN split: CPU + GPU (streamed part)",
+          "kv@host": "GPU attention over a host KV cache"}
+
+
+def category(where) -> str:
+    """The colour key of one placement entry: its weights' home, or a split FFN, or GPU attention
+    whose KV cache stays in host memory."""
+    if getattr(where, "split", False):
+        return "split"
+    if getattr(where, "stages_kv", False):
+        return "kv@host"
+    return where.home
 
 
 def print_plan(plan: PlanSet, console=None) -> None:
@@ -74,7 +86,7 @@ def plot_plan(plan: PlanSet, path: str) -> None:
     for row, tier in enumerate(tiers):
         where = plan.tiers[tier].placement.as_dict()
         for col, name in enumerate(names):
-            ax.add_patch(plt.Rectangle((col, row), 0.95, 0.9, color=COLORS[where[name].home]))
+            ax.add_patch(plt.Rectangle((col, row), 0.95, 0.9, color=COLORS[category(where[name])]))
     ax.set_xlim(0, len(names))
     ax.set_ylim(0, len(tiers))
     ax.set_yticks([r + 0.45 for r in range(len(tiers))])
@@ -82,7 +94,8 @@ def plot_plan(plan: PlanSet, path: str) -> None:
     step = max(1, len(names) // 20)
     ax.set_xticks([c + 0.45 for c in range(0, len(names), step)])
     ax.set_xticklabels(names[::step], rotation=60, fontsize=7)
-    ax.legend(handles=[Patch(color=COLORS[k], label=LABELS[k]) for k in COLORS], loc="upper center",
+    shown = {category(w) for t in tiers for _, w in plan.tiers[t].placement.where}
+    ax.legend(handles=[Patch(color=COLORS[k], label=LABELS[k]) for k in COLORS if k in shown], loc="upper center",
               bbox_to_anchor=(0.5, -0.35), ncol=3, fontsize=8)
     budget = format_bytes(plan.budget) if plan.budget else "unlimited"
     ax.set_title(f"{plan.model_name}: where each sub-layer runs per token tier (budget {budget})")
