@@ -21,7 +21,7 @@ from vramshard.shapes import random_weights, shape_config
 from ..common import Deadline, cpu_read_bandwidth, h2d_bandwidth
 from ..engine_bench import device_bandwidth, planner_profile
 from ..moe_bench import batched_tok_s, random_packed
-from .measure import GiB, decode_bound_tok_s, host_for, plan_name, predicted_s, run_cell, systems_for, unconstrained
+from .measure import GiB, decode_bound_tok_s, errors_into, host_for, plan_name, predicted_s, run_cell, systems_for, unconstrained
 from .parts import Part
 from .record import PartRecord
 
@@ -141,7 +141,7 @@ def batch_cell(model, host, system, budget, batch, per_seq, largest, args, profi
                             kv_slots=batch, expert_cache=system.expert_cache)
     except VramshardError as exc:
         return {**cell, "error": str(exc)}
-    try:
+    with errors_into(cell):
         cell["placement"] = plan_name(executor.plans)
         tok_s = batched_tok_s(executor, batch, args.batch_ctx, args.batch_steps)
         cell.update(tok_s=tok_s, step_ms=batch / tok_s * 1e3, peak_vram_gib=executor.peak_vram() / GiB)
@@ -150,12 +150,7 @@ def batch_cell(model, host, system, budget, batch, per_seq, largest, args, profi
             cell["predicted_step_ms"] = predicted_s(model, profile, system, batch, args.batch_ctx) * 1e3
         except Exception as exc:  # noqa: BLE001 - any estimator failure is reported, not fatal
             cell["prediction_error"] = f"{type(exc).__name__}: {exc}"
-    except torch.cuda.OutOfMemoryError as exc:
-        cell["error"] = f"CUDA out of memory: {str(exc).splitlines()[0]}"
-    except VramshardError as exc:
-        cell["error"] = str(exc)
-    finally:
-        del executor
+    del executor
     return cell
 
 

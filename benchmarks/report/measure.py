@@ -3,6 +3,7 @@ physical bound and the estimator's prediction. Decode timing is executor_bench's
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import time
@@ -188,7 +189,7 @@ def run_cell(model, host, system: System, budget: int | None, context: int, sett
     except torch.cuda.OutOfMemoryError as exc:
         cell["error"] = f"CUDA out of memory while loading: {str(exc).splitlines()[0]}"
         return cell
-    try:
+    with errors_into(cell):
         cell["placement"] = plan_name(executor.plans)
         cell["resident_gib"] = executor.need.resident / GiB
         cell["vram_plan_gib"] = executor.need.total / GiB
@@ -203,12 +204,18 @@ def run_cell(model, host, system: System, budget: int | None, context: int, sett
         peak = executor.peak_vram()
         cell["peak_vram_gib"] = peak / GiB
         cell["within_budget"] = budget is None or peak <= budget
+    del executor
+    gc.collect()
+    torch.cuda.empty_cache()
+    return cell
+
+
+@contextlib.contextmanager
+def errors_into(cell: dict):
+    """Inside: one cell's measurement; an out-of-memory or a refusal ends it as the cell's ``error``."""
+    try:
+        yield
     except torch.cuda.OutOfMemoryError as exc:
         cell["error"] = f"CUDA out of memory: {str(exc).splitlines()[0]}"
     except VramshardError as exc:
         cell["error"] = str(exc)
-    finally:
-        del executor
-        gc.collect()
-        torch.cuda.empty_cache()
-    return cell
