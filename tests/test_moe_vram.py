@@ -224,12 +224,12 @@ def test_gpu_moe_peak_within_a_budget_equal_to_the_plan(spec, tiny_model_dir):
                         kv_slots=slots, expert_cache=cache)
     kv = executor.new_kv_cache(slots, ctx)
     with torch.inference_mode():
-        executor.forward(torch.randint(0, 100, (tokens,)), Step.single(0, tokens, kv_lookup=kv))
+        executor.forward(torch.randint(0, model.args.vocab_size, (tokens,)), Step.single(0, tokens, kv_lookup=kv))
         for pos in range(tokens, tokens + 3):
             executor.forward(torch.tensor([5]), Step.single(pos, 1, kv_lookup=kv))
         step = Step(list(range(1, slots)), [4] * (slots - 1), [1] * (slots - 1), list(range(slots - 1)),
                     kv_lookup=kv)
         executor.forward(torch.full((slots - 1,), 7), step)
-        executor.forward(torch.randint(0, 100, (tokens // 2,)), Step.single(tokens + 3, tokens // 2, kv_lookup=kv))
+        executor.forward(torch.randint(0, model.args.vocab_size, (tokens // 2,)), Step.single(tokens + 3, tokens // 2, kv_lookup=kv))
     torch.cuda.synchronize()
     assert executor.peak_vram() <= budget, (spec, executor.peak_vram(), budget, executor.need.breakdown())

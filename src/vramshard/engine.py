@@ -115,7 +115,8 @@ class Engine:
             (largest step, default 2048), ``threads`` (CPU threads), ``num_slots`` (stream ring),
             ``tiers`` (:class:`Tiers`), ``profile`` (a machine profile for the planner),
             ``vision`` (:class:`vramshard.vlm.VisionOptions`, vision-language models only),
-            ``decode_graphs`` (replay decode steps over VRAM-resident sub-layers from CUDA graphs).
+            ``decode_graphs`` (replay decode steps over VRAM-resident sub-layers from CUDA graphs; default
+            on, used only on CUDA).
         """
         vision = options.pop("vision", None)
         checkpoint = open_checkpoint(path)
@@ -181,7 +182,7 @@ class Engine:
                can_split: bool, vram=None, device=None, placement=None, max_context=None, max_batch: int = 1,
                max_step_tokens: int = 2048, threads: int | None = None, num_slots: int = 2,
                tiers: Tiers | None = None, profile=None, kv_tokens: int | None = None,
-               simulate_gpu: bool = False, decode_graphs: bool = False) -> "Engine":
+               simulate_gpu: bool = False, decode_graphs: bool = True) -> "Engine":
         limit = model.args.max_position_embeddings
         if max_context is not None and max_context > limit:
             raise InvalidInputError(f"max_context {max_context} exceeds the model's limit of {limit} positions")

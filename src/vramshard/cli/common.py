@@ -42,8 +42,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                        help="force a placement instead of the planned one (see `vramshard plan`)")
     group.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"),
                        help="weights and compute dtype (default: the checkpoint's)")
-    group.add_argument("--cuda-graphs", action="store_true",
-                       help="replay decode steps over VRAM-resident sub-layers from CUDA graphs (experimental)")
+    group.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                       help="replay decode steps over VRAM-resident sub-layers from CUDA graphs "
+                            "(default: on; --no-cuda-graphs runs every step eagerly)")
 
 
 def stderr_console() -> Console:
