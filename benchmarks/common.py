@@ -22,12 +22,22 @@ def hardware() -> dict:
             "torch": torch.__version__, "python": platform.python_version()}
     try:
         with open("/proc/cpuinfo") as f:
+            cores = set()  # (physical id, core id): hardware threads of one core count once
+            socket = None
             for line in f:
-                if line.startswith("model name"):
-                    info["cpu"] = line.split(":", 1)[1].strip()
-                    break
+                key, _, value = line.partition(":")
+                key, value = key.strip(), value.strip()
+                if key == "model name":
+                    info["cpu"] = value
+                elif key == "physical id":
+                    socket = value
+                elif key == "core id":
+                    cores.add((socket, value))
+            if cores:
+                info["physical_cores"] = len(cores)
     except OSError:
         pass
+    info["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY", "default")
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         info["gpu"] = f"{props.name} ({props.total_memory / 2**30:.0f} GiB)"

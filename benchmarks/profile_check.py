@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
+from vramshard.layers.sublayer import linear
 from vramshard.profile import BenchmarkSpec, save
 from vramshard.profile.bench_attention import sdpa_gqa
 from vramshard.profile.bench_matmul import cold_copies
@@ -85,7 +85,7 @@ def held_out(profile) -> list[dict]:
 
                     def fn():
                         turn[0] = (turn[0] + 1) % len(weights)
-                        return F.linear(x, weights[turn[0]])
+                        return linear(x, weights[turn[0]])
 
                     direct = time_cuda(fn, 0.05) if device == "cuda" else time_cpu(fn, 0.3)
                     predicted = profile.matmul_s(m, k, n, dtype, device)

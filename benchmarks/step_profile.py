@@ -1,28 +1,48 @@
-"""Where one decode step spends its time: torch.profiler tables for a placement.
+"""Where one decode step spends its time: wall time against GPU kernel time, copy time, host
+synchronisation and the number of launches, per placement, from torch.profiler.
 
-    PYTHONPATH=src python -m benchmarks.step_profile --shape nemo-8b --layers 8 --placements gpu,static
+    PYTHONPATH=src python -m benchmarks.step_profile --shape nemo-8b --placements gpu,gpu+graphs,static
+    PYTHONPATH=src python -m benchmarks.step_profile --shape qwen3-30b-a3b --layers 8 \\
+        --placements experts-stream,experts-cpu --expert-cache-gib 1 --json $OUT/moe_steps.json
+
+Placements are the named ones (``gpu``, ``static``, ``stream``, ``layers:N``, ``experts-stream``,
+``experts-cpu``, ...); ``NAME+graphs`` replays decode from CUDA graphs. For each it prints one
+line of totals per decode step — wall ms, GPU kernel ms (memcpy excluded), host-to-device copy
+ms, time the host spent blocked on the GPU, CUDA launches, aten ops — and the top operators by
+host and by device time. If wall ≫ kernels + copies the step is bound by the host (Python,
+dispatch, waiting); if kernels ≈ wall the kernels themselves are slow.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import time
+from collections import Counter
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from vramshard.layers.step import Step
 from vramshard.models import build_model
-from vramshard.plan.memory import sublayer_triples
+from vramshard.plan.memory import expert_slot_bytes, moe_layers, sublayer_triples
 from vramshard.plan.placement import named_placement
 from vramshard.runtime.executor import Executor
 from vramshard.runtime.host_weights import pack_model
 from vramshard.shapes import random_weights, shape_config
 
-from .common import sync
+from .common import hardware, now, sync, write_json
+
+log = logging.getLogger("step_profile")
+GiB = 2**30
+BLOCKING = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cudaMemcpy ",
+            "cudaMemcpy")  # host calls that wait for the GPU (cudaMemcpy without Async is synchronous)
+LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cudaGraphLaunch", "cuLaunchKernelEx")
 
 
 def dispatch_us(device: str, n: int = 2000) -> float:
+    """Microseconds per tiny in-place op: the floor of one launch (CUDA) or one aten call (CPU)."""
     x = torch.zeros(16, device=device)
     for _ in range(100):
         x.add_(1)
@@ -34,40 +54,136 @@ def dispatch_us(device: str, n: int = 2000) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--shape", default="nemo-8b")
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--ctx", type=int, default=1024)
-    parser.add_argument("--placements", default="gpu,static")
-    parser.add_argument("--rows", type=int, default=25)
-    args = parser.parse_args()
-    print(f"dispatch of one tiny op: cuda {dispatch_us('cuda'):.1f} us, cpu {dispatch_us('cpu'):.1f} us")
-    config = shape_config(args.shape)
-    config["num_hidden_layers"] = args.layers
-    model = build_model(config)
-    host = pack_model(list(model), random_weights(model), pin=True)
-    for spec in args.placements.split(","):
-        placement = named_placement(spec, sublayer_triples(model), args.layers)
-        executor = Executor(model, host, placement, max_tokens=64, max_context=args.ctx + 64)
-        kv = executor.new_kv_cache(1, args.ctx + 40)
-        token = torch.tensor([3])
-        for i in range(5):
-            executor.forward(token, Step.single(args.ctx + i, 1, kv_lookup=kv))
+def step_split(prof, steps: int) -> dict:
+    """Per-step totals from the profiler's events (times in ms)."""
+    kernel_us = h2d_us = d2h_us = blocked_us = 0.0
+    launches, aten = 0, 0
+    for event in prof.events():
+        name = event.name
+        on_device = str(getattr(event, "device_type", "")).endswith("CUDA")
+        if on_device:
+            elapsed = event.time_range.elapsed_us()
+            if name.startswith("Memcpy HtoD"):
+                h2d_us += elapsed
+            elif name.startswith("Memcpy DtoH"):
+                d2h_us += elapsed
+            elif not name.startswith(("Memcpy", "Memset")):
+                kernel_us += elapsed
+            continue
+        if name.startswith(LAUNCHES):
+            launches += 1
+        elif name.startswith(BLOCKING) and not name.startswith("cudaMemcpyAsync"):
+            blocked_us += event.cpu_time_total
+        elif name.startswith("aten::"):
+            aten += 1
+    return {"gpu_kernel_ms": kernel_us / 1e3 / steps, "h2d_copy_ms": h2d_us / 1e3 / steps,
+            "d2h_copy_ms": d2h_us / 1e3 / steps, "host_blocked_ms": blocked_us / 1e3 / steps,
+            "launches": launches / steps, "aten_ops": aten / steps}
+
+
+def make_executor(model, host, spec: str, args) -> Executor:
+    name, graphs = spec.removesuffix("+graphs"), spec.endswith("+graphs")
+    layers = model.args.num_hidden_layers
+    placement = named_placement(name, sublayer_triples(model), layers, moe_layers=moe_layers(model) or None)
+    cache = None
+    if name == "experts-stream":
+        cache = max(int(args.expert_cache_gib * GiB), expert_slot_bytes(model))
+    return Executor(model, host, placement, max_tokens=64, max_context=args.ctx + 64, threads=args.threads,
+                    expert_cache=cache, decode_graphs=graphs)
+
+
+def profile_placement(model, host, spec: str, args) -> dict:
+    executor = make_executor(model, host, spec, args)
+    kv = executor.new_kv_cache(1, args.ctx + 64)
+    token = torch.tensor([3])
+    position = args.ctx
+    with torch.inference_mode():
+        for _ in range(5):
+            executor.forward(token, Step.single(position, 1, kv_lookup=kv))
+            position += 1
         sync()
         t0 = time.perf_counter()
-        for i in range(10):
-            executor.forward(token, Step.single(args.ctx + 5 + i, 1, kv_lookup=kv))
+        for _ in range(args.steps):
+            executor.forward(token, Step.single(position, 1, kv_lookup=kv))
+            position += 1
         sync()
-        step_ms = (time.perf_counter() - t0) / 10 * 1e3
-        print(f"\n=== {spec}: {step_ms:.2f} ms per decode step, {len(model)} sub-layers ===")
+        wall_ms = (time.perf_counter() - t0) / args.steps * 1e3
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for i in range(3):
-                executor.forward(token, Step.single(args.ctx + 20 + i, 1, kv_lookup=kv))
+            for _ in range(3):
+                executor.forward(token, Step.single(position, 1, kv_lookup=kv))
+                position += 1
             sync()
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
-        print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=12))
-        del executor, kv
+    result = {"placement": spec, "wall_ms": wall_ms, **step_split(prof, 3)}
+    if executor.expert_cache is not None:
+        result["expert_hit_rate"] = executor.expert_cache.stats.hit_rate
+        result["expert_cache_slots"] = executor.expert_cache.capacity
+    if args.trace:
+        path = f"{args.trace}/trace_{spec.replace(':', '-').replace('+', '_')}.json"
+        prof.export_chrome_trace(path)
+        result["trace"] = path
+    averages = prof.key_averages()
+    result["top_host"] = top(averages, "self_cpu_time_total", args.rows)
+    result["top_device"] = top(averages, "self_device_time_total", args.rows)
+    del executor, kv
+    torch.cuda.empty_cache()
+    return result
+
+
+def top(averages, key: str, rows: int) -> list[dict]:
+    """The ``rows`` operators with the most ``key`` (µs per 3 steps), with their call counts."""
+    entries = [e for e in averages if getattr(e, key, 0)]
+    entries.sort(key=lambda e: getattr(e, key), reverse=True)
+    return [{"name": e.key[:80], "us": getattr(e, key), "calls": e.count} for e in entries[:rows]]
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="nemo-8b")
+    parser.add_argument("--layers", type=int, default=None, help="cut the model to N layers (default: all)")
+    parser.add_argument("--ctx", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=10, help="timed decode steps per placement")
+    parser.add_argument("--placements", default="gpu,gpu+graphs,static")
+    parser.add_argument("--expert-cache-gib", type=float, default=1.0, help="VRAM expert cache of experts-stream")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--rows", type=int, default=20)
+    parser.add_argument("--trace", default=None, help="folder for chrome traces")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("step_profile needs a CUDA GPU")
+    config = shape_config(args.shape)
+    if args.layers:
+        config["num_hidden_layers"] = args.layers
+    model = build_model(config)
+    t0 = time.perf_counter()
+    if any(s.kind == "ffn" and len(s.weights) > 8 for s in model):
+        from .moe_bench import random_packed  # MoE shapes are large: weights made on the GPU
+
+        host = random_packed(model)
+    else:
+        host = pack_model(list(model), random_weights(model), pin=True)
+    log.info("%s (%d layers, %.1f GiB) built in %.1f s", args.shape, model.args.num_hidden_layers,
+             model.nbytes / GiB, time.perf_counter() - t0)
+    results = {"date": now(), "hardware": hardware(), "args": vars(args), "model_gib": model.nbytes / GiB,
+               "dispatch_us": {"cuda": dispatch_us("cuda"), "cpu": dispatch_us("cpu")}, "placements": []}
+    log.info("dispatch of one tiny op: %s", results["dispatch_us"])
+    for spec in args.placements.split(","):
+        try:
+            result = profile_placement(model, host, spec, args)
+        except Exception as exc:  # one placement's failure must not lose the others
+            log.exception("%s failed", spec)
+            results["placements"].append({"placement": spec, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        results["placements"].append(result)
+        totals = {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()
+                  if k not in ("top_host", "top_device")}
+        log.info("%s", totals)
+        for title, rows in (("host", result["top_host"]), ("device", result["top_device"])):
+            log.info("  top by %s time (us over 3 steps, calls):\n%s", title,
+                     "\n".join(f"    {r['us']:10.0f}  {r['calls']:6d}  {r['name']}" for r in rows))
+    if args.json:
+        write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from typing import Mapping
 import torch
 
 from .step import Step
+from .cpu_linear import cpu_linear
 
 MAIN_PIECE = "main"
 
@@ -97,5 +98,11 @@ class SubLayer:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ weight.T (+ bias)`` with the Hugging Face weight layout [out, in]."""
+    """``x @ weight.T (+ bias)`` with the Hugging Face weight layout [out, in].
+
+    Few-token half-precision projections on the CPU take the path measured fastest for their
+    shape (:mod:`vramshard.layers.cpu_linear`); everything else is ``F.linear``.
+    """
+    if x.device.type == "cpu":
+        return cpu_linear(x, weight, bias)
     return torch.nn.functional.linear(x, weight, bias)

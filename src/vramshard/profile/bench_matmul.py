@@ -1,13 +1,14 @@
-"""Matrix-multiply micro-benchmark: seconds of ``F.linear(x[M, K], W[N, K])`` on a grid.
+"""Matrix-multiply micro-benchmark: seconds of ``linear(x[M, K], W[N, K])`` on a grid.
 
-``F.linear`` is the path the executor's projections take on either device.
+:func:`vramshard.layers.sublayer.linear` is the path the executor's projections take on either
+device (on the CPU, few-token half-precision shapes use the kernel measured fastest for them).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from ..layers.sublayer import linear
 from .progress import ProgressSink
 from .spec import torch_dtype
 from .timing import time_cpu, time_cuda
@@ -61,7 +62,7 @@ def measure_matmul(
 
             def fn():
                 turn[0] = (turn[0] + 1) % len(weights)
-                return F.linear(x, weights[turn[0]])
+                return linear(x, weights[turn[0]])
 
             return time_cuda(fn, budget_s) if device == "cuda" else time_cpu(fn, budget_s)
 

@@ -1,0 +1,78 @@
+"""The CPU projection path chooser: every candidate computes F.linear's product; the choice is
+measured once per shape, follows the timings, and can be turned off."""
+
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vramshard.layers import cpu_linear
+from vramshard.layers.sublayer import linear
+
+
+@pytest.fixture(autouse=True)
+def fresh_choices():
+    cpu_linear.forget()
+    yield
+    cpu_linear.forget()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tokens", [1, 3, 16])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_every_kernel_computes_the_projection(dtype, tokens, with_bias):
+    g = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, 96, generator=g).to(dtype)
+    w = (torch.randn(80, 96, generator=g) * 0.1).to(dtype)
+    bias = torch.randn(80, generator=g).to(dtype) if with_bias else None
+    reference = F.linear(x.float(), w.float(), None if bias is None else bias.float())
+    names = ["linear", "mv" if tokens == 1 else "weight_mm"]
+    for name in names:
+        y = cpu_linear.KERNELS[name](x, w, bias)
+        assert y.shape == (tokens, 80) and y.dtype == dtype and y.is_contiguous()
+        torch.testing.assert_close(y.float(), reference, atol=0.05, rtol=0.02)
+    torch.testing.assert_close(linear(x, w, bias).float(), reference, atol=0.05, rtol=0.02)
+
+
+def test_the_choice_follows_the_timings_and_is_made_once(monkeypatch):
+    calls = {"linear": 0, "mv": 0}
+
+    def slow_linear(x, w, bias):
+        calls["linear"] += 1
+        time.sleep(0.002)
+        return F.linear(x, w, bias)
+
+    def fast_mv(x, w, bias):
+        calls["mv"] += 1
+        return torch.mv(w, x[0]).unsqueeze(0)
+
+    monkeypatch.setitem(cpu_linear.KERNELS, "linear", slow_linear)
+    monkeypatch.setitem(cpu_linear.KERNELS, "mv", fast_mv)
+    x, w = torch.randn(1, 64).bfloat16(), torch.randn(32, 64).bfloat16()
+    linear(x, w)
+    assert list(cpu_linear.chosen().values()) == ["mv"]
+    measured = dict(calls)
+    for _ in range(5):
+        linear(x, w)
+    assert calls["mv"] == measured["mv"] + 5 and calls["linear"] == measured["linear"]  # no new measurement
+
+
+def test_linear_stays_unless_another_path_is_clearly_faster(monkeypatch):
+    def slow_mv(x, w, bias):
+        time.sleep(0.002)
+        return torch.mv(w, x[0]).unsqueeze(0)
+
+    monkeypatch.setitem(cpu_linear.KERNELS, "mv", slow_mv)
+    linear(torch.randn(1, 64).half(), torch.randn(32, 64).half())
+    assert list(cpu_linear.chosen().values()) == ["linear"]
+
+
+def test_off_switch_float32_and_large_steps_use_f_linear(monkeypatch):
+    w16, w32 = torch.randn(32, 64).bfloat16(), torch.randn(32, 64)
+    linear(torch.randn(1, 64), w32)  # float32
+    linear(torch.randn(cpu_linear.MAX_TOKENS + 1, 64).bfloat16(), w16)  # a prompt chunk
+    assert cpu_linear.chosen() == {}
+    monkeypatch.setenv("VRAMSHARD_CPU_LINEAR", "linear")
+    linear(torch.randn(1, 64).bfloat16(), w16)
+    assert cpu_linear.chosen() == {}
