@@ -21,6 +21,7 @@ from vramshard.plan.tiers import Tiers
 from vramshard.profile.query import synthetic
 from vramshard.runtime.expert_cache import CachedExperts, ExpertCache, FrequencyRecency
 from vramshard.runtime.executor import Executor
+from vramshard.runtime.streaming import ExpertSlotBuffer
 from vramshard.runtime.host_weights import pack_model
 from vramshard.runtime.weights import load_weights
 from vramshard.shapes import shape_model
@@ -57,6 +58,26 @@ class FakeCopier:
         return self.slots[slot][2]
 
 
+class BufferCopier(ExpertSlotBuffer):
+    """The slots of the VRAM cache laid out as on the GPU, filled at once on the CPU."""
+
+    def __init__(self, host, capacity, slot_bytes):
+        super().__init__(capacity, slot_bytes, host, torch.device("cpu"))
+        self.log = []
+
+    def fill(self, slot, name, expert):
+        target, source = self.target(slot, name, expert)
+        target.copy_(source)
+        self.log.append(("fill", slot, name, expert))
+        return target.numel()
+
+    def ready(self, slot):
+        self.log.append(("ready", slot))
+
+    def done(self, slot):
+        self.log.append(("done", slot))
+
+
 def loaded(tiny_model_dir, arch):
     path = tiny_model_dir(arch)
     model = build_model(open_checkpoint(path).config)
@@ -85,6 +106,43 @@ def test_expert_paths_agree(arch, tiny_model_dir):
     torch.testing.assert_close(ffn.forward(CachedExperts(views, ffn.name, cache), x, step), expected,
                                rtol=1e-5, atol=1e-5)
     assert cache.stats.misses > 2 and cache.stats.evictions > 0
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_cached_experts_of_a_few_tokens_run_together_from_the_slots(arch, tiny_model_dir):
+    """Decode-sized steps read all their experts from the cache slots at once (one gather, no
+    per-expert kernels); the result equals the per-expert path, copies come first and every slot
+    read is released; with fewer slots than experts the step falls back to one expert at a time."""
+    _, model, host = loaded(tiny_model_dir, arch)
+    ffn = next(s for s in model if isinstance(s, MoEFFN))
+    views = host[ffn.name].views
+    plain = {k: v for k, v in views.items() if not k.endswith("gate_up")}
+    slot_bytes = expert_slot_bytes(model)
+    torch.manual_seed(1)
+    for tokens in (1, 3):
+        x = torch.randn(tokens, model.args.hidden_size)
+        step = Step.single(0, tokens)
+        expected = ffn.forward(plain, x, step)
+        copier = BufferCopier(host, ffn.num_experts, slot_bytes)
+        cache = ExpertCache(ffn.num_experts, copier)
+        fetched = []
+        original = cache.fetch
+        cache.fetch = lambda name, ids: fetched.append(ids) or original(name, ids)
+        for repeat in range(2):  # the second time every expert is a hit
+            got = ffn.forward(CachedExperts(views, ffn.name, cache), x, step)
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        assert fetched == []  # never one expert at a time
+        used = len({e for e in range(ffn.num_experts) if (ffn.name, e) in cache})
+        assert cache.stats.misses == used and cache.stats.hits == used
+        log = copier.log
+        assert all(log.index(("ready", s)) > log.index(("fill", s, ffn.name, e))
+                   for (name, e), s in cache.slot_of.items())
+        assert sum(1 for entry in log if entry[0] == "done") == 2 * used
+    small = ExpertCache(1, BufferCopier(host, 1, slot_bytes))  # fewer slots than a token's experts
+    x = torch.randn(1, model.args.hidden_size)
+    torch.testing.assert_close(ffn.forward(CachedExperts(views, ffn.name, small), x, Step.single(0, 1)),
+                               ffn.forward(plain, x, Step.single(0, 1)), rtol=1e-5, atol=1e-5)
+    assert small.stats.evictions > 0
 
 
 def test_stacking_needs_uniform_layout():

@@ -13,7 +13,7 @@ executor supplies the source; a plain weight mapping is wrapped in :class:`DictE
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Mapping, NamedTuple
+from typing import Callable, Iterator, Mapping, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -72,6 +72,15 @@ class StackedExperts(NamedTuple):
     down: torch.Tensor  # [E, D, F]
 
 
+class Gathered(NamedTuple):
+    """Experts held together for one step: ``stacked`` rows, ``rows[expert]`` the row of each
+    expert asked for; ``release()`` once the work reading them is queued."""
+
+    stacked: StackedExperts
+    rows: dict[int, int]
+    release: Callable[[], None]
+
+
 class ExpertWeights(Mapping):
     """The weights of one MoE ``ffn[i]``: its own tensors by key, and its experts on demand."""
 
@@ -85,6 +94,11 @@ class ExpertWeights(Mapping):
 
     def stacked(self) -> StackedExperts | None:
         """All experts stacked, where the source holds them so (resident in VRAM); else None."""
+        return None
+
+    def gather(self, ids: list[int]) -> Gathered | None:
+        """The experts ``ids`` at once as rows of one stacked view, where the source can hold
+        them together for a step (the VRAM expert cache); else None."""
         return None
 
 
@@ -228,9 +242,20 @@ class MoEFFN(SubLayer):
     def run_experts(self, source: ExpertWeights, h: torch.Tensor, routing: Routing) -> torch.Tensor:
         """Second half: the sum over each token's routed experts [T, D] (no residual)."""
         stacked = source.stacked()
-        assignments = routing.experts.numel()
-        if stacked is not None and assignments * self.expert_bytes <= GATHER_BYTES:
+        small = routing.experts.numel() * self.expert_bytes <= GATHER_BYTES
+        if stacked is not None and small:
             return self._run_gathered(stacked, h, routing)
+        if small:
+            # A few tokens from a cache: all their experts at once, a handful of kernels for the
+            # layer rather than several per expert (the host knows the experts: one sync).
+            flat = routing.experts.reshape(-1).tolist()
+            gathered = source.gather(sorted(set(flat)))
+            if gathered is not None:
+                try:
+                    rows = torch.tensor([gathered.rows[e] for e in flat]).view(routing.experts.shape)
+                    return self._run_gathered(gathered.stacked, h, Routing(rows.to(h.device), routing.weights))
+                finally:
+                    gathered.release()
         return self._run_grouped(source, h, routing)
 
     def _run_grouped(self, source: ExpertWeights, h: torch.Tensor, routing: Routing) -> torch.Tensor:

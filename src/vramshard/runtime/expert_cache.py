@@ -18,7 +18,7 @@ from typing import Hashable, Iterator, Mapping, Protocol
 
 import torch
 
-from ..layers.moe import ExpertTensors, ExpertWeights, StackedExperts
+from ..layers.moe import ExpertTensors, ExpertWeights, Gathered, StackedExperts
 
 Key = tuple[str, int]  # (sub-layer name, expert)
 
@@ -37,6 +37,9 @@ class ExpertCopier(Protocol):
 
     def view(self, slot: int, name: str) -> ExpertTensors:
         """The expert weights in ``slot``, laid out as ``name``'s experts."""
+
+    # Optional: ``stacked(name) -> StackedExperts | None``, every slot as one row of strided views
+    # (slots at one stride in one buffer), so a step can read all its experts with a few kernels.
 
 
 class FrequencyRecency:
@@ -168,6 +171,30 @@ class ExpertCache:
             protected.discard((name, expert))
             self._issue(name, to_copy, protected)
 
+    def gather(self, name: str, ids: list[int]) -> dict[int, int] | None:
+        """Make every expert of ``ids`` cached at once (copying the missing ones) and order the
+        compute that follows after their copies. Returns expert -> slot, or None (nothing done)
+        when ``ids`` do not all fit. Call :meth:`release` with the slots once the compute reading
+        them is queued."""
+        if len(ids) > self.capacity:
+            return None
+        protected = {(name, e) for e in ids}
+        misses = [e for e in ids if (name, e) not in self.slot_of]
+        for e in ids:
+            self.policy.touch((name, e))
+        self.stats.hits += len(ids) - len(misses)
+        self.stats.misses += len(misses)
+        self._issue(name, deque(misses), protected)
+        slots = {e: self.slot_of[(name, e)] for e in ids}
+        for slot in slots.values():
+            self.copier.ready(slot)
+        return slots
+
+    def release(self, slots) -> None:
+        """The compute reading ``slots`` is queued: they may be refilled after it."""
+        for slot in slots:
+            self.copier.done(slot)
+
     def _issue(self, name: str, to_copy: deque, protected: set) -> None:
         """Start the copies of as many waiting experts as there are slots to put them in."""
         while to_copy:
@@ -212,6 +239,18 @@ class CachedExperts(ExpertWeights):
 
     def stacked(self) -> StackedExperts | None:
         return None
+
+    def gather(self, ids: list[int]) -> Gathered | None:
+        """The experts ``ids`` as rows of the cache's slots, all copied in first (where the copier
+        lays its slots out at one stride and the cache holds them all)."""
+        stacked = getattr(self.cache.copier, "stacked", None)
+        stacked = stacked(self.name) if stacked is not None else None
+        if stacked is None:
+            return None
+        slots = self.cache.gather(self.name, ids)
+        if slots is None:
+            return None
+        return Gathered(stacked, slots, lambda: self.cache.release(slots.values()))
 
 
 def cache_slots(cache_bytes: int, slot_bytes: int) -> int:

@@ -119,23 +119,20 @@ class SlotRing:
             self._issue_fill()
 
 
-class ExpertSlots:
-    """The CUDA side of the VRAM expert cache (:class:`~vramshard.runtime.expert_cache.ExpertCache`):
-    ``capacity`` slots of ``slot_bytes`` in one VRAM buffer, two events per slot as in the
-    ring (``filled``: copy done; ``free``: the compute reading it is done), and one copy per
-    expert from the sub-layer's packed (pinned) host buffer, where its tensors lie together."""
+class ExpertSlotBuffer:
+    """The layout side of the VRAM expert cache: ``capacity`` slots of ``slot_bytes`` in one buffer
+    (on any device), one expert per slot, read through views that are shared by all slots of one
+    expert shape. :class:`ExpertSlots` adds the copies and their ordering on a GPU."""
 
-    def __init__(self, capacity: int, slot_bytes: int, host: dict[str, PackedWeights], device: torch.device,
-                 copy_stream: torch.cuda.Stream):
+    def __init__(self, capacity: int, slot_bytes: int, host: dict[str, PackedWeights], device: torch.device):
         self.host = host
+        self.capacity = capacity
         self.slot_bytes = slot_bytes
-        self.copy_stream = copy_stream
         self.device = device
         self.buffer = torch.empty(capacity * slot_bytes, dtype=torch.uint8, device=device)
-        self.filled = [torch.cuda.Event() for _ in range(capacity)]
-        self.free = [torch.cuda.Event() for _ in range(capacity)]
         self._ranges: dict[str, list[tuple[int, int]]] = {}  # sub-layer -> byte range of each expert
         self._views: dict[tuple, object] = {}  # (slot, expert shape) -> ExpertTensors
+        self._stacked: dict[tuple, object] = {}  # expert shape -> StackedExperts over all slots (or None)
         self._shapes: dict[str, tuple] = {}  # sub-layer -> shape of its experts in a slot
 
     def _range(self, name: str, expert: int) -> tuple[int, int]:
@@ -150,22 +147,12 @@ class ExpertSlots:
             self._ranges[name] = [spans[e] for e in range(len(spans))]
         return self._ranges[name][expert]
 
-    def fill(self, slot: int, name: str, expert: int) -> int:
+    def target(self, slot: int, name: str, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(slot bytes, host bytes) of copying ``expert`` of ``name`` into ``slot``."""
         begin, end = self._range(name, expert)
         nbytes = end - begin
         assert nbytes <= self.slot_bytes, "expert larger than a cache slot"
-        target = self.buffer[slot * self.slot_bytes : slot * self.slot_bytes + nbytes]
-        with torch.cuda.stream(self.copy_stream):
-            self.copy_stream.wait_event(self.free[slot])  # the last compute reading the slot is done
-            target.copy_(self.host[name].buffer[begin:end], non_blocking=True)
-            self.filled[slot].record(self.copy_stream)
-        return nbytes
-
-    def ready(self, slot: int) -> None:
-        torch.cuda.current_stream(self.device).wait_event(self.filled[slot])
-
-    def done(self, slot: int) -> None:
-        self.free[slot].record(torch.cuda.current_stream(self.device))
+        return self.buffer[slot * self.slot_bytes : slot * self.slot_bytes + nbytes], self.host[name].buffer[begin:end]
 
     def view(self, slot: int, name: str):
         shape = self._shape_of(name)
@@ -185,6 +172,23 @@ class ExpertSlots:
             self._views[key] = ExpertTensors(parts["gate"], parts["up"], parts["down"], gate_up)
         return self._views[key]
 
+    def stacked(self, name: str):
+        """Every slot as one row of strided [capacity, 2F, D] / [capacity, D, F] views (no copy),
+        laid out as ``name``'s experts; None when gate and up do not lie back to back."""
+        from ..layers.moe import StackedExperts
+
+        shape = self._shape_of(name)
+        if shape not in self._stacked:
+            first = self.view(0, name)
+            stacked = None
+            if first.gate_up is not None and all(self.slot_bytes % t.element_size() == 0
+                                                 for t in (first.gate_up, first.down)):
+                stacked = StackedExperts(*(t.as_strided((self.capacity, *t.shape),
+                                                        (self.slot_bytes // t.element_size(), *t.stride()))
+                                           for t in (first.gate_up, first.down)))
+            self._stacked[shape] = stacked
+        return self._stacked[shape]
+
     def _shape_of(self, name: str) -> tuple:
         """(part, offset in the slot, bytes, dtype, shape) of gate, up, down: the same for every
         expert of a layer (and of every layer of one model), so slot views are shared."""
@@ -197,3 +201,31 @@ class ExpertSlots:
                                         by_key[f"experts.0.{part}"][0].dtype, tuple(by_key[f"experts.0.{part}"][0].shape))
                                        for part in ("gate", "up", "down"))
         return self._shapes[name]
+
+
+class ExpertSlots(ExpertSlotBuffer):
+    """The CUDA side of the VRAM expert cache (:class:`~vramshard.runtime.expert_cache.ExpertCache`):
+    the slots of :class:`ExpertSlotBuffer` in VRAM, two events per slot as in the ring
+    (``filled``: copy done; ``free``: the compute reading it is done), and one copy per expert
+    from the sub-layer's packed (pinned) host buffer, where its tensors lie together."""
+
+    def __init__(self, capacity: int, slot_bytes: int, host: dict[str, PackedWeights], device: torch.device,
+                 copy_stream: torch.cuda.Stream):
+        super().__init__(capacity, slot_bytes, host, device)
+        self.copy_stream = copy_stream
+        self.filled = [torch.cuda.Event() for _ in range(capacity)]
+        self.free = [torch.cuda.Event() for _ in range(capacity)]
+
+    def fill(self, slot: int, name: str, expert: int) -> int:
+        target, source = self.target(slot, name, expert)
+        with torch.cuda.stream(self.copy_stream):
+            self.copy_stream.wait_event(self.free[slot])  # the last compute reading the slot is done
+            target.copy_(source, non_blocking=True)
+            self.filled[slot].record(self.copy_stream)
+        return target.numel()
+
+    def ready(self, slot: int) -> None:
+        torch.cuda.current_stream(self.device).wait_event(self.filled[slot])
+
+    def done(self, slot: int) -> None:
+        self.free[slot].record(torch.cuda.current_stream(self.device))
