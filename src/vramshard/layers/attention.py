@@ -89,7 +89,13 @@ class Attention(SubLayer):
         h = rms_norm(x, w["input_layernorm"], self.eps)
         if "qkv_proj" in w and ("q_bias" not in w or "qkv_bias" in w):
             hq, hkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-            q, k, v = linear(h, w["qkv_proj"], w.get("qkv_bias")).split([hq, hkv, hkv], dim=-1)
+            qkv = linear(h, w["qkv_proj"], w.get("qkv_bias"))  # [T, hq + 2 hkv]
+            if "q_norm" not in w:  # q and k lie side by side: one rotary for both (half the kernels)
+                qk = apply_rotary(qkv[:, : hq + hkv].view(T, self.num_heads + self.num_kv_heads, self.head_dim),
+                                  cos, sin)
+                q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+                return q, k, qkv[:, hq + hkv :].view(T, self.num_kv_heads, self.head_dim)
+            q, k, v = qkv.split([hq, hkv, hkv], dim=-1)
         else:
             q = linear(h, w["q_proj"], w.get("q_bias"))
             k = linear(h, w["k_proj"], w.get("k_bias"))
