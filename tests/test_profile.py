@@ -3,6 +3,7 @@
 import json
 import logging
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +16,9 @@ from vramshard.profile import BenchmarkSpec, Profile, load, load_or_none, profil
 from vramshard.profile import store
 from vramshard.profile.fingerprint import fingerprint_hash, machine_fingerprint
 from vramshard.profile.runner import run_profile
-from vramshard.profile.tables import MatmulTable, interp_log
+from vramshard.profile.synthetic import synthetic_data
+from vramshard.profile.spec import FULL_SHAPES
+from vramshard.profile.tables import Curve, Grid2D, MatmulTable, fit_work_time, interp_linear
 from vramshard.profile.timing import time_cpu
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -162,13 +165,120 @@ def test_fingerprint_is_stable():
 
 # --- interpolation ----------------------------------------------------------------------------
 
-def test_interp_log_exact_on_power_laws_and_extrapolates_by_throughput():
-    xs, ys = [1, 10, 100], [1.0, 10.0**0.5, 10.0]
-    assert interp_log(30, xs, ys) == pytest.approx(30**0.5)
-    assert interp_log(0.1, xs, ys) == 1.0  # clamped below
-    assert interp_log(1000, xs, ys) == pytest.approx(100.0)  # constant throughput above
+H200_PROFILE = Path(__file__).resolve().parent.parent / "docs" / "profiles" / "h200-omp-active.json"
+
+
+def test_interp_linear_exact_on_affine_and_extrapolates_by_throughput():
+    xs, ys = [1, 10, 100], [1.5, 6.0, 51.0]  # 1 + x / 2
+    assert interp_linear(30, xs, ys) == pytest.approx(16.0)
+    assert interp_linear(0.1, xs, ys) == 1.5  # clamped below
+    assert interp_linear(1000, xs, ys) == pytest.approx(510.0)  # constant throughput above
     table = MatmulTable([(64, 64), (256, 256)], [1, 100], [[1e-5, 1e-3], [1.6e-4, 1.6e-2]])
     assert table(10, 128, 128) == pytest.approx(1e-5 * 10 * 4)  # work ∝ m * k * n here
+    # latency + bytes / bandwidth, and a + b·n_new·context, are read exactly between points
+    transfer = Curve([2**16, 2**20, 2**24], [10e-6 + b / 25e9 for b in (2**16, 2**20, 2**24)])
+    assert transfer(3 * 2**20) == pytest.approx(10e-6 + 3 * 2**20 / 25e9)
+    grid = Grid2D([1, 16, 128], [512, 8192], [[5e-6 + 1e-9 * n * c for c in (512, 8192)] for n in (1, 16, 128)])
+    assert grid(8, 3000) == pytest.approx(5e-6 + 1e-9 * 8 * 3000)
+
+
+def _roofline(m, k, n, fixed=20e-6, bw=60e9, peak=1.5e12, nbytes=2):
+    """A CPU-like kernel: fixed cost + bytes / bandwidth + FLOPs / peak."""
+    return fixed + nbytes * (k * n + m * k + m * n) / bw + 2.0 * m * k * n / peak
+
+
+def _floored_roofline(m, k, n, floor=12e-6, bw=3.5e12, peak=700e12, nbytes=2):
+    """A GPU-like kernel: launches overlap, so small kernels cost the launch floor."""
+    return max(floor, nbytes * (k * n + m * k + m * n) / bw + 2.0 * m * k * n / peak)
+
+
+UNMEASURED = [(1536, 1536), (3072, 3072), (3584, 3584), (2048, 5632), (4096, 6144), (3072, 9216),
+              (4096, 11008), (5120, 13824)]
+
+
+def test_unmeasured_shapes_of_a_roofline_table_are_predicted_within_a_few_percent():
+    ms = BenchmarkSpec().ms
+    table = MatmulTable(FULL_SHAPES, ms, [[_roofline(m, k, n) for m in ms] for k, n in FULL_SHAPES])
+    for m in ms + [3, 8, 48, 128, 1536]:
+        for k, n in UNMEASURED:
+            assert table(m, k, n) == pytest.approx(_roofline(m, k, n), rel=0.02), (m, k, n)
+    floored = MatmulTable(FULL_SHAPES, ms, [[_floored_roofline(m, k, n) for m in ms] for k, n in FULL_SHAPES],
+                          floor=True)
+    for m in ms:
+        for k, n in UNMEASURED:
+            assert floored(m, k, n) == pytest.approx(_floored_roofline(m, k, n), rel=0.05), (m, k, n)
+    # one measured shape reads as constant throughput, two as the line through them
+    assert fit_work_time(3e6, [1e6], [2e-3]) == pytest.approx(6e-3)
+    assert fit_work_time(3e6, [1e6, 5e6], [2e-3, 4e-3]) == pytest.approx(3e-3)
+    # beyond the largest shape: the throughput there; below the smallest: its time
+    assert table(1, 4096, 128256) == pytest.approx(table(1, 3584, 18944) * 4096 * 128256 / (3584 * 18944), rel=0.01)
+    assert table(1, 64, 64) == table(1, 128, 128) == pytest.approx(_roofline(1, 256, 256), rel=0.01)
+
+
+def test_measured_points_come_back_exactly():
+    data = json.loads(H200_PROFILE.read_text())
+    profile = Profile(data)
+    default = profile.default_threads
+    for t in data["matmul"]:
+        threads = t["threads"] if t["device"] == "cpu" else None
+        for (k, n), row in zip(t["shapes"], t["seconds"]):
+            for m, seconds in zip(t["m"], row):
+                got = profile.matmul_s(m, k, n, t["dtype"], t["device"], threads=threads, contended=t["contended"])
+                if threads in (None, default) and not t["contended"]:
+                    assert got == seconds
+                else:  # a ratio to the full table times the full table
+                    assert got == pytest.approx(seconds, rel=1e-12)
+    for t in data["attention"]:
+        for n_new, row in zip(t["n_new"], t["seconds"]):
+            for context, seconds in zip(t["context"], row):
+                got = profile.attention_s(n_new, context, t["heads"], t["kv_heads"], t["head_dim"], t["dtype"], t["device"])
+                assert got == seconds
+    for t in data["transfer"]:
+        for nbytes, seconds in zip(t["bytes"], t["seconds"]):
+            assert profile.transfer_s(nbytes, t["direction"], t["contended"]) == seconds
+
+
+def test_leave_one_out_on_the_h200_profile():
+    """Each measured shape (and M) of the H200 profile predicted from the others: at least 80%
+    within 20% (reading log time in log K·N gave 75%; measurement noise leaves ~10% out)."""
+    from benchmarks.interp_check import loo_matmul
+
+    rows = loo_matmul(json.loads(H200_PROFILE.read_text()))
+    share = {}
+    for kind in ("shape", "m", "shape+m"):
+        errors = [abs(r["error"]) for r in rows if r["kind"] == kind]
+        share[kind] = sum(e <= 0.2 for e in errors) / len(errors)
+    assert share["shape"] >= 0.8 and share["m"] >= 0.84 and share["shape+m"] >= 0.74, share
+
+
+def test_thread_counts_between_measured_ones_follow_amdahl():
+    """Time = serial + parallel / threads: read linearly in 1/threads, exact between counts."""
+    data = synthetic_data(cpu_gflops=500, cpu_threads=16)
+
+    def amdahl(threads):
+        return 0.2 + 0.8 * 16 / threads  # time relative to all 16 cores
+
+    full = {t["dtype"]: t for t in data["matmul"] if t["threads"] == 16 and not t["contended"]}
+    for t in data["matmul"]:
+        if t["device"] == "cpu" and t["threads"] != 16:
+            base = MatmulTable(full[t["dtype"]]["shapes"], full[t["dtype"]]["m"], full[t["dtype"]]["seconds"])
+            t["seconds"] = [[base(m, k, n) * amdahl(t["threads"]) for m in t["m"]] for k, n in t["shapes"]]
+    profile = Profile(data)
+    for threads in (3, 6, 12):
+        ratio = profile.matmul_s(64, 4096, 4096, "bf16", "cpu", threads=threads) / profile.matmul_s(64, 4096, 4096, "bf16", "cpu")
+        assert ratio == pytest.approx(amdahl(threads), rel=1e-9)
+
+
+def test_interp_check_runs_on_a_profile_file(tmp_path, capsys):
+    from benchmarks.interp_check import main
+
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(synthetic_data(cpu_gflops=400, gpu_gflops=50_000)))
+    assert main(["--profile", str(path), "--results", "", "--json", str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    assert "leave-one-out" in out and "shape+m" in out and "threads=" in out
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert {s["kind"] for s in report["leave_one_out"]} >= {"shape", "m", "shape+m", "attention", "transfer"}
 
 
 def _held_out_errors() -> list[float]:

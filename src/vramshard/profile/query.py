@@ -1,4 +1,4 @@
-"""Reading a profile: the times the estimator asks for, interpolated in log space.
+"""Reading a profile: the times the estimator asks for, interpolated between measurements.
 
     profile = Profile.from_dict(data)          # or store.load() / synthetic(...)
     profile.matmul_s(16, 4096, 14336, "bf16", "cpu", threads=8, contended=True)
@@ -8,7 +8,9 @@
 
 Full tables are measured at all cores; other thread counts and the CPU under PCIe load
 are smaller tables read as a ratio to the full one on their common grid, so the
-shape-dependence comes from the full table and the scaling from the small one.
+shape-dependence comes from the full table and the scaling from the small one. How the
+tables read between and beyond their points is in :mod:`vramshard.profile.tables`;
+``benchmarks/interp_check.py`` measures it by leave-one-out on a measured profile.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import math
 
 from ..errors import InvalidInputError, ProfileError
 from .schema import validate
-from .tables import Curve, Grid2D, MatmulTable, interp_log
+from .tables import Curve, Grid2D, MatmulTable, interp_linear
 
 _DTYPE_NAMES = {
     "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16",
@@ -56,7 +58,8 @@ class Profile:
         for t in data["matmul"]:
             threads = int(t["threads"]) if t["device"] == "cpu" and t.get("threads") else None
             key = (t["device"], t["dtype"], threads, bool(t.get("contended")))
-            self._matmul[key] = MatmulTable(t["shapes"], t["m"], t["seconds"])
+            # GPU launches overlap the previous kernel: small kernels sit on the launch floor.
+            self._matmul[key] = MatmulTable(t["shapes"], t["m"], t["seconds"], floor=t["device"] == "cuda")
         self._transfer = {
             (t["direction"], bool(t.get("contended"))): Curve(t["bytes"], t["seconds"]) for t in data["transfer"]
         }
@@ -220,9 +223,10 @@ class Profile:
             return ratios[-1]
         if threads <= counts[0]:
             return ratios[0] * counts[0] / threads  # fewer threads than measured: linear
-        # Ratio falls as threads grow: interpolate it in log space over 1/threads.
+        # Amdahl: time is a serial part plus a parallel part / threads, so the ratio is linear in
+        # 1/threads (reading it in log space over-predicted between counts, as in tables.py).
         inverse = [1.0 / t for t in reversed(counts)]
-        return interp_log(1.0 / threads, inverse, list(reversed(ratios)))
+        return interp_linear(1.0 / threads, inverse, list(reversed(ratios)))
 
     # --- summary ------------------------------------------------------------------------
     def summary(self) -> dict:

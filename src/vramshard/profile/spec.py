@@ -43,7 +43,11 @@ def _dedupe(shapes) -> list[tuple[int, int]]:
     return sorted(seen, key=lambda s: (s[0] * s[1], s))
 
 
-SWEEP_SHAPES = [(256, 256), (512, 512), (1024, 1024), (2048, 2048), (8192, 8192)]
+# The top square is 5120² (26M weights, qwen2.5-14b's q_proj), no longer 8192²: unmeasured shapes
+# are read by their weight count K·N, and 8192²'s (67.1M) is within 1.2% of qwen2.5-7b's FFN shapes,
+# measured anyway. 5120² splits the widest gap, 4096² to the 4096 × 14336 FFN (16.8M to 58.7M),
+# where the GPU leaves its launch floor and held-out shapes missed by 20-60%; it measures faster too.
+SWEEP_SHAPES = [(256, 256), (512, 512), (1024, 1024), (2048, 2048), (5120, 5120)]
 
 # The full grid: the projections of a few representative models plus a square sweep.
 FULL_SHAPES = _dedupe(
