@@ -30,6 +30,7 @@ import torch
 from vramshard.errors import BudgetError
 from vramshard.layers.moe import MoEFFN
 from vramshard.layers.step import Step
+from vramshard.plan.estimator import expert_cpu_share
 from vramshard.plan.memory import expert_slot_bytes, max_resident_layers, moe_layers, sublayer_triples, vram_need
 from vramshard.plan.placement import named_placement
 from vramshard.plan.planner import Planner, machine_profile
@@ -121,34 +122,40 @@ def batched_tok_s(executor: Executor, batch: int, context: int, steps: int) -> f
     return batch / timed(one, repeat=steps, warmup=1, budget_s=30)
 
 
-def make_executor(model, host, placement, budget, args, kv_slots=1, max_context=None, expert_cache=None):
+def make_executor(model, host, placement, budget, args, kv_slots=1, max_context=None, expert_cache=None,
+                  options=None):
     gc.collect()
     torch.cuda.empty_cache()
     return Executor(model, host, placement, budget=budget, max_tokens=args.prompt,
                     max_context=max_context or args.ctx + args.prompt + 16, kv_slots=kv_slots,
-                    threads=args.threads, expert_cache=expert_cache)
+                    threads=args.threads, expert_cache=expert_cache, **(options or {}))
 
 
 def placements_for(model, budget, args, profile):
-    """(label, placement, expert cache bytes) of every candidate at this budget."""
+    """(label, placement, expert cache bytes, executor options) of every candidate at this budget.
+
+    ``experts-hybrid`` is ``experts-stream`` whose decode steps compute a share of the cache misses
+    on the CPU meanwhile (the share from the profile: :func:`~vramshard.plan.estimator.expert_cpu_share`)."""
     triples, layers, moe = sublayer_triples(model), model.args.num_hidden_layers, moe_layers(model)
     kv_tokens = args.ctx + args.prompt + 16
     out = []
     tiers = Tiers((1, 4, 16, 64, 256, 1024))
     try:
         plan = Planner(model, profile, budget, context=kv_tokens, tiers=tiers).plan()
-        out.append(("planned", plan.tiered(), plan.expert_cache or None))
+        out.append(("planned", plan.tiered(), plan.expert_cache or None, {}))
     except BudgetError as exc:
-        out.append(("planned", exc, None))
+        out.append(("planned", exc, None, {}))
     stream = named_placement("experts-stream", triples, layers, moe_layers=moe)
     slot = expert_slot_bytes(model)
     rest = vram_need(model, stream, 1, kv_tokens, args.prompt, expert_cache=0).total
     cache = (budget - rest) // slot * slot
-    out.append(("experts-stream", stream if cache >= 2 * slot else BudgetError(
-        f"experts-stream needs {rest / GiB:.2f} GiB before its cache"), cache))
+    stream_or_error = stream if cache >= 2 * slot else BudgetError(
+        f"experts-stream needs {rest / GiB:.2f} GiB before its cache")
+    out.append(("experts-stream", stream_or_error, cache, {}))
+    out.append(("experts-hybrid", stream_or_error, cache, {"expert_cpu_share": expert_cpu_share(model, profile)}))
     most = max_resident_layers(model, budget, 1, kv_tokens, args.prompt)
-    out.append(("layers:max", named_placement("layers:max", triples, layers, most), None))
-    out.append(("experts-cpu", named_placement("experts-cpu", triples, layers, moe_layers=moe), None))
+    out.append(("layers:max", named_placement("layers:max", triples, layers, most), None, {}))
+    out.append(("experts-cpu", named_placement("experts-cpu", triples, layers, moe_layers=moe), None, {}))
     return out
 
 
@@ -172,8 +179,8 @@ def routed_bound(model, executor, bw) -> dict:
             "pcie_bound_tok_s": bw["h2d"] / total if total else None}
 
 
-def run_cell(model, host, label, placement, cache, budget, args, bw, deadline) -> dict:
-    cell = {"placement": label, "budget_gib": budget / GiB}
+def run_cell(model, host, label, placement, cache, budget, args, bw, deadline, options=None) -> dict:
+    cell = {"placement": label, "budget_gib": budget / GiB, **(options or {})}
     if isinstance(placement, Exception):
         cell["error"] = str(placement)
         return cell
@@ -182,7 +189,7 @@ def run_cell(model, host, label, placement, cache, budget, args, bw, deadline) -
         return cell
     torch.cuda.reset_peak_memory_stats()
     try:
-        executor = make_executor(model, host, placement, budget, args, expert_cache=cache)
+        executor = make_executor(model, host, placement, budget, args, expert_cache=cache, options=options)
     except BudgetError as exc:
         cell["error"] = str(exc)
         return cell
@@ -198,6 +205,8 @@ def run_cell(model, host, label, placement, cache, budget, args, bw, deadline) -
         cell["decode_fraction_of_bound"] = cell["decode_tok_s"] / cell["bound_tok_s"]
     if executor.expert_cache is not None:
         cell["pcie_measured_bound_tok_s"] = bw["h2d"] / max(report.bytes_streamed, 1)
+        stats = executor.expert_cache.stats  # since the executor was made (warm-up included)
+        cell["misses_computed_on_cpu"] = stats.elsewhere / max(stats.misses, 1)
     if time.perf_counter() < deadline:
         cell["ttft_s"] = ttft_s(executor, args.prompt)
     cell["peak_vram_gib"] = torch.cuda.max_memory_reserved() / GiB
@@ -212,7 +221,7 @@ def run_cell(model, host, label, placement, cache, budget, args, bw, deadline) -
             break
         try:
             executor = make_executor(model, host, placement, budget, args, kv_slots=batch,
-                                     max_context=args.batch_ctx + 8, expert_cache=cache)
+                                     max_context=args.batch_ctx + 8, expert_cache=cache, options=options)
             batched[batch] = batched_tok_s(executor, batch, args.batch_ctx, args.batch_steps)
             phases[f"batch {batch}"] = {"peak_gib": torch.cuda.max_memory_reserved() / GiB,
                                         "plan_gib": executor.need.total / GiB,
@@ -265,15 +274,15 @@ def main() -> None:
     results["profile"] = profile.summary()
     budgets = [int(float(b) * GiB) for b in args.budgets.split(",")]
     for budget in budgets:
-        for label, placement, cache in placements_for(model, budget, args, profile):
-            cell = run_cell(model, host, label, placement, cache, budget, args, bw, deadline)
+        for label, placement, cache, options in placements_for(model, budget, args, profile):
+            cell = run_cell(model, host, label, placement, cache, budget, args, bw, deadline, options)
             log.info("%s", cell)
             results["cells"].append(cell)
             write_json(out_path, results)
     # Skewed routing: the cache's hit rate and decode speed at the largest budget.
     skew_routing(model, host)
     budget = budgets[-1]
-    for label, placement, cache in placements_for(model, budget, args, profile)[1:2]:  # experts-stream
+    for label, placement, cache, _ in placements_for(model, budget, args, profile)[1:2]:  # experts-stream
         args_skew = argparse.Namespace(**{**vars(args), "batches": "", "decode_steps": 3 * args.decode_steps})
         cell = run_cell(model, host, label + " (skewed routing)", placement, cache, budget, args_skew, bw,
                         deadline + 60)

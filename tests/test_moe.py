@@ -145,6 +145,44 @@ def test_cached_experts_of_a_few_tokens_run_together_from_the_slots(arch, tiny_m
     assert small.stats.evictions > 0
 
 
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_experts_of_a_step_split_between_sources_sum_to_the_whole(arch, tiny_model_dir):
+    """``only``: each source computes its share of the assignments; the shares add up to the
+    full result on every path (grouped, stacked gather, cache gather)."""
+    _, model, host = loaded(tiny_model_dir, arch)
+    ffn = next(s for s in model if isinstance(s, MoEFFN))
+    views = host[ffn.name].views
+    torch.manual_seed(2)
+    for tokens in (1, 5):
+        x = torch.randn(tokens, model.args.hidden_size)
+        h, routing = ffn.prepare(views, x)
+        used = sorted(set(routing.experts.reshape(-1).tolist()))
+        first, rest = set(used[: len(used) // 2]), set(used[len(used) // 2 :])
+        whole = ffn.run_experts(DictExperts(views, ffn.num_experts), h, routing)
+        cache = ExpertCache(ffn.num_experts, BufferCopier(host, ffn.num_experts, expert_slot_bytes(model)))
+        for source in (DictExperts(views, ffn.num_experts), DictExperts(views, ffn.num_experts, stack=True),
+                       CachedExperts(views, ffn.name, cache)):
+            parts = ffn.run_experts(source, h, routing, only=first) + ffn.run_experts(source, h, routing, only=rest)
+            torch.testing.assert_close(parts, whole, rtol=1e-5, atol=1e-5)
+            assert torch.count_nonzero(ffn.run_experts(source, h, routing, only=set())) == 0
+        assert {e for (_, e) in cache.slot_of} == set(used)  # the cache copied exactly the experts asked for
+
+
+def test_cache_picks_least_used_misses_and_counts_work_done_elsewhere(tiny_model_dir):
+    _, model, host = loaded(tiny_model_dir, "qwen3_moe")
+    cache = ExpertCache(4, FakeCopier(host, 4))
+    for _ in range(3):
+        list(cache.fetch("ffn[0]", [1]))
+    cache.note_computed_elsewhere("ffn[0]", [2])
+    assert cache.least_used("ffn[0]", [1, 2, 3], 2) == [3, 2]  # never used, used once; not 1 (used 3x)
+    assert cache.least_used("ffn[0]", [1, 2], 0) == []
+    assert ("ffn[0]", 2) not in cache  # computed elsewhere: not copied in
+    assert (cache.stats.hits, cache.stats.misses, cache.stats.elsewhere) == (2, 2, 1)
+    before = cache.stats.copy()
+    cache.note_computed_elsewhere("ffn[0]", [5, 6])
+    assert cache.stats.minus(before).elsewhere == 2
+
+
 def test_stacking_needs_uniform_layout():
     a = torch.zeros(8, 6)
     uneven = {"experts.0.gate_up": a[0:2], "experts.1.gate_up": a[2:4], "experts.2.gate_up": a[4:6],
@@ -323,7 +361,8 @@ def executor_engine(path, model, host, placement, **kw):
     return Engine(model, executor, name="tiny", max_context=64)
 
 
-@pytest.mark.parametrize("spec", ["experts-cpu", "experts-stream", "experts-stream-small", "stream", "gpu", "mixed"])
+@pytest.mark.parametrize("spec", ["experts-cpu", "experts-stream", "experts-stream-small", "experts-hybrid", "stream",
+                                  "gpu", "mixed"])
 @pytest.mark.parametrize("arch", MOE_ARCHS)
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -343,11 +382,12 @@ def test_gpu_moe_placements_match_cpu(arch, spec, tiny_model_dir):
             placement = Placement("mixed", tuple((n, Where("gpu", "vram") if n == "ffn[1]" else w)
                                                  for n, w in placement.where))
     else:
-        name = "experts-stream" if spec == "experts-stream-small" else spec
+        name = "experts-stream" if spec in ("experts-stream-small", "experts-hybrid") else spec
         placement = named_placement(name, triples, layers, moe_layers=moe)
-        if spec == "experts-stream-small":
+        if spec in ("experts-stream-small", "experts-hybrid"):
             cache = 2 * expert_slot_bytes(model)  # fewer slots than a prefill routes to: evicts
-    engine = executor_engine(path, model, host, placement, expert_cache=cache)
+    share = {"expert_cpu_share": 0.5} if spec == "experts-hybrid" else {}
+    engine = executor_engine(path, model, host, placement, expert_cache=cache, **share)
     got = trace_logits(engine)
     torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-3)
     assert engine.generate([PROMPT], 8) == reference.generate([PROMPT], 8)
@@ -357,4 +397,7 @@ def test_gpu_moe_placements_match_cpu(arch, spec, tiny_model_dir):
         assert report.expert_hit_rate is not None and report.bytes_streamed > 0
     if spec == "experts-cpu":
         assert report.crossings >= 2 * len(moe)
+    if spec == "experts-hybrid":  # decode steps computed some misses on the CPU, copied others in
+        stats = engine.executor.expert_cache.stats
+        assert stats.elsewhere > 0 and stats.bytes_copied > 0
     assert engine.executor.peak_vram() > 0

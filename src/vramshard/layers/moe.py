@@ -55,6 +55,15 @@ class Routing:
                        self.weights.to(device, non_blocking=non_blocking))
 
 
+def _restricted(routing: Routing, only: set[int] | None) -> Routing:
+    """``routing`` with the weight of every assignment to an expert outside ``only`` set to zero."""
+    if only is None:
+        return routing
+    keep = torch.tensor([e in only for e in routing.experts.reshape(-1).tolist()], dtype=torch.bool)
+    keep = keep.view(routing.experts.shape).to(routing.weights.device)
+    return Routing(routing.experts, routing.weights * keep)
+
+
 class ExpertTensors(NamedTuple):
     """One expert's weights; ``gate_up`` [2F, D] is the free fused view of gate and up when
     they lie back to back (None otherwise)."""
@@ -239,30 +248,42 @@ class MoEFFN(SubLayer):
         h, routing = self.prepare(source, x)
         return x + self.run_experts(source, h, routing)
 
-    def run_experts(self, source: ExpertWeights, h: torch.Tensor, routing: Routing) -> torch.Tensor:
-        """Second half: the sum over each token's routed experts [T, D] (no residual)."""
+    def run_experts(self, source: ExpertWeights, h: torch.Tensor, routing: Routing,
+                    only: set[int] | None = None) -> torch.Tensor:
+        """Second half: the sum over each token's routed experts [T, D] (no residual).
+
+        only: compute just the assignments to these experts (the others count zero), so the
+        experts of one step can be split between sources (e.g. CPU and GPU) and the parts summed.
+        """
         stacked = source.stacked()
         small = routing.experts.numel() * self.expert_bytes <= GATHER_BYTES
         if stacked is not None and small:
-            return self._run_gathered(stacked, h, routing)
+            return self._run_gathered(stacked, h, _restricted(routing, only))
         if small:
             # A few tokens from a cache: all their experts at once, a handful of kernels for the
             # layer rather than several per expert (the host knows the experts: one sync).
             flat = routing.experts.reshape(-1).tolist()
-            gathered = source.gather(sorted(set(flat)))
+            wanted = sorted({e for e in flat if only is None or e in only})
+            if not wanted:
+                return torch.zeros_like(h)
+            gathered = source.gather(wanted)
             if gathered is not None:
                 try:
-                    rows = torch.tensor([gathered.rows[e] for e in flat]).view(routing.experts.shape)
-                    return self._run_gathered(gathered.stacked, h, Routing(rows.to(h.device), routing.weights))
+                    # Assignments left out read any gathered row, with weight zero.
+                    rows = torch.tensor([gathered.rows.get(e, gathered.rows[wanted[0]]) for e in flat])
+                    rows = rows.view(routing.experts.shape).to(h.device)
+                    return self._run_gathered(gathered.stacked, h, Routing(rows, _restricted(routing, only).weights))
                 finally:
                     gathered.release()
-        return self._run_grouped(source, h, routing)
+        return self._run_grouped(source, h, routing, only)
 
-    def _run_grouped(self, source: ExpertWeights, h: torch.Tensor, routing: Routing) -> torch.Tensor:
+    def _run_grouped(self, source: ExpertWeights, h: torch.Tensor, routing: Routing,
+                     only: set[int] | None = None) -> torch.Tensor:
         """Each hit expert once, on all its tokens: one (fused) matmul pair per hit expert."""
         flat_experts = routing.experts.reshape(-1)  # [T*k]
         order = torch.argsort(flat_experts, stable=True)
         counts = torch.bincount(flat_experts, minlength=self.num_experts).tolist()  # host sync: which experts
+        counts_used = counts if only is None else [c if e in only else 0 for e, c in enumerate(counts)]
         begins, cursor = {}, 0
         for expert, count in enumerate(counts):
             begins[expert] = cursor
@@ -270,7 +291,7 @@ class MoEFFN(SubLayer):
         token_of = order // self.top_k  # token index of each sorted assignment
         weight_of = routing.weights.reshape(-1)[order]
         out = torch.zeros_like(h)
-        hit = [e for e, c in enumerate(counts) if c]
+        hit = [e for e, c in enumerate(counts_used) if c]
         for expert, weights in source.experts(hit):
             begin, count = begins[expert], counts[expert]
             tokens = token_of[begin : begin + count]

@@ -351,3 +351,18 @@ def uniform_hit_rate(model: Model, cache_slots: int, cached_layers: int | None =
         return 0.0
     layers = len(moe) if cached_layers is None else max(cached_layers, 1)
     return min(1.0, cache_slots / (layers * moe[0].num_experts))
+
+
+def expert_cpu_share(model: Model, profile: Profile) -> float:
+    """Share of a decode step's expert-cache misses best computed on the CPU from host memory
+    (the executor's ``expert_cpu_share``), the others being copied to VRAM meanwhile: both sides
+    finish together when ``c * t_cpu = (m - c) * t_pcie``, i.e. ``c / m = t_pcie / (t_cpu + t_pcie)``,
+    with t_cpu one expert at one token on the CPU (its two matmuls while PCIe streams, and the
+    dispatch of its few operations) and t_pcie the copy of one expert under CPU load."""
+    moe = next(s for s in model if isinstance(s, MoEFFN))
+    dtype = moe.weights[0].dtype
+    t_cpu = (profile.matmul_s(1, moe.hidden, 2 * moe.intermediate, dtype, "cpu", contended=True)
+             + profile.matmul_s(1, moe.intermediate, moe.hidden, dtype, "cpu", contended=True)
+             + 6 * profile.dispatch_s("cpu"))
+    t_pcie = profile.transfer_s(moe.expert_bytes, "h2d", contended=True)
+    return t_pcie / (t_cpu + t_pcie)

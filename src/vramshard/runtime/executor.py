@@ -39,7 +39,7 @@ import torch
 
 from ..errors import BudgetError, InvalidInputError
 from ..layers.mlp import DenseFFN
-from ..layers.moe import DictExperts, MoEFFN
+from ..layers.moe import GATHER_BYTES, DictExperts, MoEFFN
 from ..layers.step import Step
 from ..models.base import Model
 from ..plan.memory import ALLOCATOR_SLACK, VramNeed, align, expert_slot_bytes, kv_positions, tiered_vram_need
@@ -145,8 +145,12 @@ class Executor:
     def __init__(self, model: Model, host: dict[str, PackedWeights], placement: Placement | TieredPlacement,
                  budget: int | None = None, max_tokens: int = 2048, max_context: int = 4096, kv_slots: int = 1,
                  num_slots: int = 2, threads: int | None = None, device: str | torch.device = "cuda",
-                 expert_cache: int | None = None, simulate_gpu: bool = False, decode_graphs: bool = False):
+                 expert_cache: int | None = None, simulate_gpu: bool = False, decode_graphs: bool = False,
+                 expert_cpu_share: float | None = None):
         self.model = model
+        # Of a decode-sized step's expert-cache misses, this share is computed on the CPU from host
+        # memory while the rest are copied in (None: all copied in). See _run_hybrid.
+        self.expert_cpu_share = expert_cpu_share
         self.decode_graphs = decode_graphs  # replay decode steps over resident runs from CUDA graphs
         self._lock = threading.RLock()
         self.threads = threads
@@ -612,7 +616,28 @@ class Executor:
         if here.experts == "host":
             y = sublayer.run_experts(self.host_experts[sublayer.name], h.cpu(), routing.to(torch.device("cpu")))
             return x + y.to(self.gpu, non_blocking=True), 2
+        if self.expert_cpu_share and self.expert_cache is not None \
+                and routing.experts.numel() * sublayer.expert_bytes <= GATHER_BYTES:
+            return self._run_hybrid(sublayer, h, routing, x)
         return x + sublayer.run_experts(self.split_weights[sublayer.name], h, routing), 0
+
+    def _run_hybrid(self, sublayer: MoEFFN, h: torch.Tensor, routing, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """A decode-sized MoE step over the expert cache: of the experts not cached, the share
+        ``expert_cpu_share`` (the least used ones) is computed on the CPU from host memory while the
+        others are copied in and computed on the GPU with the cached ones, so PCIe and the CPU work
+        at once. Returns (x, crossings)."""
+        name, cache = sublayer.name, self.expert_cache
+        ids = sorted(set(routing.experts.reshape(-1).tolist()))  # host sync: the router is done
+        misses = [e for e in ids if (name, e) not in cache]
+        on_cpu = set(cache.least_used(name, misses, round(self.expert_cpu_share * len(misses))))
+        if not on_cpu:
+            return x + sublayer.run_experts(self.split_weights[name], h, routing), 0
+        cpu = torch.device("cpu")
+        h_host, routing_host = h.cpu(), routing.to(cpu)  # before the GPU share is queued: no wait on its copies
+        y = sublayer.run_experts(self.split_weights[name], h, routing, only=set(ids) - on_cpu)  # queued
+        cache.note_computed_elsewhere(name, sorted(on_cpu))
+        y_host = sublayer.run_experts(self.host_experts[name], h_host, routing_host, only=on_cpu)
+        return x + y + y_host.to(self.gpu, non_blocking=True), 2
 
     def _run_ffn_split(self, sublayer: DenseFFN, cpu_pieces: int, x: torch.Tensor,
                        compute: torch.cuda.Stream) -> tuple[torch.Tensor, int]:

@@ -118,6 +118,7 @@ class CacheStats:
     misses: int = 0
     evictions: int = 0
     bytes_copied: int = 0
+    elsewhere: int = 0  # misses computed from host memory (on the CPU) instead of copied in
 
     @property
     def hit_rate(self) -> float:
@@ -125,11 +126,11 @@ class CacheStats:
         return self.hits / asked if asked else 0.0
 
     def minus(self, before: "CacheStats") -> "CacheStats":
-        return CacheStats(self.hits - before.hits, self.misses - before.misses,
-                          self.evictions - before.evictions, self.bytes_copied - before.bytes_copied)
+        return CacheStats(self.hits - before.hits, self.misses - before.misses, self.evictions - before.evictions,
+                          self.bytes_copied - before.bytes_copied, self.elsewhere - before.elsewhere)
 
     def copy(self) -> "CacheStats":
-        return CacheStats(self.hits, self.misses, self.evictions, self.bytes_copied)
+        return CacheStats(self.hits, self.misses, self.evictions, self.bytes_copied, self.elsewhere)
 
 
 class ExpertCache:
@@ -189,6 +190,19 @@ class ExpertCache:
         for slot in slots.values():
             self.copier.ready(slot)
         return slots
+
+    def least_used(self, name: str, ids: list[int], count: int) -> list[int]:
+        """The ``count`` experts of ``ids`` that the policy values least (ties: lower id first)."""
+        score = self.policy.score
+        return sorted(ids, key=lambda e: (score.get((name, e), 0.0), e))[: max(0, count)]
+
+    def note_computed_elsewhere(self, name: str, ids: list[int]) -> None:
+        """``ids`` were used this step but computed without the cache: they count as uses (for the
+        policy) and as misses."""
+        for e in ids:
+            self.policy.touch((name, e))
+        self.stats.misses += len(ids)
+        self.stats.elsewhere += len(ids)
 
     def release(self, slots) -> None:
         """The compute reading ``slots`` is queued: they may be refilled after it."""
