@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from ..layers.attention import Attention
 from ..layers.mlp import DenseFFN
-from ..layers.moe import MoEFFN
+from ..layers.moe import GATHER_BYTES, MoEFFN
 from ..layers.sublayer import SubLayer
 from ..models.base import Model
 from ..profile.query import Profile
@@ -31,6 +31,7 @@ from .placement import Placement
 
 DISPATCH_LAUNCHES = 5  # kernel launches in the profile's "tiny sub-layer" dispatch probe
 PART_LAUNCHES = 6  # kernel launches of one part of a split FFN (gate/up, silu, mul, down, add)
+GATHER_LAUNCHES = 14  # kernel launches of a few-token MoE step over gathered cache slots, all experts
 HOST_GATHER_BPS = 10e9  # rows of a host KV cache gathered into / scattered from pinned buffers (one thread)
 
 
@@ -296,9 +297,14 @@ class Estimator:
                         timeline.append((sublayer.name, "copy", copy_start, copy_free))
                         kernels = self.experts_s(sublayer, "cuda", n_tokens)
                         touched = max(1.0, sublayer.expected_experts_touched(n_tokens))
-                        py += self.profile.dispatch_s("cuda") * 8 * touched / DISPATCH_LAUNCHES
-                        # Cached experts compute while the others arrive; the last one after its copy.
-                        gpu_free = max(router_done + kernels, copy_free + kernels / touched, py)
+                        if n_tokens * sublayer.top_k * sublayer.expert_bytes <= GATHER_BYTES:
+                            # All experts at once from the cache's slots, after the last copy.
+                            py += self.profile.dispatch_s("cuda") * GATHER_LAUNCHES / DISPATCH_LAUNCHES
+                            gpu_free = max(router_done, copy_free, py) + kernels
+                        else:
+                            py += self.profile.dispatch_s("cuda") * 8 * touched / DISPATCH_LAUNCHES
+                            # Cached experts compute while the others arrive; the last one after its copy.
+                            gpu_free = max(router_done + kernels, copy_free + kernels / touched, py)
                         gpu_busy += kernels
                         timeline.append((sublayer.name, "gpu", router_done, gpu_free))
                         x_ready = gpu_free
