@@ -112,6 +112,14 @@ def generate_under_pattern(engine, prompts, args, start, pattern_s: float):
     return [list(r.output_ids) for r in requests], samples
 
 
+def undisturbed_run(engine, prompts, counts, context: int) -> list[list[int]]:
+    """The same prompts batched as in the disturbed run, each for as many tokens as it got there."""
+    scheduler = engine.scheduler(max_seqs=len(prompts), max_context=context, ignore_eos=True)
+    requests = [scheduler.add(p, max_new_tokens=n) if n else None for p, n in zip(prompts, counts)]
+    scheduler.run_until_idle()
+    return [list(r.output_ids) if r is not None else [] for r in requests]
+
+
 def plot(path, ours, theirs, events, args) -> None:
     import matplotlib
 
@@ -187,7 +195,7 @@ def main() -> int:
     engine.budget_watcher.set_source(budgets.SettableBudget(start_budget))
     engine.poll_budget()
     counts = [len(o) for o in disturbed]
-    undisturbed = [engine.generate([p], n)[0] if n else [] for p, n in zip(prompts, counts)]
+    undisturbed = undisturbed_run(engine, prompts, counts, args.context)
     first_diff = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), None)
                   for x, y in zip(disturbed, undisturbed)]
     over = [s for s in ours if s["budget"] is not None and s["reserved"] > s["budget"] + 256 * 2**20]
