@@ -136,3 +136,25 @@ def test_plan_picture_colours_splits_and_host_kv_attention(tmp_path):
     result = plan(2 * GiB, cpu_mem_gbps=50)
     plot_plan(result, tmp_path / "plan.png")
     assert (tmp_path / "plan.png").stat().st_size > 10_000
+
+
+def test_cpu_attention_of_a_decode_batch_counts_gathering_its_keys():
+    """Several sequences decoding at once on the CPU gather their cached keys and values into one
+    batch first: that costs in proportion to the context; one token or a prompt chunk does not."""
+    from vramshard.plan.estimator import HOST_GATHER_BPS, Estimator
+
+    profile = synthetic(**CLIENT)
+    estimator = Estimator(NEMO, profile)
+    attn = next(s for s in NEMO if s.kind == "attn")
+
+    def extra(tokens, context):
+        alone = profile.attention_s(tokens, context, attn.num_heads, attn.num_kv_heads, attn.head_dim,
+                                    NEMO.dtype, "cpu")
+        matmuls = sum(estimator._matmul(m, k, n, "cpu", False) for m, k, n in attn.matmuls(tokens))
+        return estimator.compute_s(attn, "cpu", tokens, context) - alone - matmuls
+
+    per_token = attn.kv_bytes_per_token(NEMO.dtype)
+    assert extra(16, 4096) == pytest.approx(4096 * per_token / HOST_GATHER_BPS, rel=1e-6)
+    assert extra(16, 8192) == pytest.approx(2 * extra(16, 4096), rel=1e-6)
+    assert extra(1, 4096) == pytest.approx(0, abs=1e-9) and extra(512, 4096) == pytest.approx(0, abs=1e-9)
+    assert estimator.compute_s(attn, "cuda", 16, 4096) < estimator.compute_s(attn, "cpu", 16, 4096)

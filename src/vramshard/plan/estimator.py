@@ -85,6 +85,10 @@ class Estimator:
             seconds += self.profile.attention_s(n_tokens, context, sublayer.num_heads, sublayer.num_kv_heads,
                                                 sublayer.head_dim, self.dtype, device,
                                                 threads=self.threads if device == "cpu" else None)
+            if device == "cpu" and 1 < n_tokens <= 64:
+                # A decode tier of several sequences gathers their cached keys and values into one
+                # padded batch first (the profile times attention over contiguous keys).
+                seconds += context * sublayer.kv_bytes_per_token(self.dtype) / HOST_GATHER_BPS
         if sublayer.kind == "embed":
             row = sublayer.weights[0].nbytes // sublayer.weights[0].shape[0]
             seconds += n_tokens * row / 5e9
