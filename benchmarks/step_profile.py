@@ -6,7 +6,9 @@ synchronisation and the number of launches, per placement, from torch.profiler.
         --placements experts-stream,experts-cpu --expert-cache-gib 1 --json $OUT/moe_steps.json
 
 Placements are the named ones (``gpu``, ``static``, ``stream``, ``layers:N``, ``experts-stream``,
-``experts-cpu``, ...); ``NAME+graphs`` replays decode from CUDA graphs. For each it prints one
+``experts-cpu``, ...); ``NAME+graphs`` replays decode from CUDA graphs; ``planned:G`` is the
+planner's tier-1 plan at a budget of G GiB on the ``--profile`` machine profile (its predicted
+step time is printed beside the measured one). For each it prints one
 line of totals per decode step — wall ms, GPU kernel ms (memcpy excluded), host-to-device copy
 ms, time the host spent blocked on the GPU, CUDA launches, aten ops — and the top operators by
 host and by device time. If wall ≫ kernels + copies the step is bound by the host (Python,
@@ -27,9 +29,12 @@ from torch.profiler import ProfilerActivity, profile
 from vramshard.layers.step import Step
 from vramshard.models import build_model
 from vramshard.plan.memory import expert_slot_bytes, moe_layers, sublayer_triples
-from vramshard.plan.placement import named_placement
+from vramshard.plan.placement import TieredPlacement, named_placement
+from vramshard.plan.planner import Planner
+from vramshard.plan.tiers import Tiers
+from vramshard.profile import load
 from vramshard.runtime.executor import Executor
-from vramshard.runtime.host_weights import pack_model
+from vramshard.runtime.host_weights import HostLayouts, pack_model
 from vramshard.shapes import random_weights, shape_config
 
 from .common import hardware, now, sync, write_json
@@ -81,19 +86,34 @@ def step_split(prof, steps: int) -> dict:
             "launches": launches / steps, "aten_ops": aten / steps}
 
 
-def make_executor(model, host, spec: str, args) -> Executor:
+def planned_executor(model, host: HostLayouts, spec: str, args, result: dict) -> Executor:
+    """The planner's tier-1 plan at ``planned:G`` GiB, under that budget."""
+    budget = int(float(spec.split(":", 1)[1].removesuffix("+graphs")) * GiB)
+    profile = load(args.profile, check_fingerprint=False)
+    plan = Planner(model, profile, budget, context=args.ctx + 64, tiers=Tiers((1,))).plan()
+    tier = plan.tiers[1]
+    result.update(family=tier.family, predicted_ms=tier.predicted_s * 1e3, threads=tier.threads)
+    tiered = TieredPlacement((1,), (tier.placement,), (tier.threads,), plan.expert_cache)
+    return Executor(model, host.for_placement(tiered), tiered, budget=budget, max_tokens=64,
+                    max_context=args.ctx + 64, decode_graphs=spec.endswith("+graphs"))
+
+
+def make_executor(model, host: HostLayouts, spec: str, args, result: dict) -> Executor:
+    if spec.startswith("planned:"):
+        return planned_executor(model, host, spec, args, result)
     name, graphs = spec.removesuffix("+graphs"), spec.endswith("+graphs")
     layers = model.args.num_hidden_layers
     placement = named_placement(name, sublayer_triples(model), layers, moe_layers=moe_layers(model) or None)
     cache = None
     if name == "experts-stream":
         cache = max(int(args.expert_cache_gib * GiB), expert_slot_bytes(model))
-    return Executor(model, host, placement, max_tokens=64, max_context=args.ctx + 64, threads=args.threads,
-                    expert_cache=cache, decode_graphs=graphs)
+    return Executor(model, host.for_placement(placement), placement, max_tokens=64, max_context=args.ctx + 64,
+                    threads=args.threads, expert_cache=cache, decode_graphs=graphs)
 
 
-def profile_placement(model, host, spec: str, args) -> dict:
-    executor = make_executor(model, host, spec, args)
+def profile_placement(model, host: HostLayouts, spec: str, args) -> dict:
+    result = {"placement": spec}
+    executor = make_executor(model, host, spec, args, result)
     kv = executor.new_kv_cache(1, args.ctx + 64)
     token = torch.tensor([3])
     position = args.ctx
@@ -113,7 +133,7 @@ def profile_placement(model, host, spec: str, args) -> dict:
                 executor.forward(token, Step.single(position, 1, kv_lookup=kv))
                 position += 1
             sync()
-    result = {"placement": spec, "wall_ms": wall_ms, **step_split(prof, 3)}
+    result.update(wall_ms=wall_ms, peak_vram_gib=executor.peak_vram() / GiB, **step_split(prof, 3))
     if executor.expert_cache is not None:
         result["expert_hit_rate"] = executor.expert_cache.stats.hit_rate
         result["expert_cache_slots"] = executor.expert_cache.capacity
@@ -146,6 +166,8 @@ def main() -> None:
     parser.add_argument("--placements", default="gpu,gpu+graphs,static")
     parser.add_argument("--expert-cache-gib", type=float, default=1.0, help="VRAM expert cache of experts-stream")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--profile", default="docs/profiles/h200-omp-active.json",
+                        help="machine profile for planned:G placements")
     parser.add_argument("--rows", type=int, default=20)
     parser.add_argument("--trace", default=None, help="folder for chrome traces")
     parser.add_argument("--json", default=None)
@@ -160,9 +182,9 @@ def main() -> None:
     if any(s.kind == "ffn" and len(s.weights) > 8 for s in model):
         from .moe_bench import random_packed  # MoE shapes are large: weights made on the GPU
 
-        host = random_packed(model)
-    else:
-        host = pack_model(list(model), random_weights(model), pin=True)
+        host = HostLayouts(list(model), random_packed(model))
+    else:  # the checkpoint's layout; the split-FFN layout is made if a planned placement splits
+        host = HostLayouts(list(model), pack_model(list(model), random_weights(model), pin=True, splittable=False))
     log.info("%s (%d layers, %.1f GiB) built in %.1f s", args.shape, model.args.num_hidden_layers,
              model.nbytes / GiB, time.perf_counter() - t0)
     results = {"date": now(), "hardware": hardware(), "args": vars(args), "model_gib": model.nbytes / GiB,
