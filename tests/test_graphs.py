@@ -133,6 +133,31 @@ def test_static_decode_matches_normal_path_paged(arch, engines):
     assert {(b.batch, b.keys) for b in graphs._buckets.values()} >= {(4, 32), (2, 16), (1, 32)}
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_static_decode_through_torch_compile(arch, engines, caplog):
+    """The fusable parts through torch.compile (the "eager" backend here: the same tracing, no code
+    generation) give the normal path's logits; a compiler that fails leaves the step to eager
+    kernels, said once in the log."""
+    import vramshard.runtime.graphs as graphs_module
+
+    engine = engines(arch)
+    graphs = _host_graphs(engine, compile_backend="eager")
+    assert _decode_trace(engine, graphs) < 1e-4
+    wrappers = [w for (fn, backend), w in graphs_module._compiled.items() if backend == "eager"]
+    assert wrappers and all(w.failed is None for w in wrappers)
+
+    def broken(gm, inputs):
+        raise RuntimeError("no triton here")
+
+    torch._dynamo.reset()
+    graphs = _host_graphs(engine, compile_backend=broken)
+    with caplog.at_level("WARNING"):
+        assert _decode_trace(engine, graphs) < 1e-4
+    failed = [w for (fn, backend), w in graphs_module._compiled.items() if backend is broken]
+    assert failed and all(w.failed for w in failed)
+    assert sum("torch.compile of" in r.message for r in caplog.records) == len(failed)
+
+
 def test_static_decode_matches_normal_path_row_layout(engines):
     engine = engines("qwen3")
     graphs = _host_graphs(engine)
@@ -225,13 +250,16 @@ def _gpu_graphs(engine, **kw) -> DecodeGraphs:
                         smallest_keys=16, **kw)
 
 
+@pytest.mark.parametrize("compile_backend", [None, "inductor"])
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_graph_replay_matches_eager_over_16_steps(arch, tiny_model_dir):
+def test_graph_replay_matches_eager_over_16_steps(arch, compile_backend, tiny_model_dir):
+    """Also with the fusable parts compiled by inductor (where compiling fails, e.g. without Triton,
+    the wrapper runs them eagerly and the replay must still match)."""
     engine = _gpu_engine(tiny_model_dir, arch)
     executor = engine.executor
-    graphs = _gpu_graphs(engine)
+    graphs = _gpu_graphs(engine, compile_backend=compile_backend)
     prompt = [5, 17, 42, 3, 77, 12, 9, 60, 31, 2, 88, 14]
     ref_kv, kv = executor.new_kv_cache(1, 64), executor.new_kv_cache(1, 64)
     for cache in (ref_kv, kv):

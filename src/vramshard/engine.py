@@ -116,7 +116,8 @@ class Engine:
             ``tiers`` (:class:`Tiers`), ``profile`` (a machine profile for the planner),
             ``vision`` (:class:`vramshard.vlm.VisionOptions`, vision-language models only),
             ``decode_graphs`` (replay decode steps over VRAM-resident sub-layers from CUDA graphs; default
-            on, used only on CUDA).
+            on, used only on CUDA), ``decode_compile`` (a ``torch.compile`` backend such as "inductor"
+            for the graphs' fusable parts; default off).
         """
         vision = options.pop("vision", None)
         checkpoint = open_checkpoint(path)
@@ -182,7 +183,8 @@ class Engine:
                can_split: bool, vram=None, device=None, placement=None, max_context=None, max_batch: int = 1,
                max_step_tokens: int = 2048, threads: int | None = None, num_slots: int = 2,
                tiers: Tiers | None = None, profile=None, kv_tokens: int | None = None,
-               simulate_gpu: bool = False, decode_graphs: bool = True) -> "Engine":
+               simulate_gpu: bool = False, decode_graphs: bool = True,
+               decode_compile: str | None = None) -> "Engine":
         limit = model.args.max_position_embeddings
         if max_context is not None and max_context > limit:
             raise InvalidInputError(f"max_context {max_context} exceeds the model's limit of {limit} positions")
@@ -213,7 +215,8 @@ class Engine:
         executor = Executor(model, host, placement, budget=budget, max_tokens=max_step_tokens,
                             max_context=kv_tokens, kv_slots=1, num_slots=num_slots, threads=threads,
                             device=device if device != "cpu" else "cuda", simulate_gpu=simulate_gpu,
-                            decode_graphs=decode_graphs and device != "cpu" and not simulate_gpu)
+                            decode_graphs=decode_graphs and device != "cpu" and not simulate_gpu,
+                            decode_compile=decode_compile)
         log.info("%s", executor.describe())
         engine = cls(model, executor, tokenizer, name=name, max_context=context, vram_budget=budget,
                      max_step_tokens=max_step_tokens, kv_tokens=kv_tokens)

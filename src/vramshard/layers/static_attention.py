@@ -64,7 +64,12 @@ def static_attention(attn: Attention, w: Mapping[str, torch.Tensor], x: torch.Te
     """
     q, k, v = attn.qkv(w, x, cos, sin)
     out = static_attend(q, k, v, cache, index)  # [B, H, D]
-    return x + linear(out.reshape(x.shape[0], -1), w["o_proj"])
+    return attention_output(x, out, w["o_proj"])
+
+
+def attention_output(x: torch.Tensor, out: torch.Tensor, o_proj: torch.Tensor) -> torch.Tensor:
+    """The residual stream after attention: x [B, D] + o_proj(out [B, H, D])."""
+    return x + linear(out.reshape(x.shape[0], -1), o_proj)
 
 
 def static_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: LayerKV,

@@ -135,6 +135,11 @@ class Executor:
     simulate_gpu: plan, account and check VRAM as on the GPU, but compute every sub-layer on the
     CPU from host memory and allocate nothing on a GPU (tests and demonstrations of budgets and
     re-planning on a machine without one).
+    decode_graphs: replay decode steps over runs of VRAM-resident sub-layers from CUDA graphs
+    (:mod:`~vramshard.runtime.graphs`); decode_compile: a ``torch.compile`` backend (e.g.
+    "inductor") for the fusable parts of those graphs (None: eager kernels).
+    expert_cpu_share: of a decode-sized step's expert-cache misses, the share computed on the CPU
+    from host memory while the others are copied in (None: all copied in; see ``_run_hybrid``).
 
     :meth:`reconfigure` switches to another placement while running (a VRAM budget that changed),
     rebuilding only the VRAM side: the host weights stay, KV caches move where the new placement
@@ -146,8 +151,9 @@ class Executor:
                  budget: int | None = None, max_tokens: int = 2048, max_context: int = 4096, kv_slots: int = 1,
                  num_slots: int = 2, threads: int | None = None, device: str | torch.device = "cuda",
                  expert_cache: int | None = None, simulate_gpu: bool = False, decode_graphs: bool = False,
-                 expert_cpu_share: float | None = None):
+                 expert_cpu_share: float | None = None, decode_compile: str | None = None):
         self.model = model
+        self.decode_compile = decode_compile  # torch.compile backend for the graphs' fusable parts (None: eager)
         # Of a decode-sized step's expert-cache misses, this share is computed on the CPU from host
         # memory while the rest are copied in (None: all copied in). See _run_hybrid.
         self.expert_cpu_share = expert_cpu_share
@@ -238,7 +244,8 @@ class Executor:
         self._load_split()
         if self.decode_graphs and self.resident:
             room = None if self.budget is None else max(0, self.budget - self.need.total)
-            self.graphs = DecodeGraphs(self.resident, self.gpu, self.kv_plan[1], pool_limit=room)
+            self.graphs = DecodeGraphs(self.resident, self.gpu, self.kv_plan[1], pool_limit=room,
+                                       compile_backend=self.decode_compile)
         streamed = {item for p in self.plans.placements for item in _streamed(p, list(self.model))}
         if streamed:
             slot_bytes = max(item_bytes(self.host, item) for item in streamed)

@@ -22,7 +22,7 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 
@@ -30,7 +30,7 @@ from ..layers.attention import Attention
 from ..layers.embedding import Embedding, Head
 from ..layers.mlp import DenseFFN
 from ..layers.rotary import cos_sin
-from ..layers.static_attention import DecodeIndex, decode_mask, static_attention
+from ..layers.static_attention import DecodeIndex, attention_output, decode_mask, static_attend
 from ..layers.step import Step
 from ..layers.sublayer import SubLayer
 from ..plan.placement import GPU_RESIDENT, Placement
@@ -119,16 +119,56 @@ def pack_decode_inputs(step: Step, geometry: tuple[int, int] | None, out: torch.
         out[: step.num_seqs, 0] = tokens
 
 
+class CompiledOrEager:
+    """``fn`` through ``torch.compile`` (whole graph, fixed shapes), or ``fn`` itself from the first
+    time compiling fails (no Triton, an unsupported operation): said once in the log."""
+
+    def __init__(self, fn: Callable, backend: str):
+        self.fn = fn
+        self.compiled = torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)
+        self.failed: str | None = None
+
+    def __call__(self, *args):
+        if self.failed is None:
+            try:
+                return self.compiled(*args)
+            except Exception as exc:  # the eager function below raises again if the fault is not the compiler's
+                self.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                log.warning("torch.compile of %s failed (%s): decode steps run it uncompiled",
+                            getattr(self.fn, "__qualname__", self.fn), self.failed)
+        return self.fn(*args)
+
+
+_compiled: dict[tuple, CompiledOrEager] = {}
+
+
+def compiled(fn: Callable, backend: str) -> CompiledOrEager:
+    """One compiled wrapper per function and backend for the process: every layer of every run
+    shares it (the compiled code depends on shapes and sub-layer settings, not on which layer)."""
+    key = (fn, backend)
+    if key not in _compiled:
+        _compiled[key] = CompiledOrEager(fn, backend)
+    return _compiled[key]
+
+
 class StaticDecode:
     """The fixed-shape decode forward of a run of sub-layers (see :mod:`~vramshard.layers.static_attention`).
 
     weights: resident weights by sub-layer name. device: where they live; rotary frequencies are
     copied there once here, so the forward itself never moves a tensor between devices.
+    compile_backend: run the element-wise-heavy parts (attention's norm, projections and rotary, its
+    output projection with the residual, FFN, head) through ``torch.compile`` with this backend
+    (None: eagerly). Writing and gathering the KV cache and the attention kernel stay eager.
     """
 
     def __init__(self, sublayers: Sequence[SubLayer], weights: Mapping[str, Mapping[str, torch.Tensor]],
-                 device: torch.device):
+                 device: torch.device, compile_backend: str | None = None):
         self.sublayers = list(sublayers)
+        eager = compile_backend is None
+        self._qkv = Attention.qkv if eager else compiled(Attention.qkv, compile_backend)
+        self._attention_output = attention_output if eager else compiled(attention_output, compile_backend)
+        self._forward = {kind: kind.forward if eager or kind is Embedding else compiled(kind.forward, compile_backend)
+                         for kind in {type(s) for s in self.sublayers if not isinstance(s, Attention)}}
         self.weights = [weights[s.name] for s in self.sublayers]
         self.attention = [s for s in self.sublayers if isinstance(s, Attention)]
         self.starts_with_tokens = isinstance(self.sublayers[0], Embedding)
@@ -159,9 +199,10 @@ class StaticDecode:
                 group = self._rope_group[sublayer.name]
                 if group not in tables:
                     tables[group] = cos_sin(self._inv_freq[group], positions, x.dtype)
-                x = static_attention(sublayer, w, x, *tables[group], kv(sublayer.layer), index)
+                q, k, v = self._qkv(sublayer, w, x, *tables[group])
+                x = self._attention_output(x, static_attend(q, k, v, kv(sublayer.layer), index), w["o_proj"])
             else:
-                x = sublayer.forward(w, x, self._no_step)
+                x = self._forward[type(sublayer)](sublayer, w, x, self._no_step)
         return x
 
 
@@ -203,12 +244,15 @@ class DecodeGraphs:
     capture: False runs the fixed-shape forward eagerly (tests, and any device without graphs).
     max_graphs: captured graphs kept (least recently used dropped first). pool_limit: bytes the
     graphs' memory pool may reach before no new bucket is captured (None: no limit).
+    compile_backend: ``torch.compile`` backend for the fixed-shape forward's fusable parts (None:
+    eager kernels; see :class:`StaticDecode`). Compiling happens in the warm-up before a capture.
     """
 
     def __init__(self, weights: Mapping[str, Mapping[str, torch.Tensor]], device: torch.device | str,
                  max_context: int, capture: bool = True, max_graphs: int = 16,
                  batch_buckets: Sequence[int] = BATCH_BUCKETS, smallest_keys: int = MIN_KEY_BUCKET,
-                 pool_limit: int | None = None, warmup_runs: int = 2):
+                 pool_limit: int | None = None, warmup_runs: int = 2, compile_backend: str | None = None):
+        self.compile_backend = compile_backend
         self.weights = weights
         self.device = torch.device(device)
         self.capture = capture
@@ -291,7 +335,8 @@ class DecodeGraphs:
         names = tuple(s.name for s in sublayers)
         forward = self._forwards.get(names)
         if forward is None:
-            forward = self._forwards[names] = StaticDecode(sublayers, self.weights, self.device)
+            forward = self._forwards[names] = StaticDecode(sublayers, self.weights, self.device,
+                                                           self.compile_backend)
         batch = batch_bucket(step.num_seqs, self.batch_buckets)
         keys = key_bucket(step.max_context, self.key_buckets)
         caches = [step.kv(a.layer) for a in forward.attention]
