@@ -13,8 +13,8 @@ from vramshard import Engine
 from vramshard.layers.step import Step
 from vramshard.plan.memory import sublayer_triples
 from vramshard.plan.placement import named_placement
-from vramshard.runtime.graphs import (DecodeGraphs, batch_bucket, decode_uncovered, key_bucket, key_buckets,
-                                      pack_decode_inputs, resident_runs)
+from vramshard.runtime.graphs import (SEGMENT, DecodeGraphs, batch_bucket, capture_bytes, decode_uncovered, key_bucket,
+                                      key_buckets, pack_decode_inputs, resident_runs)
 
 gpu = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -89,6 +89,19 @@ def test_buckets():
     assert buckets[0] == 64 and buckets[-1] == 4096
     assert key_bucket(1, buckets) == 64 and key_bucket(65, buckets) == 128 and key_bucket(4096, buckets) == 4096
     assert key_bucket(4097, buckets) is None
+
+
+def test_capture_estimate_grows_with_the_bucket_in_whole_segments():
+    from vramshard.shapes import shape_model
+
+    sublayers = list(shape_model("nemo-8b"))
+    small = capture_bytes(sublayers, 1, 64, torch.float16)
+    assert small % SEGMENT == 0 and small >= 2 * SEGMENT
+    # One sequence at 2048 keys: the H200 run's pool was 56 MiB (nemo-8b fp16); the estimate covers it.
+    assert capture_bytes(sublayers, 1, 2048, torch.float16) == 80 * 2**20
+    assert capture_bytes(sublayers, 8, 4096, torch.float16) > capture_bytes(sublayers, 8, 64, torch.float16) >= small
+    assert capture_bytes(sublayers, 64, 4096, torch.float16) > capture_bytes(sublayers, 8, 4096, torch.float16)
+    assert capture_bytes(sublayers, 64, 4096, torch.float32) > capture_bytes(sublayers, 64, 4096, torch.float16)
 
 
 def test_pack_inputs_pads_rows_with_row_zero_writes():
@@ -313,12 +326,15 @@ def test_graph_memory_limit_and_lru(tiny_model_dir):
     executor = engine.executor
     kv = executor.new_kv_cache(1, 64)
     executor.forward(torch.tensor([1, 2, 3]), Step.single(0, 3, kv_lookup=kv))
-    limited = _gpu_graphs(engine, pool_limit=1)
+    first = capture_bytes(executor.token_sublayers, 1, 16, torch.float32)
+    limited = _gpu_graphs(engine, pool_limit=first)
     assert limited.run(executor.token_sublayers, torch.tensor([4]), Step.single(3, 1, kv_lookup=kv)) is not None
-    assert limited.pool_bytes > 0
-    # A second bucket (context 20 > 16 keys) is not captured once the pool passed its limit.
+    assert 0 < limited.pool_bytes <= first  # the estimate covers what the capture took
+    # A second bucket (context 20 > 16 keys) would pass the limit: not captured, run eagerly.
     assert limited.run(executor.token_sublayers, torch.tensor([4]), Step.single(19, 1, kv_lookup=kv)) is None
     assert "the graph memory limit is reached" in limited.stats.fallbacks
+    assert _gpu_graphs(engine, pool_limit=first - 1).run(
+        executor.token_sublayers, torch.tensor([4]), Step.single(3, 1, kv_lookup=kv)) is None  # not even one
     lru = _gpu_graphs(engine, max_graphs=1)
     for start in (3, 19, 40):
         assert lru.run(executor.token_sublayers, torch.tensor([4]), Step.single(start, 1, kv_lookup=kv)) is not None

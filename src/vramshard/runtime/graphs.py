@@ -89,6 +89,30 @@ def resident_runs(placement: Placement, sublayers: Sequence[SubLayer], shortest:
     return runs
 
 
+SEGMENT = 20 * 2**20  # the CUDA caching allocator's segment for blocks of 1-10 MiB
+
+
+def capture_bytes(sublayers: Sequence[SubLayer], batch: int, keys: int, dtype: torch.dtype) -> int:
+    """A generous estimate of the VRAM one capture of a (``batch``, ``keys``) bucket adds to the graph
+    pool, checked against the room the budget leaves before capturing: four times the largest
+    sub-layer's temporaries (gathered keys and values with their scores, the FFN's intermediate
+    activations, float32 logits) plus two allocator segments, in whole segments. Measured pools for
+    one sequence at 2048 keys of an 8B model: 24-56 MiB; this gives 80 MiB there."""
+    item = dtype.itemsize
+    largest = 0
+    for s in sublayers:
+        if isinstance(s, Attention):
+            need = 2 * batch * keys * s.num_kv_heads * s.head_dim * item + batch * s.num_heads * keys * 4
+        elif isinstance(s, DenseFFN):
+            need = 3 * batch * s.intermediate * item
+        elif isinstance(s, Head):
+            need = batch * s.vocab * (4 + item)
+        else:
+            need = 0
+        largest = max(largest, need)
+    return -(-(4 * largest + 2 * SEGMENT) // SEGMENT) * SEGMENT
+
+
 # ---------------------------------------------------------------------------- the fixed-shape forward
 def pack_decode_inputs(step: Step, geometry: tuple[int, int] | None, out: torch.Tensor,
                        tokens: torch.Tensor | None = None) -> None:
@@ -345,8 +369,10 @@ class DecodeGraphs:
         key = (names, batch, keys, tuple((c.k.data_ptr(), c.v.data_ptr(), tuple(c.k.shape)) for c in caches))
         bucket = self._buckets.get(key)
         if bucket is None:
-            if self.capture and self.pool_limit is not None and self.pool_bytes >= self.pool_limit:
-                self._fall_back("the graph memory limit is reached")
+            if self.capture and self.pool_limit is not None and \
+                    self.pool_bytes + capture_bytes(sublayers, batch, keys, x.dtype if x.is_floating_point()
+                                                    else self._dtype(forward)) > self.pool_limit:
+                self._fall_back("the graph memory limit is reached")  # a capture could pass the budget
                 return None
             bucket = self._new_bucket(forward, batch, keys, geometry, x)
             self._buckets[key] = bucket
@@ -426,6 +452,10 @@ class DecodeGraphs:
         self.stats.capture_seconds += time.perf_counter() - start
         log.info("captured a decode graph: %d sequence(s), %d keys in %.0f ms (graph pool %d MiB)",
                  bucket.batch, bucket.keys, (time.perf_counter() - start) * 1e3, self.pool_bytes >> 20)
+
+    def _dtype(self, forward: StaticDecode) -> torch.dtype:
+        """The activation dtype of a run that starts from token ids: its weights' dtype."""
+        return next(t.dtype for w in forward.weights for t in w.values() if t.is_floating_point())
 
     def _evict(self) -> None:
         while len(self._buckets) > self.max_graphs:
