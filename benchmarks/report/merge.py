@@ -27,27 +27,26 @@ def generate(runs: Runs, md_path: Path, charts_dir: Path, command: str) -> tuple
     """The generated block (markdown) and the charts it references, written to ``charts_dir``."""
     notes = Footnotes()
     pngs: list[Path] = []
-    dense, batch, body = [], [], []
-    for model in runs.models("dense"):
-        grid = Grid.of(runs, "dense", model)
-        if not grid.runs:
-            body.append(f"### Table 4 — {model}\n\nNot run yet: parts {', '.join(grid.parts)} have no results.")
-            continue
-        rows = dense_rows(grid)
-        dense.append((grid, rows))
-        png = charts.speedup_bars(rows, model, charts_dir / f"speedup-{_slug(model)}.png")
-        pngs.append(png)
-        body.append(sections.dense_section(grid, rows, notes, _link(png, md_path)))
-    for model in runs.models("batch"):
-        grid = Grid.of(runs, "batch", model)
-        if not grid.runs:
-            body.append(f"### Table 9 — {model}\n\nNot run yet: parts {', '.join(grid.parts)} have no results.")
-            continue
-        rows = batch_rows(grid)
-        batch.append((grid, rows))
-        png = charts.throughput_lines(grid, charts_dir / f"batch-{_slug(model)}.png")
-        pngs.append(png)
-        body.append(sections.batch_section(grid, rows, notes, _link(png, md_path)))
+    body: list[str] = []
+    kinds = {  # grid kind: (paper table, rows, chart, section)
+        "dense": ("Table 4", dense_rows, lambda grid, rows, path: charts.speedup_bars(rows, grid.model, path),
+                  sections.dense_section, "speedup"),
+        "batch": ("Table 9", batch_rows, lambda grid, rows, path: charts.throughput_lines(grid, path),
+                  sections.batch_section, "batch"),
+    }
+    filled: dict[str, list] = {kind: [] for kind in kinds}
+    for kind, (table, make_rows, chart_of, section, stem) in kinds.items():
+        for model in runs.models(kind):
+            grid = Grid.of(runs, kind, model)
+            if not grid.runs:
+                body.append(f"### {table} — {model}\n\nNot run yet: parts {', '.join(grid.parts)} have no results.")
+                continue
+            rows = make_rows(grid)
+            filled[kind].append((grid, rows))
+            png = chart_of(grid, rows, charts_dir / f"{stem}-{_slug(model)}.png")
+            pngs.append(png)
+            body.append(section(grid, rows, notes, _link(png, md_path)))
+    dense, batch = filled["dense"], filled["batch"]
     points = sections.estimator_points([g for g, _ in dense + batch])
     chart = None
     if points:
