@@ -52,8 +52,9 @@ def other_app(pattern_gib: list[float], hold_s: float, start, samples, sample_s:
     for phase, gib in enumerate(pattern_gib):
         target = int(gib * GiB)
         now = sum(t.numel() for t in held)
-        while now > target and held:  # free
+        while now > target and held:  # free, and give it back to the card (not just to torch's cache)
             now -= held.pop().numel()
+        torch.cuda.empty_cache()
         while now < target:  # allocate in 256 MiB blocks, touched so the memory is real
             block = torch.empty(min(256 * 2**20, target - now), dtype=torch.uint8, device="cuda")
             block.fill_(1)
@@ -74,11 +75,17 @@ def other_app(pattern_gib: list[float], hold_s: float, start, samples, sample_s:
 # ---------------------------------------------------------------------- vramshard's side
 def virtual_card(gpu_size: int, baseline_used: int):
     """(free, total) of a card of ``gpu_size`` bytes: the real card's use beyond ``baseline_used``
-    (what was in use before the demo) counts against it."""
+    (what was in use before the demo) counts against it.
+
+    The free bytes go negative when the other application took more than the virtual card had
+    left (the real card is larger, so its allocation succeeded). On a real card of that size the
+    driver would have had to evict this process's memory; the budget then drops by the whole
+    excess at once (free + held - margin) rather than by the margin per poll.
+    """
     def read():
         free, total = budgets.free_vram("cuda")
         used = max(0, total - free - baseline_used)
-        return max(0, gpu_size - used), gpu_size
+        return gpu_size - used, gpu_size
     return read
 
 

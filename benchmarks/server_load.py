@@ -42,6 +42,7 @@ class ClientResult:
     latency_s: float = 0.0
     ttft_s: float | None = None
     ids: set = field(default_factory=set)  # response ids seen in its events (must be exactly one)
+    token_ids: list = field(default_factory=list)  # streamed token ids (servers of models without a tokenizer)
     error: str | None = None
 
 
@@ -113,6 +114,7 @@ async def one_client(client: httpx.AsyncClient, url: str, model: str, index: int
                     if result.ttft_s is None:
                         result.ttft_s = time.perf_counter() - start
                     result.text += choice["text"]
+                    result.token_ids += choice.get("token_ids") or []
                     result.finish_reason = choice["finish_reason"] or result.finish_reason
                     result.events += 1
                 if hang_up_after is not None and result.events >= hang_up_after:

@@ -85,3 +85,22 @@ def test_load_on_a_random_weight_shape_with_token_id_prompts(capsys):
     report = __import__("json").loads(capsys.readouterr().out)
     assert code == 0 and report["completed"] == 6 and report["failed"] == 0
     assert 6 <= report["completion_tokens"] <= 30
+
+
+def test_a_model_without_tokenizer_streams_its_token_ids_as_they_come():
+    """No text to stream: each step's ids go out as a chunk (so time to first token is real), and
+    the streamed ids are the non-streamed answer's."""
+    process, url = load.start_server(None, "--shape", "tiny-llama", "--device", "cpu", "--max-context", "128",
+                                     "--max-seqs", "4")
+    try:
+        specs = [([5 + i, 9, 11, 13], 6) for i in range(3)]
+        report, results = asyncio.run(load.run_load(url, specs, "tiny-llama"))
+        assert report.completed == 3
+        for (prompt, n), result in zip(specs, results):
+            assert result.events >= 2  # more than the final chunk
+            assert len(result.token_ids) == result.completion_tokens
+            whole = httpx.post(f"{url}/v1/completions", timeout=30,
+                               json={"model": "tiny-llama", "prompt": prompt, "max_tokens": n, "temperature": 0})
+            assert whole.json()["choices"][0]["token_ids"] == result.token_ids
+    finally:
+        load.stop_server(process)

@@ -378,6 +378,7 @@ class Engine:
             self.budget_watcher.accept(budget)
             return None
         settings = self._plan_settings()
+        planning_from = time.monotonic()
         adaptation = budgets.adapt_plan(self.model, settings, self.plan, budget, executor.live_kv_positions(),
                                         self.plan_cache)
         try:
@@ -392,20 +393,22 @@ class Engine:
         self.plan = adaptation.plan
         self.vram_budget = budget
         self.budget_watcher.accept(budget)
-        waited = max(0.0, time.monotonic() - requested_at - report.total_s)
+        waited = max(0.0, planning_from - requested_at)  # the change seen, the step under way finishing
+        planned = max(0.0, time.monotonic() - planning_from - report.total_s)  # re-planning (or a cached plan)
         event = {
             "time": time.time(), "why": why, "budget": budget, "plan": executor.plans.name,
             "vram_planned": executor.need.total, "kv_on_gpu": bool(executor.kv_layers_on_gpu),
             "unpinned": len(adaptation.unpin), "pinned": len(adaptation.pin),
             "kv_bytes_to_host": report.kv_bytes_to_host, "kv_bytes_to_gpu": report.kv_bytes_to_gpu,
-            "wait_s": waited, "release_s": report.release_s, "adapt_s": report.total_s,
-            "time_to_release_s": waited + report.release_s,
+            "wait_s": waited, "plan_s": planned, "release_s": report.release_s, "adapt_s": report.total_s,
+            "time_to_release_s": waited + planned + report.release_s,
             "reserved_after_release": report.reserved_after_release, "reserved_after": report.reserved_after,
         }
         self.budget_events.append(event)
         log.info("VRAM budget (%s) -> %s: %s; VRAM released %.1f ms after the change (%.1f ms waiting for the "
-                 "step boundary), adapted in %.1f ms", why, "no limit" if budget is None else format_bytes(budget),
-                 adaptation.summary(), event["time_to_release_s"] * 1e3, waited * 1e3, report.total_s * 1e3)
+                 "step boundary, %.1f ms planning), adapted in %.1f ms", why,
+                 "no limit" if budget is None else format_bytes(budget), adaptation.summary(),
+                 event["time_to_release_s"] * 1e3, waited * 1e3, planned * 1e3, report.total_s * 1e3)
         return report
 
     def _plan_settings(self) -> budgets.PlanSettings:

@@ -65,6 +65,8 @@ class Estimator:
         self.expert_hit_rate = expert_hit_rate
         self._expert_slot = expert_slot_bytes(model)
         self._cache: dict = {}
+        self._dispatch: dict[str, float] = {}  # device -> dispatch seconds (a profile constant)
+        self._crossings: dict[tuple, float] = {}  # (bytes, direction) -> seconds
 
     # ------------------------------------------------------------------ one sub-layer
     def logit_rows(self, n_tokens: int) -> int:
@@ -104,12 +106,23 @@ class Estimator:
                                   contended=contended and device == "cpu")
         return t * (m / whole) if m < 1 else t
 
+    def dispatch_s(self, device: str) -> float:
+        """The profile's dispatch cost on ``device`` (read once: the planner asks for it very often)."""
+        seconds = self._dispatch.get(device)
+        if seconds is None:
+            seconds = self._dispatch[device] = self.profile.dispatch_s(device)
+        return seconds
+
     def launch_s(self, sublayer: SubLayer, device: str, n_tokens: int) -> float:
         """Python + launch overhead of one sub-layer's forward."""
-        launches = sublayer.launches
-        if sublayer.kind == "ffn" and hasattr(sublayer, "expected_experts_touched"):
-            launches += 8 * round(sublayer.expected_experts_touched(n_tokens))
-        return self.profile.dispatch_s(device) * launches / DISPATCH_LAUNCHES
+        key = ("launch", sublayer.name, device, n_tokens)
+        seconds = self._cache.get(key)
+        if seconds is None:
+            launches = sublayer.launches
+            if sublayer.kind == "ffn" and hasattr(sublayer, "expected_experts_touched"):
+                launches += 8 * round(sublayer.expected_experts_touched(n_tokens))
+            seconds = self._cache[key] = self.dispatch_s(device) * launches / DISPATCH_LAUNCHES
+        return seconds
 
     def packed_bytes(self, name: str) -> int:
         if name not in self.sizes:
@@ -138,7 +151,7 @@ class Estimator:
             kernels = sum(self._matmul(m, k, n, device, contended) for m, k, n in
                           sublayer.part_matmuls(n_tokens, first, last))
             launches = PART_LAUNCHES + (3 if device == "cpu" else 0)
-            self._cache[key] = kernels + self.profile.dispatch_s(device) * launches / DISPATCH_LAUNCHES
+            self._cache[key] = kernels + self.dispatch_s(device) * launches / DISPATCH_LAUNCHES
         return self._cache[key]
 
     # ------------------------------------------------------------------ MoE split at its experts
@@ -147,7 +160,7 @@ class Estimator:
         key = ("router", sublayer.hidden, sublayer.num_experts, n_tokens)
         if key not in self._cache:
             kernels = sum(self._matmul(m, k, n, "cuda", False) for m, k, n in sublayer.router_matmuls(n_tokens))
-            self._cache[key] = kernels + self.profile.dispatch_s("cuda") * 6 / DISPATCH_LAUNCHES
+            self._cache[key] = kernels + self.dispatch_s("cuda") * 6 / DISPATCH_LAUNCHES
         return self._cache[key]
 
     def experts_s(self, sublayer: MoEFFN, device: str, n_tokens: int, contended: bool = False) -> float:
@@ -158,7 +171,7 @@ class Estimator:
             kernels = sum(count * self._matmul(m, k, n, device, contended)
                           for (m, k, n), count in Counter(sublayer.expert_matmuls(n_tokens)).items())
             launches = 8 + 8 * round(sublayer.expected_experts_touched(n_tokens))
-            self._cache[key] = kernels + self.profile.dispatch_s(device) * launches / DISPATCH_LAUNCHES
+            self._cache[key] = kernels + self.dispatch_s(device) * launches / DISPATCH_LAUNCHES
         return self._cache[key]
 
     def expert_miss_bytes(self, sublayer: MoEFFN, n_tokens: int) -> float:
@@ -175,7 +188,11 @@ class Estimator:
 
     def crossing_s(self, nbytes: int, direction: str) -> float:
         """Moving activations between devices: a small copy plus a synchronisation."""
-        return self.profile.transfer_s(nbytes, direction) + self.profile.dispatch_s("cuda")
+        key = (nbytes, direction)
+        seconds = self._crossings.get(key)
+        if seconds is None:
+            seconds = self._crossings[key] = self.profile.transfer_s(nbytes, direction) + self.dispatch_s("cuda")
+        return seconds
 
     # ------------------------------------------------------------------ one step
     def simulate(self, placement: Placement, n_tokens: int, context: int, num_slots: int = 2) -> StepEstimate:
@@ -185,16 +202,14 @@ class Estimator:
         cpu_work = bool(placement.names(compute="cpu") or placement.expert_names("host") or placement.split_names())
         order = [s for s in self.model if where[s.name].home == "stream"]
         # Simulate two consecutive steps; the second is the steady state.
-        first = self._simulate_steps(where, order, n_tokens, context, num_slots, streams, cpu_work, steps=1)
-        both = self._simulate_steps(where, order, n_tokens, context, num_slots, streams, cpu_work, steps=2)
-        est = both
-        est.seconds = both.seconds - first.seconds
+        est = self._simulate_steps(where, order, n_tokens, context, num_slots, streams, cpu_work, steps=2)
         est.bytes_streamed = int(sum(self.fill_bytes(s, where[s.name]) for s in order)
                                  + sum(self.expert_miss_bytes(self.model[n], n_tokens)
                                        for n in placement.expert_names("cache")))
         return est
 
     def _simulate_steps(self, where, order, n_tokens, context, num_slots, streams, cpu_work, steps) -> StepEstimate:
+        """The last of ``steps`` consecutive steps: its time and busy times, the timeline of all."""
         py = 0.0  # the Python thread (it also does the CPU compute)
         gpu_free = 0.0
         copy_free = 0.0
@@ -227,7 +242,9 @@ class Estimator:
         x_device, x_ready = "cpu", 0.0
         act_bytes = n_tokens * self.model.args.hidden_size * self.dtype.itemsize
         logit_bytes = self.logit_rows(n_tokens) * self.model.args.vocab_size * 4
+        last_start = (0.0, 0.0, 0.0, 0.0)  # (time, cpu, gpu, copy busy) when the last step began
         for _ in range(steps):
+            last_start = (py, cpu_busy, gpu_busy, copy_busy)
             for sublayer in self.model:
                 if sublayer.kind == "vision":
                     continue  # a token step does not run the vision encoder
@@ -248,7 +265,7 @@ class Estimator:
                     k, pieces = w.cpu_pieces, sublayer.num_pieces
                     gpu_s = self.part_s(sublayer, "cuda", n_tokens, k, pieces)
                     cpu_s = self.part_s(sublayer, "cpu", n_tokens, 0, k, contended=streams)
-                    launch = self.profile.dispatch_s("cuda") * PART_LAUNCHES / DISPATCH_LAUNCHES
+                    launch = self.dispatch_s("cuda") * PART_LAUNCHES / DISPATCH_LAUNCHES
                     if x_device == "cpu":
                         py = max(py, x_ready) + self.crossing_s(act_bytes, "h2d")  # h to the GPU
                         h_ready = py
@@ -303,10 +320,10 @@ class Estimator:
                         touched = max(1.0, sublayer.expected_experts_touched(n_tokens))
                         if n_tokens * sublayer.top_k * sublayer.expert_bytes <= GATHER_BYTES:
                             # All experts at once from the cache's slots, after the last copy.
-                            py += self.profile.dispatch_s("cuda") * GATHER_LAUNCHES / DISPATCH_LAUNCHES
+                            py += self.dispatch_s("cuda") * GATHER_LAUNCHES / DISPATCH_LAUNCHES
                             gpu_free = max(router_done, copy_free, py) + kernels
                         else:
-                            py += self.profile.dispatch_s("cuda") * 8 * touched / DISPATCH_LAUNCHES
+                            py += self.dispatch_s("cuda") * 8 * touched / DISPATCH_LAUNCHES
                             # Cached experts compute while the others arrive; the last one after its copy.
                             gpu_free = max(router_done + kernels, copy_free + kernels / touched, py)
                         gpu_busy += kernels
@@ -349,7 +366,8 @@ class Estimator:
                 x_device = "cpu"
             py = max(py, written_back)  # the step ends when every KV write-back has landed
             x_ready = py
-        return StepEstimate(py, cpu_busy, gpu_busy, copy_busy, 0, timeline)
+        began, cpu0, gpu0, copy0 = last_start
+        return StepEstimate(py - began, cpu_busy - cpu0, gpu_busy - gpu0, copy_busy - copy0, 0, timeline)
 
 
 def uniform_hit_rate(model: Model, cache_slots: int, cached_layers: int | None = None) -> float:

@@ -155,8 +155,12 @@ async def _respond(request: Request, state: ServerState, body, handles, lens: li
         events = _chat_events if chat else _completion_events
         return _stream(handles, events(state, job, handles, lens, body))
     finished = await _wait(request, handles)
-    choice = schemas.chat_choice if chat else schemas.completion_choice
-    choices = [choice(i, r.text, r.finish_reason) for i, r in enumerate(finished)]
+    if chat:
+        choices = [schemas.chat_choice(i, r.text, r.finish_reason) for i, r in enumerate(finished)]
+    else:
+        ids = state.tokenizer is None  # no text to send: the token ids instead
+        choices = [schemas.completion_choice(i, r.text, r.finish_reason, list(r.output_ids) if ids else None)
+                   for i, r in enumerate(finished)]
     used = schemas.usage(sum(lens), sum(len(r.output_ids) for r in finished))
     response = schemas.chat_completion if chat else schemas.completion
     return response(job, state.model_name, choices, used)
@@ -367,8 +371,10 @@ async def _completion_events(state, job, handles, lens, body) -> AsyncIterator[d
         if output.finish_reason == "error":
             yield _error_event(output)
             return
-        if output.text or output.finished:
-            choice = schemas.completion_choice(index, output.text, output.finish_reason if output.finished else None)
+        ids = list(output.token_ids) if state.tokenizer is None else None  # no text: stream the ids
+        if output.text or output.finished or ids:
+            choice = schemas.completion_choice(index, output.text, output.finish_reason if output.finished else None,
+                                               ids)
             yield schemas.completion(job, state.model_name, [choice], None)
     if body.stream_options and body.stream_options.include_usage:
         yield schemas.completion(job, state.model_name, [], schemas.usage(sum(lens), sum(generated)))

@@ -138,8 +138,14 @@ def completion(id: str, model: str, choices: list[dict], usage_: dict) -> dict:
             "choices": choices, "usage": usage_}
 
 
-def completion_choice(index: int, text: str, finish_reason: str | None) -> dict:
-    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+def completion_choice(index: int, text: str, finish_reason: str | None, token_ids: list[int] | None = None) -> dict:
+    """One choice of a completion (or of a streamed chunk). ``token_ids``: the generated ids, an
+    extension (as vLLM's ``return_token_ids``) sent only for models without a tokenizer, whose
+    text is always empty."""
+    choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    if token_ids is not None:
+        choice["token_ids"] = list(token_ids)
+    return choice
 
 
 def chat_completion(id: str, model: str, choices: list[dict], usage_: dict) -> dict:
