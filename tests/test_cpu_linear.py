@@ -1,5 +1,5 @@
 """The CPU projection path chooser: every candidate computes F.linear's product; the choice is
-measured once per shape, follows the timings, and can be turned off."""
+measured once per shape on its first real calls, follows the timings, and can be turned off."""
 
 import time
 
@@ -50,6 +50,10 @@ def test_the_choice_follows_the_timings_and_is_made_once(monkeypatch):
     monkeypatch.setitem(cpu_linear.KERNELS, "linear", slow_linear)
     monkeypatch.setitem(cpu_linear.KERNELS, "mv", fast_mv)
     x, w = torch.randn(1, 64).bfloat16(), torch.randn(32, 64).bfloat16()
+    reference = F.linear(x.float(), w.float())
+    for _ in range(2 * cpu_linear.TRIALS - 1):  # the trials are the real calls: their results count
+        torch.testing.assert_close(linear(x, w).float(), reference, atol=0.05, rtol=0.02)
+    assert cpu_linear.chosen() == {} and calls == {"linear": cpu_linear.TRIALS, "mv": cpu_linear.TRIALS - 1}
     linear(x, w)
     assert list(cpu_linear.chosen().values()) == ["mv"]
     measured = dict(calls)
@@ -58,13 +62,27 @@ def test_the_choice_follows_the_timings_and_is_made_once(monkeypatch):
     assert calls["mv"] == measured["mv"] + 5 and calls["linear"] == measured["linear"]  # no new measurement
 
 
+def test_each_trial_reads_the_weights_of_its_call(monkeypatch):
+    """Trials time the calls the model makes (each layer's own, cold weights), not one weight again."""
+    seen = []
+    monkeypatch.setitem(cpu_linear.KERNELS, "linear", lambda x, w, b: seen.append(w.data_ptr()) or F.linear(x, w, b))
+    monkeypatch.setitem(cpu_linear.KERNELS, "mv", lambda x, w, b: seen.append(w.data_ptr()) or F.linear(x, w, b))
+    layers = [torch.randn(32, 64).half() for _ in range(2 * cpu_linear.TRIALS)]
+    x = torch.randn(1, 64).half()
+    for w in layers:
+        linear(x, w)
+    assert seen == [w.data_ptr() for w in layers]
+
+
 def test_linear_stays_unless_another_path_is_clearly_faster(monkeypatch):
     def slow_mv(x, w, bias):
         time.sleep(0.002)
         return torch.mv(w, x[0]).unsqueeze(0)
 
     monkeypatch.setitem(cpu_linear.KERNELS, "mv", slow_mv)
-    linear(torch.randn(1, 64).half(), torch.randn(32, 64).half())
+    x, w = torch.randn(1, 64).half(), torch.randn(32, 64).half()
+    for _ in range(2 * cpu_linear.TRIALS):
+        linear(x, w)
     assert list(cpu_linear.chosen().values()) == ["linear"]
 
 

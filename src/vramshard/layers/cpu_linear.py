@@ -1,12 +1,18 @@
-"""Few-token projections on the CPU in half precision: the fastest ATen path per shape, measured once.
+"""Few-token projections on the CPU in half precision: the fastest ATen path per shape, measured in place.
 
 For one to a few tokens (decode), ``F.linear`` in bf16/fp16 on the CPU takes different oneDNN /
 ATen paths by shape, and some are far from the memory bound: on the GPU machine's 16-core Xeon
 a bf16 ``[1, 14336] x [14336 -> 4096]`` projection ran at 43 GB/s, slower than at 16 tokens,
 while ``[1, 4096] x [4096 -> 14336]`` ran at 71 GB/s; on this project's 2-core CI machine
 ``torch.mv`` did the first shape 3x faster than ``F.linear``. Which path wins depends on the CPU,
-the dtype, the shape and the thread count, so :func:`cpu_linear` times the candidates on the first
-call of each (dtype, tokens, out, in, threads, bias) and keeps the winner for the process.
+the dtype, the shape and the thread count, so :func:`cpu_linear` chooses per (dtype, tokens,
+out, in, threads, bias) and keeps the winner for the process.
+
+The choice is measured on the model's own calls: the first ``2 * TRIALS`` calls of a shape take
+the candidates in turn, timed, and the median decides. Those calls read each layer's weights
+from memory as every later call will; timing one weight over and over instead (the first way
+this was done) reads it from the last-level cache, which holds a whole projection on a server
+CPU (300 MiB on the GPU machine) and can rank the paths the other way round.
 
 The candidates compute the same product (accumulation order may differ, within the dtype's
 rounding). float32 and the GPU always use ``F.linear``. ``VRAMSHARD_CPU_LINEAR=linear`` turns the
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import statistics
 import time
 from typing import Callable
 
@@ -28,8 +35,7 @@ log = logging.getLogger(__name__)
 MAX_TOKENS = 16  # rows of x up to which the choice is made; above, F.linear (a real GEMM) is right
 TUNED_DTYPES = (torch.bfloat16, torch.float16)
 MARGIN = 0.9  # another path must be at least 10% faster than F.linear to be chosen (noise)
-MIN_ROUNDS, MAX_ROUNDS = 3, 15
-MIN_TIMED_S = 0.003  # time each candidate at least this long (short calls are noisy)
+TRIALS = 5  # real calls timed per candidate before the choice
 
 Kernel = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 
@@ -52,6 +58,7 @@ def _weight_mm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> t
 
 KERNELS: dict[str, Kernel] = {"linear": _linear, "mv": _mv, "weight_mm": _weight_mm}
 _choice: dict[tuple, str] = {}
+_trials: dict[tuple, dict[str, list[float]]] = {}  # shape key -> candidate -> seconds of its timed calls
 
 
 def enabled() -> bool:
@@ -71,7 +78,7 @@ def cpu_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     key = (x.dtype, x.shape[0], w.shape[0], w.shape[1], torch.get_num_threads(), bias is not None)
     name = _choice.get(key)
     if name is None:
-        name = _choice[key] = _measure(key, x, w, bias)
+        return _trial(key, x, w, bias)
     return KERNELS[name](x, w, bias)
 
 
@@ -81,24 +88,28 @@ def chosen() -> dict[tuple, str]:
 
 
 def forget() -> None:
-    """Drop every choice (the next call of each shape measures again)."""
+    """Drop every choice and every trial under way (the next calls of each shape measure again)."""
     _choice.clear()
+    _trials.clear()
 
 
-def _measure(key: tuple, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> str:
-    names = ["linear", "mv" if x.shape[0] == 1 else "weight_mm"]
-    best = {name: float("inf") for name in names}
-    spent = {name: 0.0 for name in names}
-    rounds = 0
-    while rounds < MIN_ROUNDS or (rounds < MAX_ROUNDS and min(spent.values()) < MIN_TIMED_S):
-        for name in names:  # interleaved, so a burst of outside load hits both
-            start = time.perf_counter()
-            KERNELS[name](x, w, bias)
-            took = time.perf_counter() - start
-            best[name], spent[name] = min(best[name], took), spent[name] + took
-        rounds += 1
-    other = names[1]
-    winner = other if best[other] < MARGIN * best["linear"] else "linear"
-    log.debug("CPU projection %s: %s (linear %.3f ms, %s %.3f ms)", key, winner, best["linear"] * 1e3,
-              other, best[other] * 1e3)
+def _trial(key: tuple, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """This call by the candidate whose turn it is, timed; the choice once each has ``TRIALS`` runs."""
+    times = _trials.setdefault(key, {"linear": [], "mv" if x.shape[0] == 1 else "weight_mm": []})
+    name = min(times, key=lambda n: len(times[n]))  # in turn, so a burst of outside load hits both
+    start = time.perf_counter()
+    y = KERNELS[name](x, w, bias)
+    times[name].append(time.perf_counter() - start)
+    if all(len(t) >= TRIALS for t in times.values()):
+        _choice[key] = _decide(key, times)
+        del _trials[key]
+    return y
+
+
+def _decide(key: tuple, times: dict[str, list[float]]) -> str:
+    median = {name: statistics.median(t) for name, t in times.items()}
+    other = next(name for name in times if name != "linear")
+    winner = other if median[other] < MARGIN * median["linear"] else "linear"
+    log.debug("CPU projection %s: %s (median linear %.3f ms, %s %.3f ms)", key, winner, median["linear"] * 1e3,
+              other, median[other] * 1e3)
     return winner

@@ -275,7 +275,27 @@ class MoEFFN(SubLayer):
                     return self._run_gathered(gathered.stacked, h, Routing(rows, _restricted(routing, only).weights))
                 finally:
                     gathered.release()
+        if h.shape[0] == 1 and h.device.type == "cpu":
+            return self._run_one_token_on_host(source, h, routing, only)
         return self._run_grouped(source, h, routing, only)
+
+    def _run_one_token_on_host(self, source: ExpertWeights, h: torch.Tensor, routing: Routing,
+                               only: set[int] | None = None) -> torch.Tensor:
+        """One token on the CPU: each routed expert's SwiGLU, accumulated with its routing weight.
+
+        The grouped path's sort, per-expert token gathers and scatter-adds cost ~50 µs an expert
+        on the GPU machine's host, as much as a small expert's matmuls; one token needs none of them.
+        """
+        experts = routing.experts[0].tolist()
+        weight_of = dict(zip(experts, routing.weights[0].float().tolist()))
+        out = torch.zeros_like(h)
+        for expert, weights in source.experts([e for e in experts if only is None or e in only]):
+            if weights.gate_up is not None:
+                y = swiglu_fused(h, weights.gate_up, weights.down)
+            else:
+                y = swiglu(h, weights.gate, weights.up, weights.down)
+            out.add_(y, alpha=weight_of[expert])
+        return out
 
     def _run_grouped(self, source: ExpertWeights, h: torch.Tensor, routing: Routing,
                      only: set[int] | None = None) -> torch.Tensor:
