@@ -199,8 +199,29 @@ def test_budget_changes_during_generation_keep_greedy_tokens(model_dir, referenc
     kv_sides = [kv for kv, _ in seen]
     assert kv_sides[1] and not kv_sides[6] and kv_sides[12]  # KV went to host and came back
     assert seen[8][1] == 0  # below the minimum: nothing on the GPU
-    assert len(engine.budget_events) == len(changes)
+    assert len([e for e in engine.budget_events if e["why"] != "refine"]) == len(changes)
     assert engine.budget_state()["vram_budget"] is None
+
+
+def test_a_shrinking_budget_gets_a_quick_plan_then_the_full_one(model_dir, reference, sizes, monkeypatch):
+    """VRAM is released on a plan made without the per-sub-layer search; the full plan for the
+    same budget follows at a later step boundary; a growing budget is planned fully at once."""
+    import vramshard.engine as engine_module
+
+    points = budget_points(sizes)
+    batch = prompts()
+    want = [reference.generate([p], 12)[0] for p in batch]
+    engine = simulated(model_dir, points["all"])
+    monkeypatch.setattr(engine_module, "REFINE_AFTER_S", 0.0)
+    outputs, _ = run_with_changes(engine, batch, 12, {2: points["part"], 6: points["all"]})
+    assert outputs == want
+    shrink, grow = [e for e in engine.budget_events if e["why"] != "refine"]
+    assert shrink["quick_plan"] and shrink["budget"] == points["part"] and not grow["quick_plan"]
+    assert engine._refine is None
+    full = budgets.plan_for_budget(reference.model, engine._plan_settings(), points["all"])
+    assert engine_module._same_placements(engine.plan, full)
+    # The full plan of the smaller budget was made (at the step after the shrink) and is cached:
+    assert engine.plan_cache.peek((budgets.budget_key(points["part"]), None, True)) is not None
 
 
 def test_unchanged_budget_run_equals_reference_and_generate_polls(model_dir, reference, sizes):

@@ -335,6 +335,7 @@ class Adaptation:
     pin: tuple[str, ...]  # newly resident
     kv_to_host: bool  # KV caches move out of VRAM (attention of those layers then runs on the CPU)
     kv_to_gpu: bool
+    quick: bool = False  # the plan was made without the per-sub-layer search (a full one should follow)
 
     @property
     def need(self) -> VramNeed:
@@ -366,6 +367,10 @@ class PlanCache:
         self.hits = 0
         self.misses = 0
 
+    def peek(self, key: tuple) -> PlanSet | None:
+        """The plan cached under ``key``, if any (not counted as a hit or a miss)."""
+        return self._plans.get(key)
+
     def get(self, key: tuple, build: Callable[[], PlanSet]) -> PlanSet:
         if key in self._plans:
             self.hits += 1
@@ -387,41 +392,50 @@ def cpu_plan_set(model: Model, settings: PlanSettings, budget: int | None, note:
 
 
 def plan_for_budget(model: Model, settings: PlanSettings, budget: int | None, kv_on_gpu: bool | None = None,
-                    cache: PlanCache | None = None) -> PlanSet:
+                    cache: PlanCache | None = None, search: bool = True) -> PlanSet:
     """The plan to run under ``budget`` (rounded by :func:`budget_key`); all on the CPU when not
-    even the planner's minimum fits. ``kv_on_gpu``: force the KV cache's side (None: planner's choice)."""
+    even the planner's minimum fits. ``kv_on_gpu``: force the KV cache's side (None: planner's choice).
+    ``search=False``: the planner's quick plan (no per-sub-layer search), unless the full plan
+    for this budget is cached already."""
     key = budget_key(budget)
 
     def build() -> PlanSet:
         try:
             return Planner(model, settings.profile, key, context=settings.context, tiers=settings.tiers,
                            num_slots=settings.num_slots, name=settings.name, kv_on_gpu=kv_on_gpu,
-                           split_ffns=settings.split_ffns).plan()
+                           split_ffns=settings.split_ffns, search=search).plan()
         except BudgetError as exc:
             if kv_on_gpu:
                 raise
             return cpu_plan_set(model, settings, key, f"nothing fits the budget on the GPU ({exc}); all on the CPU")
 
-    return cache.get((key, kv_on_gpu), build) if cache is not None else build()
+    if cache is None:
+        return build()
+    if not search and cache.peek((key, kv_on_gpu, True)) is not None:
+        return cache.get((key, kv_on_gpu, True), build)
+    return cache.get((key, kv_on_gpu, search), build)
 
 
 def adapt_plan(model: Model, settings: PlanSettings, current: PlanSet | None, budget: int | None,
-               live_kv_positions: int = 0, cache: PlanCache | None = None) -> Adaptation:
+               live_kv_positions: int = 0, cache: PlanCache | None = None, search: bool = True) -> Adaptation:
     """What to run under ``budget``, from the plan in force (None: nothing planned yet).
 
     The KV cache goes where the planner wants it, except that live caches larger than the
     reservation (``settings.context`` positions; ``live_kv_positions``: positions of the caches
-    now allocated) must stay in host memory.
+    now allocated) must stay in host memory. ``search=False``: a quick plan (see
+    :func:`plan_for_budget`); ``Adaptation.quick`` says whether one was made.
     """
     kv_forced = False if live_kv_positions > settings.context else None
-    plan = plan_for_budget(model, settings, budget, kv_forced, cache)
+    full = cache is not None and cache.peek((budget_key(budget), kv_forced, True)) is not None
+    plan = plan_for_budget(model, settings, budget, kv_forced, cache, search)
     before = set(current.pinned) if current is not None else set()
     after = set(plan.pinned)
     order = {s.name: i for i, s in enumerate(model)}
     was_on_gpu = bool(current is not None and current.kv_on_gpu)
     return Adaptation(budget, plan, tuple(sorted(before - after, key=order.__getitem__)),
                       tuple(sorted(after - before, key=order.__getitem__)),
-                      kv_to_host=was_on_gpu and not plan.kv_on_gpu, kv_to_gpu=plan.kv_on_gpu and not was_on_gpu)
+                      kv_to_host=was_on_gpu and not plan.kv_on_gpu, kv_to_gpu=plan.kv_on_gpu and not was_on_gpu,
+                      quick=not search and not full and bool(plan.pinned or plan.need.total))
 
 
 def start_budget_thread(poll: Callable[[], object], interval_s: float = 1.0,
