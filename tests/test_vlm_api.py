@@ -215,3 +215,52 @@ def test_gpu_too_large_image_is_refused(model_dir):
     big = random_image(3000, 3000)  # ~46k patches: more activations than the budget holds
     with pytest.raises(BudgetError, match="at most"):
         vlm.generate_chat(engine, "Describe it.", [big], max_new_tokens=2)
+
+
+def shrink_while_streaming(engine, files) -> tuple[list[int], int]:
+    """Stream an image chat; after 3 tokens, a budget that fits only half the resident weights.
+    Returns (the tokens, that budget)."""
+    need = engine.executor.need
+    smaller = need.total - need.resident // 2
+    tokens = []
+    for token in vlm.stream_chat(engine, "Describe it.", files, max_new_tokens=10):
+        tokens.append(token)
+        if len(tokens) == 3:
+            engine.set_vram(smaller)
+    return tokens, smaller
+
+
+def test_a_budget_change_re_places_a_vision_language_model(model_dir, images):
+    """A VLM follows a changed VRAM budget like a text model (simulated GPU): the language model is
+    re-planned with room for the vision phase, the vision tier stays, the answer is unchanged."""
+    from vramshard.profile.query import synthetic
+
+    profile = synthetic(cpu_gflops=50, gpu_gflops=20_000, h2d_gbps=25, cpu_threads=2)
+    _, files = images
+    expected = vlm.generate_chat(vlm.load(model_dir, device="cpu"), "Describe it.", files, max_new_tokens=10)
+    engine = vlm.load(model_dir, vram="1GiB", simulate_gpu=True, profile=profile, max_step_tokens=256,
+                      max_context=1024)
+    roomy = engine.executor.need
+    tokens, smaller = shrink_while_streaming(engine, files)
+    assert tokens == expected
+    assert engine.budget_events and engine.budget_events[-1]["budget"] == smaller
+    assert engine.executor.budget == smaller and engine.executor.need.total <= smaller
+    assert engine.executor.need.resident < roomy.resident
+    assert engine.executor.plans.tiers[-1] == vlm.VISION_TIER
+    # A second image chat runs its vision phase under the new placement.
+    again = vlm.generate_chat(engine, "Describe it.", files, max_new_tokens=10)
+    assert again == expected
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_budget_change_releases_vram_of_a_vision_language_model(model_dir, images):
+    _, files = images
+    engine = vlm.load(model_dir, device="cuda", vram="1GiB", max_step_tokens=256, max_context=1024)
+    expected = vlm.generate_chat(engine, "Describe it.", files, max_new_tokens=10)
+    roomy = engine.executor.need
+    tokens, smaller = shrink_while_streaming(engine, files)
+    assert tokens == expected
+    assert engine.executor.need.total <= smaller and engine.executor.need.resident < roomy.resident
+    assert engine.budget_events[-1]["reserved_after"] <= smaller + 64 * 2**20
+    assert vlm.generate_chat(engine, "Describe it.", files, max_new_tokens=10) == expected

@@ -379,26 +379,27 @@ class Engine:
     def _adapt(self, budget: int | None, requested_at: float, why: str):
         """Re-plan under ``budget`` and reconfigure the executor (caller holds the executor lock)."""
         executor = self.executor
-        if self.device == "cpu" or self.vision is not None:
-            # No GPU (nothing to give back), or a vision-language model whose phases are planned
-            # together at load (vlm.configure): the budget is recorded, the placement stays.
-            if self.vision is not None:
-                log.warning("a VRAM budget change is not applied to vision-language models yet; "
-                            "placement %s stays", executor.plans.name)
+        if self.device == "cpu":  # no GPU: nothing to give back
             self.vram_budget = budget
             self.budget_watcher.accept(budget)
             return None
         settings = self._plan_settings()
         planning_from = time.monotonic()
-        shrinks = budget is not None and (self.vram_budget is None or budget < self.vram_budget)
-        adaptation = budgets.adapt_plan(self.model, settings, self.plan, budget, executor.live_kv_positions(),
-                                        self.plan_cache, search=not shrinks)
+        if self.vision is not None and self.vision.vision_tier:
+            # A vision-language model: the language model planned with room for the vision phase
+            # beside it, as vlm.configure does at load.
+            adaptation, placements = self._adapt_vision(budget)
+        else:
+            shrinks = budget is not None and (self.vram_budget is None or budget < self.vram_budget)
+            adaptation = budgets.adapt_plan(self.model, settings, self.plan, budget, executor.live_kv_positions(),
+                                            self.plan_cache, search=not shrinks)
+            placements = adaptation.plan.tiered()
         self._refine = (budget, time.monotonic() + REFINE_AFTER_S) if adaptation.quick else None
         if why == "refine" and self.plan is not None and _same_placements(adaptation.plan, self.plan):
             self.plan = adaptation.plan  # the search kept the quick plan's placements: nothing to move
             return None
         try:
-            report = executor.reconfigure(adaptation.plan.tiered(), budget)
+            report = executor.reconfigure(placements, budget)
         except BudgetError as exc:  # the executor counts VRAM its own way: fall back to the CPU
             log.warning("the plan for %s does not fit as the executor counts it (%s); running on the CPU",
                         "no limit" if budget is None else format_bytes(budget), exc)
@@ -427,6 +428,18 @@ class Engine:
                  "no limit" if budget is None else format_bytes(budget), adaptation.summary(),
                  event["time_to_release_s"] * 1e3, waited * 1e3, planned * 1e3, report.total_s * 1e3)
         return report
+
+    def _adapt_vision(self, budget: int | None) -> tuple[budgets.Adaptation, TieredPlacement]:
+        """The adaptation of a vision-language engine to ``budget`` and its placements (vision tier last)."""
+        from . import vlm
+
+        kv_forced = False if self.executor.live_kv_positions() > self.kv_tokens else None
+        try:
+            placements, plan = vlm.plans_for_budget(self, budget, kv_forced, self._plan_settings().profile)
+        except BudgetError as exc:
+            plan = budgets.cpu_plan_set(self.model, self._plan_settings(), budget, f"{exc}; all on the CPU")
+            return budgets.adaptation_between(self.model, self.plan, plan, budget), plan.tiered()
+        return budgets.adaptation_between(self.model, self.plan, plan, budget), placements
 
     def _plan_settings(self) -> budgets.PlanSettings:
         if self.plan_settings is None:

@@ -91,6 +91,8 @@ def load(path: str | Path, vram=None, device: str | None = None, vision: VisionO
     """
     from .engine import Engine
 
+    if profile is not None:
+        options["profile"] = profile
     engine = Engine.load(path, vram=vram, device=device, **options)
     if image_config is None:
         image_config = ImageConfig.from_dir(path) if Path(path).is_dir() else ImageConfig()
@@ -119,43 +121,54 @@ def configure(engine, vision: VisionOptions | None = None, image_config: ImageCo
 
     profile = profile or machine_profile()
     patches = max(1, vision.plan_pixels // engine.args.vision.patch_size ** 2)
-    plans = _vision_plans(engine, vision, patches, profile)
+    if engine.plan is not None:  # planned: plan the language model alone, leaving room for the vision phase
+        plans, engine.plan = _vision_plans(engine, vision, patches, profile, executor.budget)
+    else:  # a named placement: the vision phase is added to it
+        plans = _with_vision(engine.model, executor.plans, vision, patches, profile)
     _rebuild_executor(engine, plans)
     setup.vision_tier = True
     log.info("vision phase: %s", plans.placements[-1].summary())
 
 
-def _vision_plans(engine, vision: VisionOptions, patches: int, profile) -> TieredPlacement:
+def plans_for_budget(engine, budget: int | None, kv_on_gpu: bool | None = None, profile=None):
+    """(placements with the vision tier, the language model's plan set) for a configured
+    vision-language engine under ``budget``: what :func:`configure` plans at load, for a budget
+    that changed while the engine runs (``kv_on_gpu``: force the KV cache's side)."""
+    from .plan.planner import machine_profile
+
+    vision = vision_setup(engine).options
+    patches = max(1, vision.plan_pixels // engine.args.vision.patch_size ** 2)
+    return _vision_plans(engine, vision, patches, profile or machine_profile(), budget, kv_on_gpu)
+
+
+def _vision_plans(engine, vision: VisionOptions, patches: int, profile, budget: int | None,
+                  kv_on_gpu: bool | None = None):
+    """The language model planned under ``budget`` less what the vision phase of ``patches``
+    patches needs beside it, then the vision tier added: (TieredPlacement, PlanSet)."""
     from .models.base import Model
     from .plan.planner import Planner
-    from .plan.tiers import Tiers
 
     model, executor = engine.model, engine.executor
-    base = executor.plans
-    if engine.plan is not None:  # planned: plan the language model alone, leaving room for the vision phase
-        text = Model(model.args, [s for s in model if s.kind != "vision"], model.dtype)
-        slots, ctx = executor.kv_plan
-        budget = executor.budget
-        tiers = Tiers(tuple(sorted(engine.plan.tiers)))
-        chosen = None
-        for _ in range(3):
-            try:
-                plan_set = Planner(text, profile, budget, context=slots * ctx, tiers=tiers,
-                                   num_slots=engine.plan.num_slots, name=engine.model_name,
-                                   split_ffns=splits_ffns(list(model), executor.host)).plan()
-            except BudgetError:
-                if chosen is None:
-                    raise
-                break  # no smaller plan: larger images get the clear error when they come
-            plans = _with_vision(model, plan_set.tiered(), vision, patches, profile)
-            chosen = (plan_set, plans)
-            over = _vision_need(engine, plans, patches, vision) - executor.budget
-            if over <= 0 or budget is None or budget - over <= 0:
-                break
-            budget -= over  # fewer resident weights: room for the vision activations
-        engine.plan = chosen[0]
-        return chosen[1]
-    return _with_vision(model, base, vision, patches, profile)
+    text = Model(model.args, [s for s in model if s.kind != "vision"], model.dtype)
+    slots, ctx = executor.kv_plan
+    settings = engine._plan_settings()
+    limit, chosen = budget, None
+    for _ in range(3):
+        try:
+            plan_set = Planner(text, profile, budget, context=slots * ctx, tiers=settings.tiers,
+                               num_slots=settings.num_slots, name=engine.model_name, kv_on_gpu=kv_on_gpu,
+                               split_ffns=splits_ffns(list(model), executor.host)).plan()
+        except BudgetError:
+            if chosen is None:
+                raise
+            break  # no smaller plan: larger images get the clear error when they come
+        plans = _with_vision(model, plan_set.tiered(), vision, patches, profile)
+        chosen = (plans, plan_set)
+        over = _vision_need(engine, plans, patches, vision, plan_set.num_slots) - (limit or 0)
+        if over <= 0 or budget is None or budget - over <= 0:
+            break
+        budget -= over  # fewer resident weights: room for the vision activations
+    return chosen
 
 
 def _with_vision(model, base: TieredPlacement, vision: VisionOptions, patches: int, profile) -> TieredPlacement:
@@ -194,12 +207,11 @@ def _with_vision(model, base: TieredPlacement, vision: VisionOptions, patches: i
     return TieredPlacement(tuple(tiers), tuple(placements), tuple(threads))
 
 
-def _vision_need(engine, plans: TieredPlacement, patches: int, vision: VisionOptions) -> int:
+def _vision_need(engine, plans: TieredPlacement, patches: int, vision: VisionOptions, num_slots: int) -> int:
     """VRAM of the larger phase (vision, or the language model's steps) under ``plans``."""
     executor = engine.executor
     slots, ctx = executor.kv_plan
-    need = tiered_vram_need(engine.model, plans, slots, ctx, engine.max_step_tokens,
-                            engine.plan.num_slots if engine.plan else 2)
+    need = tiered_vram_need(engine.model, plans, slots, ctx, engine.max_step_tokens, num_slots)
     return max(need.total, _phase_bytes(engine.model, need, patches, vision, vision.memory_efficient_attention))
 
 
@@ -220,7 +232,8 @@ def _rebuild_executor(engine, plans: TieredPlacement) -> None:
     slots, ctx = old.kv_plan
     kwargs = dict(budget=old.budget, max_tokens=engine.max_step_tokens, max_context=ctx, kv_slots=slots,
                   num_slots=len(old.ring.slots) if old.ring else (engine.plan.num_slots if engine.plan else 2),
-                  threads=old.threads, device=old.gpu)
+                  threads=old.threads, device=old.gpu, simulate_gpu=old.simulated, decode_graphs=old.decode_graphs,
+                  decode_compile=old.decode_compile, expert_cpu_share=old.expert_cpu_share)
     host = old.host
     engine.executor = None
     del old  # its VRAM goes back before the new placement loads

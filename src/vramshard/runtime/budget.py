@@ -428,6 +428,13 @@ def adapt_plan(model: Model, settings: PlanSettings, current: PlanSet | None, bu
     kv_forced = False if live_kv_positions > settings.context else None
     full = cache is not None and cache.peek((budget_key(budget), kv_forced, True)) is not None
     plan = plan_for_budget(model, settings, budget, kv_forced, cache, search)
+    return adaptation_between(model, current, plan, budget,
+                              quick=not search and not full and bool(plan.pinned or plan.need.total))
+
+
+def adaptation_between(model: Model, current: PlanSet | None, plan: PlanSet, budget: int | None,
+                       quick: bool = False) -> Adaptation:
+    """Going from the plan in force (None: nothing planned yet) to ``plan`` under ``budget``."""
     before = set(current.pinned) if current is not None else set()
     after = set(plan.pinned)
     order = {s.name: i for i, s in enumerate(model)}
@@ -435,7 +442,7 @@ def adapt_plan(model: Model, settings: PlanSettings, current: PlanSet | None, bu
     return Adaptation(budget, plan, tuple(sorted(before - after, key=order.__getitem__)),
                       tuple(sorted(after - before, key=order.__getitem__)),
                       kv_to_host=was_on_gpu and not plan.kv_on_gpu, kv_to_gpu=plan.kv_on_gpu and not was_on_gpu,
-                      quick=not search and not full and bool(plan.pinned or plan.need.total))
+                      quick=quick)
 
 
 def start_budget_thread(poll: Callable[[], object], interval_s: float = 1.0,
@@ -455,6 +462,6 @@ def start_budget_thread(poll: Callable[[], object], interval_s: float = 1.0,
     return stop
 
 
-__all__ = ["AUTO", "Adaptation", "AutoBudget", "BudgetChange", "BudgetSource", "BudgetWatcher", "FixedBudget",
+__all__ = ["AUTO", "Adaptation", "AutoBudget", "adaptation_between", "BudgetChange", "BudgetSource", "BudgetWatcher", "FixedBudget",
            "PlanCache", "PlanSettings", "SettableBudget", "adapt_plan", "budget_after_oom", "budget_key",
            "cpu_plan_set", "free_vram", "parse_vram", "plan_for_budget", "process_vram", "start_budget_thread"]
