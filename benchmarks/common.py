@@ -38,6 +38,11 @@ def hardware() -> dict:
     except OSError:
         pass
     info["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY", "default")
+    # Every switch that changes how the run computes: OpenMP's, and vramshard's own (A/B runs).
+    switches = {k: v for k, v in os.environ.items()
+                if k.startswith(("OMP_", "GOMP_", "KMP_", "VRAMSHARD_")) and k != "OMP_WAIT_POLICY"}
+    if switches:
+        info["env"] = dict(sorted(switches.items()))
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         info["gpu"] = f"{props.name} ({props.total_memory / 2**30:.0f} GiB)"
