@@ -56,7 +56,7 @@ class Estimator:
     """
 
     def __init__(self, model: Model, profile: Profile, threads: int | None = None, expert_hit_rate: float = 0.0,
-                 sizes: dict[str, int] | None = None):
+                 sizes: dict[str, int] | None = None, costs: dict | None = None):
         self.model = model
         self.sizes = sizes if sizes is not None else {}  # packed bytes by sub-layer name, filled lazily
         self.profile = profile
@@ -64,7 +64,9 @@ class Estimator:
         self.dtype = model.dtype
         self.expert_hit_rate = expert_hit_rate
         self._expert_slot = expert_slot_bytes(model)
-        self._cache: dict = {}
+        # Costs of sub-layers and parts (keys hold the thread count; nothing here depends on the hit
+        # rate), shareable by estimators of one model and profile that differ in their hit rate.
+        self._cache: dict = costs if costs is not None else {}
         self._dispatch: dict[str, float] = {}  # device -> dispatch seconds (a profile constant)
         self._crossings: dict[tuple, float] = {}  # (bytes, direction) -> seconds
 

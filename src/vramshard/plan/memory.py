@@ -6,6 +6,8 @@ choose ones that do. Sizes are upper estimates for the CUDA caching allocator.
 
 from __future__ import annotations
 
+import weakref
+
 from dataclasses import dataclass
 
 from ..errors import BudgetError
@@ -180,8 +182,14 @@ def main_piece_bytes(model: Model, name: str) -> int:
     return packed_bytes(spec.nbytes for spec in model[name].weights if spec.piece == "main")
 
 
+_expert_slots: dict[int, int] = {}  # id(model) -> bytes, dropped with the model
+
+
 def expert_slot_bytes(model: Model) -> int:
-    """Bytes of one VRAM expert-cache slot: the largest packed expert of any MoE layer."""
+    """Bytes of one VRAM expert-cache slot: the largest packed expert of any MoE layer (computed
+    once per model: a MoE model has thousands of expert tensors, and the planner asks often)."""
+    if id(model) in _expert_slots:
+        return _expert_slots[id(model)]
     best = 0
     for sublayer in model:
         sizes: dict[str, int] = {}
@@ -189,6 +197,8 @@ def expert_slot_bytes(model: Model) -> int:
             if spec.piece != "main":
                 sizes[spec.piece] = sizes.get(spec.piece, 0) + align(spec.nbytes)
         best = max(best, max(sizes.values(), default=0))
+    _expert_slots[id(model)] = best
+    weakref.finalize(model, _expert_slots.pop, id(model), None)
     return best
 
 

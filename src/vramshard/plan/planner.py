@@ -303,6 +303,7 @@ class Planner:
         self.expert_cache = cache
         slots = cache // max(expert_slot_bytes(self.model), 1)
         self.estimator = Estimator(self.model, self.profile, expert_hit_rate=uniform_hit_rate(self.model, slots),
+                                   costs=self.estimator._cache,
                                    sizes=self.sizes)
 
     def _experts_mix(self, tier: int, pinned: set[str], kv_on_gpu: bool) -> Placement:
@@ -587,7 +588,8 @@ class Planner:
             return None
         best, best_s = None, math.inf
         for threads in self.profile.threads:
-            est = Estimator(self.model, self.profile, threads, self.estimator.expert_hit_rate, self.sizes)
+            est = Estimator(self.model, self.profile, threads, self.estimator.expert_hit_rate, self.sizes,
+                            costs=self.estimator._cache)
             seconds = est.simulate(placement, tier, self.context, self.num_slots).seconds
             if seconds < best_s * 0.98:
                 best, best_s = threads, seconds
