@@ -197,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds the server may take to start")
     parser.add_argument("--model-name", default=None, help="model name to send (default: as served)")
     parser.add_argument("--api-key", default=None)
-    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--clients", default="64",
+                        help="concurrent clients; several (e.g. 16,64) load one server in turn")
     parser.add_argument("--disconnect", type=float, default=0.0, help="probability a client hangs up mid-stream")
     parser.add_argument("--max-tokens", type=int, default=24, help="longest answer (answers vary from 4 to this)")
     parser.add_argument("--max-seqs", type=int, default=16, help="server --max-seqs (with --model)")
@@ -207,6 +208,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if sum(map(bool, (args.model, args.url, args.shape))) != 1:
         parser.error("give exactly one of --model, --shape and --url")
+    try:
+        counts = [int(c) for c in str(args.clients).split(",")]
+    except ValueError:
+        parser.error(f"--clients takes client counts separated by commas, got {args.clients!r}")
+    if not counts or min(counts) < 1:
+        parser.error(f"--clients must be 1 or more, got {args.clients!r}")
     process = None
     url = args.url
     if args.model or args.shape:
@@ -216,21 +223,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         name = args.model_name or httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {args.api_key}"}
                                             if args.api_key else {}).json()["data"][0]["id"]
-        specs = make_specs(args.clients, args.seed, max_tokens=args.max_tokens)
-        if args.shape:
-            specs = token_specs(specs, seed=args.seed)
-        report, _ = asyncio.run(run_load(url, specs, name, args.api_key, args.disconnect, args.seed))
+        reports = []
+        for count in counts:
+            specs = make_specs(count, args.seed, max_tokens=args.max_tokens)
+            if args.shape:
+                specs = token_specs(specs, seed=args.seed)
+            reports.append(asyncio.run(run_load(url, specs, name, args.api_key, args.disconnect, args.seed))[0])
     finally:
         if process is not None:
             stop_server(process)
-    if args.json:
-        print(json.dumps(asdict(report), indent=2))
+    if args.json:  # one report, or a list of them for several client counts
+        print(json.dumps(asdict(reports[0]) if len(reports) == 1 else [asdict(r) for r in reports], indent=2))
     else:
-        print(f"{report.clients} clients: {report.completed} complete, {report.disconnected} hung up, "
-              f"{report.failed} failed in {report.wall_s:.2f} s; {report.tokens_per_s:.1f} completion tok/s; "
-              f"latency p50 {report.latency_p50_s:.3f} s p99 {report.latency_p99_s:.3f} s; "
-              f"TTFT p50 {report.ttft_p50_s:.3f} s p99 {report.ttft_p99_s:.3f} s")
-    return 0 if report.failed == 0 else 1
+        for report in reports:
+            print(f"{report.clients} clients: {report.completed} complete, {report.disconnected} hung up, "
+                  f"{report.failed} failed in {report.wall_s:.2f} s; {report.tokens_per_s:.1f} completion tok/s; "
+                  f"latency p50 {report.latency_p50_s:.3f} s p99 {report.latency_p99_s:.3f} s; "
+                  f"TTFT p50 {report.ttft_p50_s:.3f} s p99 {report.ttft_p99_s:.3f} s")
+    return 0 if all(r.failed == 0 for r in reports) else 1
 
 
 if __name__ == "__main__":
