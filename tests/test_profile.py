@@ -399,3 +399,17 @@ def test_background_load_runs_and_reports_its_failure():
     with pytest.raises(RuntimeError, match="test load failed"):
         with contention._background("test load", broken):
             time.sleep(0.1)
+
+
+def test_cold_copies_span_twice_the_last_level_cache():
+    """Timed weights come from memory: a small weight gets many copies (a MoE expert's 3 MB
+    projection got 32, which a 300 MiB L3 holds), up to MAX_COPIES."""
+    from vramshard.profile import bench_matmul
+
+    llc = bench_matmul.last_level_cache_bytes()
+    assert bench_matmul.cold_bytes("cpu") >= max(bench_matmul.MIN_COLD_BYTES, 2 * llc)
+    weight = torch.empty(3 * 2**20, dtype=torch.uint8)
+    copies = cold_copies(weight)
+    assert copies[0] is weight and len({c.data_ptr() for c in copies}) == len(copies)
+    total = sum(c.nbytes for c in copies)
+    assert total >= bench_matmul.cold_bytes("cpu") or len(copies) == bench_matmul.MAX_COPIES
