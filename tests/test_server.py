@@ -204,4 +204,5 @@ def test_disconnect_mid_stream_frees_the_sequence(server, client):
     assert after["running"] == 0 and after["queue_length"] == 0
     assert after["generated_tokens"] - before < 200  # the disconnected stream stopped long before its 400 tokens
     assert after["engine_alive"] and after["plan"] == "cpu" and "vram_peak_bytes" in after
+    assert after["decode_vs_plan"]["plan"] == "cpu" and after["decode_vs_plan"]["predicted_ms"] is None  # unplanned
     assert client.completions.create(model=MODEL, prompt="hi", max_tokens=2).choices[0].text is not None

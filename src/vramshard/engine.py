@@ -31,6 +31,7 @@ from .runtime import budget as budgets
 from .runtime.executor import Executor
 from .runtime.host_weights import PackedWeights, pack_model, splits_ffns
 from .runtime.kv_cache import DEFAULT_BLOCK_SIZE
+from .runtime.plan_check import DecodeCheck
 from .runtime.request import Request
 from .runtime.sampler import SamplingParams
 from .runtime.weights import load_weights
@@ -94,6 +95,7 @@ class Engine:
         self.budget_events: collections.deque[dict] = collections.deque(maxlen=256)  # adaptations, newest last
         # After a quick plan for a budget that shrank: (that budget, when to plan it fully).
         self._refine: tuple[int | None, float] | None = None
+        self._decode_check: DecodeCheck | None = None  # decode steps vs the plan in force
         executor.oom_handler = self._recover_from_oom
 
     # ------------------------------------------------------------------ loading
@@ -316,7 +318,18 @@ class Engine:
                          kv_tokens=kv_tokens, eos_ids=() if ignore_eos else self._eos_ids(), tokenizer=self.tokenizer,
                          vocab_size=self.args.vocab_size,
                          max_logit_rows=LOGIT_ROWS if self.executor.uses_gpu else None,
-                         before_step=self.poll_budget)
+                         before_step=self.poll_budget,
+                         after_step=lambda s: self.plan_check().add(s.tokens, s.sequences, s.forward_s))
+
+    def plan_check(self) -> DecodeCheck:
+        """Single-sequence decode steps of the plan in force against its prediction (a warning is
+        logged once when they are 1.5x off: the machine profile does not fit the machine)."""
+        plan = self.plan
+        if self._decode_check is None or self._decode_check.plan is not plan:
+            tier = min(plan.tiers) if plan is not None else 1
+            predicted = plan.tiers[tier].predicted_s if plan is not None and tier == 1 else None
+            self._decode_check = DecodeCheck(self.executor.plans.name, predicted, tier, plan)
+        return self._decode_check
 
     # ------------------------------------------------------------------ the VRAM budget while running
     def set_vram(self, vram: str | int | None) -> None:

@@ -197,6 +197,7 @@ def bench_engine(model, host, spec: EngineSpec, settings: BenchSettings, device:
                    resident_bytes=executor.need.resident, vram_plan_bytes=executor.need.total,
                    planned=engine.plan is not None)
         row.update(measure(engine, settings))
+        row["decode_vs_plan"] = engine.plan_check().summary()  # single-sequence decode steps vs prediction
         row["peak_vram_bytes"] = executor.peak_vram()
         row["within_budget"] = engine.vram_budget is None or row["peak_vram_bytes"] <= engine.vram_budget
     finally:

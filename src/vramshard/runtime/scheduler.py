@@ -77,13 +77,16 @@ class Scheduler:
     sampled in one step (the GPU workspace holds that many logit rows; None: no limit).
     before_step: called at every step boundary before anything is scheduled (the engine adapts
     to a changed VRAM budget there: the executor may re-plan and move KV caches, block tables stay).
+    after_step: called with each step's :class:`StepStats` (the engine checks decode steps
+    against its plan's prediction).
     """
 
     def __init__(self, executor, max_seqs: int = 8, max_context: int = 4096, max_step_tokens: int = 2048,
                  chunk_sizes: Sequence[int] | None = None, kv_tokens: int | None = None,
                  eos_ids: Iterable[int] = (), tokenizer=None, vocab_size: int | None = None,
                  stats_window: int = 512, max_logit_rows: int | None = None,
-                 before_step: Callable[[], object] | None = None):
+                 before_step: Callable[[], object] | None = None,
+                 after_step: Callable[[StepStats], object] | None = None):
         if max_seqs < 1 or max_context < 1 or max_step_tokens < 1:
             raise InvalidInputError(f"max_seqs, max_context and max_step_tokens must be >= 1, got "
                                     f"{max_seqs}, {max_context}, {max_step_tokens}")
@@ -98,6 +101,7 @@ class Scheduler:
         self.vocab_size = vocab_size
         self.max_logit_rows = max_logit_rows
         self.before_step = before_step
+        self.after_step = after_step
         if self.kv_tokens < 1:
             raise InvalidInputError(f"kv_tokens must be >= 1, got {self.kv_tokens}")
         self.kv = executor.new_kv_cache(slots=1, max_ctx=self.kv_tokens)
@@ -224,6 +228,8 @@ class Scheduler:
         self.total_generated_tokens += sampled
         self.total_step_s += seconds
         self.total_forward_s += forward_s
+        if self.after_step is not None:
+            self.after_step(stats)
         return stats
 
     def run_until_idle(self) -> None:

@@ -43,7 +43,7 @@ class ServerState:
     api_key: str | None = None
     executor: object | None = None  # for VRAM and plan in /v1/stats
     created: int = 0
-    engine: object | None = None  # a vision-language model's Engine: chat messages may hold images
+    engine: object | None = None  # the Engine: budget, decode check; a VLM's chat messages may hold images
     image_lock: threading.Lock = field(default_factory=threading.Lock)  # one image request at a time
 
     @property
@@ -85,6 +85,8 @@ def create_app(state: ServerState) -> FastAPI:
         if executor is not None:
             data["vram_peak_bytes"] = executor.peak_vram()
             data["plan"] = executor.placement.name
+        if state.engine is not None:
+            data["decode_vs_plan"] = state.engine.plan_check().summary()
         data["model"] = state.model_name
         return data
 

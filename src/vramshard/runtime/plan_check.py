@@ -1,0 +1,62 @@
+"""Decode steps as measured against the plan's prediction for them.
+
+The planner chooses placements from the machine profile's predicted step times. A profile from
+another machine, or one measured while the machine was busy, predicts wrongly, and the plans it
+picks are then not the fastest. A single sequence's decode step is the one step whose predicted
+time (the plan's smallest tier) can be compared with the measured one as is, so a
+:class:`DecodeCheck` collects those steps' forward times for the plan in force and says, once,
+when their median is far from the prediction.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections import deque
+
+log = logging.getLogger(__name__)
+
+MIN_STEPS = 32  # single-sequence decode steps measured before the median is judged
+WINDOW = 256  # most recent steps kept
+OFF_BY = 1.5  # measured / predicted beyond this factor (either way) is worth a warning
+
+
+class DecodeCheck:
+    """Single-sequence decode steps of the plan ``plan_name``, predicted at ``predicted_s`` each
+    (None: no prediction to check against). ``plan``: the plan object checked (the caller's key)."""
+
+    def __init__(self, plan_name: str, predicted_s: float | None, tier: int = 1, plan: object = None):
+        self.plan_name = plan_name
+        self.plan = plan
+        self.predicted_s = predicted_s
+        self.tier = tier
+        self.measured: deque[float] = deque(maxlen=WINDOW)  # forward seconds of the steps
+        self.warned = False
+
+    def add(self, tokens: int, sequences: int, forward_s: float) -> None:
+        """One step of ``tokens`` new tokens over ``sequences`` sequences, ``forward_s`` in the model."""
+        if tokens != 1 or sequences != 1 or self.predicted_s is None:
+            return
+        self.measured.append(forward_s)
+        if not self.warned and len(self.measured) >= MIN_STEPS:
+            ratio = self.ratio()
+            if ratio > OFF_BY or ratio < 1 / OFF_BY:
+                self.warned = True
+                log.warning("decode steps take %.1f ms (median of %d) where plan %s predicted %.1f ms (%.2fx): "
+                            "the machine profile does not fit this machine as it runs now, so the plan may not "
+                            "be the fastest; re-run `vramshard profile` on this machine", self.median_s() * 1e3,
+                            len(self.measured), self.plan_name, self.predicted_s * 1e3, ratio)
+
+    def median_s(self) -> float | None:
+        return statistics.median(self.measured) if self.measured else None
+
+    def ratio(self) -> float | None:
+        """Median measured / predicted (None before any step)."""
+        median = self.median_s()
+        return median / self.predicted_s if median is not None and self.predicted_s else None
+
+    def summary(self) -> dict:
+        median, ratio = self.median_s(), self.ratio()
+        return {"plan": self.plan_name, "tier": self.tier, "steps": len(self.measured),
+                "predicted_ms": None if self.predicted_s is None else self.predicted_s * 1e3,
+                "measured_median_ms": None if median is None else median * 1e3, "measured_over_predicted": ratio}
