@@ -206,22 +206,22 @@ def test_budget_changes_during_generation_keep_greedy_tokens(model_dir, referenc
 def test_a_shrinking_budget_gets_a_quick_plan_then_the_full_one(model_dir, reference, sizes, monkeypatch):
     """VRAM is released on a plan made without the per-sub-layer search; the full plan for the
     same budget follows at a later step boundary; a growing budget is planned fully at once."""
-    import vramshard.engine as engine_module
+    import vramshard.budget_follower as follower
 
     points = budget_points(sizes)
     batch = prompts()
     want = [reference.generate([p], 12)[0] for p in batch]
     engine = simulated(model_dir, points["all"])
-    monkeypatch.setattr(engine_module, "REFINE_AFTER_S", 0.0)
+    monkeypatch.setattr(follower, "REFINE_AFTER_S", 0.0)
     outputs, _ = run_with_changes(engine, batch, 12, {2: points["part"], 6: points["all"]})
     assert outputs == want
     shrink, grow = [e for e in engine.budget_events if e["why"] != "refine"]
     assert shrink["quick_plan"] and shrink["budget"] == points["part"] and not grow["quick_plan"]
-    assert engine._refine is None
-    full = budgets.plan_for_budget(reference.model, engine._plan_settings(), points["all"])
-    assert engine_module._same_placements(engine.plan, full)
+    assert engine.budget.refine_at is None
+    full = budgets.plan_for_budget(reference.model, engine.budget.plan_settings(), points["all"])
+    assert follower.same_placements(engine.plan, full)
     # The full plan of the smaller budget was made (at the step after the shrink) and is cached:
-    assert engine.plan_cache.peek((budgets.budget_key(points["part"]), None, True)) is not None
+    assert engine.budget.plan_cache.peek((budgets.budget_key(points["part"]), None, True)) is not None
 
 
 def test_unchanged_budget_run_equals_reference_and_generate_polls(model_dir, reference, sizes):

@@ -234,12 +234,12 @@ def test_engine_lays_ffns_out_in_pieces_only_when_its_plan_splits_them(llama):
     plain = Engine.load(path, placement="stream", simulate_gpu=True, vram="1GiB", max_context=64)
     dense = [s.name for s in plain.model if isinstance(s, DenseFFN)]
     assert not any(plain.executor.host[n].layout.splittable for n in dense)
-    assert plain.plan_settings.split_ffns is False
+    assert plain.budget.settings.split_ffns is False
     torch.testing.assert_close(trace_logits(plain), expected, rtol=1e-5, atol=1e-5)
     split = Engine.load(path, placement=_split_placement(reference.model, [3, 15]), simulate_gpu=True,
                         vram="1GiB", max_context=64)
     assert all(split.executor.host[n].layout.splittable for n in dense)
-    assert split.plan_settings.split_ffns is True
+    assert split.budget.settings.split_ffns is True
 
 
 def test_host_layouts_give_each_placement_its_layout(llama):

@@ -240,6 +240,7 @@ def test_a_budget_change_re_places_a_vision_language_model(model_dir, images):
     expected = vlm.generate_chat(vlm.load(model_dir, device="cpu"), "Describe it.", files, max_new_tokens=10)
     engine = vlm.load(model_dir, vram="1GiB", simulate_gpu=True, profile=profile, max_step_tokens=256,
                       max_context=1024)
+    assert engine.executor.oom_handler == engine.budget.recover_from_oom  # kept through vlm.configure
     roomy = engine.executor.need
     tokens, smaller = shrink_while_streaming(engine, files)
     assert tokens == expected

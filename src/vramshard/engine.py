@@ -18,6 +18,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from .budget_follower import BudgetFollower
 from .config import parse_dtype
 from .errors import BudgetError, InvalidInputError
 from .layers.step import Step
@@ -89,14 +90,9 @@ class Engine:
         self.last_stats = GenerationStats()
         # The budget while running: polled at step boundaries (see set_vram / poll_budget).
         self.device = "cuda" if executor.uses_gpu or executor.simulated else "cpu"
-        self.budget_watcher = budgets.BudgetWatcher(budgets.SettableBudget(vram_budget), vram_budget)
-        self.plan_settings: budgets.PlanSettings | None = None  # default: made on the first re-plan
-        self.plan_cache = budgets.PlanCache()
-        self.budget_events: collections.deque[dict] = collections.deque(maxlen=256)  # adaptations, newest last
-        # After a quick plan for a budget that shrank: (that budget, when to plan it fully).
-        self._refine: tuple[int | None, float] | None = None
+        self.budget = BudgetFollower(self, vram_budget)
         self._decode_check: DecodeCheck | None = None  # decode steps vs the plan in force
-        executor.oom_handler = self._recover_from_oom
+        executor.oom_handler = self.budget.recover_from_oom
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -225,11 +221,11 @@ class Engine:
         engine = cls(model, executor, tokenizer, name=name, max_context=context, vram_budget=budget,
                      max_step_tokens=max_step_tokens, kv_tokens=kv_tokens)
         engine.plan = plan_set
-        engine.plan_settings = settings
+        engine.budget.settings = settings
         engine.device = "cuda" if simulate_gpu else device
         if is_auto(vram) and device != "cpu":
-            engine.budget_watcher.set_source(budgets.AutoBudget(device))
-            engine.budget_watcher.accept(budget)
+            engine.budget.watcher.set_source(budgets.AutoBudget(device))
+            engine.budget.watcher.accept(budget)
         return engine
 
     # ------------------------------------------------------------------ inference
@@ -339,146 +335,29 @@ class Engine:
         ``"none"`` (no limit). A smaller budget re-plans and gives VRAM back (unpinned sub-layers,
         smaller slots and expert cache, KV caches moved to host memory if they no longer fit) before
         the next step runs; a larger one pins more again. Requests in flight go on, KV content kept.
+        See :mod:`vramshard.budget_follower`.
         """
-        value = budgets.parse_vram(vram)
-        watcher = self.budget_watcher
-        if value == budgets.AUTO:
-            if self.device == "cpu" or not torch.cuda.is_available():
-                raise BudgetError("vram 'auto' follows the free VRAM of a GPU, and this engine runs without one; "
-                                  "give a size such as 4GiB")
-            watcher.set_source(budgets.AutoBudget(self.device))
-        elif isinstance(watcher.source, budgets.SettableBudget):
-            watcher.source.set(value)
-        else:
-            watcher.set_source(budgets.SettableBudget(value))
-        log.info("VRAM budget set to %s; effective at the next step", vram)
+        self.budget.set_vram(vram)
 
     def poll_budget(self):
         """Adapt to the budget source if it changed (the scheduler calls this before each step).
-        Returns the executor's :class:`~vramshard.runtime.executor.ReconfigureReport`, or None.
-
-        A budget that shrinks must free VRAM at once: it gets the planner's quick plan (no
-        per-sub-layer search, ~10x faster), and the full plan replaces it at a step boundary
-        ``REFINE_AFTER_S`` later if the budget has held (a budget falling in steps plans fully once)."""
-        with self.executor.lock:  # one adaptation at a time, never during a step
-            change = self.budget_watcher.poll(self.executor.need.total if self.executor.uses_gpu else None)
-            if change is not None:
-                return self._adapt(change.budget, change.requested_at, change.source)
-            if self._refine is not None and time.monotonic() >= self._refine[1]:
-                budget, _ = self._refine
-                self._refine = None
-                if budget == self.budget_watcher.in_force:
-                    return self._adapt(budget, time.monotonic(), "refine")
-            return None
+        Returns the executor's :class:`~vramshard.runtime.executor.ReconfigureReport`, or None."""
+        return self.budget.poll()
 
     def budget_state(self) -> dict:
         """The budget in force and the VRAM in use, for ``GET /v1/budget`` and logs."""
-        executor = self.executor
-        real_gpu = executor.gpu is not None and not executor.simulated
-        return {
-            "vram_budget": self.budget_watcher.in_force,
-            "source": self.budget_watcher.source.name,
-            "device": self.device,
-            "simulated_gpu": executor.simulated,
-            "vram_planned": executor.need.total,
-            "vram_planned_breakdown": executor.need.breakdown(),
-            "vram_reserved": torch.cuda.memory_reserved(executor.gpu) if real_gpu else 0,
-            "vram_peak": executor.peak_vram(),
-            "kv_on_gpu": bool(executor.kv_layers_on_gpu),
-            "plan": executor.plans.name,
-            "last_change": self.budget_events[-1] if self.budget_events else None,
-        }
+        return self.budget.state()
 
-    def _adapt(self, budget: int | None, requested_at: float, why: str):
-        """Re-plan under ``budget`` and reconfigure the executor (caller holds the executor lock)."""
-        executor = self.executor
-        if self.device == "cpu":  # no GPU: nothing to give back
-            self.vram_budget = budget
-            self.budget_watcher.accept(budget)
-            return None
-        settings = self._plan_settings()
-        planning_from = time.monotonic()
-        if self.vision is not None and self.vision.vision_tier:
-            # A vision-language model: the language model planned with room for the vision phase
-            # beside it, as vlm.configure does at load.
-            adaptation, placements = self._adapt_vision(budget)
-        else:
-            shrinks = budget is not None and (self.vram_budget is None or budget < self.vram_budget)
-            adaptation = budgets.adapt_plan(self.model, settings, self.plan, budget, executor.live_kv_positions(),
-                                            self.plan_cache, search=not shrinks)
-            placements = adaptation.plan.tiered()
-        self._refine = (budget, time.monotonic() + REFINE_AFTER_S) if adaptation.quick else None
-        if why == "refine" and self.plan is not None and _same_placements(adaptation.plan, self.plan):
-            self.plan = adaptation.plan  # the search kept the quick plan's placements: nothing to move
-            return None
-        try:
-            report = executor.reconfigure(placements, budget)
-        except BudgetError as exc:  # the executor counts VRAM its own way: fall back to the CPU
-            log.warning("the plan for %s does not fit as the executor counts it (%s); running on the CPU",
-                        "no limit" if budget is None else format_bytes(budget), exc)
-            plan = budgets.cpu_plan_set(self.model, settings, budget, f"fallback: {exc}")
-            adaptation = budgets.Adaptation(budget, plan, tuple(self.plan.pinned if self.plan else ()), (),
-                                            bool(executor.kv_layers_on_gpu), False)
-            report = executor.reconfigure(plan.tiered(), budget)
-        self.plan = adaptation.plan
-        self.vram_budget = budget
-        self.budget_watcher.accept(budget)
-        waited = max(0.0, planning_from - requested_at)  # the change seen, the step under way finishing
-        planned = max(0.0, time.monotonic() - planning_from - report.total_s)  # re-planning (or a cached plan)
-        event = {
-            "time": time.time(), "why": why, "budget": budget, "plan": executor.plans.name,
-            "vram_planned": executor.need.total, "kv_on_gpu": bool(executor.kv_layers_on_gpu),
-            "unpinned": len(adaptation.unpin), "pinned": len(adaptation.pin),
-            "kv_bytes_to_host": report.kv_bytes_to_host, "kv_bytes_to_gpu": report.kv_bytes_to_gpu,
-            "quick_plan": adaptation.quick,
-            "wait_s": waited, "plan_s": planned, "release_s": report.release_s, "adapt_s": report.total_s,
-            "time_to_release_s": waited + planned + report.release_s,
-            "reserved_after_release": report.reserved_after_release, "reserved_after": report.reserved_after,
-        }
-        self.budget_events.append(event)
-        log.info("VRAM budget (%s) -> %s: %s; VRAM released %.1f ms after the change (%.1f ms waiting for the "
-                 "step boundary, %.1f ms planning), adapted in %.1f ms", why,
-                 "no limit" if budget is None else format_bytes(budget), adaptation.summary(),
-                 event["time_to_release_s"] * 1e3, waited * 1e3, planned * 1e3, report.total_s * 1e3)
-        return report
+    @property
+    def budget_watcher(self) -> budgets.BudgetWatcher:
+        return self.budget.watcher
 
-    def _adapt_vision(self, budget: int | None) -> tuple[budgets.Adaptation, TieredPlacement]:
-        """The adaptation of a vision-language engine to ``budget`` and its placements (vision tier last)."""
-        from . import vlm
+    @property
+    def budget_events(self) -> collections.deque[dict]:
+        """Adaptations to budget changes, newest last (``why``: the source, "refine" for the full
+        plan after a quick one, "out of memory")."""
+        return self.budget.events
 
-        kv_forced = False if self.executor.live_kv_positions() > self.kv_tokens else None
-        try:
-            placements, plan = vlm.plans_for_budget(self, budget, kv_forced, self._plan_settings().profile)
-        except BudgetError as exc:
-            plan = budgets.cpu_plan_set(self.model, self._plan_settings(), budget, f"{exc}; all on the CPU")
-            return budgets.adaptation_between(self.model, self.plan, plan, budget), plan.tiered()
-        return budgets.adaptation_between(self.model, self.plan, plan, budget), placements
-
-    def _plan_settings(self) -> budgets.PlanSettings:
-        if self.plan_settings is None:
-            tiers = Tiers(tuple(sorted(self.plan.tiers))) if self.plan is not None else \
-                Tiers(tuple(t for t in Tiers().sizes if t <= self.max_step_tokens) or (self.max_step_tokens,))
-            slots = self.plan.num_slots if self.plan is not None and self.plan.num_slots else self.executor.num_slots
-            self.plan_settings = budgets.PlanSettings(machine_profile(), tiers, self.kv_tokens, slots, self.model_name)
-        return self.plan_settings
-
-    def _recover_from_oom(self, failure: str) -> None:
-        """The executor ran out of VRAM in a step: re-plan under what this process holds plus what
-        is free now, less a margin, before the step is retried."""
-        executor = self.executor
-        need = executor.need.total
-        if executor.gpu is not None and not executor.simulated:
-            held = torch.cuda.memory_reserved(executor.gpu)
-            free, _ = budgets.free_vram(executor.gpu)
-        else:
-            held, free = need, 0
-        target = budgets.budget_after_oom(need, held, free)
-        log.warning("out of VRAM during a step (%s): re-planning under %s (the plan needed %s) and retrying the step",
-                    failure, format_bytes(target), format_bytes(need))
-        self.budget_watcher.lower(target)
-        self._adapt(target, time.monotonic(), "out of memory")
-
-    # ------------------------------------------------------------------ internals
     def _run(self, prompts, max_new_tokens: int, params: list[SamplingParams], stop,
              requests: list[Request] | None = None, multimodal: Sequence | None = None, scheduler=None,
              extra: dict | None = None) -> Iterator[tuple[int, int]]:
@@ -562,16 +441,6 @@ class Engine:
             if any(s in self.tokenizer.decode(tokens[: n + 1]) for s in stop):
                 return tokens[:n]
         return tokens
-
-
-REFINE_AFTER_S = 2.0  # after a quick plan, seconds the budget must hold before it is planned fully
-
-
-def _same_placements(a, b) -> bool:
-    """Whether two plan sets place every sub-layer alike in every tier (families' names aside)."""
-    ta, tb = a.tiered(), b.tiered()
-    return (ta.tiers == tb.tiers and ta.threads == tb.threads and ta.expert_cache == tb.expert_cache
-            and a.kv_on_gpu == b.kv_on_gpu and [p.where for p in ta.placements] == [p.where for p in tb.placements])
 
 
 DEFAULT_GPU_CONTEXT = 8192  # KV reserved by default on the GPU when the model allows more

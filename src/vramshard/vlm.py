@@ -151,7 +151,7 @@ def _vision_plans(engine, vision: VisionOptions, patches: int, profile, budget: 
     model, executor = engine.model, engine.executor
     text = Model(model.args, [s for s in model if s.kind != "vision"], model.dtype)
     slots, ctx = executor.kv_plan
-    settings = engine._plan_settings()
+    settings = engine.budget.plan_settings()
     limit, chosen = budget, None
     for _ in range(3):
         try:
@@ -240,6 +240,7 @@ def _rebuild_executor(engine, plans: TieredPlacement) -> None:
     gc.collect()
     torch.cuda.empty_cache()
     engine.executor = Executor(engine.model, host, plans, **kwargs)
+    engine.executor.oom_handler = engine.budget.recover_from_oom  # as the engine set it on the one replaced
 
 
 def check_vision_budget(engine, patches: int, memory_efficient: bool) -> None:

@@ -1,0 +1,202 @@
+"""An engine following its VRAM budget while it runs.
+
+The budget comes from a source (a fixed size, ``set_vram`` at run time, ``auto``: the free VRAM
+less a margin) that a :class:`~vramshard.runtime.budget.BudgetWatcher` reads at step boundaries.
+When it changes, the language model is re-planned under it (a vision-language model with room
+for its vision phase beside it) and the executor reconfigured: sub-layers unpinned or pinned, KV
+caches moved between VRAM and host memory, nothing lost. A budget that shrinks must free VRAM at
+once, so it gets the planner's quick plan (no per-sub-layer search, ~10x faster to make); the full
+plan replaces it ``REFINE_AFTER_S`` later if the budget has held. A step that runs out of VRAM
+anyway lowers the budget to what is held plus what is free and is retried.
+
+Every adaptation is recorded with its times: waiting for the step boundary, planning, releasing.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+
+import torch
+
+from .errors import BudgetError
+from .plan.placement import TieredPlacement
+from .plan.planner import machine_profile
+from .plan.tiers import Tiers
+from .runtime import budget as budgets
+from .units import format_bytes
+
+log = logging.getLogger(__name__)
+
+REFINE_AFTER_S = 2.0  # after a quick plan, seconds the budget must hold before it is planned fully
+EVENTS_KEPT = 256
+
+
+class BudgetFollower:
+    """The budget side of an :class:`~vramshard.engine.Engine`: its source, the plans made for
+    budgets seen so far, and the record of adaptations (``events``, newest last)."""
+
+    def __init__(self, engine, vram_budget: int | None):
+        self.engine = engine
+        self.watcher = budgets.BudgetWatcher(budgets.SettableBudget(vram_budget), vram_budget)
+        self.settings: budgets.PlanSettings | None = None  # default: made on the first re-plan
+        self.plan_cache = budgets.PlanCache()
+        self.events: collections.deque[dict] = collections.deque(maxlen=EVENTS_KEPT)
+        # After a quick plan for a budget that shrank: (that budget, when to plan it fully).
+        self.refine_at: tuple[int | None, float] | None = None
+
+    # ------------------------------------------------------------------ the source
+    def set_vram(self, vram: str | int | None) -> None:
+        """See :meth:`Engine.set_vram`."""
+        value = budgets.parse_vram(vram)
+        watcher = self.watcher
+        if value == budgets.AUTO:
+            if self.engine.device == "cpu" or not torch.cuda.is_available():
+                raise BudgetError("vram 'auto' follows the free VRAM of a GPU, and this engine runs without one; "
+                                  "give a size such as 4GiB")
+            watcher.set_source(budgets.AutoBudget(self.engine.device))
+        elif isinstance(watcher.source, budgets.SettableBudget):
+            watcher.source.set(value)
+        else:
+            watcher.set_source(budgets.SettableBudget(value))
+        log.info("VRAM budget set to %s; effective at the next step", vram)
+
+    def poll(self):
+        """Adapt if the budget changed, or refine a quick plan whose budget held (a step boundary).
+        Returns the executor's :class:`~vramshard.runtime.executor.ReconfigureReport`, or None."""
+        executor = self.engine.executor
+        with executor.lock:  # one adaptation at a time, never during a step
+            change = self.watcher.poll(executor.need.total if executor.uses_gpu else None)
+            if change is not None:
+                return self.adapt(change.budget, change.requested_at, change.source)
+            if self.refine_at is not None and time.monotonic() >= self.refine_at[1]:
+                budget, _ = self.refine_at
+                self.refine_at = None
+                if budget == self.watcher.in_force:
+                    return self.adapt(budget, time.monotonic(), "refine")
+            return None
+
+    def state(self) -> dict:
+        """The budget in force and the VRAM in use, for ``GET /v1/budget`` and logs."""
+        engine, executor = self.engine, self.engine.executor
+        real_gpu = executor.gpu is not None and not executor.simulated
+        return {
+            "vram_budget": self.watcher.in_force,
+            "source": self.watcher.source.name,
+            "device": engine.device,
+            "simulated_gpu": executor.simulated,
+            "vram_planned": executor.need.total,
+            "vram_planned_breakdown": executor.need.breakdown(),
+            "vram_reserved": torch.cuda.memory_reserved(executor.gpu) if real_gpu else 0,
+            "vram_peak": executor.peak_vram(),
+            "kv_on_gpu": bool(executor.kv_layers_on_gpu),
+            "plan": executor.plans.name,
+            "last_change": self.events[-1] if self.events else None,
+        }
+
+    def plan_settings(self) -> budgets.PlanSettings:
+        """What the planner needs besides the budget (made from the engine on first use)."""
+        if self.settings is None:
+            engine = self.engine
+            plan = engine.plan
+            tiers = Tiers(tuple(sorted(plan.tiers))) if plan is not None else \
+                Tiers(tuple(t for t in Tiers().sizes if t <= engine.max_step_tokens) or (engine.max_step_tokens,))
+            slots = plan.num_slots if plan is not None and plan.num_slots else engine.executor.num_slots
+            self.settings = budgets.PlanSettings(machine_profile(), tiers, engine.kv_tokens, slots, engine.model_name)
+        return self.settings
+
+    # ------------------------------------------------------------------ adapting
+    def adapt(self, budget: int | None, requested_at: float, why: str):
+        """Re-plan under ``budget`` and reconfigure the executor (caller holds the executor lock)."""
+        engine, executor = self.engine, self.engine.executor
+        if engine.device == "cpu":  # no GPU: nothing to give back
+            engine.vram_budget = budget
+            self.watcher.accept(budget)
+            return None
+        settings = self.plan_settings()
+        planning_from = time.monotonic()
+        if engine.vision is not None and engine.vision.vision_tier:
+            adaptation, placements = self._adapt_vision(budget)
+        else:
+            shrinks = budget is not None and (engine.vram_budget is None or budget < engine.vram_budget)
+            adaptation = budgets.adapt_plan(engine.model, settings, engine.plan, budget, executor.live_kv_positions(),
+                                            self.plan_cache, search=not shrinks)
+            placements = adaptation.plan.tiered()
+        self.refine_at = (budget, time.monotonic() + REFINE_AFTER_S) if adaptation.quick else None
+        if why == "refine" and engine.plan is not None and same_placements(adaptation.plan, engine.plan):
+            engine.plan = adaptation.plan  # the search kept the quick plan's placements: nothing to move
+            return None
+        try:
+            report = executor.reconfigure(placements, budget)
+        except BudgetError as exc:  # the executor counts VRAM its own way: fall back to the CPU
+            log.warning("the plan for %s does not fit as the executor counts it (%s); running on the CPU",
+                        "no limit" if budget is None else format_bytes(budget), exc)
+            plan = budgets.cpu_plan_set(engine.model, settings, budget, f"fallback: {exc}")
+            adaptation = budgets.Adaptation(budget, plan, tuple(engine.plan.pinned if engine.plan else ()), (),
+                                            bool(executor.kv_layers_on_gpu), False)
+            report = executor.reconfigure(plan.tiered(), budget)
+        engine.plan = adaptation.plan
+        engine.vram_budget = budget
+        self.watcher.accept(budget)
+        self._record(adaptation, report, why, requested_at, planning_from)
+        return report
+
+    def _adapt_vision(self, budget: int | None) -> tuple[budgets.Adaptation, TieredPlacement]:
+        """A vision-language model: the language model planned with room for the vision phase beside
+        it, as :func:`vramshard.vlm.configure` does at load; its placements end with the vision tier."""
+        from . import vlm
+
+        engine = self.engine
+        kv_forced = False if engine.executor.live_kv_positions() > engine.kv_tokens else None
+        try:
+            placements, plan = vlm.plans_for_budget(engine, budget, kv_forced, self.plan_settings().profile)
+        except BudgetError as exc:
+            plan = budgets.cpu_plan_set(engine.model, self.plan_settings(), budget, f"{exc}; all on the CPU")
+            placements = plan.tiered()
+        return budgets.adaptation_between(engine.model, engine.plan, plan, budget), placements
+
+    def _record(self, adaptation: budgets.Adaptation, report, why: str, requested_at: float,
+                planning_from: float) -> None:
+        executor = self.engine.executor
+        waited = max(0.0, planning_from - requested_at)  # the change seen, the step under way finishing
+        planned = max(0.0, time.monotonic() - planning_from - report.total_s)  # re-planning (or a cached plan)
+        budget = adaptation.budget
+        event = {
+            "time": time.time(), "why": why, "budget": budget, "plan": executor.plans.name,
+            "vram_planned": executor.need.total, "kv_on_gpu": bool(executor.kv_layers_on_gpu),
+            "unpinned": len(adaptation.unpin), "pinned": len(adaptation.pin),
+            "kv_bytes_to_host": report.kv_bytes_to_host, "kv_bytes_to_gpu": report.kv_bytes_to_gpu,
+            "quick_plan": adaptation.quick,
+            "wait_s": waited, "plan_s": planned, "release_s": report.release_s, "adapt_s": report.total_s,
+            "time_to_release_s": waited + planned + report.release_s,
+            "reserved_after_release": report.reserved_after_release, "reserved_after": report.reserved_after,
+        }
+        self.events.append(event)
+        log.info("VRAM budget (%s) -> %s: %s; VRAM released %.1f ms after the change (%.1f ms waiting for the "
+                 "step boundary, %.1f ms planning), adapted in %.1f ms", why,
+                 "no limit" if budget is None else format_bytes(budget), adaptation.summary(),
+                 event["time_to_release_s"] * 1e3, waited * 1e3, planned * 1e3, report.total_s * 1e3)
+
+    def recover_from_oom(self, failure: str) -> None:
+        """The executor ran out of VRAM in a step: re-plan under what this process holds plus what
+        is free now, less a margin, before the step is retried."""
+        executor = self.engine.executor
+        need = executor.need.total
+        if executor.gpu is not None and not executor.simulated:
+            held = torch.cuda.memory_reserved(executor.gpu)
+            free, _ = budgets.free_vram(executor.gpu)
+        else:
+            held, free = need, 0
+        target = budgets.budget_after_oom(need, held, free)
+        log.warning("out of VRAM during a step (%s): re-planning under %s (the plan needed %s) and retrying the step",
+                    failure, format_bytes(target), format_bytes(need))
+        self.watcher.lower(target)
+        self.adapt(target, time.monotonic(), "out of memory")
+
+
+def same_placements(a, b) -> bool:
+    """Whether two plan sets place every sub-layer alike in every tier (families' names aside)."""
+    ta, tb = a.tiered(), b.tiered()
+    return (ta.tiers == tb.tiers and ta.threads == tb.threads and ta.expert_cache == tb.expert_cache
+            and a.kv_on_gpu == b.kv_on_gpu and [p.where for p in ta.placements] == [p.where for p in tb.placements])
