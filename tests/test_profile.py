@@ -403,7 +403,7 @@ def test_background_load_runs_and_reports_its_failure():
 
 def test_cold_copies_span_twice_the_last_level_cache():
     """Timed weights come from memory: a small weight gets many copies (a MoE expert's 3 MB
-    projection got 32, which a 300 MiB L3 holds), up to MAX_COPIES."""
+    projection got 32, which a 300 MiB L3 can hold), up to MAX_COPIES."""
     from vramshard.profile import bench_matmul
 
     llc = bench_matmul.last_level_cache_bytes()

@@ -17,8 +17,8 @@ from .timing import time_cpu, time_cuda
 
 # Weights are read from memory, not cache, when the model runs: each timed call uses the
 # next of several copies whose total is twice the last-level cache (CPU L3; a GPU's L2 is far
-# smaller). The copies of a small weight are many: a MoE expert's 3-6 MB projections, cycled
-# through only 32 copies, stayed in a 300 MiB L3 and were timed 1.6-1.9x too fast.
+# smaller). The copies of a small weight are many: a MoE expert's 3-6 MB projections cycled
+# through only 32 copies (~200 MB) before, which a 300 MiB L3 can hold (benchmarks/cold_weights.py).
 MIN_COLD_BYTES = 512 * 2**20
 MAX_COPIES = 1024  # weights under MIN_COLD_BYTES / MAX_COPIES are dispatch-bound anyway
 
