@@ -413,3 +413,38 @@ def test_cold_copies_span_twice_the_last_level_cache():
     assert copies[0] is weight and len({c.data_ptr() for c in copies}) == len(copies)
     total = sum(c.nbytes for c in copies)
     assert total >= bench_matmul.cold_bytes("cpu") or len(copies) == bench_matmul.MAX_COPIES
+
+
+def test_split_part_factor_is_measured_validated_and_scales_the_cpu_part(tmp_path):
+    """The profile times a split FFN's CPU part against the whole FFN (executor code, cold weights);
+    the estimator scales the CPU part by it; a bad factor in a file is refused."""
+    import json
+
+    from vramshard.errors import ProfileError
+    from vramshard.plan.estimator import Estimator
+    from vramshard.profile import bench_split
+    from vramshard.profile.progress import ProgressSink
+    from vramshard.profile.query import Profile, synthetic
+    from vramshard.profile.store import load
+
+    factor = bench_split.measure_split_part("fp32", 256, 1024, 0.02, ProgressSink(), 1.0)
+    assert 0.2 < factor < 5
+    base = synthetic(cpu_gflops=50, gpu_gflops=20_000, h2d_gbps=25, cpu_threads=2)
+    assert base.split_part_factor("fp32") == 1.0  # not measured: no penalty
+    data = json.loads(json.dumps(base.data))
+    data["split_part"] = {"fp32": 1.5}
+    slow = Profile(data)
+    from vramshard.layers.mlp import DenseFFN
+    from vramshard.shapes import shape_model
+
+    model = shape_model("tiny-llama", torch.float32)
+    ffn = next(s for s in model if isinstance(s, DenseFFN))
+    plain, penalised = Estimator(model, base), Estimator(model, slow)
+    assert penalised.part_s(ffn, "cpu", 1, 0, 8) - plain.part_s(ffn, "cpu", 1, 0, 8) == pytest.approx(
+        0.5 * sum(plain._matmul(m, k, n, "cpu", False) for m, k, n in ffn.part_matmuls(1, 0, 8)))
+    assert penalised.part_s(ffn, "cuda", 1, 8, 16) == plain.part_s(ffn, "cuda", 1, 8, 16)  # the GPU part is not
+    data["split_part"] = {"fp32": -1}
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match="split FFN part factor"):
+        load(path, check_fingerprint=False)

@@ -134,3 +134,6 @@ def print_summary(console, profile, path) -> None:
         console.print("  no GPU: CPU-only profile")
     dispatch = ", ".join(f"{device} {us:.1f} µs" for device, us in summary["dispatch_us"].items())
     console.print(f"  dispatch cost per sub-layer: {dispatch}")
+    if summary["split_part_factor"]:
+        factors = ", ".join(f"{dtype} {f:.2f}x" for dtype, f in summary["split_part_factor"].items())
+        console.print(f"  split FFN, CPU part's time per byte over the whole FFN's: {factors}")

@@ -152,6 +152,8 @@ class Estimator:
         if key not in self._cache:
             kernels = sum(self._matmul(m, k, n, device, contended) for m, k, n in
                           sublayer.part_matmuls(n_tokens, first, last))
+            if device == "cpu" and last - first < sublayer.num_pieces:
+                kernels *= self.profile.split_part_factor(self.dtype)  # sliced weights read slower
             launches = PART_LAUNCHES + (3 if device == "cpu" else 0)
             self._cache[key] = kernels + self.dispatch_s(device) * launches / DISPATCH_LAUNCHES
         return self._cache[key]

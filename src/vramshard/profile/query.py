@@ -183,6 +183,11 @@ class Profile:
                 seconds *= self._thread_ratio(dtype, threads, max(n_new, 1), 4096, 4096)
         return seconds
 
+    def split_part_factor(self, dtype) -> float:
+        """Time per byte of a split dense FFN's CPU part over the whole FFN's on the CPU (1 when
+        the profile did not measure it)."""
+        return float(self.data.get("split_part", {}).get(dtype_name(dtype), 1.0))
+
     def dispatch_s(self, device) -> float:
         """Fixed seconds to dispatch one sub-layer (Python and launch overhead) on ``device``."""
         device = device_name(device)
@@ -250,6 +255,7 @@ class Profile:
             "matmul_peak_gflops": peaks,
             "transfer_gbps": transfer,
             "dispatch_us": {device: s * 1e6 for device, s in self.data["dispatch"].items()},
+            "split_part_factor": dict(self.data.get("split_part", {})),
             "cpu_threads": self.threads,
             "default_threads": self.default_threads,
             "has_gpu": self.has_gpu,

@@ -14,6 +14,7 @@ from ..errors import ProfileError
 from .bench_attention import measure_attention
 from .bench_dispatch import measure_dispatch
 from .bench_matmul import measure_matmul
+from .bench_split import measure_split_part
 from .bench_transfer import measure_transfers
 from .contention import cpu_load, pcie_load
 from .fingerprint import fingerprint_hash, machine_fingerprint
@@ -35,7 +36,8 @@ def _weights(spec: BenchmarkSpec, threads: list[int], use_gpu: bool) -> dict[str
     """Expected seconds per point of each kind, for the progress bar's time left."""
     cpu_point = spec.point_budget_s * 1.3 + _OVERHEAD_S
     gpu_point = spec.gpu_point_budget_s * 1.5 + _OVERHEAD_S
-    return {"cpu": cpu_point, "gpu": gpu_point, "transfer": gpu_point * 1.5, "dispatch": 0.25}
+    return {"cpu": cpu_point, "gpu": gpu_point, "transfer": gpu_point * 1.5, "dispatch": 0.25,
+            "split": 4 * cpu_point + 1.0}  # four timings, and random weights of several layers
 
 
 def _total_weight(spec: BenchmarkSpec, threads: list[int], use_gpu: bool, w: dict) -> float:
@@ -43,6 +45,8 @@ def _total_weight(spec: BenchmarkSpec, threads: list[int], use_gpu: bool, w: dic
     ratio = len(spec.ratio_shapes) * len(spec.ratio_ms) * len(spec.dtypes)
     attn = len(spec.attention_n_new) * len(spec.attention_context) * len(spec.dtypes) * len(spec.attention_heads)
     total = (full + ratio * (len(threads) - 1) + attn) * w["cpu"] + w["dispatch"]
+    if spec.split_ffn:
+        total += len(spec.dtypes) * w["split"]
     if use_gpu:
         total += (full + attn) * w["gpu"] + w["dispatch"]
         total += 4 * len(spec.transfer_sizes) * w["transfer"]
@@ -81,6 +85,7 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
     attention: list[dict] = []
     transfer: list[dict] = []
     dispatch: dict[str, float] = {}
+    split_part: dict[str, float] = {}
     cpu_args = {"budget_s": spec.point_budget_s, "cap_s": spec.point_cap_s, "progress": progress, "weight": w["cpu"]}
     gpu_args = {"budget_s": spec.gpu_point_budget_s, "cap_s": spec.point_cap_s, "progress": progress, "weight": w["gpu"]}
 
@@ -104,6 +109,9 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
                     table = measure_attention("cpu", dtype, heads, kv_heads, head_dim, spec.attention_n_new,
                                               spec.attention_context, label=f"cpu attention {dtype}", **cpu_args)
                     attention.append({"device": "cpu", "dtype": dtype, "threads": top, **table})
+                if spec.split_ffn:
+                    split_part[dtype] = measure_split_part(dtype, *spec.split_ffn, budget_s=4 * spec.point_budget_s,
+                                                           progress=progress, weight=w["split"])
             if use_gpu:
                 _measure_gpu(spec, top, w, cpu_args, gpu_args, progress, matmul, attention, transfer, dispatch)
 
@@ -117,6 +125,8 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
         "cpu": {"threads": threads, "default_threads": top},
         "matmul": matmul, "transfer": transfer, "attention": attention, "dispatch": dispatch,
     }
+    if split_part:
+        data["split_part"] = split_part
     estimated = sum(t.get("estimated", 0) for t in matmul + attention)
     log.info("profile measured in %.1f s (%d points extrapolated beyond the time cap)", elapsed, estimated)
     return Profile(data)

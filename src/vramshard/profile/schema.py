@@ -10,7 +10,9 @@ the tables:
 - ``transfer``: list of ``{direction: "h2d"|"d2h", contended, bytes: [...], seconds: [...]}``;
 - ``attention``: list of ``{device, dtype, threads, heads, kv_heads, head_dim, n_new: [...],
   context: [...], seconds: [[per context] per n_new], estimated}``;
-- ``dispatch``: ``{"cpu": seconds, "cuda": seconds}``.
+- ``dispatch``: ``{"cpu": seconds, "cuda": seconds}``;
+- ``split_part`` (optional): ``{dtype: factor}``, a split dense FFN's CPU part's time per byte
+  over the whole FFN's (absent: 1).
 
 GPU tables are absent when the machine has no CUDA device.
 """
@@ -80,3 +82,8 @@ def validate(data) -> None:
         raise ProfileError("profile 'dispatch' section lacks the 'cpu' time")
     for device, value in data["dispatch"].items():
         _positive(value, f"dispatch time on {device}")
+    split_part = data.get("split_part", {})
+    if not isinstance(split_part, dict):
+        raise ProfileError("profile 'split_part' section must map dtypes to factors")
+    for dtype, value in split_part.items():
+        _positive(value, f"split FFN part factor for {dtype}")

@@ -101,6 +101,9 @@ class BenchmarkSpec:
     point_cap_s: float = 0.6
     gpu_point_budget_s: float = 0.02
     cpu_contention: bool = True
+    # (hidden, intermediate) of the dense FFN whose split CPU part is timed against the whole
+    # (see bench_split.py); None: not measured (the estimator then assumes no penalty).
+    split_ffn: tuple[int, int] | None = (4096, 14336)
     gpu: bool | None = None  # None: measure the GPU when CUDA is available
     quick: bool = False
 
@@ -123,6 +126,7 @@ class BenchmarkSpec:
             point_budget_s=0.06,
             point_cap_s=0.3,
             gpu_point_budget_s=0.01,
+            split_ffn=(1024, 4096),
             quick=True,
         )
         return replace(spec, **overrides)
