@@ -171,6 +171,8 @@ class Executor:
         self._kv_caches: weakref.WeakSet[KVCache] = weakref.WeakSet()  # live caches, moved on reconfigure
 
         self.host = host
+        # Views of split FFNs' CPU parts in the host weights, by (sub-layer, CPU pieces): made once.
+        self._cpu_parts: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
         self.gpu: torch.device | None = None
         self._device = torch.device("cpu") if simulate_gpu else torch.device(device)
         self.compute_stream = self.copy_stream = None
@@ -653,7 +655,9 @@ class Executor:
         contributions, on ``x``'s device. The normalized activation crosses to the other device once,
         the other device's contribution comes back once. Returns (x, crossings)."""
         host = self.host[sublayer.name].views
-        cpu_part = sublayer.pieces_of(host, 0, cpu_pieces)
+        cpu_part = self._cpu_parts.get((sublayer.name, cpu_pieces))
+        if cpu_part is None:
+            cpu_part = self._cpu_parts[sublayer.name, cpu_pieces] = sublayer.pieces_of(host, 0, cpu_pieces)
         gpu_part = self.ring.acquire((sublayer.name, cpu_pieces), compute)
         crossed = torch.cuda.Event()
         if x.device.type == "cpu":
