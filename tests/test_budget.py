@@ -203,25 +203,61 @@ def test_budget_changes_during_generation_keep_greedy_tokens(model_dir, referenc
     assert engine.budget_state()["vram_budget"] is None
 
 
-def test_a_shrinking_budget_gets_a_quick_plan_then_the_full_one(model_dir, reference, sizes, monkeypatch):
-    """VRAM is released on a plan made without the per-sub-layer search; the full plan for the
-    same budget follows at a later step boundary; a growing budget is planned fully at once."""
+def test_a_shrinking_budget_gets_a_quick_plan_then_the_full_one(model_dir, reference, sizes):
+    """VRAM is released on a plan made without the per-sub-layer search; a background thread
+    makes the full plan for the same budget, which the next step boundary puts in force; a
+    growing budget is planned fully at once."""
     import vramshard.budget_follower as follower
 
     points = budget_points(sizes)
     batch = prompts()
     want = [reference.generate([p], 12)[0] for p in batch]
     engine = simulated(model_dir, points["all"])
-    monkeypatch.setattr(follower, "REFINE_AFTER_S", 0.0)
-    outputs, _ = run_with_changes(engine, batch, 12, {2: points["part"], 6: points["all"]})
-    assert outputs == want
+    scheduler = engine.scheduler(max_seqs=4, max_context=64)
+    requests = [scheduler.add(p, max_new_tokens=12) for p in batch]
+    step = 0
+    while scheduler.has_work:
+        if step in (2, 6):
+            engine.set_vram(points["part"] if step == 2 else points["all"])
+        scheduler.step()
+        if step == 2:
+            assert engine.budget.refine is not None  # the quick plan is in force, the full one coming
+            engine.budget.background.wait(60)
+        if step == 3:
+            assert engine.budget.refine is None  # put in force at step 3's boundary
+            part = budgets.plan_for_budget(reference.model, engine.budget.plan_settings(), points["part"])
+            assert follower.same_placements(engine.plan, part)
+        step += 1
+    assert [r.output_ids for r in requests] == want
     shrink, grow = [e for e in engine.budget_events if e["why"] != "refine"]
     assert shrink["quick_plan"] and shrink["budget"] == points["part"] and not grow["quick_plan"]
-    assert engine.budget.refine_at is None
     full = budgets.plan_for_budget(reference.model, engine.budget.plan_settings(), points["all"])
     assert follower.same_placements(engine.plan, full)
-    # The full plan of the smaller budget was made (at the step after the shrink) and is cached:
-    assert engine.budget.plan_cache.peek((budgets.budget_key(points["part"]), None, True)) is not None
+
+
+def test_background_planner_plans_the_latest_budget_asked_for():
+    import threading
+
+    from vramshard.budget_follower import BackgroundPlanner
+
+    started, release, made = threading.Event(), threading.Event(), []
+
+    def make(budget, kv_forced):
+        started.set()
+        release.wait(10)
+        made.append(budget)
+
+    planner = BackgroundPlanner(make)
+    planner.want(3, None)
+    started.wait(10)
+    for budget in (2, 1):  # asked while 3 is being planned: only the latest is planned next
+        planner.want(budget, None)
+    release.set()
+    planner.wait(10)
+    assert made == [3, 1]
+    planner.want(5, False)
+    planner.wait(10)
+    assert made == [3, 1, 5]
 
 
 def test_unchanged_budget_run_equals_reference_and_generate_polls(model_dir, reference, sizes):

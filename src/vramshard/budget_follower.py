@@ -5,9 +5,11 @@ less a margin) that a :class:`~vramshard.runtime.budget.BudgetWatcher` reads at 
 When it changes, the language model is re-planned under it (a vision-language model with room
 for its vision phase beside it) and the executor reconfigured: sub-layers unpinned or pinned, KV
 caches moved between VRAM and host memory, nothing lost. A budget that shrinks must free VRAM at
-once, so it gets the planner's quick plan (no per-sub-layer search, ~10x faster to make); the full
-plan replaces it ``REFINE_AFTER_S`` later if the budget has held. A step that runs out of VRAM
-anyway lowers the budget to what is held plus what is free and is retried.
+once, so it gets the planner's quick plan (no per-sub-layer search, ~10x faster to make); a
+background thread makes the full plan meanwhile, and it replaces the quick one at the first step
+boundary after it is ready, if the budget has held (generation never waits for the search). A
+step that runs out of VRAM anyway lowers the budget to what is held plus what is free and is
+retried.
 
 Every adaptation is recorded with its times: waiting for the step boundary, planning, releasing.
 """
@@ -16,7 +18,9 @@ from __future__ import annotations
 
 import collections
 import logging
+import threading
 import time
+from typing import Callable
 
 import torch
 
@@ -29,7 +33,6 @@ from .units import format_bytes
 
 log = logging.getLogger(__name__)
 
-REFINE_AFTER_S = 2.0  # after a quick plan, seconds the budget must hold before it is planned fully
 EVENTS_KEPT = 256
 
 
@@ -43,8 +46,10 @@ class BudgetFollower:
         self.settings: budgets.PlanSettings | None = None  # default: made on the first re-plan
         self.plan_cache = budgets.PlanCache()
         self.events: collections.deque[dict] = collections.deque(maxlen=EVENTS_KEPT)
-        # After a quick plan for a budget that shrank: (that budget, when to plan it fully).
-        self.refine_at: tuple[int | None, float] | None = None
+        # After a quick plan for a budget that shrank: (that budget, the KV side it forced), whose
+        # full plan the background thread makes and the next step boundary after it puts in force.
+        self.refine: tuple[int | None, bool | None] | None = None
+        self.background = BackgroundPlanner(self._plan_fully)
 
     # ------------------------------------------------------------------ the source
     def set_vram(self, vram: str | int | None) -> None:
@@ -70,12 +75,19 @@ class BudgetFollower:
             change = self.watcher.poll(executor.need.total if executor.uses_gpu else None)
             if change is not None:
                 return self.adapt(change.budget, change.requested_at, change.source)
-            if self.refine_at is not None and time.monotonic() >= self.refine_at[1]:
-                budget, _ = self.refine_at
-                self.refine_at = None
+            if self.refine is not None and self._full_plan_ready(*self.refine):
+                budget, _ = self.refine
+                self.refine = None
                 if budget == self.watcher.in_force:
                     return self.adapt(budget, time.monotonic(), "refine")
             return None
+
+    def _full_plan_ready(self, budget: int | None, kv_forced: bool | None) -> bool:
+        return self.plan_cache.peek((budgets.budget_key(budget), kv_forced, True)) is not None
+
+    def _plan_fully(self, budget: int | None, kv_forced: bool | None) -> None:
+        """The full plan for ``budget`` into the plan cache (on the background thread)."""
+        budgets.plan_for_budget(self.engine.model, self.plan_settings(), budget, kv_forced, self.plan_cache)
 
     def state(self) -> dict:
         """The budget in force and the VRAM in use, for ``GET /v1/budget`` and logs."""
@@ -123,7 +135,11 @@ class BudgetFollower:
             adaptation = budgets.adapt_plan(engine.model, settings, engine.plan, budget, executor.live_kv_positions(),
                                             self.plan_cache, search=not shrinks)
             placements = adaptation.plan.tiered()
-        self.refine_at = (budget, time.monotonic() + REFINE_AFTER_S) if adaptation.quick else None
+        self.refine = None
+        if adaptation.quick:
+            kv_forced = budgets.forced_kv_side(executor.live_kv_positions(), settings)
+            self.refine = (budget, kv_forced)
+            self.background.want(budget, kv_forced)
         if why == "refine" and engine.plan is not None and same_placements(adaptation.plan, engine.plan):
             engine.plan = adaptation.plan  # the search kept the quick plan's placements: nothing to move
             return None
@@ -193,6 +209,42 @@ class BudgetFollower:
                     failure, format_bytes(target), format_bytes(need))
         self.watcher.lower(target)
         self.adapt(target, time.monotonic(), "out of memory")
+
+
+class BackgroundPlanner:
+    """A daemon thread that calls ``make(budget, kv_forced)`` for the latest budget asked for: a
+    budget falling in steps is planned once it settles, not once per step."""
+
+    def __init__(self, make: Callable[[int | None, bool | None], None]):
+        self._make = make
+        self._lock = threading.Lock()
+        self._wanted: tuple | None = None
+        self._thread: threading.Thread | None = None
+
+    def want(self, budget: int | None, kv_forced: bool | None) -> None:
+        with self._lock:
+            self._wanted = (budget, kv_forced)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="vramshard-plan", daemon=True)
+                self._thread.start()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Until the thread has planned everything asked for (tests, benchmarks)."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                wanted, self._wanted = self._wanted, None
+                if wanted is None:
+                    self._thread = None
+                    return
+            try:
+                self._make(*wanted)
+            except Exception:  # the quick plan stays in force; the next budget change plans again
+                log.exception("planning in the background under %s failed", wanted[0])
 
 
 def same_placements(a, b) -> bool:

@@ -358,30 +358,39 @@ def budget_key(budget: int | None) -> int | None:
 
 
 class PlanCache:
-    """Plans by (rounded budget, forced KV location), the most recent ``size`` kept: a budget
-    that goes back and forth between a few values re-plans only once per value."""
+    """Plans by (rounded budget, forced KV location, searched), the most recent ``size`` kept: a
+    budget that goes back and forth between a few values re-plans only once per value. Safe to
+    share with a thread that plans in the background (plans are built outside the lock)."""
 
     def __init__(self, size: int = PLAN_CACHE_SIZE):
         self.size = size
         self._plans: dict[tuple, PlanSet] = {}
+        self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
     def peek(self, key: tuple) -> PlanSet | None:
         """The plan cached under ``key``, if any (not counted as a hit or a miss)."""
-        return self._plans.get(key)
+        with self._lock:
+            return self._plans.get(key)
 
     def get(self, key: tuple, build: Callable[[], PlanSet]) -> PlanSet:
-        if key in self._plans:
-            self.hits += 1
-            self._plans[key] = self._plans.pop(key)  # most recent last
-            return self._plans[key]
-        self.misses += 1
+        with self._lock:
+            if key in self._plans:
+                self.hits += 1
+                self._plans[key] = self._plans.pop(key)  # most recent last
+                return self._plans[key]
+            self.misses += 1
         plan = build()
-        self._plans[key] = plan
-        while len(self._plans) > self.size:
-            self._plans.pop(next(iter(self._plans)))
+        self.put(key, plan)
         return plan
+
+    def put(self, key: tuple, plan: PlanSet) -> None:
+        with self._lock:
+            self._plans.pop(key, None)
+            self._plans[key] = plan
+            while len(self._plans) > self.size:
+                self._plans.pop(next(iter(self._plans)))
 
 
 def cpu_plan_set(model: Model, settings: PlanSettings, budget: int | None, note: str) -> PlanSet:
@@ -425,11 +434,17 @@ def adapt_plan(model: Model, settings: PlanSettings, current: PlanSet | None, bu
     now allocated) must stay in host memory. ``search=False``: a quick plan (see
     :func:`plan_for_budget`); ``Adaptation.quick`` says whether one was made.
     """
-    kv_forced = False if live_kv_positions > settings.context else None
+    kv_forced = forced_kv_side(live_kv_positions, settings)
     full = cache is not None and cache.peek((budget_key(budget), kv_forced, True)) is not None
     plan = plan_for_budget(model, settings, budget, kv_forced, cache, search)
     return adaptation_between(model, current, plan, budget,
                               quick=not search and not full and bool(plan.pinned or plan.need.total))
+
+
+def forced_kv_side(live_kv_positions: int, settings: PlanSettings) -> bool | None:
+    """False when the live KV caches (``live_kv_positions``) exceed the VRAM reservation and must
+    stay in host memory; None: the planner chooses."""
+    return False if live_kv_positions > settings.context else None
 
 
 def adaptation_between(model: Model, current: PlanSet | None, plan: PlanSet, budget: int | None,
@@ -462,6 +477,6 @@ def start_budget_thread(poll: Callable[[], object], interval_s: float = 1.0,
     return stop
 
 
-__all__ = ["AUTO", "Adaptation", "AutoBudget", "adaptation_between", "BudgetChange", "BudgetSource", "BudgetWatcher", "FixedBudget",
+__all__ = ["AUTO", "Adaptation", "AutoBudget", "adaptation_between", "forced_kv_side", "BudgetChange", "BudgetSource", "BudgetWatcher", "FixedBudget",
            "PlanCache", "PlanSettings", "SettableBudget", "adapt_plan", "budget_after_oom", "budget_key",
            "cpu_plan_set", "free_vram", "parse_vram", "plan_for_budget", "process_vram", "start_budget_thread"]
