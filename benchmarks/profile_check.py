@@ -70,6 +70,9 @@ def compare(first: dict, second: dict) -> dict:
     for device, value in first["dispatch_us"].items():
         if device in second["dispatch_us"]:
             out[f"dispatch us {device}"] = pct(value, second["dispatch_us"][device])
+    for dtype, value in first.get("split_part_factor", {}).items():
+        if dtype in second.get("split_part_factor", {}):
+            out[f"split FFN part factor {dtype}"] = pct(value, second["split_part_factor"][dtype])
     return out
 
 
@@ -200,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     for device, value in summary_1["dispatch_us"].items():
         other = summary_2["dispatch_us"].get(device, float("nan"))
         print(f"  dispatch {device:4s}: {value:7.1f} | {other:7.1f} µs | {pct(value, other):+6.1f}%")
+    for dtype, value in summary_1.get("split_part_factor", {}).items():
+        other = summary_2.get("split_part_factor", {}).get(dtype, float("nan"))
+        print(f"  split FFN part {dtype}: {value:5.2f} | {other:5.2f} x | {pct(value, other):+6.1f}%")
     print("held-out: kind device dtype shape: direct | predicted | error")
     for r in rows:
         print(f"  {r['kind']:9s} {r['device']:4s} {r['dtype']:4s} {str(r['shape']):22s}: "
