@@ -55,12 +55,21 @@ class Routing:
                        self.weights.to(device, non_blocking=non_blocking))
 
 
+def _to_device(small: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor on ``device``. To a GPU it goes from pinned memory without waiting: a
+    plain copy from pageable memory would block the host until the stream had done everything
+    queued before it (here, the copies of the experts the cache was missing)."""
+    if device.type != "cuda":
+        return small.to(device)
+    return small.pin_memory().to(device, non_blocking=True)
+
+
 def _restricted(routing: Routing, only: set[int] | None) -> Routing:
     """``routing`` with the weight of every assignment to an expert outside ``only`` set to zero."""
     if only is None:
         return routing
     keep = torch.tensor([e in only for e in routing.experts.reshape(-1).tolist()], dtype=torch.bool)
-    keep = keep.view(routing.experts.shape).to(routing.weights.device)
+    keep = _to_device(keep.view(routing.experts.shape), routing.weights.device)
     return Routing(routing.experts, routing.weights * keep)
 
 
@@ -271,7 +280,7 @@ class MoEFFN(SubLayer):
                 try:
                     # Assignments left out read any gathered row, with weight zero.
                     rows = torch.tensor([gathered.rows.get(e, gathered.rows[wanted[0]]) for e in flat])
-                    rows = rows.view(routing.experts.shape).to(h.device)
+                    rows = _to_device(rows.view(routing.experts.shape), h.device)
                     return self._run_gathered(gathered.stacked, h, Routing(rows, _restricted(routing, only).weights))
                 finally:
                     gathered.release()
