@@ -10,7 +10,10 @@ the planner predicted far less. This times, for one-token steps over several lay
   transposed [F, D] so that its first r rows are the part (``down_t[:r].t()``);
 - ``stored-down``: the same gate/up, down as stored, its first r columns (a strided view);
 - ``piece-major``: a layout where each piece's gate and up rows are adjacent and down is kept
-  as one [D, r_p] block per piece: one matmul for gate/up and one batched matmul for down.
+  as one [D, r_p] block per piece: one matmul for gate/up and one batched matmul for down;
+
+and the down projection of the part alone, read from the transposed storage and from the
+row-major one.
 
     PYTHONPATH=src python3 -m benchmarks.split_part_cpu --shape nemo-8b --json $OUT/split_part_cpu.json
 """
@@ -103,10 +106,24 @@ def main(argv: list[str] | None = None) -> int:
                     t = timed(fn, args.repeat)
                     row[f"{name}_ms"] = t * 1e3 / args.layers
                     row[f"{name}_per_byte_vs_whole"] = t / (t_whole * share)
+                # The down projection alone: the same bytes read from the transposed storage (by
+                # each call that can), from the row-major storage with its columns sliced.
+                act = torch.randn(1, r).to(dtype)
+                act_full = torch.randn(1, f).to(dtype)
+                for name, fn in (
+                        ("down-transposed-linear", lambda: [linear(act, w["down_t"][:r].t()) for w in layers]),
+                        ("down-transposed-mm", lambda: [torch.mm(act, w["down_t"][:r]) for w in layers]),
+                        ("down-row-major-sliced", lambda: [linear(act, w["down"][:, :r]) for w in layers]),
+                        ("down-whole", lambda: [linear(act_full, w["down"]) for w in layers])):
+                    row[f"{name}_ms"] = timed(fn, args.repeat) * 1e3 / args.layers
+                row["down-whole_ms"] *= share  # the whole down's time for the part's bytes
                 rows.append(row)
                 log.info("%-14s k=%2d/16: per layer whole %.2f ms; per byte vs whole: split %.2f, stored-down %.2f, "
-                         "piece-major %.2f", dtype, k, row["whole_ms"], row["split_per_byte_vs_whole"],
-                         row["stored-down_per_byte_vs_whole"], row["piece-major_per_byte_vs_whole"])
+                         "piece-major %.2f; down part alone: transposed %.2f (linear) / %.2f (mm) ms, row-major "
+                         "sliced %.2f ms, whole x share %.2f ms", dtype, k, row["whole_ms"],
+                         row["split_per_byte_vs_whole"], row["stored-down_per_byte_vs_whole"],
+                         row["piece-major_per_byte_vs_whole"], row["down-transposed-linear_ms"],
+                         row["down-transposed-mm_ms"], row["down-row-major-sliced_ms"], row["down-whole_ms"])
     if args.json:
         write_json(args.json, {"date": now(), "hardware": hardware(), "args": vars(args), "rows": rows})
     return 0
