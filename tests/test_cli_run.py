@@ -41,6 +41,16 @@ def test_run_streams_what_the_engine_generates(capsys, model_dir, engine):
     assert f"prompt {len(ids)} tokens" in err and "generated 12 tokens" in err and "tok/s" in err
 
 
+def test_run_passes_the_penalties_to_the_sampler(capsys, model_dir, engine):
+    ids = engine.tokenizer.encode(PROMPT)
+    penalties = dict(repetition_penalty=1.5, presence_penalty=0.5, frequency_penalty=1.0)
+    expected = engine.tokenizer.decode(engine.generate([ids], 16, **penalties)[0])
+    assert expected != engine.tokenizer.decode(engine.generate([ids], 16)[0])  # the penalties change the answer
+    code, out, err = _run(capsys, "run", model_dir, "-p", PROMPT, "-n", 16, "--repeat-penalty", 1.5,
+                          "--presence-penalty", 0.5, "--frequency-penalty", 1.0, "--device", "cpu")
+    assert code == 0 and out == expected + ("" if expected.endswith("\n") else "\n")
+
+
 def test_run_stop_string_cuts_output(capsys, model_dir, engine):
     ids = engine.tokenizer.encode(PROMPT)
     full = engine.tokenizer.decode(engine.generate([ids], 24, temperature=0.9, seed=5)[0])

@@ -158,6 +158,16 @@ BAD_REQUESTS = [
     ("empty prompt", "/v1/completions", {"model": MODEL, "prompt": "", "max_tokens": 2}, False, "prompt", 400),
     ("n too big", "/v1/completions", {"model": MODEL, "prompt": "hi", "n": 1000}, False, "n", 400),
     ("unknown model", "/v1/completions", {"model": "gpt-9", "prompt": "hi"}, False, "model", 404),
+    ("presence_penalty out of range", "/v1/completions", {"model": MODEL, "prompt": "hi", "presence_penalty": 3},
+     False, "presence_penalty", 400),
+    ("logit_bias key not a token", "/v1/completions", {"model": MODEL, "prompt": "hi", "logit_bias": {"cat": 5}},
+     False, "logit_bias", 400),
+    ("logit_bias token past the vocabulary", "/v1/chat/completions",
+     {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "logit_bias": {"1000000": 5}}, False,
+     "logit_bias", 400),
+    ("logit_bias value out of range", "/v1/completions", {"model": MODEL, "prompt": "hi", "logit_bias": {"5": 500}},
+     False, "logit_bias", 400),
+    ("logprobs", "/v1/completions", {"model": MODEL, "prompt": "hi", "logprobs": 2}, False, "logprobs", 400),
 ]
 
 
@@ -170,6 +180,23 @@ def test_bad_requests_get_openai_errors(server, name, path, body, raw, param, st
     if param is not None:
         assert error["param"] is not None and error["param"].startswith(param)
     assert httpx.get(f"{server}/health").status_code == 200
+
+
+def test_logit_bias_and_penalties_reach_the_sampler(client, engine):
+    """A +100 bias makes greedy decoding repeat that token; penalties are accepted and applied
+    (a strong frequency penalty stops the biased token from winning every step)."""
+    token = 42
+    text = engine.tokenizer.decode([token] * 5)
+    biased = client.completions.create(model=MODEL, prompt="The plan", max_tokens=5, temperature=0,
+                                       logit_bias={str(token): 100})
+    assert biased.choices[0].text == text
+    mild = client.completions.create(model=MODEL, prompt="The plan", max_tokens=5, temperature=0,
+                                     logit_bias={str(token): 3}, frequency_penalty=2.0, presence_penalty=2.0)
+    plain = client.completions.create(model=MODEL, prompt="The plan", max_tokens=5, temperature=0)
+    assert mild.choices[0].text != text
+    repeated = client.completions.create(model=MODEL, prompt="The plan", max_tokens=5, temperature=0,
+                                         extra_body={"repetition_penalty": 1.3})
+    assert repeated.choices[0].text and plain.choices[0].text
 
 
 def test_api_key_is_required(server, client):

@@ -254,18 +254,19 @@ class Engine:
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 128, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
                  stop: Sequence[str] | None = None, pixel_values: torch.Tensor | None = None,
-                 image_grid_thw: torch.Tensor | None = None) -> list[list[int]]:
+                 image_grid_thw: torch.Tensor | None = None, **adjust) -> list[list[int]]:
         """Generate for several prompts at once (continuous batching); returns the new tokens of each.
 
         Greedy when temperature is 0. A sequence ends at an EOS token (included in its
         output), at a stop string (output cut before it; needs a tokenizer) or after
         ``max_new_tokens``. With ``seed``, prompt i samples with seed ``seed + i``.
         With ``pixel_values`` / ``image_grid_thw`` (see :meth:`logits`), the images of all
-        prompts in placeholder order.
+        prompts in placeholder order. ``adjust``: ``presence_penalty``, ``frequency_penalty``,
+        ``repetition_penalty``, ``logit_bias`` (see :class:`~vramshard.runtime.sampler.SamplingParams`).
         """
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
             raise InvalidInputError("prompts must be a list of token-id lists")
-        params = [SamplingParams(temperature, top_k, top_p, None if seed is None else seed + i)
+        params = [SamplingParams(temperature, top_k, top_p, None if seed is None else seed + i, **adjust)
                   for i in range(len(prompts))]
         if pixel_values is not None:
             from . import vlm
@@ -276,9 +277,9 @@ class Engine:
         return [list(r.output_ids) for r in requests] if requests else [[] for _ in prompts]
 
     def stream(self, prompt_ids: Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0,
-               top_k: int = 0, top_p: float = 1.0, seed: int | None = None) -> Iterator[int]:
-        """Yield the new token ids of one prompt as they are generated."""
-        params = [SamplingParams(temperature, top_k, top_p, seed)]
+               top_k: int = 0, top_p: float = 1.0, seed: int | None = None, **adjust) -> Iterator[int]:
+        """Yield the new token ids of one prompt as they are generated (``adjust``: as :meth:`generate`)."""
+        params = [SamplingParams(temperature, top_k, top_p, seed, **adjust)]
         for _, token in self._run([prompt_ids], max_new_tokens, params, None):
             yield token
 

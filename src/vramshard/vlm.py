@@ -574,29 +574,30 @@ def _render_part(part, sources: list, spare: list) -> str:
 
 def generate_chat(engine, messages: str | Sequence[dict], images: Sequence[ImageSource] = (),
                   max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                  seed: int | None = None, stop: Sequence[str] | None = None) -> list[int]:
-    """The new token ids of the answer to ``messages`` (see :func:`chat_prompt`), images included."""
+                  seed: int | None = None, stop: Sequence[str] | None = None, **adjust) -> list[int]:
+    """The new token ids of the answer to ``messages`` (see :func:`chat_prompt`), images included.
+    ``adjust``: penalties and logit bias, as :meth:`Engine.generate`."""
     prompt = chat_prompt(engine, messages, images)
     if prompt.pixel_values is None:
-        return engine.generate([prompt.ids], max_new_tokens, temperature, top_k, top_p, seed, stop)[0]
+        return engine.generate([prompt.ids], max_new_tokens, temperature, top_k, top_p, seed, stop, **adjust)[0]
     return generate(engine, [prompt.ids], prompt.pixel_values, prompt.image_grid_thw, max_new_tokens,
-                    [SamplingParams(temperature, top_k, top_p, seed)], stop)[0]
+                    [SamplingParams(temperature, top_k, top_p, seed, **adjust)], stop)[0]
 
 
 def stream_chat(engine, messages: str | Sequence[dict], images: Sequence[ImageSource] = (),
                 max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                seed: int | None = None) -> Iterator[int]:
+                seed: int | None = None, **adjust) -> Iterator[int]:
     """Yield the new token ids of the answer to ``messages`` as they are made."""
     prompt = chat_prompt(engine, messages, images)
-    yield from stream_prompt(engine, prompt, max_new_tokens, temperature, top_k, top_p, seed)
+    yield from stream_prompt(engine, prompt, max_new_tokens, temperature, top_k, top_p, seed, **adjust)
 
 
 def stream_prompt(engine, prompt: ChatPrompt, max_new_tokens: int = 128, temperature: float = 0.0,
-                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None) -> Iterator[int]:
+                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None, **adjust) -> Iterator[int]:
     """Yield the new tokens of a rendered :class:`ChatPrompt`."""
     if prompt.pixel_values is None:
-        yield from engine.stream(prompt.ids, max_new_tokens, temperature, top_k, top_p, seed)
+        yield from engine.stream(prompt.ids, max_new_tokens, temperature, top_k, top_p, seed, **adjust)
         return
     for _, token in run(engine, [prompt.ids], prompt.pixel_values, prompt.image_grid_thw, max_new_tokens,
-                        [SamplingParams(temperature, top_k, top_p, seed)]):
+                        [SamplingParams(temperature, top_k, top_p, seed, **adjust)]):
         yield token

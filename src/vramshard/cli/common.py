@@ -17,7 +17,7 @@ _ESCAPES = {"\\n": "\n", "\\t": "\t", "\\r": "\r"}
 
 def add_sampling_args(parser: argparse.ArgumentParser, max_new_tokens: int = 128,
                       temperature: float = 0.0) -> None:
-    """-n, --temp, --top-k, --top-p, --seed, --stop."""
+    """-n, --temp, --top-k, --top-p, --seed, the penalties, --stop."""
     group = parser.add_argument_group("sampling")
     group.add_argument("-n", "--max-new-tokens", type=int, default=max_new_tokens, metavar="N",
                        help=f"most tokens to generate (default {max_new_tokens})")
@@ -26,6 +26,13 @@ def add_sampling_args(parser: argparse.ArgumentParser, max_new_tokens: int = 128
     group.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens (0: all)")
     group.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (default 1.0: off)")
     group.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
+    group.add_argument("--repeat-penalty", "--repetition-penalty", dest="repetition_penalty", type=float, default=1.0,
+                       help="divide the logits of tokens already in the prompt or answer by this (llama.cpp's "
+                            "--repeat-penalty; default 1.0: off)")
+    group.add_argument("--presence-penalty", type=float, default=0.0,
+                       help="subtract this from the logits of tokens already generated (-2..2, default 0)")
+    group.add_argument("--frequency-penalty", type=float, default=0.0,
+                       help="subtract this per occurrence from the logits of tokens already generated (-2..2)")
     group.add_argument("--stop", action="append", default=[], metavar="STR",
                        help="stop before this text (repeat for several; \\n and \\t are understood)")
 
@@ -134,7 +141,9 @@ def stream(engine, prompt_ids: list[int], args: argparse.Namespace, write: Calla
     stop_filter = StopStringFilter(stops)
     result = StreamResult(prompt_tokens=len(prompt_ids))
     tokens = engine.stream(prompt_ids, args.max_new_tokens if max_new_tokens is None else max_new_tokens,
-                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                           repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+                           frequency_penalty=args.frequency_penalty)
     start = time.perf_counter()
     first = None
     try:

@@ -54,7 +54,7 @@ class _PromptEngine:
     def __init__(self, engine, prompt):
         self.engine, self.prompt, self.tokenizer = engine, prompt, engine.tokenizer
 
-    def stream(self, prompt_ids, max_new_tokens, temperature=0.0, top_k=0, top_p=1.0, seed=None):
+    def stream(self, prompt_ids, max_new_tokens, temperature=0.0, top_k=0, top_p=1.0, seed=None, **adjust):
         from .. import vlm
 
-        return vlm.stream_prompt(self.engine, self.prompt, max_new_tokens, temperature, top_k, top_p, seed)
+        return vlm.stream_prompt(self.engine, self.prompt, max_new_tokens, temperature, top_k, top_p, seed, **adjust)

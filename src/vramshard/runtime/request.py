@@ -91,7 +91,7 @@ class Request:
     def __post_init__(self):
         self.prompt_ids = list(self.prompt_ids)
         self.stop = tuple(s for s in (self.stop or ()) if s)
-        self.sampler = Sampler(self.params)
+        self.sampler = Sampler(self.params, self.prompt_ids)
         self._cancel = threading.Event()
         self._decoder: StreamDecoder | None = None
         self._stop_filter = StopStringFilter(self.stop)

@@ -1,8 +1,18 @@
-"""Choosing the next token from logits: greedy, or temperature with top-k / top-p."""
+"""Choosing the next token from logits: greedy, or temperature with top-k / top-p; before either,
+the logits may be adjusted by a bias per token and by penalties on the tokens already seen.
+
+The penalties follow the APIs users know them from: ``presence_penalty`` and
+``frequency_penalty`` as OpenAI defines them (subtracted from the logits of tokens generated so
+far: once for any occurrence, and per occurrence), ``repetition_penalty`` as Hugging Face
+transformers, vLLM and llama.cpp's ``repeat_penalty`` do (the logit of every token of the prompt
+or of the answer so far is divided by it when positive, multiplied when negative).
+"""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -11,12 +21,16 @@ from ..errors import InvalidInputError
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request sampling settings; temperature 0 means greedy."""
+    """Per-request sampling settings; temperature 0 means greedy (after any bias and penalties)."""
 
     temperature: float = 0.0
     top_k: int = 0  # 0: no limit
     top_p: float = 1.0
     seed: int | None = None
+    presence_penalty: float = 0.0  # OpenAI: -2 .. 2
+    frequency_penalty: float = 0.0  # OpenAI: -2 .. 2
+    repetition_penalty: float = 1.0  # transformers / vLLM / llama.cpp: > 0, 1 is off
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -25,24 +39,70 @@ class SamplingParams:
             raise InvalidInputError(f"top_k must be >= 0, got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise InvalidInputError(f"top_p must be in (0, 1], got {self.top_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise InvalidInputError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not self.repetition_penalty > 0:
+            raise InvalidInputError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        for token, bias in self.logit_bias:
+            if token < 0 or not -100 <= bias <= 100:
+                raise InvalidInputError(f"logit_bias needs token ids >= 0 and biases in [-100, 100], got "
+                                        f"{token}: {bias}")
+
+    @property
+    def adjusts_logits(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1
+                    or self.logit_bias)
 
 
 class Sampler:
-    """Samples for one sequence; owns its random generator so results do not depend on batching."""
+    """Samples for one sequence; owns its random generator so results do not depend on batching,
+    and counts the tokens it has chosen (for the penalties). ``prompt_ids``: the prompt, which
+    ``repetition_penalty`` also penalises."""
 
-    def __init__(self, params: SamplingParams):
+    def __init__(self, params: SamplingParams, prompt_ids: Sequence[int] = ()):
         self.params = params
         self.generator = torch.Generator()
         if params.seed is not None:
             self.generator.manual_seed(params.seed)
         else:
             self.generator.seed()
+        self.generated: Counter[int] = Counter()
+        self.prompt = frozenset(prompt_ids) if params.repetition_penalty != 1 else frozenset()
 
     def __call__(self, logits: torch.Tensor) -> int:
         """logits [V] (any device) → token id."""
         p = self.params
+        if p.adjusts_logits:
+            logits = self.adjust(logits.float().cpu())
         if p.temperature == 0:
-            return int(torch.argmax(logits))
+            token = int(torch.argmax(logits))
+        else:
+            token = self._sample(logits)
+        self.generated[token] += 1
+        return token
+
+    def adjust(self, logits: torch.Tensor) -> torch.Tensor:
+        """Bias and penalties applied to float32 CPU logits [V] (a new tensor)."""
+        p = self.params
+        logits = logits.clone()
+        vocab = logits.numel()
+        if p.logit_bias:
+            ids = torch.tensor([t for t, _ in p.logit_bias if t < vocab], dtype=torch.long)
+            logits[ids] += torch.tensor([b for t, b in p.logit_bias if t < vocab])
+        if p.repetition_penalty != 1:
+            seen = torch.tensor(sorted(t for t in self.prompt | self.generated.keys() if t < vocab), dtype=torch.long)
+            if seen.numel():
+                values = logits[seen]
+                logits[seen] = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
+        if (p.presence_penalty or p.frequency_penalty) and self.generated:
+            ids = torch.tensor(list(self.generated), dtype=torch.long)
+            counts = torch.tensor([self.generated[t] for t in self.generated.keys()], dtype=torch.float32)
+            logits[ids] -= p.presence_penalty + p.frequency_penalty * counts
+        return logits
+
+    def _sample(self, logits: torch.Tensor) -> int:
+        p = self.params
         logits = logits.float().cpu() / p.temperature
         if p.top_k and p.top_k < logits.numel():
             kth = torch.topk(logits, p.top_k).values[-1]

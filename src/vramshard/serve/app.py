@@ -234,10 +234,24 @@ def _check_common(state: ServerState, body) -> None:
         raise bad_request(f"at most {schemas.MAX_STOP} stop strings, got {len(stops)}", param="stop")
     if stops and state.tokenizer is None:
         raise bad_request("stop strings need a tokenizer, and this model has none", param="stop")
-    if body.presence_penalty or body.frequency_penalty or body.logit_bias:
-        raise bad_request("presence_penalty, frequency_penalty and logit_bias are not supported")
+    _logit_bias(state, body)  # checked here: a bad one is a 400 before anything is queued
     if body.logprobs:
         raise bad_request("logprobs are not supported", param="logprobs")
+
+
+def _logit_bias(state: ServerState, body) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias`` ({"token id": bias in [-100, 100]}) as sampler pairs."""
+    pairs = []
+    vocab = state.loop.scheduler.vocab_size
+    for key, bias in (body.logit_bias or {}).items():
+        if not key.strip().isdigit() or (vocab and int(key) >= vocab):
+            raise bad_request(f"logit_bias keys must be token ids of this model's vocabulary"
+                              f"{f' (below {vocab})' if vocab else ''}, got {key!r}", param="logit_bias")
+        if not -100 <= bias <= 100:
+            raise bad_request(f"logit_bias values must be in [-100, 100], got {bias} for token {key}",
+                              param="logit_bias")
+        pairs.append((int(key), float(bias)))
+    return tuple(pairs)
 
 
 def _check_context(state: ServerState, prompt_len: int, max_tokens: int) -> None:
@@ -281,7 +295,11 @@ def _submit(state: ServerState, prompts: list[list[int]], body, max_tokens: list
             for _ in range(n):
                 seed = None if body.seed is None else body.seed + len(handles)
                 params = SamplingParams(1.0 if body.temperature is None else body.temperature, body.top_k or 0,
-                                        1.0 if body.top_p is None else body.top_p, seed)
+                                        1.0 if body.top_p is None else body.top_p, seed,
+                                        presence_penalty=body.presence_penalty or 0.0,
+                                        frequency_penalty=body.frequency_penalty or 0.0,
+                                        repetition_penalty=body.repetition_penalty or 1.0,
+                                        logit_bias=_logit_bias(state, body))
                 handles.append(state.loop.submit(prompt, params, limit, body.stop_list(), multimodal=multimodal))
     except InvalidInputError as exc:
         for handle in handles:

@@ -24,6 +24,9 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
+MAX_LOGIT_BIAS = 300  # tokens a request may bias (OpenAI's limit)
+
+
 class _Sampling(_Body):
     """Fields shared by completions and chat completions."""
 
@@ -37,10 +40,11 @@ class _Sampling(_Body):
     stream_options: StreamOptions | None = None
     stop: Union[str, list[str], None] = Field(None)
     seed: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, gt=0)  # an extension (vLLM; llama.cpp's repeat_penalty)
     logprobs: Union[bool, int, None] = None
-    logit_bias: dict | None = None
+    logit_bias: dict[str, float] | None = Field(None, max_length=MAX_LOGIT_BIAS)
     user: str | None = None
 
     def stop_list(self) -> list[str]:

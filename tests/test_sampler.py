@@ -1,0 +1,67 @@
+"""Sampling: greedy and temperature sampling, and the logit adjustments before them (OpenAI's
+presence and frequency penalties and logit bias, transformers' repetition penalty)."""
+
+import pytest
+import torch
+from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+from vramshard.errors import InvalidInputError
+from vramshard.runtime.sampler import Sampler, SamplingParams
+
+V = 50
+
+
+def _logits(seed=0):
+    return torch.randn(V, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_repetition_penalty_is_transformers():
+    prompt, generated = [3, 7, 7, 11], [20, 3, 41]
+    sampler = Sampler(SamplingParams(repetition_penalty=1.3), prompt)
+    for t in generated:
+        sampler.generated[t] += 1
+    logits = _logits()
+    expected = RepetitionPenaltyLogitsProcessor(1.3)(torch.tensor([prompt + generated]), logits[None].clone())[0]
+    torch.testing.assert_close(sampler.adjust(logits), expected)
+
+
+def test_presence_and_frequency_penalties_are_openais():
+    sampler = Sampler(SamplingParams(presence_penalty=0.5, frequency_penalty=0.25), [1, 2, 3])
+    for t in (5, 5, 5, 9):
+        sampler.generated[t] += 1
+    logits = _logits(1)
+    expected = logits.clone()
+    expected[5] -= 0.5 + 0.25 * 3
+    expected[9] -= 0.5 + 0.25 * 1  # the prompt's tokens are not penalised (OpenAI counts the answer)
+    torch.testing.assert_close(sampler.adjust(logits), expected)
+
+
+def test_logit_bias_steers_greedy_and_the_counts_follow_the_choices():
+    logits = _logits(2)
+    low = int(torch.argmin(logits))
+    sampler = Sampler(SamplingParams(logit_bias=((low, 100.0), (V + 5, 1.0))))  # a token past the vocabulary: ignored
+    assert [sampler(logits) for _ in range(3)] == [low] * 3
+    assert sampler.generated == {low: 3}
+    # With a frequency penalty, a mild bias wins only until the penalty has grown past it.
+    top = int(torch.argmax(logits))
+    margin = float(logits[top] - logits.sort(descending=True).values[1])
+    damped = Sampler(SamplingParams(frequency_penalty=2.0))
+    tokens = [damped(logits) for _ in range(4)]
+    assert tokens[0] == top and (margin > 2 * 4 or tokens.count(top) < 4)
+
+
+def test_no_adjustment_is_plain_argmax_and_sampling_is_seeded():
+    logits = _logits(3)
+    assert not SamplingParams().adjusts_logits
+    assert Sampler(SamplingParams())(logits) == int(torch.argmax(logits))
+    draws = [[Sampler(SamplingParams(temperature=1.0, seed=5, presence_penalty=0.1))(logits) for _ in range(1)]
+             for _ in range(2)]
+    assert draws[0] == draws[1]
+
+
+@pytest.mark.parametrize("field,value", [("presence_penalty", 2.5), ("frequency_penalty", -3.0),
+                                         ("repetition_penalty", 0.0), ("logit_bias", ((1, 101.0),)),
+                                         ("logit_bias", ((-1, 1.0),))])
+def test_out_of_range_settings_are_refused(field, value):
+    with pytest.raises(InvalidInputError, match=field):
+        SamplingParams(**{field: value})
