@@ -65,3 +65,16 @@ def test_no_adjustment_is_plain_argmax_and_sampling_is_seeded():
 def test_out_of_range_settings_are_refused(field, value):
     with pytest.raises(InvalidInputError, match=field):
         SamplingParams(**{field: value})
+
+
+def test_logprobs_are_of_the_raw_distribution_with_the_top_alternatives():
+    logits = _logits(4)
+    sampler = Sampler(SamplingParams(logprobs=2, logit_bias=((0, 50.0),)))  # the bias moves the choice, not the report
+    assert sampler(logits) == 0
+    reference = torch.log_softmax(logits, dim=-1)
+    assert sampler.last.token == 0 and sampler.last.logprob == pytest.approx(float(reference[0]))
+    best = torch.topk(reference, 2)
+    assert [t for t, _ in sampler.last.top] == best.indices.tolist()
+    assert Sampler(SamplingParams())(logits) is not None and Sampler(SamplingParams()).last is None
+    with pytest.raises(InvalidInputError, match="logprobs"):
+        SamplingParams(logprobs=25)

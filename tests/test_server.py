@@ -4,6 +4,7 @@ import json
 import time
 
 import pytest
+import torch
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
@@ -167,7 +168,11 @@ BAD_REQUESTS = [
      "logit_bias", 400),
     ("logit_bias value out of range", "/v1/completions", {"model": MODEL, "prompt": "hi", "logit_bias": {"5": 500}},
      False, "logit_bias", 400),
-    ("logprobs", "/v1/completions", {"model": MODEL, "prompt": "hi", "logprobs": 2}, False, "logprobs", 400),
+    ("logprobs beyond 5", "/v1/completions", {"model": MODEL, "prompt": "hi", "logprobs": 9}, False, "logprobs", 400),
+    ("top_logprobs without logprobs", "/v1/chat/completions",
+     {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}, False, "top_logprobs", 400),
+    ("top_logprobs beyond 20", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                                       "logprobs": True, "top_logprobs": 30}, False, "top_logprobs", 400),
 ]
 
 
@@ -197,6 +202,40 @@ def test_logit_bias_and_penalties_reach_the_sampler(client, engine):
     repeated = client.completions.create(model=MODEL, prompt="The plan", max_tokens=5, temperature=0,
                                          extra_body={"repetition_penalty": 1.3})
     assert repeated.choices[0].text and plain.choices[0].text
+
+
+def test_logprobs_are_the_models_and_stream_as_they_come(client, engine):
+    """Greedy tokens carry their log-probability under the model (the engine's own logits, log-softmaxed)
+    and it is the best of the alternatives; streamed chunks carry the same, chat and completions."""
+    prompt = "The plan"
+    ids = engine.tokenizer.encode(prompt)
+    whole = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0, logprobs=3)
+    logprobs = whole.choices[0].logprobs
+    answer = engine.generate([ids], 6)[0]
+    assert logprobs.tokens == [engine.tokenizer.decode([t], skip_special_tokens=False) for t in answer]
+    reference = torch.log_softmax(engine.logits(ids + answer[:-1]).float(), dim=-1)[len(ids) - 1:]
+    expected = [float(reference[i, t]) for i, t in enumerate(answer)]
+    assert logprobs.token_logprobs == pytest.approx(expected, abs=1e-4)
+    for chosen, top in zip(logprobs.token_logprobs, logprobs.top_logprobs):
+        assert len(top) == 3 and max(top.values()) == pytest.approx(chosen, abs=1e-6)
+    streamed = []
+    for chunk in client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0, logprobs=3,
+                                           stream=True):
+        if chunk.choices and chunk.choices[0].logprobs:
+            streamed += chunk.choices[0].logprobs.token_logprobs
+    assert streamed == pytest.approx(expected, abs=1e-4)
+    messages = [{"role": "user", "content": prompt}]
+    chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0, logprobs=True,
+                                          top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens and all(len(c.top_logprobs) == 2 for c in content)
+    assert "".join(c.token for c in content).startswith(chat.choices[0].message.content)
+    chunks = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0,
+                                            logprobs=True, stream=True)
+    streamed_chat = [c.logprob for chunk in chunks for choice in chunk.choices if choice.logprobs
+                     for c in choice.logprobs.content]
+    assert streamed_chat == pytest.approx([c.logprob for c in content], abs=1e-6)
+    assert client.completions.create(model=MODEL, prompt=prompt, max_tokens=2).choices[0].logprobs is None
 
 
 def test_api_key_is_required(server, client):

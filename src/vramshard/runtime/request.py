@@ -46,6 +46,7 @@ class RequestOutput:
     finished: bool = False
     finish_reason: str | None = None
     error: str | None = None
+    logprobs: list | None = None  # TokenLogprob of each of token_ids, when the request asked for them
 
 
 @dataclass
@@ -92,6 +93,7 @@ class Request:
         self.prompt_ids = list(self.prompt_ids)
         self.stop = tuple(s for s in (self.stop or ()) if s)
         self.sampler = Sampler(self.params, self.prompt_ids)
+        self.logprobs: list = []  # TokenLogprob per output token, when params.logprobs is set
         self._cancel = threading.Event()
         self._decoder: StreamDecoder | None = None
         self._stop_filter = StopStringFilter(self.stop)
@@ -151,6 +153,8 @@ class Request:
         if self.first_token_s is None:
             self.first_token_s = time.perf_counter()
         self.output_ids.append(token)
+        if self.sampler.last is not None:
+            self.logprobs.append(self.sampler.last)
         if self._decoder is None:
             return ""
         released = self._stop_filter.feed(self._decoder.feed(token))

@@ -31,6 +31,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # OpenAI: -2 .. 2
     repetition_penalty: float = 1.0  # transformers / vLLM / llama.cpp: > 0, 1 is off
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    logprobs: int | None = None  # report the chosen token's log-probability and this many alternatives
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -44,6 +45,8 @@ class SamplingParams:
                 raise InvalidInputError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if not self.repetition_penalty > 0:
             raise InvalidInputError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise InvalidInputError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         for token, bias in self.logit_bias:
             if token < 0 or not -100 <= bias <= 100:
                 raise InvalidInputError(f"logit_bias needs token ids >= 0 and biases in [-100, 100], got "
@@ -53,6 +56,19 @@ class SamplingParams:
     def adjusts_logits(self) -> bool:
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1
                     or self.logit_bias)
+
+
+MAX_LOGPROBS = 20  # alternatives a request may ask for per token (OpenAI's top_logprobs limit)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The log-probability of a chosen token under the model's distribution (the raw logits, as
+    vLLM reports them), and the ``top`` likeliest tokens with theirs."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 class Sampler:
@@ -69,10 +85,12 @@ class Sampler:
             self.generator.seed()
         self.generated: Counter[int] = Counter()
         self.prompt = frozenset(prompt_ids) if params.repetition_penalty != 1 else frozenset()
+        self.last: TokenLogprob | None = None  # of the last token chosen, when params.logprobs is set
 
     def __call__(self, logits: torch.Tensor) -> int:
         """logits [V] (any device) → token id."""
         p = self.params
+        raw = logits
         if p.adjusts_logits:
             logits = self.adjust(logits.float().cpu())
         if p.temperature == 0:
@@ -80,6 +98,8 @@ class Sampler:
         else:
             token = self._sample(logits)
         self.generated[token] += 1
+        if p.logprobs is not None:
+            self.last = token_logprob(raw, token, p.logprobs)
         return token
 
     def adjust(self, logits: torch.Tensor) -> torch.Tensor:
@@ -115,3 +135,11 @@ class Sampler:
             sorted_probs[drop] = 0
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
         return int(torch.multinomial(probs, 1, generator=self.generator))
+
+
+def token_logprob(logits: torch.Tensor, token: int, top: int) -> TokenLogprob:
+    """``token``'s log-probability under ``logits`` [V], with the ``top`` likeliest tokens'."""
+    logprobs = torch.log_softmax(logits.float().cpu(), dim=-1)
+    best = torch.topk(logprobs, min(top, logprobs.numel())) if top else None
+    pairs = tuple(zip(best.indices.tolist(), best.values.tolist())) if best is not None else ()
+    return TokenLogprob(token, float(logprobs[token]), pairs)

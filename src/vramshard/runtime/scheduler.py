@@ -318,13 +318,15 @@ class Scheduler:
         elif len(request.output_ids) >= request.max_new_tokens:
             reason = "length"
         else:
-            request.emit(RequestOutput(request.request_id, [token], text))
+            request.emit(RequestOutput(request.request_id, [token], text, logprobs=_last_logprob(request)))
             return
-        self._finish(request, reason, [token], text + request.flush_text())
+        self._finish(request, reason, [token], text + request.flush_text(), _last_logprob(request))
 
-    def _finish(self, request: Request, reason: str, token_ids: list[int], text: str) -> None:
+    def _finish(self, request: Request, reason: str, token_ids: list[int], text: str,
+                logprobs: list | None = None) -> None:
         if request.stop_hit is not None:
             request.output_ids = cut_at_stop(self.tokenizer, request.output_ids, request.stop)
+            del request.logprobs[len(request.output_ids):]
         if request.slot is not None:
             self.blocks.release(request.slot)
             self.free_slots.append(request.slot)
@@ -336,7 +338,7 @@ class Scheduler:
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.finish_s = time.perf_counter()
-        request.emit(RequestOutput(request.request_id, token_ids, text, True, reason, request.error))
+        request.emit(RequestOutput(request.request_id, token_ids, text, True, reason, request.error, logprobs))
 
     # ------------------------------------------------------------------ metrics
     def stats(self, window_s: float = 10.0) -> dict:
@@ -396,3 +398,8 @@ def _multimodal_inputs(chunks: list[_Chunk]) -> tuple[torch.Tensor, tuple[torch.
         offset += n
     embeds = (torch.cat(rows), torch.cat(vectors)) if rows else None
     return torch.cat(positions, dim=1).to(torch.long), embeds
+
+
+def _last_logprob(request: Request) -> list | None:
+    """The log-probability record of the token just sampled, as a one-item list (None: not asked)."""
+    return [request.logprobs[-1]] if request.params.logprobs is not None and request.logprobs else None

@@ -157,11 +157,16 @@ async def _respond(request: Request, state: ServerState, body, handles, lens: li
         events = _chat_events if chat else _completion_events
         return _stream(handles, events(state, job, handles, lens, body))
     finished = await _wait(request, handles)
+    asked = _logprobs(body) is not None
+    text_of = _text_of(state)
     if chat:
-        choices = [schemas.chat_choice(i, r.text, r.finish_reason) for i, r in enumerate(finished)]
+        choices = [schemas.chat_choice(i, r.text, r.finish_reason,
+                                       schemas.chat_logprobs(r.logprobs, text_of) if asked else None)
+                   for i, r in enumerate(finished)]
     else:
         ids = state.tokenizer is None  # no text to send: the token ids instead
-        choices = [schemas.completion_choice(i, r.text, r.finish_reason, list(r.output_ids) if ids else None)
+        choices = [schemas.completion_choice(i, r.text, r.finish_reason, list(r.output_ids) if ids else None,
+                                             schemas.completion_logprobs(r.logprobs, text_of) if asked else None)
                    for i, r in enumerate(finished)]
     used = schemas.usage(sum(lens), sum(len(r.output_ids) for r in finished))
     response = schemas.chat_completion if chat else schemas.completion
@@ -235,8 +240,34 @@ def _check_common(state: ServerState, body) -> None:
     if stops and state.tokenizer is None:
         raise bad_request("stop strings need a tokenizer, and this model has none", param="stop")
     _logit_bias(state, body)  # checked here: a bad one is a 400 before anything is queued
-    if body.logprobs:
-        raise bad_request("logprobs are not supported", param="logprobs")
+    _logprobs(body)
+
+
+def _logprobs(body) -> int | None:
+    """Alternatives per token the request asks log-probabilities for (None: no logprobs). Chat:
+    ``logprobs`` true with ``top_logprobs`` 0-20; completions: ``logprobs`` 0-5."""
+    if isinstance(body, schemas.ChatRequest):
+        if body.logprobs not in (None, True, False):
+            raise bad_request("logprobs of a chat completion is true or false; ask for alternatives with "
+                              "top_logprobs", param="logprobs")
+        if body.top_logprobs is not None and not body.logprobs:
+            raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
+        return (body.top_logprobs or 0) if body.logprobs else None
+    if body.top_logprobs is not None:
+        raise bad_request("top_logprobs is for chat completions; completions take logprobs: N",
+                          param="top_logprobs")
+    if body.logprobs is None or body.logprobs is False:
+        return None
+    if body.logprobs is True or not 0 <= body.logprobs <= 5:
+        raise bad_request(f"logprobs of a completion is a number of alternatives from 0 to 5, got {body.logprobs!r}",
+                          param="logprobs")
+    return body.logprobs
+
+
+def _text_of(state: ServerState):
+    """A token's text for logprobs (a model without a tokenizer: its id)."""
+    tokenizer = state.tokenizer
+    return (lambda t: tokenizer.decode([t], skip_special_tokens=False)) if tokenizer is not None else str
 
 
 def _logit_bias(state: ServerState, body) -> tuple[tuple[int, float], ...]:
@@ -299,7 +330,7 @@ def _submit(state: ServerState, prompts: list[list[int]], body, max_tokens: list
                                         presence_penalty=body.presence_penalty or 0.0,
                                         frequency_penalty=body.frequency_penalty or 0.0,
                                         repetition_penalty=body.repetition_penalty or 1.0,
-                                        logit_bias=_logit_bias(state, body))
+                                        logit_bias=_logit_bias(state, body), logprobs=_logprobs(body))
                 handles.append(state.loop.submit(prompt, params, limit, body.stop_list(), multimodal=multimodal))
     except InvalidInputError as exc:
         for handle in handles:
@@ -386,15 +417,19 @@ def _error_event(output: RequestOutput) -> dict:
 
 async def _completion_events(state, job, handles, lens, body) -> AsyncIterator[dict]:
     generated = [0] * len(handles)
+    offsets = [0] * len(handles)  # characters sent per choice (the logprobs' text_offset)
+    text_of = _text_of(state)
     async for index, output in _merged(handles):
         generated[index] += len(output.token_ids)
         if output.finish_reason == "error":
             yield _error_event(output)
             return
         ids = list(output.token_ids) if state.tokenizer is None else None  # no text: stream the ids
-        if output.text or output.finished or ids:
+        logprobs = schemas.completion_logprobs(output.logprobs, text_of, offsets[index]) if output.logprobs else None
+        if output.text or output.finished or ids or logprobs:
             choice = schemas.completion_choice(index, output.text, output.finish_reason if output.finished else None,
-                                               ids)
+                                               ids, logprobs)
+            offsets[index] += len(output.text)
             yield schemas.completion(job, state.model_name, [choice], None)
     if body.stream_options and body.stream_options.include_usage:
         yield schemas.completion(job, state.model_name, [], schemas.usage(sum(lens), sum(generated)))
@@ -405,13 +440,15 @@ async def _chat_events(state, job, handles, lens, body) -> AsyncIterator[dict]:
     for index in range(len(handles)):
         yield schemas.chat_chunk(job, model, [schemas.chat_delta(index, {"role": "assistant", "content": ""})])
     generated = [0] * len(handles)
+    text_of = _text_of(state)
     async for index, output in _merged(handles):
         generated[index] += len(output.token_ids)
         if output.finish_reason == "error":
             yield _error_event(output)
             return
-        if output.text:
-            yield schemas.chat_chunk(job, model, [schemas.chat_delta(index, {"content": output.text})])
+        logprobs = schemas.chat_logprobs(output.logprobs, text_of) if output.logprobs else None
+        if output.text or logprobs:
+            yield schemas.chat_chunk(job, model, [schemas.chat_delta(index, {"content": output.text}, None, logprobs)])
         if output.finished:
             yield schemas.chat_chunk(job, model, [schemas.chat_delta(index, {}, output.finish_reason)])
     if body.stream_options and body.stream_options.include_usage:

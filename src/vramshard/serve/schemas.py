@@ -43,7 +43,8 @@ class _Sampling(_Body):
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repetition_penalty: float | None = Field(None, gt=0)  # an extension (vLLM; llama.cpp's repeat_penalty)
-    logprobs: Union[bool, int, None] = None
+    logprobs: Union[bool, int, None] = None  # chat: true/false; completions: alternatives per token (0-5)
+    top_logprobs: int | None = Field(None, ge=0, le=20)  # chat: alternatives per token, with logprobs true
     logit_bias: dict[str, float] | None = Field(None, max_length=MAX_LOGIT_BIAS)
     user: str | None = None
 
@@ -142,11 +143,12 @@ def completion(id: str, model: str, choices: list[dict], usage_: dict) -> dict:
             "choices": choices, "usage": usage_}
 
 
-def completion_choice(index: int, text: str, finish_reason: str | None, token_ids: list[int] | None = None) -> dict:
+def completion_choice(index: int, text: str, finish_reason: str | None, token_ids: list[int] | None = None,
+                      logprobs: dict | None = None) -> dict:
     """One choice of a completion (or of a streamed chunk). ``token_ids``: the generated ids, an
     extension (as vLLM's ``return_token_ids``) sent only for models without a tokenizer, whose
-    text is always empty."""
-    choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    text is always empty. ``logprobs``: see :func:`completion_logprobs`."""
+    choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
     if token_ids is not None:
         choice["token_ids"] = list(token_ids)
     return choice
@@ -157,9 +159,9 @@ def chat_completion(id: str, model: str, choices: list[dict], usage_: dict) -> d
             "choices": choices, "usage": usage_}
 
 
-def chat_choice(index: int, text: str, finish_reason: str | None) -> dict:
+def chat_choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
     return {"index": index, "message": {"role": "assistant", "content": text},
-            "logprobs": None, "finish_reason": finish_reason}
+            "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 def chat_chunk(id: str, model: str, choices: list[dict], usage_: dict | None = None) -> dict:
@@ -169,8 +171,29 @@ def chat_chunk(id: str, model: str, choices: list[dict], usage_: dict | None = N
     return chunk
 
 
-def chat_delta(index: int, delta: dict, finish_reason: str | None = None) -> dict:
-    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+def chat_delta(index: int, delta: dict, finish_reason: str | None = None, logprobs: dict | None = None) -> dict:
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def completion_logprobs(entries, text_of, offset: int = 0) -> dict:
+    """The completions API's ``logprobs`` of ``entries`` (:class:`TokenLogprob`), ``text_of``
+    giving a token's text; ``offset``: characters of the answer before these tokens."""
+    tokens = [text_of(e.token) for e in entries]
+    offsets = []
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(token)
+    return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{text_of(t): lp for t, lp in e.top} for e in entries], "text_offset": offsets}
+
+
+def chat_logprobs(entries, text_of) -> dict:
+    """The chat API's ``logprobs`` (``content``: one item per token) of ``entries``."""
+    def item(token: int, logprob: float) -> dict:
+        text = text_of(token)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+    return {"content": [{**item(e.token, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]}
+                        for e in entries]}
 
 
 def model_card(name: str, created: int) -> dict:
