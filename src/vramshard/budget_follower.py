@@ -164,7 +164,7 @@ class BudgetFollower:
         from . import vlm
 
         engine = self.engine
-        kv_forced = False if engine.executor.live_kv_positions() > engine.kv_tokens else None
+        kv_forced = budgets.forced_kv_side(engine.executor.live_kv_positions(), self.plan_settings())
         try:
             placements, plan = vlm.plans_for_budget(engine, budget, kv_forced, self.plan_settings().profile)
         except BudgetError as exc:

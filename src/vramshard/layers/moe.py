@@ -83,6 +83,13 @@ class ExpertTensors(NamedTuple):
     gate_up: torch.Tensor | None = None
 
 
+def _expert_swiglu(weights: ExpertTensors, h: torch.Tensor) -> torch.Tensor:
+    """One expert on its tokens' hidden states ``h`` [n, D] → [n, D] (fused gate/up when it can)."""
+    if weights.gate_up is not None:
+        return swiglu_fused(h, weights.gate_up, weights.down)
+    return swiglu(h, weights.gate, weights.up, weights.down)
+
+
 class StackedExperts(NamedTuple):
     """All experts of a layer as strided tensors over one buffer (no copy)."""
 
@@ -299,11 +306,7 @@ class MoEFFN(SubLayer):
         weight_of = dict(zip(experts, routing.weights[0].float().tolist()))
         out = torch.zeros_like(h)
         for expert, weights in source.experts([e for e in experts if only is None or e in only]):
-            if weights.gate_up is not None:
-                y = swiglu_fused(h, weights.gate_up, weights.down)
-            else:
-                y = swiglu(h, weights.gate, weights.up, weights.down)
-            out.add_(y, alpha=weight_of[expert])
+            out.add_(_expert_swiglu(weights, h), alpha=weight_of[expert])
         return out
 
     def _run_grouped(self, source: ExpertWeights, h: torch.Tensor, routing: Routing,
@@ -324,10 +327,7 @@ class MoEFFN(SubLayer):
         for expert, weights in source.experts(hit):
             begin, count = begins[expert], counts[expert]
             tokens = token_of[begin : begin + count]
-            if weights.gate_up is not None:
-                y = swiglu_fused(h[tokens], weights.gate_up, weights.down)
-            else:
-                y = swiglu(h[tokens], weights.gate, weights.up, weights.down)
+            y = _expert_swiglu(weights, h[tokens])
             out.index_add_(0, tokens, y * weight_of[begin : begin + count, None])
         return out
 

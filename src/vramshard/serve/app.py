@@ -320,17 +320,17 @@ def _submit(state: ServerState, prompts: list[list[int]], body, max_tokens: list
     for prompt, limit in zip(prompts, max_tokens):
         _check_context(state, len(prompt), limit)
     n = body.n or 1
+    sampling = dict(temperature=1.0 if body.temperature is None else body.temperature, top_k=body.top_k or 0,
+                    top_p=1.0 if body.top_p is None else body.top_p, presence_penalty=body.presence_penalty or 0.0,
+                    frequency_penalty=body.frequency_penalty or 0.0,
+                    repetition_penalty=body.repetition_penalty or 1.0, logit_bias=_logit_bias(state, body),
+                    logprobs=_logprobs(body))
     handles: list[RequestHandle] = []
     try:
         for prompt, limit in zip(prompts, max_tokens):
             for _ in range(n):
                 seed = None if body.seed is None else body.seed + len(handles)
-                params = SamplingParams(1.0 if body.temperature is None else body.temperature, body.top_k or 0,
-                                        1.0 if body.top_p is None else body.top_p, seed,
-                                        presence_penalty=body.presence_penalty or 0.0,
-                                        frequency_penalty=body.frequency_penalty or 0.0,
-                                        repetition_penalty=body.repetition_penalty or 1.0,
-                                        logit_bias=_logit_bias(state, body), logprobs=_logprobs(body))
+                params = SamplingParams(seed=seed, **sampling)
                 handles.append(state.loop.submit(prompt, params, limit, body.stop_list(), multimodal=multimodal))
     except InvalidInputError as exc:
         for handle in handles:
