@@ -149,8 +149,7 @@ class BudgetFollower:
             log.warning("the plan for %s does not fit as the executor counts it (%s); running on the CPU",
                         "no limit" if budget is None else format_bytes(budget), exc)
             plan = budgets.cpu_plan_set(engine.model, settings, budget, f"fallback: {exc}")
-            adaptation = budgets.Adaptation(budget, plan, tuple(engine.plan.pinned if engine.plan else ()), (),
-                                            bool(executor.kv_layers_on_gpu), False)
+            adaptation = budgets.adaptation_between(engine.model, engine.plan, plan, budget)
             report = executor.reconfigure(plan.tiered(), budget)
         engine.plan = adaptation.plan
         engine.vram_budget = budget
@@ -163,12 +162,12 @@ class BudgetFollower:
         it, as :func:`vramshard.vlm.configure` does at load; its placements end with the vision tier."""
         from . import vlm
 
-        engine = self.engine
-        kv_forced = budgets.forced_kv_side(engine.executor.live_kv_positions(), self.plan_settings())
+        engine, settings = self.engine, self.plan_settings()
+        kv_forced = budgets.forced_kv_side(engine.executor.live_kv_positions(), settings)
         try:
-            placements, plan = vlm.plans_for_budget(engine, budget, kv_forced, self.plan_settings().profile)
+            placements, plan = vlm.plans_for_budget(engine, budget, kv_forced, settings.profile)
         except BudgetError as exc:
-            plan = budgets.cpu_plan_set(engine.model, self.plan_settings(), budget, f"{exc}; all on the CPU")
+            plan = budgets.cpu_plan_set(engine.model, settings, budget, f"{exc}; all on the CPU")
             placements = plan.tiered()
         return budgets.adaptation_between(engine.model, engine.plan, plan, budget), placements
 
