@@ -15,8 +15,7 @@ import logging
 
 import torch
 
-from vramshard.layers.sublayer import linear
-from vramshard.profile.bench_matmul import cold_bytes, cold_copies
+from vramshard.profile.bench_matmul import cold_bytes, cold_copies, linear_over
 from vramshard.profile.timing import time_cpu
 
 from .common import hardware, now, write_json
@@ -26,13 +25,7 @@ log = logging.getLogger("cold_weights")
 
 
 def time_over(weights: list[torch.Tensor], x: torch.Tensor, budget_s: float) -> float:
-    turn = [0]
-
-    def fn():
-        turn[0] = (turn[0] + 1) % len(weights)
-        return linear(x, weights[turn[0]])
-
-    return time_cpu(fn, budget_s)
+    return time_cpu(linear_over(x, weights), budget_s)
 
 
 def main(argv: list[str] | None = None) -> int:

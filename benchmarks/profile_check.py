@@ -24,10 +24,9 @@ from pathlib import Path
 
 import torch
 
-from vramshard.layers.sublayer import linear
 from vramshard.profile import BenchmarkSpec, save
 from vramshard.profile.bench_attention import sdpa_gqa
-from vramshard.profile.bench_matmul import cold_copies
+from vramshard.profile.bench_matmul import cold_copies, linear_over
 from vramshard.profile.runner import run_profile
 from vramshard.profile.spec import torch_dtype
 from vramshard.profile.timing import time_cpu, time_cuda
@@ -87,11 +86,8 @@ def held_out(profile) -> list[dict]:
                     dt = torch_dtype(dtype)
                     x = torch.randn(m, k, dtype=dt, device=device)
                     # Cold weights, as the profile measures them (and as the model reads them).
-                    weights, turn = cold_copies(torch.randn(n, k, dtype=dt, device=device)), [0]
-
-                    def fn():
-                        turn[0] = (turn[0] + 1) % len(weights)
-                        return linear(x, weights[turn[0]])
+                    weights = cold_copies(torch.randn(n, k, dtype=dt, device=device))
+                    fn = linear_over(x, weights)
 
                     direct = time_cuda(fn, 0.05) if device == "cuda" else time_cpu(fn, 0.3)
                     predicted = profile.matmul_s(m, k, n, dtype, device)

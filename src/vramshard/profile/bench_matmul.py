@@ -7,6 +7,7 @@ device (on the CPU, few-token half-precision shapes use the kernel measured fast
 from __future__ import annotations
 
 import glob
+from typing import Callable
 
 import torch
 
@@ -50,6 +51,23 @@ def cold_copies(weight: torch.Tensor) -> list[torch.Tensor]:
     return [weight] + [weight.clone() for _ in range(copies - 1)]
 
 
+def cycling(count: int, fn: Callable[[int], object]) -> Callable[[], object]:
+    """A callable that runs ``fn(i)`` for i = 1, 2, ... modulo ``count``: each timed call reads the
+    next of ``count`` copies of the weights (see :func:`cold_copies`)."""
+    turn = [0]
+
+    def run():
+        turn[0] = (turn[0] + 1) % count
+        return fn(turn[0])
+
+    return run
+
+
+def linear_over(x: torch.Tensor, weights: list[torch.Tensor]) -> Callable[[], torch.Tensor]:
+    """``linear(x, w)`` over the ``weights`` copies in turn."""
+    return cycling(len(weights), lambda i: linear(x, weights[i]))
+
+
 def repair_row(row: list[float], measured: list[bool], remeasure) -> None:
     """Re-measure points slower than the next larger one (time cannot fall as work grows).
 
@@ -82,13 +100,7 @@ def measure_matmul(
         weights = cold_copies(weight_t)
 
         def run(m: int) -> float:
-            x = torch.randn(m, k, dtype=torch_dt, device=device)  # [M, K]
-            turn = [0]
-
-            def fn():
-                turn[0] = (turn[0] + 1) % len(weights)
-                return linear(x, weights[turn[0]])
-
+            fn = linear_over(torch.randn(m, k, dtype=torch_dt, device=device), weights)  # x: [M, K]
             return time_cuda(fn, budget_s) if device == "cuda" else time_cpu(fn, budget_s)
 
         row: list[float] = []

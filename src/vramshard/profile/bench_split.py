@@ -18,7 +18,7 @@ import torch
 from ..layers.mlp import DenseFFN
 from ..models import build_model
 from ..runtime.host_weights import pack_sublayer
-from .bench_matmul import cold_bytes
+from .bench_matmul import cold_bytes, cycling
 from .progress import ProgressSink
 from .spec import torch_dtype
 from .timing import time_cpu
@@ -51,19 +51,12 @@ def measure_split_part(dtype: str, hidden: int, intermediate: int, budget_s: flo
         split.append(pack_sublayer(ffn, weights, pin=False, splittable=True).views)
     x = torch.randn(1, hidden).to(dt)
     h = ffn.norm(whole[0], x)
-    turn = [0]
-
-    def cycled(fn):
-        def run():
-            turn[0] = (turn[0] + 1) % layers
-            return fn(turn[0])
-        return run
-
     with torch.inference_mode():
-        t_whole = time_cpu(cycled(lambda i: ffn.contribution(whole[i], h)), budget_s)
+        t_whole = time_cpu(cycling(layers, lambda i: ffn.contribution(whole[i], h)), budget_s)
         ratios = []
         for k in SHARES:
-            t_part = time_cpu(cycled(lambda i: ffn.contribution(ffn.pieces_of(split[i], 0, k), h)), budget_s)
+            t_part = time_cpu(cycling(layers, lambda i: ffn.contribution(ffn.pieces_of(split[i], 0, k), h)),
+                              budget_s)
             ratios.append(t_part / (t_whole * k / ffn.num_pieces))
     progress.advance(weight)
     return sum(ratios) / len(ratios)
