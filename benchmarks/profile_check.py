@@ -48,6 +48,30 @@ HELD_OUT_TRANSFER = [3 * 2**20, 100 * 2**20, 384 * 2**20]
 HELD_OUT_ATTENTION = [(8, 3000), (64, 12000), (512, 1500)]  # (n_new, context), 32 heads, 8 kv, 128 dim
 
 
+# CPU points re-timed before, between and after the runs: how far the machine itself drifts over the
+# check (on the shared H200 host CPU figures moved 6-31% between two runs minutes apart).
+DRIFT_PROBES = [(1, 4096, 14336, "bf16"), (64, 4096, 14336, "bf16"), (1, 4096, 14336, "fp32"), (64, 4096, 14336, "fp32")]
+
+
+def cpu_probe(when: str) -> dict:
+    """Seconds of the DRIFT_PROBES matmuls on the CPU now (cold weights, as the profile times them)."""
+    times = {}
+    with torch.inference_mode():
+        for m, k, n, dtype in DRIFT_PROBES:
+            dt = torch_dtype(dtype)
+            weights = cold_copies(torch.randn(n, k, dtype=dt))
+            times[f"{dtype} {m}x{k}x{n}"] = time_cpu(linear_over(torch.randn(m, k, dtype=dt), weights), 0.3)
+            del weights
+    print(f"cpu probe {when}: " + ", ".join(f"{key} {t * 1e3:.2f} ms" for key, t in times.items()), flush=True)
+    return {"when": when, "seconds": times}
+
+
+def drift(probes: list[dict]) -> list[dict]:
+    """Each probe's times as percent differences from the first probe's."""
+    first = probes[0]["seconds"]
+    return [{"when": p["when"], "pct": {key: pct(first[key], t) for key, t in p["seconds"].items()}} for p in probes]
+
+
 def pct(a: float, b: float) -> float:
     """Percent difference of ``b`` from ``a``."""
     return 100.0 * (b - a) / a if a else float("nan")
@@ -138,12 +162,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     started = time.perf_counter()
+    probes = [cpu_probe("before run 1")]
     make = BenchmarkSpec.quick_spec if args.quick else BenchmarkSpec.full
     print(f"run 1: {'quick' if args.quick else 'full'} profile ...", flush=True)
     t0 = time.perf_counter()
     first = run_profile(make())
     elapsed_1 = time.perf_counter() - t0
     print(f"run 1: {elapsed_1:.1f} s", flush=True)
+    probes.append(cpu_probe("after run 1"))
     second_quick = args.quick or args.second_quick or elapsed_1 > args.budget_s / 2 - 30
     if second_quick and not args.quick:
         print(f"run 2: quick profile (first run took {elapsed_1:.0f} s; two full runs would exceed the "
@@ -154,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     second = run_profile(BenchmarkSpec.quick_spec() if second_quick else make())
     elapsed_2 = time.perf_counter() - t0
     print(f"run 2: {elapsed_2:.1f} s", flush=True)
+    probes.append(cpu_probe("after run 2"))
 
     summary_1, summary_2 = first.summary(), second.summary()
     differences = compare(summary_1, summary_2)
@@ -162,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     latest = first if second_quick else second
     print(f"held-out shapes: direct vs interpolated from run {1 if second_quick else 2} ...", flush=True)
     rows = held_out(latest)
+    probes.append(cpu_probe("after the held-out shapes"))
 
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -181,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             for kind in ("matmul", "attention", "transfer")
         },
         "held_out_within_20pct": within_20(rows),
+        "cpu_probes": probes, "cpu_drift_pct": drift(probes),
         "total_elapsed_s": time.perf_counter() - started,
     }
     out_path.write_text(json.dumps(report, indent=1))
@@ -208,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['direct_s'] * 1e3:9.3f} | {r['predicted_s'] * 1e3:9.3f} ms | {r['error_pct']:+6.1f}%")
     print(f"max |error| by kind: {report['held_out_max_abs_error_pct']}")
     print("within 20%: " + ", ".join(f"{group} {hit}/{total}" for group, (hit, total) in report["held_out_within_20pct"].items()))
+    for row in report["cpu_drift_pct"][1:]:
+        print(f"cpu drift {row['when']}: " + ", ".join(f"{key} {v:+.1f}%" for key, v in row["pct"].items()))
     print(f"total {report['total_elapsed_s']:.0f} s; report written to {out_path}")
     return 0
 

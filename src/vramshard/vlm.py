@@ -23,7 +23,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from .errors import BudgetError, InvalidInputError
+from .errors import BudgetError, InvalidInputError, VramshardError
 from .layers.step import Step
 from .layers.vision import VisionStep
 from .loading.image import (IMAGE_PAD, IMAGE_PLACEHOLDER, ImageConfig, ImageSource, expand_image_tokens,
@@ -113,19 +113,21 @@ def configure(engine, vision: VisionOptions | None = None, image_config: ImageCo
                                 "vision-language model such as Qwen2.5-VL")
     vision = vision or VisionOptions()
     setup = VisionSetup(vision, image_config or vision_setup(engine).image_config)
-    engine.vision = setup
     executor = engine.executor
     if not executor.uses_gpu:
+        engine.vision = setup
         return  # everything on the CPU: nothing to place
     from .plan.planner import machine_profile
 
     profile = profile or machine_profile()
     patches = max(1, vision.plan_pixels // engine.args.vision.patch_size ** 2)
-    if engine.plan is not None:  # planned: plan the language model alone, leaving room for the vision phase
-        plans, engine.plan = _vision_plans(engine, vision, patches, profile, executor.budget)
+    plan = engine.plan
+    if plan is not None:  # planned: plan the language model alone, leaving room for the vision phase
+        plans, plan = _vision_plans(engine, vision, patches, profile, executor.budget)
     else:  # a named placement: the vision phase is added to it
         plans = _with_vision(engine.model, executor.plans, vision, patches, profile)
-    _rebuild_executor(engine, plans)
+    _rebuild_executor(engine, plans)  # raises, with the engine as it was, when the placement does not fit
+    engine.vision, engine.plan = setup, plan
     setup.vision_tier = True
     log.info("vision phase: %s", plans.placements[-1].summary())
 
@@ -234,13 +236,19 @@ def _rebuild_executor(engine, plans: TieredPlacement) -> None:
                   num_slots=len(old.ring.slots) if old.ring else (engine.plan.num_slots if engine.plan else 2),
                   threads=old.threads, device=old.gpu, simulate_gpu=old.simulated, decode_graphs=old.decode_graphs,
                   decode_compile=old.decode_compile, expert_cpu_share=old.expert_cpu_share)
-    host = old.host
+    host, old_plans = old.host, old.plans
     engine.executor = None
     del old  # its VRAM goes back before the new placement loads
     gc.collect()
     torch.cuda.empty_cache()
-    engine.executor = Executor(engine.model, host, plans, **kwargs)
-    engine.executor.oom_handler = engine.budget.recover_from_oom  # as the engine set it on the one replaced
+    try:
+        executor = Executor(engine.model, host, plans, **kwargs)
+    except VramshardError:  # e.g. the placement does not fit as the executor counts: keep the one it had
+        executor = Executor(engine.model, host, old_plans, **kwargs)
+        raise
+    finally:
+        executor.oom_handler = engine.budget.recover_from_oom  # as the engine set it on the one replaced
+        engine.executor = executor
 
 
 def check_vision_budget(engine, patches: int, memory_efficient: bool) -> None:

@@ -30,24 +30,33 @@ def time_cpu(fn: Callable[[], object], budget_s: float, max_reps: int = 50, min_
     return sorted(times)[(len(times) - 1) // 4]
 
 
-def time_cuda(fn: Callable[[], object], budget_s: float, batches: int = 3, max_reps: int = 2000) -> float:
+def time_cuda(fn: Callable[[], object], budget_s: float, batches: int = 3, max_reps: int = 64) -> float:
     """Median GPU seconds of ``fn()`` on the current stream, timed with CUDA events.
 
-    ``fn`` is launched back to back in ``batches`` batches sized to fill ``budget_s``.
+    ``fn`` is launched back to back in ``batches`` batches sized to fill ``budget_s``, each behind
+    a GPU sleep long enough for the host to queue the whole batch where issuing a call takes the
+    host longer than the GPU runs it: the events then time the kernels alone, not the host's
+    launch rate (which bounds kernels of a few microseconds, and which the estimator counts
+    apart, as dispatch). ``max_reps`` keeps a batch within the driver's launch queue.
     """
     import torch
 
     fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    _hold_stream(2e-3)  # one call queued behind a sleep: its kernels' time alone
+    host = time.perf_counter()
     start.record()
     fn()
     end.record()
+    host = time.perf_counter() - host  # the host's cost of issuing one call
     end.synchronize()
     single = max(start.elapsed_time(end) / 1e3, 1e-7)
     reps = max(1, min(max_reps, int(budget_s / batches / single)))
     samples = []
     for _ in range(batches):
+        if host > single:
+            _hold_stream(2.0 * (host - single) * reps + 1e-4)
         start.record()
         for _ in range(reps):
             fn()
@@ -55,6 +64,24 @@ def time_cuda(fn: Callable[[], object], budget_s: float, batches: int = 3, max_r
         end.synchronize()
         samples.append(start.elapsed_time(end) / 1e3 / reps)
     return statistics.median(samples)
+
+
+_SLEEP_CYCLES_PER_S: list[float] = []
+
+
+def _hold_stream(seconds: float) -> None:
+    """Keep the current CUDA stream busy for about ``seconds`` (so launches queue up behind it)."""
+    import torch
+
+    if not _SLEEP_CYCLES_PER_S:  # calibrate the spin kernel's clock once
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1000)  # warm-up
+        start.record()
+        torch.cuda._sleep(2_000_000)
+        end.record()
+        end.synchronize()
+        _SLEEP_CYCLES_PER_S.append(2_000_000 / max(start.elapsed_time(end) / 1e3, 1e-6))
+    torch.cuda._sleep(int(min(seconds, 0.5) * _SLEEP_CYCLES_PER_S[0]))
 
 
 def time_wall_cuda(fn: Callable[[], object], budget_s: float, batches: int = 3, fastest: bool = False) -> float:
