@@ -42,14 +42,21 @@ log = logging.getLogger("budget_demo")
 
 
 # ---------------------------------------------------------------------- the other application
-def other_app(pattern_gib: list[float], hold_s: float, start, samples, sample_s: float) -> None:
-    """Allocate ``pattern_gib[i]`` GiB for ``hold_s`` seconds each, sampling its own VRAM."""
+def other_app(pattern_gib: list[float], hold_s: float, ready, start, samples, sample_s: float) -> None:
+    """Allocate ``pattern_gib[i]`` GiB for ``hold_s`` seconds each, sampling its own VRAM.
+
+    Times are wall-clock seconds (``time.time()``): the driver puts them on its own time axis.
+    ``ready`` is set once CUDA is up here, so that the pattern starts when ``start`` is set,
+    not after this process has initialized CUDA (seconds, which shifted the two time axes).
+    """
     torch.cuda.init()
+    torch.empty(1, device="cuda")  # the CUDA context exists before the pattern starts
+    ready.set()
     start.wait()
-    t0 = time.time()
     held: list[torch.Tensor] = []
     rows = []
     for phase, gib in enumerate(pattern_gib):
+        rows.append({"t": time.time(), "event": "phase start", "phase": phase, "gib": gib})
         target = int(gib * GiB)
         now = sum(t.numel() for t in held)
         while now > target and held:  # free, and give it back to the card (not just to torch's cache)
@@ -61,10 +68,10 @@ def other_app(pattern_gib: list[float], hold_s: float, start, samples, sample_s:
             held.append(block)
             now += block.numel()
         torch.cuda.synchronize()
-        rows.append({"t": time.time() - t0, "event": "phase", "phase": phase, "gib": gib})
-        end = time.time() + hold_s
+        rows.append({"t": time.time(), "event": "phase", "phase": phase, "gib": gib})
+        end = rows[-2]["t"] + hold_s
         while time.time() < end:
-            rows.append({"t": time.time() - t0, "reserved": torch.cuda.memory_reserved(),
+            rows.append({"t": time.time(), "reserved": torch.cuda.memory_reserved(),
                          "nvml": budgets.process_vram(os.getpid())})
             time.sleep(sample_s)
     held.clear()
@@ -90,7 +97,7 @@ def virtual_card(gpu_size: int, baseline_used: int):
 
 
 def generate_under_pattern(engine, prompts, args, start, pattern_s: float):
-    """Step a scheduler through the pattern; returns (outputs, samples)."""
+    """Step a scheduler through the pattern; returns (outputs, samples, t0: the wall time it began)."""
     scheduler = engine.scheduler(max_seqs=len(prompts), max_context=args.context, ignore_eos=True)
     requests = [scheduler.add(p, max_new_tokens=args.context - len(p)) for p in prompts]
     samples = []
@@ -116,7 +123,45 @@ def generate_under_pattern(engine, prompts, args, start, pattern_s: float):
     for request in requests:
         request.cancel()
     scheduler.run_until_idle()
-    return [list(r.output_ids) for r in requests], samples
+    return [list(r.output_ids) for r in requests], samples, t0
+
+
+def reactions(theirs: list[dict], events: list[dict], t0: float) -> list[dict]:
+    """Per phase of the other application: when it began taking or giving back VRAM, and when
+    vramshard's VRAM had followed (the first adaptation after it: its release, on the same clock).
+
+    An adaptation event is recorded when the executor's reconfiguration ends (``time``); its VRAM
+    was released ``adapt_s - release_s`` before that.
+    """
+    starts = [r for r in theirs if r.get("event") == "phase start"]
+    out = []
+    for i, phase in enumerate(starts):
+        until = starts[i + 1]["t"] if i + 1 < len(starts) else float("inf")
+        after = [e for e in events if e["why"] != "refine" and phase["t"] <= e["time"] < until]
+        row = {"phase": phase["phase"], "gib": phase["gib"], "t": phase["t"] - t0}
+        if after:
+            first = after[0]
+            released = first["time"] - first["adapt_s"] + first["release_s"]
+            row.update(reaction_s=released - phase["t"], budget=first["budget"],
+                       engine_release_s=first["time_to_release_s"])
+        out.append(row)
+    return out
+
+
+def over_the_card(ours: list[dict], theirs: list[dict], gpu_size: int) -> list[float]:
+    """Times of our samples at which both processes together held more than the virtual card:
+    the other application's VRAM is its latest sample before ours (its CUDA context included,
+    as NVML counts it; else its reserved bytes)."""
+    mine = sorted((s["t"], s["nvml"] if s.get("nvml") else s["reserved"]) for s in ours)
+    other = sorted((r["t"], r["nvml"] if r.get("nvml") else r["reserved"]) for r in theirs if "reserved" in r)
+    times, j, held = [], 0, 0
+    for t, used in mine:
+        while j < len(other) and other[j][0] <= t:
+            held = other[j][1]
+            j += 1
+        if used + held > gpu_size:
+            times.append(t)
+    return times
 
 
 def undisturbed_run(engine, prompts, counts, context: int) -> list[list[int]]:
@@ -190,13 +235,20 @@ def main() -> int:
                for _ in range(args.batch)]
 
     ctx = mp.get_context("spawn")
-    start, samples = ctx.Event(), ctx.Queue()
-    other = ctx.Process(target=other_app, args=(args.pattern, args.hold, start, samples, args.sample))
+    ready, start, samples = ctx.Event(), ctx.Event(), ctx.Queue()
+    other = ctx.Process(target=other_app, args=(args.pattern, args.hold, ready, start, samples, args.sample))
     other.start()
+    if not ready.wait(120):
+        raise SystemExit("the other application did not start CUDA within 120 s")
+    engine.poll_budget()  # its CUDA context is on the card now: the budget in force counts it
     pattern_s = args.hold * len(args.pattern) + 2
-    disturbed, ours = generate_under_pattern(engine, prompts, args, start, pattern_s)
+    disturbed, ours, t0 = generate_under_pattern(engine, prompts, args, start, pattern_s)
     theirs = samples.get(timeout=120)
     other.join(30)
+    events = list(engine.budget_events)  # before the undisturbed run's own budget change
+    reacted = reactions(theirs, events, t0)
+    crowded = over_the_card(ours, [{**r, "t": r["t"] - t0} for r in theirs], args.gpu_size)
+    theirs = [{**r, "t": r["t"] - t0} for r in theirs]  # on our time axis
 
     engine.set_vram(start_budget)  # undisturbed: the same prompts under the starting budget
     engine.budget_watcher.set_source(budgets.SettableBudget(start_budget))
@@ -209,16 +261,25 @@ def main() -> int:
     result = {
         "hardware": hardware(), "versions": versions(), "args": {k: v for k, v in vars(args).items()},
         "tokens_identical": disturbed == undisturbed, "tokens_generated": counts, "first_difference": first_diff,
-        "adaptations": list(engine.budget_events),  # budget changes, and "refine": a full plan after a quick one
-        "time_to_release_s": [e["time_to_release_s"] for e in engine.budget_events if e["why"] != "refine"],
-        "samples_over_budget": len(over), "ours": ours, "theirs": theirs,
+        "adaptations": events,  # budget changes, and "refine": a full plan after a quick one
+        "time_to_release_s": [e["time_to_release_s"] for e in events if e["why"] != "refine"],
+        # From the other application's phase start (its first allocation or free) to our VRAM released.
+        "reactions": reacted,
+        "samples_over_budget": len(over),  # our reserved VRAM above the budget in force
+        "samples_over_card": crowded,  # times both processes together held more than the virtual card
+        "ours": ours, "theirs": theirs,
     }
     out = out_dir()
     write_json(out / "budget_demo.json", result)
-    plot(out / "budget_demo.png", ours, theirs, [{"t": s["t"]} for s in theirs if s.get("event") == "phase"], args)
-    log.info("tokens identical: %s; %d adaptations, time to release VRAM %s; samples over budget: %d",
+    plot(out / "budget_demo.png", ours, theirs, [{"t": s["t"]} for s in theirs if s.get("event") == "phase start"],
+         args)
+    log.info("tokens identical: %s; %d adaptations, time to release VRAM %s (engine side); samples over budget: %d",
              result["tokens_identical"], len(result["time_to_release_s"]),
              ", ".join(f"{t * 1e3:.0f} ms" for t in result["time_to_release_s"]), len(over))
+    log.info("reaction from the other application's phase start to our VRAM released: %s; samples over the card "
+             "(both processes): %d at %s s", ", ".join(f"phase {r['phase']} ({r['gib']:g} GiB) {r['reaction_s']:.2f} s"
+                                                for r in reacted if "reaction_s" in r),
+             len(crowded), ", ".join(f"{t:.1f}" for t in crowded))
     log.info("peak VRAM of vramshard %s", format_bytes(engine.executor.peak_vram()))
     return 0 if result["tokens_identical"] else 1
 

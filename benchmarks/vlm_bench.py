@@ -103,14 +103,16 @@ def ours_one(engine, base_reserved: int, ids, inputs, decode: int) -> dict:
     return {
         "status": "ok", "prompt_tokens": len(ids), "patches": int(inputs.pixel_values.shape[0]),
         "peak_vram": torch.cuda.max_memory_reserved() - base_reserved,
-        "vision_peak_vram": stats.extra.get("vision_peak_vram"),
+        # Both peaks over the same base: what was reserved before the engine was built.
+        "vision_peak_vram": stats.extra["vision_peak_reserved"] - base_reserved if "vision_peak_reserved" in stats.extra
+        else None,
         "vision_s": stats.extra.get("vision_s"), "ttft_s": ttft, "decode_tokens": count,
         "decode_s_per_token": per_token, "e2e_128_s": ttft + (ANSWER - 1) * per_token,
         "e2e_measured": count >= ANSWER,
     }
 
 
-def run_ours(results: list, budgets, images, option_sets, decode: int, clock: Clock) -> None:
+def run_ours(results: list, budgets, images, option_sets, decode: int, clock: Clock, profile=None) -> None:
     model = shape_model(SHAPE)
     for gib in budgets:
         if clock.left() < 30:
@@ -121,14 +123,14 @@ def run_ours(results: list, budgets, images, option_sets, decode: int, clock: Cl
         base = torch.cuda.memory_reserved()
         t0 = time.perf_counter()
         engine = Engine.from_weights(model, random_weights(model), name=SHAPE, vram=f"{gib}GiB", device="cuda",
-                                     max_context=CONTEXT, max_step_tokens=STEP_TOKENS[gib])
+                                     max_context=CONTEXT, max_step_tokens=STEP_TOKENS[gib], profile=profile)
         log.info("engine for %d GiB built in %.1f s", gib, time.perf_counter() - t0)
         for option_name, options in option_sets.items():
             row = {"system": "vramshard", "budget_gib": gib, "options": option_name}
             options = dataclasses.replace(options, plan_pixels=max(w * h for w, h in
                                                                    (RESOLUTIONS[n] for n in images)))
             try:
-                vlm.configure(engine, options, IMAGE_CONFIG)
+                vlm.configure(engine, options, IMAGE_CONFIG, profile)
             except VramshardError as exc:
                 results.append({**row, "status": "refused at load", "error": str(exc)})
                 continue
@@ -291,12 +293,24 @@ def main() -> int:
     parser.add_argument("--decode", type=int, default=16, help="tokens decoded where the answer is extrapolated")
     parser.add_argument("--deadline", type=float, default=510.0, help="seconds after which runs are skipped")
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+    parser.add_argument("--systems", default="ours,hf", help="which to run: ours (vramshard), hf (transformers)")
+    parser.add_argument("--budgets", default=None, help="GiB, comma-separated (default 2,4,8)")
+    parser.add_argument("--profile", default=None, help="machine profile for the planner (default: the stored one)")
     args = parser.parse_args()
+    systems = set(args.systems.split(","))
+    if args.no_hf:
+        systems.discard("hf")
+    if not systems <= {"ours", "hf"}:
+        parser.error(f"--systems takes ours and/or hf, got {args.systems}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if not torch.cuda.is_available():
         raise SystemExit("vlm_bench needs a CUDA GPU")
     clock = Clock(args.deadline)
     budgets = (2, 8) if args.quick else BUDGETS_GIB
+    if args.budgets:
+        budgets = tuple(int(b) for b in args.budgets.split(","))
+        if not set(budgets) <= set(STEP_TOKENS):
+            parser.error(f"--budgets takes GiB among {sorted(STEP_TOKENS)}, got {args.budgets}")
     names = ("480p", "1440p") if args.quick else tuple(RESOLUTIONS)
     option_sets = {k: OPTION_SETS[k] for k in (("all_on", "all_off") if args.quick else OPTION_SETS)}
     images = {name: image_inputs(name) for name in names}
@@ -305,9 +319,13 @@ def main() -> int:
               "context": CONTEXT, "step_tokens": STEP_TOKENS, "results": results}
     path = out_dir() / "vlm_bench.json"
     try:
-        run_ours(results, budgets, images, option_sets, args.decode, clock)
-        write_json(path, report)
-        if not args.no_hf:
+        if "ours" in systems:
+            from vramshard.plan.planner import machine_profile
+
+            profile = machine_profile(args.profile) if args.profile else None
+            run_ours(results, budgets, images, option_sets, args.decode, clock, profile)
+            write_json(path, report)
+        if "hf" in systems:
             run_hf(results, budgets, images, min(args.decode, 4), clock)
     finally:
         report["elapsed_s"] = time.perf_counter() - clock.start

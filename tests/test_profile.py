@@ -448,3 +448,20 @@ def test_split_part_factor_is_measured_validated_and_scales_the_cpu_part(tmp_pat
     path.write_text(json.dumps(data))
     with pytest.raises(ProfileError, match="split FFN part factor"):
         load(path, check_fingerprint=False)
+
+
+def test_summary_peak_is_not_one_lucky_point():
+    """One timing 10x too fast (a burst of luck, or a timer glitch) must not become the peak."""
+    import copy
+
+    from vramshard.profile.query import Profile
+
+    base = synthetic(cpu_gflops=100, gpu_gflops=10_000, h2d_gbps=20, cpu_threads=2)
+    data = copy.deepcopy(base.data)
+    table = next(t for t in data["matmul"] if t["device"] == "cpu" and not t["contended"]
+                 and t["threads"] == data["cpu"]["default_threads"])
+    table["seconds"][-1][-1] /= 10
+    lucky = Profile(data).summary()
+    dtype = table["dtype"]
+    assert lucky["matmul_fastest_point_gflops"]["cpu"][dtype] > 5 * base.summary()["matmul_peak_gflops"]["cpu"][dtype]
+    assert lucky["matmul_peak_gflops"]["cpu"][dtype] <= 1.05 * base.summary()["matmul_peak_gflops"]["cpu"][dtype]

@@ -469,7 +469,9 @@ def run(engine, prompts: Sequence[Sequence[int]], pixel_values, image_grid_thw, 
     """Yield (prompt index, new token) as they are made: vision phase, multimodal prefill, decode.
 
     ``engine.last_stats.extra`` gets ``vision_s`` (seconds of the vision phase) and, on the GPU,
-    ``vision_peak_vram`` (peak VRAM bytes up to the end of the vision phase).
+    ``vision_peak_vram`` (peak VRAM bytes up to the end of the vision phase, beyond what the process
+    held before the executor was built) and ``vision_peak_reserved`` (``torch.cuda.max_memory_reserved``
+    then: the same peak as torch counts it since its last ``reset_peak_memory_stats``).
     """
     if max_new_tokens < 0:
         raise InvalidInputError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
@@ -494,6 +496,7 @@ def run(engine, prompts: Sequence[Sequence[int]], pixel_values, image_grid_thw, 
     extra = {"vision_s": time.perf_counter() - t0}
     if executor.uses_gpu:
         extra["vision_peak_vram"] = executor.peak_vram()
+        extra["vision_peak_reserved"] = torch.cuda.max_memory_reserved(executor.gpu)
     # Prefill and decode through the continuous-batching scheduler, as text prompts.
     yield from engine._run(prompts, max_new_tokens, params, stop, multimodal=multimodal, scheduler=scheduler,
                            extra=extra)

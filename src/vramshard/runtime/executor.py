@@ -504,13 +504,32 @@ class Executor:
         with self._lock:
             for attempt in range(self.oom_retries + 1):
                 try:
-                    return self._run_locked(sublayers, x, step, tokens)
+                    out = self._run_locked(sublayers, x, step, tokens)
+                    self._trim_allocator_cache()
+                    return out
                 except torch.cuda.OutOfMemoryError as exc:
                     failure = str(exc).splitlines()[0] if str(exc) else "out of memory"
                 # Outside the except clause: the traceback's frames (holding the failed step's
                 # tensors) are gone, so their VRAM can be given back.
                 self._after_oom(failure, attempt)
             raise AssertionError("unreachable")
+
+    def _trim_allocator_cache(self) -> None:
+        """Give the allocator's cached free blocks back to the card when they push what this
+        process reserves past the plan.
+
+        Prompt chunks over a growing context ask for slightly larger buffers at every step; the
+        caching allocator keeps the smaller freed blocks and maps new ones beside them, so the
+        reserved VRAM creeps past the budget while the allocated VRAM stays inside it (measured:
+        a 1440p image chat at 2 GiB allocated at most 1.6 GiB and reserved 3.5 GiB). Emptying
+        the cache between such steps costs a synchronize and re-allocating one step's buffers.
+        """
+        if self.gpu is None or self.simulated or not self.uses_gpu:
+            return
+        reserved = torch.cuda.memory_reserved(self.gpu) - self._vram_before
+        planned = self.need.total + (self.graphs.pool_bytes if self.graphs is not None else 0)
+        if reserved > planned + ALLOCATOR_SLACK:
+            torch.cuda.empty_cache()
 
     def _after_oom(self, failure: str, attempt: int) -> None:
         """A step ran out of VRAM (another program took it faster than the budget said): let the
