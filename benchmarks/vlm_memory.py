@@ -1,7 +1,7 @@
 """Where the VRAM of one image chat goes: peak allocated and reserved bytes per phase, and the
 live allocations at the peak grouped by the vramshard line that made them.
 
-    PYTHONPATH=src python -m benchmarks.vlm_memory [--budget 2] [--image 1440p] [--decode 4]
+    PYTHONPATH=src python -m benchmarks.vlm_memory [--budget 2] [--image 1440p] [--decode 4] [--json-name NAME]
 
 Builds the Qwen2.5-VL-7B shape of ``vlm_bench`` (random weights) under ``--budget`` GiB with all
 vision optimizations on, records the CUDA caching allocator's history
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import collections
 import logging
+import os
 import time
 
 import torch
@@ -73,6 +74,7 @@ def main() -> int:
     parser.add_argument("--budget", type=int, default=2, choices=sorted(STEP_TOKENS))
     parser.add_argument("--image", default="1440p", choices=sorted(RESOLUTIONS))
     parser.add_argument("--decode", type=int, default=4)
+    parser.add_argument("--json-name", default="vlm_memory.json", help="file name under $OUT")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     model = shape_model(SHAPE)
@@ -109,11 +111,12 @@ def main() -> int:
     report = {
         "date": now(), "hardware": hardware(), "shape": SHAPE, "budget_gib": args.budget, "image": args.image,
         "prompt_tokens": len(ids), "plan": engine.executor.plans.name,
+        "chunk_attention": os.environ.get("VRAMSHARD_CHUNK_ATTENTION", "lower_right"),
         "planned": engine.executor.need.breakdown(), "loaded": loaded, "phases": phases,
         "extra": {k: v for k, v in engine.last_stats.extra.items() if isinstance(v, (int, float))},
         "trace_events": len(trace), "replay": replay(trace),
     }
-    path = out_dir() / "vlm_memory.json"
+    path = out_dir() / args.json_name
     write_json(path, report)
     log.info("loaded %s; phases %s", loaded, [(p["phase"], p["peak_reserved"]) for p in phases])
     for row in report["replay"]["live_at_peak"][:15]:

@@ -200,6 +200,9 @@ def test_budget_changes_during_generation_keep_greedy_tokens(model_dir, referenc
     assert kv_sides[1] and not kv_sides[6] and kv_sides[12]  # KV went to host and came back
     assert seen[8][1] == 0  # below the minimum: nothing on the GPU
     assert len([e for e in engine.budget_events if e["why"] != "refine"]) == len(changes)
+    for event in engine.budget_events:  # the release, part by part
+        parts = event["release_parts_s"]
+        assert {"wait", "kv", "free"} <= set(parts) and sum(parts.values()) <= event["release_s"] + 1e-6
     assert engine.budget_state()["vram_budget"] is None
 
 

@@ -271,45 +271,15 @@ def _has_triton() -> bool:
     return True
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_masked_decode_kernels_agree(dtype):
-    """The spelled-out masked decode attention is SDPA's: G query rows per KV head, a padded key bucket."""
-    from vramshard.layers.static_attention import decode_mask, masked_attention_matmul, masked_attention_sdpa
-
-    g = torch.Generator().manual_seed(3)
-    B, hkv, G, L, D = 3, 2, 4, 48, 16
-    query, keys, values = (torch.randn(*shape, generator=g).to(dtype)
-                           for shape in ((B, hkv, G, D), (B, hkv, L, D), (B, hkv, L, D)))
-    mask = decode_mask(torch.tensor([0, 17, 47]), torch.arange(L))
-    expected = masked_attention_sdpa(query.float(), keys.float(), values.float(), mask, D ** -0.5)
-    got = masked_attention_matmul(query, keys, values, mask, D ** -0.5)
-    assert got.dtype == dtype
-    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
-    torch.testing.assert_close(got.float(), expected, rtol=tolerance, atol=tolerance)
-    torch.testing.assert_close(got[0].float(), values[0, :, :1].float().expand(hkv, G, D), rtol=tolerance,
-                               atol=tolerance)  # position 0 sees key 0 only
-
-
-def test_static_decode_with_the_matmul_kernel_matches_normal_path(engines, monkeypatch):
-    import vramshard.layers.static_attention as static_attention
-
-    monkeypatch.setattr(static_attention, "MASKED_DECODE", "matmul")
-    engine = engines("llama")
-    assert _decode_trace(engine, _host_graphs(engine)) < 1e-4
-
-
-@pytest.mark.parametrize("arch, compile_backend, masked", [
-    ("llama", None, "sdpa"), ("qwen3", None, "sdpa"), ("llama", None, "matmul"),
-    pytest.param("llama", "inductor", "sdpa",
+@pytest.mark.parametrize("arch, compile_backend", [
+    ("llama", None), ("qwen3", None),
+    pytest.param("llama", "inductor",
                  marks=pytest.mark.skipif(not _has_triton(), reason="inductor needs Triton")),
 ])
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_graph_replay_matches_eager_over_16_steps(arch, compile_backend, masked, tiny_model_dir, monkeypatch):
-    """Also with the fusable parts compiled by inductor, and with the spelled-out masked attention."""
-    import vramshard.layers.static_attention as static_attention
-
-    monkeypatch.setattr(static_attention, "MASKED_DECODE", masked)
+def test_graph_replay_matches_eager_over_16_steps(arch, compile_backend, tiny_model_dir):
+    """Also with the fusable parts compiled by inductor."""
     engine = _gpu_engine(tiny_model_dir, arch)
     executor = engine.executor
     graphs = _gpu_graphs(engine, compile_backend=compile_backend)

@@ -148,3 +148,42 @@ def test_running_sequences_never_lose_blocks(engine):
         peak = max(peak, scheduler.blocks.reserved_blocks)
         assert scheduler.blocks.used_blocks <= scheduler.blocks.num_blocks == 5
     assert peak <= 5 and [r.output_ids for r in requests] == alone
+
+
+def test_the_lower_right_causal_bias_is_the_chunk_mask():
+    """A prompt chunk after cached tokens: SDPA with the lower-right causal bias (what CUDA runs,
+    in the flash kernel) sees exactly the keys of the boolean chunk mask, with GQA."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    from vramshard.layers.attention import _chunk_mask
+
+    torch.manual_seed(0)
+    start, n, H, Hkv, D = 11, 6, 4, 2, 8
+    q = torch.randn(1, H, n, D)
+    k, v = torch.randn(1, Hkv, start + n, D), torch.randn(1, Hkv, start + n, D)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=_chunk_mask(start, n, "cpu"), enable_gqa=True)
+    got = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(n, start + n), enable_gqa=True)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gpu_prompt_chunks_after_cached_tokens_match_the_reference(dtype):
+    """The CUDA chunk path (lower-right causal bias; flash for half precision) over scattered blocks."""
+    torch.manual_seed(0)
+    H, Hkv, D, start, n = 8, 2, 64, 37, 21
+    cache = KVCache([0], slots=1, max_ctx=12 * BLOCK, kv_heads=Hkv, head_dim=D, dtype=dtype,
+                    device_of=lambda layer: "cuda")
+    table = torch.randperm(12).tolist()
+    keys, vals = torch.randn(start + n, Hkv, D), torch.randn(start + n, Hkv, D)
+    layer = cache(0)
+    for pos in range(start):
+        layer.k[table[pos // BLOCK], pos % BLOCK] = keys[pos].to(dtype)
+        layer.v[table[pos // BLOCK], pos % BLOCK] = vals[pos].to(dtype)
+    q = torch.randn(n, H, D)
+    step = Step([0], [start], [n], kv_lookup=cache, block_tables=[table])
+    out = attend(q.to("cuda", dtype), keys[start:].to("cuda", dtype), vals[start:].to("cuda", dtype), layer, step)
+    expected = _reference(q, keys.to(dtype).float(), vals.to(dtype).float(), start)
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.float().cpu(), expected, rtol=tolerance, atol=tolerance)

@@ -184,6 +184,7 @@ class BudgetFollower:
             "kv_bytes_to_host": report.kv_bytes_to_host, "kv_bytes_to_gpu": report.kv_bytes_to_gpu,
             "quick_plan": adaptation.quick,
             "wait_s": waited, "plan_s": planned, "release_s": report.release_s, "adapt_s": report.total_s,
+            "release_parts_s": dict(report.release_parts),
             "time_to_release_s": waited + planned + report.release_s,
             "reserved_after_release": report.reserved_after_release, "reserved_after": report.reserved_after,
         }

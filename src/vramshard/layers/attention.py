@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Mapping
 
 import torch
@@ -157,7 +158,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache, step: Step)
             if start == 0:
                 causal = True
             else:
-                mask = _chunk_mask(start, n, device)
+                mask = _chunk_bias(start, n, device)
         out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, is_causal=causal,
                                              scale=scale, enable_gqa=gqa)
         return out[0].transpose(0, 1)  # [T, H, D]
@@ -234,6 +235,22 @@ def _table_tensor(step: Step, cache, device) -> torch.Tensor:
         row = list(table[:used])
         rows.append(row + [row[0]] * (used - len(row)))
     return torch.tensor(rows, dtype=torch.long).to(device, non_blocking=True)
+
+
+# A prompt chunk after the first attends causally with its diagonal at the bottom right. As a
+# boolean mask, SDPA runs it with GQA only in its math kernel, which holds [H, n, L] scores (and
+# the VRAM they took grew chunk after chunk: docs/BENCHMARKS.md, fifth session); the lower-right
+# causal bias runs in the flash kernel on CUDA. VRAMSHARD_CHUNK_ATTENTION=mask restores the mask.
+CHUNK_ATTENTION = os.environ.get("VRAMSHARD_CHUNK_ATTENTION", "lower_right").lower()
+
+
+def _chunk_bias(start: int, n: int, device):
+    """What a prompt chunk of ``n`` tokens after ``start`` cached ones may see: SDPA's ``attn_mask``."""
+    if torch.device(device).type == "cuda" and CHUNK_ATTENTION != "mask":
+        from torch.nn.attention.bias import causal_lower_right
+
+        return causal_lower_right(n, start + n)
+    return _chunk_mask(start, n, device)
 
 
 def _chunk_mask(start: int, n: int, device) -> torch.Tensor:

@@ -16,7 +16,6 @@ writes the key and value *of row 0* to row 0's position (``write_source`` = 0, `
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -91,28 +90,15 @@ def static_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: Laye
     # would only give a masked call through its slow math kernel.
     hkv, group = k.shape[1], q.shape[1] // k.shape[1]
     query = q.view(B, hkv, group, q.shape[-1])  # [B, Hkv, G, D]
-    attend = masked_attention_matmul if MASKED_DECODE == "matmul" else masked_attention_sdpa
-    out = attend(query, keys, values, index.mask, q.shape[-1] ** -0.5)
+    out = masked_attention(query, keys, values, index.mask, q.shape[-1] ** -0.5)
     return out.reshape(B, q.shape[1], q.shape[-1])  # [B, H, D]
 
 
-# How a fixed-shape decode step attends over its masked key bucket. SDPA with a mask takes the
-# memory-efficient kernel, which tiles queries (here G rows) and does not split the keys: 45 µs a
-# layer on the H200 over 2048 keys, against 10 µs for eager decode's flash split-KV kernel.
-# "matmul" spells the attention out (scores, mask, softmax, weighted sum), in float32, and lets
-# cuBLAS spread the keys over the GPU; opt-in until it is measured on a GPU.
-MASKED_DECODE = os.environ.get("VRAMSHARD_MASKED_DECODE", "sdpa").lower()
-
-
-def masked_attention_sdpa(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-                          scale: float) -> torch.Tensor:
+# SDPA with a mask takes the memory-efficient kernel, which tiles queries (here G rows) and does
+# not split the keys: 45 µs a layer on the H200 over 2048 keys, against 10 µs for eager decode's
+# flash split-KV kernel. Spelling the attention out in float32 matmuls (so that cuBLAS spreads
+# the keys) was no faster in the whole step: 9.17 against 9.06 ms (docs/BENCHMARKS.md, fifth session).
+def masked_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                     scale: float) -> torch.Tensor:
     """query [B, Hkv, G, D] over keys, values [B, Hkv, L, D], mask [B, 1, 1, L] bool → [B, Hkv, G, D]."""
     return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale)
-
-
-def masked_attention_matmul(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-                            scale: float) -> torch.Tensor:
-    """:func:`masked_attention_sdpa` as two batched matmuls and a softmax, in float32."""
-    scores = torch.matmul(query.float(), keys.float().transpose(-1, -2)) * scale  # [B, Hkv, G, L]
-    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
-    return torch.matmul(probs, values.float()).to(query.dtype)  # [B, Hkv, G, D]

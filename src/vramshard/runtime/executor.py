@@ -120,6 +120,10 @@ class ReconfigureReport:
     reserved_after_release: int
     reserved_after: int
     need: VramNeed
+    # Seconds of each part of the release: "wait" (the GPU finishing queued work), "kv" (KV caches
+    # moved to host memory), "free" (buffers dropped, allocator cache emptied), "collect" (a
+    # garbage collection, only when a reference cycle still held old buffers).
+    release_parts: dict = field(default_factory=dict)
 
 
 class Executor:
@@ -289,18 +293,25 @@ class Executor:
             start = time.perf_counter()
             config = self._configure(placement, budget, expert_cache)
             self._check_kv_fits(config)
-            if self.gpu is not None and not self.simulated:
+            real_gpu = self.gpu is not None and not self.simulated
+            parts = {}
+            mark = time.perf_counter()
+            if real_gpu:
                 torch.cuda.synchronize(self.gpu)
+            parts["wait"], mark = time.perf_counter() - mark, time.perf_counter()
             cpu = torch.device("cpu")
             to_host = self._move_kv(self._kv_gpu - config.kv_gpu, cpu)
             kept_kv = sum(cache.bytes_on("cuda") for cache in list(self._kv_caches))
+            parts["kv"], mark = time.perf_counter() - mark, time.perf_counter()
             self._clear_vram()
             self.report = StepReport()
-            if self.gpu is not None and not self.simulated:
+            if real_gpu:
                 torch.cuda.empty_cache()
-                if torch.cuda.memory_reserved(self.gpu) - self._vram_before > kept_kv + ALLOCATOR_SLACK:
-                    gc.collect()  # a reference cycle still holds old buffers (slow: only when needed)
-                    torch.cuda.empty_cache()
+            parts["free"], mark = time.perf_counter() - mark, time.perf_counter()
+            if real_gpu and torch.cuda.memory_reserved(self.gpu) - self._vram_before > kept_kv + ALLOCATOR_SLACK:
+                gc.collect()  # a reference cycle still holds old buffers (slow: only when needed)
+                torch.cuda.empty_cache()
+                parts["collect"] = time.perf_counter() - mark
             released = time.perf_counter() - start
             reserved_after_release = self._reserved()
             moving_in = config.kv_gpu - self._kv_gpu
@@ -312,7 +323,7 @@ class Executor:
             if self.gpu is not None and not self.simulated:
                 torch.cuda.synchronize(self.gpu)
             report = ReconfigureReport(released, time.perf_counter() - start, to_host, to_gpu,
-                                       reserved_after_release, self._reserved(), self.need)
+                                       reserved_after_release, self._reserved(), self.need, parts)
             log.info("reconfigured to %s in %.1f ms (VRAM released after %.1f ms; KV moved: %s to host, %s to "
                      "GPU)", self.describe(), report.total_s * 1e3, released * 1e3, format_bytes(to_host),
                      format_bytes(to_gpu))
