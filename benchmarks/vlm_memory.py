@@ -43,8 +43,7 @@ def replay(trace: list[dict]) -> dict:
     live: dict[int, tuple[int, str]] = {}
     total = peak = 0
     at_peak: dict[int, tuple[int, str]] = {}
-    segments = reserved = 0
-    reserved_peak = 0
+    segments = reserved_peak = 0
     for event in trace:
         action, addr, size = event["action"], event["addr"], event["size"]
         if action == "alloc":
@@ -59,7 +58,6 @@ def replay(trace: list[dict]) -> dict:
             reserved_peak = max(reserved_peak, segments)
         elif action in ("segment_free", "segment_unmap"):
             segments -= size
-    del reserved
     groups: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
     for size, where in at_peak.values():
         groups[where][0] += size

@@ -244,11 +244,14 @@ def _rebuild_executor(engine, plans: TieredPlacement) -> None:
     try:
         executor = Executor(engine.model, host, plans, **kwargs)
     except VramshardError:  # e.g. the placement does not fit as the executor counts: keep the one it had
-        executor = Executor(engine.model, host, old_plans, **kwargs)
+        _install(engine, Executor(engine.model, host, old_plans, **kwargs))
         raise
-    finally:
-        executor.oom_handler = engine.budget.recover_from_oom  # as the engine set it on the one replaced
-        engine.executor = executor
+    _install(engine, executor)
+
+
+def _install(engine, executor) -> None:
+    executor.oom_handler = engine.budget.recover_from_oom  # as the engine set it on the one replaced
+    engine.executor = executor
 
 
 def check_vision_budget(engine, patches: int, memory_efficient: bool) -> None:
