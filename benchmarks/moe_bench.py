@@ -203,8 +203,8 @@ def run_cell(model, host, label, placement, cache, budget, args, bw, deadline, o
     cell["decode_expert_hit_rate"] = report.expert_hit_rate
     if cell["bound_tok_s"]:
         cell["decode_fraction_of_bound"] = cell["decode_tok_s"] / cell["bound_tok_s"]
-    if executor.expert_cache is not None:
-        cell["pcie_measured_bound_tok_s"] = bw["h2d"] / max(report.bytes_streamed, 1)
+    if executor.expert_cache is not None and report.bytes_streamed:  # a step that streamed nothing has no such bound
+        cell["pcie_measured_bound_tok_s"] = bw["h2d"] / report.bytes_streamed
         stats = executor.expert_cache.stats  # since the executor was made (warm-up included)
         cell["misses_computed_on_cpu"] = stats.elsewhere / max(stats.misses, 1)
     if time.perf_counter() < deadline:

@@ -175,8 +175,22 @@ def test_too_large_image_error_says_need_and_what_fits(engine):
     most = int(text.split("at most ")[1].split(" pixels")[0].replace(",", ""))
     assert 3000 * 196 <= most < 200_000 * 196
     # Overlapping phases and naive attention need more: with them off, 4000 patches no longer fit.
-    with pytest.raises(BudgetError, match="turning the memory-efficient"):
+    with pytest.raises(BudgetError, match="memory-efficient attention and free-before-prefill options on"):
         vlm.check_fits(model, need, budget, 4000, vlm.VisionOptions.all_off())
+
+
+def test_a_budget_that_holds_no_image_says_so(engine):
+    """When not even one merged patch fits beside the language model, the error says no image fits
+    and what the image needs, instead of "at most 0 pixels"."""
+    model = engine.model
+    need = VramNeed(resident=100 * 2**20, slots=0, kv=50 * 2**20, workspace=80 * 2**20)
+    overlapping = vlm.VisionOptions(free_before_prefill=False)  # the phases add up: KV + workspace too
+    budget = need.resident + need.kv  # less than the language model's step needs beside the vision phase
+    with pytest.raises(BudgetError) as caught:
+        vlm.check_fits(model, need, budget, 4000, overlapping)
+    text = str(caught.value)
+    assert "no image fits" in text and "0 pixels" not in text
+    assert "raise --vram to at least" in text and "free-before-prefill options on" in text
 
 
 def test_vision_workspace_grows_with_patches_and_naive_attention():
@@ -282,8 +296,9 @@ def test_options_that_do_not_fit_are_refused_and_the_engine_keeps_its_placement(
     engine.set_vram(need)  # just what the offloaded vision phase needs
     engine.poll_budget()
     placed = (engine.executor.plans, engine.plan, engine.vision)
-    resident_vision = vlm.VisionOptions(offload_weights=False)
+    # Resident vision weights, naive attention and overlapping phases: more than this budget holds
+    # however the language model is placed.
     with pytest.raises(BudgetError):
-        vlm.configure(engine, resident_vision, profile=profile)
+        vlm.configure(engine, vlm.VisionOptions.all_off(), profile=profile)
     assert (engine.executor.plans, engine.plan, engine.vision) == placed
     assert vlm.generate_chat(engine, "Describe it.", files, max_new_tokens=6) == expected

@@ -155,7 +155,7 @@ def _vision_plans(engine, vision: VisionOptions, patches: int, profile, budget: 
     slots, ctx = executor.kv_plan
     settings = engine.budget.plan_settings()
     limit, chosen = budget, None
-    for _ in range(3):
+    for _ in range(4):
         try:
             plan_set = Planner(text, profile, budget, context=slots * ctx, tiers=settings.tiers,
                                num_slots=settings.num_slots, name=engine.model_name, kv_on_gpu=kv_on_gpu,
@@ -167,9 +167,16 @@ def _vision_plans(engine, vision: VisionOptions, patches: int, profile, budget: 
         plans = _with_vision(model, plan_set.tiered(), vision, patches, profile)
         chosen = (plans, plan_set)
         over = _vision_need(engine, plans, patches, vision, plan_set.num_slots) - (limit or 0)
-        if over <= 0 or budget is None or budget - over <= 0:
+        if over <= 0 or budget is None:
             break
-        budget -= over  # fewer resident weights: room for the vision activations
+        # The language model alone needs `text_need`, usually a little under the budget it was
+        # planned for; shrinking that budget by `over` alone can leave the same slack and overshoot
+        # again (the 8 GiB `no_offload` plan did), so the next plan gets `text_need - over`.
+        text_need = tiered_vram_need(text, plan_set.tiered(), slots, ctx, engine.max_step_tokens,
+                                     plan_set.num_slots).total
+        budget = min(budget, text_need) - over  # fewer resident weights: room for the vision phase
+        if budget <= 0:
+            break
     return chosen
 
 
@@ -278,6 +285,15 @@ def check_fits(model, need, budget: int, patches: int, vision: VisionOptions) ->
             low = middle
         else:
             high = middle - 1
+    smallest = model.args.vision.spatial_merge_size ** 2  # one merged token: the smallest image there is
+    if low < smallest:
+        floor = _phase_bytes(model, need, smallest, vision, efficient)
+        raise BudgetError(
+            f"no image fits the vision phase under the budget of {format_bytes(budget)} with this placement and "
+            f"these vision options: even the smallest image needs {format_bytes(floor)} (the image(s) given need "
+            f"{format_bytes(needed)}); raise --vram to at least {format_bytes(needed)}"
+            + ("" if efficient and vision.free_before_prefill else
+               ", or turn the memory-efficient attention and free-before-prefill options on"))
     pixels = low * model.args.vision.patch_size ** 2
     side = int(pixels ** 0.5)
     raise BudgetError(

@@ -13,6 +13,9 @@ A dense FFN split between the CPU and the GPU (``Where.cpu_pieces``) streams onl
 the Python thread queues that part's kernels (after its slot is filled), computes the CPU part
 meanwhile, and the layer's output waits for both and for the activation's crossings (the
 normalized input to the other device, its contribution back).
+
+CPU work runs at the profile's contended pace only while the copy engine is busy
+(:class:`CopyEngineSpans`): both read host memory, and a copy leaves a matmul less of it.
 """
 
 from __future__ import annotations
@@ -45,6 +48,47 @@ class StepEstimate:
     copy_busy: float
     bytes_streamed: int
     timeline: list[tuple[str, str, float, float]] = field(default_factory=list, repr=False)  # (name, resource, start, end)
+
+
+class CopyEngineSpans:
+    """The copy engine's busy intervals of a simulated step, read from its timeline, for CPU work
+    that runs beside them.
+
+    The CPU and the copy engine read the same host memory. While a copy runs, a memory-bound CPU
+    matmul gets what the copy leaves of the memory bandwidth (the profile's contended CPU
+    table); between copies it runs at its own pace. CPU work is asked for in time order and the
+    copy engine runs its queue in order, so one cursor walks the intervals once per step.
+    """
+
+    def __init__(self, timeline: list):
+        self.timeline = timeline
+        self.spans: list[tuple[float, float]] = []
+        self._read = 0  # timeline entries read so far
+        self._first = 0  # first span that may still end after the next CPU work starts
+
+    def cpu_end(self, start: float, alone_s: float, contended_s: float) -> float:
+        """When CPU work that takes ``alone_s`` alone and ``contended_s`` beside copies, started at
+        ``start``, ends."""
+        if contended_s <= alone_s:
+            return start + alone_s
+        for entry in self.timeline[self._read:]:
+            if entry[1] == "copy" and entry[3] > entry[2]:
+                self.spans.append((entry[2], entry[3]))
+        self._read = len(self.timeline)
+        while self._first < len(self.spans) and self.spans[self._first][1] <= start:
+            self._first += 1
+        left, now = 1.0, start  # the fraction of the work still to do, and the time
+        for begin, end in self.spans[self._first:]:
+            if begin > now:  # the copy engine idles until `begin`: the CPU has the memory to itself
+                if (begin - now) / alone_s >= left:
+                    return now + left * alone_s
+                left -= (begin - now) / alone_s
+                now = begin
+            if (end - now) / contended_s >= left:
+                return now + left * contended_s
+            left -= (end - now) / contended_s
+            now = end
+        return now + left * alone_s
 
 
 class Estimator:
@@ -219,6 +263,7 @@ class Estimator:
         copy_free = 0.0
         cpu_busy = gpu_busy = copy_busy = 0.0
         timeline = []
+        copies = CopyEngineSpans(timeline)
         n_stream = len(order)
         fill_done: dict[int, float] = {}  # global fill index -> time the slot holds its weights
         slot_released: dict[int, float] = {}  # global use index -> GPU time the slot became free
@@ -258,8 +303,9 @@ class Estimator:
                         py = max(py, x_ready) + self.crossing_s(act_bytes, "d2h")
                         x_device = "cpu"
                     start = max(py, x_ready)
-                    seconds = self.compute_s(sublayer, "cpu", n_tokens, context, contended=streams) \
-                        + self.launch_s(sublayer, "cpu", n_tokens)
+                    alone = self.compute_s(sublayer, "cpu", n_tokens, context)
+                    beside = self.compute_s(sublayer, "cpu", n_tokens, context, contended=True) if streams else alone
+                    seconds = copies.cpu_end(start, alone, beside) - start + self.launch_s(sublayer, "cpu", n_tokens)
                     py = x_ready = start + seconds
                     cpu_busy += seconds
                     timeline.append((sublayer.name, "cpu", start, py))
@@ -268,13 +314,14 @@ class Estimator:
                     # GPU part queued on its slot, CPU part meanwhile, the output where the input is.
                     k, pieces = w.cpu_pieces, sublayer.num_pieces
                     gpu_s = self.part_s(sublayer, "cuda", n_tokens, k, pieces)
-                    cpu_s = self.part_s(sublayer, "cpu", n_tokens, 0, k, contended=streams)
+                    cpu_alone = self.part_s(sublayer, "cpu", n_tokens, 0, k)
+                    cpu_beside = self.part_s(sublayer, "cpu", n_tokens, 0, k, contended=True) if streams else cpu_alone
                     launch = self.dispatch_s("cuda") * PART_LAUNCHES / DISPATCH_LAUNCHES
                     if x_device == "cpu":
                         py = max(py, x_ready) + self.crossing_s(act_bytes, "h2d")  # h to the GPU
                         h_ready = py
-                    else:
-                        h_ready = max(gpu_free, x_ready)  # the norm on the GPU (negligible)
+                    else:  # the norm on the GPU (negligible), from the GPU part's slot: after its fill
+                        h_ready = max(gpu_free, x_ready, fill_done[uses])
                     start = max(gpu_free, h_ready, fill_done[uses], py)
                     py += launch
                     gpu_done = max(start + gpu_s, py)
@@ -286,6 +333,7 @@ class Estimator:
                     issue_fill(py)
                     if x_device == "cuda":
                         py = max(py, h_ready) + self.crossing_s(act_bytes, "d2h")  # h to the host
+                    cpu_s = copies.cpu_end(py, cpu_alone, cpu_beside) - py
                     timeline.append((sublayer.name, "cpu", py, py + cpu_s))
                     py += cpu_s
                     cpu_busy += cpu_s
@@ -309,7 +357,9 @@ class Estimator:
                     py = max(py, router_done)
                     if w.experts == "host":
                         py += self.crossing_s(act_bytes, "d2h")
-                        seconds = self.experts_s(sublayer, "cpu", n_tokens, contended=streams)
+                        alone = self.experts_s(sublayer, "cpu", n_tokens)
+                        beside = self.experts_s(sublayer, "cpu", n_tokens, contended=True) if streams else alone
+                        seconds = copies.cpu_end(py, alone, beside) - py
                         timeline.append((sublayer.name, "cpu", py, py + seconds))
                         cpu_busy += seconds
                         py += seconds + self.crossing_s(act_bytes, "h2d")

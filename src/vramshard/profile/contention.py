@@ -11,33 +11,64 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
+from collections import deque
+from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class LoadRate:
+    """What a background load achieved while it ran (filled in when the ``with`` block ends)."""
+
+    nbytes: int = 0
+    seconds: float = 0.0
+
+    @property
+    def gbps(self) -> float:
+        return self.nbytes / self.seconds / 1e9 if self.seconds else 0.0
+
+
 @contextlib.contextmanager
-def pcie_load(nbytes: int = 256 * 2**20):
-    """While inside: a background thread copies ``nbytes`` pinned host→device, over and over."""
+def pcie_load(nbytes: int = 256 * 2**20, depth: int = 3):
+    """While inside: the copy engine streams ``nbytes`` pinned host→device over and over, without a gap.
+
+    A background thread keeps ``depth`` batches of four copies queued, and sleeps on the oldest
+    batch. The copy engine never waits for the thread, which may not get a core for a while
+    beside a matmul on every core. A load that the thread re-issues only after each batch
+    ends leaves the copy engine idle during those waits, and then the CPU is measured with
+    less contention than a step has. Yields a :class:`LoadRate` with the bytes copied and the
+    seconds taken, for the profile to record what load the CPU was measured under.
+    """
     import torch
 
     src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     copy_stream = torch.cuda.Stream()
-    # A blocking-sync event sleeps until the copies finish. ``Stream.synchronize`` would spin a
-    # core at 100%, and one spinning core beside a matmul on every core stalls the whole
-    # thread pool at each barrier (measured: CPU matmul 5x slower), which the executor never
-    # does: it issues copies asynchronously from the thread that computes.
-    done = torch.cuda.Event(blocking=True)
+    queued: deque = deque()  # blocking events, one per queued batch, oldest first
+    rate = LoadRate()
 
     def copies() -> None:
+        # A blocking-sync event sleeps until the copies finish. ``Stream.synchronize`` would spin a
+        # core at 100%, and one spinning core beside a matmul on every core stalls the whole
+        # thread pool at each barrier (measured: CPU matmul 5x slower), which the executor never
+        # does: it issues copies asynchronously from the thread that computes.
         with torch.cuda.stream(copy_stream):
-            for _ in range(4):
-                dst.copy_(src, non_blocking=True)
-            done.record(copy_stream)
-        done.synchronize()  # sleeps, and releases the GIL, while the copies run
+            while len(queued) < depth:
+                for _ in range(4):
+                    dst.copy_(src, non_blocking=True)
+                done = torch.cuda.Event(blocking=True)
+                done.record(copy_stream)
+                queued.append(done)
+                rate.nbytes += 4 * nbytes
+        queued.popleft().synchronize()  # sleeps, and releases the GIL, while the copies run
 
+    start = time.perf_counter()
     with _background("PCIe background load", copies):
-        yield
+        yield rate
+    copy_stream.synchronize()
+    rate.seconds = time.perf_counter() - start
     torch.cuda.synchronize()
 
 

@@ -155,8 +155,13 @@ def _measure_gpu(spec, top, w, cpu_args, gpu_args, progress, matmul, attention, 
             transfer.append({"direction": direction, "contended": True, **table})
     torch.cuda.empty_cache()
     if spec.cpu_contention:
-        with pcie_load(64 * 2**20 if spec.quick else 256 * 2**20):
+        contended = []
+        with pcie_load(64 * 2**20 if spec.quick else 256 * 2**20) as load:
             for dtype in spec.dtypes:
                 table = measure_matmul("cpu", dtype, spec.ratio_shapes, spec.ratio_ms,
                                        label=f"cpu matmul {dtype} threads={top} +PCIe", **cpu_args)
-                matmul.append({"device": "cpu", "dtype": dtype, "threads": top, "contended": True, **table})
+                contended.append({"device": "cpu", "dtype": dtype, "threads": top, "contended": True, **table})
+        for table in contended:  # the host→device rate the copy engine kept up meanwhile
+            table["load_h2d_gbps"] = round(load.gbps, 2)
+        matmul.extend(contended)
+        log.info("CPU matmuls timed beside %.1f GB/s of host-to-device copies", load.gbps)

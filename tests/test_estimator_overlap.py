@@ -1,0 +1,72 @@
+"""The estimator's CPU work beside the copy engine: the contended pace only while copies run."""
+
+import pytest
+
+from vramshard.plan.estimator import CopyEngineSpans, Estimator
+from vramshard.plan.placement import CPU, GPU_RESIDENT, GPU_STREAMED, Placement, Where
+from vramshard.profile.query import synthetic
+from vramshard.shapes import shape_model
+
+NEMO = shape_model("nemo-8b")
+CLIENT = dict(cpu_gflops=1500, gpu_gflops=200_000, h2d_gbps=50, cpu_mem_gbps=80, gpu_mem_gbps=1500)
+
+
+def spans(*intervals):
+    return CopyEngineSpans([(f"w{i}", "copy", a, b) for i, (a, b) in enumerate(intervals)])
+
+
+def test_cpu_work_is_slowed_only_where_a_copy_runs():
+    # 1 s of work alone, 3 s beside copies.
+    assert spans().cpu_end(0.0, 1.0, 3.0) == pytest.approx(1.0)  # no copies at all
+    assert spans((5.0, 6.0)).cpu_end(0.0, 1.0, 3.0) == pytest.approx(1.0)  # the copy comes after
+    assert spans((0.0, 10.0)).cpu_end(0.0, 1.0, 3.0) == pytest.approx(3.0)  # copies all along
+    # 0.6 s of copies first: 0.2 of the work done by then, 0.8 left alone.
+    assert spans((0.0, 0.6)).cpu_end(0.0, 1.0, 3.0) == pytest.approx(1.4)
+    # Alone until 0.5, beside a copy until 0.8 (0.1 of the work), then alone: 0.5 + 0.3 + 0.4.
+    assert spans((0.5, 0.8)).cpu_end(0.0, 1.0, 3.0) == pytest.approx(1.2)
+    # Copies that ended before the work starts change nothing.
+    assert spans((0.0, 1.0)).cpu_end(2.0, 1.0, 3.0) == pytest.approx(3.0)
+    # No contention measured: the work takes its own time.
+    assert spans((0.0, 10.0)).cpu_end(0.0, 1.0, 1.0) == pytest.approx(1.0)
+
+
+def test_cpu_work_asked_in_time_order_sees_copies_issued_meanwhile():
+    timeline = []
+    copies = CopyEngineSpans(timeline)
+    assert copies.cpu_end(0.0, 1.0, 2.0) == pytest.approx(1.0)
+    timeline.append(("attn", "gpu", 1.0, 1.1))  # not a copy: ignored
+    timeline.append(("ffn", "copy", 1.0, 3.0))
+    assert copies.cpu_end(1.5, 1.0, 2.0) == pytest.approx(3.25)  # 1.5 s beside the copy does 0.75
+    assert copies.cpu_end(4.0, 1.0, 2.0) == pytest.approx(5.0)
+
+
+def cpu_placement(attention: Where) -> Placement:
+    """Every FFN on the CPU, every attention ``attention``, the head resident."""
+    where = []
+    for s in NEMO:
+        if s.kind == "ffn" or s.kind == "embed":
+            where.append((s.name, CPU))
+        elif s.kind == "attn":
+            where.append((s.name, attention))
+        else:
+            where.append((s.name, GPU_RESIDENT))
+    return Placement("test", tuple(where))
+
+
+def test_a_step_is_slower_the_more_its_cpu_work_overlaps_copies():
+    """With a profile whose CPU is 3x slower beside PCIe, CPU FFNs beside streamed attention cost
+    more than beside resident attention, but less than if all their time were contended."""
+    slowed = synthetic(**CLIENT, cpu_contention=3.0)
+    estimator = Estimator(NEMO, slowed)
+    resident = estimator.simulate(cpu_placement(GPU_RESIDENT), 1, 1024)
+    streamed = estimator.simulate(cpu_placement(GPU_STREAMED), 1, 1024)
+    ffns = [s for s in NEMO if s.kind in ("ffn", "embed")]  # what the placement runs on the CPU
+    alone = sum(estimator.compute_s(s, "cpu", 1, 1024) for s in ffns)
+    contended = sum(estimator.compute_s(s, "cpu", 1, 1024, contended=True) for s in ffns)
+    assert contended == pytest.approx(3 * alone, rel=1e-4)
+    assert resident.cpu_busy == pytest.approx(alone + sum(estimator.launch_s(s, "cpu", 1) for s in ffns), rel=1e-6)
+    assert alone < streamed.cpu_busy - (resident.cpu_busy - alone) < contended
+    # Without contention in the profile, streaming beside the CPU work costs it nothing.
+    plain = Estimator(NEMO, synthetic(**CLIENT, cpu_contention=1.0))
+    assert plain.simulate(cpu_placement(GPU_STREAMED), 1, 1024).cpu_busy == \
+        pytest.approx(plain.simulate(cpu_placement(GPU_RESIDENT), 1, 1024).cpu_busy, rel=1e-4)
