@@ -10,8 +10,10 @@ vramshard generates greedily with a budget that follows it:
   set   the driver calls ``engine.set_vram`` at each phase change (a cooperative application).
 
 Both processes sample their VRAM (torch.cuda.memory_reserved; NVML per process when available)
-and the engine's tokens/s over time. Then the same prompts run undisturbed (fixed budget) and
-the greedy tokens are compared. Writes budget_demo.json and budget_demo.png to $OUT.
+over time, vramshard's from a thread of its own so that re-plans are sampled too, and the
+engine's tokens/s after its steps. ``time_over_card_s`` is how long both together held more than
+the virtual card. Then the same prompts run undisturbed (fixed budget) and the greedy tokens are
+compared. Writes budget_demo.json and budget_demo.png to $OUT.
 
     python benchmarks/budget_demo.py --shape llama3-8b --gpu-size 16GiB --pattern 0,10,4,0 --hold 20
 """
@@ -19,9 +21,11 @@ the greedy tokens are compared. Writes budget_demo.json and budget_demo.png to $
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import multiprocessing as mp
 import os
+import threading
 import time
 
 import torch
@@ -96,13 +100,41 @@ def virtual_card(gpu_size: int, baseline_used: int):
     return read
 
 
+@contextlib.contextmanager
+def vram_sampler(t0: float, interval_s: float):
+    """While inside: a thread samples this process's VRAM every ``interval_s`` (reserved bytes, and
+    NVML's count when available), also while a step or a re-plan holds the generating thread."""
+    rows, stop = [], threading.Event()
+
+    def run() -> None:
+        while not stop.wait(interval_s):
+            rows.append({"t": time.time() - t0, "reserved": torch.cuda.memory_reserved(),
+                         "nvml": budgets.process_vram(os.getpid())})
+
+    thread = threading.Thread(target=run, name="vram-sampler", daemon=True)
+    thread.start()
+    try:
+        yield rows
+    finally:
+        stop.set()
+        thread.join()
+
+
 def generate_under_pattern(engine, prompts, args, start, pattern_s: float):
-    """Step a scheduler through the pattern; returns (outputs, samples, t0: the wall time it began)."""
+    """Step a scheduler through the pattern; returns (outputs, samples at step ends, VRAM samples of a
+    thread of their own, t0: the wall time it began)."""
     scheduler = engine.scheduler(max_seqs=len(prompts), max_context=args.context, ignore_eos=True)
     requests = [scheduler.add(p, max_new_tokens=args.context - len(p)) for p in prompts]
     samples = []
     t0 = time.time()
-    start.set()
+    with vram_sampler(t0, args.sample / 2) as vram:
+        start.set()
+        outputs = _generate(engine, scheduler, requests, samples, args, t0, pattern_s)
+    return outputs, samples, vram, t0
+
+
+def _generate(engine, scheduler, requests, samples, args, t0: float, pattern_s: float) -> list[list[int]]:
+    """Step until the pattern has played (or the requests end), sampling tok/s and the budget."""
     phase_at = [i * args.hold for i in range(len(args.pattern))]
     next_phase = 0
     last = (t0, 0)
@@ -123,7 +155,7 @@ def generate_under_pattern(engine, prompts, args, start, pattern_s: float):
     for request in requests:
         request.cancel()
     scheduler.run_until_idle()
-    return [list(r.output_ids) for r in requests], samples, t0
+    return [list(r.output_ids) for r in requests]
 
 
 def reactions(theirs: list[dict], events: list[dict], t0: float) -> list[dict]:
@@ -146,6 +178,13 @@ def reactions(theirs: list[dict], events: list[dict], t0: float) -> list[dict]:
                        engine_release_s=first["time_to_release_s"])
         out.append(row)
     return out
+
+
+def time_over_the_card(vram: list[dict], crowded: list[float]) -> float:
+    """Seconds the over-the-card samples ``crowded`` stand for: each, until our next VRAM sample."""
+    times = sorted(s["t"] for s in vram)
+    over = set(crowded)
+    return sum(b - a for a, b in zip(times, times[1:]) if a in over)
 
 
 def over_the_card(ours: list[dict], theirs: list[dict], gpu_size: int) -> list[float]:
@@ -172,14 +211,14 @@ def undisturbed_run(engine, prompts, counts, context: int) -> list[list[int]]:
     return [list(r.output_ids) if r is not None else [] for r in requests]
 
 
-def plot(path, ours, theirs, events, args) -> None:
+def plot(path, ours, vram, theirs, events, args) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
-    top.plot([s["t"] for s in ours], [s["reserved"] / GiB for s in ours], label="vramshard reserved")
+    top.plot([s["t"] for s in vram], [s["reserved"] / GiB for s in vram], label="vramshard reserved")
     top.step([s["t"] for s in ours], [(s["budget"] or 0) / GiB for s in ours], where="post", label="budget in force")
     top.plot([s["t"] for s in theirs if "reserved" in s], [s["reserved"] / GiB for s in theirs if "reserved" in s],
              label="other application")
@@ -242,12 +281,12 @@ def main() -> int:
         raise SystemExit("the other application did not start CUDA within 120 s")
     engine.poll_budget()  # its CUDA context is on the card now: the budget in force counts it
     pattern_s = args.hold * len(args.pattern) + 2
-    disturbed, ours, t0 = generate_under_pattern(engine, prompts, args, start, pattern_s)
+    disturbed, ours, vram, t0 = generate_under_pattern(engine, prompts, args, start, pattern_s)
     theirs = samples.get(timeout=120)
     other.join(30)
     events = list(engine.budget_events)  # before the undisturbed run's own budget change
     reacted = reactions(theirs, events, t0)
-    crowded = over_the_card(ours, [{**r, "t": r["t"] - t0} for r in theirs], args.gpu_size)
+    crowded = over_the_card(vram, [{**r, "t": r["t"] - t0} for r in theirs], args.gpu_size)
     theirs = [{**r, "t": r["t"] - t0} for r in theirs]  # on our time axis
 
     engine.set_vram(start_budget)  # undisturbed: the same prompts under the starting budget
@@ -267,19 +306,20 @@ def main() -> int:
         "reactions": reacted,
         "samples_over_budget": len(over),  # our reserved VRAM above the budget in force
         "samples_over_card": crowded,  # times both processes together held more than the virtual card
-        "ours": ours, "theirs": theirs,
+        "time_over_card_s": time_over_the_card(vram, crowded),
+        "ours": ours, "vram": vram, "theirs": theirs,
     }
     out = out_dir()
     write_json(out / "budget_demo.json", result)
-    plot(out / "budget_demo.png", ours, theirs, [{"t": s["t"]} for s in theirs if s.get("event") == "phase start"],
-         args)
+    plot(out / "budget_demo.png", ours, vram, theirs,
+         [{"t": s["t"]} for s in theirs if s.get("event") == "phase start"], args)
     log.info("tokens identical: %s; %d adaptations, time to release VRAM %s (engine side); samples over budget: %d",
              result["tokens_identical"], len(result["time_to_release_s"]),
              ", ".join(f"{t * 1e3:.0f} ms" for t in result["time_to_release_s"]), len(over))
     log.info("reaction from the other application's phase start to our VRAM released: %s; samples over the card "
-             "(both processes): %d at %s s", ", ".join(f"phase {r['phase']} ({r['gib']:g} GiB) {r['reaction_s']:.2f} s"
-                                                for r in reacted if "reaction_s" in r),
-             len(crowded), ", ".join(f"{t:.1f}" for t in crowded))
+             "(both processes): %d, %.2f s in all", ", ".join(f"phase {r['phase']} ({r['gib']:g} GiB) {r['reaction_s']:.2f} s"
+                                                        for r in reacted if "reaction_s" in r),
+             len(crowded), result["time_over_card_s"])
     log.info("peak VRAM of vramshard %s", format_bytes(engine.executor.peak_vram()))
     return 0 if result["tokens_identical"] else 1
 

@@ -90,6 +90,28 @@ def cpu_read_bandwidth(nbytes: int = 2**31) -> float:
     return nbytes / seconds
 
 
+def shared_read_bandwidth(nbytes: int = 2**31, seconds: float = 1.0) -> dict:
+    """Bytes/s the host's memory gives the CPU and the copy engine when both read it at once: all
+    torch threads summing a large fp32 tensor while host→device copies stay queued
+    (:func:`vramshard.profile.contention.pcie_load`). {"cpu", "h2d", "total"}.
+
+    A step that reads some weights on the CPU and streams the others to the GPU cannot read
+    host memory faster than ``total``. That bound holds whenever the memory controller, not
+    the two readers, is the limit; the sum of the two rates measured alone does not."""
+    from vramshard.profile.contention import pcie_load
+
+    x = torch.ones(nbytes // 4, dtype=torch.float32)
+    x.sum()
+    with pcie_load(256 * 2**20) as load:
+        done, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            x.sum()
+            done += nbytes
+        cpu = done / (time.perf_counter() - t0)
+    del x
+    return {"cpu": cpu, "h2d": load.gbps * 1e9, "total": cpu + load.gbps * 1e9}
+
+
 def write_json(path: str | Path, data) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

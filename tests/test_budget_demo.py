@@ -1,7 +1,7 @@
 """The budget demo's bookkeeping (its GPU run is a benchmark): reaction times and crowding are
 read on one clock from the two processes' records."""
 
-from benchmarks.budget_demo import over_the_card, reactions
+from benchmarks.budget_demo import over_the_card, reactions, time_over_the_card
 
 GiB = 2**30
 
@@ -29,3 +29,10 @@ def test_over_the_card_counts_both_processes_at_each_of_our_samples():
     theirs = [{"t": 0.5, "reserved": 0, "nvml": None}, {"t": 2.5, "reserved": 10 * GiB, "nvml": None},
               {"t": 2.6, "event": "phase", "phase": 1, "gib": 10.0}]
     assert over_the_card(ours, theirs, 16 * GiB) == [3.0]
+
+
+def test_time_over_the_card_runs_from_each_crowded_sample_to_the_next():
+    vram = [{"t": t} for t in (1.0, 1.5, 2.0, 2.5, 3.0)]
+    assert time_over_the_card(vram, [1.5, 2.0]) == 1.0  # 1.5 -> 2.0 -> 2.5
+    assert time_over_the_card(vram, [3.0]) == 0.0  # the last sample stands for no time
+    assert time_over_the_card(vram, []) == 0.0

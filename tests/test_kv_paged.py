@@ -166,6 +166,19 @@ def test_the_lower_right_causal_bias_is_the_chunk_mask():
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_the_planner_counts_flash_only_where_the_gpu_would_run_it(monkeypatch):
+    """Half precision and a head size flash takes: fused (no scores to count); float32, a head
+    size over 256, or the boolean mask switched back on: the math kernel's temporaries."""
+    from vramshard.layers import attention
+
+    assert attention.fused_prompt_attention(torch.bfloat16, 128)
+    assert attention.fused_prompt_attention(torch.float16, 256)
+    assert not attention.fused_prompt_attention(torch.float32, 128)
+    assert not attention.fused_prompt_attention(torch.bfloat16, 512)
+    monkeypatch.setattr(attention, "CHUNK_ATTENTION", "mask")
+    assert not attention.fused_prompt_attention(torch.bfloat16, 128)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
@@ -187,3 +200,57 @@ def test_gpu_prompt_chunks_after_cached_tokens_match_the_reference(dtype):
     expected = _reference(q, keys.to(dtype).float(), vals.to(dtype).float(), start)
     tolerance = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out.float().cpu(), expected, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_long_prompt_chunks_stay_within_a_plan_that_counts_flash_attention():
+    """nemo-8b's attention (32 heads, 8 KV heads, 128 dims) in two fp16 layers: a 5K-token prompt
+    in 1024-token chunks under a budget equal to the plan, whose workspace counts no score matrix
+    (the flash kernel). Were any chunk to take the math kernel, its float32 scores alone
+    (2 x 32 x 1024 x 5120 x 4 bytes = 1.3 GiB) would break the budget."""
+    from vramshard.models import build_model
+    from vramshard.plan.memory import attention_workspace_bytes, sublayer_triples, tiered_vram_need
+    from vramshard.plan.placement import TieredPlacement, named_placement
+    from vramshard.runtime.executor import Executor
+    from vramshard.runtime.host_weights import pack_model
+    from vramshard.shapes import random_weights, shape_config
+
+    config = {**shape_config("nemo-8b"), "num_hidden_layers": 2, "vocab_size": 32000}
+    model = build_model(config)
+    chunk, ctx = 1024, 5120
+    assert attention_workspace_bytes(model, chunk, ctx) < 64 * 2**20  # flash counted: no scores
+    host = pack_model(list(model), random_weights(model), pin=True)
+    placement = named_placement("gpu", sublayer_triples(model), 2)
+    budget = tiered_vram_need(model, TieredPlacement.single(placement), 1, ctx, chunk, 2).total
+    executor = Executor(model, host, placement, budget=budget, max_tokens=chunk, max_context=ctx)
+    kv = executor.new_kv_cache(1, ctx)
+    with torch.inference_mode():
+        for start in range(0, ctx - chunk + 1, chunk):
+            executor.forward(torch.randint(0, 32000, (chunk,)), Step.single(start, chunk, kv_lookup=kv))
+    torch.cuda.synchronize()
+    assert executor.peak_vram() <= budget, (executor.peak_vram(), budget, executor.need.breakdown())
+
+
+def test_a_step_builds_its_rotary_tables_once_for_all_layers(monkeypatch):
+    """Every attention layer of a model shares the step's cos/sin tables: one build per step, not
+    one per layer (each build is a handful of small ops on the step's device)."""
+    from vramshard.layers import attention
+    from vramshard.plan.memory import sublayer_triples
+    from vramshard.plan.placement import named_placement
+    from vramshard.runtime.executor import Executor
+    from vramshard.runtime.host_weights import pack_model
+    from vramshard.shapes import random_weights, shape_model
+
+    model = shape_model("tiny-llama")
+    assert model.args.num_hidden_layers > 1
+    host = pack_model(list(model), random_weights(model, device="cpu"), pin=False)
+    executor = Executor(model, host, named_placement("cpu", sublayer_triples(model), model.args.num_hidden_layers),
+                        max_tokens=8, max_context=32)
+    builds = []
+    real = attention.cos_sin
+    monkeypatch.setattr(attention, "cos_sin", lambda *a: builds.append(1) or real(*a))
+    kv = executor.new_kv_cache(1, 32)
+    executor.forward(torch.arange(8), Step.single(0, 8, kv_lookup=kv))
+    executor.forward(torch.tensor([3]), Step.single(8, 1, kv_lookup=kv))
+    assert len(builds) == 2  # one per step

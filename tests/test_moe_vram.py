@@ -125,7 +125,7 @@ def test_workspace_covers_the_moe_gpu_path_temporaries(skew, qwen30_moe):
         views["router"].copy_(router)
 
 
-def test_workspace_counts_batched_attention_per_sequence():
+def test_workspace_counts_batched_attention_per_sequence(monkeypatch):
     """A batch of B sequences gathers and repeats B contexts of keys and values (math kernel): the
     workspace grows with kv_slots, by at least the float32 repeated keys and values."""
     model = shape_model("qwen3-30b-a3b")
@@ -136,8 +136,16 @@ def test_workspace_counts_batched_attention_per_sequence():
     assert batch >= repeated > one
     others = max(one, moe_workspace_bytes(model, 64))  # the largest temporaries of a one-sequence step
     assert workspace_bytes(model, 64, 80, kv_slots=64) - workspace_bytes(model, 64, 80) >= batch - others - 2**20
-    # A chunked prompt with a mask: scores and softmax [H, T, ctx] in float32, both counted.
-    assert attention_workspace_bytes(model, 1024, 2048) >= 2 * 4 * a.num_attention_heads * 1024 * 2048
+    # A chunked prompt of a bf16 model runs in the flash kernel: no scores counted. With the boolean
+    # mask (or a float32 model) it takes the math kernel: scores and softmax [H, T, ctx] in float32.
+    scores = 2 * 4 * a.num_attention_heads * 1024 * 2048
+    assert attention_workspace_bytes(model, 1024, 2048) < scores / 50  # the output and row statistics
+    from vramshard.layers import attention
+
+    monkeypatch.setattr(attention, "CHUNK_ATTENTION", "mask")
+    assert attention_workspace_bytes(model, 1024, 2048) >= scores
+    monkeypatch.undo()
+    assert attention_workspace_bytes(shape_model("qwen3-30b-a3b", torch.float32), 1024, 2048) >= scores
 
 
 def test_routers_of_split_layers_are_counted_as_one_allocation():

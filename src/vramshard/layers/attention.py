@@ -30,6 +30,9 @@ class Attention(SubLayer):
         self.inv_freq = inverse_frequencies(args.rope, args.head_dim)
         # Multimodal rotary sections (Qwen2-VL family); only their args carry the field.
         self.mrope_section = tuple(getattr(args, "mrope_section", ()) or ())
+        # Layers with the same rotary share one step's cos/sin tables (a per-layer key rebuilt
+        # them in every layer: eight small ops each, 40 times per step on nemo-8b).
+        self.rotary_key = (args.rope, self.head_dim, self.mrope_section)
         d, hq, hkv = args.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         specs = [
             WeightSpec("input_layernorm", f"{prefix}.input_layernorm.weight", (d,), dtype),
@@ -76,7 +79,7 @@ class Attention(SubLayer):
         )
 
     def forward(self, w: Mapping[str, torch.Tensor], x: torch.Tensor, step: Step) -> torch.Tensor:
-        cos, sin = step.memo(("rope", id(self.inv_freq), x.dtype), x.device,
+        cos, sin = step.memo(("rope", self.rotary_key, x.dtype), x.device,
                              lambda: self._rotary_tables(step.rotary_positions(x.device), x.dtype))
         q, k, v = self.qkv(w, x, cos, sin)
         out = attend(q, k, v, step.kv(self.layer), step)  # [T, H, D]
@@ -242,6 +245,21 @@ def _table_tensor(step: Step, cache, device) -> torch.Tensor:
 # the VRAM they took grew chunk after chunk: docs/BENCHMARKS.md, fifth session); the lower-right
 # causal bias runs in the flash kernel on CUDA. VRAMSHARD_CHUNK_ATTENTION=mask restores the mask.
 CHUNK_ATTENTION = os.environ.get("VRAMSHARD_CHUNK_ATTENTION", "lower_right").lower()
+FLASH_DTYPES = (torch.float16, torch.bfloat16)
+FLASH_MAX_HEAD_DIM = 256
+
+
+def fused_prompt_attention(dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether a one-sequence prompt chunk on the GPU attends in the flash kernel, which holds no
+    score matrix and no per-head copy of the keys (the first chunk through ``is_causal``, later
+    ones through the lower-right causal bias): a half-precision model, a head size flash takes,
+    the bias not switched off, and a GPU of compute capability 8.0 or newer when one is present.
+    Otherwise PyTorch may take its math kernel, whose temporaries the planner must count."""
+    if CHUNK_ATTENTION == "mask" or dtype not in FLASH_DTYPES or head_dim > FLASH_MAX_HEAD_DIM:
+        return False
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_capability() >= (8, 0)
+    return True
 
 
 def _chunk_bias(start: int, n: int, device):

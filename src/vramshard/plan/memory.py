@@ -11,6 +11,7 @@ import weakref
 from dataclasses import dataclass
 
 from ..errors import BudgetError
+from ..layers.attention import fused_prompt_attention
 from ..layers.mlp import DenseFFN
 from ..layers.moe import GATHER_BYTES
 from ..models.base import Model
@@ -114,13 +115,18 @@ def attention_workspace_bytes(model: Model, max_tokens: int, max_context: int, k
     A masked or batched attention may run PyTorch's math kernel, which repeats the grouped keys
     and values to every head, upcasts them to float32, and materialises the scores and their
     softmax in float32; a batch also gathers each sequence's KV blocks (padded to the longest).
+    One sequence's prompt chunk in the flash kernel (:func:`fused_prompt_attention`) holds only
+    its output and softmax statistics.
     """
     a = model.args
     item = model.dtype.itemsize
     heads, kv_heads, dim = a.num_attention_heads, a.num_key_value_heads, a.head_dim
     ctx = -(-max_context // DEFAULT_BLOCK_SIZE) * DEFAULT_BLOCK_SIZE
+    fused = fused_prompt_attention(model.dtype, dim)
 
     def one(batch: int, queries: int) -> int:
+        if batch == 1 and fused:
+            return queries * heads * (dim * item + 4)  # output, and the log-sum-exp per row (float32)
         gathered = 2 * batch * ctx * kv_heads * dim * item if batch > 1 else 0  # k, v of the batch's blocks
         repeated = 2 * batch * ctx * heads * dim * (item + 4)  # k, v repeated per head, and as float32
         scores = 2 * batch * heads * queries * ctx * 4  # scores and softmax, float32
