@@ -136,7 +136,9 @@ def placements_for(model, budget, args, profile):
     """(label, placement, expert cache bytes, executor options) of every candidate at this budget.
 
     ``experts-hybrid`` is ``experts-stream`` whose decode steps compute a share of the cache misses
-    on the CPU meanwhile (the share from the profile: :func:`~vramshard.plan.estimator.expert_cpu_share`)."""
+    on the CPU meanwhile (the share from the profile: :func:`~vramshard.plan.estimator.expert_cpu_share`);
+    ``experts-prefetch`` is ``experts-stream`` whose decode steps guess the next layer's experts and
+    start copying them early (``Executor(expert_prefetch=True)``)."""
     triples, layers, moe = sublayer_triples(model), model.args.num_hidden_layers, moe_layers(model)
     kv_tokens = args.ctx + args.prompt + 16
     out = []
@@ -154,6 +156,7 @@ def placements_for(model, budget, args, profile):
         f"experts-stream needs {rest / GiB:.2f} GiB before its cache")
     out.append(("experts-stream", stream_or_error, cache, {}))
     out.append(("experts-hybrid", stream_or_error, cache, {"expert_cpu_share": expert_cpu_share(model, profile)}))
+    out.append(("experts-prefetch", stream_or_error, cache, {"expert_prefetch": True}))
     most = max_resident_layers(model, budget, 1, kv_tokens, args.prompt)
     out.append(("layers:max", named_placement("layers:max", triples, layers, most), None, {}))
     out.append(("experts-cpu", named_placement("experts-cpu", triples, layers, moe_layers=moe), None, {}))
@@ -210,6 +213,8 @@ def run_cell(model, host, label, placement, cache, budget, args, bw, deadline, o
         cell["pcie_measured_bound_tok_s"] = bw["h2d"] / report.bytes_streamed
         stats = executor.expert_cache.stats  # since the executor was made (warm-up included)
         cell["misses_computed_on_cpu"] = stats.elsewhere / max(stats.misses, 1)
+        if stats.prefetched:  # of the experts copied ahead on a guess, the share a step then used
+            cell["prefetched_used"] = stats.prefetch_used / stats.prefetched
     if time.perf_counter() < deadline:
         cell["ttft_s"] = ttft_s(executor, args.prompt)
     cell["peak_vram_gib"] = torch.cuda.max_memory_reserved() / GiB

@@ -273,6 +273,30 @@ def test_expert_cache_hits_misses_evictions(tiny_model_dir):
     assert log.index(("done", 0)) < log.index(("fill", 0, "ffn[0]", 3))
 
 
+def test_prefetched_experts_are_hits_when_asked_for_and_never_evict_each_other(tiny_model_dir):
+    _, model, host = loaded(tiny_model_dir, "qwen3_moe")
+    assert model["ffn[0]"].num_experts >= 8
+    copier = FakeCopier(host, 4)
+    cache = ExpertCache(4, copier)
+    list(cache.fetch("ffn[0]", [0, 1]))
+    assert cache.prefetch("ffn[0]", [1, 2, 3, 3]) == 2  # 1 is cached already; 3 once
+    assert (cache.stats.hits, cache.stats.misses, cache.stats.prefetched) == (0, 2, 2)  # no use counted
+    got = [e for e, _ in cache.fetch("ffn[0]", [2, 5])]
+    assert got == [2, 5] and cache.stats.hits == 1 and cache.stats.prefetch_used == 1
+    # A guess larger than the cache copies what fits, and never makes room with its own experts.
+    assert cache.prefetch("ffn[0]", [4, 6, 7, 0, 1, 3]) == 4
+    assert sum(("ffn[0]", e) in cache for e in (4, 6, 7, 0, 1, 3)) == 4
+    assert all(("ffn[0]", e) in cache for e in (4, 6, 7))  # the first guesses, none evicted by the later
+    # A guessed expert evicted before its step asked for it is not counted as used later.
+    list(cache.fetch("ffn[0]", [2, 5, 1, 3]))  # four experts the cache must hold at once: 4 goes
+    assert ("ffn[0]", 4) not in cache
+    used = cache.stats.prefetch_used
+    list(cache.fetch("ffn[0]", [4]))
+    assert cache.stats.prefetch_used == used  # 4 was guessed, then evicted: its fetch is a miss
+    fills = [entry for entry in copier.log if entry[0] == "fill"]
+    assert len(fills) == cache.stats.misses + cache.stats.prefetched
+
+
 # ---------------------------------------------------------------------------------------- plan
 def test_moe_placements_as_data(tiny_model_dir):
     _, model, _ = loaded(tiny_model_dir, "qwen3_moe")
@@ -361,8 +385,8 @@ def executor_engine(path, model, host, placement, **kw):
     return Engine(model, executor, name="tiny", max_context=64)
 
 
-@pytest.mark.parametrize("spec", ["experts-cpu", "experts-stream", "experts-stream-small", "experts-hybrid", "stream",
-                                  "gpu", "mixed"])
+@pytest.mark.parametrize("spec", ["experts-cpu", "experts-stream", "experts-stream-small", "experts-hybrid",
+                                  "experts-prefetch", "stream", "gpu", "mixed"])
 @pytest.mark.parametrize("arch", MOE_ARCHS)
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -382,12 +406,13 @@ def test_gpu_moe_placements_match_cpu(arch, spec, tiny_model_dir):
             placement = Placement("mixed", tuple((n, Where("gpu", "vram") if n == "ffn[1]" else w)
                                                  for n, w in placement.where))
     else:
-        name = "experts-stream" if spec in ("experts-stream-small", "experts-hybrid") else spec
+        name = "experts-stream" if spec in ("experts-stream-small", "experts-hybrid", "experts-prefetch") else spec
         placement = named_placement(name, triples, layers, moe_layers=moe)
         if spec in ("experts-stream-small", "experts-hybrid"):
             cache = 2 * expert_slot_bytes(model)  # fewer slots than a prefill routes to: evicts
-    share = {"expert_cpu_share": 0.5} if spec == "experts-hybrid" else {}
-    engine = executor_engine(path, model, host, placement, expert_cache=cache, **share)
+    options = {"expert_cpu_share": 0.5} if spec == "experts-hybrid" else \
+        {"expert_prefetch": True} if spec == "experts-prefetch" else {}
+    engine = executor_engine(path, model, host, placement, expert_cache=cache, **options)
     got = trace_logits(engine)
     torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-3)
     assert engine.generate([PROMPT], 8) == reference.generate([PROMPT], 8)
@@ -400,4 +425,7 @@ def test_gpu_moe_placements_match_cpu(arch, spec, tiny_model_dir):
     if spec == "experts-hybrid":  # decode steps computed some misses on the CPU, copied others in
         stats = engine.executor.expert_cache.stats
         assert stats.elsewhere > 0 and stats.bytes_copied > 0
+    if spec == "experts-prefetch" and len(moe) > 1:  # decode steps guessed the next layer's experts
+        stats = engine.executor.expert_cache.stats
+        assert stats.prefetched > 0 and stats.prefetch_used > 0
     assert engine.executor.peak_vram() > 0

@@ -144,6 +144,8 @@ class Executor:
     "inductor") for the fusable parts of those graphs (None: eager kernels).
     expert_cpu_share: of a decode-sized step's expert-cache misses, the share computed on the CPU
     from host memory while the others are copied in (None: all copied in; see ``_run_hybrid``).
+    expert_prefetch: in decode-sized steps, guess the next cached MoE layer's experts from this
+    layer's input and start copying the ones not cached (see ``_run_cached``).
 
     :meth:`reconfigure` switches to another placement while running (a VRAM budget that changed),
     rebuilding only the VRAM side: the host weights stay, KV caches move where the new placement
@@ -155,8 +157,10 @@ class Executor:
                  budget: int | None = None, max_tokens: int = 2048, max_context: int = 4096, kv_slots: int = 1,
                  num_slots: int = 2, threads: int | None = None, device: str | torch.device = "cuda",
                  expert_cache: int | None = None, simulate_gpu: bool = False, decode_graphs: bool = False,
-                 expert_cpu_share: float | None = None, decode_compile: str | None = None):
+                 expert_cpu_share: float | None = None, decode_compile: str | None = None,
+                 expert_prefetch: bool = False):
         self.model = model
+        self.expert_prefetch = expert_prefetch
         self.decode_compile = decode_compile  # torch.compile backend for the graphs' fusable parts (None: eager)
         # Of a decode-sized step's expert-cache misses, this share is computed on the CPU from host
         # memory while the rest are copied in (None: all copied in). See _run_hybrid.
@@ -267,6 +271,7 @@ class Executor:
         self.ring: SlotRing | None = None
         self.expert_cache: ExpertCache | None = None
         self.split_weights: dict[str, CachedExperts | dict] = {}  # split sub-layer -> router (+ cached experts)
+        self._next_cached: dict[str, str] = {}  # MoE sub-layer with cached experts -> the next one
         self.host_experts: dict[str, DictExperts] = {}  # split sub-layer -> its experts in host memory
         self.graphs: DecodeGraphs | None = None  # captured over the resident weights: dropped with them
         self.staging: KVStaging | None = None  # GPU attention over host KV caches: one layer's KV in VRAM
@@ -428,6 +433,8 @@ class Executor:
             copier = ExpertSlots(self.expert_cache_bytes // slot, slot, self.host, self.gpu, self.copy_stream)
             self.expert_cache = ExpertCache(self.expert_cache_bytes // slot, copier)
         names = sorted(self.split, key=lambda n: self.model[n].layer)
+        in_order = [n for n in names if n in cached]
+        self._next_cached = dict(zip(in_order, in_order[1:]))
         ranges = {name: self.host[name].layout.piece_range("main") for name in names}
         total = sum(align(end - begin) for begin, end in ranges.values())
         self._router_buffer = torch.empty(total, dtype=torch.uint8, device=self.gpu)
@@ -667,10 +674,34 @@ class Executor:
         if here.experts == "host":
             y = sublayer.run_experts(self.host_experts[sublayer.name], h.cpu(), routing.to(torch.device("cpu")))
             return x + y.to(self.gpu, non_blocking=True), 2
-        if self.expert_cpu_share and self.expert_cache is not None \
-                and routing.experts.numel() * sublayer.expert_bytes <= GATHER_BYTES:
+        small = routing.experts.numel() * sublayer.expert_bytes <= GATHER_BYTES
+        if self.expert_cpu_share and self.expert_cache is not None and small:
             return self._run_hybrid(sublayer, h, routing, x)
+        if self.expert_prefetch and self.expert_cache is not None and small:
+            return self._run_cached(sublayer, h, routing, x)
         return x + sublayer.run_experts(self.split_weights[sublayer.name], h, routing), 0
+
+    def _run_cached(self, sublayer: MoEFFN, h: torch.Tensor, routing, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """A decode-sized MoE step over the expert cache that also prefetches for the next one.
+
+        The next cached MoE layer's norm and router, applied to this layer's input ``x``, guess
+        its experts (the residual stream changes little in one layer). The guess comes to the
+        host with this layer's routing, in the host sync that the step has anyway. The guessed
+        experts not cached start copying once this layer's experts are queued, so the copies run
+        beside this layer's compute and the next attention instead of after the next router.
+        Returns (x, crossings)."""
+        following = self._next_cached.get(sublayer.name)
+        guess = arrived = None
+        if following is not None:
+            _, predicted = self.model[following].prepare(self.split_weights[following], x)
+            guess = predicted.experts.to("cpu", non_blocking=True)  # queued before this layer's experts
+            arrived = torch.cuda.Event()
+            arrived.record()
+        y = sublayer.run_experts(self.split_weights[sublayer.name], h, routing)  # reads its routing: a sync
+        if guess is not None:
+            arrived.synchronize()  # already done: the routing's sync came after it
+            self.expert_cache.prefetch(following, sorted(set(guess.reshape(-1).tolist())))
+        return x + y, 0
 
     def _run_hybrid(self, sublayer: MoEFFN, h: torch.Tensor, routing, x: torch.Tensor) -> tuple[torch.Tensor, int]:
         """A decode-sized MoE step over the expert cache: of the experts not cached, the share

@@ -119,6 +119,8 @@ class CacheStats:
     evictions: int = 0
     bytes_copied: int = 0
     elsewhere: int = 0  # misses computed from host memory (on the CPU) instead of copied in
+    prefetched: int = 0  # experts copied in ahead of their step, on a guess (see ExpertCache.prefetch)
+    prefetch_used: int = 0  # of those, the ones a step then asked for (counted as hits too)
 
     @property
     def hit_rate(self) -> float:
@@ -127,10 +129,12 @@ class CacheStats:
 
     def minus(self, before: "CacheStats") -> "CacheStats":
         return CacheStats(self.hits - before.hits, self.misses - before.misses, self.evictions - before.evictions,
-                          self.bytes_copied - before.bytes_copied, self.elsewhere - before.elsewhere)
+                          self.bytes_copied - before.bytes_copied, self.elsewhere - before.elsewhere,
+                          self.prefetched - before.prefetched, self.prefetch_used - before.prefetch_used)
 
     def copy(self) -> "CacheStats":
-        return CacheStats(self.hits, self.misses, self.evictions, self.bytes_copied, self.elsewhere)
+        return CacheStats(self.hits, self.misses, self.evictions, self.bytes_copied, self.elsewhere,
+                          self.prefetched, self.prefetch_used)
 
 
 class ExpertCache:
@@ -144,6 +148,7 @@ class ExpertCache:
         self.policy = FrequencyRecency(half_life or capacity)
         self.slot_of: dict[Key, int] = {}
         self._free = list(range(capacity - 1, -1, -1))
+        self._guessed: set[Key] = set()  # prefetched, not yet asked for
         self.stats = CacheStats()
 
     def __contains__(self, key: Key) -> bool:
@@ -156,6 +161,7 @@ class ExpertCache:
         misses = [e for e in ids if (name, e) not in self.slot_of]
         for e in ids:
             self.policy.touch((name, e))
+        self._note_guesses(name, hits)
         self.stats.hits += len(hits)
         self.stats.misses += len(misses)
         protected = {(name, e) for e in ids}  # not evictable before they are used
@@ -183,6 +189,7 @@ class ExpertCache:
         misses = [e for e in ids if (name, e) not in self.slot_of]
         for e in ids:
             self.policy.touch((name, e))
+        self._note_guesses(name, [e for e in ids if (name, e) in self.slot_of])
         self.stats.hits += len(ids) - len(misses)
         self.stats.misses += len(misses)
         self._issue(name, deque(misses), protected)
@@ -190,6 +197,25 @@ class ExpertCache:
         for slot in slots.values():
             self.copier.ready(slot)
         return slots
+
+    def prefetch(self, name: str, ids: list[int]) -> int:
+        """Start copying the experts of ``ids`` not cached: a guess at a coming step's routing (the
+        next layer's router applied to this layer's input), so that step finds them cached while
+        the copies ran beside the compute before it. No hit, miss or use is counted; the experts
+        the policy values least make room, never one this call brings in. Returns how many
+        copies were started (at most the cache's capacity)."""
+        guessed = [e for e in dict.fromkeys(ids) if (name, e) not in self.slot_of][: self.capacity]
+        waiting = deque(guessed)
+        self._issue(name, waiting, {(name, e) for e in guessed})
+        started = guessed[: len(guessed) - len(waiting)]
+        self._guessed.update((name, e) for e in started)
+        self.stats.prefetched += len(started)
+        return len(started)
+
+    def _note_guesses(self, name: str, cached: list[int]) -> None:
+        used = self._guessed.intersection((name, e) for e in cached)
+        self.stats.prefetch_used += len(used)
+        self._guessed -= used
 
     def least_used(self, name: str, ids: list[int], count: int) -> list[int]:
         """The ``count`` experts of ``ids`` that the policy values least (ties: lower id first)."""
@@ -227,6 +253,7 @@ class ExpertCache:
         if victim is None:
             return None
         self.stats.evictions += 1
+        self._guessed.discard(victim)
         return self.slot_of.pop(victim)
 
 
