@@ -163,7 +163,8 @@ def reactions(theirs: list[dict], events: list[dict], t0: float) -> list[dict]:
     vramshard's VRAM had followed (the first adaptation after it: its release, on the same clock).
 
     An adaptation event is recorded when the executor's reconfiguration ends (``time``); its VRAM
-    was released ``adapt_s - release_s`` before that.
+    was released ``adapt_s - release_s`` before that. A budget that grew is deferred (nothing to
+    release); ``full_plan_in_force_s`` is when its full plan, made in the background, came in.
     """
     starts = [r for r in theirs if r.get("event") == "phase start"]
     out = []
@@ -176,6 +177,10 @@ def reactions(theirs: list[dict], events: list[dict], t0: float) -> list[dict]:
             released = first["time"] - first["adapt_s"] + first["release_s"]
             row.update(reaction_s=released - phase["t"], budget=first["budget"],
                        engine_release_s=first["time_to_release_s"])
+            if first.get("deferred"):  # a grown budget: its full plan came into force later, as a refine
+                done = [e for e in events if e["why"] == "refine" and first["time"] <= e["time"] < until]
+                if done:
+                    row["full_plan_in_force_s"] = done[0]["time"] - phase["t"]
         out.append(row)
     return out
 

@@ -36,3 +36,15 @@ def test_time_over_the_card_runs_from_each_crowded_sample_to_the_next():
     assert time_over_the_card(vram, [1.5, 2.0]) == 1.0  # 1.5 -> 2.0 -> 2.5
     assert time_over_the_card(vram, [3.0]) == 0.0  # the last sample stands for no time
     assert time_over_the_card(vram, []) == 0.0
+
+
+def test_a_grown_budget_reacts_at_once_and_reports_when_its_full_plan_came_in():
+    t0 = 1000.0
+    theirs = [{"t": 1000.0, "event": "phase start", "phase": 0, "gib": 10.0},
+              {"t": 1012.0, "event": "phase start", "phase": 1, "gib": 0.0}]
+    events = [{"why": "auto", "time": 1012.3, "adapt_s": 0.0, "release_s": 0.0, "budget": 15 * GiB,
+               "time_to_release_s": 0.3, "deferred": True},
+              {"why": "refine", "time": 1013.5, "adapt_s": 0.2, "release_s": 0.01, "budget": 15 * GiB,
+               "time_to_release_s": 0.01}]
+    grown = reactions(theirs, events, t0)[1]
+    assert abs(grown["reaction_s"] - 0.3) < 1e-9 and abs(grown["full_plan_in_force_s"] - 1.5) < 1e-9

@@ -8,8 +8,9 @@ caches moved between VRAM and host memory, nothing lost. A budget that shrinks m
 once, so it gets the planner's quick plan (no per-sub-layer search, ~10x faster to make); a
 background thread makes the full plan meanwhile, and it replaces the quick one at the first step
 boundary after it is ready, if the budget has held (generation never waits for the search). A
-step that runs out of VRAM anyway lowers the budget to what is held plus what is free and is
-retried.
+budget that grows needs nothing freed: the placement in force goes on under it while the
+background thread plans, and the full plan comes into force the same way. A step that runs out
+of VRAM anyway lowers the budget to what is held plus what is free and is retried.
 
 Every adaptation is recorded with its times: waiting for the step boundary, planning, releasing.
 """
@@ -128,6 +129,8 @@ class BudgetFollower:
             return None
         settings = self.plan_settings()
         planning_from = time.monotonic()
+        if self._defer_growth(budget, why, settings, requested_at):
+            return None
         if engine.vision is not None and engine.vision.vision_tier:
             adaptation, placements = self._adapt_vision(budget)
         else:
@@ -156,6 +159,41 @@ class BudgetFollower:
         self.watcher.accept(budget)
         self._record(adaptation, report, why, requested_at, planning_from)
         return report
+
+    def _defer_growth(self, budget: int | None, why: str, settings: budgets.PlanSettings,
+                      requested_at: float) -> bool:
+        """A budget that grew frees nothing: the placement in force still fits it, so steps go on
+        under it while the background thread makes the full plan, which the first step boundary
+        after it is ready puts in force (as for a quick plan). Planning under the executor's lock
+        stalled generation for the whole search (0.6-1.3 s for llama3-8b on the H200 machine).
+        Returns whether the change was deferred (the budget is then in force)."""
+        engine = self.engine
+        grew = budget is None or (engine.vram_budget is not None and budget > engine.vram_budget)
+        if not grew or why in ("refine", "out of memory") or (engine.vision is not None and engine.vision.vision_tier):
+            return False
+        kv_forced = budgets.forced_kv_side(engine.executor.live_kv_positions(), settings)
+        if self._full_plan_ready(budget, kv_forced):
+            return False  # planned before: put it in force now
+        engine.vram_budget = budget
+        self.watcher.accept(budget)
+        self.refine = (budget, kv_forced)
+        self.background.want(budget, kv_forced)
+        executor = engine.executor
+        reserved = torch.cuda.memory_reserved(executor.gpu) if executor.gpu is not None and not executor.simulated else 0
+        waited = max(0.0, time.monotonic() - requested_at)
+        self.events.append({
+            "time": time.time(), "why": why, "budget": budget, "plan": executor.plans.name,
+            "vram_planned": executor.need.total, "kv_on_gpu": bool(executor.kv_layers_on_gpu),
+            "unpinned": 0, "pinned": 0, "kv_bytes_to_host": 0, "kv_bytes_to_gpu": 0, "quick_plan": False,
+            "deferred": True,  # the full plan's adaptation follows as a "refine" event
+            "wait_s": waited, "plan_s": 0.0, "release_s": 0.0, "adapt_s": 0.0,
+            "release_parts_s": {"wait": 0.0, "kv": 0.0, "free": 0.0}, "time_to_release_s": waited,
+            "reserved_after_release": reserved, "reserved_after": reserved,
+        })
+        log.info("VRAM budget (%s) grew to %s: planning it in the background; the placement in force "
+                 "(%s) goes on meanwhile", why, "no limit" if budget is None else format_bytes(budget),
+                 format_bytes(engine.executor.need.total))
+        return True
 
     def _adapt_vision(self, budget: int | None) -> tuple[budgets.Adaptation, TieredPlacement]:
         """A vision-language model: the language model planned with room for the vision phase beside
