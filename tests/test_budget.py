@@ -205,7 +205,7 @@ def test_budget_changes_during_generation_keep_greedy_tokens(model_dir, referenc
     assert len([e for e in engine.budget_events if e["why"] != "refine"]) == len(changes)
     for event in engine.budget_events:  # the release, part by part
         parts = event["release_parts_s"]
-        assert {"wait", "kv", "free"} <= set(parts) and sum(parts.values()) <= event["release_s"] + 1e-6
+        assert {"wait", "kv", "drop", "empty"} <= set(parts) and sum(parts.values()) <= event["release_s"] + 1e-6
     assert engine.budget_state()["vram_budget"] is None
 
 

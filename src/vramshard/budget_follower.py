@@ -187,7 +187,7 @@ class BudgetFollower:
             "unpinned": 0, "pinned": 0, "kv_bytes_to_host": 0, "kv_bytes_to_gpu": 0, "quick_plan": False,
             "deferred": True,  # the full plan's adaptation follows as a "refine" event
             "wait_s": waited, "plan_s": 0.0, "release_s": 0.0, "adapt_s": 0.0,
-            "release_parts_s": {"wait": 0.0, "kv": 0.0, "free": 0.0}, "time_to_release_s": waited,
+            "release_parts_s": {"wait": 0.0, "kv": 0.0, "drop": 0.0, "empty": 0.0}, "time_to_release_s": waited,
             "reserved_after_release": reserved, "reserved_after": reserved,
         })
         log.info("VRAM budget (%s) grew to %s: planning it in the background; the placement in force "

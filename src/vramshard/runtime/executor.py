@@ -121,8 +121,9 @@ class ReconfigureReport:
     reserved_after: int
     need: VramNeed
     # Seconds of each part of the release: "wait" (the GPU finishing queued work), "kv" (KV caches
-    # moved to host memory), "free" (buffers dropped, allocator cache emptied), "collect" (a
-    # garbage collection, only when a reference cycle still held old buffers).
+    # moved to host memory), "drop" (the placement's buffers and decode graphs dropped: back to
+    # the caching allocator), "empty" (the allocator's cache emptied: back to the card), "collect"
+    # (a garbage collection, only when a reference cycle still held old buffers).
     release_parts: dict = field(default_factory=dict)
 
 
@@ -310,9 +311,10 @@ class Executor:
             parts["kv"], mark = time.perf_counter() - mark, time.perf_counter()
             self._clear_vram()
             self.report = StepReport()
+            parts["drop"], mark = time.perf_counter() - mark, time.perf_counter()
             if real_gpu:
                 torch.cuda.empty_cache()
-            parts["free"], mark = time.perf_counter() - mark, time.perf_counter()
+            parts["empty"], mark = time.perf_counter() - mark, time.perf_counter()
             if real_gpu and torch.cuda.memory_reserved(self.gpu) - self._vram_before > kept_kv + ALLOCATOR_SLACK:
                 gc.collect()  # a reference cycle still holds old buffers (slow: only when needed)
                 torch.cuda.empty_cache()
