@@ -224,6 +224,10 @@ def test_decode_bound():
     # a token reads ~3B active parameters, far fewer bytes than the whole model
     assert decode_bound_tok_s(moe, 2 * GIB, bw) > 147e9 / moe.nbytes * 5
     assert decode_bound_tok_s(moe, 16 * GIB, bw) > decode_bound_tok_s(moe, 2 * GIB, bw)
+    # Host memory that cannot feed both readers at once bounds lower: the smaller bandwidth counts.
+    shared = {**bw, "shared_total": 73.5}
+    assert decode_bound_tok_s(dense, 2 * GIB, shared) == pytest.approx(low * 73.5 / 147.0)
+    assert decode_bound_tok_s(dense, 2 * GIB, {**bw, "shared_total": 500.0}) == pytest.approx(low)
 
 
 class FakeExecutor:

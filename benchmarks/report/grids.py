@@ -18,7 +18,7 @@ from vramshard.runtime.executor import Executor
 from vramshard.runtime.host_weights import HostLayouts, pack_model
 from vramshard.shapes import random_weights, shape_config
 
-from ..common import Deadline, cpu_read_bandwidth, h2d_bandwidth
+from ..common import Deadline, cpu_read_bandwidth, h2d_bandwidth, shared_read_bandwidth
 from ..engine_bench import device_bandwidth, planner_profile
 from ..moe_bench import batched_tok_s, random_packed
 from .measure import GiB, decode_bound_tok_s, errors_into, host_for, plan_name, predicted_s, run_cell, systems_for, unconstrained
@@ -63,8 +63,9 @@ def build(part: Part, settings: Settings):
 
 def setup(part: Part, record: PartRecord, settings: Settings):
     """Bandwidths, the model and the planner's profile, recorded; returns (model, host, profile, bw)."""
+    shared = shared_read_bandwidth()
     bandwidth = {"h2d": h2d_bandwidth() / 1e9, "cpu_read": cpu_read_bandwidth() / 1e9,
-                 "device": device_bandwidth() / 1e9}
+                 "device": device_bandwidth() / 1e9, "shared_total": shared["total"] / 1e9}
     model, host, build_s = build(part, settings)
     profile, source = planner_profile(settings.profile, bandwidth, {model.dtype})
     record.set(bandwidth_gb_s=bandwidth, profile=source, build_s=build_s, model_bytes=model.nbytes,

@@ -75,7 +75,9 @@ def decode_bound_tok_s(model, budget: int | None, bandwidth: dict) -> float | No
     """Physical bound of one decode step (tokens/s) under ``budget`` bytes of VRAM.
 
     The bytes a step reads that are not in VRAM must cross PCIe or be read by the CPU, so
-    step time >= those bytes / (PCIe H2D + CPU read bandwidth). The best use of the budget pins
+    step time >= those bytes / (PCIe H2D + CPU read bandwidth), and >= those bytes / what host
+    memory gives both at once (``shared_total``, when measured): the smaller bandwidth counts.
+    The best use of the budget pins
     the bytes every token reads (attention, dense FFNs, MoE routers, the head) first, then
     experts, which under uniform routing save the cached fraction of the routed expert bytes.
     The embedding reads one row per token and is left out; KV and workspace VRAM are left out
@@ -95,7 +97,10 @@ def decode_bound_tok_s(model, budget: int | None, bandwidth: dict) -> float | No
     missed = max(0, every_token - budget) + routed * (1 - hit)
     if missed <= 0:
         return None
-    return (bandwidth["h2d"] + bandwidth["cpu_read"]) * 1e9 / missed
+    rate = bandwidth["h2d"] + bandwidth["cpu_read"]
+    if bandwidth.get("shared_total"):
+        rate = min(rate, bandwidth["shared_total"])
+    return rate * 1e9 / missed
 
 
 @torch.inference_mode()
