@@ -202,6 +202,26 @@ def test_moe_planner_decodes_with_the_expert_cache_on_a_measured_like_profile(bu
     assert result.need.total <= budget_gib * GiB
 
 
+def test_moe_planner_on_the_h200_profile_picks_the_expert_cache_as_measured():
+    """The sixth GPU session, qwen3-30b-a3b at 16 GiB: `experts-stream` with a 12.5 GiB cache
+    decoded at 8.07 tok/s, the planner's choice (whole MoE layers pinned, the others on the CPU)
+    at 5.55. The estimator had charged a gathered decode step's GPU with the grouped path's
+    per-expert launches (1.8 ms a layer); with the gathered path's own launches the planner
+    caches experts, and in a cache of most of the budget."""
+    from pathlib import Path
+
+    from vramshard.profile import load
+
+    profile = load(Path(__file__).resolve().parent.parent / "docs" / "profiles" / "h200-cold.json",
+                   check_fingerprint=False)
+    model = shape_model("qwen3-30b-a3b")
+    result = Planner(model, profile, 16 * GiB, context=2064, tiers=Tiers((1, 4, 16, 64, 256, 1024))).plan()
+    decode = result.tiers[1]
+    assert decode.placement.expert_names("cache"), (decode.family, decode.candidates)
+    assert result.expert_cache > 8 * GiB
+    assert result.need.total <= 16 * GiB
+
+
 # ------------------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

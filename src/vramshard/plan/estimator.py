@@ -211,16 +211,20 @@ class Estimator:
             self._cache[key] = kernels + self.dispatch_s("cuda") * 6 / DISPATCH_LAUNCHES
         return self._cache[key]
 
-    def experts_s(self, sublayer: MoEFFN, device: str, n_tokens: int, contended: bool = False) -> float:
-        """Time of the routed experts alone (the hit ones, grouped), launches included."""
+    def experts_s(self, sublayer: MoEFFN, device: str, n_tokens: int, contended: bool = False,
+                  launches: bool = True) -> float:
+        """Time of the routed experts alone (the hit ones, grouped), with the grouped path's
+        launches (a few per expert touched) unless ``launches`` is False: the kernels alone."""
         key = ("experts", sublayer.hidden, sublayer.intermediate, sublayer.num_experts, sublayer.top_k, device,
                n_tokens, contended, self.threads)
         if key not in self._cache:
-            kernels = sum(count * self._matmul(m, k, n, device, contended)
-                          for (m, k, n), count in Counter(sublayer.expert_matmuls(n_tokens)).items())
-            launches = 8 + 8 * round(sublayer.expected_experts_touched(n_tokens))
-            self._cache[key] = kernels + self.dispatch_s(device) * launches / DISPATCH_LAUNCHES
-        return self._cache[key]
+            self._cache[key] = sum(count * self._matmul(m, k, n, device, contended)
+                                   for (m, k, n), count in Counter(sublayer.expert_matmuls(n_tokens)).items())
+        kernels = self._cache[key]
+        if not launches:
+            return kernels
+        count = 8 + 8 * round(sublayer.expected_experts_touched(n_tokens))
+        return kernels + self.dispatch_s(device) * count / DISPATCH_LAUNCHES
 
     def expert_miss_bytes(self, sublayer: MoEFFN, n_tokens: int) -> float:
         """Expected bytes the expert cache copies for one step: routed experts it lacks."""
@@ -373,7 +377,9 @@ class Estimator:
                         kernels = self.experts_s(sublayer, "cuda", n_tokens)
                         touched = max(1.0, sublayer.expected_experts_touched(n_tokens))
                         if n_tokens * sublayer.top_k * sublayer.expert_bytes <= GATHER_BYTES:
-                            # All experts at once from the cache's slots, after the last copy.
+                            # All experts at once from the cache's slots, after the last copy: a few
+                            # launches for the layer (counted on the host), not a few per expert.
+                            kernels = self.experts_s(sublayer, "cuda", n_tokens, launches=False)
                             py += self.dispatch_s("cuda") * GATHER_LAUNCHES / DISPATCH_LAUNCHES
                             gpu_free = max(router_done, copy_free, py) + kernels
                         else:
