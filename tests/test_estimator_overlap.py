@@ -70,3 +70,22 @@ def test_a_step_is_slower_the_more_its_cpu_work_overlaps_copies():
     plain = Estimator(NEMO, synthetic(**CLIENT, cpu_contention=1.0))
     assert plain.simulate(cpu_placement(GPU_STREAMED), 1, 1024).cpu_busy == \
         pytest.approx(plain.simulate(cpu_placement(GPU_RESIDENT), 1, 1024).cpu_busy, rel=1e-4)
+
+
+def test_a_cached_moe_decode_step_pays_the_hosts_calls_per_miss():
+    """A gathered MoE decode step over the expert cache: with PCIe so fast that the copies cost
+    nothing, each miss still costs the host its copy-issuing calls at the dispatch rate."""
+    from vramshard.plan.estimator import COPY_ISSUE_CALLS, DISPATCH_LAUNCHES
+    from vramshard.plan.memory import moe_layers, sublayer_triples
+    from vramshard.plan.placement import named_placement
+
+    model = shape_model("qwen3-30b-a3b")
+    profile = synthetic(**{**CLIENT, "h2d_gbps": 1e6}, dispatch_us={"cpu": 20, "cuda": 100})
+    placement = named_placement("experts-stream", sublayer_triples(model), model.args.num_hidden_layers,
+                                moe_layers=moe_layers(model))
+    all_hit = Estimator(model, profile, expert_hit_rate=1.0).simulate(placement, 1, 1024).seconds
+    all_miss = Estimator(model, profile, expert_hit_rate=0.0).simulate(placement, 1, 1024).seconds
+    layers = len(moe_layers(model))
+    touched = model["ffn[0]"].expected_experts_touched(1)
+    calls = layers * touched * COPY_ISSUE_CALLS
+    assert all_miss - all_hit == pytest.approx(calls * 100e-6 / DISPATCH_LAUNCHES, rel=0.05)
