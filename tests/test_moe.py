@@ -297,6 +297,23 @@ def test_prefetched_experts_are_hits_when_asked_for_and_never_evict_each_other(t
     assert len(fills) == cache.stats.misses + cache.stats.prefetched
 
 
+def test_a_gathered_layer_frees_its_slots_with_one_mark(tiny_model_dir):
+    """The compute over a gathered layer's slots is one point in the stream: a copier that can
+    mark several slots free at once is asked once, not once per slot."""
+    _, model, host = loaded(tiny_model_dir, "qwen3_moe")
+
+    class Batching(FakeCopier):
+        def done_many(self, slots):
+            self.log.append(("done_many", tuple(slots)))
+
+    copier = Batching(host, 4)
+    cache = ExpertCache(4, copier)
+    slots = cache.gather("ffn[0]", [0, 1, 2])
+    cache.release(slots.values())
+    marks = [entry for entry in copier.log if entry[0].startswith("done")]
+    assert marks == [("done_many", tuple(slots.values()))]
+
+
 # ---------------------------------------------------------------------------------------- plan
 def test_moe_placements_as_data(tiny_model_dir):
     _, model, _ = loaded(tiny_model_dir, "qwen3_moe")

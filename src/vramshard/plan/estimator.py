@@ -35,11 +35,12 @@ from .placement import Placement
 DISPATCH_LAUNCHES = 5  # kernel launches in the profile's "tiny sub-layer" dispatch probe
 PART_LAUNCHES = 6  # kernel launches of one part of a split FFN (gate/up, silu, mul, down, add)
 GATHER_LAUNCHES = 14  # kernel launches of a few-token MoE step over gathered cache slots, all experts
-# Host calls of the expert cache per step of a MoE layer (ExpertSlots): each expert gathered waits
-# for its slot's fill and marks its slot free again; each miss also waits for the slot's last
-# reader, copies, and records the fill, on the copy stream.
-SLOT_EVENT_CALLS = 2
-COPY_ISSUE_CALLS = 4
+# Host calls of the expert cache per step of a MoE layer (ExpertSlots): one event marks the
+# layer's slots free; each miss waits for its slot's last reader, copies and records the fill on
+# the copy stream, and the compute waits for that fill (a cached expert's fill was waited for
+# when it came in).
+RELEASE_CALLS = 2
+COPY_ISSUE_CALLS = 5
 HOST_GATHER_BPS = 10e9  # rows of a host KV cache gathered into / scattered from pinned buffers (one thread)
 
 
@@ -384,10 +385,10 @@ class Estimator:
                         if n_tokens * sublayer.top_k * sublayer.expert_bytes <= GATHER_BYTES:
                             # All experts at once from the cache's slots, after the last copy: a few
                             # launches for the layer (counted on the host), not a few per expert;
-                            # the host also orders each expert's slot and issues each miss's copy.
+                            # the host also frees the slots and issues each miss's copy.
                             kernels = self.experts_s(sublayer, "cuda", n_tokens, launches=False)
                             misses = touched * (1.0 - self.expert_hit_rate)
-                            calls = GATHER_LAUNCHES + SLOT_EVENT_CALLS * touched + COPY_ISSUE_CALLS * misses
+                            calls = GATHER_LAUNCHES + RELEASE_CALLS + COPY_ISSUE_CALLS * misses
                             py += self.dispatch_s("cuda") * calls / DISPATCH_LAUNCHES
                             gpu_free = max(router_done, copy_free, py) + kernels
                         else:

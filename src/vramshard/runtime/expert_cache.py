@@ -35,6 +35,8 @@ class ExpertCopier(Protocol):
     def done(self, slot: int) -> None:
         """The compute reading ``slot`` is queued: a later fill may overwrite it after that compute."""
 
+    # Optional: ``done_many(slots)``, ``done`` for several slots read by the same compute at once.
+
     def view(self, slot: int, name: str) -> ExpertTensors:
         """The expert weights in ``slot``, laid out as ``name``'s experts."""
 
@@ -232,6 +234,10 @@ class ExpertCache:
 
     def release(self, slots) -> None:
         """The compute reading ``slots`` is queued: they may be refilled after it."""
+        many = getattr(self.copier, "done_many", None)
+        if many is not None:
+            many(list(slots))  # one mark after the compute, for all of them
+            return
         for slot in slots:
             self.copier.done(slot)
 

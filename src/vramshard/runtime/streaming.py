@@ -215,6 +215,9 @@ class ExpertSlots(ExpertSlotBuffer):
         self.copy_stream = copy_stream
         self.filled = [torch.cuda.Event() for _ in range(capacity)]
         self.free = [torch.cuda.Event() for _ in range(capacity)]
+        # slot -> the stream that already waits for the slot's current fill: a cached expert read
+        # step after step needs no new wait (each is a host call, eight a layer at decode).
+        self._waited: dict[int, torch.cuda.Stream] = {}
 
     def fill(self, slot: int, name: str, expert: int) -> int:
         target, source = self.target(slot, name, expert)
@@ -222,10 +225,22 @@ class ExpertSlots(ExpertSlotBuffer):
             self.copy_stream.wait_event(self.free[slot])  # the last compute reading the slot is done
             target.copy_(source, non_blocking=True)
             self.filled[slot].record(self.copy_stream)
+        self._waited.pop(slot, None)  # a new fill: its readers wait for it again
         return target.numel()
 
     def ready(self, slot: int) -> None:
-        torch.cuda.current_stream(self.device).wait_event(self.filled[slot])
+        stream = torch.cuda.current_stream(self.device)
+        if self._waited.get(slot) == stream:
+            return  # this stream is already ordered after the slot's current fill
+        stream.wait_event(self.filled[slot])
+        self._waited[slot] = stream
 
     def done(self, slot: int) -> None:
-        self.free[slot].record(torch.cuda.current_stream(self.device))
+        self.done_many([slot])
+
+    def done_many(self, slots) -> None:
+        """The compute reading ``slots`` is queued: one event, recorded after it, frees them all."""
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        for slot in slots:
+            self.free[slot] = event
