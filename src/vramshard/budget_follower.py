@@ -30,6 +30,7 @@ from .plan.placement import TieredPlacement
 from .plan.planner import machine_profile
 from .plan.tiers import Tiers
 from .runtime import budget as budgets
+from .runtime.executor import ReconfigureReport
 from .units import format_bytes
 
 log = logging.getLogger(__name__)
@@ -169,7 +170,8 @@ class BudgetFollower:
         Returns whether the change was deferred (the budget is then in force)."""
         engine = self.engine
         grew = budget is None or (engine.vram_budget is not None and budget > engine.vram_budget)
-        if not grew or why in ("refine", "out of memory") or (engine.vision is not None and engine.vision.vision_tier):
+        if not grew or engine.plan is None or why in ("refine", "out of memory") \
+                or (engine.vision is not None and engine.vision.vision_tier):
             return False
         kv_forced = budgets.forced_kv_side(engine.executor.live_kv_positions(), settings)
         if self._full_plan_ready(budget, kv_forced):
@@ -179,20 +181,11 @@ class BudgetFollower:
         self.refine = (budget, kv_forced)
         self.background.want(budget, kv_forced)
         executor = engine.executor
-        reserved = torch.cuda.memory_reserved(executor.gpu) if executor.gpu is not None and not executor.simulated else 0
-        waited = max(0.0, time.monotonic() - requested_at)
-        self.events.append({
-            "time": time.time(), "why": why, "budget": budget, "plan": executor.plans.name,
-            "vram_planned": executor.need.total, "kv_on_gpu": bool(executor.kv_layers_on_gpu),
-            "unpinned": 0, "pinned": 0, "kv_bytes_to_host": 0, "kv_bytes_to_gpu": 0, "quick_plan": False,
-            "deferred": True,  # the full plan's adaptation follows as a "refine" event
-            "wait_s": waited, "plan_s": 0.0, "release_s": 0.0, "adapt_s": 0.0,
-            "release_parts_s": {"wait": 0.0, "kv": 0.0, "drop": 0.0, "empty": 0.0}, "time_to_release_s": waited,
-            "reserved_after_release": reserved, "reserved_after": reserved,
-        })
-        log.info("VRAM budget (%s) grew to %s: planning it in the background; the placement in force "
-                 "(%s) goes on meanwhile", why, "no limit" if budget is None else format_bytes(budget),
-                 format_bytes(engine.executor.need.total))
+        reserved = executor._reserved()
+        unchanged = ReconfigureReport(0.0, 0.0, 0, 0, reserved, reserved, executor.need,
+                                      {"wait": 0.0, "kv": 0.0, "drop": 0.0, "empty": 0.0})
+        stay = budgets.adaptation_between(engine.model, engine.plan, engine.plan, budget)
+        self._record(stay, unchanged, why, requested_at, time.monotonic(), deferred=True)
         return True
 
     def _adapt_vision(self, budget: int | None) -> tuple[budgets.Adaptation, TieredPlacement]:
@@ -210,10 +203,13 @@ class BudgetFollower:
         return budgets.adaptation_between(engine.model, engine.plan, plan, budget), placements
 
     def _record(self, adaptation: budgets.Adaptation, report, why: str, requested_at: float,
-                planning_from: float) -> None:
+                planning_from: float, deferred: bool = False) -> None:
+        """One adaptation into ``events``, and the log. ``deferred``: a budget that grew, kept under
+        the placement in force while the background thread plans it (its "refine" follows)."""
         executor = self.engine.executor
         waited = max(0.0, planning_from - requested_at)  # the change seen, the step under way finishing
-        planned = max(0.0, time.monotonic() - planning_from - report.total_s)  # re-planning (or a cached plan)
+        # Re-planning (or a cached plan); nothing planned under the lock for a deferred growth.
+        planned = 0.0 if deferred else max(0.0, time.monotonic() - planning_from - report.total_s)
         budget = adaptation.budget
         event = {
             "time": time.time(), "why": why, "budget": budget, "plan": executor.plans.name,
@@ -226,6 +222,13 @@ class BudgetFollower:
             "time_to_release_s": waited + planned + report.release_s,
             "reserved_after_release": report.reserved_after_release, "reserved_after": report.reserved_after,
         }
+        if deferred:
+            event["deferred"] = True
+            self.events.append(event)
+            log.info("VRAM budget (%s) grew to %s: planning it in the background; the placement in force (%s) "
+                     "goes on meanwhile", why, "no limit" if budget is None else format_bytes(budget),
+                     format_bytes(executor.need.total))
+            return
         self.events.append(event)
         log.info("VRAM budget (%s) -> %s: %s; VRAM released %.1f ms after the change (%.1f ms waiting for the "
                  "step boundary, %.1f ms planning), adapted in %.1f ms", why,

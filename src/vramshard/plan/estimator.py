@@ -380,7 +380,6 @@ class Estimator:
                         copy_free = copy_start + self.profile.transfer_s(miss, "h2d", cpu_work) if miss else copy_start
                         copy_busy += copy_free - copy_start
                         timeline.append((sublayer.name, "copy", copy_start, copy_free))
-                        kernels = self.experts_s(sublayer, "cuda", n_tokens)
                         touched = max(1.0, sublayer.expected_experts_touched(n_tokens))
                         if n_tokens * sublayer.top_k * sublayer.expert_bytes <= GATHER_BYTES:
                             # All experts at once from the cache's slots, after the last copy: a few
@@ -392,6 +391,7 @@ class Estimator:
                             py += self.dispatch_s("cuda") * calls / DISPATCH_LAUNCHES
                             gpu_free = max(router_done, copy_free, py) + kernels
                         else:
+                            kernels = self.experts_s(sublayer, "cuda", n_tokens)
                             py += self.dispatch_s("cuda") * 8 * touched / DISPATCH_LAUNCHES
                             # Cached experts compute while the others arrive; the last one after its copy.
                             gpu_free = max(router_done + kernels, copy_free + kernels / touched, py)
