@@ -1,0 +1,199 @@
+"""Plans and predictions replayed from a stored machine profile, without a GPU: what the planner
+and the estimator say for the shapes the GPU sessions measured. Planning is arithmetic on the
+profile, so this runs on any machine; the figures of docs/BENCHMARKS.md's "Changed after the
+sixth session" come from it.
+
+    PYTHONPATH=src python -m benchmarks.plan_replay dense [--contended-factor 4]
+    PYTHONPATH=src python -m benchmarks.plan_replay tiers          # nemo-8b, the engine's default tiers
+    VRAMSHARD_CHUNK_ATTENTION=mask PYTHONPATH=src python -m benchmarks.plan_replay tiers
+    PYTHONPATH=src python -m benchmarks.plan_replay vlm
+    PYTHONPATH=src python -m benchmarks.plan_replay moe
+    PYTHONPATH=src python -m benchmarks.plan_replay cache          # the expert cache's Python bookkeeping
+
+``--profile`` (default docs/profiles/h200-cold.json, the fifth session's H200 profile).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import random
+import time
+import types
+from pathlib import Path
+
+import torch
+
+GiB = 2**30
+DEFAULT_PROFILE = Path(__file__).resolve().parent.parent / "docs" / "profiles" / "h200-cold.json"
+
+
+def load_profile(path, contended_factor: float = 1.0):
+    """The stored profile; ``contended_factor`` scales its contended CPU matmul times (a what-if)."""
+    from vramshard.profile import load
+    from vramshard.profile.query import Profile
+
+    profile = load(path, check_fingerprint=False)
+    if contended_factor == 1.0:
+        return profile
+    data = copy.deepcopy(profile.data)
+    for table in data["matmul"]:
+        if table.get("contended"):
+            table["seconds"] = [[t * contended_factor for t in row] for row in table["seconds"]]
+    return Profile(data)
+
+
+def dense(args) -> None:
+    """nemo-8b's tier-1 plans at 2 and 8 GiB (step_profile's ``planned:G``): family, prediction,
+    and where the bytes go."""
+    from vramshard.plan.planner import Planner
+    from vramshard.plan.tiers import Tiers
+    from vramshard.shapes import shape_model
+
+    model = shape_model("nemo-8b")
+    profile = load_profile(args.profile, args.contended_factor)
+    for gib in (2, 8):
+        plan = Planner(model, profile, gib * GiB, context=1024 + 64, tiers=Tiers((1,))).plan()
+        tier = plan.tiers[1]
+        estimate = plan_estimate(model, profile, tier)
+        print(f"nemo-8b {gib} GiB: {tier.family}, predicted {tier.predicted_s * 1e3:.1f} ms; CPU busy "
+              f"{estimate.cpu_busy * 1e3:.1f} ms, copy engine {estimate.copy_busy * 1e3:.1f} ms, "
+              f"{estimate.bytes_streamed / 1e9:.2f} GB streamed")
+
+
+def plan_estimate(model, profile, tier):
+    from vramshard.plan.estimator import Estimator
+
+    return Estimator(model, profile, threads=tier.threads).simulate(tier.placement, 1, 1024 + 64)
+
+
+def tiers(args) -> None:
+    """nemo-8b under the engine's default tiers (steps up to 2048 tokens) at 2 and 4 GiB."""
+    from vramshard.errors import BudgetError
+    from vramshard.plan.planner import Planner
+    from vramshard.plan.tiers import Tiers
+    from vramshard.shapes import shape_model
+
+    model = shape_model("nemo-8b")
+    profile = load_profile(args.profile)
+    for gib in (2, 4):
+        try:
+            plan = Planner(model, profile, gib * GiB, context=4096, tiers=Tiers()).plan()
+        except BudgetError as exc:
+            print(f"nemo-8b {gib} GiB: refused: {exc}")
+            continue
+        print(f"nemo-8b {gib} GiB: {plan.need.breakdown()}; tier 1 predicted {plan.tiers[1].predicted_s * 1e3:.1f} ms")
+
+
+def vlm(args) -> None:
+    """Qwen2.5-VL-7B's plans for a 1440p image beside the language model, per budget, prompt chunk
+    and vision option set (what ``vlm.configure`` plans; host FFNs packed split-ready)."""
+    from vramshard import vlm as vision
+    from vramshard.errors import BudgetError
+    from vramshard.models import build_model
+    from vramshard.plan.memory import tiered_vram_need
+    from vramshard.plan.tiers import Tiers
+    from vramshard.runtime import budget as budgets
+    from vramshard.shapes import shape_config
+
+    model = build_model(shape_config("qwen2.5-vl-7b"))
+    profile = load_profile(args.profile)
+    vision.splits_ffns = lambda sublayers, host: True
+    pixels, context = 2560 * 1440, 5120
+    options = {"all_on": vision.VisionOptions(), "no_offload": vision.VisionOptions(offload_weights=False),
+               "no_free_before_prefill": vision.VisionOptions(free_before_prefill=False)}
+    for gib, chunk in ((2, 256), (2, 1024), (4, 2048), (8, 2048)):
+        settings = budgets.PlanSettings(profile, Tiers(tuple(t for t in Tiers().sizes if t <= chunk)), context, 2,
+                                        "qwen2.5-vl-7b")
+        for name, option in options.items():
+            option = dataclasses.replace(option, plan_pixels=pixels)
+            engine = types.SimpleNamespace(
+                model=model, executor=types.SimpleNamespace(kv_plan=(1, context), host={}, budget=gib * GiB),
+                max_step_tokens=chunk, model_name="qwen2.5-vl-7b", args=model.args,
+                budget=types.SimpleNamespace(plan_settings=lambda s=settings: s))
+            patches = pixels // model.args.vision.patch_size ** 2
+            try:
+                plans, plan_set = vision._vision_plans(engine, option, patches, profile, gib * GiB)
+            except BudgetError as exc:
+                print(f"{gib} GiB, {chunk}-token chunks, {name}: refused: {exc}")
+                continue
+            need = tiered_vram_need(model, plans, 1, context, chunk, plan_set.num_slots)
+            phase = vision._vision_need(engine, plans, patches, option, plan_set.num_slots)
+            print(f"{gib} GiB, {chunk}-token chunks, {name}: peak of the phases {phase / GiB:.3f} GiB; "
+                  f"{need.breakdown()}")
+
+
+def moe(args) -> None:
+    """qwen3-30b-a3b: the planner's tier-1 choice at 8 and 16 GiB, and the estimate of
+    ``experts-stream`` with moe_bench's 12.5 GiB cache at uniform and measured hit rates."""
+    from vramshard.plan.estimator import Estimator, uniform_hit_rate
+    from vramshard.plan.memory import expert_slot_bytes, moe_layers, sublayer_triples
+    from vramshard.plan.placement import named_placement
+    from vramshard.plan.planner import Planner
+    from vramshard.plan.tiers import Tiers
+    from vramshard.shapes import shape_model
+
+    model = shape_model("qwen3-30b-a3b")
+    profile = load_profile(args.profile)
+    for gib in (8, 16):
+        plan = Planner(model, profile, gib * GiB, context=2064, tiers=Tiers((1, 4, 16, 64, 256, 1024))).plan()
+        tier = plan.tiers[1]
+        shown = {k: round(v * 1e3, 1) for k, v in tier.candidates.items() if v != float("inf")}
+        print(f"qwen3-30b-a3b {gib} GiB: {tier.family}, expert cache {plan.expert_cache / GiB:.2f} GiB; "
+              f"predicted ms {shown}")
+    stream = named_placement("experts-stream", sublayer_triples(model), model.args.num_hidden_layers,
+                             moe_layers=moe_layers(model))
+    slots = int(12.5 * GiB) // expert_slot_bytes(model)
+    for hit in (uniform_hit_rate(model, slots), args.hit_rate):
+        estimate = Estimator(model, profile, expert_hit_rate=hit).simulate(stream, 1, 1024)
+        print(f"experts-stream, 12.5 GiB cache, hit rate {hit:.2f}: {estimate.seconds * 1e3:.1f} ms "
+              f"(copy engine {estimate.copy_busy * 1e3:.1f} ms, GPU {estimate.gpu_busy * 1e3:.1f} ms)")
+
+
+def cache(args) -> None:
+    """Microseconds of the expert cache's Python bookkeeping per MoE layer at decode (gather 8 of
+    128 experts, build the row table, release), with a copier that does nothing."""
+    from vramshard.runtime.expert_cache import ExpertCache
+
+    class NoCopies:
+        def fill(self, slot, name, expert):
+            return 1
+
+        def ready(self, slot):
+            pass
+
+        def done(self, slot):
+            pass
+
+        def view(self, slot, name):
+            return None
+
+    expert_cache = ExpertCache(1300, NoCopies())
+    names = [f"ffn[{i}]" for i in range(48)]
+    rng = random.Random(0)
+    steps = 200
+    start = time.perf_counter()
+    for _ in range(steps):
+        for name in names:
+            ids = sorted(rng.sample(range(128), 8))
+            slots = expert_cache.gather(name, ids)
+            torch.tensor([slots[e] for e in ids])
+            expert_cache.release(slots.values())
+    per_layer = (time.perf_counter() - start) / steps / len(names)
+    print(f"expert cache bookkeeping: {per_layer * 1e6:.1f} us a layer (hit rate {expert_cache.stats.hit_rate:.2f})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=("dense", "tiers", "vlm", "moe", "cache"))
+    parser.add_argument("--profile", default=str(DEFAULT_PROFILE))
+    parser.add_argument("--contended-factor", type=float, default=1.0,
+                        help="scale the profile's contended CPU matmul times (a what-if)")
+    parser.add_argument("--hit-rate", type=float, default=0.42, help="the measured expert-cache hit rate")
+    args = parser.parse_args()
+    {"dense": dense, "tiers": tiers, "vlm": vlm, "moe": moe, "cache": cache}[args.what](args)
+
+
+if __name__ == "__main__":
+    main()
