@@ -11,6 +11,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 
 from vramshard import Engine
 from vramshard.errors import InvalidInputError
+from vramshard.layers.rotary import apply_rotary, apply_rotary_float32
 from vramshard.layers.vision import segment_attention, _group_segments
 from vramshard.loading.image import (IMAGE_PAD, ImageConfig, expand_image_text, expand_image_tokens, load_image,
                                      preprocess_images)
@@ -167,6 +168,17 @@ def test_tiled_attention_equals_untiled_and_reference():
                                                            attn_mask=mask).transpose(0, 1)
     torch.testing.assert_close(whole, ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(tiled, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_rotary_in_row_chunks_equals_whole_float32_rotary():
+    torch.manual_seed(0)
+    x = torch.randn(37, 2, 8, dtype=torch.bfloat16)  # 37 rows: chunks of 5 leave a short last one
+    angles = torch.randn(37, 8)
+    cos, sin = angles.cos(), angles.sin()
+    whole = apply_rotary(x.float(), cos, sin).to(x.dtype)
+    chunked = apply_rotary_float32(x, cos, sin, rows=5)
+    assert chunked.dtype == x.dtype
+    assert torch.equal(chunked, whole)
 
 
 def test_placeholder_expansion():

@@ -48,6 +48,24 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
+ROTARY_ROWS = 4096  # rows of apply_rotary_float32's float32 temporaries
+
+
+def apply_rotary_float32(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                         rows: int = ROTARY_ROWS) -> torch.Tensor:
+    """``apply_rotary`` computed in float32 and returned in ``x``'s dtype, ``rows`` rows at a time.
+
+    The same numbers as ``apply_rotary(x.float(), cos, sin).to(x.dtype)`` (the rotation is per
+    row), but the float32 temporaries are [rows, H, D] instead of [T, H, D]: for a 1440p image
+    (18,564 patches) the whole-tensor form holds about 0.5 GB of them at once.
+    """
+    out = torch.empty_like(x)
+    for begin in range(0, x.shape[0], rows):
+        end = begin + rows
+        out[begin:end] = apply_rotary(x[begin:end].float(), cos[begin:end], sin[begin:end])
+    return out
+
+
 def mrope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, section: tuple[int, ...],
                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Multimodal rotary (Qwen2-VL "mrope"): cos and sin [T, head_dim] for positions [3, T].

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .norm import rms_norm
-from .rotary import apply_rotary, axial_cos_sin, axial_inverse_frequencies
+from .rotary import apply_rotary_float32, axial_cos_sin, axial_inverse_frequencies
 from .sublayer import Cost, SubLayer, WeightSpec, linear
 
 VISION_KIND = "vision"
@@ -295,13 +295,16 @@ class VisionBlock(SubLayer):
         qkv = linear(rms_norm(x, w["norm1"], VISION_EPS), w["qkv"], w["qkv_bias"])  # [N, 3 * D]
         q, k, v = qkv.view(N, 3, heads, -1).unbind(1)  # each [N, H, Dh]
         cos, sin = step.rotary(x.device)
-        # Rotary in float32, as the reference does, then back to the compute dtype.
-        q = apply_rotary(q.float(), cos, sin).to(x.dtype)
-        k = apply_rotary(k.float(), cos, sin).to(x.dtype)
+        # Rotary in float32, as the reference does, then back to the compute dtype (row chunks:
+        # the float32 temporaries of a large image would otherwise be the phase's peak).
+        q = apply_rotary_float32(q, cos, sin)
+        k = apply_rotary_float32(k, cos, sin)
+        v = v.contiguous()  # q, k, v no longer view the projection: its [N, 3 * D] is freed
+        del qkv
         out = segment_attention(q, k, v, step.segments(self.full_attention, x.device),
                                 step.tile_queries, step.max_score_bytes)  # [N, H, Dh]
         x = x + linear(out.reshape(N, d), w["proj"], w["proj_bias"])
-        del q, k, v, qkv, out
+        del q, k, v, out
         rows = step.mlp_rows or N
         if rows >= N:
             return x + self._mlp(w, x)

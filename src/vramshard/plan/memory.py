@@ -14,6 +14,7 @@ from ..errors import BudgetError
 from ..layers.attention import fused_prompt_attention
 from ..layers.mlp import DenseFFN
 from ..layers.moe import GATHER_BYTES
+from ..layers.rotary import ROTARY_ROWS
 from ..models.base import Model
 from ..runtime.kv_cache import DEFAULT_BLOCK_SIZE
 from ..units import format_bytes
@@ -302,8 +303,9 @@ def vision_workspace_bytes(model: Model, patches: int, memory_efficient: bool = 
     item = model.dtype.itemsize
     n, d, f = patches, v.hidden_size, v.intermediate_size
     embed = n * v.patch_dim * (4 + item) + n * d * item
-    # x, qkv (3), one float32 query or key and its rotation temporaries (4 x 4 bytes) ...
-    rotary = n * (item * 4 * d + 4 * 4 * d)
+    # x, qkv (3), the rotated q and k (2), and the float32 temporaries of one row chunk of
+    # ``apply_rotary_float32`` (the chunk, its rotation, two products and their sum) ...
+    rotary = n * item * 6 * d + min(n, ROTARY_ROWS) * d * 4 * 6
     # ... then x, qkv (3), rotated q, k (2), gathered q, k, v (3), attention output, projection.
     attention = n * item * 11 * d
     rows = min(n, mlp_rows) if memory_efficient else n
