@@ -146,6 +146,18 @@ def test_static_decode_matches_normal_path_paged(arch, engines):
     assert {(b.batch, b.keys) for b in graphs._buckets.values()} >= {(4, 32), (2, 16), (1, 32)}
 
 
+@pytest.mark.parametrize("arch", ["llama", "llama_mqa_tied"])
+def test_static_decode_with_the_matmul_attention_kernel(arch, engines, monkeypatch):
+    """The reference's eager attention (scores in the compute dtype, float32 softmax) in place
+    of masked SDPA gives the normal path's logits, padded rows and masked keys included."""
+    from vramshard.layers import static_attention
+
+    monkeypatch.setattr(static_attention, "DECODE_ATTENTION", "matmul")
+    engine = engines(arch)
+    graphs = _host_graphs(engine)
+    assert _decode_trace(engine, graphs) < 1e-4
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_static_decode_through_torch_compile(arch, engines, caplog):
     """The fusable parts through torch.compile (the "eager" backend here: the same tracing, no code
@@ -271,15 +283,19 @@ def _has_triton() -> bool:
     return True
 
 
-@pytest.mark.parametrize("arch, compile_backend", [
-    ("llama", None), ("qwen3", None),
-    pytest.param("llama", "inductor",
+@pytest.mark.parametrize("arch, compile_backend, kernel", [
+    ("llama", None, "sdpa"), ("qwen3", None, "sdpa"),
+    ("llama", None, "matmul"), ("llama", None, "flash-varlen"), ("qwen3", None, "flash-varlen"),
+    pytest.param("llama", "inductor", "sdpa",
                  marks=pytest.mark.skipif(not _has_triton(), reason="inductor needs Triton")),
 ])
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_graph_replay_matches_eager_over_16_steps(arch, compile_backend, tiny_model_dir):
-    """Also with the fusable parts compiled by inductor."""
+def test_graph_replay_matches_eager_over_16_steps(arch, compile_backend, kernel, tiny_model_dir, monkeypatch):
+    """Also with the fusable parts compiled by inductor, and with each decode attention kernel."""
+    from vramshard.layers import static_attention
+
+    monkeypatch.setattr(static_attention, "DECODE_ATTENTION", kernel)
     engine = _gpu_engine(tiny_model_dir, arch)
     executor = engine.executor
     graphs = _gpu_graphs(engine, compile_backend=compile_backend)

@@ -16,6 +16,7 @@ writes the key and value *of row 0* to row 0's position (``write_source`` = 0, `
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -89,16 +90,56 @@ def static_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: Laye
     # head (head h reads KV head h // G, as repeat_interleave). No GQA broadcast is needed, which SDPA
     # would only give a masked call through its slow math kernel.
     hkv, group = k.shape[1], q.shape[1] // k.shape[1]
+    scale = q.shape[-1] ** -0.5
+    if DECODE_ATTENTION == "flash-varlen":
+        return flash_varlen_attention(q, keys.transpose(1, 2), values.transpose(1, 2), index.positions, scale)
     query = q.view(B, hkv, group, q.shape[-1])  # [B, Hkv, G, D]
-    out = masked_attention(query, keys, values, index.mask, q.shape[-1] ** -0.5)
+    if DECODE_ATTENTION == "matmul":
+        out = matmul_attention(query, keys, values, index.mask, scale)
+    else:
+        out = masked_attention(query, keys, values, index.mask, scale)
     return out.reshape(B, q.shape[1], q.shape[-1])  # [B, H, D]
 
 
-# SDPA with a mask takes the memory-efficient kernel, which tiles queries (here G rows) and does
-# not split the keys: 45 µs a layer on the H200 over 2048 keys, against 10 µs for eager decode's
-# flash split-KV kernel. Spelling the attention out in float32 matmuls (so that cuBLAS spreads
-# the keys) was no faster in the whole step: 9.17 against 9.06 ms (docs/BENCHMARKS.md, fifth session).
+# The kernel of a fixed-shape decode step's attention (VRAMSHARD_DECODE_ATTENTION):
+#   sdpa          SDPA with a boolean mask. It takes the memory-efficient kernel, which tiles
+#                 queries (here G rows) and does not split the keys: 1.81 ms a step for nemo-8b's
+#                 40 layers over 1088 keys on the H200 (seventh session), against 0.42 ms for eager
+#                 decode's flash split-KV kernel. Spelling it out in float32 matmuls (so that
+#                 cuBLAS spreads the keys) was no faster in the whole step (fifth session).
+#   matmul        the reference's eager attention: scores in the compute dtype, softmax in float32.
+#   flash-varlen  the flash kernel over the padded keys, each row reading its first
+#                 ``position + 1`` of them (``seqused_k``): no mask. CUDA only.
+# benchmarks/decode_attention.py times the three in CUDA graphs.
+DECODE_KERNELS = ("sdpa", "matmul", "flash-varlen")
+DECODE_ATTENTION = os.environ.get("VRAMSHARD_DECODE_ATTENTION", "sdpa").lower()
+if DECODE_ATTENTION not in DECODE_KERNELS:
+    raise ValueError(f"VRAMSHARD_DECODE_ATTENTION must be one of {', '.join(DECODE_KERNELS)}, "
+                     f"got {DECODE_ATTENTION!r}")
+
+
 def masked_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
                      scale: float) -> torch.Tensor:
     """query [B, Hkv, G, D] over keys, values [B, Hkv, L, D], mask [B, 1, 1, L] bool → [B, Hkv, G, D]."""
     return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale)
+
+
+def matmul_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """:func:`masked_attention` as the reference's eager attention computes it: the scores
+    [B, Hkv, G, L] in the compute dtype, their softmax in float32."""
+    scores = torch.matmul(query, keys.transpose(-1, -2)).float() * scale
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(scores.softmax(dim=-1).to(values.dtype), values)
+
+
+def flash_varlen_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
+                           scale: float) -> torch.Tensor:
+    """One query per row, q [B, H, D], over keys, values [B, L, Hkv, D] of which row b reads the
+    first ``positions[b] + 1`` → [B, H, D]. The flash kernel's variable-length form (CUDA only)."""
+    B, L = keys.shape[:2]
+    rows = torch.arange(B + 1, device=q.device, dtype=torch.int32)
+    out = torch.ops.aten._flash_attention_forward(
+        q, keys.reshape(B * L, *keys.shape[2:]), values.reshape(B * L, *values.shape[2:]),
+        rows, rows * L, 1, L, 0.0, False, False, scale=scale, seqused_k=(positions + 1).to(torch.int32))
+    return out[0]

@@ -1,0 +1,140 @@
+"""The attention kernel of a CUDA-graph decode step: each of ``static_attention``'s kernels,
+captured in a graph of 40 calls (one per layer of nemo-8b), against the flash split-KV kernel
+that eager decode runs on exact key lengths, and the bound of reading the keys and values once.
+
+    PYTHONPATH=src python3 -m benchmarks.decode_attention [--batches 1,16,64] [--keys 1088,4160]
+
+Shapes of nemo-8b (32 query heads, 8 KV heads, head_dim 128, fp16). Keys and values come in the
+layout ``static_attend`` gathers them to ([B, L, Hkv, D], L a key bucket); every row's position
+lies in the bucket's last 64 keys, as the bucket rounding leaves it. Each kernel's output is
+compared with masked SDPA's. Writes ``$OUT/decode_attention.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import torch
+import torch.nn.functional as F
+
+from vramshard.layers.static_attention import (DECODE_KERNELS, decode_mask, flash_varlen_attention,
+                                               masked_attention, matmul_attention)
+
+from .common import hardware, now, out_dir, versions, write_json
+
+log = logging.getLogger("decode_attention")
+HEADS, KV_HEADS, HEAD_DIM, LAYERS = 32, 8, 128, 40
+
+
+def attention(kernel: str, q, keys, values, positions, mask, scale):
+    """q [B, H, D], keys/values [B, L, Hkv, D] → [B, H, D] by ``kernel``."""
+    B = q.shape[0]
+    if kernel == "flash-varlen":
+        return flash_varlen_attention(q, keys, values, positions, scale)
+    query = q.view(B, KV_HEADS, HEADS // KV_HEADS, HEAD_DIM)
+    k, v = keys.transpose(1, 2), values.transpose(1, 2)
+    fn = matmul_attention if kernel == "matmul" else masked_attention
+    return fn(query, k, v, mask, scale).reshape(B, HEADS, HEAD_DIM)
+
+
+def graph_ms(fn, repeat: int = 20) -> float:
+    """Milliseconds of one replay of a graph of ``LAYERS`` calls of ``fn``, per call."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(LAYERS):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeat):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / repeat / LAYERS
+
+
+def eager_flash_ms(q, keys, values, positions, scale, repeat: int = 20) -> float:
+    """Eager decode's kernel: SDPA without a mask on each row's exact keys (flash split-KV)."""
+    rows = [(q[b:b + 1, :, None],
+             keys[b:b + 1, : int(positions[b]) + 1].transpose(1, 2),
+             values[b:b + 1, : int(positions[b]) + 1].transpose(1, 2)) for b in range(q.shape[0])]
+
+    def run():
+        for query, k, v in rows:  # [1, H, 1, D] over [1, Hkv, n, D]
+            F.scaled_dot_product_attention(query, k, v, scale=scale, enable_gqa=True)
+
+    run()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeat):
+        run()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / repeat
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", default="1,16,64")
+    parser.add_argument("--keys", default="1088,4160")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if not torch.cuda.is_available():
+        raise SystemExit("decode_attention needs a CUDA GPU")
+    torch.manual_seed(0)
+    device, dtype = torch.device("cuda"), torch.float16
+    scale = HEAD_DIM ** -0.5
+    # The bound: keys and values read once at the device's copy rate.
+    probe = torch.empty(2**30, dtype=torch.uint8, device=device)
+    copy = torch.empty_like(probe)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    copy.copy_(probe)
+    start.record()
+    for _ in range(10):
+        copy.copy_(probe)
+    end.record()
+    torch.cuda.synchronize()
+    device_gbps = 2 * 10 * probe.numel() / (start.elapsed_time(end) / 1e3) / 1e9
+    del probe, copy
+    cells = []
+    for batch in (int(b) for b in args.batches.split(",")):
+        for length in (int(n) for n in args.keys.split(",")):
+            q = torch.randn(batch, HEADS, HEAD_DIM, device=device, dtype=dtype)
+            keys = torch.randn(batch, length, KV_HEADS, HEAD_DIM, device=device, dtype=dtype)
+            values = torch.randn_like(keys)
+            positions = torch.randint(length - 64, length, (batch,), device=device)
+            mask = decode_mask(positions, torch.arange(length, device=device))
+            reference = attention("sdpa", q, keys, values, positions, mask, scale)
+            kv_bytes = sum(2 * (int(p) + 1) * KV_HEADS * HEAD_DIM * 2 for p in positions.tolist())
+            cell = {"batch": batch, "keys": length, "kv_bytes": kv_bytes,
+                    "bound_us": kv_bytes / (device_gbps * 1e9) * 1e6, "kernels": {}}
+            for kernel in DECODE_KERNELS:
+                try:
+                    out = attention(kernel, q, keys, values, positions, mask, scale)
+                    error = float((out.float() - reference.float()).abs().max())
+                    us = graph_ms(lambda: attention(kernel, q, keys, values, positions, mask, scale)) * 1e3
+                    cell["kernels"][kernel] = {"us": us, "max_abs_error": error}
+                except Exception as exc:  # a kernel this torch build lacks is reported, not fatal
+                    cell["kernels"][kernel] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            cell["eager_flash_us"] = eager_flash_ms(q, keys, values, positions, scale) * 1e3
+            cells.append(cell)
+            log.info("%s", cell)
+    write_json(out_dir() / "decode_attention.json", {
+        "date": now(), "hardware": hardware(), "versions": versions(), "device_gbps": device_gbps,
+        "shape": {"heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "dtype": "fp16",
+                  "graph_calls": LAYERS},
+        "cells": cells})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
