@@ -256,6 +256,7 @@ class Planner:
         kv = self.kv_bytes()
         expert = expert_slot_bytes(self.model)
         least_cache = 2 * max(self.model[n].top_k for n in self.moe) * expert
+        dense = sum(s.nbytes for s in self.model if s.name not in self.moe)  # attention, embedding, head, ...
         budget = math.inf if self.budget is None else self.budget
         full_tiers, options = self.tiers, []
         quick_tiers = Tiers(tuple(sorted({self.tiers.sizes[0], self.tiers.largest})))
@@ -269,6 +270,8 @@ class Planner:
                     continue
                 sizes = [least_cache] if math.isinf(room) else \
                     sorted({least_cache + int(f * room) // expert * expert for f in CACHE_FRACTIONS})
+                if dense < room:  # the cache that leaves room to pin every sub-layer but the experts
+                    sizes = sorted({*sizes, least_cache + int(room - dense) // expert * expert})
                 for cache in sizes:
                     options.append((whole, kv_on_gpu, cache))
         if not options:
