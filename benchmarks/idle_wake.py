@@ -14,7 +14,12 @@ memory) are timed one by one right after the gap:
   none       no gap (back to back);
   sleep      ``time.sleep``: every thread idle, as when the host blocks on a CUDA event;
   spin-main  the calling thread polls the clock, OpenMP's workers idle;
-  keep-warm  the calling thread runs a tiny parallel op in a loop, so the workers keep spinning.
+  keep-warm  the calling thread runs a tiny parallel op in a loop, so the workers keep spinning;
+  cuda-event (with a GPU) a GPU kernel runs for the gap and the host blocks on its event, as the
+             executor's ``crossed.synchronize()`` does.
+
+With a GPU every wait runs twice: weights in ordinary memory and in pinned memory (the
+executor's host buffers are pinned; the profile's matmul timings use ordinary memory).
 
 With ``--env`` each setting also runs in a child process with that environment
 (e.g. ``OMP_WAIT_POLICY=ACTIVE``), since OpenMP reads it at start. Writes ``$OUT/idle_wake.json``.
@@ -34,17 +39,23 @@ import time
 
 import torch
 
+from vramshard.layers.sublayer import linear
 from vramshard.shapes import shape_config
 
 from .common import hardware, now, out_dir, write_json
 
 log = logging.getLogger("idle_wake")
-WAITS = ("none", "sleep", "spin-main", "keep-warm")
+WAITS = ("none", "sleep", "spin-main", "keep-warm", "cuda-event")
 
 
-def wait(how: str, seconds: float, warm: torch.Tensor) -> None:
+def wait(how: str, seconds: float, warm: torch.Tensor, cycles_per_s: float) -> None:
     deadline = time.perf_counter() + seconds
-    if how == "sleep":
+    if how == "cuda-event":
+        torch.cuda._sleep(int(seconds * cycles_per_s))
+        done = torch.cuda.Event()
+        done.record()
+        done.synchronize()
+    elif how == "sleep":
         time.sleep(seconds)
     elif how == "spin-main":
         while time.perf_counter() < deadline:
@@ -52,6 +63,17 @@ def wait(how: str, seconds: float, warm: torch.Tensor) -> None:
     elif how == "keep-warm":
         while time.perf_counter() < deadline:
             warm.add_(1)  # large enough to be split over every OpenMP thread
+
+
+def gpu_cycles_per_second() -> float:
+    """Clock cycles of ``torch.cuda._sleep`` per second, measured."""
+    torch.cuda._sleep(1000)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    end.synchronize()
+    return 10_000_000 / (start.elapsed_time(end) / 1e3)
 
 
 def measure(shape: str, gaps: list[float], layers: int, repeat: int) -> dict:
@@ -62,36 +84,40 @@ def measure(shape: str, gaps: list[float], layers: int, repeat: int) -> dict:
     dtype = torch.float16
     weights = [(torch.randn(rows, d, dtype=dtype), torch.randn(rows, d, dtype=dtype), torch.randn(rows, d, dtype=dtype))
                for _ in range(layers)]
+    gpu = torch.cuda.is_available()
+    cycles = gpu_cycles_per_second() if gpu else 0.0
+    memories = {"ordinary": weights}
+    if gpu:
+        memories["pinned"] = [tuple(w.pin_memory() for w in layer) for layer in weights]
     x = torch.randn(1, d, dtype=dtype)
     warm = torch.zeros(1 << 18)
     nbytes = rows * d * 2
     cells = []
-    for gap_ms in gaps:
-        for how in WAITS:
-            if (gap_ms == 0) != (how == "none"):
-                continue
-            times = {"gate": 0.0, "up": 0.0, "down": 0.0}
-            for i in range(repeat * layers):
-                gate, up, down_t = weights[i % layers]
-                wait(how, gap_ms / 1e3, warm)
-                t0 = time.perf_counter()
-                g = x @ gate.t()
-                t1 = time.perf_counter()
-                u = x @ up.t()
-                t2 = time.perf_counter()
-                (torch.nn.functional.silu(g) * u) @ down_t
-                t3 = time.perf_counter()
-                if i >= layers:  # the first pass over the weights warms the code paths
-                    times["gate"] += t1 - t0
-                    times["up"] += t2 - t1
-                    times["down"] += t3 - t2
-            count = (repeat - 1) * layers
-            cell = {"gap_ms": gap_ms, "wait": how,
-                    **{f"{k}_gbps": nbytes * count / v / 1e9 for k, v in times.items()},
-                    **{f"{k}_ms": v / count * 1e3 for k, v in times.items()}}
-            cells.append(cell)
-            log.info("gap %5.1f ms %-9s gate %5.1f GB/s  up %5.1f  down %5.1f", gap_ms, how,
-                     cell["gate_gbps"], cell["up_gbps"], cell["down_gbps"])
+    for (memory, weights), gap_ms, how in ((m, g, h) for m in memories.items() for g in gaps for h in WAITS):
+        if (gap_ms == 0) != (how == "none") or (how == "cuda-event" and not gpu):
+            continue
+        times = {"gate": 0.0, "up": 0.0, "down": 0.0}
+        for i in range(repeat * layers):
+            gate, up, down_t = weights[i % layers]
+            wait(how, gap_ms / 1e3, warm, cycles)
+            t0 = time.perf_counter()
+            g = x @ gate.t()
+            t1 = time.perf_counter()
+            u = x @ up.t()
+            t2 = time.perf_counter()
+            (torch.nn.functional.silu(g) * u) @ down_t
+            t3 = time.perf_counter()
+            if i >= layers:  # the first pass over the weights warms the code paths
+                times["gate"] += t1 - t0
+                times["up"] += t2 - t1
+                times["down"] += t3 - t2
+        count = (repeat - 1) * layers
+        cell = {"memory": memory, "gap_ms": gap_ms, "wait": how,
+                **{f"{k}_gbps": nbytes * count / v / 1e9 for k, v in times.items()},
+                **{f"{k}_ms": v / count * 1e3 for k, v in times.items()}}
+        cells.append(cell)
+        log.info("%-8s gap %5.1f ms %-10s gate %5.1f GB/s  up %5.1f  down %5.1f", memory, gap_ms, how,
+                 cell["gate_gbps"], cell["up_gbps"], cell["down_gbps"])
     return {"shape": shape, "rows": rows, "bytes_per_matmul": nbytes, "threads": torch.get_num_threads(),
             "env": {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")},
             "cells": cells}
@@ -123,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         runs.append(json.loads(done.stdout.splitlines()[-1]))
         for cell in runs[-1]["cells"]:
-            log.info("%s: gap %5.1f ms %-9s gate %5.1f GB/s  up %5.1f  down %5.1f", setting, cell["gap_ms"],
-                     cell["wait"], cell["gate_gbps"], cell["up_gbps"], cell["down_gbps"])
+            log.info("%s: %-8s gap %5.1f ms %-10s gate %5.1f GB/s  up %5.1f  down %5.1f", setting, cell["memory"],
+                     cell["gap_ms"], cell["wait"], cell["gate_gbps"], cell["up_gbps"], cell["down_gbps"])
     write_json(out_dir() / "idle_wake.json", {"date": now(), "hardware": hardware(), "runs": runs})
     return 0
 
