@@ -101,11 +101,11 @@ def measure(shape: str, gaps: list[float], layers: int, repeat: int) -> dict:
             gate, up, down_t = weights[i % layers]
             wait(how, gap_ms / 1e3, warm, cycles)
             t0 = time.perf_counter()
-            g = x @ gate.t()
+            g = linear(x, gate)  # the executor's CPU projection (its per-shape path choice)
             t1 = time.perf_counter()
-            u = x @ up.t()
+            u = linear(x, up)
             t2 = time.perf_counter()
-            (torch.nn.functional.silu(g) * u) @ down_t
+            linear(torch.nn.functional.silu(g) * u, down_t.t())  # down stored transposed, as split
             t3 = time.perf_counter()
             if i >= layers:  # the first pass over the weights warms the code paths
                 times["gate"] += t1 - t0
