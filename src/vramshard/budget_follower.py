@@ -181,7 +181,7 @@ class BudgetFollower:
         self.refine = (budget, kv_forced)
         self.background.want(budget, kv_forced)
         executor = engine.executor
-        reserved = executor._reserved()
+        reserved = executor.reserved_bytes()
         unchanged = ReconfigureReport(0.0, 0.0, 0, 0, reserved, reserved, executor.need,
                                       {"wait": 0.0, "kv": 0.0, "drop": 0.0, "empty": 0.0})
         stay = budgets.adaptation_between(engine.model, engine.plan, engine.plan, budget)

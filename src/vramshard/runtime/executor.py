@@ -279,7 +279,8 @@ class Executor:
         self.staging: KVStaging | None = None  # GPU attention over host KV caches: one layer's KV in VRAM
         self._sim_slot: torch.Tensor | None = None  # a simulated GPU's slot for split FFNs' GPU parts
 
-    def _reserved(self) -> int:
+    def reserved_bytes(self) -> int:
+        """``torch.cuda.memory_reserved`` of the engine's GPU now (0 without a real GPU)."""
         if self.gpu is None or self.simulated:
             return 0
         return torch.cuda.memory_reserved(self.gpu)
@@ -321,7 +322,7 @@ class Executor:
                 torch.cuda.empty_cache()
                 parts["collect"] = time.perf_counter() - mark
             released = time.perf_counter() - start
-            reserved_after_release = self._reserved()
+            reserved_after_release = self.reserved_bytes()
             moving_in = config.kv_gpu - self._kv_gpu
             self._apply(config)
             if self.uses_gpu:
@@ -331,7 +332,7 @@ class Executor:
             if self.gpu is not None and not self.simulated:
                 torch.cuda.synchronize(self.gpu)
             report = ReconfigureReport(released, time.perf_counter() - start, to_host, to_gpu,
-                                       reserved_after_release, self._reserved(), self.need, parts)
+                                       reserved_after_release, self.reserved_bytes(), self.need, parts)
             log.info("reconfigured to %s in %.1f ms (VRAM released after %.1f ms; KV moved: %s to host, %s to "
                      "GPU)", self.describe(), report.total_s * 1e3, released * 1e3, format_bytes(to_host),
                      format_bytes(to_gpu))
