@@ -91,7 +91,7 @@ def static_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: Laye
     # would only give a masked call through its slow math kernel.
     hkv, group = k.shape[1], q.shape[1] // k.shape[1]
     scale = q.shape[-1] ** -0.5
-    if DECODE_ATTENTION == "flash-varlen":
+    if DECODE_ATTENTION == "flash-varlen" and q.is_cuda and q.dtype in FLASH_DTYPES:
         return flash_varlen_attention(q, keys.transpose(1, 2), values.transpose(1, 2), index.positions, scale)
     query = q.view(B, hkv, group, q.shape[-1])  # [B, Hkv, G, D]
     if DECODE_ATTENTION == "matmul":
@@ -109,9 +109,11 @@ def static_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: Laye
 #                 cuBLAS spreads the keys) was no faster in the whole step (fifth session).
 #   matmul        the reference's eager attention: scores in the compute dtype, softmax in float32.
 #   flash-varlen  the flash kernel over the padded keys, each row reading its first
-#                 ``position + 1`` of them (``seqused_k``): no mask. CUDA only.
+#                 ``position + 1`` of them (``seqused_k``): no mask. CUDA and half precision
+#                 only; other steps take ``sdpa``.
 # benchmarks/decode_attention.py times the three in CUDA graphs.
 DECODE_KERNELS = ("sdpa", "matmul", "flash-varlen")
+FLASH_DTYPES = (torch.float16, torch.bfloat16)
 DECODE_ATTENTION = os.environ.get("VRAMSHARD_DECODE_ATTENTION", "sdpa").lower()
 if DECODE_ATTENTION not in DECODE_KERNELS:
     raise ValueError(f"VRAMSHARD_DECODE_ATTENTION must be one of {', '.join(DECODE_KERNELS)}, "
