@@ -63,3 +63,21 @@ def test_the_vision_phase_and_the_language_model_fit_the_budget_together(vl7b, h
     need = vlm._vision_need(engine, plans, patches, options, plan_set.num_slots)
     assert need <= budget, f"planned {need / GiB:.3f} GiB under {gib} GiB"
     assert plans.tiers[-1] == vlm.VISION_TIER
+
+
+def test_when_the_vision_phase_cannot_fit_the_plan_leaving_it_most_room_is_kept(vl7b, monkeypatch):
+    """2 GiB, 1024-token chunks, a 1440p image without free-before-prefill (the seventh GPU
+    session's queued-load profile): no language-model plan leaves the vision phase enough room.
+    The first shrink asked the planner for less than the language model's minimum, and the plan
+    at the full budget was kept (its vision phase needs 2.75 GiB). Halving back towards the last
+    budget that planned finds the host-KV plan with nothing resident (2.10 GiB): the most pixels
+    fit, and larger images get the clear error."""
+    monkeypatch.setattr(vlm, "splits_ffns", lambda sublayers, host: True)
+    profile = load(H200_PROFILE.parent / "h200-queued.json", check_fingerprint=False)
+    options = dataclasses.replace(vlm.VisionOptions(free_before_prefill=False), plan_pixels=PIXELS_1440P)
+    patches = PIXELS_1440P // vl7b.args.vision.patch_size ** 2
+    engine = planning_engine(vl7b, profile, 2 * GiB, 1024)
+    plans, plan_set = vlm._vision_plans(engine, options, patches, profile, 2 * GiB)
+    need = vlm._vision_need(engine, plans, patches, options, plan_set.num_slots)
+    assert 2 * GiB < need < 2.2 * GiB, need / GiB
+    assert plans.tiers[-1] == vlm.VISION_TIER

@@ -143,6 +143,10 @@ def plans_for_budget(engine, budget: int | None, kv_on_gpu: bool | None = None, 
     return _vision_plans(engine, vision, patches, profile or machine_profile(), budget, kv_on_gpu)
 
 
+VISION_PLAN_TRIES = 8  # language-model plans tried for room beside the vision phase
+VISION_PLAN_STEP = 32 * 2**20  # budgets closer than this are not told apart
+
+
 def _vision_plans(engine, vision: VisionOptions, patches: int, profile, budget: int | None,
                   kv_on_gpu: bool | None = None):
     """The language model planned under ``budget`` less what the vision phase of ``patches``
@@ -154,8 +158,9 @@ def _vision_plans(engine, vision: VisionOptions, patches: int, profile, budget: 
     text = Model(model.args, [s for s in model if s.kind != "vision"], model.dtype)
     slots, ctx = executor.kv_plan
     settings = engine.budget.plan_settings()
-    limit, chosen = budget, None
-    for _ in range(4):
+    limit, chosen, least_over = budget, None, None
+    planned_at, failed_at = None, None  # the last budget that planned, the last that did not
+    for _ in range(VISION_PLAN_TRIES):
         try:
             plan_set = Planner(text, profile, budget, context=slots * ctx, tiers=settings.tiers,
                                num_slots=settings.num_slots, name=engine.model_name, kv_on_gpu=kv_on_gpu,
@@ -163,21 +168,31 @@ def _vision_plans(engine, vision: VisionOptions, patches: int, profile, budget: 
         except BudgetError:
             if chosen is None:
                 raise
-            break  # no smaller plan: larger images get the clear error when they come
+            # Shrunk past what the language model needs: halve the step back towards the last
+            # budget that planned (the smallest plan leaves the vision phase the most room).
+            failed_at = budget
+            if planned_at - failed_at < VISION_PLAN_STEP:
+                break
+            budget = (planned_at + failed_at) // 2
+            continue
         plans = _with_vision(model, plan_set.tiered(), vision, patches, profile)
-        chosen = (plans, plan_set)
         over = _vision_need(engine, plans, patches, vision, plan_set.num_slots) - (limit or 0)
+        if chosen is None or over <= least_over:  # ties: the later plan, with fewer resident weights
+            chosen, least_over = (plans, plan_set), over
         if over <= 0 or budget is None:
             break
+        planned_at = budget
         # The language model alone needs `text_need`, usually a little under the budget it was
         # planned for; shrinking that budget by `over` alone can leave the same slack and overshoot
         # again (the 8 GiB `no_offload` plan did), so the next plan gets `text_need - over`.
         text_need = tiered_vram_need(text, plan_set.tiered(), slots, ctx, engine.max_step_tokens,
                                      plan_set.num_slots).total
         budget = min(budget, text_need) - over  # fewer resident weights: room for the vision phase
+        if failed_at is not None:
+            budget = max(budget, (planned_at + failed_at) // 2)  # not below a budget known too small
         if budget <= 0:
             break
-    return chosen
+    return chosen  # the plan whose vision phase needs least (larger images get the clear error)
 
 
 def _with_vision(model, base: TieredPlacement, vision: VisionOptions, patches: int, profile) -> TieredPlacement:
