@@ -78,3 +78,16 @@ def test_logprobs_are_of_the_raw_distribution_with_the_top_alternatives():
     assert Sampler(SamplingParams())(logits) is not None and Sampler(SamplingParams()).last is None
     with pytest.raises(InvalidInputError, match="logprobs"):
         SamplingParams(logprobs=25)
+
+
+def test_a_step_wide_argmax_is_used_only_by_plain_greedy_samplers():
+    """The scheduler hands each row the argmax it computed for the whole step at once; a greedy
+    sampler on raw logits takes it, one that adjusts the logits or samples computes its own."""
+    logits = torch.tensor([0.1, 3.0, 2.9, -1.0])
+    plain = Sampler(SamplingParams(temperature=0))
+    assert plain.plain_greedy and plain(logits, argmax=1) == 1
+    assert plain.generated[1] == 1
+    biased = Sampler(SamplingParams(temperature=0, logit_bias=((2, 5.0),)))
+    assert not biased.plain_greedy and biased(logits, argmax=1) == 2
+    sampled = Sampler(SamplingParams(temperature=1.0, seed=0))
+    assert not sampled.plain_greedy

@@ -87,14 +87,21 @@ class Sampler:
         self.prompt = frozenset(prompt_ids) if params.repetition_penalty != 1 else frozenset()
         self.last: TokenLogprob | None = None  # of the last token chosen, when params.logprobs is set
 
-    def __call__(self, logits: torch.Tensor) -> int:
-        """logits [V] (any device) → token id."""
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy on the raw logits: the token is their argmax, which a step can take for all its
+        rows at once (:meth:`__call__`'s ``argmax``)."""
+        return self.params.temperature == 0 and not self.params.adjusts_logits
+
+    def __call__(self, logits: torch.Tensor, argmax: int | None = None) -> int:
+        """logits [V] (any device) → token id. ``argmax``: the logits' argmax when the caller has
+        it already (used only by :attr:`plain_greedy` samplers)."""
         p = self.params
         raw = logits
         if p.adjusts_logits:
             logits = self.adjust(logits.float().cpu())
         if p.temperature == 0:
-            token = int(torch.argmax(logits))
+            token = argmax if argmax is not None and self.plain_greedy else int(torch.argmax(logits))
         else:
             token = self._sample(logits)
         self.generated[token] += 1

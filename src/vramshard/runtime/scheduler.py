@@ -208,6 +208,7 @@ class Scheduler:
             raise
         prefill = decode = sampled = 0
         row = 0
+        argmax = _step_argmax(logits, [c.request for c in chunks if c.samples])
         for chunk in chunks:
             request = chunk.request
             if request.in_prefill:
@@ -216,7 +217,7 @@ class Scheduler:
                 decode += chunk.length
             request.num_cached += chunk.length
             if chunk.samples:
-                self._sample(request, logits[row])
+                self._sample(request, logits[row], argmax[row] if argmax else None)
                 row += 1
                 sampled += 1
         seconds = time.perf_counter() - start
@@ -307,11 +308,11 @@ class Scheduler:
         fitting = [size - used for size in self.chunk_sizes if used < size <= used + room]
         return fitting[-1] if fitting else room
 
-    def _sample(self, request: Request, logits: torch.Tensor) -> None:
+    def _sample(self, request: Request, logits: torch.Tensor, argmax: int | None = None) -> None:
         if request.cancelled:  # cancelled during the step: no more output
             self._finish(request, "cancelled", [], "")
             return
-        token = request.sampler(logits)
+        token = request.sampler(logits, argmax)
         text = request.append_token(token)
         if token in self.eos_ids or request.stop_hit is not None:
             reason = "stop"
@@ -403,3 +404,12 @@ def _multimodal_inputs(chunks: list[_Chunk]) -> tuple[torch.Tensor, tuple[torch.
 def _last_logprob(request: Request) -> list | None:
     """The log-probability record of the token just sampled, as a one-item list (None: not asked)."""
     return [request.logprobs[-1]] if request.params.logprobs is not None and request.logprobs else None
+
+
+def _step_argmax(logits: torch.Tensor, sampling: list[Request]) -> list[int] | None:
+    """Every row's argmax in one kernel and one copy to the host, when the logits are on a GPU
+    and at least two rows sample greedily from them (one sync a step instead of one a row)."""
+    if logits.device.type == "cpu" or sum(r.sampler.plain_greedy for r in sampling) < 2:
+        return None
+    return logits.argmax(dim=-1).tolist()
+
