@@ -33,7 +33,7 @@ from vramshard.runtime.graphs import DecodeGraphs
 from vramshard.runtime.host_weights import pack_model
 from vramshard.shapes import random_weights, shape_model
 
-from .common import cpu_read_bandwidth, h2d_bandwidth, hardware, now, out_dir, sync, timed, write_json
+from .common import cpu_read_bandwidth, h2d_bandwidth, hardware, now, out_dir, timed, write_json
 
 log = logging.getLogger("executor_bench")
 GiB = 2**30

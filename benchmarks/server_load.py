@@ -17,7 +17,6 @@ import asyncio
 import json
 import random
 import socket
-import statistics
 import subprocess
 import sys
 import time

@@ -18,10 +18,8 @@ dispatch, waiting); if kernels ≈ wall the kernels themselves are slow.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
-from collections import Counter
 
 import torch
 from torch.profiler import ProfilerActivity, profile

@@ -92,7 +92,7 @@ def test_expert_paths_agree(arch, tiny_model_dir):
     _, model, host = loaded(tiny_model_dir, arch)
     ffn = next(s for s in model if isinstance(s, MoEFFN))
     views = host[ffn.name].views
-    assert f"experts.0.gate_up" in views  # free fused view in the packed buffer
+    assert "experts.0.gate_up" in views  # free fused view in the packed buffer
     torch.manual_seed(0)
     x = torch.randn(7, model.args.hidden_size)
     step = Step.single(0, 7)

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 from tokenizers import Tokenizer as HFBackend
-from tokenizers import decoders, models, normalizers, pre_tokenizers
+from tokenizers import decoders, models, normalizers
 
 from vramshard.demo_model import train_tokenizer, write_tokenizer_files
 from vramshard.errors import InvalidInputError, ModelLoadError

@@ -8,7 +8,7 @@ import torch
 import transformers
 from PIL import Image
 
-from vramshard import Engine, vlm
+from vramshard import vlm
 from vramshard.cli.main import main
 from vramshard.demo_model import CHATML_TEMPLATE, SPLIT_PATTERN
 from vramshard.errors import BudgetError

@@ -8,8 +8,6 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 
-import torch
-
 from vramshard.config import parse_dtype
 from vramshard.errors import VramshardError
 from vramshard.models import build_model

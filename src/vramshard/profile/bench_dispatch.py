@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .timing import time_cpu, time_wall_cuda
+from .timing import time_wall_cuda
 
 
 def _tiny_sublayer(x, norm_weight, w_up, w_down):
