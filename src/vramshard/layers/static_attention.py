@@ -23,7 +23,7 @@ from typing import Mapping
 import torch
 import torch.nn.functional as F
 
-from .attention import Attention
+from .attention import FLASH_DTYPES, Attention
 from .step import LayerKV
 from .sublayer import linear
 
@@ -113,7 +113,6 @@ def static_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: Laye
 #                 only; other steps take ``sdpa``.
 # benchmarks/decode_attention.py times the three in CUDA graphs.
 DECODE_KERNELS = ("sdpa", "matmul", "flash-varlen")
-FLASH_DTYPES = (torch.float16, torch.bfloat16)
 DECODE_ATTENTION = os.environ.get("VRAMSHARD_DECODE_ATTENTION", "sdpa").lower()
 if DECODE_ATTENTION not in DECODE_KERNELS:
     raise ValueError(f"VRAMSHARD_DECODE_ATTENTION must be one of {', '.join(DECODE_KERNELS)}, "
