@@ -40,6 +40,7 @@ import time
 import torch
 
 from vramshard.layers.sublayer import linear
+from vramshard.profile.timing import sleep_cycles_per_second
 from vramshard.shapes import shape_config
 
 from .common import hardware, now, out_dir, write_json
@@ -65,17 +66,6 @@ def wait(how: str, seconds: float, warm: torch.Tensor, cycles_per_s: float) -> N
             warm.add_(1)  # large enough to be split over every OpenMP thread
 
 
-def gpu_cycles_per_second() -> float:
-    """Clock cycles of ``torch.cuda._sleep`` per second, measured."""
-    torch.cuda._sleep(1000)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(10_000_000)
-    end.record()
-    end.synchronize()
-    return 10_000_000 / (start.elapsed_time(end) / 1e3)
-
-
 def measure(shape: str, gaps: list[float], layers: int, repeat: int) -> dict:
     """GB/s of gate, up and down of the CPU part right after each gap and wait."""
     cfg = shape_config(shape)
@@ -85,7 +75,7 @@ def measure(shape: str, gaps: list[float], layers: int, repeat: int) -> dict:
     weights = [(torch.randn(rows, d, dtype=dtype), torch.randn(rows, d, dtype=dtype), torch.randn(rows, d, dtype=dtype))
                for _ in range(layers)]
     gpu = torch.cuda.is_available()
-    cycles = gpu_cycles_per_second() if gpu else 0.0
+    cycles = sleep_cycles_per_second() if gpu else 0.0
     memories = {"ordinary": weights}
     if gpu:
         memories["pinned"] = [tuple(w.pin_memory() for w in layer) for layer in weights]

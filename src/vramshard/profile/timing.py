@@ -69,11 +69,11 @@ def time_cuda(fn: Callable[[], object], budget_s: float, batches: int = 3, max_r
 _SLEEP_CYCLES_PER_S: list[float] = []
 
 
-def _hold_stream(seconds: float) -> None:
-    """Keep the current CUDA stream busy for about ``seconds`` (so launches queue up behind it)."""
+def sleep_cycles_per_second() -> float:
+    """Clock cycles per second of ``torch.cuda._sleep``, the GPU's spin kernel (measured once)."""
     import torch
 
-    if not _SLEEP_CYCLES_PER_S:  # calibrate the spin kernel's clock once
+    if not _SLEEP_CYCLES_PER_S:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda._sleep(1000)  # warm-up
         start.record()
@@ -81,7 +81,14 @@ def _hold_stream(seconds: float) -> None:
         end.record()
         end.synchronize()
         _SLEEP_CYCLES_PER_S.append(2_000_000 / max(start.elapsed_time(end) / 1e3, 1e-6))
-    torch.cuda._sleep(int(min(seconds, 0.5) * _SLEEP_CYCLES_PER_S[0]))
+    return _SLEEP_CYCLES_PER_S[0]
+
+
+def _hold_stream(seconds: float) -> None:
+    """Keep the current CUDA stream busy for about ``seconds`` (so launches queue up behind it)."""
+    import torch
+
+    torch.cuda._sleep(int(min(seconds, 0.5) * sleep_cycles_per_second()))
 
 
 def time_wall_cuda(fn: Callable[[], object], budget_s: float, batches: int = 3, fastest: bool = False) -> float:
