@@ -47,7 +47,6 @@ from ..plan.placement import Placement, TieredPlacement, Where
 from ..units import format_bytes
 from .graphs import DecodeGraphs
 from .expert_cache import CachedExperts, CacheStats, ExpertCache, cache_slots
-from .host_wait import wait_for_gpu
 from .host_weights import PackedWeights
 from .kv_cache import KVCache
 from .kv_staging import KVStaging
@@ -751,7 +750,7 @@ class Executor:
         crossed.record(compute)
         y = x + sublayer.contribution(gpu_part, h)
         self.ring.release(compute)
-        wait_for_gpu(crossed)
+        crossed.synchronize()
         y_cpu = sublayer.contribution(cpu_part, h_host)
         return y + y_cpu.to(self.gpu, non_blocking=True), 2
 
