@@ -91,7 +91,7 @@ def static_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: Laye
     # would only give a masked call through its slow math kernel.
     hkv, group = k.shape[1], q.shape[1] // k.shape[1]
     scale = q.shape[-1] ** -0.5
-    if DECODE_ATTENTION == "flash-varlen" and q.is_cuda and q.dtype in FLASH_DTYPES:
+    if _takes_flash(B) and q.is_cuda and q.dtype in FLASH_DTYPES:
         return flash_varlen_attention(q, keys.transpose(1, 2), values.transpose(1, 2), index.positions, scale)
     query = q.view(B, hkv, group, q.shape[-1])  # [B, Hkv, G, D]
     if DECODE_ATTENTION == "matmul":
@@ -102,22 +102,28 @@ def static_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: Laye
 
 
 # The kernel of a fixed-shape decode step's attention (VRAMSHARD_DECODE_ATTENTION):
-#   flash-varlen  (default) the flash kernel over the padded keys, each row reading its first
+#   auto          (default) flash-varlen for steps of at most FLASH_MAX_ROWS rows, sdpa above.
+#                 benchmarks/decode_attention.py on the H200 (eighth session, nemo-8b's heads,
+#                 µs a layer in a graph, 1088 / 4160 keys): 1 row flash 15.6 / 22.8 against sdpa
+#                 32.9 / 92.4; 16 rows 43.1 / 89.1 against 37.9 / 100.2; 64 rows 133.5 / 468.7
+#                 against 112.5 / 384.9. nemo-8b's one-row graph step: 7.82 ms against 10.19.
+#   flash-varlen  the flash kernel over the padded keys, each row reading its first
 #                 ``position + 1`` of them (``seqused_k``): no mask. CUDA and half precision
-#                 only; other steps take ``sdpa``. In nemo-8b's graph step on the H200 (eighth
-#                 session) the step took 7.82 ms against 10.19 ms with ``sdpa``.
+#                 only; other steps take ``sdpa``.
 #   sdpa          SDPA with a boolean mask. It takes the memory-efficient kernel, which tiles
-#                 queries (here G rows) and does not split the keys: 1.81 ms a step for nemo-8b's
-#                 40 layers over 1088 keys on the H200 (seventh session), against 0.42 ms for eager
-#                 decode's flash split-KV kernel. Spelling it out in float32 matmuls (so that
-#                 cuBLAS spreads the keys) was no faster in the whole step (fifth session).
+#                 queries (here G rows) and does not split the keys.
 #   matmul        the reference's eager attention: scores in the compute dtype, softmax in float32.
-# benchmarks/decode_attention.py times the three in CUDA graphs.
-DECODE_KERNELS = ("flash-varlen", "sdpa", "matmul")
-DECODE_ATTENTION = os.environ.get("VRAMSHARD_DECODE_ATTENTION", "flash-varlen").lower()
+DECODE_KERNELS = ("auto", "flash-varlen", "sdpa", "matmul")
+DECODE_ATTENTION = os.environ.get("VRAMSHARD_DECODE_ATTENTION", "auto").lower()
 if DECODE_ATTENTION not in DECODE_KERNELS:
     raise ValueError(f"VRAMSHARD_DECODE_ATTENTION must be one of {', '.join(DECODE_KERNELS)}, "
                      f"got {DECODE_ATTENTION!r}")
+FLASH_MAX_ROWS = 16
+
+
+def _takes_flash(rows: int) -> bool:
+    """Whether a step of ``rows`` sequences attends with flash-varlen (where the kernel applies)."""
+    return DECODE_ATTENTION == "flash-varlen" or (DECODE_ATTENTION == "auto" and rows <= FLASH_MAX_ROWS)
 
 
 def masked_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
