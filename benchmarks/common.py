@@ -157,3 +157,15 @@ class Deadline:
 
     def left(self) -> float:
         return self.limit_s - self.elapsed()
+
+
+def decode_read_bytes(model, context: int = 0) -> int:
+    """Bytes one decode step must read: every distinct weight except an embedding table that
+    only a gather of one row touches (a head tied to it still reads it whole), plus the KV cache
+    of ``context`` tokens. The denominator of a decode bandwidth bound."""
+    specs = {}
+    for sublayer in model.sublayers:
+        if sublayer.kind != "embed":
+            for spec in sublayer.weights:
+                specs.setdefault(spec.source, spec)
+    return sum(spec.nbytes for spec in specs.values()) + model.kv_bytes_per_token() * context

@@ -36,7 +36,7 @@ from vramshard.runtime.executor import Executor
 from vramshard.runtime.host_weights import HostLayouts, pack_model
 from vramshard.shapes import random_weights, shape_model
 
-from .common import cpu_read_bandwidth, h2d_bandwidth, hardware, now, out_dir, shared_read_bandwidth, timed, write_json
+from .common import cpu_read_bandwidth, decode_read_bytes, h2d_bandwidth, hardware, now, out_dir, shared_read_bandwidth, timed, write_json
 
 log = logging.getLogger("planner_bench")
 GiB = 2**30
@@ -74,9 +74,8 @@ def run_model(name: str, args, profile, bw) -> dict:
         budget = int(budget_gib * GiB)
         plan = Planner(model, profile, budget, context=args.ctx, tiers=tiers, name=name).plan()
         pinned_bytes = plan.need.resident
-        # Host bytes a decode step reads, one way or the other (the embedding is a gather of one row per token).
-        gathered = sum(s.nbytes for s in model if s.kind == "embed")
-        streamed_or_read = max(model.nbytes - gathered - pinned_bytes, 1)
+        # Host weight bytes a decode step reads, one way or the other (the embedding is a gather of one row per token).
+        streamed_or_read = max(decode_read_bytes(model) - pinned_bytes, 1)
         additive = (bw["h2d"] + bw["cpu_read"]) / streamed_or_read
         shared = bw["shared_total"] / streamed_or_read
         bound = min(additive, shared)
