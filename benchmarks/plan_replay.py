@@ -9,6 +9,8 @@ sixth session" come from it.
     PYTHONPATH=src python -m benchmarks.plan_replay vlm
     PYTHONPATH=src python -m benchmarks.plan_replay moe
     PYTHONPATH=src python -m benchmarks.plan_replay cache          # the expert cache's Python bookkeeping
+    PYTHONPATH=src python -m benchmarks.plan_replay calibrate --result docs/results-planner-nemo-run7.json \
+        --profile docs/profiles/h200-queued.json                       # in-situ CPU calibration, replayed
 
 ``--profile`` (default docs/profiles/h200-cold.json, the fifth session's H200 profile).
 """
@@ -184,15 +186,71 @@ def cache(args) -> None:
     print(f"expert cache bookkeeping: {per_layer * 1e6:.1f} us a layer (hit rate {expert_cache.stats.hit_rate:.2f})")
 
 
+def calibrate(args) -> None:
+    """A planner_bench result replayed with the engine's in-situ calibration: per cell, the profile
+    fitted to the chosen plan's measured step (:func:`vramshard.plan.calibrate.fit`, as the engine
+    fits it), every other measured family's prediction under it against its measurement, and the
+    plan the planner chooses then."""
+    import json
+
+    from vramshard.plan.calibrate import fit, step_seconds
+    from vramshard.plan.planner import Planner
+    from vramshard.plan.tiers import Tiers
+    from vramshard.shapes import shape_model
+
+    result = json.loads(Path(args.result).read_text())
+    bench, models = result["args"], result["models"]
+    profile = load_profile(args.profile)
+    tiers = Tiers(tuple(int(t) for t in bench["tiers"].split(",")))
+    within = {"before": 0, "after": 0, "of": 0}
+    for name, entry in models.items():
+        model = shape_model(name)
+        for gib in sorted({c["budget_gib"] for c in entry["cells"]}):
+            budget = int(gib * GiB)
+            plan = Planner(model, profile, budget, context=bench["ctx"], tiers=tiers).plan()
+            for cell in (c for c in entry["cells"] if c["budget_gib"] == gib):
+                tier, measured = cell["tier"], cell["measured_ms"]
+                tier_plan = plan.tiers[tier]
+                chosen = tier_plan.family
+                if chosen != cell["chosen"] or chosen not in measured:
+                    print(f"{name} {gib:g} GiB tier {tier}: the plan differs from the stored one; skipped")
+                    continue
+                fitted = fit(model, profile, plan, measured[chosen] / 1e3, tier)
+                if fitted is None:
+                    print(f"{name} {gib:g} GiB tier {tier}: {chosen} gives nothing to fit")
+                    continue
+                rows = []
+                for family, ms in sorted(measured.items(), key=lambda kv: kv[1]):
+                    if family == chosen:
+                        continue
+                    alone = dataclasses.replace(tier_plan, placement=tier_plan.placements[family], threads=None)
+                    family_plan = dataclasses.replace(plan, tiers={tier: alone})
+                    before = cell["predicted_ms"][family]
+                    after = step_seconds(model, fitted.profile, family_plan, tier) * 1e3
+                    within["of"] += 1
+                    within["before"] += abs(before - ms) <= 0.15 * ms
+                    within["after"] += abs(after - ms) <= 0.15 * ms
+                    rows.append(f"{family} {ms:.0f} ms {(before - ms) / ms:+.0%} -> {(after - ms) / ms:+.0%}")
+                again = Planner(model, fitted.profile, budget, context=bench["ctx"], tiers=tiers).plan().tiers[tier]
+                same = [f for f in measured if tier_plan.placements[f].where == again.placement.where]
+                verdict = (f"{same[0]}'s placement, measured {measured[same[0]]:.0f} ms; fastest measured "
+                           f"{min(measured.values()):.0f} ms" if same else "a placement not measured")
+                print(f"{name} {gib:g} GiB tier {tier}: {fitted.what} {fitted.value:.4g} fitted to {chosen} "
+                      f"({measured[chosen]:.0f} ms, predicted {cell['predicted_ms'][chosen]:.0f}). Other families, "
+                      f"error before -> after: {'; '.join(rows) or 'none'}. Re-planned: {again.family} ({verdict})")
+    print(f"other families within 15%: {within['before']}/{within['of']} before, {within['after']}/{within['of']} after")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("dense", "tiers", "vlm", "moe", "cache"))
+    parser.add_argument("what", choices=("dense", "tiers", "vlm", "moe", "cache", "calibrate"))
     parser.add_argument("--profile", default=str(DEFAULT_PROFILE))
     parser.add_argument("--contended-factor", type=float, default=1.0,
                         help="scale the profile's contended CPU matmul times (a what-if)")
     parser.add_argument("--hit-rate", type=float, default=0.42, help="the measured expert-cache hit rate")
+    parser.add_argument("--result", default=None, help="calibrate: a planner_bench JSON")
     args = parser.parse_args()
-    {"dense": dense, "tiers": tiers, "vlm": vlm, "moe": moe, "cache": cache}[args.what](args)
+    {"dense": dense, "tiers": tiers, "vlm": vlm, "moe": moe, "cache": cache, "calibrate": calibrate}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -12,13 +12,21 @@ budget that grows needs nothing freed: the placement in force goes on under it w
 background thread plans, and the full plan comes into force the same way. A step that runs out
 of VRAM anyway lowers the budget to what is held plus what is free and is retried.
 
+The same background path fits the machine profile to the engine's own steps: when the plan in
+force decodes more than CALIBRATE_OFF_BY off its prediction, :func:`vramshard.plan.calibrate.fit`
+finds the split overhead (or CPU factor) that explains the measured step, and the plan made with
+it comes into force at a step boundary (``why``: "calibrate"; at most MAX_CALIBRATIONS times;
+``VRAMSHARD_CALIBRATE=off`` turns it off).
+
 Every adaptation is recorded with its times: waiting for the step boundary, planning, releasing.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
+import os
 import threading
 import time
 from typing import Callable
@@ -26,16 +34,21 @@ from typing import Callable
 import torch
 
 from .errors import BudgetError
+from .plan import calibrate
 from .plan.placement import TieredPlacement
 from .plan.planner import machine_profile
 from .plan.tiers import Tiers
 from .runtime import budget as budgets
 from .runtime.executor import ReconfigureReport
+from .runtime.plan_check import MIN_STEPS
 from .units import format_bytes
 
 log = logging.getLogger(__name__)
 
 EVENTS_KEPT = 256
+CALIBRATE = os.environ.get("VRAMSHARD_CALIBRATE", "on").lower() != "off"
+CALIBRATE_OFF_BY = 1.15  # measured / predicted decode step beyond which the profile is fitted again
+MAX_CALIBRATIONS = 3  # per engine: a machine whose speed swings more is not chased further
 
 
 class BudgetFollower:
@@ -51,6 +64,8 @@ class BudgetFollower:
         # After a quick plan for a budget that shrank: (that budget, the KV side it forced), whose
         # full plan the background thread makes and the next step boundary after it puts in force.
         self.refine: tuple[int | None, bool | None] | None = None
+        self.refine_why = "refine"  # or "calibrate": the event the refined plan is recorded as
+        self.calibrations: list[dict] = []  # fits of the profile to measured steps, oldest first
         self.background = BackgroundPlanner(self._plan_fully)
 
     # ------------------------------------------------------------------ the source
@@ -81,8 +96,40 @@ class BudgetFollower:
                 budget, _ = self.refine
                 self.refine = None
                 if budget == self.watcher.in_force:
-                    return self.adapt(budget, time.monotonic(), "refine")
+                    return self.adapt(budget, time.monotonic(), self.refine_why)
+            if self.refine is None:
+                self._calibrate_if_off()
             return None
+
+    def _calibrate_if_off(self) -> None:
+        """When the plan in force's single-sequence decode steps run more than CALIBRATE_OFF_BY off
+        its prediction, fit the profile to them and plan again in the background (caller holds the
+        executor lock)."""
+        engine = self.engine
+        if not CALIBRATE or engine.plan is None or engine.device == "cpu" or len(self.calibrations) >= MAX_CALIBRATIONS:
+            return
+        check = engine.plan_check()
+        if check.plan is not engine.plan or check.calibrated or len(check.measured) < MIN_STEPS:
+            return
+        ratio = check.ratio()
+        if ratio is None or 1 / CALIBRATE_OFF_BY <= ratio <= CALIBRATE_OFF_BY:
+            return
+        check.calibrated = True  # one fit per plan: the plan it leads to is checked afresh
+        settings = self.plan_settings()
+        fitted = calibrate.fit(engine.model, settings.profile, engine.plan, check.median_s(), check.tier)
+        if fitted is None:
+            return
+        self.calibrations.append({"time": time.time(), "plan": check.plan_name, "predicted_s": check.predicted_s,
+                                  "measured_s": check.median_s(), fitted.what: fitted.value})
+        log.info("decode steps of %s take %.1f ms where %.1f ms was predicted: fitted the profile's %s to %.4g "
+                 "from them; planning again with it in the background", check.plan_name, check.median_s() * 1e3,
+                 check.predicted_s * 1e3, fitted.what, fitted.value)
+        self.settings = dataclasses.replace(settings, profile=fitted.profile)
+        self.plan_cache = budgets.PlanCache()  # plans of the old profile
+        budget = self.watcher.in_force
+        kv_forced = budgets.forced_kv_side(engine.executor.live_kv_positions(), self.settings)
+        self.refine, self.refine_why = (budget, kv_forced), "calibrate"
+        self.background.want(budget, kv_forced)
 
     def _full_plan_ready(self, budget: int | None, kv_forced: bool | None) -> bool:
         return self.plan_cache.peek((budgets.budget_key(budget), kv_forced, True)) is not None
@@ -139,13 +186,16 @@ class BudgetFollower:
             adaptation = budgets.adapt_plan(engine.model, settings, engine.plan, budget, executor.live_kv_positions(),
                                             self.plan_cache, search=not shrinks)
             placements = adaptation.plan.tiered()
-        self.refine = None
+        self.refine, self.refine_why = None, "refine"
         if adaptation.quick:
             kv_forced = budgets.forced_kv_side(executor.live_kv_positions(), settings)
             self.refine = (budget, kv_forced)
             self.background.want(budget, kv_forced)
-        if why == "refine" and engine.plan is not None and same_placements(adaptation.plan, engine.plan):
-            engine.plan = adaptation.plan  # the search kept the quick plan's placements: nothing to move
+        if why in ("refine", "calibrate") and engine.plan is not None and same_placements(adaptation.plan, engine.plan):
+            engine.plan = adaptation.plan  # the same placements (new predictions): nothing to move
+            if why == "calibrate":
+                self.events.append({"time": time.time(), "why": why, "budget": budget, "plan": executor.plans.name,
+                                    "placements_kept": True})
             return None
         try:
             report = executor.reconfigure(placements, budget)

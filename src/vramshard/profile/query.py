@@ -15,6 +15,7 @@ tables read between and beyond their points is in :mod:`vramshard.profile.tables
 
 from __future__ import annotations
 
+import copy
 import math
 
 from ..errors import InvalidInputError, ProfileError
@@ -72,6 +73,8 @@ class Profile:
         self._subsets: dict[tuple, MatmulTable] = {}
         self._has_gpu = any(key[0] == "cuda" for key in self._matmul)
         self._transfers: dict[tuple, float] = {}  # (bytes, direction, contended) -> seconds, memo for the planner
+        self.cpu_scale = 1.0  # CPU compute as fitted to this machine while it runs (see calibrated)
+        self.split_overhead_s = float(data.get("split_overhead_s", 0.0))  # host seconds a split FFN adds
 
     # --- construction -------------------------------------------------------------------
     @classmethod
@@ -89,6 +92,21 @@ class Profile:
         from .synthetic import synthetic_data
 
         return cls(synthetic_data(**peaks))
+
+    def calibrated(self, cpu_scale: float = 1.0, split_overhead_s: float | None = None) -> "Profile":
+        """This profile fitted to the engine's measured steps (:mod:`vramshard.plan.calibrate`): CPU
+        compute times (matmuls, attention) ``cpu_scale`` times longer, and ``split_overhead_s`` the
+        host time a split FFN costs beyond its parts (None: unchanged). Transfers, the GPU and
+        dispatch stay as measured; the file is not changed."""
+        if not math.isfinite(cpu_scale) or cpu_scale <= 0:
+            raise InvalidInputError(f"cpu_scale must be a positive number, got {cpu_scale!r}")
+        if split_overhead_s is not None and (not math.isfinite(split_overhead_s) or split_overhead_s < 0):
+            raise InvalidInputError(f"split_overhead_s must be a number ≥ 0, got {split_overhead_s!r}")
+        clone = copy.copy(self)  # shares the read-only tables
+        clone.cpu_scale = self.cpu_scale * cpu_scale
+        if split_overhead_s is not None:
+            clone.split_overhead_s = float(split_overhead_s)
+        return clone
 
     # --- facts --------------------------------------------------------------------------
     @property
@@ -132,7 +150,7 @@ class Profile:
             seconds *= self._thread_ratio(dtype, threads, m, k, n)
         if contended:
             seconds *= self._ratio(("cpu", dtype, self.default_threads, True), full, m, k, n)
-        return seconds
+        return seconds * self.cpu_scale
 
     def transfer_s(self, nbytes: int, direction: str = "h2d", contended: bool = False) -> float:
         """Seconds to copy ``nbytes`` between pinned host memory and the GPU.
@@ -183,6 +201,7 @@ class Profile:
             threads = self._check_threads(threads)
             if threads != self.default_threads:
                 seconds *= self._thread_ratio(dtype, threads, max(n_new, 1), 4096, 4096)
+            seconds *= self.cpu_scale
         return seconds
 
     def split_part_factor(self, dtype) -> float:

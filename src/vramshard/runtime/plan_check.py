@@ -32,6 +32,7 @@ class DecodeCheck:
         self.tier = tier
         self.measured: deque[float] = deque(maxlen=WINDOW)  # forward seconds of the steps
         self.warned = False
+        self.calibrated = False  # the profile was fitted to this plan's steps (budget_follower)
 
     def add(self, tokens: int, sequences: int, forward_s: float) -> None:
         """One step of ``tokens`` new tokens over ``sequences`` sequences, ``forward_s`` in the model."""
