@@ -11,6 +11,8 @@ family's placement is then run by the executor and timed:
 - prompt tier t (t > 64): one chunk of t prompt tokens.
 
 Families predicted slower than ``--measure-within`` times the winner are not run (said so).
+``--calibrate``: per cell, the engine's in-situ calibration closed on the GPU: the profile fitted
+to the chosen plan's measured step, a new plan with it, its prediction, then its measurement.
 Also in the same run: the best ``layers:N`` baseline at tier 1, and the physical bound of a
 decode step, (model bytes − embedding − pinned bytes) / bandwidth, with the smaller of two bandwidths
 measured here: PCIe + CPU read, each alone (``additive_bound_tok_s``), and what host memory
@@ -28,6 +30,7 @@ import torch
 
 from vramshard.errors import BudgetError
 from vramshard.layers.step import Step
+from vramshard.plan.calibrate import fit
 from vramshard.plan.memory import max_resident_layers, sublayer_triples
 from vramshard.plan.placement import TieredPlacement, named_placement
 from vramshard.plan.planner import Planner
@@ -128,11 +131,46 @@ def run_model(name: str, args, profile, bw) -> dict:
                     cell["tok_s"] = 1e3 / measured[tier_plan.family]
                     cell["of_bound"] = cell["tok_s"] / bound
                 cell.update(layers_baseline(model, host, budget, args))
+            if args.calibrate and tier_plan.family in measured:
+                cell["calibrated"] = calibrated_cell(model, host, profile, plan, tier, budget, tiers, cell, args)
             cells.append(cell)
             log.info("%s", cell)
     del host
     gc.collect()
     return {"bytes": model.nbytes, "cells": cells}
+
+
+def calibrated_cell(model, host, profile, plan, tier: int, budget: int, tiers: Tiers, cell: dict, args) -> dict:
+    """The engine's in-situ calibration, closed: fit the profile to the chosen plan's measured step
+    (:func:`vramshard.plan.calibrate.fit`), plan again with it, predict the new choice, then
+    measure it (unless it is a placement already measured) and compare."""
+    measured = cell["measured_ms"]
+    fitted = fit(model, profile, plan, measured[plan.tiers[tier].family] / 1e3, tier)
+    if fitted is None:
+        return {"fitted": None}
+    again = Planner(model, fitted.profile, budget, context=args.ctx, tiers=tiers).plan()
+    new = again.tiers[tier]
+    out = {"fitted": fitted.what, "value": fitted.value, "family": new.family, "predicted_ms": new.predicted_s * 1e3}
+    same = [f for f in measured if plan.tiers[tier].placements[f].where == new.placement.where
+            and (plan.tiers[tier].threads if f == plan.tiers[tier].family else None) == new.threads]
+    if same:
+        out["same_as"], out["measured_ms"] = same[0], measured[same[0]]
+    else:
+        tiered = TieredPlacement((tier,), (new.placement,), (new.threads,), again.expert_cache)
+        gc.collect()
+        torch.cuda.empty_cache()
+        try:
+            executor = Executor(model, host.for_placement(tiered), tiered, budget=budget, max_tokens=max(tiers.sizes),
+                                max_context=args.ctx)
+        except BudgetError as exc:
+            return {**out, "skipped": str(exc)}
+        out["measured_ms"] = step_seconds(executor, tier, args.ctx, args.seq_ctx) * 1e3
+        del executor
+    out["error_pct"] = (out["predicted_ms"] - out["measured_ms"]) / out["measured_ms"] * 100
+    fastest = min([*measured.values(), out["measured_ms"]])
+    out["is_fastest"] = out["measured_ms"] <= fastest * 1.02
+    out["speedup_over_first_choice"] = measured[plan.tiers[tier].family] / out["measured_ms"]
+    return out
 
 
 def layers_baseline(model, host, budget: int, args) -> dict:
@@ -155,6 +193,8 @@ def main() -> None:
     parser.add_argument("--seq-ctx", type=int, default=1024, help="context of each decoding sequence, at most")
     parser.add_argument("--measure-within", type=float, default=3.0)
     parser.add_argument("--profile", default=None, help="profile file; default: a quick profile measured now")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="per cell, also fit the profile to the chosen plan's step, re-plan, and measure the new choice")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")

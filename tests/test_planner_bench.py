@@ -1,0 +1,38 @@
+"""benchmarks/planner_bench.py's closed calibration (``--calibrate``), with the executor's
+measurement faked: the fit, the re-plan and its prediction are the real ones."""
+
+import types
+from pathlib import Path
+
+import pytest
+
+from benchmarks import planner_bench
+from vramshard.plan.planner import Planner
+from vramshard.plan.tiers import Tiers
+from vramshard.profile import load
+from vramshard.shapes import shape_model
+
+H200 = Path(__file__).resolve().parent.parent / "docs" / "profiles" / "h200-queued.json"
+GiB = 2**30
+
+
+def test_a_slow_split_plan_is_fitted_re_planned_and_the_new_choice_measured(monkeypatch):
+    model, profile, tiers = shape_model("nemo-8b"), load(H200, check_fingerprint=False), Tiers((1,))
+    plan = Planner(model, profile, 2 * GiB, context=4096, tiers=tiers).plan()
+    first = plan.tiers[1]
+    assert first.placement.split_names()
+    run = []
+    monkeypatch.setattr(planner_bench, "Executor", lambda model, host, tiered, **kw: run.append(tiered) or object())
+    monkeypatch.setattr(planner_bench, "step_seconds", lambda executor, tier, ctx, seq_ctx: 0.150)
+    monkeypatch.setattr(planner_bench.torch.cuda, "empty_cache", lambda: None)
+    measured = {f: s * 1e3 for f, s in first.candidates.items()}
+    measured[first.family] *= 1.6  # the chosen plan ran 1.6x its prediction
+    out = planner_bench.calibrated_cell(model, types.SimpleNamespace(for_placement=lambda tiered: None), profile, plan,
+                                        1, 2 * GiB, tiers, {"measured_ms": measured},
+                                        types.SimpleNamespace(ctx=4096, seq_ctx=1024))
+    assert out["fitted"] == "split_overhead_s" and out["value"] > 0
+    (tiered,) = run  # a placement not measured before: run once
+    assert tiered.placements[0].where != first.placement.where
+    assert out["measured_ms"] == 150.0 and out["error_pct"] == pytest.approx((out["predicted_ms"] - 150) / 1.5)
+    assert out["is_fastest"] == (150.0 <= min(measured.values()) * 1.02)
+    assert out["speedup_over_first_choice"] == pytest.approx(measured[first.family] / 150)
