@@ -193,6 +193,7 @@ def calibrate(args) -> None:
     plan the planner chooses then."""
     import json
 
+    from vramshard.budget_follower import CALIBRATE_OFF_BY
     from vramshard.plan.calibrate import fit, step_seconds
     from vramshard.plan.planner import Planner
     from vramshard.plan.tiers import Tiers
@@ -214,6 +215,11 @@ def calibrate(args) -> None:
                 chosen = tier_plan.family
                 if chosen != cell["chosen"] or chosen not in measured:
                     print(f"{name} {gib:g} GiB tier {tier}: the plan differs from the stored one; skipped")
+                    continue
+                ratio = measured[chosen] / cell["predicted_ms"][chosen]
+                if 1 / CALIBRATE_OFF_BY <= ratio <= CALIBRATE_OFF_BY:
+                    print(f"{name} {gib:g} GiB tier {tier}: {chosen} measured {ratio:.2f}x its prediction; "
+                          "within the engine's tolerance, not fitted")
                     continue
                 fitted = fit(model, profile, plan, measured[chosen] / 1e3, tier)
                 if fitted is None:
