@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 
 from vramshard import Engine, budget_follower
-from vramshard.errors import InvalidInputError, ProfileError
+from vramshard.errors import InvalidInputError
 from vramshard.plan import calibrate
 from vramshard.plan.calibrate import fit, step_seconds
 from vramshard.plan.memory import workspace_bytes
 from vramshard.plan.planner import Planner
 from vramshard.plan.tiers import Tiers
 from vramshard.profile import load
-from vramshard.profile.query import Profile, synthetic
+from vramshard.profile.query import synthetic
 from vramshard.runtime.plan_check import MIN_STEPS
 from vramshard.shapes import shape_model
 
@@ -45,35 +45,33 @@ def only(plan, family):
 
 
 def test_a_calibrated_profile_scales_cpu_compute_and_nothing_else(h200):
-    fitted = h200.calibrated(1.5, split_overhead_s=0.002)
+    fitted = h200.calibrated(1.5, split_part_scale=2.0)
     assert fitted.matmul_s(1, 4096, 14336, "bf16", "cpu") == pytest.approx(1.5 * h200.matmul_s(1, 4096, 14336, "bf16", "cpu"))
     assert fitted.attention_s(1, 4096, 32, 8, 128, "bf16", "cpu") == \
         pytest.approx(1.5 * h200.attention_s(1, 4096, 32, 8, 128, "bf16", "cpu"))
     assert fitted.matmul_s(1, 4096, 14336, "bf16", "cuda") == h200.matmul_s(1, 4096, 14336, "bf16", "cuda")
     assert fitted.transfer_s(2**26) == h200.transfer_s(2**26)
     assert fitted.dispatch_s("cuda") == h200.dispatch_s("cuda")
-    assert (fitted.split_overhead_s, h200.split_overhead_s, h200.cpu_scale) == (0.002, 0.0, 1.0)  # the original kept
+    assert fitted.split_part_factor("fp16") == pytest.approx(2.0 * h200.split_part_factor("fp16"))
+    assert (h200.cpu_scale, h200.split_part_scale) == (1.0, 1.0)  # the original is kept
     assert fitted.calibrated(2.0).cpu_scale == pytest.approx(3.0)  # factors compose
     for bad in (0, -1, float("nan")):
         with pytest.raises(InvalidInputError, match="cpu_scale"):
             h200.calibrated(bad)
-    with pytest.raises(InvalidInputError, match="split_overhead_s"):
-        h200.calibrated(split_overhead_s=-0.001)
+        with pytest.raises(InvalidInputError, match="split_part_scale"):
+            h200.calibrated(split_part_scale=bad)
 
 
-def test_a_profile_file_may_carry_the_split_overhead_and_a_bad_one_is_refused(h200):
-    assert Profile.from_dict({**h200.data, "split_overhead_s": 0.0015}).split_overhead_s == 0.0015
-    with pytest.raises(ProfileError, match="split_overhead_s"):
-        Profile.from_dict({**h200.data, "split_overhead_s": -1})
-
-
-def test_a_split_plan_slower_than_predicted_is_explained_by_a_split_overhead(nemo_2gib, h200):
+def test_a_split_plan_slower_than_predicted_is_explained_by_its_cpu_parts(nemo_2gib, h200):
     model, plan = nemo_2gib
     predicted = plan.tiers[1].predicted_s
     fitted = fit(model, h200, plan, 1.4 * predicted)
-    assert fitted.what == "split_overhead_s" and 0 < fitted.value < calibrate.MAX_SPLIT_OVERHEAD_S
+    assert fitted.what == "split_part_scale" and 1.2 < fitted.value < calibrate.HIGHEST
+    assert fitted.profile.cpu_scale == 1.0
     assert step_seconds(model, fitted.profile, plan, 1) == pytest.approx(1.4 * predicted, rel=calibrate.TOLERANCE)
-    # The overhead is charged to plans that split, not to one that streams every FFN.
+    # A faster step than predicted fits a factor below 1.
+    assert fit(model, h200, plan, 0.9 * predicted).value < 1
+    # The factor is charged to plans that split, not to one that streams every FFN.
     streamed = only(plan, "gpu-only")
     assert step_seconds(model, fitted.profile, streamed, 1) == pytest.approx(step_seconds(model, h200, streamed, 1))
 

@@ -30,7 +30,7 @@ def test_a_slow_split_plan_is_fitted_re_planned_and_the_new_choice_measured(monk
     out = planner_bench.calibrated_cell(model, types.SimpleNamespace(for_placement=lambda tiered: None), profile, plan,
                                         1, 2 * GiB, tiers, {"measured_ms": measured},
                                         types.SimpleNamespace(ctx=4096, seq_ctx=1024))
-    assert out["fitted"] == "split_overhead_s" and out["value"] > 0
+    assert out["fitted"] == "split_part_scale" and out["value"] > 1
     (tiered,) = run  # a placement not measured before: run once
     assert tiered.placements[0].where != first.placement.where
     assert out["measured_ms"] == 150.0 and out["error_pct"] == pytest.approx((out["predicted_ms"] - 150) / 1.5)

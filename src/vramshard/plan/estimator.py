@@ -345,7 +345,7 @@ class Estimator:
                         py = max(py, h_ready) + self.crossing_s(act_bytes, "d2h")  # h to the host
                     cpu_s = copies.cpu_end(py, cpu_alone, cpu_beside) - py
                     timeline.append((sublayer.name, "cpu", py, py + cpu_s))
-                    py += cpu_s + self.profile.split_overhead_s  # what a split costs beyond its parts
+                    py += cpu_s
                     cpu_busy += cpu_s
                     if x_device == "cpu":  # the GPU's contribution comes back
                         py = max(py, gpu_done) + self.crossing_s(act_bytes, "d2h")

@@ -74,7 +74,7 @@ class Profile:
         self._has_gpu = any(key[0] == "cuda" for key in self._matmul)
         self._transfers: dict[tuple, float] = {}  # (bytes, direction, contended) -> seconds, memo for the planner
         self.cpu_scale = 1.0  # CPU compute as fitted to this machine while it runs (see calibrated)
-        self.split_overhead_s = float(data.get("split_overhead_s", 0.0))  # host seconds a split FFN adds
+        self.split_part_scale = 1.0  # a split FFN's CPU part as fitted to this machine while it runs
 
     # --- construction -------------------------------------------------------------------
     @classmethod
@@ -93,19 +93,17 @@ class Profile:
 
         return cls(synthetic_data(**peaks))
 
-    def calibrated(self, cpu_scale: float = 1.0, split_overhead_s: float | None = None) -> "Profile":
+    def calibrated(self, cpu_scale: float = 1.0, split_part_scale: float = 1.0) -> "Profile":
         """This profile fitted to the engine's measured steps (:mod:`vramshard.plan.calibrate`): CPU
-        compute times (matmuls, attention) ``cpu_scale`` times longer, and ``split_overhead_s`` the
-        host time a split FFN costs beyond its parts (None: unchanged). Transfers, the GPU and
-        dispatch stay as measured; the file is not changed."""
-        if not math.isfinite(cpu_scale) or cpu_scale <= 0:
-            raise InvalidInputError(f"cpu_scale must be a positive number, got {cpu_scale!r}")
-        if split_overhead_s is not None and (not math.isfinite(split_overhead_s) or split_overhead_s < 0):
-            raise InvalidInputError(f"split_overhead_s must be a number ≥ 0, got {split_overhead_s!r}")
+        compute times (matmuls, attention) ``cpu_scale`` times longer, and a split FFN's CPU part
+        (:meth:`split_part_factor`) ``split_part_scale`` times longer on top. Transfers, the GPU
+        and dispatch stay as measured; the file is not changed. Factors compose."""
+        for name, value in (("cpu_scale", cpu_scale), ("split_part_scale", split_part_scale)):
+            if not math.isfinite(value) or value <= 0:
+                raise InvalidInputError(f"{name} must be a positive number, got {value!r}")
         clone = copy.copy(self)  # shares the read-only tables
         clone.cpu_scale = self.cpu_scale * cpu_scale
-        if split_overhead_s is not None:
-            clone.split_overhead_s = float(split_overhead_s)
+        clone.split_part_scale = self.split_part_scale * split_part_scale
         return clone
 
     # --- facts --------------------------------------------------------------------------
@@ -206,8 +204,8 @@ class Profile:
 
     def split_part_factor(self, dtype) -> float:
         """Time per byte of a split dense FFN's CPU part over the whole FFN's on the CPU (1 when
-        the profile did not measure it)."""
-        return float(self.data.get("split_part", {}).get(dtype_name(dtype), 1.0))
+        the profile did not measure it), times the in-situ ``split_part_scale``."""
+        return float(self.data.get("split_part", {}).get(dtype_name(dtype), 1.0)) * self.split_part_scale
 
     def dispatch_s(self, device) -> float:
         """Fixed seconds to dispatch one sub-layer (Python and launch overhead) on ``device``."""

@@ -12,9 +12,7 @@ the tables:
   context: [...], seconds: [[per context] per n_new], estimated}``;
 - ``dispatch``: ``{"cpu": seconds, "cuda": seconds}``;
 - ``split_part`` (optional): ``{dtype: factor}``, a split dense FFN's CPU part's time per byte
-  over the whole FFN's (absent: 1);
-- ``split_overhead_s`` (optional): host seconds a split dense FFN costs beyond its parts
-  (absent: 0; the engine fits it to its decode steps, :mod:`vramshard.plan.calibrate`).
+  over the whole FFN's (absent: 1).
 
 GPU tables are absent when the machine has no CUDA device.
 """
@@ -89,7 +87,3 @@ def validate(data) -> None:
         raise ProfileError("profile 'split_part' section must map dtypes to factors")
     for dtype, value in split_part.items():
         _positive(value, f"split FFN part factor for {dtype}")
-    overhead = data.get("split_overhead_s", 0.0)
-    if isinstance(overhead, bool) or not isinstance(overhead, (int, float)) or not math.isfinite(overhead) \
-            or overhead < 0:
-        raise ProfileError(f"profile 'split_overhead_s' must be a number of seconds ≥ 0, got {overhead!r}")
