@@ -40,8 +40,9 @@ class Calibration:
 
 def fit(model: Model, profile: Profile, plan: PlanSet, measured_s: float, tier: int = 1) -> Calibration | None:
     """The profile under which ``plan``'s ``tier`` step takes ``measured_s``: for a tier that
-    splits FFNs, the factor on their CPU parts; otherwise, or when that factor does not move the
-    step, the factor on all CPU compute. None when neither changes the prediction."""
+    splits FFNs, the factor on their CPU parts; otherwise, or when that factor cannot explain the
+    step, the factor on all CPU compute. None when neither can (the gap lies elsewhere: then the
+    profile is left as it is)."""
     if plan.tiers[tier].placement.split_names():
         scale = _bisect(model, plan, tier, measured_s, lambda f: profile.calibrated(split_part_scale=f))
         if scale is not None:
@@ -69,8 +70,8 @@ def step_seconds(model: Model, profile: Profile, plan: PlanSet, tier: int) -> fl
 
 def fit_cpu_scale(model: Model, profile: Profile, plan: PlanSet, measured_s: float, tier: int = 1) -> float | None:
     """The factor on ``profile``'s CPU compute times under which ``plan``'s ``tier`` step takes
-    ``measured_s``. None when the tier puts nothing on the CPU, or when no factor changes its
-    predicted time."""
+    ``measured_s``. None when the tier puts nothing on the CPU, or when no factor in
+    [LOWEST, HIGHEST] explains the measured time."""
     if not has_cpu_work(plan, tier):
         return None
     return _bisect(model, plan, tier, measured_s, profile.calibrated)
@@ -78,12 +79,13 @@ def fit_cpu_scale(model: Model, profile: Profile, plan: PlanSet, measured_s: flo
 
 def _bisect(model: Model, plan: PlanSet, tier: int, measured_s: float, scaled) -> float | None:
     """The factor in [LOWEST, HIGHEST] under which ``scaled(factor)``'s prediction of the step is
-    ``measured_s`` (bisection in log space, clamped). None when the factor does not move it."""
+    ``measured_s`` (bisection in log space). None when no factor in that range explains it: the
+    work it scales is not on the step's critical path, or too small a part of it."""
     if measured_s <= 0:
         return None
     low, high = LOWEST, HIGHEST
-    if step_seconds(model, scaled(low), plan, tier) >= step_seconds(model, scaled(high), plan, tier):
-        return None  # not on the step's critical path
+    if not step_seconds(model, scaled(low), plan, tier) <= measured_s <= step_seconds(model, scaled(high), plan, tier):
+        return None
     for _ in range(40):
         middle = math.sqrt(low * high)
         seconds = step_seconds(model, scaled(middle), plan, tier)
