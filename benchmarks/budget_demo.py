@@ -158,6 +158,12 @@ def _generate(engine, scheduler, requests, samples, args, t0: float, pattern_s: 
     return [list(r.output_ids) for r in requests]
 
 
+def is_budget_change(event: dict) -> bool:
+    """An adaptation to a budget change, not a full plan that followed one ("refine") or a re-plan
+    after the engine fitted its profile to its steps ("calibrate")."""
+    return event["why"] not in ("refine", "calibrate")
+
+
 def reactions(theirs: list[dict], events: list[dict], t0: float) -> list[dict]:
     """Per phase of the other application: when it began taking or giving back VRAM, and when
     vramshard's VRAM had followed (the first adaptation after it: its release, on the same clock).
@@ -170,7 +176,7 @@ def reactions(theirs: list[dict], events: list[dict], t0: float) -> list[dict]:
     out = []
     for i, phase in enumerate(starts):
         until = starts[i + 1]["t"] if i + 1 < len(starts) else float("inf")
-        after = [e for e in events if e["why"] != "refine" and phase["t"] <= e["time"] < until]
+        after = [e for e in events if is_budget_change(e) and phase["t"] <= e["time"] < until]
         row = {"phase": phase["phase"], "gib": phase["gib"], "t": phase["t"] - t0}
         if after:
             first = after[0]
@@ -306,7 +312,7 @@ def main() -> int:
         "hardware": hardware(), "versions": versions(), "args": {k: v for k, v in vars(args).items()},
         "tokens_identical": disturbed == undisturbed, "tokens_generated": counts, "first_difference": first_diff,
         "adaptations": events,  # budget changes, and "refine": a full plan after a quick one
-        "time_to_release_s": [e["time_to_release_s"] for e in events if e["why"] != "refine"],
+        "time_to_release_s": [e["time_to_release_s"] for e in events if is_budget_change(e)],
         # From the other application's phase start (its first allocation or free) to our VRAM released.
         "reactions": reacted,
         "samples_over_budget": len(over),  # our reserved VRAM above the budget in force

@@ -14,6 +14,8 @@ def test_reaction_runs_from_the_other_applications_phase_start_to_our_release():
     events = [  # recorded when the reconfiguration ended; VRAM released adapt_s - release_s earlier
         {"why": "auto", "time": 1013.5, "adapt_s": 1.0, "release_s": 0.7, "budget": 5 * GiB, "time_to_release_s": 0.8},
         {"why": "refine", "time": 1014.0, "adapt_s": 0.1, "release_s": 0.05, "budget": 5 * GiB, "time_to_release_s": 0.1},
+        # The engine fitting its profile and re-planning is not a reaction to the other application.
+        {"why": "calibrate", "time": 1024.5, "budget": 5 * GiB, "placements_kept": True},
         {"why": "auto", "time": 1025.0, "adapt_s": 0.3, "release_s": 0.1, "budget": 15 * GiB, "time_to_release_s": 0.4},
     ]
     rows = reactions(theirs, events, t0)

@@ -14,9 +14,9 @@ of VRAM anyway lowers the budget to what is held plus what is free and is retrie
 
 The same background path fits the machine profile to the engine's own steps: when the plan in
 force decodes more than CALIBRATE_OFF_BY off its prediction, :func:`vramshard.plan.calibrate.fit`
-finds the factor on split FFNs' CPU parts (or on all CPU compute) that explains the measured step, and the plan made with
-it comes into force at a step boundary (``why``: "calibrate"; at most MAX_CALIBRATIONS times;
-``VRAMSHARD_CALIBRATE=off`` turns it off).
+finds the factor on split FFNs' CPU parts (or on all CPU compute) that explains the measured
+step, and the plan made with it comes into force at a step boundary (``why``: "calibrate"; at
+most MAX_CALIBRATIONS times; ``VRAMSHARD_CALIBRATE=off`` turns it off).
 
 Every adaptation is recorded with its times: waiting for the step boundary, planning, releasing.
 """
