@@ -256,6 +256,8 @@ def main() -> None:
     parser.add_argument("--hit-rate", type=float, default=0.42, help="the measured expert-cache hit rate")
     parser.add_argument("--result", default=None, help="calibrate: a planner_bench JSON")
     args = parser.parse_args()
+    if args.what == "calibrate" and not args.result:
+        parser.error("calibrate needs --result: a planner_bench JSON (docs/results-planner-*.json)")
     {"dense": dense, "tiers": tiers, "vlm": vlm, "moe": moe, "cache": cache, "calibrate": calibrate}[args.what](args)
 
 
