@@ -287,6 +287,7 @@ def _has_triton() -> bool:
     ("llama", None, "sdpa", "float32"), ("qwen3", None, "sdpa", "float32"),
     ("llama", None, "matmul", "float32"),
     ("llama", None, "flash-varlen", "bfloat16"), ("qwen3", None, "flash-varlen", "bfloat16"),
+    ("llama", None, "auto", "bfloat16"),
     ("llama", None, "sdpa", "bfloat16"),
     pytest.param("llama", "inductor", "sdpa", "float32",
                  marks=pytest.mark.skipif(not _has_triton(), reason="inductor needs Triton")),
@@ -360,3 +361,12 @@ def test_graph_memory_limit_and_lru(tiny_model_dir):
     for start in (3, 19, 40):
         assert lru.run(executor.token_sublayers, torch.tensor([4]), Step.single(start, 1, kv_lookup=kv)) is not None
     assert lru.graphs == 1 and lru.stats.evictions == 2
+
+
+@pytest.mark.parametrize("kernel, rows, flash", [("auto", 1, True), ("auto", 16, True), ("auto", 17, False),
+                                                 ("flash-varlen", 64, True), ("sdpa", 1, False), ("matmul", 1, False)])
+def test_decode_attention_auto_takes_flash_up_to_16_rows(kernel, rows, flash, monkeypatch):
+    from vramshard.layers import static_attention
+
+    monkeypatch.setattr(static_attention, "DECODE_ATTENTION", kernel)
+    assert static_attention._takes_flash(rows) is flash
