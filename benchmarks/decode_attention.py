@@ -18,7 +18,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from vramshard.layers.static_attention import (DECODE_KERNELS, decode_mask, flash_varlen_attention,
+from vramshard.layers.static_attention import (DECODE_KERNELS, decode_mask, flash_lengths, flash_varlen_attention,
                                                masked_attention, matmul_attention)
 
 from .common import hardware, now, out_dir, versions, write_json
@@ -27,11 +27,12 @@ log = logging.getLogger("decode_attention")
 HEADS, KV_HEADS, HEAD_DIM, LAYERS = 32, 8, 128, 40
 
 
-def attention(kernel: str, q, keys, values, positions, mask, scale):
-    """q [B, H, D], keys/values [B, L, Hkv, D] → [B, H, D] by ``kernel``."""
+def attention(kernel: str, q, keys, values, lengths, mask, scale):
+    """q [B, H, D], keys/values [B, L, Hkv, D] → [B, H, D] by ``kernel``; ``lengths``: the step's
+    :func:`flash_lengths`, made once per step as the engine makes them."""
     B = q.shape[0]
     if kernel == "flash-varlen":
-        return flash_varlen_attention(q, keys, values, positions, scale)
+        return flash_varlen_attention(q, keys, values, lengths, scale)
     query = q.view(B, KV_HEADS, HEADS // KV_HEADS, HEAD_DIM)
     k, v = keys.transpose(1, 2), values.transpose(1, 2)
     fn = matmul_attention if kernel == "matmul" else masked_attention
@@ -113,15 +114,16 @@ def main() -> int:
             values = torch.randn_like(keys)
             positions = torch.randint(length - 64, length, (batch,), device=device)
             mask = decode_mask(positions, torch.arange(length, device=device))
-            reference = attention("sdpa", q, keys, values, positions, mask, scale)
+            lengths = flash_lengths(positions, length)
+            reference = attention("sdpa", q, keys, values, lengths, mask, scale)
             kv_bytes = sum(2 * (int(p) + 1) * KV_HEADS * HEAD_DIM * 2 for p in positions.tolist())
             cell = {"batch": batch, "keys": length, "kv_bytes": kv_bytes,
                     "bound_us": kv_bytes / (device_gbps * 1e9) * 1e6, "kernels": {}}
             for kernel in (k for k in DECODE_KERNELS if k != "auto"):  # auto picks one of these by rows
                 try:
-                    out = attention(kernel, q, keys, values, positions, mask, scale)
+                    out = attention(kernel, q, keys, values, lengths, mask, scale)
                     error = float((out.float() - reference.float()).abs().max())
-                    us = graph_ms(lambda: attention(kernel, q, keys, values, positions, mask, scale)) * 1e3
+                    us = graph_ms(lambda: attention(kernel, q, keys, values, lengths, mask, scale)) * 1e3
                     cell["kernels"][kernel] = {"us": us, "max_abs_error": error}
                 except Exception as exc:  # a kernel this torch build lacks is reported, not fatal
                     cell["kernels"][kernel] = {"error": f"{type(exc).__name__}: {exc}"[:300]}

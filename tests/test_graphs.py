@@ -370,3 +370,16 @@ def test_decode_attention_auto_takes_flash_up_to_16_rows(kernel, rows, flash, mo
 
     monkeypatch.setattr(static_attention, "DECODE_ATTENTION", kernel)
     assert static_attention._takes_flash(rows) is flash
+
+
+def test_flash_lengths_are_made_once_per_step_and_say_each_rows_keys():
+    from vramshard.layers.static_attention import DecodeIndex, decode_mask, flash_lengths
+
+    positions = torch.tensor([5, 0, 12])
+    cu_q, cu_k, used = flash_lengths(positions, 16)
+    assert cu_q.tolist() == [0, 1, 2, 3] and cu_k.tolist() == [0, 16, 32, 48] and used.tolist() == [6, 1, 13]
+    assert {t.dtype for t in (cu_q, cu_k, used)} == {torch.int32}
+    index = DecodeIndex(positions, positions, positions, torch.zeros(3, 1, dtype=torch.long),
+                        decode_mask(positions, torch.arange(16)))
+    assert index.flash_lengths is index.flash_lengths  # shared by every layer of the step
+    assert index.flash_lengths[1].tolist() == cu_k.tolist()

@@ -16,6 +16,7 @@ writes the key and value *of row 0* to row 0's position (``write_source`` = 0, `
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Mapping
@@ -50,6 +51,12 @@ class DecodeIndex:
     @property
     def key_length(self) -> int:
         return self.mask.shape[-1]
+
+    @functools.cached_property
+    def flash_lengths(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:func:`flash_lengths` of this step, made once and shared by every layer (in a graph
+        step, three small kernels instead of three per layer)."""
+        return flash_lengths(self.positions, self.key_length)
 
 
 def decode_mask(positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
@@ -92,7 +99,7 @@ def static_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: Laye
     hkv, group = k.shape[1], q.shape[1] // k.shape[1]
     scale = q.shape[-1] ** -0.5
     if _takes_flash(B) and q.is_cuda and q.dtype in FLASH_DTYPES:
-        return flash_varlen_attention(q, keys.transpose(1, 2), values.transpose(1, 2), index.positions, scale)
+        return flash_varlen_attention(q, keys.transpose(1, 2), values.transpose(1, 2), index.flash_lengths, scale)
     query = q.view(B, hkv, group, q.shape[-1])  # [B, Hkv, G, D]
     if DECODE_ATTENTION == "matmul":
         out = matmul_attention(query, keys, values, index.mask, scale)
@@ -141,13 +148,20 @@ def matmul_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tens
     return torch.matmul(scores.softmax(dim=-1).to(values.dtype), values)
 
 
-def flash_varlen_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
-                           scale: float) -> torch.Tensor:
-    """One query per row, q [B, H, D], over keys, values [B, L, Hkv, D] of which row b reads the
-    first ``positions[b] + 1`` → [B, H, D]. The flash kernel's variable-length form (CUDA only)."""
+def flash_lengths(positions: torch.Tensor, key_length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(cu_seqlens_q [B+1], cu_seqlens_k [B+1], seqused_k [B]), int32, of one query per row over
+    ``key_length`` padded keys of which row b reads the first ``positions[b] + 1``."""
+    rows = torch.arange(positions.shape[0] + 1, device=positions.device, dtype=torch.int32)
+    return rows, rows * key_length, (positions + 1).to(torch.int32)
+
+
+def flash_varlen_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                           lengths: tuple[torch.Tensor, torch.Tensor, torch.Tensor], scale: float) -> torch.Tensor:
+    """One query per row, q [B, H, D], over keys, values [B, L, Hkv, D] as ``lengths``
+    (:func:`flash_lengths`) say → [B, H, D]. The flash kernel's variable-length form (CUDA only)."""
     B, L = keys.shape[:2]
-    rows = torch.arange(B + 1, device=q.device, dtype=torch.int32)
+    cu_q, cu_k, used_k = lengths
     out = torch.ops.aten._flash_attention_forward(
         q, keys.reshape(B * L, *keys.shape[2:]), values.reshape(B * L, *values.shape[2:]),
-        rows, rows * L, 1, L, 0.0, False, False, scale=scale, seqused_k=(positions + 1).to(torch.int32))
+        cu_q, cu_k, 1, L, 0.0, False, False, scale=scale, seqused_k=used_k)
     return out[0]
