@@ -88,8 +88,12 @@ def static_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: Laye
     flat_k = cache.k.view(-1, *cache.k.shape[2:])  # [num_blocks * block_size, Hkv, D]
     flat_v = cache.v.view(-1, *cache.v.shape[2:])
     # Padded rows write row 0's values to row 0's place: duplicates agree, whichever lands last.
-    flat_k.index_copy_(0, index.write_index, k.to(flat_k.dtype).index_select(0, index.write_source))
-    flat_v.index_copy_(0, index.write_index, v.to(flat_v.dtype).index_select(0, index.write_source))
+    # A one-row step has no padded row (its source is itself): two kernels a layer fewer.
+    k, v = k.to(flat_k.dtype), v.to(flat_v.dtype)
+    if B > 1:
+        k, v = k.index_select(0, index.write_source), v.index_select(0, index.write_source)
+    flat_k.index_copy_(0, index.write_index, k)
+    flat_v.index_copy_(0, index.write_index, v)
     blocks = index.block_tables.reshape(-1)  # [B * nb]
     keys = cache.k.index_select(0, blocks).view(B, -1, *cache.k.shape[2:])[:, :L].transpose(1, 2)  # [B, Hkv, L, D]
     values = cache.v.index_select(0, blocks).view(B, -1, *cache.v.shape[2:])[:, :L].transpose(1, 2)
