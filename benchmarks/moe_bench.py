@@ -254,7 +254,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,4,16,64")
     parser.add_argument("--batch-ctx", type=int, default=64)
     parser.add_argument("--batch-steps", type=int, default=3)
-    parser.add_argument("--decode-steps", type=int, default=6)
+    parser.add_argument("--decode-steps", type=int, default=16)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--time-limit", type=float, default=480.0, help="seconds; later cells are skipped")
     parser.add_argument("--out", default=None)
