@@ -6,7 +6,8 @@ synchronisation and the number of launches, per placement, from torch.profiler.
         --placements experts-stream,experts-cpu --expert-cache-gib 1 --json $OUT/moe_steps.json
 
 Placements are the named ones (``gpu``, ``static``, ``stream``, ``layers:N``, ``experts-stream``,
-``experts-cpu``, ...); ``NAME+graphs`` replays decode from CUDA graphs; ``planned:G`` is the
+``experts-cpu``, ...); ``NAME+graphs`` replays decode from CUDA graphs (``NAME+compiled``: with
+their fusable parts compiled by inductor, as ``Engine.load(decode_compile=...)``); ``planned:G`` is the
 planner's tier-1 plan at a budget of G GiB on the ``--profile`` machine profile (its predicted
 step time is printed beside the measured one). For each it prints one
 line of totals per decode step — wall ms, GPU kernel ms (memcpy excluded), host-to-device copy
@@ -99,14 +100,15 @@ def planned_executor(model, host: HostLayouts, spec: str, args, result: dict) ->
 def make_executor(model, host: HostLayouts, spec: str, args, result: dict) -> Executor:
     if spec.startswith("planned:"):
         return planned_executor(model, host, spec, args, result)
-    name, graphs = spec.removesuffix("+graphs"), spec.endswith("+graphs")
+    name, graphs = spec.removesuffix("+compiled").removesuffix("+graphs"), spec.endswith(("+graphs", "+compiled"))
     layers = model.args.num_hidden_layers
     placement = named_placement(name, sublayer_triples(model), layers, moe_layers=moe_layers(model) or None)
     cache = None
     if name == "experts-stream":
         cache = max(int(args.expert_cache_gib * GiB), expert_slot_bytes(model))
     return Executor(model, host.for_placement(placement), placement, max_tokens=64, max_context=args.ctx + 64,
-                    threads=args.threads, expert_cache=cache, decode_graphs=graphs)
+                    threads=args.threads, expert_cache=cache, decode_graphs=graphs,
+                    decode_compile="inductor" if spec.endswith("+compiled") else None)
 
 
 def profile_placement(model, host: HostLayouts, spec: str, args) -> dict:
