@@ -7,13 +7,14 @@ synchronisation and the number of launches, per placement, from torch.profiler.
 
 Placements are the named ones (``gpu``, ``static``, ``stream``, ``layers:N``, ``experts-stream``,
 ``experts-cpu``, ...); ``NAME+graphs`` replays decode from CUDA graphs (``NAME+compiled``: with
-their fusable parts compiled by inductor, as ``Engine.load(decode_compile=...)``); ``planned:G`` is the
-planner's tier-1 plan at a budget of G GiB on the ``--profile`` machine profile (its predicted
-step time is printed beside the measured one). For each it prints one
-line of totals per decode step — wall ms, GPU kernel ms (memcpy excluded), host-to-device copy
-ms, time the host spent blocked on the GPU, CUDA launches, aten ops — and the top operators by
-host and by device time. If wall ≫ kernels + copies the step is bound by the host (Python,
-dispatch, waiting); if kernels ≈ wall the kernels themselves are slow.
+their fusable parts compiled by inductor, as ``Engine.load(decode_compile=...)``);
+``planned:G`` is the planner's tier-1 plan at a budget of G GiB on the ``--profile`` machine
+profile (its predicted step time is printed beside the measured one; ``planned:G@T`` runs it
+with T CPU threads). For each it prints one line of totals per decode step — wall ms, GPU
+kernel ms (memcpy excluded), host-to-device copy ms, time the host spent blocked on the GPU,
+CUDA launches, aten ops — and the top operators by host and by device time. If wall ≫ kernels
++ copies the step is bound by the host (Python, dispatch, waiting); if kernels ≈ wall the
+kernels themselves are slow.
 """
 
 from __future__ import annotations
@@ -86,13 +87,16 @@ def step_split(prof, steps: int) -> dict:
 
 
 def planned_executor(model, host: HostLayouts, spec: str, args, result: dict) -> Executor:
-    """The planner's tier-1 plan at ``planned:G`` GiB, under that budget."""
-    budget = int(float(spec.split(":", 1)[1].removesuffix("+graphs")) * GiB)
+    """The planner's tier-1 plan at ``planned:G`` GiB, under that budget (``planned:G@T``: run
+    with T CPU threads instead of the plan's count)."""
+    gib, _, forced = spec.split(":", 1)[1].removesuffix("+graphs").partition("@")
+    budget = int(float(gib) * GiB)
     profile = load(args.profile, check_fingerprint=False)
     plan = Planner(model, profile, budget, context=args.ctx + 64, tiers=Tiers((1,))).plan()
     tier = plan.tiers[1]
-    result.update(family=tier.family, predicted_ms=tier.predicted_s * 1e3, threads=tier.threads)
-    tiered = TieredPlacement((1,), (tier.placement,), (tier.threads,), plan.expert_cache)
+    threads = int(forced) if forced else args.threads or tier.threads  # a sweep over the plan's count
+    result.update(family=tier.family, predicted_ms=tier.predicted_s * 1e3, threads=threads)
+    tiered = TieredPlacement((1,), (tier.placement,), (threads,), plan.expert_cache)
     return Executor(model, host.for_placement(tiered), tiered, budget=budget, max_tokens=64,
                     max_context=args.ctx + 64, decode_graphs=spec.endswith("+graphs"))
 
