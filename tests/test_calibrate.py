@@ -125,6 +125,7 @@ def test_an_engine_off_its_prediction_fits_the_profile_and_plans_again(tiny_mode
     engine.budget.background.wait(60)
     engine.poll_budget()  # the plan made with the fitted profile comes into force at a step boundary
     assert engine.budget.events[-1]["why"] == "calibrate"
+    assert engine.budget_state()["calibrations"] == [fitted]  # what /v1/budget shows
     assert engine.plan is not old_plan
     assert engine.plan.tiers[1].predicted_s > old_plan.tiers[1].predicted_s
     assert engine.generate([prompt], 8) == expected

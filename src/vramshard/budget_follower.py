@@ -154,6 +154,7 @@ class BudgetFollower:
             "kv_on_gpu": bool(executor.kv_layers_on_gpu),
             "plan": executor.plans.name,
             "last_change": self.events[-1] if self.events else None,
+            "calibrations": list(self.calibrations),
         }
 
     def plan_settings(self) -> budgets.PlanSettings:

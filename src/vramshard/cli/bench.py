@@ -205,6 +205,8 @@ def bench_engine(model, host, spec: EngineSpec, settings: BenchSettings, device:
                    planned=engine.plan is not None)
         row.update(measure(engine, settings))
         row["decode_vs_plan"] = engine.plan_check().summary()  # single-sequence decode steps vs prediction
+        row["calibrations"] = list(engine.budget.calibrations)  # the profile fitted to the steps, re-planned
+        row["placement_at_end"] = executor.plans.name
         row["peak_vram_bytes"] = executor.peak_vram()
         row["within_budget"] = engine.vram_budget is None or row["peak_vram_bytes"] <= engine.vram_budget
     finally:
