@@ -55,7 +55,7 @@ class DecodeIndex:
     @functools.cached_property
     def flash_lengths(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:func:`flash_lengths` of this step, made once and shared by every layer (in a graph
-        step, three small kernels instead of three per layer)."""
+        step, four small kernels a step instead of four a layer)."""
         return flash_lengths(self.positions, self.key_length)
 
 
