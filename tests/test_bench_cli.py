@@ -34,6 +34,9 @@ def test_bench_shape_end_to_end(tmp_path, capsys):
         batch = row["batched"]["4"]
         assert batch["generated"] == 12 and batch["tok_s"] > 0 and batch["complete"]
         assert 0 < row["sched_ms_per_step"] < 1e3 * row["e2e_s"]
+        # A decode step: its preparation and its forward pass are parts of it.
+        assert 0 < row["decode_prepare_ms"] < row["decode_sched_ms"]
+        assert 0 < row["decode_forward_ms_median"] < row["decode_step_ms_median"]
         assert row["calibrations"] == [] and row["placement_at_end"] == "cpu"  # no GPU: nothing to fit
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

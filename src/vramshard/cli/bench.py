@@ -120,6 +120,9 @@ def run_requests(engine, prompts: list[list[int]], new_tokens: int, settings: Be
         "decode_step_ms": 1e3 * statistics.fmean(s.seconds for s in decode_steps) if decode_steps else None,
         "decode_step_ms_median": 1e3 * statistics.median(s.seconds for s in decode_steps) if decode_steps else None,
         "decode_sched_ms": 1e3 * statistics.fmean(s.overhead_s for s in decode_steps) if decode_steps else None,
+        # Of a decode step, the host's time before the forward and in it (the rest: sampling, streaming).
+        "decode_prepare_ms": 1e3 * statistics.fmean(s.prepare_s for s in decode_steps) if decode_steps else None,
+        "decode_forward_ms_median": 1e3 * statistics.median(s.forward_s for s in decode_steps) if decode_steps else None,
     }
 
 
@@ -163,6 +166,8 @@ def measure(engine, settings: BenchSettings) -> dict:
         "decode_step_ms": single["decode_step_ms"],
         "decode_step_ms_median": single["decode_step_ms_median"],
         "decode_sched_ms": single["decode_sched_ms"],
+        "decode_prepare_ms": single["decode_prepare_ms"],
+        "decode_forward_ms_median": single["decode_forward_ms_median"],
         "complete": single["complete"],
         "batched": {},
     }

@@ -51,6 +51,7 @@ class StepStats:
     running: int  # sequences holding a KV slot during the step
     end_time: float  # time.time() at the end of the step
     forward_s: float = 0.0  # of ``seconds``, the time inside executor.forward; the rest is scheduling
+    prepare_s: float = 0.0  # of the rest, the part before the forward (budget, admission, the step's inputs)
 
     @property
     def overhead_s(self) -> float:
@@ -222,7 +223,7 @@ class Scheduler:
                 sampled += 1
         seconds = time.perf_counter() - start
         stats = StepStats(len(ids), prefill, decode, len(chunks), sampled, seconds, self.queue_length, running,
-                          time.time(), forward_s)
+                          time.time(), forward_s, forward_start - start)
         self.history.append(stats)
         self.total_steps += 1
         self.total_prompt_tokens += prefill
