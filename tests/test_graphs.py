@@ -383,3 +383,16 @@ def test_flash_lengths_are_made_once_per_step_and_say_each_rows_keys():
                         decode_mask(positions, torch.arange(16)))
     assert index.flash_lengths is index.flash_lengths  # shared by every layer of the step
     assert index.flash_lengths[1].tolist() == cu_k.tolist()
+
+
+def test_flash_decode_runs_only_where_the_kernel_does(monkeypatch):
+    from vramshard.layers import static_attention
+
+    monkeypatch.setattr(static_attention, "_capability", lambda index: (8, 6))
+    gpu = torch.device("cuda", 0)
+    assert static_attention.flash_runs(torch.bfloat16, 128, gpu)
+    assert not static_attention.flash_runs(torch.float32, 128, gpu)  # no float32 flash kernel
+    assert not static_attention.flash_runs(torch.float16, 288, gpu)  # head size beyond the kernel
+    assert not static_attention.flash_runs(torch.float16, 100, gpu)
+    monkeypatch.setattr(static_attention, "_capability", lambda index: (7, 5))  # a Turing card
+    assert not static_attention.flash_runs(torch.float16, 128, gpu)

@@ -24,7 +24,7 @@ from typing import Mapping
 import torch
 import torch.nn.functional as F
 
-from .attention import FLASH_DTYPES, Attention
+from .attention import FLASH_DTYPES, FLASH_MAX_HEAD_DIM, Attention
 from .step import LayerKV
 from .sublayer import linear
 
@@ -102,7 +102,7 @@ def static_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: Laye
     # would only give a masked call through its slow math kernel.
     hkv, group = k.shape[1], q.shape[1] // k.shape[1]
     scale = q.shape[-1] ** -0.5
-    if _takes_flash(B) and q.is_cuda and q.dtype in FLASH_DTYPES:
+    if _takes_flash(B) and q.is_cuda and flash_runs(q.dtype, q.shape[-1], q.device):
         return flash_varlen_attention(q, keys.transpose(1, 2), values.transpose(1, 2), index.flash_lengths, scale)
     query = q.view(B, hkv, group, q.shape[-1])  # [B, Hkv, G, D]
     if DECODE_ATTENTION == "matmul":
@@ -119,8 +119,9 @@ def static_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: Laye
 #                 32.9 / 92.4; 16 rows 43.1 / 89.1 against 37.9 / 100.2; 64 rows 133.5 / 468.7
 #                 against 112.5 / 384.9. nemo-8b's one-row graph step: 7.82 ms against 10.19.
 #   flash-varlen  the flash kernel over the padded keys, each row reading its first
-#                 ``position + 1`` of them (``seqused_k``): no mask. CUDA and half precision
-#                 only; other steps take ``sdpa``.
+#                 ``position + 1`` of them (``seqused_k``): no mask. Where it runs
+#                 (:func:`flash_runs`: half precision, head size, GPUs of sm80 on); other
+#                 steps take ``sdpa``.
 #   sdpa          SDPA with a boolean mask. It takes the memory-efficient kernel, which tiles
 #                 queries (here G rows) and does not split the keys.
 #   matmul        the reference's eager attention: scores in the compute dtype, softmax in float32.
@@ -130,6 +131,18 @@ if DECODE_ATTENTION not in DECODE_KERNELS:
     raise ValueError(f"VRAMSHARD_DECODE_ATTENTION must be one of {', '.join(DECODE_KERNELS)}, "
                      f"got {DECODE_ATTENTION!r}")
 FLASH_MAX_ROWS = 16
+
+
+def flash_runs(dtype: torch.dtype, head_dim: int, device: torch.device) -> bool:
+    """Whether the flash kernel takes this decode attention: half precision, a head size it
+    supports, and a GPU of compute capability 8.0 or newer (older ones take ``sdpa``)."""
+    return dtype in FLASH_DTYPES and head_dim <= FLASH_MAX_HEAD_DIM and head_dim % 8 == 0 \
+        and _capability(device.index if device.index is not None else torch.cuda.current_device()) >= (8, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 def _takes_flash(rows: int) -> bool:
