@@ -151,6 +151,33 @@ def test_gpu_planned_mixed_placements_batched_equals_single(tiny_model_dir):
             scheduler.step()
     scheduler.run_until_idle()
     assert [r.output_ids for r in requests] == alone
+    assert scheduler.total_overlapped > 0  # greedy GPU steps were queued on unread tokens
     assert gpu.generate(prompts, 8) == alone
     print("GPU plan per tier:", {t: p.placement.summary() for t, p in gpu.plan.tiers.items()})
     assert len({p.placement.where for p in gpu.plan.tiers.values()}) > 1  # mixed placements across tiers
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("graphs", [True, False])
+def test_gpu_overlapped_steps_equal_reading_every_step(tiny_model_dir, graphs):
+    """All weights in VRAM (decode from CUDA graphs, or eager): steps queued on the unread tokens of
+    the step before give the tokens of steps read one by one, a sequence ending on EOS included."""
+    gpu = Engine.load(tiny_model_dir("qwen3"), device="cuda", max_context=256, max_batch=4, decode_graphs=graphs)
+    prompts = _prompts((3, 41, 7, 60, 1, 25))
+    plain = [gpu.generate([p], 12)[0] for p in prompts]
+    eos = plain[1][5]
+    outputs = {}
+    for overlap in (False, None):
+        scheduler = gpu.scheduler(max_seqs=4, max_context=128, overlap=overlap)
+        scheduler.eos_ids = frozenset({eos})
+        requests = []
+        for arrival, prompt in enumerate(prompts):
+            requests.append(scheduler.add(prompt, max_new_tokens=12))
+            for _ in range(arrival % 3):
+                scheduler.step()
+        scheduler.run_until_idle()
+        outputs[overlap] = [r.output_ids for r in requests]
+        assert (scheduler.total_overlapped > 0) == (overlap is None)
+        assert scheduler.blocks.used_blocks == 0 and scheduler.kv_reserved == 0
+    assert outputs[None] == outputs[False] == [out[: out.index(eos) + 1] if eos in out else out for out in plain]

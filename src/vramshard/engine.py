@@ -293,13 +293,15 @@ class Engine:
         return self.max_step_tokens, None
 
     def scheduler(self, max_seqs: int = 8, max_context: int | None = None, max_step_tokens: int | None = None,
-                  chunk_sizes: Sequence[int] | None = None, kv_tokens: int | None = None, ignore_eos: bool = False):
+                  chunk_sizes: Sequence[int] | None = None, kv_tokens: int | None = None, ignore_eos: bool = False,
+                  overlap: bool | None = None):
         """A continuous-batching :class:`~vramshard.runtime.scheduler.Scheduler` over this engine's
         executor, with a paged KV pool of ``kv_tokens`` positions (default ``max_seqs`` x
         ``max_context``, on the GPU at most what was reserved at load) allocated now, shared by
         up to ``max_seqs`` sequences of at most ``max_context`` tokens (default: the engine's
         context). Step size and chunk sizes default to :meth:`step_shape`. ``ignore_eos``: generate
-        ``max_new_tokens`` whatever comes (benchmarks)."""
+        ``max_new_tokens`` whatever comes (benchmarks). ``overlap``: queue a greedy GPU step's
+        successor before reading it (None: ``VRAMSHARD_OVERLAP``; see the scheduler's docstring)."""
         from .runtime.scheduler import Scheduler
 
         max_context = max_context or self.max_context
@@ -316,7 +318,8 @@ class Engine:
                          vocab_size=self.args.vocab_size,
                          max_logit_rows=LOGIT_ROWS if self.executor.uses_gpu else None,
                          before_step=self.poll_budget,
-                         after_step=lambda s: self.plan_check().add(s.tokens, s.sequences, s.forward_s))
+                         after_step=lambda s: self.plan_check().add(s.tokens, s.sequences, s.forward_s),
+                         overlap=overlap)
 
     def plan_check(self) -> DecodeCheck:
         """Single-sequence decode steps of the plan in force against its prediction (a warning is

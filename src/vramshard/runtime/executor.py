@@ -50,6 +50,7 @@ from .expert_cache import CachedExperts, CacheStats, ExpertCache, cache_slots
 from .host_weights import PackedWeights
 from .kv_cache import KVCache
 from .kv_staging import KVStaging
+from .step_logits import StepLogits
 from .streaming import ExpertSlots, SlotRing, StreamItem, item_bytes
 
 log = logging.getLogger(__name__)
@@ -504,6 +505,16 @@ class Executor:
         """token ids [T] → float32 logits [R, V] (R: the step's logit rows), on the CPU."""
         return self._run(self.token_sublayers, token_ids, step, step.num_tokens)
 
+    @torch.inference_mode()
+    def forward_logits(self, token_ids: torch.Tensor, step: Step) -> StepLogits:
+        """:meth:`forward`, the logits left where the head computed them (on a GPU: queued on the
+        compute stream, not waited for). ``token_ids`` may live on the GPU (a previous step's
+        sampled tokens, :class:`~vramshard.runtime.step_logits.TokenIds`). Read the result before
+        the next step (a decode graph's output buffer is reused)."""
+        logits = self._run(self.token_sublayers, token_ids, step, step.num_tokens, to_host=False)
+        on_gpu = logits.device.type == "cuda" and not self.simulated
+        return StepLogits(logits, self.compute_stream if on_gpu else None)
+
     @cached_property
     def token_sublayers(self) -> list:
         """The sub-layers a token step runs: all but a vision encoder's (run apart, by :meth:`run_sublayers`)."""
@@ -519,14 +530,15 @@ class Executor:
         wanted = set(names)
         return self._run([s for s in self.model if s.name in wanted], x, step, tokens or x.shape[0])
 
-    def _run(self, sublayers: list, x: torch.Tensor, step, tokens: int) -> torch.Tensor:
+    def _run(self, sublayers: list, x: torch.Tensor, step, tokens: int, to_host: bool = True) -> torch.Tensor:
         """The one loop: each sub-layer where the tier's placement says; activations cross
         PCIe only where consecutive sub-layers change device. One run at a time: the streams,
-        slot ring and expert cache are shared by every thread that uses this executor."""
+        slot ring and expert cache are shared by every thread that uses this executor.
+        ``to_host``: bring the output to the CPU (else it stays where the last sub-layer ran)."""
         with self._lock:
             for attempt in range(self.oom_retries + 1):
                 try:
-                    out = self._run_locked(sublayers, x, step, tokens)
+                    out = self._run_locked(sublayers, x, step, tokens, to_host)
                     self._trim_allocator_cache()
                     return out
                 except torch.cuda.OutOfMemoryError as exc:
@@ -581,12 +593,13 @@ class Executor:
                     attempt + 1, self.oom_retries)
         self.oom_handler(failure)
 
-    def _run_locked(self, sublayers: list, x: torch.Tensor, step, tokens: int) -> torch.Tensor:
+    def _run_locked(self, sublayers: list, x: torch.Tensor, step, tokens: int, to_host: bool) -> torch.Tensor:
         start = time.perf_counter()
         placement, threads = self.plans.for_tokens(tokens)
         use_cpu_threads(threads or self.threads)
         where = placement.as_dict()
         if not self.uses_gpu or self.simulated:
+            x = x.cpu()  # token ids a GPU sampled before a re-plan onto the CPU alone
             with self._staging_finished():
                 for sublayer in sublayers:
                     if self.staging is not None and where[sublayer.name].stages_kv:
@@ -650,7 +663,7 @@ class Executor:
                     x = sublayer.forward(weights, x, step)
                 if streamed:
                     self.ring.release(compute)
-            out = x.cpu()
+            out = x.cpu() if to_host else x
         copied = (self.ring.bytes_copied if self.ring else 0) - copied_before
         cache = self.expert_cache.stats.minus(cache_before) if self.expert_cache else CacheStats()
         extra = {"placement": placement.name}

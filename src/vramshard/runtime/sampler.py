@@ -93,10 +93,21 @@ class Sampler:
         rows at once (:meth:`__call__`'s ``argmax``)."""
         return self.params.temperature == 0 and not self.params.adjusts_logits
 
-    def __call__(self, logits: torch.Tensor, argmax: int | None = None) -> int:
+    @property
+    def needs_logits(self) -> bool:
+        """Whether choosing a token reads the whole row of logits (else their argmax is enough)."""
+        return not self.plain_greedy or self.params.logprobs is not None
+
+    def __call__(self, logits: torch.Tensor | None, argmax: int | None = None) -> int:
         """logits [V] (any device) → token id. ``argmax``: the logits' argmax when the caller has
-        it already (used only by :attr:`plain_greedy` samplers)."""
+        it already (used only by :attr:`plain_greedy` samplers, which then need no ``logits``
+        unless they report log-probabilities)."""
         p = self.params
+        if logits is None:
+            if self.needs_logits or argmax is None:
+                raise ValueError("this sampler reads the logits; only a plain greedy one takes the argmax alone")
+            self.generated[argmax] += 1
+            return argmax
         raw = logits
         if p.adjusts_logits:
             logits = self.adjust(logits.float().cpu())

@@ -15,6 +15,15 @@ grows: a new request that does not fit waits, and a running sequence is never ev
 of different lengths share the pool, so short ones do not hold a whole ``max_context`` row.
 Cancelled requests are dropped at the next step boundary.
 
+Overlap: when a step's sampled tokens are all plain greedy argmaxes taken on the GPU, the next
+step is queued before they are read. Its decode rows take their input tokens from the GPU copy
+(:meth:`~vramshard.runtime.step_logits.TokenIds.feed`), so the host schedules, prepares and
+launches step k+1 (and then streams step k's tokens out) while the GPU computes step k, instead
+of the GPU waiting for the host between steps. A sequence that step k ends (EOS, a stop string)
+has one more row computed in step k+1, whose result is dropped; one that ends by length is left
+out of step k+1, as are cancelled ones. ``overlap=False`` (or ``VRAMSHARD_OVERLAP=off``) reads
+every step before the next is scheduled.
+
 Not thread-safe except :meth:`Scheduler.add` and :meth:`Request.cancel`, which any thread may
 call; :class:`~vramshard.runtime.engine_loop.EngineLoop` runs steps on a background thread.
 """
@@ -23,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, Sequence
@@ -33,8 +43,14 @@ from ..errors import InvalidInputError
 from ..layers.step import Step
 from .request import MultimodalInput, Request, RequestOutput, RequestStatus, cut_at_stop
 from .sampler import SamplingParams
+from .step_logits import TokenIds
 
 log = logging.getLogger(__name__)
+
+# VRAMSHARD_OVERLAP: "auto" (queue the next step before reading a greedy GPU step, see above) or "off".
+OVERLAP = os.environ.get("VRAMSHARD_OVERLAP", "auto").lower()
+if OVERLAP not in ("auto", "off"):
+    raise ValueError(f"VRAMSHARD_OVERLAP must be auto or off, got {OVERLAP!r}")
 
 
 @dataclass(frozen=True)
@@ -46,11 +62,12 @@ class StepStats:
     decode_tokens: int
     sequences: int  # sequences in the step
     sampled: int  # tokens sampled (requests that got a new token)
-    seconds: float  # wall time of the whole step (scheduling, forward, sampling, detokenizing)
+    seconds: float  # wall time of the whole step (scheduling, forward, sampling, detokenizing; from the
+    # end of the step before when this one was queued before that ended: its share of the wall time)
     queue_length: int  # requests waiting after admission
     running: int  # sequences holding a KV slot during the step
     end_time: float  # time.time() at the end of the step
-    forward_s: float = 0.0  # of ``seconds``, the time inside executor.forward; the rest is scheduling
+    forward_s: float = 0.0  # of ``seconds``, from the forward's start until its samples were read
     prepare_s: float = 0.0  # of the rest, the part before the forward (budget, admission, the step's inputs)
 
     @property
@@ -66,6 +83,28 @@ class _Chunk:
     samples: bool  # the chunk ends the request's known tokens: its last row gives logits
 
 
+@dataclass
+class _Launched:
+    """A step whose forward is queued (on a GPU it may still be running) and whose samples are not
+    read yet. Logit row r is the r-th chunk that samples."""
+
+    chunks: list[_Chunk]
+    tokens: TokenIds | None  # every logit row's argmax (None: no sampler takes it)
+    host_logits: torch.Tensor | None  # [k, V] float32 on the host: rows of samplers that read them
+    host_rows: dict[int, int]  # logit row -> row of host_logits
+    prefill: int
+    decode: int
+    running: int  # sequences holding a KV slot when it was launched
+    prepare_start: float
+    forward_start: float
+    chainable: bool  # the next step may be queued before this one is read
+
+    def sampled_rows(self) -> dict[Request, int]:
+        """Request -> its logit row, for the requests this step samples."""
+        sampling = [c.request for c in self.chunks if c.samples]
+        return {request: row for row, request in enumerate(sampling)}
+
+
 class Scheduler:
     """Runs many requests through ``executor`` with continuous batching and chunked prefill.
 
@@ -79,7 +118,9 @@ class Scheduler:
     before_step: called at every step boundary before anything is scheduled (the engine adapts
     to a changed VRAM budget there: the executor may re-plan and move KV caches, block tables stay).
     after_step: called with each step's :class:`StepStats` (the engine checks decode steps
-    against its plan's prediction).
+    against its plan's prediction). overlap: queue a greedy GPU step's successor before reading
+    it (see the module docstring); None: ``VRAMSHARD_OVERLAP`` decides, for GPU steps only; True:
+    for every greedy step, also on the CPU (where nothing runs meanwhile: tests of the mechanism).
     """
 
     def __init__(self, executor, max_seqs: int = 8, max_context: int = 4096, max_step_tokens: int = 2048,
@@ -87,7 +128,7 @@ class Scheduler:
                  eos_ids: Iterable[int] = (), tokenizer=None, vocab_size: int | None = None,
                  stats_window: int = 512, max_logit_rows: int | None = None,
                  before_step: Callable[[], object] | None = None,
-                 after_step: Callable[[StepStats], object] | None = None):
+                 after_step: Callable[[StepStats], object] | None = None, overlap: bool | None = None):
         if max_seqs < 1 or max_context < 1 or max_step_tokens < 1:
             raise InvalidInputError(f"max_seqs, max_context and max_step_tokens must be >= 1, got "
                                     f"{max_seqs}, {max_context}, {max_step_tokens}")
@@ -103,6 +144,11 @@ class Scheduler:
         self.max_logit_rows = max_logit_rows
         self.before_step = before_step
         self.after_step = after_step
+        if overlap is None:
+            overlap = None if OVERLAP == "auto" else False
+        self.overlap = overlap
+        self._pending: _Launched | None = None  # queued, not read yet
+        self._last_end = 0.0  # when the last step was read (perf_counter)
         if self.kv_tokens < 1:
             raise InvalidInputError(f"kv_tokens must be >= 1, got {self.kv_tokens}")
         self.kv = executor.new_kv_cache(slots=1, max_ctx=self.kv_tokens)
@@ -118,6 +164,7 @@ class Scheduler:
         self.total_generated_tokens = 0
         self.total_step_s = 0.0
         self.total_forward_s = 0.0
+        self.total_overlapped = 0  # steps queued before the step before them was read
 
     # ------------------------------------------------------------------ requests
     def add(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, max_new_tokens: int = 128,
@@ -167,7 +214,7 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self._incoming or self.waiting or self.running)
+        return bool(self._incoming or self.waiting or self.running or self._pending)
 
     @property
     def queue_length(self) -> int:
@@ -176,21 +223,49 @@ class Scheduler:
 
     # ------------------------------------------------------------------ one step
     def step(self) -> StepStats | None:
-        """Admit, run one forward step, sample, stream, retire. None when there was nothing to run."""
+        """Admit, run one forward step, sample, stream, retire. None when there was nothing to run.
+
+        With overlap, the step read here may have been queued by the call before, and the next one
+        is queued before this one is read."""
         start = time.perf_counter()
         if self.before_step is not None:
             self.before_step()
         self._take_incoming()
         self._retire_cancelled()
         self._admit()
-        chunks = self._schedule()
-        if not chunks:
-            return None
+        current, self._pending = self._pending, None
+        if current is None:
+            chunks = self._schedule(None)
+            if not chunks:
+                return None
+            current = self._launch(chunks, None, start)
+        if current.chainable:
+            chunks = self._schedule(current)
+            if chunks:
+                self._pending = self._launch(chunks, current, time.perf_counter())
+                self.total_overlapped += 1
+        return self._complete(current)
+
+    def _launch(self, chunks: list[_Chunk], after: _Launched | None, prepare_start: float) -> _Launched:
+        """Queue the forward of ``chunks``. ``after``: the step still unread before it, whose sampled
+        tokens feed the decode rows of the requests it samples (from the GPU, unseen by the host)."""
+        fed = after.sampled_rows() if after is not None else {}
+        sources: list[int] = []  # per token: a row of after's tokens, or -1 (the host's ids)
         ids: list[int] = []
         slots, starts, lengths, rows, tables = [], [], [], [], []
+        prefill = decode = 0
         for chunk in chunks:
             request = chunk.request
-            ids += request.next_input(chunk.length)
+            if request in fed:  # a decode row after a sample not read yet (chunk.length is 1)
+                sources.append(fed[request])
+                ids.append(0)
+            else:
+                ids += request.next_input(chunk.length)
+                sources += [-1] * chunk.length
+            if request.in_prefill:
+                prefill += chunk.length
+            else:
+                decode += chunk.length
             slots.append(request.slot), starts.append(request.num_cached), lengths.append(chunk.length)
             tables.append(self.blocks.grow(request.slot, request.num_cached + chunk.length))
             if chunk.samples:
@@ -200,36 +275,50 @@ class Scheduler:
                     input_embeds=embeds)
         running = len(self.running)
         forward_start = time.perf_counter()
+        sampling = [c.request for c in chunks if c.samples]
         try:
-            logits = self.executor.forward(torch.tensor(ids, dtype=torch.long), step)  # [len(rows), V]
-            forward_s = time.perf_counter() - forward_start
+            inputs = after.tokens.feed(sources, ids) if fed else torch.tensor(ids, dtype=torch.long)
+            logits = self.executor.forward_logits(inputs, step)  # [len(rows), V]
+            need = [row for row, request in enumerate(sampling) if request.sampler.needs_logits]
+            tokens = logits.argmax() if len(need) < len(sampling) else None
+            host = logits.rows(need) if need else None
         except Exception as exc:  # a failed step must not leave requests hanging: end them with the error
             log.exception("forward step failed; ending the %d running request(s)", len(self.running))
+            self._pending = None
             self.abort_running(f"the forward step failed: {exc}")
             raise
-        prefill = decode = sampled = 0
-        row = 0
-        argmax = _step_argmax(logits, [c.request for c in chunks if c.samples])
         for chunk in chunks:
-            request = chunk.request
-            if request.in_prefill:
-                prefill += chunk.length
-            else:
-                decode += chunk.length
-            request.num_cached += chunk.length
-            if chunk.samples:
-                self._sample(request, logits[row], argmax[row] if argmax else None)
-                row += 1
-                sampled += 1
-        seconds = time.perf_counter() - start
-        stats = StepStats(len(ids), prefill, decode, len(chunks), sampled, seconds, self.queue_length, running,
-                          time.time(), forward_s, forward_start - start)
+            chunk.request.num_cached += chunk.length
+        chainable = not need and (self.overlap is True or (self.overlap is None and logits.device.type == "cuda"))
+        return _Launched(chunks, tokens, host, {row: i for i, row in enumerate(need)}, prefill, decode, running,
+                         prepare_start, forward_start, chainable)
+
+    def _complete(self, launched: _Launched) -> StepStats:
+        """Read the samples of a launched step: stream them out, retire what ended, count the step.
+        Rows of requests that ended meanwhile (a row queued after their last token) are dropped."""
+        tokens = launched.tokens.tolist() if launched.tokens is not None else None
+        read = time.perf_counter()
+        sampled = 0
+        for request, row in launched.sampled_rows().items():
+            if request.is_finished:
+                continue
+            logits = launched.host_logits[launched.host_rows[row]] if row in launched.host_rows else None
+            self._sample(request, logits, tokens[row] if tokens is not None else None)
+            sampled += 1
+        end = time.perf_counter()
+        begin = max(launched.prepare_start, self._last_end)  # a step queued early counts from the last read
+        forward_begin = max(launched.forward_start, self._last_end)
+        self._last_end = end
+        seconds = end - begin
+        stats = StepStats(sum(c.length for c in launched.chunks), launched.prefill, launched.decode,
+                          len(launched.chunks), sampled, seconds, self.queue_length, launched.running, time.time(),
+                          read - forward_begin, forward_begin - begin)
         self.history.append(stats)
         self.total_steps += 1
-        self.total_prompt_tokens += prefill
+        self.total_prompt_tokens += launched.prefill
         self.total_generated_tokens += sampled
         self.total_step_s += seconds
-        self.total_forward_s += forward_s
+        self.total_forward_s += stats.forward_s
         if self.after_step is not None:
             self.after_step(stats)
         return stats
@@ -277,12 +366,17 @@ class Scheduler:
             self.kv_reserved += request.context_needed
             self.running.append(request)
 
-    def _schedule(self) -> list[_Chunk]:
-        """Decode tokens of generating sequences first (they never starve), then prompt chunks."""
+    def _schedule(self, after: _Launched | None) -> list[_Chunk]:
+        """Decode tokens of generating sequences first (they never starve), then prompt chunks.
+        ``after``: a step queued but not read; requests whose last token it samples are left out."""
         room = self.max_step_tokens
         rows = self.max_logit_rows if self.max_logit_rows is not None else len(self.running)
+        ending = set() if after is None else {
+            request for request in after.sampled_rows() if len(request.output_ids) + 1 >= request.max_new_tokens}
         chunks = []
         for request in self.running:
+            if request in ending:
+                continue
             if not request.in_prefill and room > 0 and rows > 0:
                 chunks.append(_Chunk(request, 1, True))
                 room -= 1
@@ -309,7 +403,7 @@ class Scheduler:
         fitting = [size - used for size in self.chunk_sizes if used < size <= used + room]
         return fitting[-1] if fitting else room
 
-    def _sample(self, request: Request, logits: torch.Tensor, argmax: int | None = None) -> None:
+    def _sample(self, request: Request, logits: torch.Tensor | None, argmax: int | None = None) -> None:
         if request.cancelled:  # cancelled during the step: no more output
             self._finish(request, "cancelled", [], "")
             return
@@ -363,6 +457,7 @@ class Scheduler:
             "max_seqs": self.max_seqs,
             "max_context": self.max_context,
             "steps": self.total_steps,
+            "overlapped_steps": self.total_overlapped,
             "prompt_tokens": self.total_prompt_tokens,
             "generated_tokens": self.total_generated_tokens,
             "busy_s": round(self.total_step_s, 4),
@@ -405,12 +500,3 @@ def _multimodal_inputs(chunks: list[_Chunk]) -> tuple[torch.Tensor, tuple[torch.
 def _last_logprob(request: Request) -> list | None:
     """The log-probability record of the token just sampled, as a one-item list (None: not asked)."""
     return [request.logprobs[-1]] if request.params.logprobs is not None and request.logprobs else None
-
-
-def _step_argmax(logits: torch.Tensor, sampling: list[Request]) -> list[int] | None:
-    """Every row's argmax in one kernel and one copy to the host, when the logits are on a GPU
-    and at least two rows sample greedily from them (one sync a step instead of one a row)."""
-    if logits.device.type == "cpu" or sum(r.sampler.plain_greedy for r in sampling) < 2:
-        return None
-    return logits.argmax(dim=-1).tolist()
-
