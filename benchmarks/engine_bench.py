@@ -150,6 +150,12 @@ def main() -> None:
     parser.add_argument("--eager", action="store_true",
                         help="also run every engine without CUDA graphs (label +eager; the default replays "
                              "decode steps over resident sub-layers from graphs)")
+    parser.add_argument("--compile", action="store_true",
+                        help="also run the unconstrained and planned engines with their CUDA-graph decode "
+                             "steps' segments compiled by inductor (label +compiled)")
+    parser.add_argument("--overlap-off", action="store_true",
+                        help="also run the unconstrained engine reading every step before the next "
+                             "(label +no-overlap)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -181,12 +187,15 @@ def main() -> None:
         # The planned engines get the split-FFN layout (made on first need), baselines the checkpoint's.
         host = HostLayouts(list(model), pack_model(list(model), random_weights(model), pin=True, splittable=False))
         log.info("%s: %.1f GiB built and pinned in %.1f s", name, model.nbytes / GiB, time.perf_counter() - t0)
-        eager = {"decode_graphs": False}
+        eager, compiled = {"decode_graphs": False}, {"decode_compile": "inductor"}
         specs = [EngineSpec("unconstrained", "gpu", None)]
+        specs += [EngineSpec("unconstrained+compiled", "gpu", None, compiled)] if args.compile else []
+        specs += [EngineSpec("unconstrained+no-overlap", "gpu", None, {"overlap": False})] if args.overlap_off else []
         specs += [EngineSpec("unconstrained+eager", "gpu", None, eager)] if args.eager else []
-        for budget in args.budgets.split(","):
+        for budget in [b for b in args.budgets.split(",") if b]:
             vram = int(float(budget) * GiB)
             specs += [EngineSpec("vramshard", None, vram)]
+            specs += [EngineSpec("vramshard+compiled", None, vram, compiled)] if args.compile else []
             specs += [EngineSpec("vramshard+eager", None, vram, eager)] if args.eager else []
             specs += [EngineSpec(args.baseline, args.baseline, vram)]
         cells: list[dict] = []

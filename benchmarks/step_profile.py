@@ -138,6 +138,13 @@ def profile_placement(model, host: HostLayouts, spec: str, args) -> dict:
                 position += 1
             sync()
     result.update(wall_ms=wall_ms, peak_vram_gib=executor.peak_vram() / GiB, **step_split(prof, 3))
+    if executor.decode_compile:
+        import torch._dynamo.utils as dynamo_utils
+
+        from vramshard.runtime import graphs as graphs_module
+
+        result["compile"] = {"unique_graphs": dynamo_utils.counters["stats"]["unique_graphs"],
+                             "failed": [w.failed for w in graphs_module._compiled.values() if w.failed]}
     if executor.expert_cache is not None:
         result["expert_hit_rate"] = executor.expert_cache.stats.hit_rate
         result["expert_cache_slots"] = executor.expert_cache.capacity

@@ -183,6 +183,34 @@ def test_static_decode_through_torch_compile(arch, engines, caplog):
     assert sum("torch.compile of" in r.message for r in caplog.records) == len(failed)
 
 
+def test_compiled_segments_are_shared_by_layers_and_batch_buckets():
+    """Five layers and three batch buckets: the first, middle and last stretches between attention
+    cores each compile once at their first shape and once with the batch size symbolic, not once
+    per layer or bucket (which would also run past torch.compile's limit of variants)."""
+    import torch._dynamo.utils as dynamo_utils
+
+    from vramshard.models import build_model
+    from vramshard.runtime.graphs import decode_segments
+    from vramshard.runtime.host_weights import pack_model
+    from vramshard.shapes import random_weights, shape_config
+
+    config = shape_config("tiny-llama")
+    config["num_hidden_layers"] = 5
+    model = build_model(config, torch.float32)
+    engine = Engine.from_host(model, pack_model(list(model), random_weights(model), pin=False, splittable=False),
+                              device="cpu", max_context=64)
+    pieces = decode_segments(engine.executor.token_sublayers[1:])
+    assert [type(p).__name__ for p in pieces] == ["_Segment", "Attention"] * 5 + ["_Segment"]
+    torch._dynamo.reset()
+    dynamo_utils.counters.clear()
+    graphs = _host_graphs(engine, compile_backend="eager")
+    kv = engine.executor.new_kv_cache(4, 64)
+    for rows in (1, 3, 2, 4, 1, 3):
+        step = Step(list(range(rows)), [5] * rows, [1] * rows, list(range(rows)), kv_lookup=kv)
+        assert graphs.run(engine.executor.token_sublayers, torch.arange(rows), step) is not None
+    assert dynamo_utils.counters["stats"]["unique_graphs"] == 6
+
+
 def test_static_decode_matches_normal_path_row_layout(engines):
     engine = engines("qwen3")
     graphs = _host_graphs(engine)

@@ -86,6 +86,7 @@ class Engine:
         # KV positions reserved at load (on the GPU, the paged pools of all sequences must fit in them).
         self.kv_tokens = kv_tokens or self.max_context
         self.plan = None  # the planner's PlanSet when the placement was planned
+        self.overlap: bool | None = None  # schedulers' default (None: VRAMSHARD_OVERLAP, see the scheduler)
         self.vision = None  # vlm.VisionSetup of a vision-language model (set by vlm.configure)
         self.last_stats = GenerationStats()
         # The budget while running: polled at step boundaries (see set_vram / poll_budget).
@@ -117,7 +118,9 @@ class Engine:
             ``vision`` (:class:`vramshard.vlm.VisionOptions`, vision-language models only),
             ``decode_graphs`` (replay decode steps over VRAM-resident sub-layers from CUDA graphs; default
             on, used only on CUDA), ``decode_compile`` (a ``torch.compile`` backend such as "inductor"
-            for the graphs' fusable parts; default off).
+            for the graphs' fusable parts; default off), ``overlap`` (queue each greedy GPU decode
+            step before the one before it is read; default on, ``VRAMSHARD_OVERLAP=off`` or False
+            turns it off).
         """
         vision = options.pop("vision", None)
         checkpoint = open_checkpoint(path)
@@ -184,7 +187,7 @@ class Engine:
                max_step_tokens: int = 2048, threads: int | None = None, num_slots: int = 2,
                tiers: Tiers | None = None, profile=None, kv_tokens: int | None = None,
                simulate_gpu: bool = False, decode_graphs: bool = True,
-               decode_compile: str | None = None) -> "Engine":
+               decode_compile: str | None = None, overlap: bool | None = None) -> "Engine":
         limit = model.args.max_position_embeddings
         if max_context is not None and max_context > limit:
             raise InvalidInputError(f"max_context {max_context} exceeds the model's limit of {limit} positions")
@@ -221,6 +224,7 @@ class Engine:
         engine = cls(model, executor, tokenizer, name=name, max_context=context, vram_budget=budget,
                      max_step_tokens=max_step_tokens, kv_tokens=kv_tokens)
         engine.plan = plan_set
+        engine.overlap = overlap
         engine.budget.settings = settings
         engine.device = "cuda" if simulate_gpu else device
         if is_auto(vram) and device != "cpu":
@@ -319,7 +323,7 @@ class Engine:
                          max_logit_rows=LOGIT_ROWS if self.executor.uses_gpu else None,
                          before_step=self.poll_budget,
                          after_step=lambda s: self.plan_check().add(s.tokens, s.sequences, s.forward_s),
-                         overlap=overlap)
+                         overlap=self.overlap if overlap is None else overlap)
 
     def plan_check(self) -> DecodeCheck:
         """Single-sequence decode steps of the plan in force against its prediction (a warning is

@@ -83,24 +83,38 @@ def attention_output(x: torch.Tensor, out: torch.Tensor, o_proj: torch.Tensor) -
 def static_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: LayerKV,
                   index: DecodeIndex) -> torch.Tensor:
     """Store k, v [B, Hkv, D] in the paged cache, then attend q [B, H, D] to each row's keys → [B, H, D]."""
-    B, nb = index.block_tables.shape
-    L = index.key_length
-    flat_k = cache.k.view(-1, *cache.k.shape[2:])  # [num_blocks * block_size, Hkv, D]
-    flat_v = cache.v.view(-1, *cache.v.shape[2:])
+    store_kv(k, v, cache.k, cache.v, index.write_index, index.write_source)
+    return attend_cached(q, cache, index)
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
+             write_index: torch.Tensor, write_source: torch.Tensor) -> None:
+    """Write the new keys and values k, v [B, Hkv, D] into the paged pool cache_k, cache_v
+    [num_blocks, block_size, Hkv, D] at the flat rows ``write_index`` [B], row b taking row
+    ``write_source[b]``'s (see :class:`DecodeIndex`)."""
+    flat_k = cache_k.view(-1, *cache_k.shape[2:])  # [num_blocks * block_size, Hkv, D]
+    flat_v = cache_v.view(-1, *cache_v.shape[2:])
     # Padded rows write row 0's values to row 0's place: duplicates agree, whichever lands last.
     # A one-row step has no padded row (its source is itself): two kernels a layer fewer.
     k, v = k.to(flat_k.dtype), v.to(flat_v.dtype)
-    if B > 1:
-        k, v = k.index_select(0, index.write_source), v.index_select(0, index.write_source)
-    flat_k.index_copy_(0, index.write_index, k)
-    flat_v.index_copy_(0, index.write_index, v)
+    if k.shape[0] > 1:
+        k, v = k.index_select(0, write_source), v.index_select(0, write_source)
+    flat_k.index_copy_(0, write_index, k)
+    flat_v.index_copy_(0, write_index, v)
+
+
+def attend_cached(q: torch.Tensor, cache: LayerKV, index: DecodeIndex) -> torch.Tensor:
+    """Attend q [B, H, D] to each row's keys in the paged cache (its new key stored) → [B, H, D]."""
+    B, nb = index.block_tables.shape
+    L = index.key_length
+    hkv = cache.k.shape[2]
     blocks = index.block_tables.reshape(-1)  # [B * nb]
     keys = cache.k.index_select(0, blocks).view(B, -1, *cache.k.shape[2:])[:, :L].transpose(1, 2)  # [B, Hkv, L, D]
     values = cache.v.index_select(0, blocks).view(B, -1, *cache.v.shape[2:])[:, :L].transpose(1, 2)
     # One query per row: the G = H / Hkv query heads sharing a KV head become G query rows of that
     # head (head h reads KV head h // G, as repeat_interleave). No GQA broadcast is needed, which SDPA
     # would only give a masked call through its slow math kernel.
-    hkv, group = k.shape[1], q.shape[1] // k.shape[1]
+    group = q.shape[1] // hkv
     scale = q.shape[-1] ** -0.5
     if _takes_flash(B) and q.is_cuda and flash_runs(q.dtype, q.shape[-1], q.device):
         return flash_varlen_attention(q, keys.transpose(1, 2), values.transpose(1, 2), index.flash_lengths, scale)

@@ -30,7 +30,7 @@ from ..layers.attention import Attention
 from ..layers.embedding import Embedding, Head
 from ..layers.mlp import DenseFFN
 from ..layers.rotary import cos_sin
-from ..layers.static_attention import DecodeIndex, attention_output, decode_mask, static_attend
+from ..layers.static_attention import DecodeIndex, attend_cached, attention_output, decode_mask, store_kv
 from ..layers.step import Step
 from ..layers.sublayer import SubLayer
 from ..plan.placement import GPU_RESIDENT, Placement
@@ -144,12 +144,14 @@ def pack_decode_inputs(step: Step, geometry: tuple[int, int] | None, out: torch.
 
 
 class CompiledOrEager:
-    """``fn`` through ``torch.compile`` (whole graph, fixed shapes), or ``fn`` itself from the first
-    time compiling fails (no Triton, an unsupported operation): said once in the log."""
+    """``fn`` through ``torch.compile`` (whole graph), or ``fn`` itself from the first time compiling
+    fails (no Triton, an unsupported operation): said once in the log. Shapes are static at first;
+    a second batch bucket makes torch recompile with the batch size symbolic, so the buckets share
+    one compiled function instead of one each (each CUDA graph still captures its own shapes)."""
 
     def __init__(self, fn: Callable, backend: str):
         self.fn = fn
-        self.compiled = torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)
+        self.compiled = torch.compile(fn, backend=backend, fullgraph=True)
         self.failed: str | None = None
 
     def __call__(self, *args):
@@ -175,28 +177,119 @@ def compiled(fn: Callable, backend: str) -> CompiledOrEager:
     return _compiled[key]
 
 
+@dataclass(frozen=True)
+class _Segment:
+    """A stretch of the fixed-shape forward with no attention over the KV cache in it: the output
+    projection and residual of the attention before it (``post``), whole sub-layers, then the
+    norm, projections and rotary of the attention after it and the store of its new key and value
+    in the cache (``pre``, which returns the queries). Nothing in it depends on the key length, so
+    a compiler sees it as one function of the batch size: the residual adds fuse with the norms
+    after them, the SwiGLU element-wise ops into one kernel, the rotary with the cache store."""
+
+    post: Attention | None
+    middle: tuple[SubLayer, ...]
+    pre: Attention | None
+
+
+def decode_segments(sublayers: Sequence[SubLayer]) -> list[_Segment | Attention]:
+    """``sublayers`` as :class:`_Segment` s and the attention cores between them (the attention
+    sub-layer itself stands for its core: KV write, gather, attention kernel)."""
+    pieces: list[_Segment | Attention] = []
+    post, middle = None, []
+    for sublayer in sublayers:
+        if isinstance(sublayer, Attention):
+            pieces += [_Segment(post, tuple(middle), sublayer), sublayer]
+            post, middle = sublayer, []
+        else:
+            middle.append(sublayer)
+    if post is not None or middle:
+        pieces.append(_Segment(post, tuple(middle), None))
+    return pieces
+
+
+def run_segment(segment_parts: tuple, weights: tuple, x: torch.Tensor, out: torch.Tensor | None,
+                cos: torch.Tensor | None, sin: torch.Tensor | None, store: tuple | None, step: Step):
+    """One :class:`_Segment` (given as its ``(post, middle, pre)``, with their weights in the same
+    shape) on x [B, D]; ``out``: the output [B, H, D] of the attention core before it; ``store``:
+    the next attention's (cache k, cache v, write index, write source), see :func:`store_kv`.
+    Returns x and the queries [B, H, D] of the attention after it (None when the segment ends the run)."""
+    post, middle, pre = segment_parts
+    post_w, middle_w, pre_w = weights
+    if post is not None:
+        x = attention_output(x, out, post_w["o_proj"])
+    for sublayer, w in zip(middle, middle_w):
+        x = sublayer.forward(w, x, step)
+    if pre is None:
+        return x, None
+    q, k, v = pre.qkv(pre_w, x, cos, sin)
+    store_kv(k, v, *store)
+    return x, q
+
+
+def _first_segment(*args):
+    return run_segment(*args)
+
+
+def _middle_segment(*args):
+    return run_segment(*args)
+
+
+def _last_segment(*args):
+    return run_segment(*args)
+
+
+def _lone_segment(*args):
+    return run_segment(*args)
+
+
+def _batch_is_dynamic(*tensors: torch.Tensor | None) -> None:
+    """Let torch.compile treat dim 0 (the batch bucket) of these segment inputs as symbolic, so one
+    compiled variant serves every bucket above one row (a row of one is always specialised). Only
+    the warm-up and capture calls run this: a graph replay runs none of the Python."""
+    for tensor in tensors:
+        if tensor is not None and tensor.shape[0] > 1:
+            torch._dynamo.maybe_mark_dynamic(tensor, 0)
+
+
+# One function per kind of segment, by (starts after an attention, ends before one): torch.compile
+# keeps a cache of compiled variants per function, so the kinds do not crowd each other out of it.
+SEGMENT_FUNCTIONS = {(False, True): _first_segment, (True, True): _middle_segment,
+                     (True, False): _last_segment, (False, False): _lone_segment}
+
+
 class StaticDecode:
     """The fixed-shape decode forward of a run of sub-layers (see :mod:`~vramshard.layers.static_attention`).
 
     weights: resident weights by sub-layer name. device: where they live; rotary frequencies are
     copied there once here, so the forward itself never moves a tensor between devices.
-    compile_backend: run the element-wise-heavy parts (attention's norm, projections and rotary, its
-    output projection with the residual, FFN, head) through ``torch.compile`` with this backend
-    (None: eagerly). Writing and gathering the KV cache and the attention kernel stay eager.
+    compile_backend: run each stretch between two attention cores (:func:`decode_segments`: output
+    projection, residual, FFN, the next norm, projections and rotary) through ``torch.compile``
+    with this backend (None: eagerly). One compiled function serves every layer and batch bucket.
+    Writing and gathering the KV cache and the attention kernel stay eager: they depend on the key
+    length, which would make a compile per key bucket.
     """
 
     def __init__(self, sublayers: Sequence[SubLayer], weights: Mapping[str, Mapping[str, torch.Tensor]],
                  device: torch.device, compile_backend: str | None = None):
         self.sublayers = list(sublayers)
-        eager = compile_backend is None
-        self._qkv = Attention.qkv if eager else compiled(Attention.qkv, compile_backend)
-        self._attention_output = attention_output if eager else compiled(attention_output, compile_backend)
-        self._forward = {kind: kind.forward if eager or kind is Embedding else compiled(kind.forward, compile_backend)
-                         for kind in {type(s) for s in self.sublayers if not isinstance(s, Attention)}}
-        self.weights = [weights[s.name] for s in self.sublayers]
-        self.attention = [s for s in self.sublayers if isinstance(s, Attention)]
         self.starts_with_tokens = isinstance(self.sublayers[0], Embedding)
         self.ends_with_logits = isinstance(self.sublayers[-1], Head)
+        body = self.sublayers[1:] if self.starts_with_tokens else self.sublayers  # the gather stays eager
+        self.weights = [weights[s.name] for s in self.sublayers]
+        self._embed_w = weights[self.sublayers[0].name] if self.starts_with_tokens else None
+        self.pieces = []
+        for piece in decode_segments(body):
+            if isinstance(piece, Attention):
+                self.pieces.append(piece)
+                continue
+            fn = SEGMENT_FUNCTIONS[piece.post is not None, piece.pre is not None]
+            parts = (piece.post, piece.middle, piece.pre)
+            self.pieces.append((fn if compile_backend is None else compiled(fn, compile_backend), parts,
+                                (weights[piece.post.name] if piece.post else None,
+                                 tuple(weights[s.name] for s in piece.middle),
+                                 weights[piece.pre.name] if piece.pre else None)))
+        self.compiles = compile_backend is not None
+        self.attention = [s for s in self.sublayers if isinstance(s, Attention)]
         # Layers whose rotary frequencies agree share one cos/sin table per step.
         self._rope_group: dict[str, int] = {}
         self._inv_freq: list[torch.Tensor] = []
@@ -216,17 +309,26 @@ class StaticDecode:
         index = DecodeIndex(positions, ints[:, 2], ints[:, 3], ints[:, _FIXED_COLUMNS:],
                             decode_mask(positions, key_positions))
         if self.starts_with_tokens:
-            x = ints[:, 0]
+            x = self.sublayers[0].forward(self._embed_w, ints[:, 0], self._no_step)
         tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        for sublayer, w in zip(self.sublayers, self.weights):
-            if isinstance(sublayer, Attention):
-                group = self._rope_group[sublayer.name]
+        out = q = None
+        for piece in self.pieces:
+            if isinstance(piece, Attention):
+                out = attend_cached(q, kv(piece.layer), index)
+                continue
+            segment, parts, weights = piece
+            cos = sin = store = None
+            pre = parts[2]
+            if pre is not None:
+                group = self._rope_group[pre.name]
                 if group not in tables:
                     tables[group] = cos_sin(self._inv_freq[group], positions, x.dtype)
-                q, k, v = self._qkv(sublayer, w, x, *tables[group])
-                x = self._attention_output(x, static_attend(q, k, v, kv(sublayer.layer), index), w["o_proj"])
-            else:
-                x = self._forward[type(sublayer)](sublayer, w, x, self._no_step)
+                cos, sin = tables[group]
+                cache = kv(pre.layer)
+                store = (cache.k, cache.v, index.write_index, index.write_source)
+            if self.compiles:
+                _batch_is_dynamic(x, out, cos, sin, *(store[2:] if store else ()))
+            x, q = segment(parts, weights, x, out, cos, sin, store, self._no_step)
         return x
 
 

@@ -277,7 +277,8 @@ class Scheduler:
         forward_start = time.perf_counter()
         sampling = [c.request for c in chunks if c.samples]
         try:
-            inputs = after.tokens.feed(sources, ids) if fed else torch.tensor(ids, dtype=torch.long)
+            unread = any(source >= 0 for source in sources)
+            inputs = after.tokens.feed(sources, ids) if unread else torch.tensor(ids, dtype=torch.long)
             logits = self.executor.forward_logits(inputs, step)  # [len(rows), V]
             need = [row for row, request in enumerate(sampling) if request.sampler.needs_logits]
             tokens = logits.argmax() if len(need) < len(sampling) else None
