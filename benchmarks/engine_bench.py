@@ -189,8 +189,8 @@ def main() -> None:
         log.info("%s: %.1f GiB built and pinned in %.1f s", name, model.nbytes / GiB, time.perf_counter() - t0)
         eager, compiled = {"decode_graphs": False}, {"decode_compile": "inductor"}
         specs = [EngineSpec("unconstrained", "gpu", None)]
-        specs += [EngineSpec("unconstrained+compiled", "gpu", None, compiled)] if args.compile else []
         specs += [EngineSpec("unconstrained+no-overlap", "gpu", None, {"overlap": False})] if args.overlap_off else []
+        specs += [EngineSpec("unconstrained+compiled", "gpu", None, compiled)] if args.compile else []
         specs += [EngineSpec("unconstrained+eager", "gpu", None, eager)] if args.eager else []
         for budget in [b for b in args.budgets.split(",") if b]:
             vram = int(float(budget) * GiB)
