@@ -99,8 +99,10 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor, cache_v: t
     k, v = k.to(flat_k.dtype), v.to(flat_v.dtype)
     if k.shape[0] > 1:
         k, v = k.index_select(0, write_source), v.index_select(0, write_source)
-    flat_k.index_copy_(0, write_index, k)
-    flat_v.index_copy_(0, write_index, v)
+    # Indexed assignment (index_put_), which torch.compile writes in place into the cache; its
+    # index_copy_ made a copy of the whole pool and copied it back (H200, ninth session).
+    flat_k[write_index] = k
+    flat_v[write_index] = v
 
 
 def attend_cached(q: torch.Tensor, cache: LayerKV, index: DecodeIndex) -> torch.Tensor:

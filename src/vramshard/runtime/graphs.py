@@ -19,6 +19,7 @@ on the CPU): the tests check it against the normal path without a GPU.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -38,6 +39,11 @@ from ..plan.placement import GPU_RESIDENT, Placement
 log = logging.getLogger(__name__)
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+# Where a decode segment's new keys and values go into the cache (VRAMSHARD_SEGMENT_KV_STORE):
+# "inside" the segment (compiled with its rotary), or "outside", eagerly after it.
+SEGMENT_KV_STORE = os.environ.get("VRAMSHARD_SEGMENT_KV_STORE", "inside").lower()
+if SEGMENT_KV_STORE not in ("inside", "outside"):
+    raise ValueError(f"VRAMSHARD_SEGMENT_KV_STORE must be inside or outside, got {SEGMENT_KV_STORE!r}")
 MIN_KEY_BUCKET = 64
 SUPPORTED = (Embedding, Attention, DenseFFN, Head)  # sub-layers whose decode forward needs no host sync
 _FIXED_COLUMNS = 4  # token, position, write index, write source; then the block table
@@ -222,6 +228,8 @@ def run_segment(segment_parts: tuple, weights: tuple, x: torch.Tensor, out: torc
     if pre is None:
         return x, None
     q, k, v = pre.qkv(pre_w, x, cos, sin)
+    if store is None:  # stored by the caller (SEGMENT_KV_STORE "outside")
+        return x, (q, k, v)
     store_kv(k, v, *store)
     return x, q
 
@@ -289,6 +297,7 @@ class StaticDecode:
                                  tuple(weights[s.name] for s in piece.middle),
                                  weights[piece.pre.name] if piece.pre else None)))
         self.compiles = compile_backend is not None
+        self._store_inside = SEGMENT_KV_STORE == "inside"
         self.attention = [s for s in self.sublayers if isinstance(s, Attention)]
         # Layers whose rotary frequencies agree share one cos/sin table per step.
         self._rope_group: dict[str, int] = {}
@@ -325,10 +334,13 @@ class StaticDecode:
                     tables[group] = cos_sin(self._inv_freq[group], positions, x.dtype)
                 cos, sin = tables[group]
                 cache = kv(pre.layer)
-                store = (cache.k, cache.v, index.write_index, index.write_source)
+                store = (cache.k, cache.v, index.write_index, index.write_source) if self._store_inside else None
             if self.compiles:
                 _batch_is_dynamic(x, out, cos, sin, *(store[2:] if store else ()))
             x, q = segment(parts, weights, x, out, cos, sin, store, self._no_step)
+            if pre is not None and not self._store_inside:
+                q, k, v = q
+                store_kv(k, v, cache.k, cache.v, index.write_index, index.write_source)
         return x
 
 
