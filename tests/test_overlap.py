@@ -150,3 +150,20 @@ def test_token_ids_feed_rows_and_host_ids():
     assert torch.equal(step.rows([2, 0]), logits[[2, 0]])
     assert torch.equal(step.rows([0, 1, 2]), logits)
     assert isinstance(tokens, TokenIds) and not tokens.on_gpu
+
+
+def test_a_first_token_is_read_before_the_next_step_is_queued(engine):
+    """Time to first token is not held back by queueing (and maybe capturing) the next step."""
+    scheduler = _scheduler(engine, True)
+    request = scheduler.add(_prompts((20,))[0], max_new_tokens=6)
+    scheduler.step()  # the prompt: its first token is read at once
+    assert len(request.output_ids) == 1 and scheduler._pending is None
+    scheduler.step()  # a decode step: the one after it is queued before it is read
+    assert len(request.output_ids) == 2 and scheduler._pending is not None
+    scheduler.run_until_idle()
+    assert request.output_ids == engine.generate([_prompts((20,))[0]], 6)[0]
+
+
+def test_only_steps_of_gpu_work_alone_are_queued_early(engine):
+    """The executor tells which tiers queue GPU work only: a CPU engine's never do."""
+    assert not engine.executor.queues_without_waiting(1)

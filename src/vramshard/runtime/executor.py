@@ -179,6 +179,7 @@ class Executor:
         self.oom_handler: Callable[[str], None] | None = None
         self.oom_retries = 3  # steps retried after the handler made room, before giving up
         self._kv_caches: weakref.WeakSet[KVCache] = weakref.WeakSet()  # live caches, moved on reconfigure
+        self._queues: dict = {}  # placement -> queues_without_waiting
 
         self.host = host
         # Views of split FFNs' CPU parts in the host weights, by (sub-layer, CPU pieces): made once.
@@ -504,6 +505,24 @@ class Executor:
     def forward(self, token_ids: torch.Tensor, step: Step) -> torch.Tensor:
         """token ids [T] → float32 logits [R, V] (R: the step's logit rows), on the CPU."""
         return self._run(self.token_sublayers, token_ids, step, step.num_tokens)
+
+    def queues_without_waiting(self, tokens: int) -> bool:
+        """Whether a step of ``tokens`` new tokens is only queued on the GPU, the host waiting for
+        nothing until its logits are read: every sub-layer of the tier's placement computes on the
+        GPU from VRAM or a stream slot, with no CPU part, split FFN, MoE routing (which reads the
+        router's choice on the host) or staged KV cache. Only such a step is worth queueing before
+        the step before it is read (see :mod:`~vramshard.runtime.scheduler`)."""
+        if self.gpu is None or self.simulated or not self.uses_gpu:
+            return False
+        placement, _ = self.plans.for_tokens(tokens)
+        key = ("queues", placement)
+        known = self._queues.get(key)
+        if known is None:
+            where = placement.as_dict()
+            known = self._queues[key] = all(
+                where[s.name].compute == "gpu" and where[s.name].home in ("vram", "stream") and not where[s.name].split
+                and not where[s.name].stages_kv and not isinstance(s, MoEFFN) for s in self.token_sublayers)
+        return known
 
     @torch.inference_mode()
     def forward_logits(self, token_ids: torch.Tensor, step: Step) -> StepLogits:

@@ -15,8 +15,10 @@ grows: a new request that does not fit waits, and a running sequence is never ev
 of different lengths share the pool, so short ones do not hold a whole ``max_context`` row.
 Cancelled requests are dropped at the next step boundary.
 
-Overlap: when a step's sampled tokens are all plain greedy argmaxes taken on the GPU, the next
-step is queued before they are read. Its decode rows take their input tokens from the GPU copy
+Overlap: when a step's sampled tokens are all plain greedy argmaxes taken on the GPU, none is a
+request's first token, and the next step only queues GPU work (no CPU sub-layer the host would
+compute before it could read this step, see ``Executor.queues_without_waiting``), the next step
+is queued before they are read. Its decode rows take their input tokens from the GPU copy
 (:meth:`~vramshard.runtime.step_logits.TokenIds.feed`), so the host schedules, prepares and
 launches step k+1 (and then streams step k's tokens out) while the GPU computes step k, instead
 of the GPU waiting for the host between steps. A sequence that step k ends (EOS, a stop string)
@@ -241,7 +243,8 @@ class Scheduler:
             current = self._launch(chunks, None, start)
         if current.chainable:
             chunks = self._schedule(current)
-            if chunks:
+            if chunks and (self.overlap is True
+                           or self.executor.queues_without_waiting(sum(c.length for c in chunks))):
                 self._pending = self._launch(chunks, current, time.perf_counter())
                 self.total_overlapped += 1
         return self._complete(current)
@@ -288,9 +291,13 @@ class Scheduler:
             self._pending = None
             self.abort_running(f"the forward step failed: {exc}")
             raise
+        # A step that samples some request's first token is read at once: queueing the next step
+        # first (maybe a new CUDA graph to capture) would hold its time to first token back.
+        firsts = any(not request.output_ids for request in sampling)
         for chunk in chunks:
             chunk.request.num_cached += chunk.length
-        chainable = not need and (self.overlap is True or (self.overlap is None and logits.device.type == "cuda"))
+        chainable = not need and not firsts and (
+            self.overlap is True or (self.overlap is None and logits.device.type == "cuda"))
         return _Launched(chunks, tokens, host, {row: i for i, row in enumerate(need)}, prefill, decode, running,
                          prepare_start, forward_start, chainable)
 
