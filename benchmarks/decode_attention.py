@@ -7,7 +7,10 @@ that eager decode runs on exact key lengths, and the bound of reading the keys a
 Shapes of nemo-8b (32 query heads, 8 KV heads, head_dim 128, fp16). Keys and values come in the
 layout ``static_attend`` gathers them to ([B, L, Hkv, D], L a key bucket); every row's position
 lies in the bucket's last 64 keys, as the bucket rounding leaves it. Each kernel's output is
-compared with masked SDPA's. Writes ``$OUT/decode_attention.json``.
+compared with masked SDPA's. Two entries time a layer's whole attention work from a shuffled
+pool of 16-position blocks: the Triton paged kernel (stores the new key and value, reads the
+blocks in place) against what the graphs ran before it (two indexed stores, two gathers, flash).
+Writes ``$OUT/decode_attention.json``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
+from vramshard.layers.paged_decode import paged_decode_attention
 from vramshard.layers.static_attention import (DECODE_KERNELS, decode_mask, flash_lengths, flash_varlen_attention,
                                                masked_attention, matmul_attention)
 
@@ -37,6 +41,36 @@ def attention(kernel: str, q, keys, values, lengths, mask, scale):
     k, v = keys.transpose(1, 2), values.transpose(1, 2)
     fn = matmul_attention if kernel == "matmul" else masked_attention
     return fn(query, k, v, mask, scale).reshape(B, HEADS, HEAD_DIM)
+
+
+def paged_inputs(q, keys, values, positions, block_size: int = 16):
+    """The same keys and values in a shuffled pool of blocks, with block tables, for the paged kernel
+    (which also stores each row's new key and value, here the ones at its position)."""
+    B, L = keys.shape[:2]
+    nb = -(-L // block_size)
+    order = torch.randperm(B * nb, device=keys.device)
+    tables = order.view(B, nb)
+    pool_k = torch.zeros(B * nb, block_size, *keys.shape[2:], dtype=keys.dtype, device=keys.device)
+    pool_v = torch.zeros_like(pool_k)
+    padded = nb * block_size
+    pool_k[tables.reshape(-1)] = F.pad(keys, (0, 0, 0, 0, 0, padded - L)).view(B * nb, block_size, *keys.shape[2:])
+    pool_v[tables.reshape(-1)] = F.pad(values, (0, 0, 0, 0, 0, padded - L)).view(B * nb, block_size, *keys.shape[2:])
+    rows = torch.arange(B, device=keys.device)
+    write = tables[rows, positions // block_size] * block_size + positions % block_size
+    new_k, new_v = keys[rows, positions], values[rows, positions]  # [B, Hkv, D]
+    return new_k, new_v, pool_k, pool_v, tables, positions, write, rows, padded
+
+
+def old_pipeline(q, new_k, new_v, pool_k, pool_v, tables, positions, write, lengths, scale, length):
+    """What a decode graph ran per layer before the paged kernel: store, gather the blocks, flash."""
+    B = q.shape[0]
+    flat_k, flat_v = pool_k.view(-1, KV_HEADS, HEAD_DIM), pool_v.view(-1, KV_HEADS, HEAD_DIM)
+    flat_k.index_copy_(0, write, new_k)
+    flat_v.index_copy_(0, write, new_v)
+    blocks = tables.reshape(-1)
+    k = pool_k.index_select(0, blocks).view(B, -1, KV_HEADS, HEAD_DIM)[:, :length]
+    v = pool_v.index_select(0, blocks).view(B, -1, KV_HEADS, HEAD_DIM)[:, :length]
+    return flash_varlen_attention(q, k, v, lengths, scale)
 
 
 def graph_ms(fn, repeat: int = 20) -> float:
@@ -119,7 +153,18 @@ def main() -> int:
             kv_bytes = sum(2 * (int(p) + 1) * KV_HEADS * HEAD_DIM * 2 for p in positions.tolist())
             cell = {"batch": batch, "keys": length, "kv_bytes": kv_bytes,
                     "bound_us": kv_bytes / (device_gbps * 1e9) * 1e6, "kernels": {}}
-            for kernel in (k for k in DECODE_KERNELS if k != "auto"):  # auto picks one of these by rows
+            paged = paged_inputs(q, keys, values, positions)
+            pipelines = {  # whole per-layer work: the new key stored, the keys read, attention
+                "paged (store + in-place)": lambda: paged_decode_attention(q, *paged[:4], paged[4], paged[5],
+                                                                           paged[6], paged[7], paged[8]),
+                "flash-varlen (store + gather)": lambda: old_pipeline(q, *paged[:7], lengths, scale, length)}
+            for name, fn in pipelines.items():
+                try:
+                    error = float((fn().float() - reference.float()).abs().max())
+                    cell["kernels"][name] = {"us": graph_ms(fn) * 1e3, "max_abs_error": error}
+                except Exception as exc:
+                    cell["kernels"][name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            for kernel in (k for k in DECODE_KERNELS if k not in ("auto", "paged")):  # on gathered keys
                 try:
                     out = attention(kernel, q, keys, values, lengths, mask, scale)
                     error = float((out.float() - reference.float()).abs().max())

@@ -388,6 +388,9 @@ def register(subparsers) -> None:
                         help="new tokens of each batched sequence (default 32)")
     parser.add_argument("-r", "--repeat", type=int, default=1, metavar="N", help="runs per test; the median is kept")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompts")
+    parser.add_argument("--compile", action="store_true",
+                        help="also run the planned engine with its CUDA-graph decode steps' element-wise work "
+                             "fused by torch.compile (row vramshard+compiled)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON here")
     parser.add_argument("--png", metavar="PATH", help="draw the results as a bar chart (PNG) here")
     parser.set_defaults(func=main)
@@ -407,7 +410,10 @@ def main(args: argparse.Namespace) -> int:
     baselines = args.baselines
     if baselines is None:
         baselines = "layers:max,cpu" if device != "cpu" else ""
-    specs = [EngineSpec("vramshard" if args.placement is None else args.placement, args.placement, vram)]
+    label = "vramshard" if args.placement is None else args.placement
+    specs = [EngineSpec(label, args.placement, vram)]
+    if args.compile and device != "cpu":
+        specs.append(EngineSpec(f"{label}+compiled", args.placement, vram, {"decode_compile": "inductor"}))
     specs += baseline_specs(baselines, vram)
     profile = machine_profile(args.profile) if args.profile else None
     started = time.perf_counter()

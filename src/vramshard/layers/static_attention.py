@@ -24,6 +24,7 @@ from typing import Mapping
 import torch
 import torch.nn.functional as F
 
+from . import paged_decode
 from .attention import FLASH_DTYPES, FLASH_MAX_HEAD_DIM, Attention
 from .step import LayerKV
 from .sublayer import linear
@@ -83,6 +84,9 @@ def attention_output(x: torch.Tensor, out: torch.Tensor, o_proj: torch.Tensor) -
 def static_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: LayerKV,
                   index: DecodeIndex) -> torch.Tensor:
     """Store k, v [B, Hkv, D] in the paged cache, then attend q [B, H, D] to each row's keys → [B, H, D]."""
+    if _takes_paged() and paged_decode.available(q, cache.block_size):
+        return paged_decode.paged_decode_attention(q, k, v, cache.k, cache.v, index.block_tables, index.positions,
+                                                   index.write_index, index.write_source, index.key_length)
     store_kv(k, v, cache.k, cache.v, index.write_index, index.write_source)
     return attend_cached(q, cache, index)
 
@@ -99,10 +103,8 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor, cache_v: t
     k, v = k.to(flat_k.dtype), v.to(flat_v.dtype)
     if k.shape[0] > 1:
         k, v = k.index_select(0, write_source), v.index_select(0, write_source)
-    # Indexed assignment (index_put_), which torch.compile writes in place into the cache; its
-    # index_copy_ made a copy of the whole pool and copied it back (H200, ninth session).
-    flat_k[write_index] = k
-    flat_v[write_index] = v
+    flat_k.index_copy_(0, write_index, k)
+    flat_v.index_copy_(0, write_index, v)
 
 
 def attend_cached(q: torch.Tensor, cache: LayerKV, index: DecodeIndex) -> torch.Tensor:
@@ -129,7 +131,12 @@ def attend_cached(q: torch.Tensor, cache: LayerKV, index: DecodeIndex) -> torch.
 
 
 # The kernel of a fixed-shape decode step's attention (VRAMSHARD_DECODE_ATTENTION):
-#   auto          (default) flash-varlen for steps of at most FLASH_MAX_ROWS rows, sdpa above.
+#   auto          (default) paged where it runs (Triton on a GPU, half precision, see
+#                 paged_decode.available); elsewhere flash-varlen for steps of at most
+#                 FLASH_MAX_ROWS rows, sdpa above.
+#   paged         the Triton kernel of :mod:`~vramshard.layers.paged_decode`: the new key and value
+#                 stored and every row's blocks read in place through its block table (no gather),
+#                 split over the keys; elsewhere as auto.
 #                 benchmarks/decode_attention.py on the H200 (eighth session, nemo-8b's heads,
 #                 µs a layer in a graph, 1088 / 4160 keys): 1 row flash 15.6 / 22.8 against sdpa
 #                 32.9 / 92.4; 16 rows 43.1 / 89.1 against 37.9 / 100.2; 64 rows 133.5 / 468.7
@@ -141,7 +148,7 @@ def attend_cached(q: torch.Tensor, cache: LayerKV, index: DecodeIndex) -> torch.
 #   sdpa          SDPA with a boolean mask. It takes the memory-efficient kernel, which tiles
 #                 queries (here G rows) and does not split the keys.
 #   matmul        the reference's eager attention: scores in the compute dtype, softmax in float32.
-DECODE_KERNELS = ("auto", "flash-varlen", "sdpa", "matmul")
+DECODE_KERNELS = ("auto", "paged", "flash-varlen", "sdpa", "matmul")
 DECODE_ATTENTION = os.environ.get("VRAMSHARD_DECODE_ATTENTION", "auto").lower()
 if DECODE_ATTENTION not in DECODE_KERNELS:
     raise ValueError(f"VRAMSHARD_DECODE_ATTENTION must be one of {', '.join(DECODE_KERNELS)}, "
@@ -161,9 +168,14 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
+def _takes_paged() -> bool:
+    """Whether decode steps attend with the Triton paged kernel (where it runs)."""
+    return DECODE_ATTENTION in ("auto", "paged")
+
+
 def _takes_flash(rows: int) -> bool:
     """Whether a step of ``rows`` sequences attends with flash-varlen (where the kernel applies)."""
-    return DECODE_ATTENTION == "flash-varlen" or (DECODE_ATTENTION == "auto" and rows <= FLASH_MAX_ROWS)
+    return DECODE_ATTENTION == "flash-varlen" or (DECODE_ATTENTION in ("auto", "paged") and rows <= FLASH_MAX_ROWS)
 
 
 def masked_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,

@@ -19,7 +19,6 @@ on the CPU): the tests check it against the normal path without a GPU.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from ..layers.attention import Attention
 from ..layers.embedding import Embedding, Head
 from ..layers.mlp import DenseFFN
 from ..layers.rotary import cos_sin
-from ..layers.static_attention import DecodeIndex, attend_cached, attention_output, decode_mask, store_kv
+from ..layers.static_attention import DecodeIndex, attention_output, decode_mask, static_attend
 from ..layers.step import Step
 from ..layers.sublayer import SubLayer
 from ..plan.placement import GPU_RESIDENT, Placement
@@ -39,11 +38,6 @@ from ..plan.placement import GPU_RESIDENT, Placement
 log = logging.getLogger(__name__)
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-# Where a decode segment's new keys and values go into the cache (VRAMSHARD_SEGMENT_KV_STORE):
-# "inside" the segment (compiled with its rotary), or "outside", eagerly after it.
-SEGMENT_KV_STORE = os.environ.get("VRAMSHARD_SEGMENT_KV_STORE", "inside").lower()
-if SEGMENT_KV_STORE not in ("inside", "outside"):
-    raise ValueError(f"VRAMSHARD_SEGMENT_KV_STORE must be inside or outside, got {SEGMENT_KV_STORE!r}")
 MIN_KEY_BUCKET = 64
 SUPPORTED = (Embedding, Attention, DenseFFN, Head)  # sub-layers whose decode forward needs no host sync
 _FIXED_COLUMNS = 4  # token, position, write index, write source; then the block table
@@ -187,10 +181,11 @@ def compiled(fn: Callable, backend: str) -> CompiledOrEager:
 class _Segment:
     """A stretch of the fixed-shape forward with no attention over the KV cache in it: the output
     projection and residual of the attention before it (``post``), whole sub-layers, then the
-    norm, projections and rotary of the attention after it and the store of its new key and value
-    in the cache (``pre``, which returns the queries). Nothing in it depends on the key length, so
-    a compiler sees it as one function of the batch size: the residual adds fuse with the norms
-    after them, the SwiGLU element-wise ops into one kernel, the rotary with the cache store."""
+    norm, projections and rotary of the attention after it (``pre``, which returns q, k, v).
+    Nothing in it depends on the key length, so a compiler sees it as one function of the batch
+    size: the residual adds fuse with the norms after them, the rotary and the SwiGLU element-wise
+    ops into one kernel each. (Storing the new key and value stays out: inside, inductor made a
+    copy of the whole KV pool and copied it back, on the H200 in the ninth session.)"""
 
     post: Attention | None
     middle: tuple[SubLayer, ...]
@@ -214,24 +209,17 @@ def decode_segments(sublayers: Sequence[SubLayer]) -> list[_Segment | Attention]
 
 
 def run_segment(segment_parts: tuple, weights: tuple, x: torch.Tensor, out: torch.Tensor | None,
-                cos: torch.Tensor | None, sin: torch.Tensor | None, store: tuple | None, step: Step):
+                cos: torch.Tensor | None, sin: torch.Tensor | None, step: Step):
     """One :class:`_Segment` (given as its ``(post, middle, pre)``, with their weights in the same
-    shape) on x [B, D]; ``out``: the output [B, H, D] of the attention core before it; ``store``:
-    the next attention's (cache k, cache v, write index, write source), see :func:`store_kv`.
-    Returns x and the queries [B, H, D] of the attention after it (None when the segment ends the run)."""
+    shape) on x [B, D]; ``out``: the output [B, H, D] of the attention core before it. Returns x and
+    the (q, k, v) of the attention after it (None when the segment ends the run)."""
     post, middle, pre = segment_parts
     post_w, middle_w, pre_w = weights
     if post is not None:
         x = attention_output(x, out, post_w["o_proj"])
     for sublayer, w in zip(middle, middle_w):
         x = sublayer.forward(w, x, step)
-    if pre is None:
-        return x, None
-    q, k, v = pre.qkv(pre_w, x, cos, sin)
-    if store is None:  # stored by the caller (SEGMENT_KV_STORE "outside")
-        return x, (q, k, v)
-    store_kv(k, v, *store)
-    return x, q
+    return x, pre.qkv(pre_w, x, cos, sin) if pre is not None else None
 
 
 def _first_segment(*args):
@@ -297,7 +285,6 @@ class StaticDecode:
                                  tuple(weights[s.name] for s in piece.middle),
                                  weights[piece.pre.name] if piece.pre else None)))
         self.compiles = compile_backend is not None
-        self._store_inside = SEGMENT_KV_STORE == "inside"
         self.attention = [s for s in self.sublayers if isinstance(s, Attention)]
         # Layers whose rotary frequencies agree share one cos/sin table per step.
         self._rope_group: dict[str, int] = {}
@@ -320,27 +307,22 @@ class StaticDecode:
         if self.starts_with_tokens:
             x = self.sublayers[0].forward(self._embed_w, ints[:, 0], self._no_step)
         tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        out = q = None
+        out = qkv = None
         for piece in self.pieces:
             if isinstance(piece, Attention):
-                out = attend_cached(q, kv(piece.layer), index)
+                out = static_attend(*qkv, kv(piece.layer), index)
                 continue
             segment, parts, weights = piece
-            cos = sin = store = None
+            cos = sin = None
             pre = parts[2]
             if pre is not None:
                 group = self._rope_group[pre.name]
                 if group not in tables:
                     tables[group] = cos_sin(self._inv_freq[group], positions, x.dtype)
                 cos, sin = tables[group]
-                cache = kv(pre.layer)
-                store = (cache.k, cache.v, index.write_index, index.write_source) if self._store_inside else None
             if self.compiles:
-                _batch_is_dynamic(x, out, cos, sin, *(store[2:] if store else ()))
-            x, q = segment(parts, weights, x, out, cos, sin, store, self._no_step)
-            if pre is not None and not self._store_inside:
-                q, k, v = q
-                store_kv(k, v, cache.k, cache.v, index.write_index, index.write_source)
+                _batch_is_dynamic(x, out, cos, sin)
+            x, qkv = segment(parts, weights, x, out, cos, sin, self._no_step)
         return x
 
 
