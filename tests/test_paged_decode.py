@@ -4,12 +4,32 @@ On a GPU (``gpu`` marker) it runs as the decode graphs run it; without one, wher
 installed, the same cases run through Triton's interpreter on the CPU.
 """
 
+import math
 import os
 
 import pytest
 import torch
 
 from vramshard.layers import paged_decode
+
+
+def reference(q, k, v, cache_k, cache_v, block_tables, positions, write_index, write_source, key_length):
+    """What the kernel computes, in plain torch (float32 softmax), row by row and head by head."""
+    flat_k, flat_v = cache_k.view(-1, *cache_k.shape[2:]), cache_v.view(-1, *cache_v.shape[2:])
+    flat_k[write_index] = k.to(flat_k.dtype)[write_source]
+    flat_v[write_index] = v.to(flat_v.dtype)[write_source]
+    B, H, D = q.shape
+    hkv, size = cache_k.shape[2], cache_k.shape[1]
+    out = torch.empty_like(q)
+    for b in range(B):
+        n = int(positions[b]) + 1
+        rows = torch.cat([torch.arange(blk * size, blk * size + size) for blk in block_tables[b].tolist()])[:n]
+        keys, values = flat_k[rows].float(), flat_v[rows].float()  # [n, Hkv, D]
+        for h in range(H):
+            scores = (keys[:, h // (H // hkv)] @ q[b, h].float()) / math.sqrt(D)
+            out[b, h] = (scores.softmax(0) @ values[:, h // (H // hkv)]).to(q.dtype)
+    return out
+
 
 needs_triton = pytest.mark.skipif(paged_decode.triton is None,
                                   reason="the paged decode kernel needs Triton (CUDA builds of torch ship it)")
@@ -47,7 +67,7 @@ def _check(device, dtype):
             packed = torch.cat([torch.stack([pos, write, source], 1), tables], 1)
             pos, write, source, tables = packed[:, 0], packed[:, 1], packed[:, 2], packed[:, 3:]
         ref_k, ref_v = ck.clone(), cv.clone()
-        expected = paged_decode.reference(q, k, v, ref_k, ref_v, tables, pos, write, source, keys)
+        expected = reference(q, k, v, ref_k, ref_v, tables, pos, write, source, keys)
         got = paged_decode.paged_decode_attention(q, k, v, ck, cv, tables, pos, write, source, keys)
         torch.testing.assert_close(got.float(), expected.float(), rtol=2e-2, atol=2e-2)
         assert torch.equal(ck, ref_k) and torch.equal(cv, ref_v)  # the new keys and values stored, nothing else
@@ -62,7 +82,7 @@ def _check_padded_rows(device, dtype):
     pos4 = torch.cat([pos, torch.zeros_like(pos)])
     source4 = torch.tensor([0, 1, 0, 0], device=device)
     ref_k, ref_v = ck.clone(), cv.clone()
-    expected = paged_decode.reference(q, k, v, ref_k, ref_v, tables, pos, write, source, keys)
+    expected = reference(q, k, v, ref_k, ref_v, tables, pos, write, source, keys)
     got = paged_decode.paged_decode_attention(q4, k4, v4, ck, cv, tables4, pos4, write4, source4, keys)
     torch.testing.assert_close(got[:2].float(), expected.float(), rtol=2e-2, atol=2e-2)
     assert torch.equal(ck, ref_k) and torch.equal(cv, ref_v)

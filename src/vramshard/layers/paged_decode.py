@@ -21,7 +21,6 @@ and a CUDA tensor (``TRITON_INTERPRET=1`` runs it on the CPU, for tests).
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 
@@ -166,20 +165,3 @@ def paged_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca
                      out.stride(0), out.stride(1), SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), D=D)
     return out
 
-
-def reference(q, k, v, cache_k, cache_v, block_tables, positions, write_index, write_source, key_length):
-    """The same in plain torch (float32 softmax), for tests."""
-    flat_k, flat_v = cache_k.view(-1, *cache_k.shape[2:]), cache_v.view(-1, *cache_v.shape[2:])
-    flat_k[write_index] = k.to(flat_k.dtype)[write_source]
-    flat_v[write_index] = v.to(flat_v.dtype)[write_source]
-    B, H, D = q.shape
-    hkv, size = cache_k.shape[2], cache_k.shape[1]
-    out = torch.empty_like(q)
-    for b in range(B):
-        n = int(positions[b]) + 1
-        rows = torch.cat([torch.arange(blk * size, blk * size + size) for blk in block_tables[b].tolist()])[:n]
-        keys, values = flat_k[rows].float(), flat_v[rows].float()  # [n, Hkv, D]
-        for h in range(H):
-            scores = (keys[:, h // (H // hkv)] @ q[b, h].float()) / math.sqrt(D)
-            out[b, h] = (scores.softmax(0) @ values[:, h // (H // hkv)]).to(q.dtype)
-    return out
