@@ -23,6 +23,23 @@ def tiny_model_dir(tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="session")
+def cpu_qwen3(tiny_model_dir):
+    """The tiny Qwen3 model on the CPU (float32): the scheduler tests' engine."""
+    from vramshard import Engine
+
+    return Engine.load(tiny_model_dir("qwen3"), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def cpu_demo(tmp_path_factory):
+    """The demo model (with a tokenizer) on the CPU, float32."""
+    from vramshard import Engine
+    from vramshard.demo_model import ensure_demo_model
+
+    return Engine.load(ensure_demo_model(tmp_path_factory.mktemp("cache")), device="cpu", dtype="float32")
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -13,6 +13,8 @@ from vramshard.profile.query import synthetic
 from vramshard.runtime.executor import Executor
 from vramshard.units import auto_vram_budget
 
+from scheduling_helpers import add_staggered, random_prompts
+
 TIERS = (1, 4, 16)
 
 
@@ -31,9 +33,8 @@ def planned(engine):
     return planned
 
 
-def _prompts(lengths, vocab=96, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+def _prompts(lengths):
+    return random_prompts(lengths)
 
 
 def test_steps_come_from_the_plan_tiers(engine, planned):
@@ -48,11 +49,7 @@ def test_mixed_prompts_arriving_at_different_times_equal_single_generation(engin
     new_tokens = [12, 5, 9, 16, 3, 7, 1, 10]
     alone = [engine.generate([p], n)[0] for p, n in zip(prompts, new_tokens)]
     scheduler = planned.scheduler(max_seqs=5, max_context=128)
-    requests = []
-    for arrival, (prompt, n) in enumerate(zip(prompts, new_tokens)):
-        requests.append(scheduler.add(prompt, max_new_tokens=n))
-        for _ in range(arrival % 3):  # a new request every 0 to 2 steps
-            scheduler.step()
+    requests = add_staggered(scheduler, prompts, new_tokens)
     scheduler.run_until_idle()
     assert [r.output_ids for r in requests] == alone
     history = list(scheduler.history)
@@ -144,11 +141,7 @@ def test_gpu_planned_mixed_placements_batched_equals_single(tiny_model_dir):
     prompts = _prompts((3, 41, 7, 60, 1, 25))
     alone = [gpu.generate([p], 8)[0] for p in prompts]
     scheduler = gpu.scheduler(max_seqs=4, max_context=128)
-    requests = []
-    for arrival, prompt in enumerate(prompts):
-        requests.append(scheduler.add(prompt, max_new_tokens=8))
-        for _ in range(arrival % 3):
-            scheduler.step()
+    requests = add_staggered(scheduler, prompts, [8] * len(prompts))
     scheduler.run_until_idle()
     assert [r.output_ids for r in requests] == alone
     # Steps are queued early only where their tier's placement runs on the GPU alone.
@@ -174,11 +167,7 @@ def test_gpu_overlapped_steps_equal_reading_every_step(tiny_model_dir, graphs):
     for overlap in (False, None):
         scheduler = gpu.scheduler(max_seqs=4, max_context=128, overlap=overlap)
         scheduler.eos_ids = frozenset({eos})
-        requests = []
-        for arrival, prompt in enumerate(prompts):
-            requests.append(scheduler.add(prompt, max_new_tokens=12))
-            for _ in range(arrival % 3):
-                scheduler.step()
+        requests = add_staggered(scheduler, prompts, [12] * len(prompts))
         scheduler.run_until_idle()
         outputs[overlap] = [r.output_ids for r in requests]
         assert (scheduler.total_overlapped > 0) == (overlap is None)

@@ -10,6 +10,8 @@ from vramshard.layers.step import Step
 from vramshard.runtime.kv_cache import BlockAllocator, KVCache
 from vramshard.runtime.request import RequestStatus
 
+from scheduling_helpers import random_prompts
+
 BLOCK = 16
 
 
@@ -18,9 +20,8 @@ def engine(tiny_model_dir):
     return Engine.load(tiny_model_dir("qwen3"), device="cpu")
 
 
-def _prompts(lengths, vocab=96, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+def _prompts(lengths):
+    return random_prompts(lengths)
 
 
 # ---------------------------------------------------------------------------- the allocator

@@ -8,38 +8,25 @@ queue early), not the speed; the GPU tests run it where it is the default.
 import pytest
 import torch
 
-from vramshard import Engine
-from vramshard.demo_model import ensure_demo_model
 from vramshard.runtime.request import RequestStatus
 from vramshard.runtime.sampler import SamplingParams
 from vramshard.runtime.scheduler import Scheduler
 from vramshard.runtime.step_logits import StepLogits, TokenIds
+
+from scheduling_helpers import add_staggered, random_prompts
 
 LENGTHS = (3, 41, 7, 100, 1, 25, 64, 12)
 NEW = (12, 5, 9, 16, 3, 7, 1, 10)
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model_dir):
-    return Engine.load(tiny_model_dir("qwen3"), device="cpu")
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    return Engine.load(ensure_demo_model(tmp_path_factory.mktemp("cache")), device="cpu", dtype="float32")
-
-
-def _prompts(lengths=LENGTHS, vocab=96, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+def engine(cpu_qwen3):
+    return cpu_qwen3
 
 
 def _run(scheduler, prompts, new_tokens, params=None):
-    requests = []
-    for arrival, (prompt, n) in enumerate(zip(prompts, new_tokens)):
-        requests.append(scheduler.add(prompt, params[arrival] if params else None, max_new_tokens=n))
-        for _ in range(arrival % 3):  # a new request every 0 to 2 steps: admissions beside queued steps
-            scheduler.step()
+    """Requests arriving beside queued steps (see add_staggered), run to the end."""
+    requests = add_staggered(scheduler, prompts, new_tokens, params)
     scheduler.run_until_idle()
     return requests
 
@@ -57,7 +44,7 @@ def _drained(scheduler):
 
 @pytest.mark.parametrize("max_step_tokens,chunk_sizes,max_seqs", [(32, (4, 16), 3), (2048, None, 8), (7, (1, 4), 5)])
 def test_overlapped_steps_give_the_tokens_of_single_generation(engine, max_step_tokens, chunk_sizes, max_seqs):
-    prompts = _prompts()
+    prompts = random_prompts(LENGTHS)
     alone = [engine.generate([p], n)[0] for p, n in zip(prompts, NEW)]
     scheduler = _scheduler(engine, True, max_step_tokens=max_step_tokens, chunk_sizes=chunk_sizes, max_seqs=max_seqs)
     requests = _run(scheduler, prompts, NEW)
@@ -72,7 +59,7 @@ def test_overlapped_steps_give_the_tokens_of_single_generation(engine, max_step_
 
 
 def test_overlap_is_off_on_the_cpu_by_default_and_when_asked(engine):
-    prompts = _prompts((9, 30, 2))
+    prompts = random_prompts((9, 30, 2))
     for overlap in (None, False):
         scheduler = _scheduler(engine, overlap)
         requests = _run(scheduler, prompts, (6, 6, 6))
@@ -81,7 +68,7 @@ def test_overlap_is_off_on_the_cpu_by_default_and_when_asked(engine):
 
 
 def test_a_sequence_ending_on_eos_drops_the_row_queued_after_it(engine):
-    prompts = _prompts((5, 17, 9, 33))
+    prompts = random_prompts((5, 17, 9, 33))
     plain = [engine.generate([p], 20)[0] for p in prompts]
     eos = plain[1][6]  # ends the second prompt at its 7th token (and maybe others earlier)
     expected = [out[: out.index(eos) + 1] if eos in out else out for out in plain]
@@ -94,7 +81,8 @@ def test_a_sequence_ending_on_eos_drops_the_row_queued_after_it(engine):
         assert sum(s.sampled for s in scheduler.history) == sum(map(len, expected))
 
 
-def test_stop_strings_with_overlap(demo):
+def test_stop_strings_with_overlap(cpu_demo):
+    demo = cpu_demo
     prompt = demo.tokenizer.encode("The plan is printed as a table")
     full_ids = demo.generate([prompt], 24)[0]
     full = demo.tokenizer.decode(full_ids)
@@ -112,7 +100,7 @@ def test_stop_strings_with_overlap(demo):
 
 def test_samplers_that_read_logits_are_never_fed_unread_tokens(engine):
     """A sampling request in the batch: the steps it samples in are read before the next is queued."""
-    prompts = _prompts((9, 30, 2, 17))
+    prompts = random_prompts((9, 30, 2, 17))
     params = [SamplingParams(), SamplingParams(temperature=1.0, top_k=20, seed=3), SamplingParams(),
               SamplingParams(repetition_penalty=1.3)]
     scheduler = _scheduler(engine, True)
@@ -123,7 +111,7 @@ def test_samplers_that_read_logits_are_never_fed_unread_tokens(engine):
 
 
 def test_cancel_while_a_step_is_queued(engine):
-    long_prompt, short_prompt = _prompts((30, 6))
+    long_prompt, short_prompt = random_prompts((30, 6))
     scheduler = _scheduler(engine, True, max_seqs=1)
     doomed = scheduler.add(long_prompt, max_new_tokens=50)
     waiting = scheduler.add(short_prompt, max_new_tokens=5)
@@ -155,13 +143,13 @@ def test_token_ids_feed_rows_and_host_ids():
 def test_a_first_token_is_read_before_the_next_step_is_queued(engine):
     """Time to first token is not held back by queueing (and maybe capturing) the next step."""
     scheduler = _scheduler(engine, True)
-    request = scheduler.add(_prompts((20,))[0], max_new_tokens=6)
+    request = scheduler.add(random_prompts((20,))[0], max_new_tokens=6)
     scheduler.step()  # the prompt: its first token is read at once
     assert len(request.output_ids) == 1 and scheduler._pending is None
     scheduler.step()  # a decode step: the one after it is queued before it is read
     assert len(request.output_ids) == 2 and scheduler._pending is not None
     scheduler.run_until_idle()
-    assert request.output_ids == engine.generate([_prompts((20,))[0]], 6)[0]
+    assert request.output_ids == engine.generate([random_prompts((20,))[0]], 6)[0]
 
 
 def test_only_steps_of_gpu_work_alone_are_queued_early(engine):

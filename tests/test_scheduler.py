@@ -3,31 +3,29 @@
 import asyncio
 
 import pytest
-import torch
 
-from vramshard import Engine
-from vramshard.demo_model import ensure_demo_model
 from vramshard.errors import InvalidInputError
 from vramshard.runtime.engine_loop import EngineLoop
 from vramshard.runtime.request import RequestStatus
 from vramshard.runtime.sampler import SamplingParams
 
+from scheduling_helpers import add_staggered, random_prompts
+
 LENGTHS = (3, 41, 7, 100, 1, 25, 64, 12)
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model_dir):
-    return Engine.load(tiny_model_dir("qwen3"), device="cpu")
+def engine(cpu_qwen3):
+    return cpu_qwen3
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    return Engine.load(ensure_demo_model(tmp_path_factory.mktemp("cache")), device="cpu", dtype="float32")
+def demo(cpu_demo):
+    return cpu_demo
 
 
-def _prompts(lengths=LENGTHS, vocab=96, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+def _prompts(lengths=LENGTHS):
+    return random_prompts(lengths)
 
 
 @pytest.mark.parametrize("max_step_tokens,chunk_sizes,max_seqs", [(32, (4, 16), 3), (2048, None, 8), (7, (1, 4), 5)])
@@ -37,11 +35,7 @@ def test_interleaved_arrivals_equal_single_generation(engine, max_step_tokens, c
     alone = [engine.generate([p], n)[0] for p, n in zip(prompts, new_tokens)]
     scheduler = engine.scheduler(max_seqs=max_seqs, max_context=128, max_step_tokens=max_step_tokens,
                                  chunk_sizes=chunk_sizes)
-    requests = []
-    for arrival, (prompt, n) in enumerate(zip(prompts, new_tokens)):
-        requests.append(scheduler.add(prompt, max_new_tokens=n))
-        for _ in range(arrival % 3):  # a new request every 0 to 2 steps
-            scheduler.step()
+    requests = add_staggered(scheduler, prompts, new_tokens)
     scheduler.run_until_idle()
     assert [r.output_ids for r in requests] == alone
     assert all(r.finish_reason == "length" and r.is_finished for r in requests)
