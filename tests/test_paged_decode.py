@@ -6,6 +6,8 @@ installed, the same cases run through Triton's interpreter on the CPU.
 
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -97,10 +99,16 @@ def test_split_sizes_fill_the_gpu():
 
 @needs_triton
 def test_interpreted_on_the_cpu():
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("Triton's interpreter runs the kernel on the CPU only with TRITON_INTERPRET=1 set at start")
-    _check("cpu", torch.float16)
-    _check_padded_rows("cpu", torch.float16)
+    """Triton's interpreter reads TRITON_INTERPRET when Triton is imported: a fresh process runs the
+    cases on the CPU with it set (this test, again, in that process)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        _check("cpu", torch.float16)
+        _check_padded_rows("cpu", torch.float16)
+        return
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           f"{__file__}::test_interpreted_on_the_cpu"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
 
 
 @pytest.mark.gpu
