@@ -95,7 +95,11 @@ def planned_executor(model, host: HostLayouts, spec: str, args, result: dict) ->
     plan = Planner(model, profile, budget, context=args.ctx + 64, tiers=Tiers((1,))).plan()
     tier = plan.tiers[1]
     threads = int(forced) if forced else args.threads or tier.threads  # a sweep over the plan's count
-    result.update(family=tier.family, predicted_ms=tier.predicted_s * 1e3, threads=threads)
+    from vramshard.plan.calibrate import step_estimate
+
+    estimate = step_estimate(model, profile, plan, 1)
+    result.update(family=tier.family, predicted_ms=tier.predicted_s * 1e3, threads=threads,
+                  predicted_cpu_busy_ms=estimate.cpu_busy * 1e3, predicted_copy_busy_ms=estimate.copy_busy * 1e3)
     tiered = TieredPlacement((1,), (tier.placement,), (threads,), plan.expert_cache)
     return Executor(model, host.for_placement(tiered), tiered, budget=budget, max_tokens=64,
                     max_context=args.ctx + 64, decode_graphs=spec.endswith("+graphs"))
@@ -127,11 +131,15 @@ def profile_placement(model, host: HostLayouts, spec: str, args) -> dict:
             position += 1
         sync()
         t0 = time.perf_counter()
+        host_compute = host_wait = 0.0
         for _ in range(args.steps):
             executor.forward(token, Step.single(position, 1, kv_lookup=kv))
+            host_compute += executor.report.host_compute_s
+            host_wait += executor.report.host_wait_s
             position += 1
         sync()
         wall_ms = (time.perf_counter() - t0) / args.steps * 1e3
+        result.update(host_compute_ms=host_compute / args.steps * 1e3, host_wait_ms=host_wait / args.steps * 1e3)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(3):
                 executor.forward(token, Step.single(position, 1, kv_lookup=kv))

@@ -123,7 +123,15 @@ def run_requests(engine, prompts: list[list[int]], new_tokens: int, settings: Be
         # Of a decode step, the host's time before the forward and in it (the rest: sampling, streaming).
         "decode_prepare_ms": 1e3 * statistics.fmean(s.prepare_s for s in decode_steps) if decode_steps else None,
         "decode_forward_ms_median": 1e3 * statistics.median(s.forward_s for s in decode_steps) if decode_steps else None,
+        # Of the forward, the host computing CPU sub-layers / split FFN parts, and blocked on the GPU for them.
+        "decode_host_compute_ms_median": _median_ms(s.host_compute_s for s in decode_steps),
+        "decode_host_wait_ms_median": _median_ms(s.host_wait_s for s in decode_steps),
     }
+
+
+def _median_ms(seconds) -> float | None:
+    values = list(seconds)
+    return 1e3 * statistics.median(values) if values else None
 
 
 def _over_limit(limit_s: float | None, start: float, read_all: float | None) -> bool:
@@ -168,6 +176,8 @@ def measure(engine, settings: BenchSettings) -> dict:
         "decode_sched_ms": single["decode_sched_ms"],
         "decode_prepare_ms": single["decode_prepare_ms"],
         "decode_forward_ms_median": single["decode_forward_ms_median"],
+        "decode_host_compute_ms_median": single["decode_host_compute_ms_median"],
+        "decode_host_wait_ms_median": single["decode_host_wait_ms_median"],
         "complete": single["complete"],
         "batched": {},
     }

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from ..models.base import Model
 from ..profile.query import Profile
-from .estimator import Estimator
+from .estimator import Estimator, StepEstimate
 from .planner import PlanSet
 
 LOWEST, HIGHEST = 0.25, 8.0  # factors considered: beyond them the profile is not this machine's
@@ -61,11 +61,16 @@ def has_cpu_work(plan: PlanSet, tier: int) -> bool:
     return bool(placement.names(compute="cpu") or placement.split_names() or placement.expert_names("host"))
 
 
-def step_seconds(model: Model, profile: Profile, plan: PlanSet, tier: int) -> float:
-    """The estimator's time for one step of ``tier`` of ``plan`` with ``profile`` (the planner's call)."""
+def step_estimate(model: Model, profile: Profile, plan: PlanSet, tier: int) -> StepEstimate:
+    """The estimator's account of one step of ``tier`` of ``plan`` with ``profile`` (the planner's call)."""
     tier_plan = plan.tiers[tier]
     estimator = Estimator(model, profile, tier_plan.threads, plan.expert_hit_rate)
-    return estimator.simulate(tier_plan.placement, tier, plan.context, plan.num_slots or 2).seconds
+    return estimator.simulate(tier_plan.placement, tier, plan.context, plan.num_slots or 2)
+
+
+def step_seconds(model: Model, profile: Profile, plan: PlanSet, tier: int) -> float:
+    """The estimator's time for one step of ``tier`` of ``plan`` with ``profile``."""
+    return step_estimate(model, profile, plan, tier).seconds
 
 
 def fit_cpu_scale(model: Model, profile: Profile, plan: PlanSet, measured_s: float, tier: int = 1) -> float | None:

@@ -83,6 +83,8 @@ class StepReport:
     expert_hits: int = 0
     expert_misses: int = 0
     expert_evictions: int = 0
+    host_compute_s: float = 0.0  # of ``seconds``, the host computing CPU sub-layers and split FFNs' CPU parts
+    host_wait_s: float = 0.0  # of ``seconds``, the host blocked on GPU results it needs for that work
 
     @property
     def expert_hit_rate(self) -> float | None:
@@ -176,6 +178,7 @@ class Executor:
         self.num_slots = num_slots
         self.simulated = simulate_gpu
         self.report = StepReport()
+        self._host_compute_s = self._host_wait_s = 0.0  # of the step running (StepReport)
         self.oom_handler: Callable[[str], None] | None = None
         self.oom_retries = 3  # steps retried after the handler made room, before giving up
         self._kv_caches: weakref.WeakSet[KVCache] = weakref.WeakSet()  # live caches, moved on reconfigure
@@ -630,6 +633,7 @@ class Executor:
                         x = sublayer.forward(self.host[sublayer.name].views, x, step)
             self.report = StepReport(time.perf_counter() - start)
             return x
+        self._host_compute_s = self._host_wait_s = 0.0
         copied_before = self.ring.bytes_copied if self.ring else 0
         if self.staging is not None:
             self.staging.reset_counters()
@@ -658,10 +662,14 @@ class Executor:
                         continue
                 here = where[sublayer.name]
                 if here.compute == "cpu":
+                    began = time.perf_counter()
                     if x.device.type != "cpu":
                         x = x.cpu()  # waits for the GPU work queued so far
                         crossings += 1
+                    computing = time.perf_counter()
                     x = sublayer.forward(self.host[sublayer.name].views, x, step)
+                    self._host_wait_s += computing - began
+                    self._host_compute_s += time.perf_counter() - computing
                     continue
                 if here.split:  # both devices; the output stays on the device of the input
                     x, crossed = self._run_ffn_split(sublayer, here.cpu_pieces, x, compute)
@@ -689,7 +697,8 @@ class Executor:
         if self.staging is not None and (self.staging.bytes_in or self.staging.bytes_out):
             extra.update(kv_staged_in=self.staging.bytes_in, kv_written_back=self.staging.bytes_out)
         self.report = StepReport(time.perf_counter() - start, copied + cache.bytes_copied, crossings,
-                                 extra, cache.hits, cache.misses, cache.evictions)
+                                 extra, cache.hits, cache.misses, cache.evictions, self._host_compute_s,
+                                 self._host_wait_s)
         return out
 
     @contextmanager
@@ -707,7 +716,12 @@ class Executor:
         the CPU (hidden states there and back) or from the VRAM expert cache. Returns (x, crossings)."""
         h, routing = sublayer.prepare(self.split_weights[sublayer.name], x)
         if here.experts == "host":
-            y = sublayer.run_experts(self.host_experts[sublayer.name], h.cpu(), routing.to(torch.device("cpu")))
+            began = time.perf_counter()
+            h_host, routing_host = h.cpu(), routing.to(torch.device("cpu"))  # waits for the router
+            computing = time.perf_counter()
+            y = sublayer.run_experts(self.host_experts[sublayer.name], h_host, routing_host)
+            self._host_wait_s += computing - began
+            self._host_compute_s += time.perf_counter() - computing
             return x + y.to(self.gpu, non_blocking=True), 2
         small = routing.experts.numel() * sublayer.expert_bytes <= GATHER_BYTES
         if self.expert_cpu_share and self.expert_cache is not None and small:
@@ -750,10 +764,14 @@ class Executor:
         if not on_cpu:
             return x + sublayer.run_experts(self.split_weights[name], h, routing), 0
         cpu = torch.device("cpu")
+        began = time.perf_counter()
         h_host, routing_host = h.cpu(), routing.to(cpu)  # before the GPU share is queued: no wait on its copies
+        self._host_wait_s += time.perf_counter() - began
         y = sublayer.run_experts(self.split_weights[name], h, routing, only=set(ids) - on_cpu)  # queued
         cache.note_computed_elsewhere(name, sorted(on_cpu))
+        computing = time.perf_counter()
         y_host = sublayer.run_experts(self.host_experts[name], h_host, routing_host, only=on_cpu)
+        self._host_compute_s += time.perf_counter() - computing
         return x + y + y_host.to(self.gpu, non_blocking=True), 2
 
     def _run_ffn_split(self, sublayer: DenseFFN, cpu_pieces: int, x: torch.Tensor,
@@ -769,21 +787,29 @@ class Executor:
         gpu_part = self.ring.acquire((sublayer.name, cpu_pieces), compute)
         crossed = torch.cuda.Event()
         if x.device.type == "cpu":
+            computing = time.perf_counter()
             h = sublayer.norm(host, x)  # [T, D]
             y_gpu = sublayer.contribution(gpu_part, h.to(self.gpu, non_blocking=True))
             self.ring.release(compute)
             y_back = y_gpu.to("cpu", non_blocking=True)  # lands once the GPU part is done
             crossed.record(compute)
             y = x + sublayer.contribution(cpu_part, h)  # the CPU part, while the GPU computes its own
+            waiting = time.perf_counter()
             crossed.synchronize()
+            self._host_compute_s += waiting - computing
+            self._host_wait_s += time.perf_counter() - waiting
             return y + y_back, 2
         h = sublayer.norm(gpu_part, x)  # [T, D] on the GPU
         h_host = h.to("cpu", non_blocking=True)  # queued before the GPU part: it does not wait for it
         crossed.record(compute)
         y = x + sublayer.contribution(gpu_part, h)
         self.ring.release(compute)
+        waiting = time.perf_counter()
         crossed.synchronize()
+        computing = time.perf_counter()
         y_cpu = sublayer.contribution(cpu_part, h_host)
+        self._host_wait_s += computing - waiting
+        self._host_compute_s += time.perf_counter() - computing
         return y + y_cpu.to(self.gpu, non_blocking=True), 2
 
     def _simulate_ffn_split(self, sublayer: DenseFFN, cpu_pieces: int, x: torch.Tensor) -> torch.Tensor:

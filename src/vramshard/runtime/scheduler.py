@@ -71,6 +71,8 @@ class StepStats:
     end_time: float  # time.time() at the end of the step
     forward_s: float = 0.0  # of ``seconds``, from the forward's start until its samples were read
     prepare_s: float = 0.0  # of the rest, the part before the forward (budget, admission, the step's inputs)
+    host_compute_s: float = 0.0  # of ``forward_s``, the host computing CPU work (StepReport.host_compute_s)
+    host_wait_s: float = 0.0  # of ``forward_s``, the host blocked on GPU results that CPU work needs
 
     @property
     def overhead_s(self) -> float:
@@ -100,12 +102,20 @@ class _Launched:
     prepare_start: float
     forward_start: float
     chainable: bool  # the next step may be queued before this one is read
+    host_compute_s: float = 0.0  # the executor's StepReport of the forward: host computing CPU work
+    host_wait_s: float = 0.0  # and blocked on the GPU results that work needed
 
     def sampled_rows(self) -> dict[Request, int]:
         """Request -> its logit row, for the requests this step samples."""
         sampling = [c.request for c in self.chunks if c.samples]
         return {request: row for row, request in enumerate(sampling)}
 
+
+
+def _host_times(executor) -> tuple[float, float]:
+    """(host computing, host waiting) seconds of the executor's last forward (0, 0 if it keeps none)."""
+    report = getattr(executor, "report", None)
+    return getattr(report, "host_compute_s", 0.0), getattr(report, "host_wait_s", 0.0)
 
 class Scheduler:
     """Runs many requests through ``executor`` with continuous batching and chunked prefill.
@@ -299,7 +309,7 @@ class Scheduler:
         chainable = not need and not firsts and (
             self.overlap is True or (self.overlap is None and logits.device.type == "cuda"))
         return _Launched(chunks, tokens, host, {row: i for i, row in enumerate(need)}, prefill, decode, running,
-                         prepare_start, forward_start, chainable)
+                         prepare_start, forward_start, chainable, *_host_times(self.executor))
 
     def _complete(self, launched: _Launched) -> StepStats:
         """Read the samples of a launched step: stream them out, retire what ended, count the step.
@@ -320,7 +330,8 @@ class Scheduler:
         seconds = end - begin
         stats = StepStats(sum(c.length for c in launched.chunks), launched.prefill, launched.decode,
                           len(launched.chunks), sampled, seconds, self.queue_length, launched.running, time.time(),
-                          read - forward_begin, forward_begin - begin)
+                          read - forward_begin, forward_begin - begin, launched.host_compute_s,
+                          launched.host_wait_s)
         self.history.append(stats)
         self.total_steps += 1
         self.total_prompt_tokens += launched.prefill
