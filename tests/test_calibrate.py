@@ -155,3 +155,77 @@ def test_a_gap_the_cpu_cannot_explain_is_not_fitted(h200):
     plan = Planner(model, h200, 16 * GiB, context=1088, tiers=Tiers((1,))).plan()
     assert not plan.tiers[1].placement.split_names()
     assert fit(model, h200, plan, 2 * plan.tiers[1].predicted_s) is None
+
+
+# ---------------------------------------------------------------------------- CPU work measured directly
+def test_cpu_factors_by_rows_interpolate_in_log_rows_and_compose(h200):
+    fitted = h200.calibrated(cpu_rows={1: 1.5, 64: 3.0})
+    assert h200.cpu_row_factor(7) == 1.0 and h200.cpu_rows == ()  # the original is kept
+    assert fitted.cpu_row_factor(1) == 1.5 and fitted.cpu_row_factor(64) == 3.0
+    assert fitted.cpu_row_factor(8) == pytest.approx(2.25)  # halfway in log rows
+    assert fitted.cpu_row_factor(1024) == 3.0  # the nearest measured beyond the ends
+    assert fitted.matmul_s(8, 4096, 14336, "bf16", "cpu") == pytest.approx(2.25 * h200.matmul_s(8, 4096, 14336, "bf16", "cpu"))
+    assert fitted.attention_s(64, 4096, 32, 8, 128, "bf16", "cpu") == \
+        pytest.approx(3.0 * h200.attention_s(64, 4096, 32, 8, 128, "bf16", "cpu"))
+    assert fitted.matmul_s(8, 4096, 14336, "bf16", "cuda") == h200.matmul_s(8, 4096, 14336, "bf16", "cuda")
+    assert fitted.calibrated(cpu_rows={64: 0.5}).cpu_row_factor(64) == pytest.approx(1.5)  # on top of 3.0
+    for bad in ({1: 0.0}, {0: 1.2}, {1: float("inf")}):
+        with pytest.raises(InvalidInputError):
+            h200.calibrated(cpu_rows=bad)
+
+
+def test_measured_cpu_work_fits_a_factor_at_its_tier_rows(nemo_2gib, h200):
+    model, plan = nemo_2gib
+    predicted = calibrate.cpu_seconds(model, h200, plan, 1)
+    fitted = calibrate.fit_cpu_rows(model, h200, plan, {1: 1.4 * predicted})
+    assert fitted.what == "cpu_rows" and 1.3 < fitted.value[1] < 1.5
+    assert calibrate.cpu_seconds(model, fitted.profile, plan, 1) == pytest.approx(1.4 * predicted, rel=0.02)
+    assert step_seconds(model, fitted.profile, plan, 1) > step_seconds(model, h200, plan, 1)
+    assert calibrate.fit_cpu_rows(model, h200, plan, {1: 1.1 * predicted}) is None  # within CPU_OFF_BY
+    assert calibrate.fit_cpu_rows(model, h200, plan, {64: 2 * predicted}) is None  # no such tier in the plan
+    resident = Planner(model, h200, 40 * GiB, context=1088, tiers=Tiers((1,))).plan()
+    assert calibrate.fit_cpu_rows(model, h200, resident, {1: 0.05}) is None  # no CPU work to scale
+
+
+def test_later_engines_start_from_what_an_earlier_one_fitted(nemo_2gib, h200):
+    model, plan = nemo_2gib
+    calibrate.forget_learned()
+    try:
+        fitted = calibrate.fit_cpu_rows(model, h200, plan, {1: 2 * calibrate.cpu_seconds(model, h200, plan, 1)})
+        calibrate.learn(fitted.profile, model.dtype)
+        assert calibrate.with_learned(h200, model.dtype).cpu_rows == fitted.profile.cpu_rows
+        assert calibrate.with_learned(h200, "torch.float32") is h200  # another dtype: nothing learned
+        made_up = synthetic(cpu_gflops=500, cpu_mem_gbps=40).calibrated(cpu_rows={1: 2.0})
+        calibrate.learn(made_up, model.dtype)  # a synthetic profile measured nothing: not kept
+        assert calibrate.with_learned(synthetic(cpu_gflops=500, cpu_mem_gbps=40), model.dtype).cpu_rows == ()
+    finally:
+        calibrate.forget_learned()
+
+
+def test_an_engine_whose_cpu_work_runs_slow_fits_that_tier_and_plans_again(tiny_model_dir, monkeypatch):
+    monkeypatch.setattr(calibrate, "MIN_CPU_S", 0.0)  # the tiny model's CPU work is far below a real one's
+    engine, reference = simulated_engine(tiny_model_dir("qwen3"))
+    prompt = [5, 9, 11, 13, 2, 7]
+    expected = reference.generate([prompt], 8)
+    old_plan, profile = engine.plan, engine.budget.plan_settings().profile
+    predicted = calibrate.cpu_seconds(engine.model, profile, old_plan, 1)
+    check = engine.cpu_check()
+    for _ in range(7):
+        check.add(1, 2 * predicted)
+    engine.poll_budget()
+    assert engine.budget.calibrations == []  # one step short of judging tier 1
+    check.add(1, 2 * predicted)
+    check.add(4, 0.0)  # a step without CPU work is not a sample
+    engine.poll_budget()
+    (fitted,) = engine.budget.calibrations
+    assert fitted["cpu_measured_s"] == {1: pytest.approx(2 * predicted)}
+    assert fitted["cpu_rows"][1] > 2  # the launches in the CPU work are not scaled: the compute takes more
+    now = engine.budget.plan_settings().profile
+    assert now.cpu_row_factor(1) == pytest.approx(fitted["cpu_rows"][1])
+    assert calibrate.cpu_seconds(engine.model, now, old_plan, 1) == pytest.approx(2 * predicted, rel=0.03)
+    assert engine.plan_check().calibrated is False  # the whole-step fit is not charged the CPU's gap again
+    engine.budget.background.wait(60)
+    engine.poll_budget()
+    assert engine.budget.events[-1]["why"] == "calibrate" and engine.plan is not old_plan
+    assert engine.generate([prompt], 8) == expected
+    assert engine.cpu_check().plan is engine.plan and not engine.cpu_check().judged  # measured afresh

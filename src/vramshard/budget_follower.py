@@ -48,8 +48,12 @@ log = logging.getLogger(__name__)
 EVENTS_KEPT = 256
 CALIBRATE = os.environ.get("VRAMSHARD_CALIBRATE", "on").lower() != "off"
 CALIBRATE_OFF_BY = 1.15  # measured / predicted decode step beyond which the profile is fitted again
-MAX_CALIBRATIONS = 3  # per engine: a machine whose speed swings more is not chased further
+MAX_CALIBRATIONS = 6  # per engine (each tier is fitted once per plan): a machine whose speed swings more is not chased further
 
+
+
+def _ms(seconds: dict[int, float]) -> dict[int, float]:
+    return {tier: round(value * 1e3, 1) for tier, value in sorted(seconds.items())}
 
 class BudgetFollower:
     """The budget side of an :class:`~vramshard.engine.Engine`: its source, the plans made for
@@ -108,9 +112,13 @@ class BudgetFollower:
         engine = self.engine
         if not CALIBRATE or engine.plan is None or engine.device == "cpu" or len(self.calibrations) >= MAX_CALIBRATIONS:
             return
+        if self._calibrate_cpu_work():
+            return
         check = engine.plan_check()
         if check.plan is not engine.plan or check.calibrated or len(check.measured) < MIN_STEPS:
             return
+        if engine.cpu_check().samples.get(check.tier):
+            return  # the tier's CPU work is measured directly (above): the rest of the gap is not the CPU's
         ratio = check.ratio()
         if ratio is None or 1 / CALIBRATE_OFF_BY <= ratio <= CALIBRATE_OFF_BY:
             return
@@ -124,7 +132,37 @@ class BudgetFollower:
         log.info("decode steps of %s take %.1f ms where %.1f ms was predicted: fitted the profile's %s to %.4g "
                  "from them; planning again with it in the background", check.plan_name, check.median_s() * 1e3,
                  check.predicted_s * 1e3, fitted.what, fitted.value)
-        self.settings = dataclasses.replace(settings, profile=fitted.profile)
+        self._plan_with(fitted.profile)
+
+    def _calibrate_cpu_work(self) -> bool:
+        """When a tier's CPU work (as the executor timed it) runs more than CPU_OFF_BY off the
+        estimator's time for it, fit the profile's CPU factor at that tier's rows and plan again in
+        the background. Returns whether it did (caller holds the executor lock)."""
+        engine = self.engine
+        check = engine.cpu_check()
+        ready = check.ready()
+        if check.plan is not engine.plan or not ready:
+            return False
+        check.judged.update(ready)
+        settings = self.plan_settings()
+        fitted = calibrate.fit_cpu_rows(engine.model, settings.profile, engine.plan, ready)
+        if fitted is None:
+            return False
+        calibrate.learn(fitted.profile, engine.model.dtype)
+        predicted = {tier: calibrate.cpu_seconds(engine.model, settings.profile, engine.plan, tier) for tier in ready}
+        self.calibrations.append({"time": time.time(), "plan": engine.executor.plans.name,
+                                  "cpu_measured_s": ready, "cpu_predicted_s": predicted, "cpu_rows": fitted.value})
+        log.info("the CPU work of plan %s took %s where %s was predicted (ms per step, by tier): fitted the "
+                 "profile's CPU factors by rows to %s; planning again with them in the background",
+                 engine.executor.plans.name, _ms(ready), _ms(predicted),
+                 {rows: round(f, 3) for rows, f in fitted.value.items()})
+        self._plan_with(fitted.profile)
+        return True
+
+    def _plan_with(self, profile) -> None:
+        """Plan the budget in force again with ``profile`` in the background (a calibration)."""
+        engine = self.engine
+        self.settings = dataclasses.replace(self.plan_settings(), profile=profile)
         self.plan_cache = budgets.PlanCache()  # plans of the old profile
         budget = self.watcher.in_force
         kv_forced = budgets.forced_kv_side(engine.executor.live_kv_positions(), self.settings)

@@ -18,12 +18,14 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from . import budget_follower
 from .budget_follower import BudgetFollower
 from .config import parse_dtype
 from .errors import BudgetError, InvalidInputError
 from .layers.step import Step
 from .loading.checkpoint import Checkpoint, open_checkpoint
 from .models import Model, build_model
+from .plan import calibrate
 from .plan.memory import LOGIT_ROWS, max_resident_layers, moe_layers, sublayer_triples, vram_need
 from .plan.placement import Placement, TieredPlacement, named_placement
 from .plan.planner import Planner, machine_profile
@@ -32,7 +34,7 @@ from .runtime import budget as budgets
 from .runtime.executor import Executor
 from .runtime.host_weights import PackedWeights, pack_model, splits_ffns
 from .runtime.kv_cache import DEFAULT_BLOCK_SIZE
-from .runtime.plan_check import DecodeCheck
+from .runtime.plan_check import CpuCheck, DecodeCheck
 from .runtime.request import Request
 from .runtime.sampler import SamplingParams
 from .runtime.weights import load_weights
@@ -93,6 +95,7 @@ class Engine:
         self.device = "cuda" if executor.uses_gpu or executor.simulated else "cpu"
         self.budget = BudgetFollower(self, vram_budget)
         self._decode_check: DecodeCheck | None = None  # decode steps vs the plan in force
+        self._cpu_check: CpuCheck | None = None  # the CPU work of each tier's steps, for the plan in force
         executor.oom_handler = self.budget.recover_from_oom
 
     # ------------------------------------------------------------------ loading
@@ -201,7 +204,10 @@ class Engine:
         tiers = tiers or Tiers(tuple(t for t in Tiers().sizes if t <= max_step_tokens) or (max_step_tokens,))
         plan_set = settings = None
         if gpu_side:
-            settings = budgets.PlanSettings(profile or machine_profile(), tiers, kv_tokens, num_slots, name)
+            profile = profile or machine_profile()
+            if budget_follower.CALIBRATE:  # what an earlier engine of this process measured on the same profile
+                profile = calibrate.with_learned(profile, model.dtype)
+            settings = budgets.PlanSettings(profile, tiers, kv_tokens, num_slots, name)
         if placement is None and gpu_side and budget is not None:
             plan_set = Planner(model, settings.profile, budget, context=kv_tokens, tiers=tiers,
                                num_slots=num_slots, name=name, split_ffns=can_split).plan()
@@ -322,8 +328,20 @@ class Engine:
                          vocab_size=self.args.vocab_size,
                          max_logit_rows=LOGIT_ROWS if self.executor.uses_gpu else None,
                          before_step=self.poll_budget,
-                         after_step=lambda s: self.plan_check().add(s.tokens, s.sequences, s.forward_s),
+                         after_step=self._measured,
                          overlap=self.overlap if overlap is None else overlap)
+
+    def _measured(self, stats) -> None:
+        """A step's measurements, against the plan in force (the scheduler calls this after each)."""
+        self.plan_check().add(stats.tokens, stats.sequences, stats.forward_s)
+        plans = self.executor.plans
+        self.cpu_check().add(plans.tiers[plans.index_for(stats.tokens)], stats.host_compute_s)
+
+    def cpu_check(self) -> CpuCheck:
+        """The host's time in each tier's CPU work, in the steps of the plan in force."""
+        if self._cpu_check is None or self._cpu_check.plan is not self.plan:
+            self._cpu_check = CpuCheck(self.plan)
+        return self._cpu_check
 
     def plan_check(self) -> DecodeCheck:
         """Single-sequence decode steps of the plan in force against its prediction (a warning is

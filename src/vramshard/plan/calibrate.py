@@ -101,3 +101,85 @@ def _bisect(model: Model, plan: PlanSet, tier: int, measured_s: float, scaled) -
         else:
             high = middle
     return math.sqrt(low * high)
+
+
+# ---------------------------------------------------------------------------- CPU work as measured
+CPU_OFF_BY = 1.15  # measured / predicted CPU work of a tier beyond which it is fitted
+MIN_CPU_S = 0.002  # a tier's predicted CPU work below this is launch overhead, not fitted
+
+
+def cpu_seconds(model: Model, profile: Profile, plan: PlanSet, tier: int) -> float:
+    """The estimator's host time computing ``tier``'s CPU work in one step of ``plan``."""
+    return step_estimate(model, profile, plan, tier).cpu_busy
+
+
+def fit_cpu_rows(model: Model, profile: Profile, plan: PlanSet, measured: dict[int, float]) -> Calibration | None:
+    """The profile under which each tier's CPU work in ``plan`` takes what the executor measured
+    (``measured``: tier -> median host seconds of its CPU work per step): a factor on CPU compute
+    at that many rows (:meth:`Profile.calibrated` ``cpu_rows``), for the tiers more than
+    CPU_OFF_BY off. None when every tier is within it (or has too little CPU work to judge).
+
+    The measurement is the host's own time in the CPU work, so no search over the whole step is
+    needed: the factor on the work's compute (its launches stay as profiled) solved by a few secant
+    steps, the CPU time being close to linear in it."""
+    rows: dict[int, float] = {}
+    for tier, seconds in sorted(measured.items()):
+        if tier not in plan.tiers or seconds <= 0:
+            continue
+        predicted = cpu_seconds(model, profile, plan, tier)
+        if predicted < MIN_CPU_S or 1 / CPU_OFF_BY <= seconds / predicted <= CPU_OFF_BY:
+            continue
+        rows[tier] = _secant(lambda f: cpu_seconds(model, profile.calibrated(cpu_rows={tier: f}), plan, tier),
+                             seconds, predicted)
+    if not rows:
+        return None
+    fitted = profile.calibrated(cpu_rows=rows)
+    return Calibration("cpu_rows", dict(fitted.cpu_rows), fitted)
+
+
+# What engines of this process measured, for the next engine on the same machine profile and dtype:
+# (profile fingerprint, measured when, dtype) -> the fitted cpu_rows (absolute: on the profile as measured).
+_LEARNED: dict[tuple[str, str, str], tuple[tuple[int, float], ...]] = {}
+
+
+def _key(profile: Profile, dtype) -> tuple[str, str, str] | None:
+    """One measured profile (its machine and when it was measured) and a dtype; None for a
+    synthetic profile, which no machine measured."""
+    data = profile.to_dict()
+    if data.get("synthetic") or not data.get("fingerprint_hash"):
+        return None
+    return data["fingerprint_hash"], str(data.get("created")), str(dtype)
+
+
+def learn(profile: Profile, dtype) -> None:
+    """Keep ``profile``'s fitted ``cpu_rows`` for later engines of this process with ``dtype``."""
+    key = _key(profile, dtype)
+    if key is not None and profile.cpu_rows:
+        _LEARNED[key] = profile.cpu_rows
+
+
+def with_learned(profile: Profile, dtype) -> Profile:
+    """``profile`` with the CPU factors an earlier engine of this process fitted on it for ``dtype``
+    (the profile itself when none did, or when it carries fitted factors already)."""
+    key = _key(profile, dtype)
+    learned = _LEARNED.get(key) if key is not None else None
+    if not learned or profile.cpu_rows:
+        return profile
+    return profile.calibrated(cpu_rows=dict(learned))
+
+
+def forget_learned() -> None:
+    """Drop what engines of this process fitted (tests, or a machine whose load changed)."""
+    _LEARNED.clear()
+
+
+def _secant(seconds_at, target: float, at_one: float) -> float:
+    """The factor f in [LOWEST, HIGHEST] with ``seconds_at(f) == target`` (``at_one``: its value at 1)."""
+    f0, s0 = 1.0, at_one
+    f1 = min(max(target / at_one, LOWEST), HIGHEST)
+    for _ in range(6):
+        s1 = seconds_at(f1)
+        if abs(s1 - target) <= TOLERANCE * target or s1 == s0:
+            break
+        f0, s0, f1 = f1, s1, min(max(f1 + (target - s1) * (f1 - f0) / (s1 - s0), LOWEST), HIGHEST)
+    return f1

@@ -75,6 +75,8 @@ class Profile:
         self._transfers: dict[tuple, float] = {}  # (bytes, direction, contended) -> seconds, memo for the planner
         self.cpu_scale = 1.0  # CPU compute as fitted to this machine while it runs (see calibrated)
         self.split_part_scale = 1.0  # a split FFN's CPU part as fitted to this machine while it runs
+        # CPU compute by rows (tokens) as measured in the engine's steps: ((rows, factor), ...) sorted
+        self.cpu_rows: tuple[tuple[int, float], ...] = ()
 
     # --- construction -------------------------------------------------------------------
     @classmethod
@@ -93,18 +95,43 @@ class Profile:
 
         return cls(synthetic_data(**peaks))
 
-    def calibrated(self, cpu_scale: float = 1.0, split_part_scale: float = 1.0) -> "Profile":
+    def calibrated(self, cpu_scale: float = 1.0, split_part_scale: float = 1.0,
+                   cpu_rows: dict[int, float] | None = None) -> "Profile":
         """This profile fitted to the engine's measured steps (:mod:`vramshard.plan.calibrate`): CPU
         compute times (matmuls, attention) ``cpu_scale`` times longer, and a split FFN's CPU part
-        (:meth:`split_part_factor`) ``split_part_scale`` times longer on top. Transfers, the GPU
-        and dispatch stay as measured; the file is not changed. Factors compose."""
-        for name, value in (("cpu_scale", cpu_scale), ("split_part_scale", split_part_scale)):
+        (:meth:`split_part_factor`) ``split_part_scale`` times longer on top. ``cpu_rows``: {rows:
+        factor} on CPU compute of that many rows (tokens), on top of the factor the profile already
+        had there (:meth:`cpu_row_factor`). Transfers, the GPU and dispatch stay as measured; the
+        file is not changed. Factors compose."""
+        rows = dict(cpu_rows or {})
+        for name, value in (("cpu_scale", cpu_scale), ("split_part_scale", split_part_scale),
+                            *((f"the factor at {m} rows", f) for m, f in rows.items())):
             if not math.isfinite(value) or value <= 0:
                 raise InvalidInputError(f"{name} must be a positive number, got {value!r}")
+        if any(not isinstance(m, int) or m < 1 for m in rows):
+            raise InvalidInputError(f"cpu_rows are keyed by whole row counts >= 1, got {sorted(rows)}")
         clone = copy.copy(self)  # shares the read-only tables
         clone.cpu_scale = self.cpu_scale * cpu_scale
         clone.split_part_scale = self.split_part_scale * split_part_scale
+        if rows:
+            table = dict(self.cpu_rows)
+            table.update({m: self.cpu_row_factor(m) * f for m, f in rows.items()})
+            clone.cpu_rows = tuple(sorted(table.items()))
         return clone
+
+    def cpu_row_factor(self, rows: int) -> float:
+        """The in-situ factor on CPU compute of ``rows`` rows: interpolated in log rows between the
+        row counts measured (:meth:`calibrated`), the nearest one's beyond them, 1 without any."""
+        table = self.cpu_rows
+        if not table:
+            return 1.0
+        if rows <= table[0][0]:
+            return table[0][1]
+        for (m0, f0), (m1, f1) in zip(table, table[1:]):
+            if rows <= m1:
+                t = math.log(rows / m0) / math.log(m1 / m0)
+                return f0 + t * (f1 - f0)
+        return table[-1][1]
 
     # --- facts --------------------------------------------------------------------------
     @property
@@ -148,7 +175,7 @@ class Profile:
             seconds *= self._thread_ratio(dtype, threads, m, k, n)
         if contended:
             seconds *= self._ratio(("cpu", dtype, self.default_threads, True), full, m, k, n)
-        return seconds * self.cpu_scale
+        return seconds * self.cpu_scale * (self.cpu_row_factor(m) if self.cpu_rows else 1.0)
 
     def transfer_s(self, nbytes: int, direction: str = "h2d", contended: bool = False) -> float:
         """Seconds to copy ``nbytes`` between pinned host memory and the GPU.
@@ -199,7 +226,7 @@ class Profile:
             threads = self._check_threads(threads)
             if threads != self.default_threads:
                 seconds *= self._thread_ratio(dtype, threads, max(n_new, 1), 4096, 4096)
-            seconds *= self.cpu_scale
+            seconds *= self.cpu_scale * (self.cpu_row_factor(n_new) if self.cpu_rows else 1.0)
         return seconds
 
     def split_part_factor(self, dtype) -> float:

@@ -61,3 +61,32 @@ class DecodeCheck:
         return {"plan": self.plan_name, "tier": self.tier, "steps": len(self.measured),
                 "predicted_ms": None if self.predicted_s is None else self.predicted_s * 1e3,
                 "measured_median_ms": None if median is None else median * 1e3, "measured_over_predicted": ratio}
+
+
+def cpu_samples_needed(tier: int) -> int:
+    """Steps of a tier whose CPU work is measured before it is judged: a prompt chunk's CPU part runs
+    for tens of milliseconds and one is enough; a decode tier's few milliseconds vary more."""
+    return 1 if tier >= 256 else 8
+
+
+class CpuCheck:
+    """The host's time computing each tier's CPU work (CPU sub-layers, split FFNs' CPU parts,
+    experts on the CPU: ``StepReport.host_compute_s``) in the steps of the plan ``plan``. The
+    estimator predicts that time from the profile, which times each piece alone; inside a step it
+    has run 1.25-1.4x longer at one token and more at prompt chunks on the H200 machine
+    (docs/BENCHMARKS.md), so the engine fits the profile to it (budget_follower)."""
+
+    def __init__(self, plan: object):
+        self.plan = plan
+        self.samples: dict[int, deque[float]] = {}
+        self.judged: set[int] = set()  # tiers already fitted (or found in tolerance) for this plan
+
+    def add(self, tier: int, host_compute_s: float) -> None:
+        """One step of ``tier`` whose CPU work took ``host_compute_s`` (steps without any are not kept)."""
+        if host_compute_s > 0 and tier not in self.judged:
+            self.samples.setdefault(tier, deque(maxlen=WINDOW)).append(host_compute_s)
+
+    def ready(self) -> dict[int, float]:
+        """{tier: median seconds of its CPU work} of the tiers not judged yet with enough steps."""
+        return {tier: statistics.median(times) for tier, times in self.samples.items()
+                if tier not in self.judged and len(times) >= cpu_samples_needed(tier)}
