@@ -2,6 +2,7 @@
 re-planning with the fitted profile (budget_follower)."""
 
 import dataclasses
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from vramshard.plan.tiers import Tiers
 from vramshard.profile import load
 from vramshard.profile.query import synthetic
 from vramshard.runtime.plan_check import MIN_STEPS
+from vramshard.runtime.scheduler import StepStats
 from vramshard.shapes import shape_model
 
 H200 = Path(__file__).resolve().parent.parent / "docs" / "profiles" / "h200-queued.json"
@@ -228,4 +230,22 @@ def test_an_engine_whose_cpu_work_runs_slow_fits_that_tier_and_plans_again(tiny_
     engine.poll_budget()
     assert engine.budget.events[-1]["why"] == "calibrate" and engine.plan is not old_plan
     assert engine.generate([prompt], 8) == expected
-    assert engine.cpu_check().plan is engine.plan and not engine.cpu_check().judged  # measured afresh
+    check = engine.cpu_check()
+    assert check.plan is engine.plan and check.judged == {1}  # a new check; tier 1 stays judged
+    check.add(1, 10 * predicted)
+    assert check.samples == {}  # once per tier and engine: no fit chases its own re-plans
+
+
+def test_steps_beside_a_background_plan_are_not_samples_of_the_cpu_work(tiny_model_dir):
+    """The background planner's Python holds the GIL: steps that ran while it planned are slower
+    on the host than the machine is, so they do not count."""
+    engine, _ = simulated_engine(tiny_model_dir("qwen3"))
+
+    def step(ended: float, seconds: float = 0.1):
+        return StepStats(1, 0, 1, 1, 1, seconds, 0, 1, ended, seconds, 0.0, 0.05, 0.0)
+
+    engine.budget.background.finished_at = time.time()
+    engine._measured(step(time.time() + 0.05))  # began before the planner had finished
+    assert engine.cpu_check().samples == {}
+    engine._measured(step(time.time() + 0.5))
+    assert list(engine.cpu_check().samples[1]) == [0.05]

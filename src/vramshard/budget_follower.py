@@ -70,6 +70,7 @@ class BudgetFollower:
         self.refine: tuple[int | None, bool | None] | None = None
         self.refine_why = "refine"  # or "calibrate": the event the refined plan is recorded as
         self.calibrations: list[dict] = []  # fits of the profile to measured steps, oldest first
+        self.cpu_judged: set[int] = set()  # tiers whose CPU work was judged (fitted or found in tolerance)
         self.background = BackgroundPlanner(self._plan_fully)
 
     # ------------------------------------------------------------------ the source
@@ -137,13 +138,16 @@ class BudgetFollower:
     def _calibrate_cpu_work(self) -> bool:
         """When a tier's CPU work (as the executor timed it) runs more than CPU_OFF_BY off the
         estimator's time for it, fit the profile's CPU factor at that tier's rows and plan again in
-        the background. Returns whether it did (caller holds the executor lock)."""
+        the background. Each tier is judged once per engine, from steps that ran while no background
+        plan was being made (its Python holds the GIL and slows the step's host work: on the H200
+        machine the measured CPU work grew 1.4-3x then). Returns whether it did (caller holds the
+        executor lock)."""
         engine = self.engine
         check = engine.cpu_check()
         ready = check.ready()
         if check.plan is not engine.plan or not ready:
             return False
-        check.judged.update(ready)
+        self.cpu_judged.update(ready)  # once per tier and engine: a fit that chased its own re-plans would drift
         settings = self.plan_settings()
         fitted = calibrate.fit_cpu_rows(engine.model, settings.profile, engine.plan, ready)
         if fitted is None:
@@ -350,6 +354,7 @@ class BackgroundPlanner:
         self._lock = threading.Lock()
         self._wanted: tuple | None = None
         self._thread: threading.Thread | None = None
+        self.finished_at = 0.0  # time.time() when the thread last ran out of work
 
     def want(self, budget: int | None, kv_forced: bool | None) -> None:
         with self._lock:
@@ -357,6 +362,11 @@ class BackgroundPlanner:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="vramshard-plan", daemon=True)
                 self._thread.start()
+
+    @property
+    def busy(self) -> bool:
+        """Whether the thread is planning now."""
+        return self._thread is not None
 
     def wait(self, timeout: float | None = None) -> None:
         """Until the thread has planned everything asked for (tests, benchmarks)."""
@@ -370,6 +380,7 @@ class BackgroundPlanner:
                 wanted, self._wanted = self._wanted, None
                 if wanted is None:
                     self._thread = None
+                    self.finished_at = time.time()
                     return
             try:
                 self._make(*wanted)

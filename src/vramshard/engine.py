@@ -334,13 +334,16 @@ class Engine:
     def _measured(self, stats) -> None:
         """A step's measurements, against the plan in force (the scheduler calls this after each)."""
         self.plan_check().add(stats.tokens, stats.sequences, stats.forward_s)
+        background = self.budget.background
+        if background.busy or stats.end_time - stats.seconds < background.finished_at:
+            return  # the background planner's Python held the GIL during the step: not a fair sample
         plans = self.executor.plans
         self.cpu_check().add(plans.tiers[plans.index_for(stats.tokens)], stats.host_compute_s)
 
     def cpu_check(self) -> CpuCheck:
         """The host's time in each tier's CPU work, in the steps of the plan in force."""
         if self._cpu_check is None or self._cpu_check.plan is not self.plan:
-            self._cpu_check = CpuCheck(self.plan)
+            self._cpu_check = CpuCheck(self.plan, self.budget.cpu_judged)
         return self._cpu_check
 
     def plan_check(self) -> DecodeCheck:

@@ -76,10 +76,11 @@ class CpuCheck:
     has run 1.25-1.4x longer at one token and more at prompt chunks on the H200 machine
     (docs/BENCHMARKS.md), so the engine fits the profile to it (budget_follower)."""
 
-    def __init__(self, plan: object):
+    def __init__(self, plan: object, judged: set[int] | None = None):
         self.plan = plan
         self.samples: dict[int, deque[float]] = {}
-        self.judged: set[int] = set()  # tiers already fitted (or found in tolerance) for this plan
+        # Tiers already fitted (or found in tolerance), shared with the engine's earlier checks.
+        self.judged: set[int] = judged if judged is not None else set()
 
     def add(self, tier: int, host_compute_s: float) -> None:
         """One step of ``tier`` whose CPU work took ``host_compute_s`` (steps without any are not kept)."""
