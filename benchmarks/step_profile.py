@@ -8,8 +8,8 @@ synchronisation and the number of launches, per placement, from torch.profiler.
 Placements are the named ones (``gpu``, ``static``, ``stream``, ``layers:N``, ``experts-stream``,
 ``experts-cpu``, ...); ``NAME+graphs`` replays decode from CUDA graphs (``NAME+compiled``: with
 their fusable parts compiled by inductor, as ``Engine.load(decode_compile=...)``);
-``planned:G`` is the planner's tier-1 plan at a budget of G GiB on the ``--profile`` machine
-profile (its predicted step time is printed beside the measured one; ``planned:G@T`` runs it
+``planned:G`` is the planner's plan for the step's tier (``--seqs`` rows, default 1) at a budget of
+G GiB on the ``--profile`` machine profile (its predicted step time is printed beside the measured one; ``planned:G@T`` runs it
 with T CPU threads). For each it prints one line of totals per decode step — wall ms, GPU
 kernel ms (memcpy excluded), host-to-device copy ms, time the host spent blocked on the GPU,
 CUDA launches, aten ops — and the top operators by host and by device time. If wall ≫ kernels
@@ -92,17 +92,18 @@ def planned_executor(model, host: HostLayouts, spec: str, args, result: dict) ->
     gib, _, forced = spec.split(":", 1)[1].removesuffix("+graphs").partition("@")
     budget = int(float(gib) * GiB)
     profile = load(args.profile, check_fingerprint=False)
-    plan = Planner(model, profile, budget, context=args.ctx + 64, tiers=Tiers((1,))).plan()
-    tier = plan.tiers[1]
+    rows = args.seqs
+    plan = Planner(model, profile, budget, context=rows * (args.ctx + 64), tiers=Tiers((rows,))).plan()
+    tier = plan.tiers[rows]
     threads = int(forced) if forced else args.threads or tier.threads  # a sweep over the plan's count
     from vramshard.plan.calibrate import step_estimate
 
-    estimate = step_estimate(model, profile, plan, 1)
+    estimate = step_estimate(model, profile, plan, rows)
     result.update(family=tier.family, predicted_ms=tier.predicted_s * 1e3, threads=threads,
                   predicted_cpu_busy_ms=estimate.cpu_busy * 1e3, predicted_copy_busy_ms=estimate.copy_busy * 1e3)
-    tiered = TieredPlacement((1,), (tier.placement,), (threads,), plan.expert_cache)
-    return Executor(model, host.for_placement(tiered), tiered, budget=budget, max_tokens=64,
-                    max_context=args.ctx + 64, decode_graphs=spec.endswith("+graphs"))
+    tiered = TieredPlacement((rows,), (tier.placement,), (threads,), plan.expert_cache)
+    return Executor(model, host.for_placement(tiered), tiered, budget=budget, max_tokens=max(64, rows),
+                    max_context=rows * (args.ctx + 64), decode_graphs=spec.endswith("+graphs"))
 
 
 def make_executor(model, host: HostLayouts, spec: str, args, result: dict) -> Executor:
@@ -114,7 +115,8 @@ def make_executor(model, host: HostLayouts, spec: str, args, result: dict) -> Ex
     cache = None
     if name == "experts-stream":
         cache = max(int(args.expert_cache_gib * GiB), expert_slot_bytes(model))
-    return Executor(model, host.for_placement(placement), placement, max_tokens=64, max_context=args.ctx + 64,
+    return Executor(model, host.for_placement(placement), placement, max_tokens=max(64, args.seqs),
+                    max_context=args.seqs * (args.ctx + 64),
                     threads=args.threads, expert_cache=cache, decode_graphs=graphs,
                     decode_compile="inductor" if spec.endswith("+compiled") else None)
 
@@ -122,27 +124,34 @@ def make_executor(model, host: HostLayouts, spec: str, args, result: dict) -> Ex
 def profile_placement(model, host: HostLayouts, spec: str, args) -> dict:
     result = {"placement": spec}
     executor = make_executor(model, host, spec, args, result)
-    kv = executor.new_kv_cache(1, args.ctx + 64)
-    token = torch.tensor([3])
+    rows = args.seqs
+    kv = executor.new_kv_cache(rows, args.ctx + 64)
+    token = torch.full((rows,), 3)
     position = args.ctx
+
+    def decode_step():
+        # ``rows`` sequences at the same position, one new token each (a decode tier of ``rows``).
+        return Step(list(range(rows)), [position] * rows, [1] * rows, list(range(rows)), kv_lookup=kv)
+
     with torch.inference_mode():
         for _ in range(5):
-            executor.forward(token, Step.single(position, 1, kv_lookup=kv))
+            executor.forward(token, decode_step())
             position += 1
         sync()
         t0 = time.perf_counter()
         host_compute = host_wait = 0.0
         for _ in range(args.steps):
-            executor.forward(token, Step.single(position, 1, kv_lookup=kv))
+            executor.forward(token, decode_step())
             host_compute += executor.report.host_compute_s
             host_wait += executor.report.host_wait_s
             position += 1
         sync()
         wall_ms = (time.perf_counter() - t0) / args.steps * 1e3
-        result.update(host_compute_ms=host_compute / args.steps * 1e3, host_wait_ms=host_wait / args.steps * 1e3)
+        result.update(rows=rows, host_compute_ms=host_compute / args.steps * 1e3,
+                      host_wait_ms=host_wait / args.steps * 1e3)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(3):
-                executor.forward(token, Step.single(position, 1, kv_lookup=kv))
+                executor.forward(token, decode_step())
                 position += 1
             sync()
     result.update(wall_ms=wall_ms, peak_vram_gib=executor.peak_vram() / GiB, **step_split(prof, 3))
@@ -182,6 +191,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=None, help="cut the model to N layers (default: all)")
     parser.add_argument("--ctx", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=10, help="timed decode steps per placement")
+    parser.add_argument("--seqs", type=int, default=1,
+                        help="sequences decoding together (a decode tier of that many rows; planned:G plans it)")
     parser.add_argument("--placements", default="gpu,gpu+graphs,static")
     parser.add_argument("--expert-cache-gib", type=float, default=1.0, help="VRAM expert cache of experts-stream")
     parser.add_argument("--threads", type=int, default=None)

@@ -123,7 +123,10 @@ def test_resident_runs(engines):
     triples, layers = sublayer_triples(model), model.args.num_hidden_layers
     assert resident_runs(named_placement("gpu", triples, layers), list(model)) == [(0, len(model))]
     assert resident_runs(named_placement("layers:1", triples, layers), list(model)) == [(1, 3)]
-    assert resident_runs(named_placement("static", triples, layers), list(model)) == []
+    # Attention in VRAM, FFNs on the CPU: each attention is a run of its own (fewer host launches).
+    attention = [i for i, s in enumerate(model) if s.kind == "attn"]
+    assert resident_runs(named_placement("static", triples, layers), list(model)) == [(i, i + 1) for i in attention]
+    assert resident_runs(named_placement("static", triples, layers), list(model), shortest=2) == []
     assert resident_runs(named_placement("stream", triples, layers), list(model)) == []
     # The runner keeps only runs whose weights it holds, and remembers them per placement.
     sublayers = list(model)
@@ -144,6 +147,25 @@ def test_static_decode_matches_normal_path_paged(arch, engines):
     assert graphs.stats.static_eager == len(SCHEDULE) and not graphs.stats.fallbacks
     # Buckets used: batch 4, 2 and 1; keys 16 and 32 (contexts 6 .. 29).
     assert {(b.batch, b.keys) for b in graphs._buckets.values()} >= {(4, 32), (2, 16), (1, 32)}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_static_decode_one_sublayer_at_a_time(arch, engines):
+    """Every sub-layer a run of its own (a plan that splits FFNs leaves each resident attention
+    alone between them): the embedding alone, each attention, each FFN, the head alone, chained,
+    give the normal path's logits and caches."""
+    engine = engines(arch)
+    graphs = _host_graphs(engine)
+
+    def one_at_a_time(sublayers, ids, step):
+        x = ids
+        for sublayer in sublayers:
+            x = graphs.run([sublayer], x, step)
+            assert x is not None
+        return x
+
+    assert _decode_trace(engine, graphs, run=one_at_a_time) < 1e-4
+    assert graphs.stats.static_eager == len(SCHEDULE) * len(engine.executor.token_sublayers)
 
 
 @pytest.mark.parametrize("arch", ["llama", "llama_mqa_tied"])

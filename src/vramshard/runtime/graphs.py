@@ -38,6 +38,10 @@ from ..plan.placement import GPU_RESIDENT, Placement
 log = logging.getLogger(__name__)
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+# Graphs kept. A plan that splits FFNs between CPU and GPU leaves each resident attention a run of
+# its own (some 25 runs for llama3-8b at 8 GiB), each captured per (batch, keys) bucket; all
+# share one memory pool, so a graph adds little more than its static output.
+MAX_GRAPHS = 512
 MIN_KEY_BUCKET = 64
 SUPPORTED = (Embedding, Attention, DenseFFN, Head)  # sub-layers whose decode forward needs no host sync
 _FIXED_COLUMNS = 4  # token, position, write index, write source; then the block table
@@ -73,7 +77,7 @@ def decode_uncovered(step: Step) -> str | None:
     return None
 
 
-def resident_runs(placement: Placement, sublayers: Sequence[SubLayer], shortest: int = 2) -> list[tuple[int, int]]:
+def resident_runs(placement: Placement, sublayers: Sequence[SubLayer], shortest: int = 1) -> list[tuple[int, int]]:
     """Index ranges [begin, end) of ``sublayers`` that are runs of at least ``shortest`` consecutive
     sub-layers computed on the GPU from VRAM-resident weights and supported by :class:`StaticDecode`."""
     where = placement.as_dict()
@@ -369,7 +373,7 @@ class DecodeGraphs:
     """
 
     def __init__(self, weights: Mapping[str, Mapping[str, torch.Tensor]], device: torch.device | str,
-                 max_context: int, capture: bool = True, max_graphs: int = 16,
+                 max_context: int, capture: bool = True, max_graphs: int = MAX_GRAPHS,
                  batch_buckets: Sequence[int] = BATCH_BUCKETS, smallest_keys: int = MIN_KEY_BUCKET,
                  pool_limit: int | None = None, warmup_runs: int = 2, compile_backend: str | None = None):
         self.compile_backend = compile_backend
@@ -404,7 +408,7 @@ class DecodeGraphs:
         self._pool = None
         self.pool_bytes = 0
 
-    def runs(self, placement: Placement, sublayers: Sequence[SubLayer], shortest: int = 2) -> dict[int, int]:
+    def runs(self, placement: Placement, sublayers: Sequence[SubLayer], shortest: int = 1) -> dict[int, int]:
         """{begin: end} of the :func:`resident_runs` of ``sublayers`` under ``placement`` whose sub-layers
         this runner holds weights for (remembered per placement and sub-layer list)."""
         key = (placement, id(sublayers), shortest)
