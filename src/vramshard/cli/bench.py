@@ -151,23 +151,23 @@ def _median_runs(runs: list[dict]) -> dict:
     return out
 
 
-CALIBRATION_STEPS = 10  # decode steps of each warm-up run: enough for a tier's CPU work to be judged
+CALIBRATION_STEPS = 10  # decode steps of each warm-up run: a graph capture, and enough for a tier's CPU work to be judged
 
 
-def _settle_calibration(engine, settings: BenchSettings) -> None:
-    """A planned engine on a GPU fits its profile to the CPU work it measures in each tier's steps
-    (budget_follower) and re-plans: run the prompt and every batch size once before the timed
-    runs, so that they measure the plan the fits lead to, not the switch to it."""
-    from .. import budget_follower
-
-    if getattr(engine, "plan", None) is None or not budget_follower.CALIBRATE or engine.device == "cpu":
+def _warm_every_shape(engine, settings: BenchSettings) -> None:
+    """On a GPU, run the prompt and every batch size once before the timed runs, for every engine
+    alike: each batch size's first decode steps capture its CUDA graphs, and a planned engine fits
+    its profile to the CPU work it measures in each tier's steps (budget_follower) and re-plans.
+    The timed runs then measure the engine as it runs from then on, not its warm-up."""
+    if getattr(engine, "device", "cpu") == "cpu":
         return
     vocab = engine.args.vocab_size
     run_requests(engine, _prompts(1, settings.pp, vocab, 97), CALIBRATION_STEPS, settings)
     for size in settings.batch_sizes:
         run_requests(engine, _prompts(size, settings.batch_prompt, vocab, 96), CALIBRATION_STEPS, settings)
-    engine.budget.background.wait(60)
-    engine.poll_budget()  # the last fit's plan in force
+    if getattr(engine, "plan", None) is not None:
+        engine.budget.background.wait(60)
+        engine.poll_budget()  # the last fit's plan in force
 
 
 def measure(engine, settings: BenchSettings) -> dict:
@@ -177,7 +177,7 @@ def measure(engine, settings: BenchSettings) -> dict:
     run_requests(engine, _prompts(1, warm, vocab, 99), 2, settings)
     run_requests(engine, _prompts(min(4, max(settings.batch_sizes)), min(settings.batch_prompt, 16), vocab, 98), 2,
                  settings)
-    _settle_calibration(engine, settings)
+    _warm_every_shape(engine, settings)
     single = _median_runs([run_requests(engine, _prompts(1, settings.pp, vocab, settings.seed + r), settings.tg,
                                         settings) for r in range(settings.repeat)])
     result = {

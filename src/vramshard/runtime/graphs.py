@@ -393,6 +393,7 @@ class DecodeGraphs:
         self._side_stream = None
         self._told: set[str] = set()
         self._runs: dict[tuple, tuple[Sequence[SubLayer], dict[int, int]]] = {}
+        self._inputs: dict[tuple, torch.Tensor] = {}  # (batch, width, dtype) -> the runs' shared input buffer
 
     @property
     def graphs(self) -> int:
@@ -405,6 +406,7 @@ class DecodeGraphs:
         self._buckets.clear()
         self._forwards.clear()
         self._runs.clear()
+        self._inputs.clear()
         self._pool = None
         self.pool_bytes = 0
 
@@ -503,7 +505,14 @@ class DecodeGraphs:
         pinned = self.device.type == "cuda"
         hidden = None
         if not forward.starts_with_tokens:
-            hidden = torch.zeros(batch, x.shape[-1], dtype=x.dtype, device=self.device)
+            # One input buffer per shape for all runs: each run's input is copied in right before
+            # its replay, on the same stream, so runs never need theirs at once (a plan that
+            # splits FFNs has some 25 runs, each with several buckets: outside the graph pool,
+            # their own buffers would be VRAM the budget did not count).
+            key = (batch, x.shape[-1], x.dtype)
+            hidden = self._inputs.get(key)
+            if hidden is None:
+                hidden = self._inputs[key] = torch.zeros(batch, x.shape[-1], dtype=x.dtype, device=self.device)
         return _Bucket(batch, keys, torch.zeros(shape, dtype=torch.long, device=self.device),
                        torch.zeros(shape, dtype=torch.long, pin_memory=pinned),
                        torch.arange(keys, device=self.device), hidden)
