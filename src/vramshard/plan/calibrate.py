@@ -12,6 +12,11 @@ up to 20% within a session, so no one-off measurement settles it.
 :func:`fit` finds that factor from a running plan's measured decode step (or, for a plan that
 computes on the CPU without splitting, a factor on all CPU compute times); the engine re-plans
 with the :meth:`~vramshard.profile.query.Profile.calibrated` profile (``budget_follower``).
+
+Since the tenth GPU session the executor times the CPU work itself (``StepReport.host_compute_s``),
+so :func:`fit_cpu_rows` fits it directly, per tier: a factor on CPU compute at that many rows. It
+grows with the rows on the H200 machine (1.17-1.6 at one row, 1.4 at 1024), which one factor for
+all tiers could not follow.
 """
 
 from __future__ import annotations
