@@ -47,3 +47,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _nothing_learned_across_tests():
+    """Engines of one process start from the CPU factors an earlier one fitted on the same
+    profile (plan/calibrate.py); each test starts from none."""
+    from vramshard.plan import calibrate
+
+    calibrate.forget_learned()
+    yield
+    calibrate.forget_learned()

@@ -249,3 +249,38 @@ def test_steps_beside_a_background_plan_are_not_samples_of_the_cpu_work(tiny_mod
     assert engine.cpu_check().samples == {}
     engine._measured(step(time.time() + 0.5))
     assert list(engine.cpu_check().samples[1]) == [0.05]
+
+
+def test_a_dispatch_factor_scales_the_hosts_gpu_dispatch_and_explains_a_host_bound_step(nemo_2gib, h200):
+    fitted = h200.calibrated(dispatch_scale=2.0)
+    assert fitted.dispatch_s("cuda") == pytest.approx(2 * h200.dispatch_s("cuda"))
+    assert fitted.dispatch_s("cpu") == h200.dispatch_s("cpu")
+    assert fitted.matmul_s(1, 4096, 4096, "bf16", "cpu") == h200.matmul_s(1, 4096, 4096, "bf16", "cpu")
+    assert fitted.calibrated(dispatch_scale=1.5).dispatch_scale == pytest.approx(3.0)
+    with pytest.raises(InvalidInputError, match="dispatch_scale"):
+        h200.calibrated(dispatch_scale=0)
+    model, plan = nemo_2gib
+    # The split plan's host does its CPU parts and the GPU dispatch in turn: a slower dispatch
+    # lengthens the step, and a factor on it explains a step 15% slower than predicted.
+    measured = 1.15 * step_seconds(model, h200, plan, 1)
+    fit = calibrate.fit_dispatch(model, h200, plan, measured)
+    assert fit.what == "dispatch_scale" and fit.value > 1.2
+    assert step_seconds(model, fit.profile, plan, 1) == pytest.approx(measured, rel=calibrate.TOLERANCE)
+    assert calibrate.fit_dispatch(model, h200, plan, 0.5 * step_seconds(model, h200, plan, 1)) is None
+
+
+def test_with_its_cpu_work_timed_the_rest_of_a_slow_step_goes_to_the_dispatch(tiny_model_dir, monkeypatch):
+    monkeypatch.setattr(calibrate, "MIN_CPU_S", 0.0)
+    calibrate.forget_learned()
+    engine, reference = simulated_engine(tiny_model_dir("qwen3"))
+    profile = engine.budget.plan_settings().profile
+    check = engine.cpu_check()
+    for _ in range(8):  # the CPU work as predicted: judged, nothing to fit
+        check.add(1, calibrate.cpu_seconds(engine.model, profile, engine.plan, 1))
+    engine.poll_budget()
+    assert engine.budget.calibrations == [] and check.judged == {1}
+    slow_steps(engine, 1.2)
+    engine.poll_budget()
+    (fitted,) = engine.budget.calibrations
+    assert fitted["dispatch_scale"] > 1.0 and "cpu_scale" not in fitted and "split_part_scale" not in fitted
+    assert engine.budget.plan_settings().profile.dispatch_scale == pytest.approx(fitted["dispatch_scale"])

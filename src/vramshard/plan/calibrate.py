@@ -142,9 +142,22 @@ def fit_cpu_rows(model: Model, profile: Profile, plan: PlanSet, measured: dict[i
     return Calibration("cpu_rows", dict(fitted.cpu_rows), fitted)
 
 
+def fit_dispatch(model: Model, profile: Profile, plan: PlanSet, measured_s: float, tier: int = 1) -> Calibration | None:
+    """The profile under which ``plan``'s ``tier`` step takes ``measured_s`` by a factor on the
+    host's cost of dispatching GPU work (launches, ring fills, the Python around them), for a plan
+    whose CPU work was already fitted from its own timing. None when no factor in [LOWEST,
+    HIGHEST] explains the step (the dispatch is not on its critical path: a copy-bound step)."""
+    scale = _bisect(model, plan, tier, measured_s, lambda f: profile.calibrated(dispatch_scale=f))
+    if scale is None:
+        return None
+    fitted = profile.calibrated(dispatch_scale=scale)
+    return Calibration("dispatch_scale", fitted.dispatch_scale, fitted)
+
+
 # What engines of this process measured, for the next engine on the same machine profile and dtype:
-# (profile fingerprint, measured when, dtype) -> the fitted cpu_rows (absolute: on the profile as measured).
-_LEARNED: dict[tuple[str, str, str], tuple[tuple[int, float], ...]] = {}
+# (profile fingerprint, measured when, dtype) -> (the fitted cpu_rows, dispatch_scale), both on the
+# profile as measured.
+_LEARNED: dict[tuple[str, str, str], tuple[tuple[tuple[int, float], ...], float]] = {}
 
 
 def _key(profile: Profile, dtype) -> tuple[str, str, str] | None:
@@ -157,20 +170,22 @@ def _key(profile: Profile, dtype) -> tuple[str, str, str] | None:
 
 
 def learn(profile: Profile, dtype) -> None:
-    """Keep ``profile``'s fitted ``cpu_rows`` for later engines of this process with ``dtype``."""
+    """Keep ``profile``'s fitted ``cpu_rows`` and ``dispatch_scale`` for later engines of this
+    process with ``dtype``."""
     key = _key(profile, dtype)
-    if key is not None and profile.cpu_rows:
-        _LEARNED[key] = profile.cpu_rows
+    if key is not None and (profile.cpu_rows or profile.dispatch_scale != 1.0):
+        _LEARNED[key] = (profile.cpu_rows, profile.dispatch_scale)
 
 
 def with_learned(profile: Profile, dtype) -> Profile:
-    """``profile`` with the CPU factors an earlier engine of this process fitted on it for ``dtype``
+    """``profile`` with the factors an earlier engine of this process fitted on it for ``dtype``
     (the profile itself when none did, or when it carries fitted factors already)."""
     key = _key(profile, dtype)
     learned = _LEARNED.get(key) if key is not None else None
-    if not learned or profile.cpu_rows:
+    if not learned or profile.cpu_rows or profile.dispatch_scale != 1.0:
         return profile
-    return profile.calibrated(cpu_rows=dict(learned))
+    rows, dispatch = learned
+    return profile.calibrated(cpu_rows=dict(rows), dispatch_scale=dispatch)
 
 
 def forget_learned() -> None:

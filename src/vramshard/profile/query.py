@@ -77,6 +77,7 @@ class Profile:
         self.split_part_scale = 1.0  # a split FFN's CPU part as fitted to this machine while it runs
         # CPU compute by rows (tokens) as measured in the engine's steps: ((rows, factor), ...) sorted
         self.cpu_rows: tuple[tuple[int, float], ...] = ()
+        self.dispatch_scale = 1.0  # the host's cost of dispatching GPU work, as fitted in the engine's steps
 
     # --- construction -------------------------------------------------------------------
     @classmethod
@@ -96,15 +97,17 @@ class Profile:
         return cls(synthetic_data(**peaks))
 
     def calibrated(self, cpu_scale: float = 1.0, split_part_scale: float = 1.0,
-                   cpu_rows: dict[int, float] | None = None) -> "Profile":
+                   cpu_rows: dict[int, float] | None = None, dispatch_scale: float = 1.0) -> "Profile":
         """This profile fitted to the engine's measured steps (:mod:`vramshard.plan.calibrate`): CPU
         compute times (matmuls, attention) ``cpu_scale`` times longer, and a split FFN's CPU part
         (:meth:`split_part_factor`) ``split_part_scale`` times longer on top. ``cpu_rows``: {rows:
         factor} on CPU compute of that many rows (tokens), on top of the factor the profile already
-        had there (:meth:`cpu_row_factor`). Transfers, the GPU and dispatch stay as measured; the
-        file is not changed. Factors compose."""
+        had there (:meth:`cpu_row_factor`). ``dispatch_scale``: the host's cost of dispatching GPU
+        work (:meth:`dispatch_s` on "cuda") that many times the profile's. Transfers and the GPU's
+        own times stay as measured; the file is not changed. Factors compose."""
         rows = dict(cpu_rows or {})
         for name, value in (("cpu_scale", cpu_scale), ("split_part_scale", split_part_scale),
+                            ("dispatch_scale", dispatch_scale),
                             *((f"the factor at {m} rows", f) for m, f in rows.items())):
             if not math.isfinite(value) or value <= 0:
                 raise InvalidInputError(f"{name} must be a positive number, got {value!r}")
@@ -113,6 +116,7 @@ class Profile:
         clone = copy.copy(self)  # shares the read-only tables
         clone.cpu_scale = self.cpu_scale * cpu_scale
         clone.split_part_scale = self.split_part_scale * split_part_scale
+        clone.dispatch_scale = self.dispatch_scale * dispatch_scale
         if rows:
             table = dict(self.cpu_rows)
             table.update({m: self.cpu_row_factor(m) * f for m, f in rows.items()})
@@ -239,6 +243,7 @@ class Profile:
         device = device_name(device)
         if device == "cuda":
             self._require_gpu("GPU dispatch cost")
+            return float(self.data["dispatch"][device]) * self.dispatch_scale
         return float(self.data["dispatch"][device])
 
     # --- helpers ------------------------------------------------------------------------
