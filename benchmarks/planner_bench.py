@@ -24,13 +24,14 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import statistics
 import time
 
 import torch
 
 from vramshard.errors import BudgetError
 from vramshard.layers.step import Step
-from vramshard.plan.calibrate import fit
+from vramshard.plan.calibrate import fit, fit_measured
 from vramshard.plan.memory import max_resident_layers, sublayer_triples
 from vramshard.plan.placement import TieredPlacement, named_placement
 from vramshard.plan.planner import Planner
@@ -47,6 +48,25 @@ GiB = 2**30
 
 def step_seconds(executor: Executor, tier: int, ctx: int, seq_ctx: int) -> float:
     """Median seconds of one step of the tier's shape (see the module docstring)."""
+    return step_and_cpu_seconds(executor, tier, ctx, seq_ctx)[0]
+
+
+def step_and_cpu_seconds(executor: Executor, tier: int, ctx: int, seq_ctx: int) -> tuple[float, float]:
+    """(median seconds of one step of the tier's shape, median host seconds of its CPU work:
+    ``StepReport.host_compute_s``, the executor's own timing)."""
+    cpu: list[float] = []
+
+    def timed_step(run):
+        def one():
+            run()
+            cpu.append(executor.report.host_compute_s)
+        return one
+
+    seconds = _step_seconds(executor, tier, ctx, seq_ctx, timed_step)
+    return seconds, statistics.median(cpu) if cpu else 0.0
+
+
+def _step_seconds(executor: Executor, tier: int, ctx: int, seq_ctx: int, wrap) -> float:
     if tier <= 64:
         per_seq = min(seq_ctx, ctx // tier - 8)
         kv = executor.new_kv_cache(tier, per_seq + 8)
@@ -59,10 +79,11 @@ def step_seconds(executor: Executor, tier: int, ctx: int, seq_ctx: int) -> float
             executor.forward(tokens, step)
             state["pos"] += 1
 
-        return timed(one, repeat=5, warmup=2, budget_s=15)
+        return timed(wrap(one), repeat=5, warmup=2, budget_s=15)
     kv = executor.new_kv_cache(1, tier + 1)
     ids = torch.randint(0, 1000, (tier,))
-    return timed(lambda: executor.forward(ids, Step.single(0, tier, kv_lookup=kv)), repeat=3, warmup=1, budget_s=20)
+    return timed(wrap(lambda: executor.forward(ids, Step.single(0, tier, kv_lookup=kv))), repeat=3, warmup=1,
+                 budget_s=20)
 
 
 def run_model(name: str, args, profile, bw) -> dict:
@@ -115,7 +136,9 @@ def run_model(name: str, args, profile, bw) -> dict:
                 except BudgetError as exc:
                     cell["skipped"][family] = str(exc)
                     continue
-                cell["measured_ms"][family] = step_seconds(executor, tier, args.ctx, args.seq_ctx) * 1e3
+                seconds, cpu_s = step_and_cpu_seconds(executor, tier, args.ctx, args.seq_ctx)
+                cell["measured_ms"][family] = seconds * 1e3
+                cell.setdefault("host_compute_ms", {})[family] = cpu_s * 1e3
                 cell.setdefault("peak_vram_gib", 0.0)
                 cell["peak_vram_gib"] = max(cell["peak_vram_gib"], executor.peak_vram() / GiB)
                 del executor
@@ -142,10 +165,17 @@ def run_model(name: str, args, profile, bw) -> dict:
 
 def calibrated_cell(model, host, profile, plan, tier: int, budget: int, tiers: Tiers, cell: dict, args) -> dict:
     """The engine's in-situ calibration, closed: fit the profile to the chosen plan's measured step
-    (:func:`vramshard.plan.calibrate.fit`), plan again with it, predict the new choice, then
-    measure it (unless it is a placement already measured) and compare."""
+    as the engine does (the CPU factor from the executor's timing of the CPU work, then the
+    dispatch from the rest: :func:`vramshard.plan.calibrate.fit_measured`; without a timing, the
+    whole step's :func:`~vramshard.plan.calibrate.fit`), plan again with it, predict the new
+    choice, then measure it (unless it is a placement already measured) and compare."""
     measured = cell["measured_ms"]
-    fitted = fit(model, profile, plan, measured[plan.tiers[tier].family] / 1e3, tier)
+    chosen = plan.tiers[tier].family
+    cpu_s = cell.get("host_compute_ms", {}).get(chosen, 0.0) / 1e3
+    if cpu_s > 0:
+        fitted = fit_measured(model, profile, plan, tier, measured[chosen] / 1e3, cpu_s)
+    else:
+        fitted = fit(model, profile, plan, measured[chosen] / 1e3, tier)
     if fitted is None:
         return {"fitted": None}
     again = Planner(model, fitted.profile, budget, context=args.ctx, tiers=tiers).plan()
@@ -164,7 +194,8 @@ def calibrated_cell(model, host, profile, plan, tier: int, budget: int, tiers: T
                                 max_context=args.ctx)
         except BudgetError as exc:
             return {**out, "skipped": str(exc)}
-        out["measured_ms"] = step_seconds(executor, tier, args.ctx, args.seq_ctx) * 1e3
+        out["measured_ms"], out["host_compute_ms"] = (
+            v * 1e3 for v in step_and_cpu_seconds(executor, tier, args.ctx, args.seq_ctx))
         del executor
     out["error_pct"] = (out["predicted_ms"] - out["measured_ms"]) / out["measured_ms"] * 100
     fastest = min([*measured.values(), out["measured_ms"]])

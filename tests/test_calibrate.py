@@ -284,3 +284,20 @@ def test_with_its_cpu_work_timed_the_rest_of_a_slow_step_goes_to_the_dispatch(ti
     (fitted,) = engine.budget.calibrations
     assert fitted["dispatch_scale"] > 1.0 and "cpu_scale" not in fitted and "split_part_scale" not in fitted
     assert engine.budget.plan_settings().profile.dispatch_scale == pytest.approx(fitted["dispatch_scale"])
+
+
+def test_one_measured_step_fits_its_cpu_work_then_the_dispatch(nemo_2gib, h200):
+    model, plan = nemo_2gib
+    cpu = calibrate.cpu_seconds(model, h200, plan, 1)
+    step = step_seconds(model, h200, plan, 1)
+    both = calibrate.fit_measured(model, h200, plan, 1, 1.5 * step, 1.3 * cpu)
+    assert both.what == "cpu_rows+dispatch_scale" and 1.2 < both.value["cpu_rows"][1] < 1.4
+    assert both.value["dispatch_scale"] > 1.0
+    assert calibrate.cpu_seconds(model, both.profile, plan, 1) == pytest.approx(1.3 * cpu, rel=0.03)
+    assert step_seconds(model, both.profile, plan, 1) == pytest.approx(1.5 * step, rel=2 * calibrate.TOLERANCE)
+    # CPU work as predicted and a step within the tolerance: nothing to fit.
+    assert calibrate.fit_measured(model, h200, plan, 1, 1.05 * step, cpu) is None
+    # The CPU's gap alone explains the step: no dispatch factor on top.
+    only_cpu = calibrate.fit_measured(model, h200, plan, 1, step_seconds(model, h200.calibrated(cpu_rows={1: 1.4}),
+                                                                           plan, 1), 1.4 * cpu)
+    assert only_cpu is not None and "dispatch_scale" not in only_cpu.value

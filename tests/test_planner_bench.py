@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import planner_bench
+from vramshard.plan import calibrate
 from vramshard.plan.planner import Planner
 from vramshard.plan.tiers import Tiers
 from vramshard.profile import load
@@ -23,7 +24,7 @@ def test_a_slow_split_plan_is_fitted_re_planned_and_the_new_choice_measured(monk
     assert first.placement.split_names()
     run = []
     monkeypatch.setattr(planner_bench, "Executor", lambda model, host, tiered, **kw: run.append(tiered) or object())
-    monkeypatch.setattr(planner_bench, "step_seconds", lambda executor, tier, ctx, seq_ctx: 0.150)
+    monkeypatch.setattr(planner_bench, "step_and_cpu_seconds", lambda executor, tier, ctx, seq_ctx: (0.150, 0.1))
     monkeypatch.setattr(planner_bench.torch.cuda, "empty_cache", lambda: None)
     measured = {f: s * 1e3 for f, s in first.candidates.items()}
     measured[first.family] *= 1.6  # the chosen plan ran 1.6x its prediction
@@ -36,3 +37,12 @@ def test_a_slow_split_plan_is_fitted_re_planned_and_the_new_choice_measured(monk
     assert out["measured_ms"] == 150.0 and out["error_pct"] == pytest.approx((out["predicted_ms"] - 150) / 1.5)
     assert out["is_fastest"] == (150.0 <= min(measured.values()) * 1.02)
     assert out["speedup_over_first_choice"] == pytest.approx(measured[first.family] / 150)
+    assert out["host_compute_ms"] == pytest.approx(100.0)
+    # With the executor's timing of the chosen plan's CPU work, the fit is the engine's: the CPU
+    # factor at its rows from that timing, then the dispatch from the rest of the step.
+    cpu_ms = 1.4 * calibrate.cpu_seconds(model, profile, plan, 1) * 1e3
+    timed = planner_bench.calibrated_cell(model, types.SimpleNamespace(for_placement=lambda tiered: None), profile,
+                                          plan, 1, 2 * GiB, tiers,
+                                          {"measured_ms": measured, "host_compute_ms": {first.family: cpu_ms}},
+                                          types.SimpleNamespace(ctx=4096, seq_ctx=1024))
+    assert timed["fitted"].startswith("cpu_rows") and 1.3 < timed["value"]["cpu_rows"][1] < 1.5

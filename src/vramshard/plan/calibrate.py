@@ -154,6 +154,26 @@ def fit_dispatch(model: Model, profile: Profile, plan: PlanSet, measured_s: floa
     return Calibration("dispatch_scale", fitted.dispatch_scale, fitted)
 
 
+def fit_measured(model: Model, profile: Profile, plan: PlanSet, tier: int, measured_s: float,
+                 host_compute_s: float) -> Calibration | None:
+    """Both of the engine's fits for one measured step of ``tier``: the CPU factor at its rows from
+    the host's own time in the CPU work (:func:`fit_cpu_rows`), then the host's GPU dispatch from
+    the rest of the step (:func:`fit_dispatch`). ``value``: {"cpu_rows": ..., "dispatch_scale":
+    ...} of what was fitted. None when the step needs neither (within the tolerances)."""
+    fitted, value = profile, {}
+    cpu = fit_cpu_rows(model, profile, plan, {tier: host_compute_s}) if host_compute_s > 0 else None
+    if cpu is not None:
+        fitted, value["cpu_rows"] = cpu.profile, cpu.value
+    predicted = step_seconds(model, fitted, plan, tier)
+    if not 1 / CPU_OFF_BY <= measured_s / predicted <= CPU_OFF_BY:
+        dispatch = fit_dispatch(model, fitted, plan, measured_s, tier)
+        if dispatch is not None:
+            fitted, value["dispatch_scale"] = dispatch.profile, dispatch.value
+    if not value:
+        return None
+    return Calibration("+".join(value), value, fitted)
+
+
 # What engines of this process measured, for the next engine on the same machine profile and dtype:
 # (profile fingerprint, measured when, dtype) -> (the fitted cpu_rows, dispatch_scale), both on the
 # profile as measured.
