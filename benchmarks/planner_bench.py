@@ -56,17 +56,10 @@ def step_and_cpu_seconds(executor: Executor, tier: int, ctx: int, seq_ctx: int) 
     ``StepReport.host_compute_s``, the executor's own timing)."""
     cpu: list[float] = []
 
-    def timed_step(run):
-        def one():
-            run()
-            cpu.append(executor.report.host_compute_s)
-        return one
+    def forward(ids, step):
+        executor.forward(ids, step)
+        cpu.append(executor.report.host_compute_s)
 
-    seconds = _step_seconds(executor, tier, ctx, seq_ctx, timed_step)
-    return seconds, statistics.median(cpu) if cpu else 0.0
-
-
-def _step_seconds(executor: Executor, tier: int, ctx: int, seq_ctx: int, wrap) -> float:
     if tier <= 64:
         per_seq = min(seq_ctx, ctx // tier - 8)
         kv = executor.new_kv_cache(tier, per_seq + 8)
@@ -75,15 +68,17 @@ def _step_seconds(executor: Executor, tier: int, ctx: int, seq_ctx: int, wrap) -
         state = {"pos": per_seq}
 
         def one():
-            step = Step(list(range(tier)), [state["pos"]] * tier, [1] * tier, list(range(tier)), kv_lookup=kv)
-            executor.forward(tokens, step)
+            forward(tokens, Step(list(range(tier)), [state["pos"]] * tier, [1] * tier, list(range(tier)), kv_lookup=kv))
             state["pos"] += 1
 
-        return timed(wrap(one), repeat=5, warmup=2, budget_s=15)
-    kv = executor.new_kv_cache(1, tier + 1)
-    ids = torch.randint(0, 1000, (tier,))
-    return timed(wrap(lambda: executor.forward(ids, Step.single(0, tier, kv_lookup=kv))), repeat=3, warmup=1,
-                 budget_s=20)
+        warmup, seconds = 2, timed(one, repeat=5, warmup=2, budget_s=15)
+    else:
+        kv = executor.new_kv_cache(1, tier + 1)
+        ids = torch.randint(0, 1000, (tier,))
+        warmup, seconds = 1, timed(lambda: forward(ids, Step.single(0, tier, kv_lookup=kv)), repeat=3, warmup=1,
+                                   budget_s=20)
+    timed_cpu = cpu[warmup:] or cpu  # the timed steps' (all, if the time budget cut the warm-up short)
+    return seconds, statistics.median(timed_cpu) if timed_cpu else 0.0
 
 
 def run_model(name: str, args, profile, bw) -> dict:

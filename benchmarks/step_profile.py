@@ -28,6 +28,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from vramshard.layers.step import Step
 from vramshard.models import build_model
+from vramshard.plan.calibrate import step_estimate
 from vramshard.plan.memory import expert_slot_bytes, moe_layers, sublayer_triples
 from vramshard.plan.placement import TieredPlacement, named_placement
 from vramshard.plan.planner import Planner
@@ -96,8 +97,6 @@ def planned_executor(model, host: HostLayouts, spec: str, args, result: dict) ->
     plan = Planner(model, profile, budget, context=rows * (args.ctx + 64), tiers=Tiers((rows,))).plan()
     tier = plan.tiers[rows]
     threads = int(forced) if forced else args.threads or tier.threads  # a sweep over the plan's count
-    from vramshard.plan.calibrate import step_estimate
-
     estimate = step_estimate(model, profile, plan, rows)
     result.update(family=tier.family, predicted_ms=tier.predicted_s * 1e3, threads=threads,
                   predicted_cpu_busy_ms=estimate.cpu_busy * 1e3, predicted_copy_busy_ms=estimate.copy_busy * 1e3)

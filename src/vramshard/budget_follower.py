@@ -51,12 +51,12 @@ log = logging.getLogger(__name__)
 EVENTS_KEPT = 256
 CALIBRATE = os.environ.get("VRAMSHARD_CALIBRATE", "on").lower() != "off"
 CALIBRATE_OFF_BY = 1.15  # measured / predicted decode step beyond which the profile is fitted again
-MAX_CALIBRATIONS = 6  # per engine (each tier is fitted once per plan): a machine whose speed swings more is not chased further
-
+MAX_CALIBRATIONS = 6  # per engine (a tier's CPU work is fitted once): a machine whose speed swings more is not chased
 
 
 def _ms(seconds: dict[int, float]) -> dict[int, float]:
     return {tier: round(value * 1e3, 1) for tier, value in sorted(seconds.items())}
+
 
 class BudgetFollower:
     """The budget side of an :class:`~vramshard.engine.Engine`: its source, the plans made for

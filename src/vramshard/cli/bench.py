@@ -151,7 +151,7 @@ def _median_runs(runs: list[dict]) -> dict:
     return out
 
 
-CALIBRATION_STEPS = 10  # decode steps of each warm-up run: a graph capture, and enough for a tier's CPU work to be judged
+WARMUP_STEPS = 10  # decode steps of each warm-up run: a graph capture, and enough for a tier's CPU work to be judged
 
 
 def _warm_every_shape(engine, settings: BenchSettings) -> None:
@@ -162,9 +162,9 @@ def _warm_every_shape(engine, settings: BenchSettings) -> None:
     if getattr(engine, "device", "cpu") == "cpu":
         return
     vocab = engine.args.vocab_size
-    run_requests(engine, _prompts(1, settings.pp, vocab, 97), CALIBRATION_STEPS, settings)
+    run_requests(engine, _prompts(1, settings.pp, vocab, 97), WARMUP_STEPS, settings)
     for size in settings.batch_sizes:
-        run_requests(engine, _prompts(size, settings.batch_prompt, vocab, 96), CALIBRATION_STEPS, settings)
+        run_requests(engine, _prompts(size, settings.batch_prompt, vocab, 96), WARMUP_STEPS, settings)
     if getattr(engine, "plan", None) is not None:
         engine.budget.background.wait(60)
         engine.poll_budget()  # the last fit's plan in force

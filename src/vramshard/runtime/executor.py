@@ -83,7 +83,7 @@ class StepReport:
     expert_hits: int = 0
     expert_misses: int = 0
     expert_evictions: int = 0
-    host_compute_s: float = 0.0  # of ``seconds``, the host computing CPU sub-layers and split FFNs' CPU parts
+    host_compute_s: float = 0.0  # of ``seconds``, the host computing CPU sub-layers, split FFN CPU parts, CPU experts
     host_wait_s: float = 0.0  # of ``seconds``, the host blocked on GPU results it needs for that work
 
     @property
@@ -668,8 +668,7 @@ class Executor:
                         crossings += 1
                     computing = time.perf_counter()
                     x = sublayer.forward(self.host[sublayer.name].views, x, step)
-                    self._host_wait_s += computing - began
-                    self._host_compute_s += time.perf_counter() - computing
+                    self._on_host(began, computing)
                     continue
                 if here.split:  # both devices; the output stays on the device of the input
                     x, crossed = self._run_ffn_split(sublayer, here.cpu_pieces, x, compute)
@@ -720,8 +719,7 @@ class Executor:
             h_host, routing_host = h.cpu(), routing.to(torch.device("cpu"))  # waits for the router
             computing = time.perf_counter()
             y = sublayer.run_experts(self.host_experts[sublayer.name], h_host, routing_host)
-            self._host_wait_s += computing - began
-            self._host_compute_s += time.perf_counter() - computing
+            self._on_host(began, computing)
             return x + y.to(self.gpu, non_blocking=True), 2
         small = routing.experts.numel() * sublayer.expert_bytes <= GATHER_BYTES
         if self.expert_cpu_share and self.expert_cache is not None and small:
@@ -808,9 +806,14 @@ class Executor:
         crossed.synchronize()
         computing = time.perf_counter()
         y_cpu = sublayer.contribution(cpu_part, h_host)
+        self._on_host(waiting, computing)
+        return y + y_cpu.to(self.gpu, non_blocking=True), 2
+
+    def _on_host(self, waiting: float, computing: float) -> None:
+        """Count the host's time in CPU work (StepReport): blocked on the GPU from ``waiting`` until
+        ``computing``, then computing until now (``time.perf_counter`` readings)."""
         self._host_wait_s += computing - waiting
         self._host_compute_s += time.perf_counter() - computing
-        return y + y_cpu.to(self.gpu, non_blocking=True), 2
 
     def _simulate_ffn_split(self, sublayer: DenseFFN, cpu_pieces: int, x: torch.Tensor) -> torch.Tensor:
         """The split of a simulated GPU: the GPU part is copied from the host buffer into a CPU
