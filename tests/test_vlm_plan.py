@@ -12,6 +12,8 @@ import pytest
 
 from vramshard import vlm
 from vramshard.models import build_model
+from vramshard.models.base import Model
+from vramshard.plan import calibrate
 from vramshard.plan.tiers import Tiers
 from vramshard.profile import load
 from vramshard.runtime import budget as budgets
@@ -81,3 +83,21 @@ def test_when_the_vision_phase_cannot_fit_the_plan_leaving_it_most_room_is_kept(
     need = vlm._vision_need(engine, plans, patches, options, plan_set.num_slots)
     assert 2 * GiB < need < 2.2 * GiB, need / GiB
     assert plans.tiers[-1] == vlm.VISION_TIER
+
+
+def test_the_calibration_times_a_vision_language_models_steps_without_its_vision_encoder(vl7b, h200_profile,
+                                                                                           monkeypatch):
+    """The engine's calibration estimates the plan in force with the whole model, vision encoder
+    included, while the language model's plans do not place the encoder (the eleventh GPU session:
+    a KeyError on `vision.patch_embed` once a budget change re-planned a vision-language model)."""
+    monkeypatch.setattr(vlm, "splits_ffns", lambda sublayers, host: True)
+    options = dataclasses.replace(vlm.VisionOptions(), plan_pixels=PIXELS_1440P)
+    patches = PIXELS_1440P // vl7b.args.vision.patch_size ** 2
+    engine = planning_engine(vl7b, h200_profile, 4 * GiB, 1024)
+    _, plan_set = vlm._vision_plans(engine, options, patches, h200_profile, 4 * GiB)
+    names = {name for name, _ in plan_set.tiers[256].placement.where}
+    assert not any(name.startswith("vision") for name in names)
+    whole = calibrate.step_seconds(vl7b, h200_profile, plan_set, 256)
+    language_model = Model(vl7b.args, [s for s in vl7b if s.kind != "vision"], vl7b.dtype)
+    text = calibrate.step_seconds(language_model, h200_profile, plan_set, 256)
+    assert whole == pytest.approx(text)

@@ -258,7 +258,8 @@ class Estimator:
         where = placement.as_dict()
         streams = bool(placement.names(home="stream") or placement.expert_names("cache"))
         cpu_work = bool(placement.names(compute="cpu") or placement.expert_names("host") or placement.split_names())
-        order = [s for s in self.model if where[s.name].home == "stream"]
+        # A token step does not run the vision encoder: a language model's plan does not place it.
+        order = [s for s in self.model if s.kind != "vision" and where[s.name].home == "stream"]
         # Simulate two consecutive steps; the second is the steady state.
         est = self._simulate_steps(where, order, n_tokens, context, num_slots, streams, cpu_work, steps=2)
         est.bytes_streamed = int(sum(self.fill_bytes(s, where[s.name]) for s in order)
