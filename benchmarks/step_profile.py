@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import resource
 import time
 
 import torch
@@ -137,6 +138,7 @@ def profile_placement(model, host: HostLayouts, spec: str, args) -> dict:
             executor.forward(token, decode_step())
             position += 1
         sync()
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0 = time.perf_counter()
         host_compute = host_wait = 0.0
         for _ in range(args.steps):
@@ -146,8 +148,10 @@ def profile_placement(model, host: HostLayouts, spec: str, args) -> dict:
             position += 1
         sync()
         wall_ms = (time.perf_counter() - t0) / args.steps * 1e3
+        # Minor page faults a step: fresh host memory touched for the first time (allocations).
+        faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / args.steps
         result.update(rows=rows, host_compute_ms=host_compute / args.steps * 1e3,
-                      host_wait_ms=host_wait / args.steps * 1e3)
+                      host_wait_ms=host_wait / args.steps * 1e3, minor_faults=faults)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(3):
                 executor.forward(token, decode_step())

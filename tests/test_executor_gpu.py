@@ -194,3 +194,23 @@ def test_split_ffn_placement_matches_cpu_float32(arch, tiny_model_dir, cpu_refer
     assert executor.report.bytes_streamed == per_step
     assert executor.report.crossings >= 2 * len(executor.placement.split_names())
     assert 0 < executor.peak_vram() <= budget, (executor.peak_vram(), executor.need.breakdown())
+
+
+LONG_PROMPT = [(7 * i + 3) % 97 for i in range(40)]  # rows above cpu_linear.MAX_TOKENS
+
+
+def test_split_ffn_cpu_parts_at_many_rows_reuse_their_buffers_and_match_cpu_float32(tiny_model_dir, cpu_reference):
+    """A split FFN's CPU part at 40 rows writes into the executor's reused buffers (its result in
+    pinned memory, copied to the GPU while the next layer's CPU part overwrites the other one):
+    two prefills in chunks of 20 and 40 rows and the decode after them compute the CPU
+    reference's logits."""
+    path = tiny_model_dir("llama")
+    cpu_engine, _ = cpu_reference(path, "float32")
+    expected = trace_logits(cpu_engine, prompt=LONG_PROMPT)
+    engine = Engine.load(path, device="cuda", dtype="float32", placement=_split_ffn_placement(cpu_engine.model),
+                         vram=200 * 2**20, max_context=64)
+    for chunk in (20, None):
+        got = trace_logits(engine, prompt=LONG_PROMPT, prefill_chunk=chunk)
+        torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-3)
+    buffers = engine.executor._split_buffers
+    assert buffers._work is not None and all(r is not None and r.is_pinned() for r in buffers._results)

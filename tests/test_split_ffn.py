@@ -15,6 +15,7 @@ from vramshard.plan.planner import Planner
 from vramshard.plan.tiers import Tiers
 from vramshard.profile.query import synthetic
 from vramshard.runtime.host_weights import pack_sublayer
+from vramshard.runtime.split_buffers import SplitBuffers
 from vramshard.shapes import shape_model
 
 from placement_helpers import PROMPT, trace_logits
@@ -69,6 +70,33 @@ def test_pieces_add_up_within_half_precision_tolerance(dtype):
     expected = ffn.forward(w, x, None).float()
     got = (x + ffn.forward_pieces(w, x, 0, 6) + ffn.forward_pieces(w, x, 6, 16)).float()
     assert (got - expected).abs().max() < 0.02 * expected.abs().max()
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_a_cpu_part_into_reused_buffers_equals_the_one_with_fresh_tensors(dtype, tol):
+    """The CPU part at 40 rows written into the executor's buffers (runtime/split_buffers.py) is
+    the contribution computed with fresh tensors, also on a buffer reused for a second part."""
+    ffn, weights = _ffn(dtype)
+    whole, h = _whole(ffn, weights), torch.randn(40, 48).to(dtype)
+    buffers = SplitBuffers(pinned=False)
+    for first, last in ((0, 7), (3, 12), (0, 7)):
+        part = ffn.pieces_of(whole, first, last)
+        work = buffers.work(40, part["gate_proj"].shape[0], dtype)
+        got = ffn.contribution_into(part, h, buffers.result(40, 48, dtype), work)
+        torch.testing.assert_close(got.float(), ffn.contribution(part, h).float(), rtol=tol, atol=tol)
+
+
+def test_split_buffers_are_reused_grown_and_their_results_alternate():
+    buffers = SplitBuffers(pinned=False)
+    first, second, third = (buffers.result(32, 64, torch.float32) for _ in range(3))
+    assert first.data_ptr() != second.data_ptr() and third.data_ptr() == first.data_ptr()
+    work = buffers.work(32, 48, torch.float32)
+    assert work.shape == (2, 32, 48) and buffers.work(20, 48, torch.float32).data_ptr() == work.data_ptr()
+    assert buffers.work(64, 48, torch.float32).shape == (2, 64, 48)  # grown for a larger step
+    assert buffers.result(64, 64, torch.bfloat16).dtype == torch.bfloat16
+    # Few-token parts keep the projections tuned per shape (layers/cpu_linear.py).
+    assert not SplitBuffers.wanted(1) and not SplitBuffers.wanted(16) and SplitBuffers.wanted(17)
+
 
 
 def test_pieces_out_of_range_are_refused():

@@ -33,6 +33,18 @@ def swiglu_fused(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> 
     return linear(F.silu(gate) * up, down)
 
 
+def swiglu_into(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, out: torch.Tensor,
+                work: torch.Tensor) -> torch.Tensor:
+    """``swiglu`` into given buffers: the gate and up products in ``work`` [2, T, r] (r: rows of
+    gate), the result in ``out`` [T, D]; nothing is allocated. Returns ``out``."""
+    gated, lifted = work[0], work[1]
+    torch.mm(h, gate.t(), out=gated)
+    torch.mm(h, up.t(), out=lifted)
+    F.silu(gated, inplace=True)
+    gated.mul_(lifted)
+    return torch.mm(gated, down.t(), out=out)
+
+
 DEFAULT_PIECES = 16  # pieces of a dense FFN along its intermediate dimension (the split's granularity)
 
 
@@ -98,6 +110,12 @@ class DenseFFN(SubLayer):
         if "gate_up_proj" in w:
             return swiglu_fused(h, w["gate_up_proj"], w["down_proj"])
         return swiglu(h, w["gate_proj"], w["up_proj"], w["down_proj"])
+
+    def contribution_into(self, w: Mapping[str, torch.Tensor], h: torch.Tensor, out: torch.Tensor,
+                          work: torch.Tensor) -> torch.Tensor:
+        """:meth:`contribution` of the pieces ``w`` (:meth:`pieces_of`: gate, up and down kept
+        apart) written into ``out`` [T, D], with ``work`` [2, T, r] for the intermediate products."""
+        return swiglu_into(h, w["gate_proj"], w["up_proj"], w["down_proj"], out, work)
 
     def pieces_of(self, w: Mapping[str, torch.Tensor], first: int, last: int) -> dict[str, torch.Tensor]:
         """Views of pieces ``[first, last)`` in the whole-FFN weights ``w``: gate and up rows [r, D],

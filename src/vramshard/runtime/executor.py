@@ -50,6 +50,7 @@ from .expert_cache import CachedExperts, CacheStats, ExpertCache, cache_slots
 from .host_weights import PackedWeights
 from .kv_cache import KVCache
 from .kv_staging import KVStaging
+from .split_buffers import SplitBuffers
 from .step_logits import StepLogits
 from .streaming import ExpertSlots, SlotRing, StreamItem, item_bytes
 
@@ -281,6 +282,7 @@ class Executor:
         self.host_experts: dict[str, DictExperts] = {}  # split sub-layer -> its experts in host memory
         self.graphs: DecodeGraphs | None = None  # captured over the resident weights: dropped with them
         self.staging: KVStaging | None = None  # GPU attention over host KV caches: one layer's KV in VRAM
+        self._split_buffers = SplitBuffers(pinned=True)  # the CPU parts of split FFNs at many rows
         self._sim_slot: torch.Tensor | None = None  # a simulated GPU's slot for split FFNs' GPU parts
 
     def reserved_bytes(self) -> int:
@@ -805,9 +807,18 @@ class Executor:
         waiting = time.perf_counter()
         crossed.synchronize()
         computing = time.perf_counter()
-        y_cpu = sublayer.contribution(cpu_part, h_host)
+        buffers = self._split_buffers if SplitBuffers.wanted(h_host.shape[0]) else None
+        if buffers is None:
+            y_cpu = sublayer.contribution(cpu_part, h_host)
+        else:
+            rows, width = h_host.shape[0], cpu_part["gate_proj"].shape[0]
+            y_cpu = sublayer.contribution_into(cpu_part, h_host, buffers.result(rows, x.shape[-1], x.dtype),
+                                               buffers.work(rows, width, x.dtype))
         self._on_host(waiting, computing)
-        return y + y_cpu.to(self.gpu, non_blocking=True), 2
+        y_cpu = y_cpu.to(self.gpu, non_blocking=True)
+        if buffers is not None:
+            buffers.copying()
+        return y + y_cpu, 2
 
     def _on_host(self, waiting: float, computing: float) -> None:
         """Count the host's time in CPU work (StepReport): blocked on the GPU from ``waiting`` until
