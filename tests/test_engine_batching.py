@@ -138,6 +138,10 @@ def test_gpu_planned_mixed_placements_batched_equals_single(tiny_model_dir):
     gpu = Engine.load(tiny_model_dir("qwen3"), vram=budget, device="cuda", profile=profile,
                       tiers=Tiers(TIERS), max_step_tokens=16, max_context=256, max_batch=4)
     assert gpu.plan is not None and gpu.step_shape() == (16, TIERS)
+    print("GPU plan per tier:", {t: p.placement.summary() for t, p in gpu.plan.tiers.items()})
+    # Mixed placements across tiers as loaded (the in-situ calibration may re-plan them while the
+    # test runs, as in the eleventh GPU session: the tokens must not change either way).
+    assert len({p.placement.where for p in gpu.plan.tiers.values()}) > 1
     prompts = _prompts((3, 41, 7, 60, 1, 25))
     alone = [gpu.generate([p], 8)[0] for p in prompts]
     scheduler = gpu.scheduler(max_seqs=4, max_context=128)
@@ -148,8 +152,6 @@ def test_gpu_planned_mixed_placements_batched_equals_single(tiny_model_dir):
     queued_tiers = [t for t in TIERS if gpu.executor.queues_without_waiting(t)]
     assert (scheduler.total_overlapped > 0) <= bool(queued_tiers)
     assert gpu.generate(prompts, 8) == alone
-    print("GPU plan per tier:", {t: p.placement.summary() for t, p in gpu.plan.tiers.items()})
-    assert len({p.placement.where for p in gpu.plan.tiers.values()}) > 1  # mixed placements across tiers
 
 
 @pytest.mark.gpu
