@@ -212,5 +212,5 @@ def test_split_ffn_cpu_parts_at_many_rows_reuse_their_buffers_and_match_cpu_floa
     for chunk in (20, None):
         got = trace_logits(engine, prompt=LONG_PROMPT, prefill_chunk=chunk)
         torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-3)
-    buffers = engine.executor._split_buffers
+    buffers = engine.executor._ffn_buffers
     assert buffers._work is not None and all(r is not None and r.is_pinned() for r in buffers._results)

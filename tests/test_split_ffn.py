@@ -15,7 +15,8 @@ from vramshard.plan.planner import Planner
 from vramshard.plan.tiers import Tiers
 from vramshard.profile.query import synthetic
 from vramshard.runtime.host_weights import pack_sublayer
-from vramshard.runtime.split_buffers import SplitBuffers
+from vramshard.runtime import ffn_buffers
+from vramshard.runtime.ffn_buffers import FFNBuffers
 from vramshard.shapes import shape_model
 
 from placement_helpers import PROMPT, trace_logits
@@ -73,29 +74,31 @@ def test_pieces_add_up_within_half_precision_tolerance(dtype):
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_a_cpu_part_into_reused_buffers_equals_the_one_with_fresh_tensors(dtype, tol):
-    """The CPU part at 40 rows written into the executor's buffers (runtime/split_buffers.py) is
-    the contribution computed with fresh tensors, also on a buffer reused for a second part."""
+def test_a_cpu_ffn_into_reused_buffers_equals_the_one_with_fresh_tensors(dtype, tol):
+    """A dense FFN on the CPU at 40 rows written into the executor's buffers
+    (runtime/ffn_buffers.py) is the contribution computed with fresh tensors: split pieces (gate and
+    up apart) and the whole FFN (gate and up fused), each again on buffers already used."""
     ffn, weights = _ffn(dtype)
     whole, h = _whole(ffn, weights), torch.randn(40, 48).to(dtype)
-    buffers = SplitBuffers(pinned=False)
-    for first, last in ((0, 7), (3, 12), (0, 7)):
-        part = ffn.pieces_of(whole, first, last)
-        work = buffers.work(40, part["gate_proj"].shape[0], dtype)
+    whole["gate_up_proj"] = torch.cat([whole["gate_proj"], whole["up_proj"]])
+    buffers = FFNBuffers(pinned=False)
+    for first, last in ((0, 7), (3, 12), (0, ffn.num_pieces), (0, 7)):
+        part = ffn.pieces_of(whole, first, last) if last < ffn.num_pieces else whole
+        work = buffers.work(ffn.work_elements(part, 40), dtype)
         got = ffn.contribution_into(part, h, buffers.result(40, 48, dtype), work)
         torch.testing.assert_close(got.float(), ffn.contribution(part, h).float(), rtol=tol, atol=tol)
 
 
-def test_split_buffers_are_reused_grown_and_their_results_alternate():
-    buffers = SplitBuffers(pinned=False)
+def test_ffn_buffers_are_reused_grown_and_their_results_alternate():
+    buffers = FFNBuffers(pinned=False)
     first, second, third = (buffers.result(32, 64, torch.float32) for _ in range(3))
     assert first.data_ptr() != second.data_ptr() and third.data_ptr() == first.data_ptr()
-    work = buffers.work(32, 48, torch.float32)
-    assert work.shape == (2, 32, 48) and buffers.work(20, 48, torch.float32).data_ptr() == work.data_ptr()
-    assert buffers.work(64, 48, torch.float32).shape == (2, 64, 48)  # grown for a larger step
+    work = buffers.work(32 * 96, torch.float32)
+    assert work.shape == (32 * 96,) and buffers.work(20 * 96, torch.float32).data_ptr() == work.data_ptr()
+    assert buffers.work(64 * 96, torch.float32).numel() == 64 * 96  # grown for a larger step
     assert buffers.result(64, 64, torch.bfloat16).dtype == torch.bfloat16
-    # Few-token parts keep the projections tuned per shape (layers/cpu_linear.py).
-    assert not SplitBuffers.wanted(1) and not SplitBuffers.wanted(16) and SplitBuffers.wanted(17)
+    # Few-token steps keep the projections tuned per shape (layers/cpu_linear.py).
+    assert not FFNBuffers.wanted(1) and not FFNBuffers.wanted(16) and FFNBuffers.wanted(17)
 
 
 
@@ -287,3 +290,21 @@ def test_host_layouts_give_each_placement_its_layout(llama):
     for name in ("ffn[0]", "ffn[1]"):
         for key, view in host[name].views.items():
             assert torch.equal(layouts.split[name].views[key], view), (name, key)
+
+
+LONG_PROMPT = [(7 * i + 3) % 90 for i in range(40)]  # rows above cpu_linear.MAX_TOKENS
+
+
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("bfloat16", 3e-2)])
+def test_an_engine_on_the_cpu_computes_the_same_logits_with_and_without_ffn_buffers(tiny_model_dir, monkeypatch,
+                                                                                   dtype, tol):
+    """Every FFN of a CPU engine at 40 prompt rows runs in the reused buffers (two result buffers
+    alternating over the layers); the logits are those of fresh tensors (VRAMSHARD_FFN_BUFFERS=off)."""
+    path = tiny_model_dir("llama")
+    engine = Engine.load(path, device="cpu", dtype=dtype)
+    with_buffers = trace_logits(engine, prompt=LONG_PROMPT)
+    assert engine.executor._ffn_buffers._work is not None
+    monkeypatch.setattr(ffn_buffers, "ENABLED", False)
+    fresh = Engine.load(path, device="cpu", dtype=dtype)
+    torch.testing.assert_close(with_buffers.float(), trace_logits(fresh, prompt=LONG_PROMPT).float(), rtol=tol, atol=tol)
+    assert fresh.executor._ffn_buffers._work is None

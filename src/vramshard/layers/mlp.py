@@ -35,11 +35,27 @@ def swiglu_fused(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> 
 
 def swiglu_into(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, out: torch.Tensor,
                 work: torch.Tensor) -> torch.Tensor:
-    """``swiglu`` into given buffers: the gate and up products in ``work`` [2, T, r] (r: rows of
-    gate), the result in ``out`` [T, D]; nothing is allocated. Returns ``out``."""
-    gated, lifted = work[0], work[1]
+    """``swiglu`` into given buffers: the gate and up products in the flat ``work`` (at least
+    2·T·r elements, r: rows of gate), the result in ``out`` [T, D]; nothing is allocated."""
+    rows, width = h.shape[0], gate.shape[0]
+    gated = work[:rows * width].view(rows, width)
+    lifted = work[rows * width:2 * rows * width].view(rows, width)
     torch.mm(h, gate.t(), out=gated)
     torch.mm(h, up.t(), out=lifted)
+    return _gated_down(gated, lifted, down, out)
+
+
+def swiglu_fused_into(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, out: torch.Tensor,
+                      work: torch.Tensor) -> torch.Tensor:
+    """``swiglu_fused`` into given buffers (``work``: at least T·2F elements, flat)."""
+    rows, width = h.shape[0], gate_up.shape[0]
+    both = work[:rows * width].view(rows, width)
+    torch.mm(h, gate_up.t(), out=both)
+    gated, lifted = both.chunk(2, dim=-1)  # [T, F] views with a row stride of 2F
+    return _gated_down(gated, lifted, down, out)
+
+
+def _gated_down(gated: torch.Tensor, lifted: torch.Tensor, down: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     F.silu(gated, inplace=True)
     gated.mul_(lifted)
     return torch.mm(gated, down.t(), out=out)
@@ -113,9 +129,17 @@ class DenseFFN(SubLayer):
 
     def contribution_into(self, w: Mapping[str, torch.Tensor], h: torch.Tensor, out: torch.Tensor,
                           work: torch.Tensor) -> torch.Tensor:
-        """:meth:`contribution` of the pieces ``w`` (:meth:`pieces_of`: gate, up and down kept
-        apart) written into ``out`` [T, D], with ``work`` [2, T, r] for the intermediate products."""
+        """:meth:`contribution` written into ``out`` [T, D], with the flat ``work`` (at least
+        :meth:`work_elements`) for the gate and up products: nothing is allocated."""
+        if "gate_up_proj" in w:
+            return swiglu_fused_into(h, w["gate_up_proj"], w["down_proj"], out, work)
         return swiglu_into(h, w["gate_proj"], w["up_proj"], w["down_proj"], out, work)
+
+    @staticmethod
+    def work_elements(w: Mapping[str, torch.Tensor], rows: int) -> int:
+        """Elements of :meth:`contribution_into`'s ``work`` for ``rows`` rows of the FFN (or pieces) ``w``."""
+        gate_rows = w["gate_up_proj"].shape[0] if "gate_up_proj" in w else 2 * w["gate_proj"].shape[0]
+        return rows * gate_rows
 
     def pieces_of(self, w: Mapping[str, torch.Tensor], first: int, last: int) -> dict[str, torch.Tensor]:
         """Views of pieces ``[first, last)`` in the whole-FFN weights ``w``: gate and up rows [r, D],

@@ -50,7 +50,7 @@ from .expert_cache import CachedExperts, CacheStats, ExpertCache, cache_slots
 from .host_weights import PackedWeights
 from .kv_cache import KVCache
 from .kv_staging import KVStaging
-from .split_buffers import SplitBuffers
+from .ffn_buffers import FFNBuffers
 from .step_logits import StepLogits
 from .streaming import ExpertSlots, SlotRing, StreamItem, item_bytes
 
@@ -190,6 +190,8 @@ class Executor:
         self._cpu_parts: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
         self.gpu: torch.device | None = None
         self._device = torch.device("cpu") if simulate_gpu else torch.device(device)
+        # Dense FFNs on the CPU at many rows; results pinned where they may be copied to a GPU.
+        self._ffn_buffers = FFNBuffers(pinned=self._device.type == "cuda" and torch.cuda.is_available())
         self.compute_stream = self.copy_stream = None
         self._vram_before = 0
         self._reserved_after_step = 0  # VRAM reserved after the last step, less _vram_before
@@ -282,7 +284,6 @@ class Executor:
         self.host_experts: dict[str, DictExperts] = {}  # split sub-layer -> its experts in host memory
         self.graphs: DecodeGraphs | None = None  # captured over the resident weights: dropped with them
         self.staging: KVStaging | None = None  # GPU attention over host KV caches: one layer's KV in VRAM
-        self._split_buffers = SplitBuffers(pinned=True)  # the CPU parts of split FFNs at many rows
         self._sim_slot: torch.Tensor | None = None  # a simulated GPU's slot for split FFNs' GPU parts
 
     def reserved_bytes(self) -> int:
@@ -632,7 +633,7 @@ class Executor:
                     elif self.uses_gpu and where[sublayer.name].split:
                         x = self._simulate_ffn_split(sublayer, where[sublayer.name].cpu_pieces, x)
                     else:
-                        x = sublayer.forward(self.host[sublayer.name].views, x, step)
+                        x = self._on_cpu(sublayer, x, step)
             self.report = StepReport(time.perf_counter() - start)
             return x
         self._host_compute_s = self._host_wait_s = 0.0
@@ -669,7 +670,7 @@ class Executor:
                         x = x.cpu()  # waits for the GPU work queued so far
                         crossings += 1
                     computing = time.perf_counter()
-                    x = sublayer.forward(self.host[sublayer.name].views, x, step)
+                    x = self._on_cpu(sublayer, x, step)
                     self._on_host(began, computing)
                     continue
                 if here.split:  # both devices; the output stays on the device of the input
@@ -793,7 +794,7 @@ class Executor:
             self.ring.release(compute)
             y_back = y_gpu.to("cpu", non_blocking=True)  # lands once the GPU part is done
             crossed.record(compute)
-            y = x + sublayer.contribution(cpu_part, h)  # the CPU part, while the GPU computes its own
+            y = x + self._cpu_contribution(sublayer, cpu_part, h)  # the CPU part, while the GPU computes its own
             waiting = time.perf_counter()
             crossed.synchronize()
             self._host_compute_s += waiting - computing
@@ -807,18 +808,30 @@ class Executor:
         waiting = time.perf_counter()
         crossed.synchronize()
         computing = time.perf_counter()
-        buffers = self._split_buffers if SplitBuffers.wanted(h_host.shape[0]) else None
-        if buffers is None:
-            y_cpu = sublayer.contribution(cpu_part, h_host)
-        else:
-            rows, width = h_host.shape[0], cpu_part["gate_proj"].shape[0]
-            y_cpu = sublayer.contribution_into(cpu_part, h_host, buffers.result(rows, x.shape[-1], x.dtype),
-                                               buffers.work(rows, width, x.dtype))
+        y_cpu = self._cpu_contribution(sublayer, cpu_part, h_host)
         self._on_host(waiting, computing)
         y_cpu = y_cpu.to(self.gpu, non_blocking=True)
-        if buffers is not None:
-            buffers.copying()
+        if FFNBuffers.wanted(h_host.shape[0]):
+            self._ffn_buffers.copying()  # the buffer is not reused before this copy is done
         return y + y_cpu, 2
+
+    def _on_cpu(self, sublayer, x: torch.Tensor, step) -> torch.Tensor:
+        """``sublayer`` on the CPU from host memory (a dense FFN at many rows in the reused buffers)."""
+        weights = self.host[sublayer.name].views
+        if isinstance(sublayer, DenseFFN) and FFNBuffers.wanted(x.shape[0]):
+            return x + self._cpu_contribution(sublayer, weights, sublayer.norm(weights, x))
+        return sublayer.forward(weights, x, step)
+
+    def _cpu_contribution(self, sublayer: DenseFFN, weights: dict[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
+        """The contribution of the FFN (or pieces) ``weights`` for the normalized ``h`` [T, D] on the
+        CPU. At many rows it is computed in the reused buffers (:mod:`~vramshard.runtime.ffn_buffers`)
+        and stays valid until the next call but one."""
+        rows = h.shape[0]
+        if not FFNBuffers.wanted(rows):
+            return sublayer.contribution(weights, h)
+        buffers = self._ffn_buffers
+        return sublayer.contribution_into(weights, h, buffers.result(rows, h.shape[-1], h.dtype),
+                                          buffers.work(sublayer.work_elements(weights, rows), h.dtype))
 
     def _on_host(self, waiting: float, computing: float) -> None:
         """Count the host's time in CPU work (StepReport): blocked on the GPU from ``waiting`` until
