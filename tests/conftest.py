@@ -50,6 +50,13 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
+def _own_cache_dir(tmp_path, monkeypatch):
+    """Each test's cache directory is its own (profiles, fitted calibration factors): tests
+    neither read nor write the user's."""
+    monkeypatch.setenv("VRAMSHARD_CACHE", str(tmp_path / "vramshard-cache"))
+
+
+@pytest.fixture(autouse=True)
 def _nothing_learned_across_tests():
     """Engines of one process start from the CPU factors an earlier one fitted on the same
     profile (plan/calibrate.py); each test starts from none."""

@@ -204,6 +204,37 @@ def test_later_engines_start_from_what_an_earlier_one_fitted(nemo_2gib, h200):
         calibrate.forget_learned()
 
 
+def test_fitted_factors_are_kept_for_later_processes_of_the_same_measured_profile(nemo_2gib, h200, monkeypatch,
+                                                                                 caplog):
+    """The calibration file (profile/learned.py): a later process (here: this one, its memory
+    forgotten) starts from the factors fitted on the same measured profile; another measurement
+    of the machine, a corrupt file or VRAMSHARD_CALIBRATION_STORE=off start from the profile."""
+    from vramshard.profile import learned as learned_store
+
+    model, plan = nemo_2gib
+    fitted = calibrate.fit_cpu_rows(model, h200, plan, {1: 2 * calibrate.cpu_seconds(model, h200, plan, 1)})
+    monkeypatch.setenv("VRAMSHARD_CALIBRATION_STORE", "on")
+    calibrate.learn(fitted.profile.calibrated(dispatch_scale=1.8), model.dtype)
+    stored = learned_store.path(h200.fingerprint_hash)
+    assert stored.is_file()
+    calibrate.forget_learned()  # a new process
+    again = calibrate.with_learned(h200, model.dtype)
+    assert again.cpu_rows == fitted.profile.cpu_rows and again.dispatch_scale == pytest.approx(1.8)
+    calibrate.forget_learned()
+    remeasured = type(h200).from_dict({**h200.to_dict(), "created": "2027-01-01T00:00:00"})
+    assert calibrate.with_learned(remeasured, model.dtype) is remeasured  # factors of another measurement
+    monkeypatch.setenv("VRAMSHARD_CALIBRATION_STORE", "off")
+    assert calibrate.with_learned(h200, model.dtype) is h200
+    monkeypatch.setenv("VRAMSHARD_CALIBRATION_STORE", "on")
+    stored.write_text("{not json")
+    with caplog.at_level("WARNING"):
+        assert calibrate.with_learned(h200, model.dtype) is h200
+    assert "ignoring" in caplog.text and str(stored) in caplog.text
+    calibrate.learn(fitted.profile, model.dtype)  # the next fit replaces the unreadable file
+    calibrate.forget_learned()
+    assert calibrate.with_learned(h200, model.dtype).cpu_rows == fitted.profile.cpu_rows
+
+
 def test_an_engine_whose_cpu_work_runs_slow_fits_that_tier_and_plans_again(tiny_model_dir, monkeypatch):
     monkeypatch.setattr(calibrate, "MIN_CPU_S", 0.0)  # the tiny model's CPU work is far below a real one's
     engine, reference = simulated_engine(tiny_model_dir("qwen3"))

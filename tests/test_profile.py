@@ -363,7 +363,23 @@ def test_cli_show_existing_profile(tiny_profile, tmp_path, capsys):
     assert main(["profile", "--show", "--out", str(path)]) == 0
     out = capsys.readouterr().out
     assert "peak matmul GFLOP/s" in out and "CPU-only" in out and "dispatch" in out
+    assert "fitted by the engine" not in out
     assert main(["profile", "--threads", "a,b"]) == 3
+
+
+def test_cli_show_prints_the_factors_engines_fitted_on_the_profile(tiny_profile, cache, capsys):
+    from vramshard.cli.main import main
+    from vramshard.profile import learned
+
+    path = save(tiny_profile, cache / "p.json")
+    data = tiny_profile.to_dict()
+    learned.write(data["fingerprint_hash"], str(data["created"]), "torch.bfloat16", (((1, 1.5), (64, 1.9)), 2.4))
+    assert main(["profile", "--show", "--out", str(path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
+    assert "fitted by the engine (torch.bfloat16)" in out and "64 rows 1.90x" in out and "dispatch 2.40x" in out
+    learned.path(data["fingerprint_hash"]).write_text('{"schema": 1, "profile_created": "x", "factors": {}}')
+    assert main(["profile", "--show", "--out", str(path)]) == 0
+    assert "fitted by the engine" not in capsys.readouterr().out  # another measurement's factors
 
 
 # --- GPU ---------------------------------------------------------------------------------------

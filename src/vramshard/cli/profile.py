@@ -137,3 +137,19 @@ def print_summary(console, profile, path) -> None:
     if summary["split_part_factor"]:
         factors = ", ".join(f"{dtype} {f:.2f}x" for dtype, f in summary["split_part_factor"].items())
         console.print(f"  split FFN, CPU part's time per byte over the whole FFN's: {factors}")
+    _print_fitted(console, profile)
+
+
+def _print_fitted(console, profile) -> None:
+    """The factors engines fitted to their own steps on this profile (profile/learned.py), if any."""
+    from ..profile import learned
+
+    data = profile.data
+    if data.get("synthetic") or not data.get("fingerprint_hash"):
+        return
+    kept = learned.read_all(data["fingerprint_hash"], str(data.get("created")))
+    for dtype, (rows, dispatch) in kept.items():
+        by_rows = ", ".join(f"{r} rows {f:.2f}x" for r, f in rows) or "none"
+        console.print(f"  fitted by the engine ({dtype}): CPU compute by rows {by_rows}; GPU dispatch {dispatch:.2f}x")
+    if kept:
+        console.print(f"  (from {learned.path(data['fingerprint_hash'])}; delete it to start from the profile alone)")

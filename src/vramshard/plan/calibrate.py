@@ -21,13 +21,17 @@ all tiers could not follow.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
 from ..models.base import Model
+from ..profile import learned as learned_store
 from ..profile.query import Profile
 from .estimator import Estimator, StepEstimate
 from .planner import PlanSet
+
+log = logging.getLogger(__name__)
 
 LOWEST, HIGHEST = 0.25, 8.0  # factors considered: beyond them the profile is not this machine's
 TOLERANCE = 0.01  # relative error of the fitted step time
@@ -176,7 +180,7 @@ def fit_measured(model: Model, profile: Profile, plan: PlanSet, tier: int, measu
 
 # What engines of this process measured, for the next engine on the same machine profile and dtype:
 # (profile fingerprint, measured when, dtype) -> (the fitted cpu_rows, dispatch_scale), both on the
-# profile as measured.
+# profile as measured. Kept on disk too, for later processes (profile/learned.py).
 _LEARNED: dict[tuple[str, str, str], tuple[tuple[tuple[int, float], ...], float]] = {}
 
 
@@ -190,26 +194,38 @@ def _key(profile: Profile, dtype) -> tuple[str, str, str] | None:
 
 
 def learn(profile: Profile, dtype) -> None:
-    """Keep ``profile``'s fitted ``cpu_rows`` and ``dispatch_scale`` for later engines of this
-    process with ``dtype``."""
+    """Keep ``profile``'s fitted ``cpu_rows`` and ``dispatch_scale`` for later engines with
+    ``dtype``: of this process, and of later ones through the calibration file."""
     key = _key(profile, dtype)
     if key is not None and (profile.cpu_rows or profile.dispatch_scale != 1.0):
         _LEARNED[key] = (profile.cpu_rows, profile.dispatch_scale)
+        if learned_store.enabled():
+            learned_store.write(*key, _LEARNED[key])
 
 
 def with_learned(profile: Profile, dtype) -> Profile:
-    """``profile`` with the factors an earlier engine of this process fitted on it for ``dtype``
-    (the profile itself when none did, or when it carries fitted factors already)."""
+    """``profile`` with the factors an earlier engine fitted on it for ``dtype``, in this process
+    or (from the calibration file) in an earlier one. The profile itself when none did, or when
+    it carries fitted factors already."""
     key = _key(profile, dtype)
-    learned = _LEARNED.get(key) if key is not None else None
-    if not learned or profile.cpu_rows or profile.dispatch_scale != 1.0:
+    if key is None or profile.cpu_rows or profile.dispatch_scale != 1.0:
+        return profile
+    learned = _LEARNED.get(key)
+    if learned is None and learned_store.enabled():
+        learned = learned_store.read(*key)
+        if learned is not None:
+            _LEARNED[key] = learned
+            log.info("starting from the factors fitted in an earlier run on this machine profile: CPU by rows %s, "
+                     "dispatch %.3g (%s)", dict(learned[0]), learned[1], learned_store.path(key[0]))
+    if not learned:
         return profile
     rows, dispatch = learned
     return profile.calibrated(cpu_rows=dict(rows), dispatch_scale=dispatch)
 
 
 def forget_learned() -> None:
-    """Drop what engines of this process fitted (tests, or a machine whose load changed)."""
+    """Drop what engines of this process fitted (tests, or a machine whose load changed); the
+    calibration file stays (delete it, or measure the profile again, to start afresh)."""
     _LEARNED.clear()
 
 

@@ -32,8 +32,16 @@ def profile_path(hash_: str | None = None) -> Path:
 def save(profile: Profile, path: str | os.PathLike | None = None) -> Path:
     """Write ``profile`` to ``path`` (default :func:`profile_path` of its fingerprint) atomically."""
     target = Path(path) if path is not None else profile_path(profile.fingerprint_hash)
-    target.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(profile.to_dict(), separators=(",", ":"))
+    write_atomically(target, text)
+    log.info("wrote profile %s (%d bytes)", target, len(text))
+    return target
+
+
+def write_atomically(target: Path, text: str) -> None:
+    """``text`` into ``target`` through a temporary file in the same directory and ``os.replace``:
+    readers see the old file or the new one, never half of one."""
+    target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "w") as handle:
@@ -45,8 +53,6 @@ def save(profile: Profile, path: str | os.PathLike | None = None) -> Path:
         with _ignore_missing():
             os.unlink(tmp_name)
         raise
-    log.info("wrote profile %s (%d bytes)", target, len(text))
-    return target
 
 
 class _ignore_missing:
