@@ -8,9 +8,11 @@ synchronisation and the number of launches, per placement, from torch.profiler.
 Placements are the named ones (``gpu``, ``static``, ``stream``, ``layers:N``, ``experts-stream``,
 ``experts-cpu``, ...); ``NAME+graphs`` replays decode from CUDA graphs (``NAME+compiled``: with
 their fusable parts compiled by inductor, as ``Engine.load(decode_compile=...)``);
-``planned:G`` is the planner's plan for the step's tier (``--seqs`` rows, default 1) at a budget of
-G GiB on the ``--profile`` machine profile (its predicted step time is printed beside the measured one; ``planned:G@T`` runs it
-with T CPU threads). For each it prints one line of totals per decode step — wall ms, GPU
+``NAME+ahead`` hands split FFNs' CPU parts to the run-ahead worker (``VRAMSHARD_RUN_AHEAD``;
+combine as ``planned:8+graphs+ahead``). ``planned:G`` is the planner's plan for the step's tier
+(``--seqs`` rows, default 1) at a budget of G GiB on the ``--profile`` machine profile (its
+predicted step time is printed beside the measured one; ``planned:G@T`` runs it with T CPU
+threads). For each it prints one line of totals per decode step — wall ms, GPU
 kernel ms (memcpy excluded), host-to-device copy ms, time the host spent blocked on the GPU,
 CUDA launches, aten ops — and the top operators by host and by device time. If wall ≫ kernels
 + copies the step is bound by the host (Python, dispatch, waiting); if kernels ≈ wall the
@@ -35,6 +37,7 @@ from vramshard.plan.placement import TieredPlacement, named_placement
 from vramshard.plan.planner import Planner
 from vramshard.plan.tiers import Tiers
 from vramshard.profile import load
+from vramshard.runtime import run_ahead
 from vramshard.runtime.executor import Executor
 from vramshard.runtime.host_weights import HostLayouts, pack_model
 from vramshard.shapes import random_weights, shape_config
@@ -123,7 +126,9 @@ def make_executor(model, host: HostLayouts, spec: str, args, result: dict) -> Ex
 
 def profile_placement(model, host: HostLayouts, spec: str, args) -> dict:
     result = {"placement": spec}
-    executor = make_executor(model, host, spec, args, result)
+    # NAME+ahead: split FFNs' CPU parts on the run-ahead worker (VRAMSHARD_RUN_AHEAD).
+    run_ahead.ENABLED = "+ahead" in spec
+    executor = make_executor(model, host, spec.replace("+ahead", ""), args, result)
     rows = args.seqs
     kv = executor.new_kv_cache(rows, args.ctx + 64)
     token = torch.full((rows,), 3)

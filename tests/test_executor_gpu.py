@@ -1,5 +1,7 @@
 """Every placement computes what the all-CPU placement computes (needs CUDA)."""
 
+import threading
+
 import pytest
 import torch
 
@@ -214,3 +216,38 @@ def test_split_ffn_cpu_parts_at_many_rows_reuse_their_buffers_and_match_cpu_floa
         torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-3)
     buffers = engine.executor._ffn_buffers
     assert buffers._work is not None and all(r is not None and r.is_pinned() for r in buffers._results)
+
+
+def test_run_ahead_split_steps_match_cpu_float32_and_a_failed_cpu_part_fails_its_step(tiny_model_dir, cpu_reference,
+                                                                                       monkeypatch):
+    """VRAMSHARD_RUN_AHEAD (runtime/run_ahead.py): split FFNs' CPU parts on the worker while the
+    GPU waits in its kernel. Prompt chunks of 20 and 40 rows (the buffers) and one-row decodes
+    (the tuned projections) compute the CPU reference's logits; a CPU part that raises fails its
+    step with that error, and the next step runs."""
+    from vramshard.layers.mlp import DenseFFN
+    from vramshard.runtime import run_ahead
+
+    monkeypatch.setattr(run_ahead, "ENABLED", True)
+    path = tiny_model_dir("llama")
+    cpu_engine, _ = cpu_reference(path, "float32")
+    expected = trace_logits(cpu_engine, prompt=LONG_PROMPT)
+    engine = Engine.load(path, device="cuda", dtype="float32", placement=_split_ffn_placement(cpu_engine.model),
+                         vram=200 * 2**20, max_context=64)
+    for chunk in (20, None):
+        got = trace_logits(engine, prompt=LONG_PROMPT, prefill_chunk=chunk)
+        torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-3)
+    ahead = engine.executor._run_ahead
+    assert ahead is not None and ahead._issued > 0 and engine.executor.report.host_compute_s > 0
+
+    real = DenseFFN.contribution_into
+
+    def broken(*args, **kwargs):  # on the worker only: the CPU-input layers compute theirs on the host thread
+        if threading.current_thread().name == "vramshard-cpu-parts":
+            raise ValueError("a CPU part that fails")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(DenseFFN, "contribution_into", broken)
+    with pytest.raises(RuntimeError, match="a CPU part that fails"):
+        trace_logits(engine, prompt=LONG_PROMPT)
+    monkeypatch.setattr(DenseFFN, "contribution_into", real)
+    torch.testing.assert_close(trace_logits(engine, prompt=LONG_PROMPT), expected, rtol=1e-3, atol=1e-3)

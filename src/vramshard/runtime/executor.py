@@ -50,6 +50,7 @@ from .expert_cache import CachedExperts, CacheStats, ExpertCache, cache_slots
 from .host_weights import PackedWeights
 from .kv_cache import KVCache
 from .kv_staging import KVStaging
+from . import run_ahead
 from .ffn_buffers import FFNBuffers
 from .step_logits import StepLogits
 from .streaming import ExpertSlots, SlotRing, StreamItem, item_bytes
@@ -192,6 +193,8 @@ class Executor:
         self._device = torch.device("cpu") if simulate_gpu else torch.device(device)
         # Dense FFNs on the CPU at many rows; results pinned where they may be copied to a GPU.
         self._ffn_buffers = FFNBuffers(pinned=self._device.type == "cuda" and torch.cuda.is_available())
+        self._run_ahead: run_ahead.RunAhead | None = None  # split FFNs' CPU parts on a worker (opt-in)
+        self._run_ahead_tried = False
         self.compute_stream = self.copy_stream = None
         self._vram_before = 0
         self._reserved_after_step = 0  # VRAM reserved after the last step, less _vram_before
@@ -649,7 +652,7 @@ class Executor:
         # Decode steps: runs of resident sub-layers replay a CUDA graph (None / eager when not covered).
         runs = self.graphs.runs(placement, sublayers) if self.graphs is not None and isinstance(step, Step) \
             and tokens == step.num_seqs else {}
-        with torch.cuda.stream(compute), self._staging_finished():
+        with torch.cuda.stream(compute), self._staging_finished(), self._cpu_parts_finished():
             skip_to = 0
             for index, sublayer in enumerate(sublayers):
                 if index < skip_to:
@@ -712,6 +715,37 @@ class Executor:
         finally:
             if self.staging is not None:
                 self.staging.finish()
+
+    @contextmanager
+    def _cpu_parts_finished(self):
+        """At the end of a step, every CPU part handed to the run-ahead worker is done (its host
+        times counted); a failed one fails the step."""
+        try:
+            yield
+        except BaseException:
+            if self._run_ahead is not None:
+                try:
+                    self._run_ahead.drain()
+                except Exception:  # noqa: BLE001 - the step's own error is the one to raise
+                    log.exception("a CPU part failed in a step that failed")
+            raise
+        if self._run_ahead is not None:
+            computing, waiting = self._run_ahead.drain()
+            self._host_compute_s += computing
+            self._host_wait_s += waiting
+
+    def _ahead(self) -> run_ahead.RunAhead | None:
+        """The run-ahead worker (made on the first split FFN that uses it), None where it is off."""
+        if self._run_ahead is None and not self._run_ahead_tried:
+            self._run_ahead_tried = True
+            if run_ahead.available() and not self.simulated:
+                try:
+                    self._run_ahead = run_ahead.RunAhead()
+                except Exception as exc:  # noqa: BLE001 - the step runs the usual way instead
+                    log.warning("run-ahead split steps are not available here: %s", exc)
+                else:
+                    weakref.finalize(self, self._run_ahead.close)
+        return self._run_ahead
 
     def _run_split(self, sublayer: MoEFFN, here: Where, x: torch.Tensor) -> tuple[torch.Tensor, int]:
         """A MoE FFN split at its experts: norm and router on the GPU, then the routed experts on
@@ -805,6 +839,9 @@ class Executor:
         crossed.record(compute)
         y = x + sublayer.contribution(gpu_part, h)
         self.ring.release(compute)
+        ahead = self._ahead()
+        if ahead is not None:
+            return y + self._cpu_part_ahead(ahead, sublayer, cpu_part, h_host, crossed), 2
         waiting = time.perf_counter()
         crossed.synchronize()
         computing = time.perf_counter()
@@ -814,6 +851,22 @@ class Executor:
         if FFNBuffers.wanted(h_host.shape[0]):
             self._ffn_buffers.copying()  # the buffer is not reused before this copy is done
         return y + y_cpu, 2
+
+    def _cpu_part_ahead(self, ahead: run_ahead.RunAhead, sublayer: DenseFFN, cpu_part: dict[str, torch.Tensor],
+                        h_host: torch.Tensor, ready: torch.cuda.Event) -> torch.Tensor:
+        """A split FFN's CPU part handed to the run-ahead worker: computed once ``ready`` (the
+        activation's copy to ``h_host``) is done, into a pinned buffer; returns its copy on the
+        GPU, queued behind the GPU's wait for it (nothing here waits)."""
+        rows, buffers = h_host.shape[0], ahead.buffers
+        out = buffers.result(rows, h_host.shape[-1], h_host.dtype)
+        if FFNBuffers.wanted(rows):
+            work = buffers.work(sublayer.work_elements(cpu_part, rows), h_host.dtype)
+            ahead.submit(ready, lambda: sublayer.contribution_into(cpu_part, h_host, out, work))
+        else:  # few rows: the projections tuned per shape, then into the pinned buffer
+            ahead.submit(ready, lambda: out.copy_(sublayer.contribution(cpu_part, h_host)))
+        y_cpu = out.to(self.gpu, non_blocking=True)
+        buffers.copying()  # the buffer is not handed out again before this copy is done
+        return y_cpu
 
     def _on_cpu(self, sublayer, x: torch.Tensor, step) -> torch.Tensor:
         """``sublayer`` on the CPU from host memory (a dense FFN at many rows in the reused buffers)."""
