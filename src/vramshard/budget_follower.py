@@ -29,13 +29,13 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-import os
 import threading
 import time
 from typing import Callable
 
 import torch
 
+from .env import switch
 from .errors import BudgetError
 from .plan import calibrate
 from .plan.placement import TieredPlacement
@@ -49,7 +49,7 @@ from .units import format_bytes
 log = logging.getLogger(__name__)
 
 EVENTS_KEPT = 256
-CALIBRATE = os.environ.get("VRAMSHARD_CALIBRATE", "on").lower() != "off"
+CALIBRATE = switch("VRAMSHARD_CALIBRATE", default=True)
 CALIBRATE_OFF_BY = 1.15  # measured / predicted decode step beyond which the profile is fitted again
 MAX_CALIBRATIONS = 6  # per engine (a tier's CPU work is fitted once): a machine whose speed swings more is not chased
 

@@ -21,10 +21,10 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
 from pathlib import Path
 
+from ..env import switch
 from ..paths import cache_dir
 from .store import write_atomically
 
@@ -36,7 +36,7 @@ Factors = tuple[tuple[tuple[int, float], ...], float]  # (cpu_rows as sorted pai
 
 def enabled() -> bool:
     """Whether fitted factors are kept on disk (``VRAMSHARD_CALIBRATION_STORE``, on by default)."""
-    return os.environ.get("VRAMSHARD_CALIBRATION_STORE", "on").lower() not in ("off", "0", "false", "no")
+    return switch("VRAMSHARD_CALIBRATION_STORE", default=True)
 
 
 def path(fingerprint_hash: str) -> Path:

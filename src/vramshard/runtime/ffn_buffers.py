@@ -19,13 +19,12 @@ the buffers bring (it was ``VRAMSHARD_SPLIT_BUFFERS`` in ``8cd32e6``, for split 
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from ..env import switch
 from ..layers.cpu_linear import MAX_TOKENS
 
-ENABLED = os.environ.get("VRAMSHARD_FFN_BUFFERS", "on").lower() not in ("off", "0", "false", "no")
+ENABLED = switch("VRAMSHARD_FFN_BUFFERS", default=True)
 
 
 class FFNBuffers:

@@ -23,7 +23,6 @@ Opt-in (``VRAMSHARD_RUN_AHEAD=on``) until measured on a GPU; needs Triton.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
@@ -31,6 +30,7 @@ from typing import Callable
 
 import torch
 
+from ..env import switch
 from .ffn_buffers import FFNBuffers
 
 try:
@@ -41,7 +41,7 @@ except ImportError:  # no Triton (CPU-only torch): available() is False
 
 log = logging.getLogger(__name__)
 
-ENABLED = os.environ.get("VRAMSHARD_RUN_AHEAD", "off").lower() in ("on", "1", "true", "yes")
+ENABLED = switch("VRAMSHARD_RUN_AHEAD", default=False)
 SPIN_LIMIT = 10_000_000  # polls of the ticket (each a read of host memory over PCIe, about 1 µs)
 
 

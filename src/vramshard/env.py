@@ -1,0 +1,24 @@
+"""On/off switches read from the environment (``VRAMSHARD_*``; the README lists them)."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+ON = ("on", "1", "true", "yes")
+OFF = ("off", "0", "false", "no")
+
+
+def switch(name: str, default: bool) -> bool:
+    """``$name`` as on (on, 1, true, yes) or off (off, 0, false, no), in any case; ``default``
+    when unset, or when set to anything else (with a warning that names the variable)."""
+    value = os.environ.get(name)
+    if value is None or value.strip() == "":
+        return default
+    value = value.strip().lower()
+    if value in ON or value in OFF:
+        return value in ON
+    log.warning("%s=%r is neither on nor off: using %s", name, value, "on" if default else "off")
+    return default
