@@ -201,11 +201,9 @@ def test_split_ffn_placement_matches_cpu_float32(arch, tiny_model_dir, cpu_refer
 LONG_PROMPT = [(7 * i + 3) % 97 for i in range(40)]  # rows above cpu_linear.MAX_TOKENS
 
 
-def test_split_ffn_cpu_parts_at_many_rows_reuse_their_buffers_and_match_cpu_float32(tiny_model_dir, cpu_reference):
-    """A split FFN's CPU part at 40 rows writes into the executor's reused buffers (its result in
-    pinned memory, copied to the GPU while the next layer's CPU part overwrites the other one):
-    two prefills in chunks of 20 and 40 rows and the decode after them compute the CPU
-    reference's logits."""
+def _split_engine_matching_cpu_at_many_rows(tiny_model_dir, cpu_reference):
+    """The tiny llama model on the split placement: prefills of LONG_PROMPT in chunks of 20 and 40
+    rows, each followed by one-row decodes, compute the CPU reference's logits. (engine, those logits)."""
     path = tiny_model_dir("llama")
     cpu_engine, _ = cpu_reference(path, "float32")
     expected = trace_logits(cpu_engine, prompt=LONG_PROMPT)
@@ -214,6 +212,15 @@ def test_split_ffn_cpu_parts_at_many_rows_reuse_their_buffers_and_match_cpu_floa
     for chunk in (20, None):
         got = trace_logits(engine, prompt=LONG_PROMPT, prefill_chunk=chunk)
         torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-3)
+    return engine, expected
+
+
+def test_split_ffn_cpu_parts_at_many_rows_reuse_their_buffers_and_match_cpu_float32(tiny_model_dir, cpu_reference):
+    """A split FFN's CPU part at 40 rows writes into the executor's reused buffers (its result in
+    pinned memory, copied to the GPU while the next layer's CPU part overwrites the other one):
+    two prefills in chunks of 20 and 40 rows and the decode after them compute the CPU
+    reference's logits."""
+    engine, _ = _split_engine_matching_cpu_at_many_rows(tiny_model_dir, cpu_reference)
     buffers = engine.executor._ffn_buffers
     assert buffers._work is not None and all(r is not None and r.is_pinned() for r in buffers._results)
 
@@ -228,14 +235,7 @@ def test_run_ahead_split_steps_match_cpu_float32_and_a_failed_cpu_part_fails_its
     from vramshard.runtime import run_ahead
 
     monkeypatch.setattr(run_ahead, "ENABLED", True)
-    path = tiny_model_dir("llama")
-    cpu_engine, _ = cpu_reference(path, "float32")
-    expected = trace_logits(cpu_engine, prompt=LONG_PROMPT)
-    engine = Engine.load(path, device="cuda", dtype="float32", placement=_split_ffn_placement(cpu_engine.model),
-                         vram=200 * 2**20, max_context=64)
-    for chunk in (20, None):
-        got = trace_logits(engine, prompt=LONG_PROMPT, prefill_chunk=chunk)
-        torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-3)
+    engine, expected = _split_engine_matching_cpu_at_many_rows(tiny_model_dir, cpu_reference)
     ahead = engine.executor._run_ahead
     assert ahead is not None and ahead._issued > 0 and engine.executor.report.host_compute_s > 0
 
