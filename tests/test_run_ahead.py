@@ -20,14 +20,16 @@ needs_triton = pytest.mark.skipif(run_ahead.triton is None, reason="needs Triton
 def test_the_wait_kernel_waits_for_its_ticket_and_gives_up_at_its_limit():
     """Interpreted on the CPU in a fresh process (Triton reads TRITON_INTERPRET when imported)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
-        ticket = torch.zeros(1, dtype=torch.int64)
+        ticket, gave_up = torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int32)
         view = ticket.numpy()
         threading.Timer(0.2, lambda: view.__setitem__(0, 3)).start()
         start = time.perf_counter()
-        run_ahead._wait_for_ticket[(1,)](ticket, 3, 10**9)
+        run_ahead._wait_for_ticket[(1,)](ticket, 3, 10**9, gave_up)
         assert time.perf_counter() - start >= 0.19 and view[0] == 3
-        run_ahead._wait_for_ticket[(1,)](ticket, 2, 10**9)  # already past: returns at once
-        run_ahead._wait_for_ticket[(1,)](ticket, 5, 100)  # never raised: gives up after 100 polls
+        run_ahead._wait_for_ticket[(1,)](ticket, 2, 10**9, gave_up)  # already past: returns at once
+        assert gave_up.item() == 0
+        run_ahead._wait_for_ticket[(1,)](ticket, 5, 100, gave_up)  # never raised: gives up after 100 polls
+        assert gave_up.item() == 1
         return
     env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",

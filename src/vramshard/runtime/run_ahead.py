@@ -13,9 +13,10 @@ of a 116–192 ms llama3-8b step). Here the host thread hands the CPU part to a 
   is already on the stream, so the GPU goes on as soon as the CPU part lands.
 
 The step's order is the same as without: each CPU part reads the activation of its own layer and
-the GPU reads each result after it is written, so the outputs are the same. The wait kernel gives
-up after ``SPIN_LIMIT`` polls (about ten seconds) rather than hang the GPU; the step then fails
-with the worker's error, or with a timeout if the worker never answered.
+the GPU reads each result after it is written, so the outputs are the same. A CPU part that
+raises still raises the ticket (the GPU goes on) and fails its step with its error. The wait
+kernel gives up after ``SPIN_LIMIT`` polls (minutes) rather than hang the GPU for ever, and flags
+it; the step that sees the flag fails.
 
 Opt-in (``VRAMSHARD_RUN_AHEAD=on``) until measured on a GPU; needs Triton.
 """
@@ -42,7 +43,9 @@ except ImportError:  # no Triton (CPU-only torch): available() is False
 log = logging.getLogger(__name__)
 
 ENABLED = switch("VRAMSHARD_RUN_AHEAD", default=False)
-SPIN_LIMIT = 10_000_000  # polls of the ticket (each a read of host memory over PCIe, about 1 µs)
+# Polls of the ticket before the GPU stops waiting (each a read of host memory over PCIe, about a
+# microsecond: some ten minutes, far beyond any CPU part; only a ticket never raised meets it).
+SPIN_LIMIT = 600_000_000
 
 
 def available() -> bool:
@@ -53,13 +56,15 @@ def available() -> bool:
 if triton is not None:
 
     @triton.jit
-    def _wait_for_ticket(ticket_ptr, wanted, limit):
-        """Spin until the ticket in (pinned, device-visible) host memory reaches ``wanted``."""
+    def _wait_for_ticket(ticket_ptr, wanted, limit, gave_up_ptr):
+        """Spin until the ticket in (pinned, device-visible) host memory reaches ``wanted``; after
+        ``limit`` polls, go on and set the flag at ``gave_up_ptr``."""
         seen = tl.load(ticket_ptr, volatile=True)
         polls = 0
         while (seen < wanted) & (polls < limit):
             seen = tl.load(ticket_ptr, volatile=True)
             polls += 1
+        tl.store(gave_up_ptr, 1, mask=seen < wanted)
 
 
 class RunAhead:
@@ -68,6 +73,7 @@ class RunAhead:
     def __init__(self):
         self.ticket = torch.zeros(1, dtype=torch.int64, pin_memory=True)  # the last CPU part done
         self._ticket_view = self.ticket.numpy()
+        self.gave_up = torch.zeros(1, dtype=torch.int32, pin_memory=True)  # set by a wait that hit SPIN_LIMIT
         self.buffers = FFNBuffers(pinned=True)  # the worker's: results pinned, read by copies to the GPU
         self._issued = 0
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
@@ -76,7 +82,8 @@ class RunAhead:
         self._error: BaseException | None = None
         self.compute_s = self.wait_s = 0.0  # of the jobs since the last drain (StepReport's host timers)
         self._threads: int | None = None
-        _wait_for_ticket[(1,)](self.ticket, 0, 1)  # fails here, not mid-step, if Triton cannot read the ticket
+        # A first launch: fails here, not mid-step, if Triton cannot read the pinned ticket.
+        _wait_for_ticket[(1,)](self.ticket, 0, 1, self.gave_up)
         self._worker = threading.Thread(target=self._work, name="vramshard-cpu-parts", daemon=True)
         self._worker.start()
 
@@ -90,24 +97,26 @@ class RunAhead:
         wait for it on the current stream."""
         self._issued += 1
         self._jobs.put((self._issued, ready, job, torch.get_num_threads()))
-        _wait_for_ticket[(1,)](self.ticket, self._issued, SPIN_LIMIT)
+        _wait_for_ticket[(1,)](self.ticket, self._issued, SPIN_LIMIT, self.gave_up)
 
-    def drain(self, timeout_s: float = 30.0) -> tuple[float, float]:
+    def drain(self, stalled_s: float = 120.0) -> tuple[float, float]:
         """Wait for every job submitted; (seconds computing, seconds waiting for the GPU) of them.
         Raises the first error a job raised: the step's outputs are then wrong, the GPU having gone
-        on with the buffer as it was."""
-        deadline = time.monotonic() + timeout_s
+        on with the buffer as it was. A worker that finishes no job for ``stalled_s`` is an error."""
         with self._done:
             while self._finished < self._issued:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"a split FFN's CPU part did not finish within {timeout_s:.0f} s")
-                self._done.wait(left)
+                before = self._finished
+                if not self._done.wait(stalled_s) and self._finished == before:
+                    raise TimeoutError(f"split FFN CPU part {before + 1} has not finished in {stalled_s:.0f} s")
             error, self._error = self._error, None
             spent = self.compute_s, self.wait_s
             self.compute_s = self.wait_s = 0.0
         if error is not None:
             raise RuntimeError(f"a split FFN's CPU part failed: {error}") from error
+        if self.gave_up[0]:  # a wait of this or an earlier step, once it has run
+            self.gave_up.zero_()
+            raise RuntimeError("the GPU stopped waiting for a split FFN's CPU part (SPIN_LIMIT): the outputs of "
+                               "this step, or of the one before, are not to be trusted")
         return spent
 
     def _work(self) -> None:
