@@ -13,6 +13,7 @@ from vramshard import Engine
 from vramshard.layers.step import Step
 from vramshard.plan.memory import sublayer_triples
 from vramshard.plan.placement import named_placement
+from vramshard.runtime import graphs as graphs_module
 from vramshard.runtime.graphs import (SEGMENT, DecodeGraphs, batch_bucket, capture_bytes, decode_uncovered, key_bucket,
                                       key_buckets, pack_decode_inputs, resident_runs)
 
@@ -150,12 +151,15 @@ def test_static_decode_matches_normal_path_paged(arch, engines):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_static_decode_one_sublayer_at_a_time(arch, engines):
+def test_static_decode_one_sublayer_at_a_time(arch, engines, monkeypatch):
     """Every sub-layer a run of its own (a plan that splits FFNs leaves each resident attention
     alone between them): the embedding alone, each attention, each FFN, the head alone, chained,
     give the normal path's logits and caches."""
     engine = engines(arch)
     graphs = _host_graphs(engine)
+    packed = []
+    real_pack = graphs_module.pack_decode_inputs
+    monkeypatch.setattr(graphs_module, "pack_decode_inputs", lambda *a, **k: packed.append(1) or real_pack(*a, **k))
 
     def one_at_a_time(sublayers, ids, step):
         x = ids
@@ -166,6 +170,9 @@ def test_static_decode_one_sublayer_at_a_time(arch, engines):
 
     assert _decode_trace(engine, graphs, run=one_at_a_time) < 1e-4
     assert graphs.stats.static_eager == len(SCHEDULE) * len(engine.executor.token_sublayers)
+    # The runs of a step share its indices: packed once for the runs with attention, once for the
+    # others (the embedding's run packs the host token ids with them), not once a run.
+    assert len(packed) == 2 * len(SCHEDULE)
 
 
 @pytest.mark.parametrize("arch", ["llama", "llama_mqa_tied"])
@@ -185,8 +192,6 @@ def test_static_decode_through_torch_compile(arch, engines, caplog):
     """The fusable parts through torch.compile (the "eager" backend here: the same tracing, no code
     generation) give the normal path's logits; a compiler that fails leaves the step to eager
     kernels, said once in the log."""
-    import vramshard.runtime.graphs as graphs_module
-
     engine = engines(arch)
     graphs = _host_graphs(engine, compile_backend="eager")
     assert _decode_trace(engine, graphs) < 1e-4
@@ -368,8 +373,6 @@ def test_graph_replay_matches_eager_over_16_steps(arch, compile_backend, kernel,
         token = int(expected[0].argmax())
     assert graphs.stats.captures == 2 and graphs.stats.replays == 14 and graphs.graphs == 2
     if compile_backend:
-        import vramshard.runtime.graphs as graphs_module
-
         used = [w for (fn, backend), w in graphs_module._compiled.items() if backend == compile_backend]
         assert used and all(w.failed is None for w in used), [w.failed for w in used]
     assert graphs.pool_bytes > 0

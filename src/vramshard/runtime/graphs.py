@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
@@ -332,16 +333,27 @@ class StaticDecode:
 
 # ---------------------------------------------------------------------------- the graph runner
 @dataclass
+class _Indices:
+    """A step's indices (:func:`pack_decode_inputs`) for every run of one shape and KV geometry:
+    the runs of a step read the same ones, so they are packed and copied once a step (a plan that
+    splits FFNs has some 30 runs a step; packing 64 rows took 0.15-0.7 ms each on the development
+    machine's CPU)."""
+
+    ints: torch.Tensor  # [batch, 4 + nb] int64 on the device
+    staging: torch.Tensor  # the same on the host (pinned with CUDA)
+    copied: torch.cuda.Event | None = None  # the last host → device copy out of ``staging``
+    step: Callable[[], Step | None] | None = None  # (a weak reference to) the step they hold
+
+
+@dataclass
 class _Bucket:
     """Static buffers (and, once captured, the graph) of one run at one (batch, keys) bucket."""
 
     batch: int
     keys: int
-    ints: torch.Tensor  # [batch, 4 + nb] int64 on the device
-    staging: torch.Tensor  # the same on the host (pinned with CUDA)
+    indices: _Indices  # shared with the runs of the same shape
     key_positions: torch.Tensor  # [keys] int64 on the device
     hidden: torch.Tensor | None  # [batch, D] input of a run that does not start at embed
-    copied: torch.cuda.Event | None = None  # the last host → device copy out of ``staging``
     graph: torch.cuda.CUDAGraph | None = None
     output: torch.Tensor | None = None
 
@@ -394,6 +406,7 @@ class DecodeGraphs:
         self._told: set[str] = set()
         self._runs: dict[tuple, tuple[Sequence[SubLayer], dict[int, int]]] = {}
         self._inputs: dict[tuple, torch.Tensor] = {}  # (batch, width, dtype) -> the runs' shared input buffer
+        self._indices: dict[tuple, _Indices] = {}  # (ints shape, KV geometry) -> the runs' shared indices
 
     @property
     def graphs(self) -> int:
@@ -407,6 +420,7 @@ class DecodeGraphs:
         self._forwards.clear()
         self._runs.clear()
         self._inputs.clear()
+        self._indices.clear()
         self._pool = None
         self.pool_bytes = 0
 
@@ -482,7 +496,7 @@ class DecodeGraphs:
         self._fill(bucket, forward, step, geometry, x)
 
         def compute():
-            return forward(bucket.hidden, bucket.ints, step.kv_lookup, bucket.key_positions)
+            return forward(bucket.hidden, bucket.indices.ints, step.kv_lookup, bucket.key_positions)
 
         if not self.capture:
             bucket.output = compute()
@@ -513,22 +527,30 @@ class DecodeGraphs:
             hidden = self._inputs.get(key)
             if hidden is None:
                 hidden = self._inputs[key] = torch.zeros(batch, x.shape[-1], dtype=x.dtype, device=self.device)
-        return _Bucket(batch, keys, torch.zeros(shape, dtype=torch.long, device=self.device),
-                       torch.zeros(shape, dtype=torch.long, pin_memory=pinned),
-                       torch.arange(keys, device=self.device), hidden)
+        indices = self._indices.get((shape, geometry))
+        if indices is None:
+            indices = self._indices[shape, geometry] = _Indices(
+                torch.zeros(shape, dtype=torch.long, device=self.device),
+                torch.zeros(shape, dtype=torch.long, pin_memory=pinned))
+        return _Bucket(batch, keys, indices, torch.arange(keys, device=self.device), hidden)
 
     def _fill(self, bucket: _Bucket, forward: StaticDecode, step: Step, geometry, x: torch.Tensor) -> None:
-        """The step's indices (and input) into the bucket's static buffers, outside any capture."""
-        if bucket.copied is not None:
-            bucket.copied.synchronize()  # the last step's copy out of the staging buffer is done
+        """The step's indices (and input) into the bucket's static buffers, outside any capture.
+        The indices are the same for every run of the step: packed by its first run only (a Step
+        is one forward step; another step is another object)."""
+        indices = bucket.indices
         tokens = x if forward.starts_with_tokens and x.device.type == "cpu" else None
-        pack_decode_inputs(step, geometry, bucket.staging, tokens)
-        bucket.ints.copy_(bucket.staging, non_blocking=True)
-        if self.device.type == "cuda":
-            bucket.copied = torch.cuda.Event()
-            bucket.copied.record()
+        if tokens is not None or indices.step is None or indices.step() is not step:
+            if indices.copied is not None:
+                indices.copied.synchronize()  # the last step's copy out of the staging buffer is done
+            pack_decode_inputs(step, geometry, indices.staging, tokens)
+            indices.ints.copy_(indices.staging, non_blocking=True)
+            if self.device.type == "cuda":
+                indices.copied = torch.cuda.Event()
+                indices.copied.record()
+            indices.step = weakref.ref(step)
         if forward.starts_with_tokens and tokens is None:
-            bucket.ints[: step.num_seqs, 0].copy_(x, non_blocking=True)
+            indices.ints[: step.num_seqs, 0].copy_(x, non_blocking=True)
         if not forward.starts_with_tokens:
             bucket.hidden[: step.num_seqs].copy_(x, non_blocking=True)
 
