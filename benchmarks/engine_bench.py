@@ -142,6 +142,8 @@ def main() -> None:
     parser.add_argument("--batch-prompt", type=int, default=16)
     parser.add_argument("--batch-gen", type=int, default=16)
     parser.add_argument("--run-limit-s", type=float, default=10.0, help="most seconds of one measured run")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="runs of each test (TTFT/tg and each batch size); the median is kept")
     parser.add_argument("--deadline-s", type=float, default=400.0, help="start no new cell after this")
     parser.add_argument("--baseline", default="layers:max")
     parser.add_argument("--profile", default=None, help="machine profile for the planner")
@@ -164,7 +166,7 @@ def main() -> None:
     t_start = time.perf_counter()
     target = args.out or out_dir() / "engine_bench.json"
     settings = BenchSettings(args.pp, args.tg, tuple(int(b) for b in args.batch_sizes.split(",")), args.batch_prompt,
-                             args.batch_gen, time_limit_s=args.run_limit_s)
+                             args.batch_gen, repeat=args.repeat, time_limit_s=args.run_limit_s)
     if not torch.cuda.is_available():
         raise SystemExit("engine_bench needs a CUDA GPU (use `vramshard bench --shape tiny-llama` on a CPU)")
     bandwidth = {"h2d": h2d_bandwidth() / 1e9, "cpu_read": cpu_read_bandwidth() / 1e9,
