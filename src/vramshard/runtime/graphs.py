@@ -336,8 +336,7 @@ class StaticDecode:
 class _Indices:
     """A step's indices (:func:`pack_decode_inputs`) for every run of one shape and KV geometry:
     the runs of a step read the same ones, so they are packed and copied once a step (a plan that
-    splits FFNs has some 30 runs a step; packing 64 rows took 0.15-0.7 ms each on the development
-    machine's CPU)."""
+    splits FFNs has some 30 runs a step; ``benchmarks/pack_indices.py`` times one pack)."""
 
     ints: torch.Tensor  # [batch, 4 + nb] int64 on the device
     staging: torch.Tensor  # the same on the host (pinned with CUDA)
