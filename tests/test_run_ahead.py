@@ -31,11 +31,78 @@ def test_the_wait_kernel_waits_for_its_ticket_and_gives_up_at_its_limit():
         run_ahead._wait_for_ticket[(1,)](ticket, 5, 100, gave_up)  # never raised: gives up after 100 polls
         assert gave_up.item() == 1
         return
-    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           f"{__file__}::test_the_wait_kernel_waits_for_its_ticket_and_gives_up_at_its_limit"],
+    _in_interpreter("test_the_wait_kernel_waits_for_its_ticket_and_gives_up_at_its_limit")
+
+
+def _in_interpreter(test: str) -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "", "VRAMSHARD_RUN_AHEAD_WAIT": "kernel"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{__file__}::{test}"],
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+@needs_triton
+def test_the_worker_runs_each_part_after_its_input_landed_and_the_host_thread_frees_the_jobs():
+    """The protocol of a step, its kernels interpreted on the CPU (each wait blocks the host thread
+    here): parts run in order, none before the GPU wrote its ready word, each raises its ticket;
+    a part that raises fails the drain and the ticket is raised anyway. Every job (its pinned
+    input, on a GPU) is released on the host thread: freeing one on the worker hung a step on the
+    GPU machine, the worker in a CUDA call while the host thread waited for the GPU."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        _in_interpreter("test_the_worker_runs_each_part_after_its_input_landed_and_the_host_thread_frees_the_jobs")
+        return
+    import gc
+
+    ahead = run_ahead.RunAhead()
+
+    class QueuedWait:  # the GPU's wait as on a GPU: queued, the host thread goes on (interpreted, it blocks)
+        def __getitem__(self, grid):
+            return lambda *args: None
+
+    run_ahead._wait_for_ticket = QueuedWait()
+    ran, freed_on = [], []
+
+    class Job:
+        def __init__(self, number, fail=False):
+            self.number, self.fail = number, fail
+
+        def __call__(self):
+            assert ahead._ready_view[0] >= self.number, "ran before its input landed"
+            time.sleep(0.02)  # the host thread has dropped its reference by now
+            ran.append((self.number, time.perf_counter()))
+            if self.fail:
+                raise ValueError("a CPU part that fails")
+
+        def __del__(self):
+            freed_on.append(threading.current_thread().name)
+
+    for _ in range(3):
+        number = ahead.copied()
+        ahead.submit(number, Job(number))
+    late = ahead.copied()
+    ahead.ready[0] = late - 1  # as if the GPU had not yet written it
+    written = []
+    threading.Timer(0.2, lambda: (written.append(time.perf_counter()), ahead.ready.__setitem__(0, late))).start()
+    ahead.submit(late, Job(late))
+    assert ahead.drain()[0] > 0 and ahead.ticket.item() == late
+    assert [n for n, _ in ran] == [1, 2, 3, 4] and ran[-1][1] >= written[0]
+    gc.collect()
+    assert freed_on == ["MainThread"] * 4
+
+    with pytest.raises(RuntimeError, match="submitted out of order"):
+        ahead.submit(7, Job(7))
+    number = ahead.copied()
+    ahead.submit(number, Job(number, fail=True))
+    with pytest.raises(RuntimeError, match="a CPU part that fails"):
+        ahead.drain()
+    assert ahead.ticket.item() == number  # the GPU went on
+    number = ahead.copied()
+    ahead.submit(number, Job(number))  # the next step runs
+    ahead.drain()
+    ahead.close()
+    gc.collect()
+    # (the failed job may live on in the log capture's record of its traceback)
+    assert len(freed_on) >= 6 and set(freed_on) == {"MainThread"}
 
 
 def test_run_ahead_is_opt_in(monkeypatch):

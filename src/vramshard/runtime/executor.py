@@ -836,12 +836,15 @@ class Executor:
             return y + y_back, 2
         h = sublayer.norm(gpu_part, x)  # [T, D] on the GPU
         h_host = h.to("cpu", non_blocking=True)  # queued before the GPU part: it does not wait for it
+        ahead = self._ahead()
+        if ahead is not None:
+            number = ahead.copied()  # the worker starts once h_host has landed
+            y = x + sublayer.contribution(gpu_part, h)
+            self.ring.release(compute)
+            return y + self._cpu_part_ahead(ahead, number, sublayer, cpu_part, h_host), 2
         crossed.record(compute)
         y = x + sublayer.contribution(gpu_part, h)
         self.ring.release(compute)
-        ahead = self._ahead()
-        if ahead is not None:
-            return y + self._cpu_part_ahead(ahead, sublayer, cpu_part, h_host, crossed), 2
         waiting = time.perf_counter()
         crossed.synchronize()
         computing = time.perf_counter()
@@ -852,18 +855,18 @@ class Executor:
             self._ffn_buffers.copying()  # the buffer is not reused before this copy is done
         return y + y_cpu, 2
 
-    def _cpu_part_ahead(self, ahead: run_ahead.RunAhead, sublayer: DenseFFN, cpu_part: dict[str, torch.Tensor],
-                        h_host: torch.Tensor, ready: torch.cuda.Event) -> torch.Tensor:
-        """A split FFN's CPU part handed to the run-ahead worker: computed once ``ready`` (the
-        activation's copy to ``h_host``) is done, into a pinned buffer; returns its copy on the
+    def _cpu_part_ahead(self, ahead: run_ahead.RunAhead, number: int, sublayer: DenseFFN,
+                        cpu_part: dict[str, torch.Tensor], h_host: torch.Tensor) -> torch.Tensor:
+        """A split FFN's CPU part ``number`` handed to the run-ahead worker: computed once the
+        activation's copy to ``h_host`` has landed, into a pinned buffer; returns its copy on the
         GPU, queued behind the GPU's wait for it (nothing here waits)."""
         rows, buffers = h_host.shape[0], ahead.buffers
         out = buffers.result(rows, h_host.shape[-1], h_host.dtype)
         if FFNBuffers.wanted(rows):
             work = buffers.work(sublayer.work_elements(cpu_part, rows), h_host.dtype)
-            ahead.submit(ready, lambda: sublayer.contribution_into(cpu_part, h_host, out, work))
+            ahead.submit(number, lambda: sublayer.contribution_into(cpu_part, h_host, out, work))
         else:  # few rows: the projections tuned per shape, then into the pinned buffer
-            ahead.submit(ready, lambda: out.copy_(sublayer.contribution(cpu_part, h_host)))
+            ahead.submit(number, lambda: out.copy_(sublayer.contribution(cpu_part, h_host)))
         y_cpu = out.to(self.gpu, non_blocking=True)
         buffers.copying()  # the buffer is not handed out again before this copy is done
         return y_cpu

@@ -5,25 +5,35 @@ it waits for the normalized activation, computes the CPU part, and only then que
 layer's GPU work — launches, ring fills and Python that the CPU cores sit idle through (19–41 ms
 of a 116–192 ms llama3-8b step). Here the host thread hands the CPU part to a worker and goes on:
 
-- the worker waits for the activation's copy to the host (an event), computes the CPU part into
-  a pinned result buffer (:mod:`~vramshard.runtime.ffn_buffers`) and raises a ticket number in
-  pinned host memory;
-- the GPU stream meets a one-thread kernel that spins until that ticket is up, then copies the
-  result in and adds it; everything queued after it (the next attention, the next FFN's GPU part)
-  is already on the stream, so the GPU goes on as soon as the CPU part lands.
+- right after the activation's copy to the host, the GPU stream writes the part's number into a
+  *ready* word in pinned host memory; the worker polls that word, computes the CPU part into a
+  pinned result buffer (:mod:`~vramshard.runtime.ffn_buffers`) and raises the *ticket* word;
+- the GPU stream meets a wait until that ticket is up, then copies the result in and adds it;
+  everything queued after it (the next attention, the next FFN's GPU part) is already on the
+  stream, so the GPU goes on as soon as the CPU part lands.
+
+The worker makes no CUDA call at all, and every object that holds CUDA resources (the job's
+pinned activation, its events) is released by the host thread. The first version waited on a
+CUDA event on the worker, and freed the last job's event there: on the GPU machine
+(2026-12-02) that hung its second step, the worker stuck in a CUDA call while the host thread
+sat in a synchronous copy that waited for the GPU, which waited for the worker.
 
 The step's order is the same as without: each CPU part reads the activation of its own layer and
 the GPU reads each result after it is written, so the outputs are the same. A CPU part that
-raises still raises the ticket (the GPU goes on) and fails its step with its error. The wait
-kernel gives up after ``SPIN_LIMIT`` polls (minutes) rather than hang the GPU for ever, and flags
-it; the step that sees the flag fails.
+raises still raises the ticket (the GPU goes on) and fails its step with its error.
 
-Opt-in (``VRAMSHARD_RUN_AHEAD=on``) until measured on a GPU; needs Triton.
+How the GPU writes and waits (``VRAMSHARD_RUN_AHEAD_WAIT``): ``kernel`` (default) — one-thread
+Triton kernels, the wait spinning on the ticket and giving up after ``SPIN_LIMIT`` polls (minutes;
+the step that sees the flag fails); ``stream`` — the driver's stream memory operations
+(:mod:`~vramshard.runtime.stream_wait`), which occupy no SM.
+
+Opt-in (``VRAMSHARD_RUN_AHEAD=on``) until measured faster on a GPU.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -33,6 +43,7 @@ import torch
 
 from ..env import switch
 from .ffn_buffers import FFNBuffers
+from .stream_wait import StreamWords
 
 try:
     import triton
@@ -46,11 +57,17 @@ ENABLED = switch("VRAMSHARD_RUN_AHEAD", default=False)
 # Polls of the ticket before the GPU stops waiting (each a read of host memory over PCIe, about a
 # microsecond: some ten minutes, far beyond any CPU part; only a ticket never raised meets it).
 SPIN_LIMIT = 600_000_000
+# How the GPU writes the ready word and waits for the ticket: "kernel" (Triton kernels) or
+# "stream" (the driver's cuStreamWriteValue64 / cuStreamWaitValue64).
+WAIT = os.environ.get("VRAMSHARD_RUN_AHEAD_WAIT", "kernel").strip().lower()
+# The worker's polls of the ready word that only yield the GIL before it sleeps between polls.
+YIELDING_POLLS = 2000
+POLL_SLEEP_S = 20e-6
 
 
 def available() -> bool:
-    """Whether run-ahead steps can run here (asked for, Triton installed, a GPU)."""
-    return ENABLED and triton is not None and torch.cuda.is_available()
+    """Whether run-ahead steps can run here (asked for, a GPU, and Triton for the kernels)."""
+    return ENABLED and torch.cuda.is_available() and (triton is not None or WAIT == "stream")
 
 
 if triton is not None:
@@ -66,24 +83,43 @@ if triton is not None:
             polls += 1
         tl.store(gave_up_ptr, 1, mask=seen < wanted)
 
+    @triton.jit
+    def _write_word(word_ptr, value):
+        """Write ``value`` into the word in pinned host memory (visible once the kernel is done)."""
+        tl.store(word_ptr, value)
+
 
 class RunAhead:
-    """One executor's worker for CPU parts, its buffers, and the ticket the GPU waits on."""
+    """One executor's worker for CPU parts, its buffers, and the words the GPU and worker share.
+
+    Per part, on the host thread: :meth:`copied` right after queuing the activation's copy to the
+    host (the GPU then tells the worker it has landed), then :meth:`submit` with the job (the GPU
+    then waits for it); :meth:`drain` at the end of the step."""
 
     def __init__(self):
-        self.ticket = torch.zeros(1, dtype=torch.int64, pin_memory=True)  # the last CPU part done
+        pinned = torch.cuda.is_available()  # (Triton's interpreter runs the kernels on the CPU: tests)
+        self.ready = torch.zeros(1, dtype=torch.int64, pin_memory=pinned)  # the last part whose input landed
+        self._ready_view = self.ready.numpy()
+        self.ticket = torch.zeros(1, dtype=torch.int64, pin_memory=pinned)  # the last CPU part done
         self._ticket_view = self.ticket.numpy()
-        self.gave_up = torch.zeros(1, dtype=torch.int32, pin_memory=True)  # set by a wait that hit SPIN_LIMIT
-        self.buffers = FFNBuffers(pinned=True)  # the worker's: results pinned, read by copies to the GPU
-        self._issued = 0
+        self.gave_up = torch.zeros(1, dtype=torch.int32, pin_memory=pinned)  # set by a wait that hit SPIN_LIMIT
+        self.buffers = FFNBuffers(pinned=pinned)  # the worker's: results pinned, read by copies to the GPU
+        self._issued = 0  # parts whose input copy is queued (copied)
+        self._submitted = 0
+        self._held: list = []  # the step's jobs: released on the host thread (drain), never on the worker
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._done = threading.Condition()
         self._finished = 0
         self._error: BaseException | None = None
         self.compute_s = self.wait_s = 0.0  # of the jobs since the last drain (StepReport's host timers)
         self._threads: int | None = None
-        # A first launch: fails here, not mid-step, if Triton cannot read the pinned ticket.
-        _wait_for_ticket[(1,)](self.ticket, 0, 1, self.gave_up)
+        self._stream = StreamWords(self.ready, self.ticket) if WAIT == "stream" else None
+        if self._stream is None:
+            # First launches: fail here, not mid-step, if Triton cannot use the pinned words.
+            _write_word[(1,)](self.ready, 0)
+            _wait_for_ticket[(1,)](self.ticket, 0, 1, self.gave_up)
+            if pinned:
+                torch.cuda.current_stream().synchronize()
         self._worker = threading.Thread(target=self._work, name="vramshard-cpu-parts", daemon=True)
         self._worker.start()
 
@@ -91,26 +127,44 @@ class RunAhead:
         """Stop the worker once its jobs are done (the executor is going away)."""
         self._jobs.put(None)
 
-    def submit(self, ready: torch.cuda.Event, job: Callable[[], None]) -> None:
-        """Run ``job`` (it writes a CPU part into its buffer) on the worker once ``ready`` has
-        completed, with the host thread's CPU thread count, then raise the ticket; queue the GPU's
-        wait for it on the current stream."""
+    def copied(self) -> int:
+        """Queue, on the current stream, the word that tells the worker the next part's input has
+        landed (call right after queuing that copy, before the GPU's own work); its number."""
         self._issued += 1
-        self._jobs.put((self._issued, ready, job, torch.get_num_threads()))
-        _wait_for_ticket[(1,)](self.ticket, self._issued, SPIN_LIMIT, self.gave_up)
+        if self._stream is not None:
+            self._stream.write_ready(self._issued)
+        else:
+            _write_word[(1,)](self.ready, self._issued)
+        return self._issued
+
+    def submit(self, number: int, job: Callable[[], None]) -> None:
+        """Run ``job`` (it writes part ``number``'s CPU result into its buffer, reading only host
+        memory) on the worker once its input has landed, with the host thread's CPU thread count,
+        then raise the ticket; queue the GPU's wait for it on the current stream."""
+        if number != self._submitted + 1 or number > self._issued:
+            raise RuntimeError(f"CPU part {number} submitted out of order (after {self._submitted}, "
+                               f"{self._issued} copied)")
+        self._submitted = number
+        self._held.append(job)
+        self._jobs.put((number, job, torch.get_num_threads()))
+        if self._stream is not None:
+            self._stream.wait_ticket(number)
+        else:
+            _wait_for_ticket[(1,)](self.ticket, number, SPIN_LIMIT, self.gave_up)
 
     def drain(self, stalled_s: float = 120.0) -> tuple[float, float]:
         """Wait for every job submitted; (seconds computing, seconds waiting for the GPU) of them.
         Raises the first error a job raised: the step's outputs are then wrong, the GPU having gone
         on with the buffer as it was. A worker that finishes no job for ``stalled_s`` is an error."""
         with self._done:
-            while self._finished < self._issued:
+            while self._finished < self._submitted:
                 before = self._finished
                 if not self._done.wait(stalled_s) and self._finished == before:
                     raise TimeoutError(f"split FFN CPU part {before + 1} has not finished in {stalled_s:.0f} s")
             error, self._error = self._error, None
             spent = self.compute_s, self.wait_s
             self.compute_s = self.wait_s = 0.0
+        self._held.clear()  # the jobs' pinned inputs are freed here, on the host thread
         if error is not None:
             raise RuntimeError(f"a split FFN's CPU part failed: {error}") from error
         if self.gave_up[0]:  # a wait of this or an earlier step, once it has run
@@ -121,24 +175,36 @@ class RunAhead:
 
     def _work(self) -> None:
         while (item := self._jobs.get()) is not None:
-            number, ready, job, threads = item
-            began = computing = time.perf_counter()
-            try:
-                if threads != self._threads:
-                    torch.set_num_threads(threads)  # OpenMP's thread count is this thread's own
-                    self._threads = threads
-                ready.synchronize()
-                computing = time.perf_counter()
-                with torch.inference_mode():
-                    job()
-            except BaseException as exc:  # noqa: BLE001 - handed to the host thread by drain()
-                log.exception("split FFN CPU part %d failed", number)
-                with self._done:
-                    self._error = self._error or exc
-            finally:
-                self._ticket_view[0] = number  # the GPU goes on, whatever happened
-                with self._done:
-                    self.wait_s += computing - began
-                    self.compute_s += time.perf_counter() - computing
-                    self._finished = number
-                    self._done.notify_all()
+            number, job, threads = item
+            del item
+            began = time.perf_counter()
+            computing = self._run(number, job, threads)
+            del job  # the host thread holds it too (_held) and releases it, with its pinned memory
+            with self._done:
+                self.wait_s += computing - began
+                self.compute_s += time.perf_counter() - computing
+                self._finished = number
+                self._done.notify_all()
+
+    def _run(self, number: int, job: Callable[[], None], threads: int) -> float:
+        """Part ``number`` on the worker: wait for its input, compute, raise the ticket whatever
+        happened. No CUDA call. Returns when it began computing (``time.perf_counter``)."""
+        computing = time.perf_counter()
+        try:
+            if threads != self._threads:
+                torch.set_num_threads(threads)  # OpenMP's thread count is this thread's own
+                self._threads = threads
+            polls, ready = 0, self._ready_view
+            while ready[0] < number:  # the GPU writes it once the part's input has landed
+                polls += 1
+                time.sleep(0 if polls < YIELDING_POLLS else POLL_SLEEP_S)
+            computing = time.perf_counter()
+            with torch.inference_mode():
+                job()
+        except BaseException as exc:  # noqa: BLE001 - handed to the host thread by drain()
+            log.exception("split FFN CPU part %d failed", number)
+            with self._done:
+                self._error = self._error or exc
+        finally:
+            self._ticket_view[0] = number  # the GPU goes on, whatever happened
+        return computing
