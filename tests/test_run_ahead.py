@@ -96,9 +96,11 @@ def test_the_worker_runs_each_part_after_its_input_landed_and_the_host_thread_fr
     with pytest.raises(RuntimeError, match="a CPU part that fails"):
         ahead.drain()
     assert ahead.ticket.item() == number  # the GPU went on
+    ahead.copied()  # a step that failed between the copy and the submit
     number = ahead.copied()
     ahead.submit(number, Job(number))  # the next step runs
     ahead.drain()
+    assert ahead.ticket.item() == number
     ahead.close()
     gc.collect()
     # (the failed job may live on in the log capture's record of its traceback)
