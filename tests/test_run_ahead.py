@@ -96,6 +96,13 @@ def test_the_worker_runs_each_part_after_its_input_landed_and_the_host_thread_fr
     with pytest.raises(RuntimeError, match="a CPU part that fails"):
         ahead.drain()
     assert ahead.ticket.item() == number  # the GPU went on
+    run_ahead.READY_TIMEOUT_S = 0.3  # a ready word that never comes fails its part, and the GPU goes on
+    number = ahead.copied()
+    ahead.ready[0] = number - 1
+    ahead.submit(number, Job(number))
+    with pytest.raises(RuntimeError, match="has not told the worker"):
+        ahead.drain()
+    assert ahead.ticket.item() == number
     ahead.copied()  # a step that failed between the copy and the submit
     number = ahead.copied()
     ahead.submit(number, Job(number))  # the next step runs

@@ -20,7 +20,8 @@ sat in a synchronous copy that waited for the GPU, which waited for the worker.
 
 The step's order is the same as without: each CPU part reads the activation of its own layer and
 the GPU reads each result after it is written, so the outputs are the same. A CPU part that
-raises still raises the ticket (the GPU goes on) and fails its step with its error.
+raises still raises the ticket (the GPU goes on) and fails its step with its error; so does a
+part whose ready word has not come within ``READY_TIMEOUT_S``.
 
 How the GPU writes and waits (``VRAMSHARD_RUN_AHEAD_WAIT``): ``kernel`` (default) — one-thread
 Triton kernels, the wait spinning on the ticket and giving up after ``SPIN_LIMIT`` polls (minutes;
@@ -63,6 +64,8 @@ WAIT = os.environ.get("VRAMSHARD_RUN_AHEAD_WAIT", "kernel").strip().lower()
 # The worker's polls of the ready word that only yield the GIL before it sleeps between polls.
 YIELDING_POLLS = 200
 POLL_SLEEP_S = 20e-6
+# A part whose ready word has not come after this fails (its ticket raised: the GPU goes on).
+READY_TIMEOUT_S = 60.0
 
 
 def available() -> bool:
@@ -85,8 +88,9 @@ if triton is not None:
 
     @triton.jit
     def _write_word(word_ptr, value):
-        """Write ``value`` into the word in pinned host memory (visible once the kernel is done)."""
-        tl.store(word_ptr, value)
+        """Write ``value`` into the word in pinned host memory, through the GPU's L2 to the host
+        (``st.wt``) so that the worker polling it sees it without any CUDA call."""
+        tl.store(word_ptr, value, cache_modifier=".wt")
 
 
 class RunAhead:
@@ -198,6 +202,9 @@ class RunAhead:
             while ready[0] < number:  # the GPU writes it once the part's input has landed
                 polls += 1
                 time.sleep(0 if polls < YIELDING_POLLS else POLL_SLEEP_S)
+                if polls % 1000 == 0 and time.perf_counter() - computing > READY_TIMEOUT_S:
+                    raise TimeoutError(f"the GPU has not told the worker in {READY_TIMEOUT_S:.0f} s that CPU part "
+                                       f"{number}'s input landed (ready word at {int(ready[0])})")
             computing = time.perf_counter()
             with torch.inference_mode():
                 job()
