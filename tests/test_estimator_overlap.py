@@ -89,3 +89,42 @@ def test_a_cached_moe_decode_step_pays_the_hosts_calls_per_miss():
     touched = model["ffn[0]"].expected_experts_touched(1)
     calls = layers * touched * COPY_ISSUE_CALLS
     assert all_miss - all_hit == pytest.approx(calls * 100e-6 / DISPATCH_LAUNCHES, rel=0.05)
+
+
+def split_placement(cpu_pieces: int) -> Placement:
+    """Every dense FFN split (its first ``cpu_pieces`` pieces on the CPU, the rest streamed),
+    attention and head resident, the embedding on the CPU."""
+    from vramshard.plan.placement import split_ffn
+
+    where = [(s.name, split_ffn(cpu_pieces) if s.kind == "ffn" else CPU if s.kind == "embed" else GPU_RESIDENT)
+             for s in NEMO]
+    return Placement("split", tuple(where))
+
+
+@pytest.mark.parametrize("rows", [1, 64])
+def test_run_ahead_takes_the_hosts_launches_off_a_split_step_but_not_below_its_resources(rows):
+    """With the split FFNs' CPU parts on the run-ahead worker, the host thread's launches overlap
+    the CPU parts: the step is shorter by at most those launches, never shorter than the CPU's or
+    the copy engine's busy time, and the same CPU and copy work is done."""
+    from vramshard.plan.estimator import AHEAD_LAUNCHES, DISPATCH_LAUNCHES, PART_LAUNCHES
+
+    profile = synthetic(**CLIENT, dispatch_us={"cpu": 20, "cuda": 400})
+    placement = split_placement(8)
+    estimator = Estimator(NEMO, profile, run_ahead=False)
+    plain = estimator.simulate(placement, rows, 1024)
+    ahead = Estimator(NEMO, profile, run_ahead=True).simulate(placement, rows, 1024)
+    splits = len(placement.split_names())
+    # The host's launches a step, and the two copies it issues for each split (h out, the part back).
+    launches = splits * (PART_LAUNCHES * 400e-6 / DISPATCH_LAUNCHES + 2 * 400e-6) + sum(
+        estimator.launch_s(s, "cuda", rows) for s in NEMO if s.kind not in ("ffn", "embed"))
+    assert ahead.cpu_busy == pytest.approx(plain.cpu_busy, rel=0.05)
+    assert ahead.copy_busy == pytest.approx(plain.copy_busy, rel=1e-6)
+    assert max(ahead.cpu_busy, ahead.copy_busy) <= ahead.seconds * (1 + 1e-9) and ahead.seconds < plain.seconds
+    assert plain.seconds - ahead.seconds <= launches
+    # With free launches there is nothing for the worker to hide but the host's own waits.
+    free = synthetic(**CLIENT, dispatch_us={"cpu": 0.01, "cuda": 0.01})
+    plain_free = Estimator(NEMO, free, run_ahead=False).simulate(placement, rows, 1024).seconds
+    ahead_free = Estimator(NEMO, free, run_ahead=True).simulate(placement, rows, 1024).seconds
+    assert ahead_free == pytest.approx(plain_free, rel=0.1)
+    assert Estimator(NEMO, profile).run_ahead is False  # as the executor runs here (no GPU, or off)
+    assert AHEAD_LAUNCHES > 0

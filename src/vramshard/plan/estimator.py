@@ -34,6 +34,7 @@ from .placement import Placement
 
 DISPATCH_LAUNCHES = 5  # kernel launches in the profile's "tiny sub-layer" dispatch probe
 PART_LAUNCHES = 6  # kernel launches of one part of a split FFN (gate/up, silu, mul, down, add)
+AHEAD_LAUNCHES = 5  # more for a part on the run-ahead worker (ready word, wait, submit, its two copies)
 GATHER_LAUNCHES = 14  # kernel launches of a few-token MoE step over gathered cache slots, all experts
 # Host calls of the expert cache per step of a MoE layer (ExpertSlots): one event marks the
 # layer's slots free; each miss waits for its slot's last reader, copies and records the fill on
@@ -97,17 +98,29 @@ class CopyEngineSpans:
         return now + left * alone_s
 
 
+def run_ahead_enabled() -> bool:
+    """Whether the executor will hand split FFNs' CPU parts to its run-ahead worker (read when an
+    estimator is made: the benchmarks switch it per placement)."""
+    from ..runtime import run_ahead  # (the mechanism's own switch; nothing else of it is used here)
+
+    return run_ahead.available()
+
+
 class Estimator:
     """Costs of one model on one machine (a :class:`Profile`).
 
     expert_hit_rate: the fraction of routed experts found in the VRAM expert cache (a
     measured rate, or :func:`uniform_hit_rate` of the cache size); MoE sub-layers split at
-    their experts copy the rest, at the routed fraction.
+    their experts copy the rest, at the routed fraction. run_ahead: a split FFN on a GPU input
+    hands its CPU part to a worker thread (``VRAMSHARD_RUN_AHEAD``), so the host thread's
+    launches go on meanwhile; by default as the executor will run.
     """
 
     def __init__(self, model: Model, profile: Profile, threads: int | None = None, expert_hit_rate: float = 0.0,
-                 sizes: dict[str, int] | None = None, costs: dict | None = None):
+                 sizes: dict[str, int] | None = None, costs: dict | None = None, run_ahead: bool | None = None):
         self.model = model
+        # Split FFNs' CPU parts on the executor's run-ahead worker (None: as the executor will run).
+        self.run_ahead = run_ahead_enabled() if run_ahead is None else run_ahead
         self.sizes = sizes if sizes is not None else {}  # packed bytes by sub-layer name, filled lazily
         self.profile = profile
         self.threads = threads
@@ -280,6 +293,8 @@ class Estimator:
         slot_released: dict[int, float] = {}  # global use index -> GPU time the slot became free
         fills_issued = 0
         written_back = 0.0  # when the last KV write-back of a staged attention is done
+        worker_free = 0.0  # the run-ahead worker (split FFNs' CPU parts), when it is on
+        parts_back: list[float] = []  # when each run-ahead part's result is on the GPU
 
         def issue_fill(at: float):
             nonlocal fills_issued, copy_free, copy_busy
@@ -333,6 +348,11 @@ class Estimator:
                         h_ready = py
                     else:  # the norm on the GPU (negligible), from the GPU part's slot: after its fill
                         h_ready = max(gpu_free, x_ready, fill_done[uses])
+                    ahead = self.run_ahead and x_device == "cuda"
+                    if ahead:
+                        launch += self.dispatch_s("cuda") * AHEAD_LAUNCHES / DISPATCH_LAUNCHES
+                        if len(parts_back) >= 2:  # its result buffer: the copy of the part before last read it
+                            py = max(py, parts_back[-2])
                     start = max(gpu_free, h_ready, fill_done[uses], py)
                     py += launch
                     gpu_done = max(start + gpu_s, py)
@@ -342,6 +362,15 @@ class Estimator:
                     slot_released[uses] = gpu_done
                     uses += 1
                     issue_fill(py)
+                    if ahead:  # the worker computes once h has landed; the GPU adds its part after it
+                        begin = max(worker_free, h_ready + self.profile.transfer_s(act_bytes, "d2h"))
+                        cpu_s = copies.cpu_end(begin, cpu_alone, cpu_beside) - begin
+                        worker_free = begin + cpu_s
+                        cpu_busy += cpu_s
+                        timeline.append((sublayer.name, "cpu", begin, worker_free))
+                        parts_back.append(max(gpu_done, worker_free) + self.profile.transfer_s(act_bytes, "h2d"))
+                        gpu_free = x_ready = parts_back[-1]
+                        continue
                     if x_device == "cuda":
                         py = max(py, h_ready) + self.crossing_s(act_bytes, "d2h")  # h to the host
                     cpu_s = copies.cpu_end(py, cpu_alone, cpu_beside) - py
