@@ -61,8 +61,9 @@ SPIN_LIMIT = 600_000_000
 # How the GPU writes the ready word and waits for the ticket: "kernel" (Triton kernels) or
 # "stream" (the driver's cuStreamWriteValue64 / cuStreamWaitValue64).
 WAIT = os.environ.get("VRAMSHARD_RUN_AHEAD_WAIT", "kernel").strip().lower()
-# The worker's polls of the ready word that only yield the GIL before it sleeps between polls.
-YIELDING_POLLS = 200
+# The worker's polls of the ready word that only yield the GIL before it sleeps between polls
+# (each poll takes the GIL from the host thread for a moment: few, while the host dispatches).
+YIELDING_POLLS = 50
 POLL_SLEEP_S = 20e-6
 # A part whose ready word has not come after this fails (its ticket raised: the GPU goes on).
 READY_TIMEOUT_S = 60.0
