@@ -85,9 +85,11 @@ class BenchmarkSpec:
     the last measured point (counted in the table's ``estimated``).
     """
 
-    # Decode tiers 1, 4, 16, 64 and prompt tiers 256, 512, 1024, 2048 are grid points, and 32 splits
-    # the widest gap where CPU kernels change shape (held-out error there was 30-50% without it).
-    ms: list[int] = field(default_factory=lambda: [1, 4, 16, 32, 64, 256, 512, 1024, 2048])
+    # Every power of two: the decode tiers 1, 4, 16, 64 and prompt tiers 256-2048, and the decode
+    # batches between them. 32 came first, splitting the widest gap where CPU kernels change shape
+    # (held-out error there was 30-50% without it); 2, 8 and 128 came after the fifth check, whose
+    # misses of 20-37% were at M = 3, 48 and 128, where kernels change between grid points.
+    ms: list[int] = field(default_factory=lambda: [2**i for i in range(12)])
     shapes: list[tuple[int, int]] = field(default_factory=lambda: list(FULL_SHAPES))
     dtypes: list[str] = field(default_factory=lambda: list(DTYPES))
     threads: list[int] | None = None  # None: default_thread_counts()
