@@ -112,6 +112,15 @@ def shared_read_bandwidth(nbytes: int = 2**31, seconds: float = 1.0) -> dict:
     return {"cpu": cpu, "h2d": load.gbps * 1e9, "total": cpu + load.gbps * 1e9}
 
 
+def cpu_projection_arguments(parser, rows: str) -> None:
+    """The arguments of the benchmarks that time one shape's CPU projections at some row counts."""
+    parser.add_argument("--shape", default="llama3-8b")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--rows", default=rows)
+    parser.add_argument("--repeats", type=int, default=8, help="timed calls per cell (median; each reads the next weights)")
+    parser.add_argument("--json", default=None)
+
+
 def write_json(path: str | Path, data) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

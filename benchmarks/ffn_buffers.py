@@ -13,7 +13,6 @@ bound printed beside each is the weights' bytes at the CPU read bandwidth measur
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 
@@ -25,7 +24,7 @@ from vramshard.runtime.ffn_buffers import FFNBuffers
 from vramshard.runtime.host_weights import pack_sublayer
 from vramshard.shapes import shape_config
 
-from .common import cpu_read_bandwidth, hardware, now, timed
+from .common import cpu_projection_arguments, cpu_read_bandwidth, hardware, now, timed, write_json
 
 log = logging.getLogger("ffn_buffers")
 MAX_LAYERS = 8
@@ -34,12 +33,8 @@ MAX_LAYERS = 8
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", default="llama3-8b")
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--rows", default="32,64,256")
-    parser.add_argument("--repeats", type=int, default=8, help="timed calls per cell (median; each reads the next layer)")
+    cpu_projection_arguments(parser, rows="32,64,256")
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -85,8 +80,7 @@ def main() -> None:
                 log.info("%s", {k: round(v, 3) if isinstance(v, float) else v for k, v in cell.items()})
                 result["cells"].append(cell)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ A prepacked weight is a second, opaque copy: only worth it for sub-layers that n
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 from pathlib import Path
@@ -26,7 +25,7 @@ import torch.nn.functional as F
 from vramshard.profile.bench_matmul import cold_bytes
 from vramshard.shapes import shape_config
 
-from .common import cpu_read_bandwidth, hardware, now, timed
+from .common import cpu_projection_arguments, cpu_read_bandwidth, hardware, now, timed, write_json
 
 log = logging.getLogger("packed_linear")
 
@@ -43,11 +42,7 @@ def cpu_flags() -> list[str]:
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", default="llama3-8b")
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--rows", default="1,16,64,256")
-    parser.add_argument("--repeats", type=int, default=8)
-    parser.add_argument("--json", default=None)
+    cpu_projection_arguments(parser, rows="1,16,64,256")
     args = parser.parse_args()
     config = shape_config(args.shape)
     dtype = getattr(torch, args.dtype)
@@ -82,8 +77,7 @@ def main() -> None:
                 result["cells"].append(cell)
                 del packed
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(args.json, result)
 
 
 if __name__ == "__main__":

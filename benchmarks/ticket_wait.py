@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from .common import hardware, now
+from .common import hardware, now, write_json
 
 log = logging.getLogger("ticket_wait")
 
@@ -93,8 +93,7 @@ def main() -> None:
         log.info("%s", cell)
         result["cells"].append(cell)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(args.json, result)
 
 
 if __name__ == "__main__":

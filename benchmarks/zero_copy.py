@@ -20,13 +20,12 @@ Each as GB/s of weight bytes, median of repeats; results are checked against ``t
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import statistics
 
 import torch
 
-from .common import hardware, now
+from .common import hardware, now, write_json
 
 try:
     import triton
@@ -111,8 +110,7 @@ def main() -> None:
         result["cells"].append(cell)
         del host, vram, staging
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(args.json, result)
 
 
 if __name__ == "__main__":
