@@ -9,7 +9,8 @@ Placements are the named ones (``gpu``, ``static``, ``stream``, ``layers:N``, ``
 ``experts-cpu``, ...); ``NAME+graphs`` replays decode from CUDA graphs (``NAME+compiled``: with
 their fusable parts compiled by inductor, as ``Engine.load(decode_compile=...)``);
 ``NAME+ahead`` hands split FFNs' CPU parts to the run-ahead worker (``VRAMSHARD_RUN_AHEAD``;
-combine as ``planned:8+graphs+ahead``). ``planned:G`` is the planner's plan for the step's tier
+combine as ``planned:8+graphs+ahead``); ``NAME+packed`` computes CPU FFN parts from oneDNN-prepacked
+weights (``VRAMSHARD_CPU_PACKED``). ``planned:G`` is the planner's plan for the step's tier
 (``--seqs`` rows, default 1) at a budget of G GiB on the ``--profile`` machine profile (its
 predicted step time is printed beside the measured one; ``planned:G@T`` runs it with T CPU
 threads). For each it prints one line of totals per decode step — wall ms, GPU
@@ -37,7 +38,7 @@ from vramshard.plan.placement import TieredPlacement, named_placement
 from vramshard.plan.planner import Planner
 from vramshard.plan.tiers import Tiers
 from vramshard.profile import load
-from vramshard.runtime import run_ahead
+from vramshard.runtime import cpu_packed, run_ahead
 from vramshard.runtime.executor import Executor
 from vramshard.runtime.host_weights import HostLayouts, pack_model
 from vramshard.shapes import random_weights, shape_config
@@ -126,9 +127,11 @@ def make_executor(model, host: HostLayouts, spec: str, args, result: dict) -> Ex
 
 def profile_placement(model, host: HostLayouts, spec: str, args) -> dict:
     result = {"placement": spec}
-    # NAME+ahead: split FFNs' CPU parts on the run-ahead worker (VRAMSHARD_RUN_AHEAD).
+    # NAME+ahead: split FFNs' CPU parts on the run-ahead worker (VRAMSHARD_RUN_AHEAD); NAME+packed:
+    # CPU FFN parts from prepacked weights (VRAMSHARD_CPU_PACKED).
     run_ahead.ENABLED = "+ahead" in spec
-    executor = make_executor(model, host, spec.replace("+ahead", ""), args, result)
+    cpu_packed.ENABLED = "+packed" in spec
+    executor = make_executor(model, host, spec.replace("+ahead", "").replace("+packed", ""), args, result)
     rows = args.seqs
     kv = executor.new_kv_cache(rows, args.ctx + 64)
     token = torch.full((rows,), 3)

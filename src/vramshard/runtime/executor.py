@@ -51,6 +51,7 @@ from .host_weights import PackedWeights
 from .kv_cache import KVCache
 from .kv_staging import KVStaging
 from . import run_ahead
+from .cpu_packed import PackedParts
 from .ffn_buffers import FFNBuffers
 from .step_logits import StepLogits
 from .streaming import ExpertSlots, SlotRing, StreamItem, item_bytes
@@ -193,6 +194,7 @@ class Executor:
         self._device = torch.device("cpu") if simulate_gpu else torch.device(device)
         # Dense FFNs on the CPU at many rows; results pinned where they may be copied to a GPU.
         self._ffn_buffers = FFNBuffers(pinned=self._device.type == "cuda" and torch.cuda.is_available())
+        self._packed = PackedParts()  # CPU FFN parts prepacked for oneDNN (opt-in)
         self._run_ahead: run_ahead.RunAhead | None = None  # split FFNs' CPU parts on a worker (opt-in)
         self._run_ahead_tried = False
         self.compute_stream = self.copy_stream = None
@@ -828,7 +830,7 @@ class Executor:
             self.ring.release(compute)
             y_back = y_gpu.to("cpu", non_blocking=True)  # lands once the GPU part is done
             crossed.record(compute)
-            y = x + self._cpu_contribution(sublayer, cpu_part, h)  # the CPU part, while the GPU computes its own
+            y = x + self._cpu_contribution(sublayer, cpu_part, h, cpu_pieces)  # while the GPU computes its part
             waiting = time.perf_counter()
             crossed.synchronize()
             self._host_compute_s += waiting - computing
@@ -841,28 +843,31 @@ class Executor:
             number = ahead.copied()  # the worker starts once h_host has landed
             y = x + sublayer.contribution(gpu_part, h)
             self.ring.release(compute)
-            return y + self._cpu_part_ahead(ahead, number, sublayer, cpu_part, h_host), 2
+            return y + self._cpu_part_ahead(ahead, number, sublayer, cpu_pieces, cpu_part, h_host), 2
         crossed.record(compute)
         y = x + sublayer.contribution(gpu_part, h)
         self.ring.release(compute)
         waiting = time.perf_counter()
         crossed.synchronize()
         computing = time.perf_counter()
-        y_cpu = self._cpu_contribution(sublayer, cpu_part, h_host)
+        y_cpu = self._cpu_contribution(sublayer, cpu_part, h_host, cpu_pieces)
         self._on_host(waiting, computing)
         y_cpu = y_cpu.to(self.gpu, non_blocking=True)
         if FFNBuffers.wanted(h_host.shape[0]):
             self._ffn_buffers.copying()  # the buffer is not reused before this copy is done
         return y + y_cpu, 2
 
-    def _cpu_part_ahead(self, ahead: run_ahead.RunAhead, number: int, sublayer: DenseFFN,
+    def _cpu_part_ahead(self, ahead: run_ahead.RunAhead, number: int, sublayer: DenseFFN, cpu_pieces: int,
                         cpu_part: dict[str, torch.Tensor], h_host: torch.Tensor) -> torch.Tensor:
         """A split FFN's CPU part ``number`` handed to the run-ahead worker: computed once the
         activation's copy to ``h_host`` has landed, into a pinned buffer; returns its copy on the
         GPU, queued behind the GPU's wait for it (nothing here waits)."""
         rows, buffers = h_host.shape[0], ahead.buffers
         out = buffers.result(rows, h_host.shape[-1], h_host.dtype)
-        if FFNBuffers.wanted(rows):
+        packed = self._packed.get(sublayer.name, cpu_pieces, cpu_part, rows)  # (packed here, on first use)
+        if packed is not None:
+            ahead.submit(number, lambda: out.copy_(packed.contribution(h_host)))
+        elif FFNBuffers.wanted(rows):
             work = buffers.work(sublayer.work_elements(cpu_part, rows), h_host.dtype)
             ahead.submit(number, lambda: sublayer.contribution_into(cpu_part, h_host, out, work))
         else:  # few rows: the projections tuned per shape, then into the pinned buffer
@@ -874,15 +879,21 @@ class Executor:
     def _on_cpu(self, sublayer, x: torch.Tensor, step) -> torch.Tensor:
         """``sublayer`` on the CPU from host memory (a dense FFN at many rows in the reused buffers)."""
         weights = self.host[sublayer.name].views
-        if isinstance(sublayer, DenseFFN) and FFNBuffers.wanted(x.shape[0]):
-            return x + self._cpu_contribution(sublayer, weights, sublayer.norm(weights, x))
+        if isinstance(sublayer, DenseFFN) and (FFNBuffers.wanted(x.shape[0]) or self._packed.enabled):
+            return x + self._cpu_contribution(sublayer, weights, sublayer.norm(weights, x), sublayer.num_pieces)
         return sublayer.forward(weights, x, step)
 
-    def _cpu_contribution(self, sublayer: DenseFFN, weights: dict[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
-        """The contribution of the FFN (or pieces) ``weights`` for the normalized ``h`` [T, D] on the
-        CPU. At many rows it is computed in the reused buffers (:mod:`~vramshard.runtime.ffn_buffers`)
-        and stays valid until the next call but one."""
+    def _cpu_contribution(self, sublayer: DenseFFN, weights: dict[str, torch.Tensor], h: torch.Tensor,
+                          cpu_pieces: int) -> torch.Tensor:
+        """The contribution of the FFN's first ``cpu_pieces`` pieces (``weights``: their views, or the
+        whole FFN's) for the normalized ``h`` [T, D] on the CPU. At many rows it is computed in, or
+        copied into, the reused buffers (:mod:`~vramshard.runtime.ffn_buffers`) and stays valid
+        until the next call but one. From prepacked weights where ``VRAMSHARD_CPU_PACKED`` is on."""
         rows = h.shape[0]
+        packed = self._packed.get(sublayer.name, cpu_pieces, weights, rows)
+        if packed is not None:
+            y = packed.contribution(h)
+            return self._ffn_buffers.result(rows, h.shape[-1], h.dtype).copy_(y) if FFNBuffers.wanted(rows) else y
         if not FFNBuffers.wanted(rows):
             return sublayer.contribution(weights, h)
         buffers = self._ffn_buffers
@@ -905,7 +916,8 @@ class Executor:
         part.fill(self._sim_slot, packed.buffer, non_blocking=False)
         h = sublayer.norm(packed.views, x)
         y_gpu = sublayer.contribution(part.views(self._sim_slot), h)
-        return x + sublayer.contribution(sublayer.pieces_of(packed.views, 0, cpu_pieces), h) + y_gpu
+        cpu_part = sublayer.pieces_of(packed.views, 0, cpu_pieces)
+        return x + self._cpu_contribution(sublayer, cpu_part, h, cpu_pieces) + y_gpu
 
     # ------------------------------------------------------------------ reporting
     def peak_vram(self) -> int:

@@ -1,0 +1,85 @@
+"""Split FFNs' CPU parts from weights that oneDNN has prepacked once (opt-in, ``VRAMSHARD_CPU_PACKED``).
+
+On the H200 machine a dense FFN on the CPU at 64 rows took 2.4× its weights' read time (twelfth GPU
+session, ``benchmarks/ffn_buffers``). One suspect: oneDNN's half-precision kernels want the weight in
+their own blocked layout, and copy a plain (row-major) weight into it on every call. Here a CPU
+part's gate+up and down projections are reordered once (``mkldnn._reorder_linear_weight``, as
+inductor's CPU freezing does) and computed with ``mkldnn._linear_pointwise``. ``benchmarks.packed_linear``
+measures both ways per projection, and ``step_profile``'s ``+packed`` the step.
+
+A packed weight is a second, opaque copy of the part in host memory: the plain one is still the
+source of every copy to the GPU. Parts are packed on first use, per (FFN, pieces on the CPU); the
+packing is made for the rows of the step that first needs it (oneDNN's blocking may depend on them)
+and serves every row count. Where oneDNN cannot pack or run the dtype on this CPU (fp16 without
+AVX-512 FP16, say), the first part says so in the log and every part runs plain.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Mapping
+
+import torch
+import torch.nn.functional as F
+
+from ..env import switch
+
+log = logging.getLogger(__name__)
+
+ENABLED = switch("VRAMSHARD_CPU_PACKED", default=False)
+
+
+class PackedPart:
+    """One split FFN's CPU part (its pieces' gate, up and down) as oneDNN-packed weights."""
+
+    def __init__(self, part: Mapping[str, torch.Tensor], rows: int):
+        if "gate_up_proj" in part:  # a whole FFN in the fused layout
+            gate_up = part["gate_up_proj"].contiguous()
+        else:
+            gate_up = torch.cat([part["gate_proj"], part["up_proj"]], dim=0)  # [2r, D]
+        self.width = gate_up.shape[0] // 2  # r
+        self.gate_up = torch.ops.mkldnn._reorder_linear_weight(gate_up, rows)
+        self.down = torch.ops.mkldnn._reorder_linear_weight(part["down_proj"].contiguous(), rows)  # [D, r]
+        self.nbytes = gate_up.nbytes + part["down_proj"].nbytes  # (as plain; the packed size is opaque)
+
+    def contribution(self, h: torch.Tensor) -> torch.Tensor:
+        """The part's share of the FFN output for the normalized ``h`` [T, D], no residual."""
+        both = torch.ops.mkldnn._linear_pointwise(h.contiguous(), self.gate_up, None, "none", [], "")  # [T, 2r]
+        gated, lifted = both.split(self.width, dim=-1)
+        return torch.ops.mkldnn._linear_pointwise(F.silu(gated) * lifted, self.down, None, "none", [], "")
+
+
+class PackedParts:
+    """One executor's packed CPU parts by (FFN name, pieces on the CPU); None where packing is off
+    or failed on this CPU (then the plain part is used)."""
+
+    def __init__(self):
+        self._parts: dict[tuple[str, int], PackedPart] = {}
+        self._failed: str | None = None if ENABLED and torch.backends.mkldnn.is_available() else "off"
+        self.nbytes = 0
+
+    @property
+    def enabled(self) -> bool:
+        """Whether parts are (still) packed: asked for, and oneDNN has not failed at it here."""
+        return self._failed is None
+
+    def get(self, name: str, cpu_pieces: int, part: Mapping[str, torch.Tensor], rows: int) -> PackedPart | None:
+        if self._failed is not None:
+            return None
+        packed = self._parts.get((name, cpu_pieces))
+        if packed is None:
+            try:
+                packed = PackedPart(part, rows)
+                weight = part["gate_up_proj"] if "gate_up_proj" in part else part["gate_proj"]  # [r, D]
+                packed.contribution(torch.zeros(rows, weight.shape[1], dtype=weight.dtype))
+            except RuntimeError as exc:
+                self._failed = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                log.warning("split FFNs' CPU parts run from plain weights: oneDNN cannot pack them here (%s)",
+                            self._failed)
+                return None
+            self._parts[name, cpu_pieces] = packed
+            self.nbytes += packed.nbytes
+            if len(self._parts) == 1 or len(self._parts) % 16 == 0:
+                log.info("packed %d split FFN CPU part(s) for oneDNN (%.2f GiB beside the plain weights)",
+                         len(self._parts), self.nbytes / 2**30)
+        return packed

@@ -1,0 +1,62 @@
+"""CPU FFN parts from oneDNN-prepacked weights (runtime/cpu_packed.py, VRAMSHARD_CPU_PACKED): the
+same products as the plain weights, in a split FFN's CPU part (a simulated GPU) and in FFNs placed
+on the CPU, at few and many rows; off unless asked for; a CPU that cannot pack falls back."""
+
+import pytest
+import torch
+
+from vramshard import Engine
+from vramshard.layers.mlp import swiglu
+from vramshard.runtime import cpu_packed
+
+from placement_helpers import PROMPT, trace_logits
+from test_split_ffn import LONG_PROMPT, _ffn, _split_placement, _whole
+
+needs_mkldnn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN (mkldnn)")
+
+
+@needs_mkldnn
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("rows", [1, 5, 40])
+def test_a_packed_part_computes_the_pieces_swiglu(dtype, tol, rows):
+    ffn, weights = _ffn(dtype)
+    whole = _whole(ffn, weights)
+    h = torch.randn(rows, ffn.hidden).to(dtype)
+    for first, last in ((0, 5), (0, ffn.num_pieces)):
+        part = ffn.pieces_of(whole, first, last)
+        expected = swiglu(h.float(), part["gate_proj"].float(), part["up_proj"].float(), part["down_proj"].float())
+        got = cpu_packed.PackedPart(part, rows).contribution(h).float()
+        torch.testing.assert_close(got, expected, rtol=tol, atol=tol * expected.abs().max().item())
+
+
+@needs_mkldnn
+@pytest.mark.parametrize("prompt", [PROMPT, LONG_PROMPT])
+def test_split_and_cpu_ffns_from_packed_weights_match_the_plain_ones(tiny_model_dir, monkeypatch, prompt):
+    path = tiny_model_dir("llama")
+    reference = Engine.load(path, device="cpu")
+    expected = trace_logits(reference, prompt=prompt)
+    monkeypatch.setattr(cpu_packed, "ENABLED", True)
+    split = Engine.load(path, placement=_split_placement(reference.model, [3, 15]), simulate_gpu=True, max_context=64)
+    torch.testing.assert_close(trace_logits(split, prompt=prompt), expected, rtol=1e-5, atol=1e-5)
+    assert {key for key in split.executor._packed._parts} == {("ffn[0]", 3), ("ffn[1]", 15)}
+    on_cpu = Engine.load(path, device="cpu")
+    torch.testing.assert_close(trace_logits(on_cpu, prompt=prompt), expected, rtol=1e-5, atol=1e-5)
+    pieces = on_cpu.model["ffn[0]"].num_pieces
+    assert {key for key in on_cpu.executor._packed._parts} == {("ffn[0]", pieces), ("ffn[1]", pieces)}
+
+
+def test_packing_is_off_unless_asked_for_and_a_cpu_that_cannot_pack_runs_plain(monkeypatch, caplog):
+    ffn, weights = _ffn(torch.bfloat16)
+    part = ffn.pieces_of(_whole(ffn, weights), 0, 4)
+    assert cpu_packed.PackedParts().get("ffn[0]", 4, part, 8) is None and not cpu_packed.PackedParts().enabled
+    monkeypatch.setattr(cpu_packed, "ENABLED", True)
+
+    def cannot(*args, **kwargs):
+        raise RuntimeError("mkldnn bf16 path needs the cpu support avx512bw, avx512vl and avx512dq")
+
+    monkeypatch.setattr(cpu_packed.PackedPart, "__init__", cannot)
+    parts = cpu_packed.PackedParts()
+    with caplog.at_level("WARNING"):
+        assert parts.get("ffn[0]", 4, part, 8) is None
+    assert not parts.enabled and "oneDNN cannot pack them here" in caplog.text
+    assert parts.get("ffn[1]", 4, part, 8) is None  # tried once
