@@ -128,3 +128,20 @@ def test_run_ahead_takes_the_hosts_launches_off_a_split_step_but_not_below_its_r
     assert ahead_free == pytest.approx(plain_free, rel=0.1)
     assert Estimator(NEMO, profile).run_ahead is False  # as the executor runs here (no GPU, or off)
     assert AHEAD_LAUNCHES > 0
+
+
+def test_run_ahead_moe_experts_on_the_cpu_overlap_the_hosts_launches():
+    """Experts on the CPU (``experts-cpu``) on the run-ahead worker: the host neither waits for
+    each router nor computes the experts, so the step is shorter, by no more than its launches
+    and crossings, and no shorter than the experts' CPU time."""
+    from vramshard.plan.memory import moe_layers, sublayer_triples
+    from vramshard.plan.placement import named_placement
+
+    model = shape_model("qwen3-30b-a3b")
+    profile = synthetic(**CLIENT, dispatch_us={"cpu": 20, "cuda": 400})
+    placement = named_placement("experts-cpu", sublayer_triples(model), model.args.num_hidden_layers,
+                                moe_layers=moe_layers(model))
+    plain = Estimator(model, profile, run_ahead=False).simulate(placement, 1, 1024)
+    ahead = Estimator(model, profile, run_ahead=True).simulate(placement, 1, 1024)
+    assert ahead.cpu_busy == pytest.approx(plain.cpu_busy, rel=0.05)
+    assert ahead.cpu_busy <= ahead.seconds < plain.seconds

@@ -394,6 +394,19 @@ class Estimator:
                     start = max(gpu_free, x_ready, py)
                     router_done = start + self.router_s(sublayer, n_tokens)
                     gpu_busy += router_done - start
+                    if w.experts == "host" and self.run_ahead:  # on the worker: the host does not wait
+                        if len(parts_back) >= 2:  # its result buffer: the copy of the part before last read it
+                            py = max(py, parts_back[-2])
+                        py += self.dispatch_s("cuda") * AHEAD_LAUNCHES / DISPATCH_LAUNCHES
+                        begin = max(worker_free, router_done + self.profile.transfer_s(act_bytes, "d2h"))
+                        alone = self.experts_s(sublayer, "cpu", n_tokens)
+                        beside = self.experts_s(sublayer, "cpu", n_tokens, contended=True) if streams else alone
+                        worker_free = copies.cpu_end(begin, alone, beside)
+                        cpu_busy += worker_free - begin
+                        timeline.append((sublayer.name, "cpu", begin, worker_free))
+                        parts_back.append(worker_free + self.profile.transfer_s(act_bytes, "h2d"))
+                        gpu_free = x_ready = parts_back[-1]
+                        continue
                     py = max(py, router_done)
                     if w.experts == "host":
                         py += self.crossing_s(act_bytes, "d2h")

@@ -754,6 +754,9 @@ class Executor:
         the CPU (hidden states there and back) or from the VRAM expert cache. Returns (x, crossings)."""
         h, routing = sublayer.prepare(self.split_weights[sublayer.name], x)
         if here.experts == "host":
+            ahead = self._ahead()
+            if ahead is not None:
+                return x + self._experts_ahead(ahead, sublayer, h, routing), 2
             began = time.perf_counter()
             h_host, routing_host = h.cpu(), routing.to(torch.device("cpu"))  # waits for the router
             computing = time.perf_counter()
@@ -875,6 +878,20 @@ class Executor:
         y_cpu = out.to(self.gpu, non_blocking=True)
         buffers.copying()  # the buffer is not handed out again before this copy is done
         return y_cpu
+
+    def _experts_ahead(self, ahead: run_ahead.RunAhead, sublayer: MoEFFN, h: torch.Tensor, routing) -> torch.Tensor:
+        """A MoE layer's routed experts on the run-ahead worker, from host memory: the hidden
+        states and the routing go to the host, the worker computes once they have landed, the GPU
+        waits for its result; returns that result's copy on the GPU (nothing here waits)."""
+        h_host = h.to("cpu", non_blocking=True)
+        routing_host = routing.to(torch.device("cpu"), non_blocking=True)
+        number = ahead.copied()
+        out = ahead.buffers.result(h.shape[0], h.shape[-1], h.dtype)
+        source = self.host_experts[sublayer.name]
+        ahead.submit(number, lambda: out.copy_(sublayer.run_experts(source, h_host, routing_host)))
+        y = out.to(self.gpu, non_blocking=True)
+        ahead.buffers.copying()
+        return y
 
     def _on_cpu(self, sublayer, x: torch.Tensor, step) -> torch.Tensor:
         """``sublayer`` on the CPU from host memory (a dense FFN at many rows in the reused buffers)."""
