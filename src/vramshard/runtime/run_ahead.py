@@ -24,7 +24,7 @@ raises still raises the ticket (the GPU goes on) and fails its step with its err
 part whose ready word has not come within ``READY_TIMEOUT_S``.
 
 How the GPU writes and waits (``VRAMSHARD_RUN_AHEAD_WAIT``): ``kernel`` (default) — one-thread
-Triton kernels, the wait spinning on the ticket and giving up after ``SPIN_LIMIT`` polls (minutes;
+Triton kernels, the wait spinning on the ticket and giving up after ``SPIN_LIMIT`` polls (about a minute;
 the step that sees the flag fails); ``stream`` — the driver's stream memory operations
 (:mod:`~vramshard.runtime.stream_wait`), which occupy no SM.
 
@@ -56,8 +56,9 @@ log = logging.getLogger(__name__)
 
 ENABLED = switch("VRAMSHARD_RUN_AHEAD", default=False)
 # Polls of the ticket before the GPU stops waiting (each a read of host memory over PCIe, about a
-# microsecond: some ten minutes, far beyond any CPU part; only a ticket never raised meets it).
-SPIN_LIMIT = 600_000_000
+# microsecond: about a minute, far beyond any CPU part, e.g. ~0.2 s for a 2048-row prompt chunk's;
+# only a ticket never raised meets it, and the step that sees the flag fails).
+SPIN_LIMIT = 60_000_000
 # How the GPU writes the ready word and waits for the ticket: "kernel" (Triton kernels) or
 # "stream" (the driver's cuStreamWriteValue64 / cuStreamWaitValue64).
 WAIT = os.environ.get("VRAMSHARD_RUN_AHEAD_WAIT", "kernel").strip().lower()
