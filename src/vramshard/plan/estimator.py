@@ -296,6 +296,22 @@ class Estimator:
         worker_free = 0.0  # the run-ahead worker (split FFNs' CPU parts), when it is on
         parts_back: list[float] = []  # when each run-ahead part's result is on the GPU
 
+        def buffer_free(at: float) -> float:
+            """When the host can hand out a run-ahead part's result buffer: the copy of the part
+            before last has read it."""
+            return max(at, parts_back[-2]) if len(parts_back) >= 2 else at
+
+        def on_worker(name: str, landed: float, stream_at: float, alone: float, beside: float) -> float:
+            """A part on the run-ahead worker whose input is on the host at ``landed``, its result
+            copied in once the stream is at ``stream_at`` too: when that result is on the GPU."""
+            nonlocal worker_free, cpu_busy
+            begin = max(worker_free, landed)
+            worker_free = copies.cpu_end(begin, alone, beside)
+            cpu_busy += worker_free - begin
+            timeline.append((name, "cpu", begin, worker_free))
+            parts_back.append(max(stream_at, worker_free) + self.profile.transfer_s(act_bytes, "h2d"))
+            return parts_back[-1]
+
         def issue_fill(at: float):
             nonlocal fills_issued, copy_free, copy_busy
             index = fills_issued
@@ -351,8 +367,7 @@ class Estimator:
                     ahead = self.run_ahead and x_device == "cuda"
                     if ahead:
                         launch += self.dispatch_s("cuda") * AHEAD_LAUNCHES / DISPATCH_LAUNCHES
-                        if len(parts_back) >= 2:  # its result buffer: the copy of the part before last read it
-                            py = max(py, parts_back[-2])
+                        py = buffer_free(py)
                     start = max(gpu_free, h_ready, fill_done[uses], py)
                     py += launch
                     gpu_done = max(start + gpu_s, py)
@@ -362,14 +377,9 @@ class Estimator:
                     slot_released[uses] = gpu_done
                     uses += 1
                     issue_fill(py)
-                    if ahead:  # the worker computes once h has landed; the GPU adds its part after it
-                        begin = max(worker_free, h_ready + self.profile.transfer_s(act_bytes, "d2h"))
-                        cpu_s = copies.cpu_end(begin, cpu_alone, cpu_beside) - begin
-                        worker_free = begin + cpu_s
-                        cpu_busy += cpu_s
-                        timeline.append((sublayer.name, "cpu", begin, worker_free))
-                        parts_back.append(max(gpu_done, worker_free) + self.profile.transfer_s(act_bytes, "h2d"))
-                        gpu_free = x_ready = parts_back[-1]
+                    if ahead:  # the worker computes once h has landed; the GPU adds its part after both
+                        landed = h_ready + self.profile.transfer_s(act_bytes, "d2h")
+                        gpu_free = x_ready = on_worker(sublayer.name, landed, gpu_done, cpu_alone, cpu_beside)
                         continue
                     if x_device == "cuda":
                         py = max(py, h_ready) + self.crossing_s(act_bytes, "d2h")  # h to the host
@@ -394,24 +404,17 @@ class Estimator:
                     start = max(gpu_free, x_ready, py)
                     router_done = start + self.router_s(sublayer, n_tokens)
                     gpu_busy += router_done - start
-                    if w.experts == "host" and self.run_ahead:  # on the worker: the host does not wait
-                        if len(parts_back) >= 2:  # its result buffer: the copy of the part before last read it
-                            py = max(py, parts_back[-2])
-                        py += self.dispatch_s("cuda") * AHEAD_LAUNCHES / DISPATCH_LAUNCHES
-                        begin = max(worker_free, router_done + self.profile.transfer_s(act_bytes, "d2h"))
+                    if w.experts == "host":
                         alone = self.experts_s(sublayer, "cpu", n_tokens)
                         beside = self.experts_s(sublayer, "cpu", n_tokens, contended=True) if streams else alone
-                        worker_free = copies.cpu_end(begin, alone, beside)
-                        cpu_busy += worker_free - begin
-                        timeline.append((sublayer.name, "cpu", begin, worker_free))
-                        parts_back.append(worker_free + self.profile.transfer_s(act_bytes, "h2d"))
-                        gpu_free = x_ready = parts_back[-1]
+                    if w.experts == "host" and self.run_ahead:  # on the worker: the host does not wait
+                        py = buffer_free(py) + self.dispatch_s("cuda") * AHEAD_LAUNCHES / DISPATCH_LAUNCHES
+                        landed = router_done + self.profile.transfer_s(act_bytes, "d2h")
+                        gpu_free = x_ready = on_worker(sublayer.name, landed, router_done, alone, beside)
                         continue
                     py = max(py, router_done)
                     if w.experts == "host":
                         py += self.crossing_s(act_bytes, "d2h")
-                        alone = self.experts_s(sublayer, "cpu", n_tokens)
-                        beside = self.experts_s(sublayer, "cpu", n_tokens, contended=True) if streams else alone
                         seconds = copies.cpu_end(py, alone, beside) - py
                         timeline.append((sublayer.name, "cpu", py, py + seconds))
                         cpu_busy += seconds

@@ -825,8 +825,8 @@ class Executor:
         if cpu_part is None:
             cpu_part = self._cpu_parts[sublayer.name, cpu_pieces] = sublayer.pieces_of(host, 0, cpu_pieces)
         gpu_part = self.ring.acquire((sublayer.name, cpu_pieces), compute)
-        crossed = torch.cuda.Event()
         if x.device.type == "cpu":
+            crossed = torch.cuda.Event()
             computing = time.perf_counter()
             h = sublayer.norm(host, x)  # [T, D]
             y_gpu = sublayer.contribution(gpu_part, h.to(self.gpu, non_blocking=True))
@@ -847,6 +847,7 @@ class Executor:
             y = x + sublayer.contribution(gpu_part, h)
             self.ring.release(compute)
             return y + self._cpu_part_ahead(ahead, number, sublayer, cpu_pieces, cpu_part, h_host), 2
+        crossed = torch.cuda.Event()
         crossed.record(compute)
         y = x + sublayer.contribution(gpu_part, h)
         self.ring.release(compute)
@@ -862,36 +863,29 @@ class Executor:
 
     def _cpu_part_ahead(self, ahead: run_ahead.RunAhead, number: int, sublayer: DenseFFN, cpu_pieces: int,
                         cpu_part: dict[str, torch.Tensor], h_host: torch.Tensor) -> torch.Tensor:
-        """A split FFN's CPU part ``number`` handed to the run-ahead worker: computed once the
-        activation's copy to ``h_host`` has landed, into a pinned buffer; returns its copy on the
-        GPU, queued behind the GPU's wait for it (nothing here waits)."""
-        rows, buffers = h_host.shape[0], ahead.buffers
-        out = buffers.result(rows, h_host.shape[-1], h_host.dtype)
+        """A split FFN's CPU part ``number`` on the run-ahead worker, once the activation's copy to
+        ``h_host`` has landed; returns its result's copy on the GPU (nothing here waits)."""
+        rows = h_host.shape[0]
         packed = self._packed.get(sublayer.name, cpu_pieces, cpu_part, rows)  # (packed here, on first use)
         if packed is not None:
-            ahead.submit(number, lambda: out.copy_(packed.contribution(h_host)))
-        elif FFNBuffers.wanted(rows):
-            work = buffers.work(sublayer.work_elements(cpu_part, rows), h_host.dtype)
-            ahead.submit(number, lambda: sublayer.contribution_into(cpu_part, h_host, out, work))
-        else:  # few rows: the projections tuned per shape, then into the pinned buffer
-            ahead.submit(number, lambda: out.copy_(sublayer.contribution(cpu_part, h_host)))
-        y_cpu = out.to(self.gpu, non_blocking=True)
-        buffers.copying()  # the buffer is not handed out again before this copy is done
-        return y_cpu
+            return ahead.result_on(self.gpu, number, h_host, lambda out: out.copy_(packed.contribution(h_host)))
+        if FFNBuffers.wanted(rows):
+            work = ahead.buffers.work(sublayer.work_elements(cpu_part, rows), h_host.dtype)
+            return ahead.result_on(self.gpu, number, h_host,
+                                   lambda out: sublayer.contribution_into(cpu_part, h_host, out, work))
+        # Few rows: the projections tuned per shape, then into the pinned buffer.
+        return ahead.result_on(self.gpu, number, h_host, lambda out: out.copy_(sublayer.contribution(cpu_part, h_host)))
 
     def _experts_ahead(self, ahead: run_ahead.RunAhead, sublayer: MoEFFN, h: torch.Tensor, routing) -> torch.Tensor:
         """A MoE layer's routed experts on the run-ahead worker, from host memory: the hidden
-        states and the routing go to the host, the worker computes once they have landed, the GPU
-        waits for its result; returns that result's copy on the GPU (nothing here waits)."""
+        states and the routing go to the host, the worker computes once they have landed; returns
+        the result's copy on the GPU (nothing here waits)."""
         h_host = h.to("cpu", non_blocking=True)
         routing_host = routing.to(torch.device("cpu"), non_blocking=True)
         number = ahead.copied()
-        out = ahead.buffers.result(h.shape[0], h.shape[-1], h.dtype)
         source = self.host_experts[sublayer.name]
-        ahead.submit(number, lambda: out.copy_(sublayer.run_experts(source, h_host, routing_host)))
-        y = out.to(self.gpu, non_blocking=True)
-        ahead.buffers.copying()
-        return y
+        return ahead.result_on(self.gpu, number, h_host,
+                               lambda out: out.copy_(sublayer.run_experts(source, h_host, routing_host)))
 
     def _on_cpu(self, sublayer, x: torch.Tensor, step) -> torch.Tensor:
         """``sublayer`` on the CPU from host memory (a dense FFN at many rows in the reused buffers)."""

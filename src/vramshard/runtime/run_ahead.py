@@ -61,7 +61,10 @@ ENABLED = switch("VRAMSHARD_RUN_AHEAD", default=False)
 SPIN_LIMIT = 60_000_000
 # How the GPU writes the ready word and waits for the ticket: "kernel" (Triton kernels) or
 # "stream" (the driver's cuStreamWriteValue64 / cuStreamWaitValue64).
-WAIT = os.environ.get("VRAMSHARD_RUN_AHEAD_WAIT", "kernel").strip().lower()
+WAIT = os.environ.get("VRAMSHARD_RUN_AHEAD_WAIT", "kernel").strip().lower() or "kernel"
+if WAIT not in ("kernel", "stream"):
+    log.warning("VRAMSHARD_RUN_AHEAD_WAIT=%r is neither kernel nor stream: using kernel", WAIT)
+    WAIT = "kernel"
 # The worker's polls of the ready word that only yield the GIL before it sleeps between polls
 # (each poll takes the GIL from the host thread for a moment: few, while the host dispatches).
 YIELDING_POLLS = 50
@@ -158,6 +161,17 @@ class RunAhead:
         else:
             _wait_for_ticket[(1,)](self.ticket, number, SPIN_LIMIT, self.gave_up)
 
+    def result_on(self, device: torch.device, number: int, like: torch.Tensor,
+                  fill: Callable[[torch.Tensor], object]) -> torch.Tensor:
+        """Part ``number`` as a whole: ``fill`` writes its result (shaped and typed as ``like``,
+        [T, D]) into a pinned buffer on the worker; returns the result's copy on ``device``, queued
+        behind the GPU's wait for it (nothing here waits)."""
+        out = self.buffers.result(like.shape[0], like.shape[-1], like.dtype)
+        self.submit(number, lambda: fill(out))
+        on_device = out.to(device, non_blocking=True)
+        self.buffers.copying()  # the buffer is not handed out again before this copy is done
+        return on_device
+
     def drain(self, stalled_s: float = 120.0) -> tuple[float, float]:
         """Wait for every job submitted; (seconds computing, seconds waiting for the GPU) of them.
         Raises the first error a job raised: the step's outputs are then wrong, the GPU having gone
@@ -166,16 +180,16 @@ class RunAhead:
             while self._finished < self._submitted:
                 before = self._finished
                 if not self._done.wait(stalled_s) and self._finished == before:
-                    raise TimeoutError(f"split FFN CPU part {before + 1} has not finished in {stalled_s:.0f} s")
+                    raise TimeoutError(f"CPU part {before + 1} has not finished in {stalled_s:.0f} s")
             error, self._error = self._error, None
             spent = self.compute_s, self.wait_s
             self.compute_s = self.wait_s = 0.0
         self._held.clear()  # the jobs' pinned inputs are freed here, on the host thread
         if error is not None:
-            raise RuntimeError(f"a split FFN's CPU part failed: {error}") from error
+            raise RuntimeError(f"a CPU part on the run-ahead worker failed: {error}") from error
         if self.gave_up[0]:  # a wait of this or an earlier step, once it has run
             self.gave_up.zero_()
-            raise RuntimeError("the GPU stopped waiting for a split FFN's CPU part (SPIN_LIMIT): the outputs of "
+            raise RuntimeError("the GPU stopped waiting for a CPU part (SPIN_LIMIT): the outputs of "
                                "this step, or of the one before, are not to be trusted")
         return spent
 
@@ -211,7 +225,7 @@ class RunAhead:
             with torch.inference_mode():
                 job()
         except BaseException as exc:  # noqa: BLE001 - handed to the host thread by drain()
-            log.exception("split FFN CPU part %d failed", number)
+            log.exception("CPU part %d failed on the run-ahead worker", number)
             with self._done:
                 self._error = self._error or exc
         finally:

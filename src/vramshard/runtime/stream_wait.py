@@ -11,7 +11,6 @@ Triton kernels doing the same.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import sys
 
 import torch
@@ -21,9 +20,8 @@ _WRITE_VALUE_DEFAULT = 0x0  # after the work before it, with a memory barrier
 
 
 def _driver() -> ctypes.CDLL:
-    name = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
-    loader = ctypes.WinDLL if sys.platform == "win32" else ctypes.CDLL
-    return loader(ctypes.util.find_library("cuda") if sys.platform == "win32" else name)
+    """The CUDA driver library (the one torch has loaded)."""
+    return ctypes.WinDLL("nvcuda.dll") if sys.platform == "win32" else ctypes.CDLL("libcuda.so.1")
 
 
 def _entry(lib: ctypes.CDLL, *names: str):
