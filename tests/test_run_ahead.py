@@ -126,3 +126,17 @@ def test_run_ahead_is_opt_in(monkeypatch):
     finally:
         monkeypatch.undo()
         importlib.reload(run_ahead)
+
+
+def test_a_worker_has_the_gil_handed_over_within_its_switch_interval():
+    """The interpreter's 5 ms switch interval is lowered to SWITCH_INTERVAL_S, and never raised."""
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(5e-3)
+        run_ahead.hand_the_gil_over_quickly()
+        assert sys.getswitchinterval() == pytest.approx(run_ahead.SWITCH_INTERVAL_S)
+        sys.setswitchinterval(run_ahead.SWITCH_INTERVAL_S / 2)
+        run_ahead.hand_the_gil_over_quickly()
+        assert sys.getswitchinterval() == pytest.approx(run_ahead.SWITCH_INTERVAL_S / 2)
+    finally:
+        sys.setswitchinterval(before)

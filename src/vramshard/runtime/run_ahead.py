@@ -28,6 +28,15 @@ Triton kernels, the wait spinning on the ticket and giving up after ``SPIN_LIMIT
 the step that sees the flag fails); ``stream`` — the driver's stream memory operations
 (:mod:`~vramshard.runtime.stream_wait`), which occupy no SM.
 
+The GIL: the worker takes it back between the part's few torch calls, and while the host thread
+runs Python (queuing the step) each take waits for the interpreter's switch interval, 5 ms by
+default. On the GPU machine (thirteenth session) that made run-ahead steps slower than plain ones,
+their CPU parts 1.7× as long; ``benchmarks/gil_handoff`` measured a part beside a busy Python
+thread at 4.6× and 3.4× its time alone (1 and 64 rows) with 5 ms, 1.3× and 1.9× with 0.1 ms (the
+2-core development machine, where the busy thread also takes a core). A worker
+lowers the process's switch interval to ``SWITCH_INTERVAL_S`` (it is the process's, not the
+thread's: a server's threads hand the GIL over as quickly too).
+
 Opt-in (``VRAMSHARD_RUN_AHEAD=on``) until measured faster on a GPU.
 """
 
@@ -36,6 +45,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 from typing import Callable
@@ -71,6 +81,17 @@ YIELDING_POLLS = 50
 POLL_SLEEP_S = 20e-6
 # A part whose ready word has not come after this fails (its ticket raised: the GPU goes on).
 READY_TIMEOUT_S = 60.0
+# The longest a thread waiting for the GIL waits while another runs Python (the interpreter's
+# default is 5 ms; see the module's docstring).
+SWITCH_INTERVAL_S = 1e-4
+
+
+def hand_the_gil_over_quickly() -> None:
+    """Lower the interpreter's switch interval to ``SWITCH_INTERVAL_S`` (never raise it)."""
+    if sys.getswitchinterval() > SWITCH_INTERVAL_S:
+        log.info("run-ahead: the GIL's switch interval lowered from %.1f ms to %.2f ms",
+                 sys.getswitchinterval() * 1e3, SWITCH_INTERVAL_S * 1e3)
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
 def available() -> bool:
@@ -129,6 +150,7 @@ class RunAhead:
             _wait_for_ticket[(1,)](self.ticket, 0, 1, self.gave_up)
             if pinned:
                 torch.cuda.current_stream().synchronize()
+        hand_the_gil_over_quickly()
         self._worker = threading.Thread(target=self._work, name="vramshard-cpu-parts", daemon=True)
         self._worker.start()
 
