@@ -100,46 +100,61 @@ def compare(first: dict, second: dict) -> dict:
     return out
 
 
-def held_out(profile) -> list[dict]:
-    """Direct measurement vs interpolated prediction for shapes the profile did not measure."""
-    rows = []
-    devices = ["cpu"] + (["cuda"] if profile.has_gpu else [])
-    with torch.inference_mode():
-        for device in devices:
-            for dtype in ("bf16", "fp16", "fp32"):
-                for m, k, n in HELD_OUT_MATMUL + GRID_POINTS:
-                    dt = torch_dtype(dtype)
-                    x = torch.randn(m, k, dtype=dt, device=device)
-                    # Cold weights, as the profile measures them (and as the model reads them).
-                    weights = cold_copies(torch.randn(n, k, dtype=dt, device=device))
-                    fn = linear_over(x, weights)
+def held_out(profile, cpu_rounds: int = 2) -> list[dict]:
+    """Direct measurement vs interpolated prediction for shapes the profile did not measure. The
+    CPU points are measured in ``cpu_rounds`` rounds, one after the other, each keeping its fastest
+    (as the profile's own CPU tables do): one round can meet a slow spell of a shared host."""
+    rows = _held_out_on("cpu", profile)
+    for _ in range(cpu_rounds - 1):
+        for row, again in zip(rows, _held_out_on("cpu", profile)):
+            row["direct_s"] = min(row["direct_s"], again["direct_s"])
+            row["error_pct"] = pct(row["direct_s"], row["predicted_s"])
+    if profile.has_gpu:
+        rows += _held_out_on("cuda", profile) + _held_out_transfers(profile)
+    return rows
 
-                    direct = time_cuda(fn, 0.05) if device == "cuda" else time_cpu(fn, 0.3)
-                    predicted = profile.matmul_s(m, k, n, dtype, device)
-                    kind = "matmul-grid" if (m, k, n) in GRID_POINTS else "matmul"
-                    rows.append({"kind": kind, "device": device, "dtype": dtype, "shape": [m, k, n],
-                                 "direct_s": direct, "predicted_s": predicted, "error_pct": pct(direct, predicted)})
-                    del x, weights
-                for n_new, context in HELD_OUT_ATTENTION:
-                    dt = torch_dtype(dtype)
-                    q = torch.randn(1, 32, n_new, 128, dtype=dt, device=device)
-                    k = torch.randn(1, 8, context, 128, dtype=dt, device=device)
-                    v = torch.randn(1, 8, context, 128, dtype=dt, device=device)  # apart from k, as the profile
-                    fn = lambda: sdpa_gqa(q, k, v)  # noqa: E731
-                    direct = time_cuda(fn, 0.05) if device == "cuda" else time_cpu(fn, 0.3)
-                    predicted = profile.attention_s(n_new, context, 32, 8, 128, dtype, device)
-                    rows.append({"kind": "attention", "device": device, "dtype": dtype, "shape": [n_new, context],
-                                 "direct_s": direct, "predicted_s": predicted, "error_pct": pct(direct, predicted)})
-        if profile.has_gpu:
-            host = torch.empty(max(HELD_OUT_TRANSFER), dtype=torch.uint8, pin_memory=True)
-            dev = torch.empty(max(HELD_OUT_TRANSFER), dtype=torch.uint8, device="cuda")
-            for size in HELD_OUT_TRANSFER:
-                for direction in ("h2d", "d2h"):
-                    src, dst = (host[:size], dev[:size]) if direction == "h2d" else (dev[:size], host[:size])
-                    direct = time_cuda(lambda: dst.copy_(src, non_blocking=True), 0.1)
-                    predicted = profile.transfer_s(size, direction)
-                    rows.append({"kind": "transfer", "device": direction, "dtype": "-", "shape": [size],
-                                 "direct_s": direct, "predicted_s": predicted, "error_pct": pct(direct, predicted)})
+
+def _held_out_on(device: str, profile) -> list[dict]:
+    """One round of the held-out matmul and attention points on ``device``."""
+    rows = []
+    with torch.inference_mode():
+        for dtype in ("bf16", "fp16", "fp32"):
+            dt = torch_dtype(dtype)
+            for m, k, n in HELD_OUT_MATMUL + GRID_POINTS:
+                x = torch.randn(m, k, dtype=dt, device=device)
+                # Cold weights, as the profile measures them (and as the model reads them).
+                weights = cold_copies(torch.randn(n, k, dtype=dt, device=device))
+                fn = linear_over(x, weights)
+                direct = time_cuda(fn, 0.05) if device == "cuda" else time_cpu(fn, 0.2)
+                predicted = profile.matmul_s(m, k, n, dtype, device)
+                kind = "matmul-grid" if (m, k, n) in GRID_POINTS else "matmul"
+                rows.append({"kind": kind, "device": device, "dtype": dtype, "shape": [m, k, n],
+                             "direct_s": direct, "predicted_s": predicted, "error_pct": pct(direct, predicted)})
+                del x, weights
+            for n_new, context in HELD_OUT_ATTENTION:
+                q = torch.randn(1, 32, n_new, 128, dtype=dt, device=device)
+                k = torch.randn(1, 8, context, 128, dtype=dt, device=device)
+                v = torch.randn(1, 8, context, 128, dtype=dt, device=device)  # apart from k, as the profile
+                fn = lambda: sdpa_gqa(q, k, v)  # noqa: E731
+                direct = time_cuda(fn, 0.05) if device == "cuda" else time_cpu(fn, 0.2)
+                predicted = profile.attention_s(n_new, context, 32, 8, 128, dtype, device)
+                rows.append({"kind": "attention", "device": device, "dtype": dtype, "shape": [n_new, context],
+                             "direct_s": direct, "predicted_s": predicted, "error_pct": pct(direct, predicted)})
+    return rows
+
+
+def _held_out_transfers(profile) -> list[dict]:
+    """The held-out transfer sizes, both ways over PCIe."""
+    rows = []
+    host = torch.empty(max(HELD_OUT_TRANSFER), dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(max(HELD_OUT_TRANSFER), dtype=torch.uint8, device="cuda")
+    for size in HELD_OUT_TRANSFER:
+        for direction in ("h2d", "d2h"):
+            src, dst = (host[:size], dev[:size]) if direction == "h2d" else (dev[:size], host[:size])
+            direct = time_cuda(lambda: dst.copy_(src, non_blocking=True), 0.1)
+            predicted = profile.transfer_s(size, direction)
+            rows.append({"kind": "transfer", "device": direction, "dtype": "-", "shape": [size],
+                         "direct_s": direct, "predicted_s": predicted, "error_pct": pct(direct, predicted)})
     return rows
 
 

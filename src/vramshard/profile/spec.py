@@ -107,6 +107,11 @@ class BenchmarkSpec:
     # (see bench_split.py); None: not measured (the estimator then assumes no penalty).
     split_ffn: tuple[int, int] | None = (4096, 14336)
     gpu: bool | None = None  # None: measure the GPU when CUDA is available
+    # Rounds of the all-cores CPU tables (matmul, attention), minutes apart: each point keeps its
+    # fastest round. A shared host's CPU drifts over minutes (the H200 machine's moved 6-31% between
+    # two runs, and 19% between probes of one shape within a check): other load only ever slows a
+    # run, and one round took a slow spell for the machine's speed at up to half its points.
+    cpu_rounds: int = 2
     quick: bool = False
 
     @classmethod
@@ -129,6 +134,7 @@ class BenchmarkSpec:
             point_cap_s=0.3,
             gpu_point_budget_s=0.01,
             split_ffn=(1024, 4096),
+            cpu_rounds=1,
             quick=True,
         )
         return replace(spec, **overrides)
@@ -149,6 +155,8 @@ class BenchmarkSpec:
         unknown = [d for d in self.dtypes if d not in DTYPES]
         if unknown:
             raise InvalidInputError(f"unknown dtype(s) {unknown}; use some of {list(DTYPES)}")
+        if self.cpu_rounds < 1:
+            raise InvalidInputError(f"cpu_rounds must be ≥ 1, got {self.cpu_rounds}")
         if not self.ms or not self.shapes or not self.dtypes:
             raise InvalidInputError("a benchmark spec needs at least one M, one shape and one dtype")
         shapes = {tuple(s) for s in self.shapes}
