@@ -140,3 +140,12 @@ def test_a_worker_has_the_gil_handed_over_within_its_switch_interval():
         assert sys.getswitchinterval() == pytest.approx(run_ahead.SWITCH_INTERVAL_S / 2)
     finally:
         sys.setswitchinterval(before)
+
+
+def test_the_worker_leaves_the_host_thread_a_core(monkeypatch):
+    """The worker's OpenMP team takes one core fewer than the process may use, and never more
+    threads than the part asked for."""
+    monkeypatch.setattr(run_ahead.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    assert [run_ahead.worker_threads(t) for t in (16, 15, 8, 1)] == [15, 15, 8, 1]
+    monkeypatch.setattr(run_ahead.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert run_ahead.worker_threads(4) == 1
