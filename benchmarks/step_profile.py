@@ -10,7 +10,8 @@ Placements are the named ones (``gpu``, ``static``, ``stream``, ``layers:N``, ``
 their fusable parts compiled by inductor, as ``Engine.load(decode_compile=...)``);
 ``NAME+ahead`` hands split FFNs' CPU parts to the run-ahead worker (``VRAMSHARD_RUN_AHEAD``;
 combine as ``planned:8+graphs+ahead``); ``NAME+packed`` computes CPU FFN parts from oneDNN-prepacked
-weights (``VRAMSHARD_CPU_PACKED``). ``planned:G`` is the planner's plan for the step's tier
+weights (``VRAMSHARD_CPU_PACKED``); ``NAME+zerocopy`` has the GPU read host-memory experts itself
+(``VRAMSHARD_EXPERTS_ZERO_COPY``, e.g. ``experts-cpu+zerocopy``). ``planned:G`` is the planner's plan for the step's tier
 (``--seqs`` rows, default 1) at a budget of G GiB on the ``--profile`` machine profile (its
 predicted step time is printed beside the measured one; ``planned:G@T`` runs it with T CPU
 threads). For each it prints one line of totals per decode step — wall ms, GPU
@@ -38,7 +39,7 @@ from vramshard.plan.placement import TieredPlacement, named_placement
 from vramshard.plan.planner import Planner
 from vramshard.plan.tiers import Tiers
 from vramshard.profile import load
-from vramshard.runtime import cpu_packed, run_ahead
+from vramshard.runtime import cpu_packed, run_ahead, zero_copy_experts
 from vramshard.runtime.executor import Executor
 from vramshard.runtime.host_weights import HostLayouts, pack_model
 from vramshard.shapes import random_weights, shape_config
@@ -128,10 +129,14 @@ def make_executor(model, host: HostLayouts, spec: str, args, result: dict) -> Ex
 def profile_placement(model, host: HostLayouts, spec: str, args) -> dict:
     result = {"placement": spec}
     # NAME+ahead: split FFNs' CPU parts on the run-ahead worker (VRAMSHARD_RUN_AHEAD); NAME+packed:
-    # CPU FFN parts from prepacked weights (VRAMSHARD_CPU_PACKED).
+    # CPU FFN parts from prepacked weights (VRAMSHARD_CPU_PACKED); NAME+zerocopy: host-memory experts
+    # read by the GPU's kernels (VRAMSHARD_EXPERTS_ZERO_COPY).
     run_ahead.ENABLED = "+ahead" in spec
     cpu_packed.ENABLED = "+packed" in spec
-    executor = make_executor(model, host, spec.replace("+ahead", "").replace("+packed", ""), args, result)
+    zero_copy_experts.ENABLED = "+zerocopy" in spec
+    for switch in ("+ahead", "+packed", "+zerocopy"):
+        spec = spec.replace(switch, "")
+    executor = make_executor(model, host, spec, args, result)
     rows = args.seqs
     kv = executor.new_kv_cache(rows, args.ctx + 64)
     token = torch.full((rows,), 3)

@@ -477,3 +477,37 @@ def test_gpu_moe_experts_on_the_run_ahead_worker_match_cpu(arch, spec, tiny_mode
     ahead = engine.executor._run_ahead
     on_cpu = len(moe) if spec == "experts-cpu" else 1
     assert ahead is not None and ahead._submitted >= on_cpu  # every host-expert layer went to the worker
+
+
+@pytest.mark.parametrize("spec", ["experts-cpu", "mixed"])
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_moe_host_experts_read_by_the_gpu_from_pinned_memory_match_cpu(arch, spec, tiny_model_dir, monkeypatch):
+    """VRAMSHARD_EXPERTS_ZERO_COPY: at decode sizes a MoE layer's experts in host memory are read by
+    the GPU's kernels from pinned memory (no host round trip), alone and beside cached experts; the
+    logits and greedy tokens are the CPU reference's."""
+    from vramshard.runtime import zero_copy_experts
+
+    monkeypatch.setattr(zero_copy_experts, "ENABLED", True)
+    calls = []
+    real = zero_copy_experts.routed_experts
+    monkeypatch.setattr(zero_copy_experts, "routed_experts", lambda *a: calls.append(a[1].shape[0]) or real(*a))
+    path = tiny_model_dir(arch)
+    reference = Engine.load(path, device="cpu", dtype="float32")
+    expected = trace_logits(reference)
+    model = build_model(open_checkpoint(path).config)
+    host = pack_model(list(model), load_weights(model, open_checkpoint(path)), pin=True)
+    moe = moe_layers(model)
+    if spec == "mixed":  # layer 0's experts on the CPU, layer 1's cached (where it is MoE)
+        placement = Placement("mixed", tuple(
+            (s.name, EXPERTS_CPU if s.name == "ffn[0]" else EXPERTS_CACHED if s.name == "ffn[1]" and 1 in moe
+             else Where("gpu", "stream") if s.kind == "attn" else Where("gpu", "vram")) for s in model))
+    else:
+        placement = named_placement(spec, sublayer_triples(model), model.args.num_hidden_layers, moe_layers=moe)
+    engine = executor_engine(path, model, host, placement)
+    torch.testing.assert_close(trace_logits(engine), expected, rtol=1e-3, atol=1e-3)
+    assert engine.generate([PROMPT], 8) == reference.generate([PROMPT], 8)
+    on_cpu = len(moe) if spec == "experts-cpu" else 1
+    assert len(engine.executor._host_stacked) == on_cpu
+    assert calls and max(calls) <= zero_copy_experts.ROWS  # decode steps went through the kernels

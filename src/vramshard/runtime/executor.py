@@ -39,7 +39,7 @@ import torch
 
 from ..errors import BudgetError, InvalidInputError
 from ..layers.mlp import DenseFFN
-from ..layers.moe import GATHER_BYTES, DictExperts, MoEFFN
+from ..layers.moe import GATHER_BYTES, DictExperts, MoEFFN, StackedExperts, stack_experts
 from ..layers.step import Step
 from ..models.base import Model
 from ..plan.memory import ALLOCATOR_SLACK, VramNeed, align, expert_slot_bytes, kv_positions, tiered_vram_need
@@ -50,7 +50,7 @@ from .expert_cache import CachedExperts, CacheStats, ExpertCache, cache_slots
 from .host_weights import PackedWeights
 from .kv_cache import KVCache
 from .kv_staging import KVStaging
-from . import run_ahead
+from . import run_ahead, zero_copy_experts
 from .cpu_packed import PackedParts
 from .ffn_buffers import FFNBuffers
 from .step_logits import StepLogits
@@ -287,6 +287,7 @@ class Executor:
         self.split_weights: dict[str, CachedExperts | dict] = {}  # split sub-layer -> router (+ cached experts)
         self._next_cached: dict[str, str] = {}  # MoE sub-layer with cached experts -> the next one
         self.host_experts: dict[str, DictExperts] = {}  # split sub-layer -> its experts in host memory
+        self._host_stacked: dict[str, StackedExperts] = {}  # the same, pinned and stacked: read by GPU kernels
         self.graphs: DecodeGraphs | None = None  # captured over the resident weights: dropped with them
         self.staging: KVStaging | None = None  # GPU attention over host KV caches: one layer's KV in VRAM
         self._sim_slot: torch.Tensor | None = None  # a simulated GPU's slot for split FFNs' GPU parts
@@ -464,6 +465,10 @@ class Executor:
             main = packed.layout.views(block, piece="main")
             self.split_weights[name] = CachedExperts(main, name, self.expert_cache) if name in cached else main
             self.host_experts[name] = DictExperts(packed.views, self.model[name].num_experts)
+            if zero_copy_experts.available() and not self.simulated and packed.buffer.is_pinned():
+                stacked = stack_experts(packed.views, self.model[name].num_experts)
+                if stacked is not None:
+                    self._host_stacked[name] = stacked
 
     def _kv_layers_on_gpu(self, plans: TieredPlacement) -> set[int]:
         """Attention layers whose KV cache lives in VRAM: those computed on the GPU beside it.
@@ -751,9 +756,13 @@ class Executor:
 
     def _run_split(self, sublayer: MoEFFN, here: Where, x: torch.Tensor) -> tuple[torch.Tensor, int]:
         """A MoE FFN split at its experts: norm and router on the GPU, then the routed experts on
-        the CPU (hidden states there and back) or from the VRAM expert cache. Returns (x, crossings)."""
+        the CPU (hidden states there and back), read by the GPU from pinned host memory (a few
+        rows, ``VRAMSHARD_EXPERTS_ZERO_COPY``) or from the VRAM expert cache. Returns (x, crossings)."""
         h, routing = sublayer.prepare(self.split_weights[sublayer.name], x)
         if here.experts == "host":
+            stacked = self._host_stacked.get(sublayer.name)
+            if stacked is not None and h.shape[0] <= zero_copy_experts.ROWS:  # read by the GPU from host memory
+                return x + zero_copy_experts.routed_experts(stacked, h, routing), 0
             ahead = self._ahead()
             if ahead is not None:
                 return x + self._experts_ahead(ahead, sublayer, h, routing), 2

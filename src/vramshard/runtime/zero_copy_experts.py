@@ -1,0 +1,123 @@
+"""A MoE layer's routed experts computed on the GPU straight from pinned host memory (opt-in,
+``VRAMSHARD_EXPERTS_ZERO_COPY``).
+
+A MoE decode step with its experts in host memory (``experts-cpu``, the host-expert layers of a
+low-budget plan) sends each layer's hidden states and routing to the host, waits for the router,
+computes the experts on the CPU and sends the result back: a host round trip per layer, and the
+host thread on the critical path (the MoE issue: 30% of its bound). Here two Triton kernels read
+the routed experts' weights where they lie, in pinned host memory, through the GPU's mapping of it
+(zero-copy): the routing never leaves the GPU, nothing waits on the host, and the PCIe link is read
+at the copy engine's speed (``benchmarks/zero_copy`` on the H200 machine, thirteenth session: a
+Triton GEMV over 24–384 MiB of pinned weights at 49–51 GB/s, against 54–55 GB/s for the copy
+engine's copy; 36 GB/s over a single 6 MiB expert).
+
+For ``A = T·k`` assignments (token-major, as :class:`~vramshard.layers.moe.Routing` holds them):
+
+- ``_gate_up_act``: program (a, block of F) reads its expert's gate and up rows, [BLOCK_F, D] each,
+  and writes ``silu(h_t·gate) · (h_t·up)`` into ``act`` [A, F] (float32);
+- ``_down``: program (a, block of D) reads its expert's down rows [BLOCK_D, F] and writes
+  ``weight_a · (down · act_a)`` into ``y`` [A, D] (float32); the layer's output is ``y``'s sum over
+  each token's k assignments.
+
+A token's experts are read once per assignment: meant for decode-sized steps (``ROWS``), where
+the grouped paths would read each expert once too. Accumulation is in float32 (the projections of
+the CPU and cached paths accumulate in float32 too, and round between them to the weights' dtype).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..env import switch
+from ..layers.moe import Routing, StackedExperts
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # no Triton (CPU-only torch): available() is False
+    triton = None
+
+ENABLED = switch("VRAMSHARD_EXPERTS_ZERO_COPY", default=False)
+ROWS = 4  # the most tokens of a step computed this way (decode and small decode batches)
+BLOCK_F, BLOCK_D, BLOCK_K = 8, 8, 512  # rows of a program's weight block, and its columns per loop
+
+
+def available() -> bool:
+    """Whether host experts can be read by the GPU's kernels here (asked for, a GPU, Triton)."""
+    return ENABLED and triton is not None and torch.cuda.is_available()
+
+
+if triton is not None:
+
+    @triton.jit
+    def _gate_up_act(h_ptr, experts_ptr, w_ptr, act_ptr, top_k, D, F, stride_e, stride_r,
+                     BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr):
+        """act[a, f] = silu(h[t] · gate[e, f]) · (h[t] · up[e, f]) for a block of f; gate_up [E, 2F, D]."""
+        a = tl.program_id(0)
+        e = tl.load(experts_ptr + a).to(tl.int64)
+        t = a // top_k
+        f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+        gate_rows = w_ptr + e * stride_e + f[:, None].to(tl.int64) * stride_r
+        up_rows = gate_rows + F * stride_r
+        acc_gate = tl.zeros((BLOCK_F,), dtype=tl.float32)
+        acc_up = tl.zeros((BLOCK_F,), dtype=tl.float32)
+        for k0 in range(0, D, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(h_ptr + t * D + k, mask=k < D, other=0.0).to(tl.float32)
+            mask = (f[:, None] < F) & (k[None, :] < D)
+            gate = tl.load(gate_rows + k[None, :], mask=mask, other=0.0)
+            up = tl.load(up_rows + k[None, :], mask=mask, other=0.0)
+            acc_gate += tl.sum(gate.to(tl.float32) * x[None, :], axis=1)
+            acc_up += tl.sum(up.to(tl.float32) * x[None, :], axis=1)
+        act = acc_gate * tl.sigmoid(acc_gate) * acc_up
+        tl.store(act_ptr + a * F + f, act, mask=f < F)
+
+    @triton.jit
+    def _down(act_ptr, experts_ptr, weights_ptr, w_ptr, y_ptr, D, F, stride_e, stride_r,
+              BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr):
+        """y[a, d] = weight[a] · (down[e, d] · act[a]) for a block of d; down [E, D, F]."""
+        a = tl.program_id(0)
+        e = tl.load(experts_ptr + a).to(tl.int64)
+        scale = tl.load(weights_ptr + a).to(tl.float32)
+        d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+        rows = w_ptr + e * stride_e + d[:, None].to(tl.int64) * stride_r
+        acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        for k0 in range(0, F, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(act_ptr + a * F + k, mask=k < F, other=0.0)
+            w = tl.load(rows + k[None, :], mask=(d[:, None] < D) & (k[None, :] < F), other=0.0)
+            acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+        tl.store(y_ptr + a * D + d, acc * scale, mask=d < D)
+
+
+def _expert_strides(weight: torch.Tensor, name: str) -> tuple[int, int]:
+    """(expert, row) strides of a stacked [E, R, C] weight whose rows are contiguous."""
+    if weight.dim() != 3 or weight.stride(2) != 1:
+        raise ValueError(f"stacked expert {name} must be [E, rows, cols] with contiguous rows, "
+                         f"got shape {tuple(weight.shape)} strides {weight.stride()}")
+    return weight.stride(0), weight.stride(1)
+
+
+def routed_experts(stacked: StackedExperts, h: torch.Tensor, routing: Routing) -> torch.Tensor:
+    """Sum over each token's routed experts of its routing weight times the expert's SwiGLU of
+    ``h`` [T, D]: [T, D] in ``h``'s dtype and on its device. The experts' weights are read where
+    ``stacked`` lies: VRAM, or pinned host memory (then over PCIe by the kernels themselves)."""
+    T, top_k = routing.experts.shape
+    E, two_f, D = stacked.gate_up.shape
+    F = two_f // 2
+    if h.shape != (T, D) or stacked.down.shape != (E, D, F):
+        raise ValueError(f"hidden states {tuple(h.shape)} and experts gate_up {tuple(stacked.gate_up.shape)}, "
+                         f"down {tuple(stacked.down.shape)} do not fit {T} tokens of {top_k} experts")
+    gate_up_strides = _expert_strides(stacked.gate_up, "gate_up")
+    down_strides = _expert_strides(stacked.down, "down")
+    A = T * top_k
+    experts = routing.experts.reshape(A).to(torch.int32)
+    weights = routing.weights.reshape(A).to(torch.float32)
+    h = h.contiguous()
+    act = torch.empty(A, F, dtype=torch.float32, device=h.device)
+    y = torch.empty(A, D, dtype=torch.float32, device=h.device)
+    _gate_up_act[(A, triton.cdiv(F, BLOCK_F))](h, experts, stacked.gate_up, act, top_k, D, F, *gate_up_strides,
+                                               BLOCK_F=BLOCK_F, BLOCK_K=BLOCK_K)
+    _down[(A, triton.cdiv(D, BLOCK_D))](act, experts, weights, stacked.down, y, D, F, *down_strides,
+                                        BLOCK_D=BLOCK_D, BLOCK_K=BLOCK_K)
+    return y.view(T, top_k, D).sum(dim=1).to(h.dtype)

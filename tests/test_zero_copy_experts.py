@@ -1,0 +1,104 @@
+"""A MoE layer's routed experts read by GPU kernels from host memory (runtime/zero_copy_experts.py):
+the kernels interpreted on the CPU (Triton's interpreter) against the layer's own expert paths."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vramshard.layers.moe import DictExperts, Routing, StackedExperts, stack_experts
+from vramshard.loading.checkpoint import open_checkpoint
+from vramshard.models import build_model
+from vramshard.plan.memory import moe_layers
+from vramshard.runtime import zero_copy_experts
+from vramshard.runtime.host_weights import pack_model
+from vramshard.runtime.weights import load_weights
+
+needs_triton = pytest.mark.skipif(zero_copy_experts.triton is None, reason="needs Triton")
+
+
+def _in_interpreter(test: str) -> None:
+    """Run ``test`` of this file in a fresh process with Triton's interpreter (read at import)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{__file__}::{test}"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+def reference(gate_up: torch.Tensor, down: torch.Tensor, h: torch.Tensor, routing: Routing) -> torch.Tensor:
+    """Each token's sum of weight × SwiGLU over its experts, in float32, expert by expert."""
+    out = torch.zeros(h.shape, dtype=torch.float32)
+    for t in range(h.shape[0]):
+        for e, w in zip(routing.experts[t].tolist(), routing.weights[t].float().tolist()):
+            gate, up = F.linear(h[t].float(), gate_up[e].float()).chunk(2)
+            out[t] += w * F.linear(F.silu(gate) * up, down[e].float())
+    return out
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_kernels_compute_each_tokens_routed_experts(dtype, request):
+    """Experts at a padded stride in one buffer (as a host layout lays them), widths that are not
+    multiples of the kernels' blocks, a token routed twice to one expert's neighbour, and two tokens
+    sharing an expert: the float32 reference, within the dtype's rounding."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        _in_interpreter(request.node.name)
+        return
+    torch.manual_seed(0)
+    E, D, Fw, pad = 6, 72, 40, 24  # D, F: not multiples of BLOCK_K; pad: elements between experts
+    gate_up_numel, down_numel = 2 * Fw * D, D * Fw
+    stride = gate_up_numel + down_numel + pad
+    buffer = (torch.randn(E * stride) * 0.2).to(dtype)
+    gate_up = buffer.as_strided((E, 2 * Fw, D), (stride, D, 1))
+    down = buffer[gate_up_numel:].as_strided((E, D, Fw), (stride, Fw, 1))
+    h = (torch.randn(3, D)).to(dtype)
+    routing = Routing(torch.tensor([[0, 5], [5, 2], [1, 0]]), torch.tensor([[0.7, 0.3], [0.5, 0.5], [0.9, 0.1]]).to(dtype))
+    got = zero_copy_experts.routed_experts(StackedExperts(gate_up, down), h, routing)
+    assert got.dtype == dtype and got.shape == h.shape
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), reference(gate_up, down, h, routing), rtol=tolerance, atol=tolerance)
+    with pytest.raises(ValueError, match="do not fit"):
+        zero_copy_experts.routed_experts(StackedExperts(gate_up, down), h[:, :-1], routing)
+
+
+@needs_triton
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+def test_the_kernels_read_a_models_host_layout_as_its_expert_paths_do(arch, tiny_model_dir, request):
+    """A tiny model's MoE layers packed for the host, stacked as the executor stacks them: the same
+    output as the layer's own path over the same host experts, for one token and for four."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        _in_interpreter(request.node.name)
+        return
+    path = tiny_model_dir(arch)
+    model = build_model(open_checkpoint(path).config)
+    host = pack_model(list(model), load_weights(model, open_checkpoint(path)), pin=False)
+    names = [s.name for s in model if s.layer in moe_layers(model) and s.kind == "ffn"]
+    assert names
+    torch.manual_seed(1)
+    for name in names:
+        sublayer, views = model[name], host[name].views
+        stacked = stack_experts(views, sublayer.num_experts)
+        assert stacked is not None, "the host layout does not stack: the executor would not read it by the GPU"
+        for rows in (1, zero_copy_experts.ROWS):
+            x = torch.randn(rows, sublayer.hidden).to(model.dtype)
+            h, routing = sublayer.prepare(views, x)
+            expected = sublayer.run_experts(DictExperts(views, sublayer.num_experts), h, routing)
+            got = zero_copy_experts.routed_experts(stacked, h, routing)
+            torch.testing.assert_close(got.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_zero_copy_experts_are_opt_in(monkeypatch):
+    """Off unless VRAMSHARD_EXPERTS_ZERO_COPY asks for it (read when the module is imported)."""
+    import importlib
+
+    monkeypatch.delenv("VRAMSHARD_EXPERTS_ZERO_COPY", raising=False)
+    try:
+        assert not importlib.reload(zero_copy_experts).ENABLED and not zero_copy_experts.available()
+        monkeypatch.setenv("VRAMSHARD_EXPERTS_ZERO_COPY", "on")
+        assert importlib.reload(zero_copy_experts).ENABLED
+    finally:
+        monkeypatch.undo()
+        importlib.reload(zero_copy_experts)
