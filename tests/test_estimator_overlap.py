@@ -145,3 +145,30 @@ def test_run_ahead_moe_experts_on_the_cpu_overlap_the_hosts_launches():
     ahead = Estimator(model, profile, run_ahead=True).simulate(placement, 1, 1024)
     assert ahead.cpu_busy == pytest.approx(plain.cpu_busy, rel=0.05)
     assert ahead.cpu_busy <= ahead.seconds < plain.seconds
+
+
+def test_zero_copy_experts_are_read_over_the_link_not_computed_on_the_cpu():
+    """Experts in host memory read by the GPU (``VRAMSHARD_EXPERTS_ZERO_COPY``): at decode the step
+    spends no CPU time on them and takes at least the routed experts' bytes over PCIe; the CPU
+    path's step is the shorter one only where the CPU outruns the link; past the kernels' rows
+    the experts go to the CPU as before."""
+    from vramshard.plan.estimator import ZERO_COPY_EFFICIENCY
+    from vramshard.plan.memory import moe_layers, sublayer_triples
+    from vramshard.plan.placement import named_placement
+
+    model = shape_model("qwen3-30b-a3b")
+    moe = [s for s in model if s.name.startswith("ffn")]
+    placement = named_placement("experts-cpu", sublayer_triples(model), model.args.num_hidden_layers,
+                                moe_layers=moe_layers(model))
+    routed = sum(s.top_k * s.expert_bytes for s in moe)  # one token's expert reads, every layer
+    for cpu_gflops, cpu_mem_gbps, faster in ((1500, 20, "zero_copy"), (1e6, 1e4, "cpu")):
+        profile = synthetic(**{**CLIENT, "cpu_gflops": cpu_gflops, "cpu_mem_gbps": cpu_mem_gbps})
+        on_cpu = Estimator(model, profile, zero_copy=False).simulate(placement, 1, 1024)
+        read = Estimator(model, profile, zero_copy=True).simulate(placement, 1, 1024)
+        assert read.cpu_busy == 0 < on_cpu.cpu_busy
+        assert read.seconds >= routed / (CLIENT["h2d_gbps"] * 1e9) / ZERO_COPY_EFFICIENCY * 0.99
+        assert (read.seconds < on_cpu.seconds) == (faster == "zero_copy")
+    rows = Estimator(model, profile).zero_copy_rows + 1
+    many = Estimator(model, profile, zero_copy=True).simulate(placement, rows, 1024)
+    assert many.cpu_busy > 0
+    assert Estimator(model, profile).zero_copy is False  # as the executor runs here (no GPU, or off)

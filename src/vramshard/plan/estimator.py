@@ -106,6 +106,20 @@ def run_ahead_enabled() -> bool:
     return run_ahead.available()
 
 
+def zero_copy_enabled() -> tuple[bool, int]:
+    """Whether the executor's GPU kernels will read host-memory experts themselves
+    (``VRAMSHARD_EXPERTS_ZERO_COPY``), and up to how many tokens a step."""
+    from ..runtime import zero_copy_experts  # (the mechanism's own switch and limit)
+
+    return zero_copy_experts.available(), zero_copy_experts.ROWS
+
+
+# What the zero-copy kernels read of pinned host memory against the copy engine's rate (the H200
+# machine, thirteenth session: 50.5 against 55.1 GB/s over 96-384 MiB; benchmarks/zero_copy).
+ZERO_COPY_EFFICIENCY = 0.92
+ZERO_COPY_LAUNCHES = 4  # the kernels, the routing's casts, the sum over a token's experts
+
+
 class Estimator:
     """Costs of one model on one machine (a :class:`Profile`).
 
@@ -113,14 +127,19 @@ class Estimator:
     measured rate, or :func:`uniform_hit_rate` of the cache size); MoE sub-layers split at
     their experts copy the rest, at the routed fraction. run_ahead: a split FFN on a GPU input
     hands its CPU part to a worker thread (``VRAMSHARD_RUN_AHEAD``), so the host thread's
-    launches go on meanwhile; by default as the executor will run.
+    launches go on meanwhile; by default as the executor will run. zero_copy: a decode step's
+    host-memory experts are read by the GPU from pinned memory (``VRAMSHARD_EXPERTS_ZERO_COPY``),
+    on the GPU stream and the PCIe link, with no host round trip; by default as the executor will run.
     """
 
     def __init__(self, model: Model, profile: Profile, threads: int | None = None, expert_hit_rate: float = 0.0,
-                 sizes: dict[str, int] | None = None, costs: dict | None = None, run_ahead: bool | None = None):
+                 sizes: dict[str, int] | None = None, costs: dict | None = None, run_ahead: bool | None = None,
+                 zero_copy: bool | None = None):
         self.model = model
         # Split FFNs' CPU parts on the executor's run-ahead worker (None: as the executor will run).
         self.run_ahead = run_ahead_enabled() if run_ahead is None else run_ahead
+        available, self.zero_copy_rows = zero_copy_enabled()
+        self.zero_copy = available if zero_copy is None else zero_copy  # (host experts read by the GPU)
         self.sizes = sizes if sizes is not None else {}  # packed bytes by sub-layer name, filled lazily
         self.profile = profile
         self.threads = threads
@@ -404,6 +423,17 @@ class Estimator:
                     start = max(gpu_free, x_ready, py)
                     router_done = start + self.router_s(sublayer, n_tokens)
                     gpu_busy += router_done - start
+                    if w.experts == "host" and self.zero_copy and n_tokens <= self.zero_copy_rows:
+                        # Read by the GPU's kernels over the link, after the copies queued before.
+                        read = n_tokens * sublayer.top_k * sublayer.expert_bytes
+                        start = max(router_done, copy_free)
+                        copy_free = start + self.profile.transfer_s(read, "h2d", cpu_work) / ZERO_COPY_EFFICIENCY
+                        copy_busy += copy_free - start
+                        gpu_busy += copy_free - start
+                        timeline.append((sublayer.name, "copy", start, copy_free))
+                        py += self.dispatch_s("cuda") * ZERO_COPY_LAUNCHES / DISPATCH_LAUNCHES
+                        gpu_free = x_ready = max(copy_free, py)
+                        continue
                     if w.experts == "host":
                         alone = self.experts_s(sublayer, "cpu", n_tokens)
                         beside = self.experts_s(sublayer, "cpu", n_tokens, contended=True) if streams else alone
