@@ -36,6 +36,7 @@ from vramshard.plan.memory import expert_slot_bytes, max_resident_layers, moe_la
 from vramshard.plan.placement import named_placement
 from vramshard.plan.planner import Planner, machine_profile
 from vramshard.plan.tiers import Tiers
+from vramshard.runtime import zero_copy_experts
 from vramshard.runtime.executor import Executor
 from vramshard.runtime.host_weights import PackedLayout, PackedWeights, _empty_host
 from vramshard.shapes import shape_model
@@ -138,7 +139,9 @@ def placements_for(model, budget, args, profile):
     ``experts-hybrid`` is ``experts-stream`` whose decode steps compute a share of the cache misses
     on the CPU meanwhile (the share from the profile: :func:`~vramshard.plan.estimator.expert_cpu_share`);
     ``experts-prefetch`` is ``experts-stream`` whose decode steps guess the next layer's experts and
-    start copying them early (``Executor(expert_prefetch=True)``)."""
+    start copying them early (``Executor(expert_prefetch=True)``); ``experts-zero-copy`` is
+    ``experts-cpu`` whose decode steps have the GPU read the experts from pinned host memory
+    (``Executor(experts_zero_copy=True)``), where Triton and a GPU are there."""
     triples, layers, moe = sublayer_triples(model), model.args.num_hidden_layers, moe_layers(model)
     kv_tokens = args.ctx + args.prompt + 16
     out = []
@@ -159,7 +162,10 @@ def placements_for(model, budget, args, profile):
     out.append(("experts-prefetch", stream_or_error, cache, {"expert_prefetch": True}))
     most = max_resident_layers(model, budget, 1, kv_tokens, args.prompt)
     out.append(("layers:max", named_placement("layers:max", triples, layers, most), None, {}))
-    out.append(("experts-cpu", named_placement("experts-cpu", triples, layers, moe_layers=moe), None, {}))
+    experts_cpu = named_placement("experts-cpu", triples, layers, moe_layers=moe)
+    out.append(("experts-cpu", experts_cpu, None, {"experts_zero_copy": False}))  # the baseline: computed by the CPU
+    if zero_copy_experts.supported():  # the same experts read by the GPU from pinned host memory
+        out.append(("experts-zero-copy", experts_cpu, None, {"experts_zero_copy": True}))
     return out
 
 

@@ -153,6 +153,9 @@ class Executor:
     from host memory while the others are copied in (None: all copied in; see ``_run_hybrid``).
     expert_prefetch: in decode-sized steps, guess the next cached MoE layer's experts from this
     layer's input and start copying the ones not cached (see ``_run_cached``).
+    experts_zero_copy: in decode-sized steps, read experts in host memory by the GPU's kernels from
+    pinned memory instead of computing them on the CPU (None: ``VRAMSHARD_EXPERTS_ZERO_COPY``; see
+    :mod:`~vramshard.runtime.zero_copy_experts`).
 
     :meth:`reconfigure` switches to another placement while running (a VRAM budget that changed),
     rebuilding only the VRAM side: the host weights stay, KV caches move where the new placement
@@ -165,9 +168,11 @@ class Executor:
                  num_slots: int = 2, threads: int | None = None, device: str | torch.device = "cuda",
                  expert_cache: int | None = None, simulate_gpu: bool = False, decode_graphs: bool = False,
                  expert_cpu_share: float | None = None, decode_compile: str | None = None,
-                 expert_prefetch: bool = False):
+                 expert_prefetch: bool = False, experts_zero_copy: bool | None = None):
         self.model = model
         self.expert_prefetch = expert_prefetch
+        # Host-memory experts read by the GPU's kernels at decode sizes (None: VRAMSHARD_EXPERTS_ZERO_COPY).
+        self.experts_zero_copy = zero_copy_experts.ENABLED if experts_zero_copy is None else experts_zero_copy
         self.decode_compile = decode_compile  # torch.compile backend for the graphs' fusable parts (None: eager)
         # Of a decode-sized step's expert-cache misses, this share is computed on the CPU from host
         # memory while the rest are copied in (None: all copied in). See _run_hybrid.
@@ -465,7 +470,8 @@ class Executor:
             main = packed.layout.views(block, piece="main")
             self.split_weights[name] = CachedExperts(main, name, self.expert_cache) if name in cached else main
             self.host_experts[name] = DictExperts(packed.views, self.model[name].num_experts)
-            if zero_copy_experts.available() and not self.simulated and packed.buffer.is_pinned():
+            if self.experts_zero_copy and zero_copy_experts.supported() and not self.simulated \
+                    and packed.buffer.is_pinned():
                 stacked = stack_experts(packed.views, self.model[name].num_experts)
                 if stacked is not None:
                     self._host_stacked[name] = stacked

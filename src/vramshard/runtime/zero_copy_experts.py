@@ -42,9 +42,14 @@ ROWS = 4  # the most tokens of a step computed this way (decode and small decode
 BLOCK_F, BLOCK_D, BLOCK_K = 8, 8, 512  # rows of a program's weight block, and its columns per loop
 
 
+def supported() -> bool:
+    """Whether host experts can be read by the GPU's kernels here (a GPU, and Triton)."""
+    return triton is not None and torch.cuda.is_available()
+
+
 def available() -> bool:
-    """Whether host experts can be read by the GPU's kernels here (asked for, a GPU, Triton)."""
-    return ENABLED and triton is not None and torch.cuda.is_available()
+    """Whether host experts will be read by the GPU's kernels here: asked for, and supported."""
+    return ENABLED and supported()
 
 
 if triton is not None:
