@@ -263,6 +263,9 @@ def main() -> None:
     parser.add_argument("--decode-steps", type=int, default=16)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--time-limit", type=float, default=480.0, help="seconds; later cells are skipped")
+    parser.add_argument("--placements", default=None,
+                        help="comma-separated labels to run (planned, experts-stream, experts-hybrid, experts-prefetch, "
+                             "layers:max, experts-cpu, experts-zero-copy); default all")
     parser.add_argument("--out", default=None)
     parser.add_argument("--profile", default=None,
                         help="profile JSON of this machine (`vramshard profile`); default: the stored one. The "
@@ -290,6 +293,8 @@ def main() -> None:
     budgets = [int(float(b) * GiB) for b in args.budgets.split(",")]
     for budget in budgets:
         for label, placement, cache, options in placements_for(model, budget, args, profile):
+            if args.placements and label not in args.placements.split(","):
+                continue
             cell = run_cell(model, host, label, placement, cache, budget, args, bw, deadline, options)
             log.info("%s", cell)
             results["cells"].append(cell)
