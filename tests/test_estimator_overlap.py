@@ -172,3 +172,33 @@ def test_zero_copy_experts_are_read_over_the_link_not_computed_on_the_cpu():
     many = Estimator(model, profile, zero_copy=True).simulate(placement, rows, 1024)
     assert many.cpu_busy > 0
     assert Estimator(model, profile).zero_copy is False  # as the executor runs here (no GPU, or off)
+
+
+def test_prepacked_cpu_ffns_take_the_profiles_packed_factor_not_the_split_slices_one():
+    """cpu_packed: a dense FFN on the CPU, whole or a split's CPU part, takes the profile's packed
+    factor at its rows (packed once, a part reads no slices); other sub-layers and the GPU side
+    are unchanged, and so is everything without packing."""
+    import copy
+
+    from vramshard.layers.mlp import DenseFFN
+    from vramshard.profile.query import Profile
+
+    base = synthetic(**CLIENT)
+    data = copy.deepcopy(base.data)
+    data["split_part"] = {"bf16": 1.5}
+    data["packed_ffn"] = {"bf16": {"1": 0.5, "64": 0.8}}
+    profile = Profile(data)
+    model = shape_model("llama3-8b")
+    ffn = next(s for s in model if isinstance(s, DenseFFN))
+    attn = next(s for s in model if s.kind == "attn")
+    plain, packed = Estimator(model, profile, cpu_packed=False), Estimator(model, profile, cpu_packed=True)
+    for rows, factor in ((1, 0.5), (64, 0.8)):
+        assert packed.compute_s(ffn, "cpu", rows, 1024) == pytest.approx(factor * plain.compute_s(ffn, "cpu", rows, 1024))
+        assert packed.compute_s(ffn, "cuda", rows, 1024) == pytest.approx(plain.compute_s(ffn, "cuda", rows, 1024))
+        assert packed.compute_s(attn, "cpu", rows, 1024) == pytest.approx(plain.compute_s(attn, "cpu", rows, 1024))
+        half = ffn.num_pieces // 2
+        launches = packed.part_s(ffn, "cpu", rows, 0, ffn.num_pieces) - packed.compute_s(ffn, "cpu", rows, 1024)
+        part_packed = packed.part_s(ffn, "cpu", rows, 0, half) - launches
+        part_plain = plain.part_s(ffn, "cpu", rows, 0, half) - launches
+        assert part_packed == pytest.approx(part_plain / 1.5 * factor, rel=0.02)
+    assert Estimator(model, profile).cpu_packed is False  # as the executor runs by default (off)

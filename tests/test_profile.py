@@ -1,5 +1,6 @@
 """Profiler: measurement round trip, the profile file, interpolation, synthetic profiles."""
 
+import copy
 import json
 import logging
 import os
@@ -537,3 +538,24 @@ def test_summary_peak_is_not_one_lucky_point():
     dtype = table["dtype"]
     assert lucky["matmul_fastest_point_gflops"]["cpu"][dtype] > 5 * base.summary()["matmul_peak_gflops"]["cpu"][dtype]
     assert lucky["matmul_peak_gflops"]["cpu"][dtype] <= 1.05 * base.summary()["matmul_peak_gflops"]["cpu"][dtype]
+
+
+def test_the_profile_times_dense_ffns_from_prepacked_weights_by_rows():
+    """packed_rows: a factor per row count (packed time over plain, with the executor's own code),
+    read between the rows measured on a log scale and clamped beyond them; 1 where absent; a bad
+    section is refused with its name."""
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("needs oneDNN")
+    profile = run_profile(tiny_spec(threads=[torch.get_num_threads()], dtypes=["bf16"], split_ffn=(256, 512),
+                                    packed_rows=[1, 64]))
+    factors = profile.data["packed_ffn"]["bf16"]
+    assert set(factors) == {"1", "64"} and all(0.01 < f < 100 for f in factors.values())
+    assert profile.packed_ffn_factor("bf16", 1) == pytest.approx(factors["1"])
+    assert profile.packed_ffn_factor("bf16", 1000) == pytest.approx(factors["64"])
+    between = profile.packed_ffn_factor("bf16", 8)  # halfway on the log scale
+    assert between == pytest.approx((factors["1"] + factors["64"]) / 2)
+    assert profile.packed_ffn_factor("fp16", 8) == 1.0  # not measured
+    data = copy.deepcopy(profile.data)
+    data["packed_ffn"]["bf16"] = {"0": 1.0}
+    with pytest.raises(ProfileError, match="packed_ffn"):
+        Profile(data)

@@ -106,6 +106,16 @@ def run_ahead_enabled() -> bool:
     return run_ahead.available()
 
 
+def cpu_packed_enabled() -> bool:
+    """Whether the executor will compute dense FFNs on the CPU from prepacked weights
+    (``VRAMSHARD_CPU_PACKED``, where oneDNN is there)."""
+    import torch
+
+    from ..runtime import cpu_packed  # (the mechanism's own switch)
+
+    return cpu_packed.ENABLED and torch.backends.mkldnn.is_available()
+
+
 def zero_copy_enabled() -> tuple[bool, int]:
     """Whether the executor's GPU kernels will read host-memory experts themselves
     (``VRAMSHARD_EXPERTS_ZERO_COPY``), and up to how many tokens a step."""
@@ -130,12 +140,16 @@ class Estimator:
     launches go on meanwhile; by default as the executor will run. zero_copy: a decode step's
     host-memory experts are read by the GPU from pinned memory (``VRAMSHARD_EXPERTS_ZERO_COPY``),
     on the GPU stream and the PCIe link, with no host round trip; by default as the executor will run.
+    cpu_packed: dense FFNs on the CPU (whole or a split's CPU part) from oneDNN-prepacked weights
+    (``VRAMSHARD_CPU_PACKED``), at the profile's :meth:`~Profile.packed_ffn_factor`; by default as
+    the executor will run.
     """
 
     def __init__(self, model: Model, profile: Profile, threads: int | None = None, expert_hit_rate: float = 0.0,
                  sizes: dict[str, int] | None = None, costs: dict | None = None, run_ahead: bool | None = None,
-                 zero_copy: bool | None = None):
+                 zero_copy: bool | None = None, cpu_packed: bool | None = None):
         self.model = model
+        self.cpu_packed = cpu_packed_enabled() if cpu_packed is None else cpu_packed
         # Split FFNs' CPU parts on the executor's run-ahead worker (None: as the executor will run).
         self.run_ahead = run_ahead_enabled() if run_ahead is None else run_ahead
         available, self.zero_copy_rows = zero_copy_enabled()
@@ -160,13 +174,15 @@ class Estimator:
     def compute_s(self, sublayer: SubLayer, device: str, n_tokens: int, context: int,
                   contended: bool = False) -> float:
         """Kernel time of one sub-layer (``device`` "cpu" or "cuda"), launch overhead excluded."""
-        key = (sublayer.name, device, n_tokens, context, contended, self.threads)
+        key = (sublayer.name, device, n_tokens, context, contended, self.threads, self.cpu_packed)
         if key in self._cache:
             return self._cache[key]
         rows = self.logit_rows(n_tokens) if sublayer.kind == "head" else n_tokens
         seconds = 0.0
         for (m, k, n), count in Counter(sublayer.matmuls(rows)).items():  # MoE: many identical experts
             seconds += count * self._matmul(m, k, n, device, contended)
+        if device == "cpu" and self.cpu_packed and isinstance(sublayer, DenseFFN):
+            seconds *= self.profile.packed_ffn_factor(self.dtype, n_tokens)
         if isinstance(sublayer, Attention):
             seconds += self.profile.attention_s(n_tokens, context, sublayer.num_heads, sublayer.num_kv_heads,
                                                 sublayer.head_dim, self.dtype, device,
@@ -230,11 +246,13 @@ class Estimator:
                contended: bool = False) -> float:
         """Time of pieces ``[first, last)`` of a dense FFN on ``device``, launches included (the CPU
         part also counts the norm and the residual add)."""
-        key = ("part", sublayer.name, device, n_tokens, first, last, contended, self.threads)
+        key = ("part", sublayer.name, device, n_tokens, first, last, contended, self.threads, self.cpu_packed)
         if key not in self._cache:
             kernels = sum(self._matmul(m, k, n, device, contended) for m, k, n in
                           sublayer.part_matmuls(n_tokens, first, last))
-            if device == "cpu" and last - first < sublayer.num_pieces:
+            if device == "cpu" and self.cpu_packed:
+                kernels *= self.profile.packed_ffn_factor(self.dtype, n_tokens)  # packed once: no slices
+            elif device == "cpu" and last - first < sublayer.num_pieces:
                 kernels *= self.profile.split_part_factor(self.dtype)  # sliced weights read slower
             launches = PART_LAUNCHES + (3 if device == "cpu" else 0)
             self._cache[key] = kernels + self.dispatch_s(device) * launches / DISPATCH_LAUNCHES

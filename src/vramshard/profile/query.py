@@ -238,6 +238,23 @@ class Profile:
         the profile did not measure it), times the in-situ ``split_part_scale``."""
         return float(self.data.get("split_part", {}).get(dtype_name(dtype), 1.0)) * self.split_part_scale
 
+    def packed_ffn_factor(self, dtype, rows: int) -> float:
+        """A dense FFN's CPU time from oneDNN-prepacked weights over plain ones at ``rows`` (linear
+        in log rows between the measured counts, the nearest beyond them; 1 when the profile did not
+        measure it or oneDNN could not pack the dtype here)."""
+        by_rows = self.data.get("packed_ffn", {}).get(dtype_name(dtype))
+        if not by_rows:
+            return 1.0
+        points = sorted((int(r), float(f)) for r, f in by_rows.items())
+        rows = max(int(rows), 1)
+        if rows <= points[0][0]:
+            return points[0][1]
+        for (r0, f0), (r1, f1) in zip(points, points[1:]):
+            if rows <= r1:
+                t = (math.log(rows) - math.log(r0)) / (math.log(r1) - math.log(r0))
+                return f0 + t * (f1 - f0)
+        return points[-1][1]
+
     def dispatch_s(self, device) -> float:
         """Fixed seconds to dispatch one sub-layer (Python and launch overhead) on ``device``."""
         device = device_name(device)
@@ -311,6 +328,7 @@ class Profile:
             "transfer_gbps": transfer,
             "dispatch_us": {device: s * 1e6 for device, s in self.data["dispatch"].items()},
             "split_part_factor": dict(self.data.get("split_part", {})),
+            "packed_ffn_factor": dict(self.data.get("packed_ffn", {})),
             "cpu_threads": self.threads,
             "default_threads": self.default_threads,
             "has_gpu": self.has_gpu,

@@ -14,6 +14,7 @@ from ..errors import ProfileError
 from .bench_attention import measure_attention
 from .bench_dispatch import measure_dispatch
 from .bench_matmul import measure_matmul
+from .bench_packed import measure_packed_ffn
 from .bench_split import measure_split_part
 from .bench_transfer import measure_transfers
 from .contention import cpu_load, pcie_load
@@ -46,7 +47,7 @@ def _total_weight(spec: BenchmarkSpec, threads: list[int], use_gpu: bool, w: dic
     attn = len(spec.attention_n_new) * len(spec.attention_context) * len(spec.dtypes) * len(spec.attention_heads)
     total = (full * spec.cpu_rounds + ratio * (len(threads) - 1) + attn * spec.cpu_rounds) * w["cpu"] + w["dispatch"]
     if spec.split_ffn:
-        total += len(spec.dtypes) * w["split"]
+        total += len(spec.dtypes) * w["split"] * (2 if spec.packed_rows else 1)
     if use_gpu:
         total += (full + attn) * w["gpu"] + w["dispatch"]
         total += 4 * len(spec.transfer_sizes) * w["transfer"]
@@ -86,6 +87,7 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
     transfer: list[dict] = []
     dispatch: dict[str, float] = {}
     split_part: dict[str, float] = {}
+    packed_ffn: dict[str, dict[str, float]] = {}
     cpu_args = {"budget_s": spec.point_budget_s, "cap_s": spec.point_cap_s, "progress": progress, "weight": w["cpu"]}
     gpu_args = {"budget_s": spec.gpu_point_budget_s, "cap_s": spec.point_cap_s, "progress": progress, "weight": w["gpu"]}
 
@@ -112,6 +114,12 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
                 if spec.split_ffn:
                     split_part[dtype] = measure_split_part(dtype, *spec.split_ffn, budget_s=4 * spec.point_budget_s,
                                                            progress=progress, weight=w["split"])
+                    if spec.packed_rows:
+                        factors = measure_packed_ffn(dtype, *spec.split_ffn, spec.packed_rows,
+                                                     budget_s=4 * spec.point_budget_s, progress=progress,
+                                                     weight=w["split"])
+                        if factors is not None:  # (None: oneDNN cannot pack this dtype here)
+                            packed_ffn[dtype] = factors
             if use_gpu:
                 _measure_gpu(spec, top, w, cpu_args, gpu_args, progress, matmul, attention, transfer, dispatch)
             for round_ in range(2, spec.cpu_rounds + 1):
@@ -129,6 +137,8 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
     }
     if split_part:
         data["split_part"] = split_part
+    if packed_ffn:
+        data["packed_ffn"] = packed_ffn
     estimated = sum(t.get("estimated", 0) for t in matmul + attention)
     log.info("profile measured in %.1f s (%d points extrapolated beyond the time cap)", elapsed, estimated)
     return Profile(data)

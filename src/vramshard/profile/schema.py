@@ -12,7 +12,9 @@ the tables:
   context: [...], seconds: [[per context] per n_new], estimated}``;
 - ``dispatch``: ``{"cpu": seconds, "cuda": seconds}``;
 - ``split_part`` (optional): ``{dtype: factor}``, a split dense FFN's CPU part's time per byte
-  over the whole FFN's (absent: 1).
+  over the whole FFN's (absent: 1);
+- ``packed_ffn`` (optional): ``{dtype: {rows: factor}}``, a dense FFN's CPU time from
+  oneDNN-prepacked weights over plain ones (absent: 1; a dtype oneDNN cannot pack is absent).
 
 GPU tables are absent when the machine has no CUDA device.
 """
@@ -87,3 +89,11 @@ def validate(data) -> None:
         raise ProfileError("profile 'split_part' section must map dtypes to factors")
     for dtype, value in split_part.items():
         _positive(value, f"split FFN part factor for {dtype}")
+    packed_ffn = data.get("packed_ffn", {})
+    if not isinstance(packed_ffn, dict) or not all(isinstance(v, dict) and v for v in packed_ffn.values()):
+        raise ProfileError("profile 'packed_ffn' section must map dtypes to {rows: factor}")
+    for dtype, by_rows in packed_ffn.items():
+        for rows, value in by_rows.items():
+            if not str(rows).isdigit() or int(rows) < 1:
+                raise ProfileError(f"profile 'packed_ffn' rows for {dtype} must be positive integers, got {rows!r}")
+            _positive(value, f"packed FFN factor for {dtype} at {rows} rows")

@@ -106,6 +106,9 @@ class BenchmarkSpec:
     # (hidden, intermediate) of the dense FFN whose split CPU part is timed against the whole
     # (see bench_split.py); None: not measured (the estimator then assumes no penalty).
     split_ffn: tuple[int, int] | None = (4096, 14336)
+    # Rows at which that FFN is timed from oneDNN-prepacked weights against plain ones (see
+    # bench_packed.py; the estimator's factor where VRAMSHARD_CPU_PACKED is on); empty: not measured.
+    packed_rows: list[int] = field(default_factory=lambda: [1, 16, 64, 256])
     gpu: bool | None = None  # None: measure the GPU when CUDA is available
     # Rounds of the all-cores CPU tables (matmul, attention), minutes apart: each point keeps its
     # fastest round. A shared host's CPU drifts over minutes (the H200 machine's moved 6-31% between
@@ -134,6 +137,7 @@ class BenchmarkSpec:
             point_cap_s=0.3,
             gpu_point_budget_s=0.01,
             split_ffn=(1024, 4096),
+            packed_rows=[1, 64],
             cpu_rounds=1,
             quick=True,
         )
