@@ -60,3 +60,24 @@ def test_packing_is_off_unless_asked_for_and_a_cpu_that_cannot_pack_runs_plain(m
         assert parts.get("ffn[0]", 4, part, 8) is None
     assert not parts.enabled and "oneDNN cannot pack them here" in caplog.text
     assert parts.get("ffn[1]", 4, part, 8) is None  # tried once
+
+
+@needs_mkldnn
+def test_a_new_plan_drops_the_packed_parts_it_no_longer_computes(tiny_model_dir, monkeypatch):
+    """Each plan splits FFNs anew: the parts of the plan before are dropped when the executor
+    switches (their memory with them), and the time spent packing is counted once, apart."""
+    path = tiny_model_dir("llama")
+    monkeypatch.setattr(cpu_packed, "ENABLED", True)
+    reference = Engine.load(path, device="cpu")
+    split = Engine.load(path, placement=_split_placement(reference.model, [3, 15]), simulate_gpu=True, max_context=64)
+    trace_logits(split)
+    packed = split.executor._packed
+    assert set(packed._parts) == {("ffn[0]", 3), ("ffn[1]", 15)} and packed.nbytes > 0 and packed.packing_s > 0
+    spent = packed.packing_s
+    trace_logits(split)
+    assert packed.packing_s == spent  # nothing packed again
+    split.executor.reconfigure(_split_placement(reference.model, [5, 15]), None)
+    assert set(packed._parts) == {("ffn[1]", 15)}
+    assert packed.nbytes == sum(p.nbytes for p in packed._parts.values())
+    torch.testing.assert_close(trace_logits(split), trace_logits(reference), rtol=1e-5, atol=1e-5)
+    assert set(packed._parts) == {("ffn[0]", 5), ("ffn[1]", 15)}

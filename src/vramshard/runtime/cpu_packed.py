@@ -17,6 +17,7 @@ AVX-512 FP16, say), the first part says so in the log and every part runs plain.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Mapping
 
 import torch
@@ -57,17 +58,29 @@ class PackedParts:
         self._parts: dict[tuple[str, int], PackedPart] = {}
         self._failed: str | None = None if ENABLED and torch.backends.mkldnn.is_available() else "off"
         self.nbytes = 0
+        # Seconds spent packing so far: one-time work, not a step's CPU work (the engine fits its
+        # profile to the latter; a 1024-row chunk that packed 7 GiB once read as 5.9x its prediction).
+        self.packing_s = 0.0
 
     @property
     def enabled(self) -> bool:
         """Whether parts are (still) packed: asked for, and oneDNN has not failed at it here."""
         return self._failed is None
 
+    def keep(self, wanted: set[tuple[str, int]]) -> None:
+        """Drop the packed parts not in ``wanted`` ((FFN name, pieces on the CPU) of the plans in
+        force): each plan of another budget or calibration splits FFNs anew, and a packed copy of
+        every split ever used would grow past the plain weights (the thirteenth GPU session: 144
+        parts, 11.8 GiB beside a 16 GB model)."""
+        for key in [k for k in self._parts if k not in wanted]:
+            self.nbytes -= self._parts.pop(key).nbytes
+
     def get(self, name: str, cpu_pieces: int, part: Mapping[str, torch.Tensor], rows: int) -> PackedPart | None:
         if self._failed is not None:
             return None
         packed = self._parts.get((name, cpu_pieces))
         if packed is None:
+            began = time.perf_counter()
             try:
                 packed = PackedPart(part, rows)
                 weight = part["gate_up_proj"] if "gate_up_proj" in part else part["gate_proj"]  # [r, D]
@@ -79,6 +92,7 @@ class PackedParts:
                 return None
             self._parts[name, cpu_pieces] = packed
             self.nbytes += packed.nbytes
+            self.packing_s += time.perf_counter() - began
             if len(self._parts) == 1 or len(self._parts) % 16 == 0:
                 log.info("packed %d split FFN CPU part(s) for oneDNN (%.2f GiB beside the plain weights)",
                          len(self._parts), self.nbytes / 2**30)

@@ -243,6 +243,22 @@ class Executor:
         self.expert_cache_bytes = config.expert_cache_bytes
         self.uses_gpu = config.plans.uses_gpu
         self.need: VramNeed = config.need
+        self._packed.keep(self._cpu_ffn_parts(config.plans))
+
+    def _cpu_ffn_parts(self, plans: TieredPlacement) -> set[tuple[str, int]]:
+        """(dense FFN, pieces on the CPU) of every CPU part the plans compute: split FFNs' first
+        pieces, and FFNs on the CPU whole."""
+        parts = set()
+        for placement in plans.placements:
+            for name, where in placement.as_dict().items():
+                sublayer = self.model[name]
+                if not isinstance(sublayer, DenseFFN):
+                    continue
+                if where.cpu_pieces:
+                    parts.add((name, where.cpu_pieces))
+                elif where.compute == "cpu":
+                    parts.add((name, sublayer.num_pieces))
+        return parts
 
     def _start_gpu(self) -> None:
         """Once, when the GPU is first used: streams, peak statistics (a simulated GPU is the CPU)."""
@@ -653,6 +669,7 @@ class Executor:
             self.report = StepReport(time.perf_counter() - start)
             return x
         self._host_compute_s = self._host_wait_s = 0.0
+        packing_before = self._packed.packing_s
         copied_before = self.ring.bytes_copied if self.ring else 0
         if self.staging is not None:
             self.staging.reset_counters()
@@ -714,9 +731,12 @@ class Executor:
         extra = {"placement": placement.name}
         if self.staging is not None and (self.staging.bytes_in or self.staging.bytes_out):
             extra.update(kv_staged_in=self.staging.bytes_in, kv_written_back=self.staging.bytes_out)
+        packing = self._packed.packing_s - packing_before  # one-time preparation, not the step's CPU work
+        if packing:
+            extra["packing_s"] = packing
         self.report = StepReport(time.perf_counter() - start, copied + cache.bytes_copied, crossings,
-                                 extra, cache.hits, cache.misses, cache.evictions, self._host_compute_s,
-                                 self._host_wait_s)
+                                 extra, cache.hits, cache.misses, cache.evictions,
+                                 max(0.0, self._host_compute_s - packing), self._host_wait_s)
         return out
 
     @contextmanager
