@@ -121,6 +121,11 @@ def cpu_projection_arguments(parser, rows: str) -> None:
     parser.add_argument("--json", default=None)
 
 
+def rounded(cell: dict, digits: int = 3) -> dict:
+    """``cell`` with its floats rounded, for a log line."""
+    return {k: round(v, digits) if isinstance(v, float) else v for k, v in cell.items()}
+
+
 def write_json(path: str | Path, data) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,7 @@ from vramshard.runtime.ffn_buffers import FFNBuffers
 from vramshard.runtime.host_weights import pack_sublayer
 from vramshard.shapes import shape_config
 
-from .common import cpu_projection_arguments, cpu_read_bandwidth, hardware, now, timed, write_json
+from .common import cpu_projection_arguments, cpu_read_bandwidth, hardware, now, rounded, timed, write_json
 
 log = logging.getLogger("ffn_buffers")
 MAX_LAYERS = 8
@@ -77,7 +77,7 @@ def main() -> None:
                         "buffers_ms": timed(reused, repeat=args.repeats) * 1e3,
                         "read_bound_ms": part_bytes / (read_gb_s * 1e9) * 1e3}
                 cell["speedup"] = cell["fresh_ms"] / cell["buffers_ms"]
-                log.info("%s", {k: round(v, 3) if isinstance(v, float) else v for k, v in cell.items()})
+                log.info("%s", rounded(cell))
                 result["cells"].append(cell)
     if args.json:
         write_json(args.json, result)

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from vramshard.profile.bench_matmul import cold_bytes
 from vramshard.shapes import shape_config
 
-from .common import cpu_read_bandwidth, hardware, now, write_json
+from .common import cpu_read_bandwidth, hardware, now, rounded, write_json
 
 log = logging.getLogger("gil_handoff")
 
@@ -112,7 +112,7 @@ def main() -> None:
                     "alone_ms": median_part_s(h, sets, args.repeats) * 1e3}
             for interval in INTERVALS_S:
                 cell[f"beside_python_{interval * 1e6:.0f}us_ms"] = beside_busy_python(h, sets, args.repeats, interval) * 1e3
-            log.info("%s", {k: round(v, 3) if isinstance(v, float) else v for k, v in cell.items()})
+            log.info("%s", rounded(cell))
             result["cells"].append(cell)
     if args.json:
         write_json(args.json, result)

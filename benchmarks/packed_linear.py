@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from vramshard.profile.bench_matmul import cold_bytes
 from vramshard.shapes import shape_config
 
-from .common import cpu_projection_arguments, cpu_read_bandwidth, hardware, now, timed, write_json
+from .common import cpu_projection_arguments, cpu_read_bandwidth, hardware, now, rounded, timed, write_json
 
 log = logging.getLogger("packed_linear")
 
@@ -73,7 +73,7 @@ def main() -> None:
                         "read_bound_ms": weight_bytes / (read_gb_s * 1e9) * 1e3,
                         "max_abs_difference": (expected - got).abs().max().item()}
                 cell["speedup"] = cell["plain_ms"] / cell["packed_ms"]
-                log.info("%s", {k: round(v, 3) if isinstance(v, float) else v for k, v in cell.items()})
+                log.info("%s", rounded(cell))
                 result["cells"].append(cell)
                 del packed
     if args.json:

@@ -448,6 +448,28 @@ def test_gpu_moe_placements_match_cpu(arch, spec, tiny_model_dir):
     assert engine.executor.peak_vram() > 0
 
 
+def host_expert_engine(tiny_model_dir, arch: str, spec: str):
+    """(engine, CPU float32 reference, MoE layers) of a tiny model whose experts are in host
+    memory: every MoE layer's (``experts-cpu``), or layer 0's beside layer 1's cached (``mixed``)."""
+    path = tiny_model_dir(arch)
+    reference = Engine.load(path, device="cpu", dtype="float32")
+    model = build_model(open_checkpoint(path).config)
+    host = pack_model(list(model), load_weights(model, open_checkpoint(path)), pin=True)
+    moe = moe_layers(model)
+    if spec == "mixed":  # layer 0's experts on the CPU, layer 1's cached (where it is MoE)
+        placement = Placement("mixed", tuple(
+            (s.name, EXPERTS_CPU if s.name == "ffn[0]" else EXPERTS_CACHED if s.name == "ffn[1]" and 1 in moe
+             else Where("gpu", "stream") if s.kind == "attn" else Where("gpu", "vram")) for s in model))
+    else:
+        placement = named_placement(spec, sublayer_triples(model), model.args.num_hidden_layers, moe_layers=moe)
+    return executor_engine(path, model, host, placement), reference, moe
+
+
+def assert_same_as_reference(engine, reference) -> None:
+    torch.testing.assert_close(trace_logits(engine), trace_logits(reference), rtol=1e-3, atol=1e-3)
+    assert engine.generate([PROMPT], 8) == reference.generate([PROMPT], 8)
+
+
 @pytest.mark.parametrize("spec", ["experts-cpu", "mixed"])
 @pytest.mark.parametrize("arch", MOE_ARCHS)
 @pytest.mark.gpu
@@ -459,21 +481,8 @@ def test_gpu_moe_experts_on_the_run_ahead_worker_match_cpu(arch, spec, tiny_mode
     from vramshard.runtime import run_ahead
 
     monkeypatch.setattr(run_ahead, "ENABLED", True)
-    path = tiny_model_dir(arch)
-    reference = Engine.load(path, device="cpu", dtype="float32")
-    expected = trace_logits(reference)
-    model = build_model(open_checkpoint(path).config)
-    host = pack_model(list(model), load_weights(model, open_checkpoint(path)), pin=True)
-    moe = moe_layers(model)
-    if spec == "mixed":  # layer 0's experts on the CPU, layer 1's cached (where it is MoE)
-        placement = Placement("mixed", tuple(
-            (s.name, EXPERTS_CPU if s.name == "ffn[0]" else EXPERTS_CACHED if s.name == "ffn[1]" and 1 in moe
-             else Where("gpu", "stream") if s.kind == "attn" else Where("gpu", "vram")) for s in model))
-    else:
-        placement = named_placement(spec, sublayer_triples(model), model.args.num_hidden_layers, moe_layers=moe)
-    engine = executor_engine(path, model, host, placement)
-    torch.testing.assert_close(trace_logits(engine), expected, rtol=1e-3, atol=1e-3)
-    assert engine.generate([PROMPT], 8) == reference.generate([PROMPT], 8)
+    engine, reference, moe = host_expert_engine(tiny_model_dir, arch, spec)
+    assert_same_as_reference(engine, reference)
     ahead = engine.executor._run_ahead
     on_cpu = len(moe) if spec == "experts-cpu" else 1
     assert ahead is not None and ahead._submitted >= on_cpu  # every host-expert layer went to the worker
@@ -493,21 +502,8 @@ def test_gpu_moe_host_experts_read_by_the_gpu_from_pinned_memory_match_cpu(arch,
     calls = []
     real = zero_copy_experts.routed_experts
     monkeypatch.setattr(zero_copy_experts, "routed_experts", lambda *a: calls.append(a[1].shape[0]) or real(*a))
-    path = tiny_model_dir(arch)
-    reference = Engine.load(path, device="cpu", dtype="float32")
-    expected = trace_logits(reference)
-    model = build_model(open_checkpoint(path).config)
-    host = pack_model(list(model), load_weights(model, open_checkpoint(path)), pin=True)
-    moe = moe_layers(model)
-    if spec == "mixed":  # layer 0's experts on the CPU, layer 1's cached (where it is MoE)
-        placement = Placement("mixed", tuple(
-            (s.name, EXPERTS_CPU if s.name == "ffn[0]" else EXPERTS_CACHED if s.name == "ffn[1]" and 1 in moe
-             else Where("gpu", "stream") if s.kind == "attn" else Where("gpu", "vram")) for s in model))
-    else:
-        placement = named_placement(spec, sublayer_triples(model), model.args.num_hidden_layers, moe_layers=moe)
-    engine = executor_engine(path, model, host, placement)
-    torch.testing.assert_close(trace_logits(engine), expected, rtol=1e-3, atol=1e-3)
-    assert engine.generate([PROMPT], 8) == reference.generate([PROMPT], 8)
+    engine, reference, moe = host_expert_engine(tiny_model_dir, arch, spec)
+    assert_same_as_reference(engine, reference)
     on_cpu = len(moe) if spec == "experts-cpu" else 1
     assert len(engine.executor._host_stacked) == on_cpu
     assert calls and max(calls) <= zero_copy_experts.ROWS  # decode steps went through the kernels

@@ -13,6 +13,8 @@ import torch
 
 from vramshard.runtime import run_ahead
 
+from switch_helpers import assert_opt_in
+
 needs_triton = pytest.mark.skipif(run_ahead.triton is None, reason="needs Triton")
 
 
@@ -116,16 +118,7 @@ def test_the_worker_runs_each_part_after_its_input_landed_and_the_host_thread_fr
 
 def test_run_ahead_is_opt_in(monkeypatch):
     """Off unless VRAMSHARD_RUN_AHEAD asks for it (read when the module is imported)."""
-    import importlib
-
-    monkeypatch.delenv("VRAMSHARD_RUN_AHEAD", raising=False)
-    try:
-        assert not importlib.reload(run_ahead).ENABLED and not run_ahead.available()
-        monkeypatch.setenv("VRAMSHARD_RUN_AHEAD", "on")
-        assert importlib.reload(run_ahead).ENABLED
-    finally:
-        monkeypatch.undo()
-        importlib.reload(run_ahead)
+    assert_opt_in(monkeypatch, run_ahead, "VRAMSHARD_RUN_AHEAD")
 
 
 def test_a_worker_has_the_gil_handed_over_within_its_switch_interval():

@@ -17,6 +17,8 @@ from vramshard.runtime import zero_copy_experts
 from vramshard.runtime.host_weights import pack_model
 from vramshard.runtime.weights import load_weights
 
+from switch_helpers import assert_opt_in
+
 needs_triton = pytest.mark.skipif(zero_copy_experts.triton is None, reason="needs Triton")
 
 
@@ -92,13 +94,4 @@ def test_the_kernels_read_a_models_host_layout_as_its_expert_paths_do(arch, tiny
 
 def test_zero_copy_experts_are_opt_in(monkeypatch):
     """Off unless VRAMSHARD_EXPERTS_ZERO_COPY asks for it (read when the module is imported)."""
-    import importlib
-
-    monkeypatch.delenv("VRAMSHARD_EXPERTS_ZERO_COPY", raising=False)
-    try:
-        assert not importlib.reload(zero_copy_experts).ENABLED and not zero_copy_experts.available()
-        monkeypatch.setenv("VRAMSHARD_EXPERTS_ZERO_COPY", "on")
-        assert importlib.reload(zero_copy_experts).ENABLED
-    finally:
-        monkeypatch.undo()
-        importlib.reload(zero_copy_experts)
+    assert_opt_in(monkeypatch, zero_copy_experts, "VRAMSHARD_EXPERTS_ZERO_COPY")

@@ -1,0 +1,16 @@
+"""Checks shared by the tests of opt-in mechanisms switched by an environment variable."""
+
+import importlib
+
+
+def assert_opt_in(monkeypatch, module, variable: str) -> None:
+    """``module.ENABLED``, read from ``variable`` when the module is imported, is off (and so is
+    ``module.available()``) unless the variable asks for it; the module is reloaded as it was after."""
+    monkeypatch.delenv(variable, raising=False)
+    try:
+        assert not importlib.reload(module).ENABLED and not module.available()
+        monkeypatch.setenv(variable, "on")
+        assert importlib.reload(module).ENABLED
+    finally:
+        monkeypatch.undo()
+        importlib.reload(module)
