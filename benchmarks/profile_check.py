@@ -186,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     first = run_profile(make())
     elapsed_1 = time.perf_counter() - t0
     print(f"run 1: {elapsed_1:.1f} s", flush=True)
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    profile_file = save(first, out_path.with_name("profile_run1.json"))  # now: it outlives a check cut short
     probes.append(cpu_probe("after run 1"))
     second_quick = args.quick or args.second_quick or elapsed_1 > args.budget_s / 2 - 30
     if second_quick and not args.quick:
@@ -208,9 +211,6 @@ def main(argv: list[str] | None = None) -> int:
     rows = held_out(latest)
     probes.append(cpu_probe("after the held-out shapes"))
 
-    out_path = Path(args.out)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    profile_file = save(first, out_path.with_name("profile_run1.json"))
     if not second_quick:
         save(second, out_path.with_name("profile_run2.json"))
     report = {
