@@ -252,6 +252,8 @@ class Estimator:
                           sublayer.part_matmuls(n_tokens, first, last))
             if device == "cpu" and self.cpu_packed:
                 kernels *= self.profile.packed_ffn_factor(self.dtype, n_tokens)  # packed once: no slices
+                if last - first < sublayer.num_pieces:
+                    kernels *= self.profile.split_part_scale  # as the engine fitted split parts in situ
             elif device == "cpu" and last - first < sublayer.num_pieces:
                 kernels *= self.profile.split_part_factor(self.dtype)  # sliced weights read slower
             launches = PART_LAUNCHES + (3 if device == "cpu" else 0)
