@@ -466,6 +466,7 @@ class Executor:
         if not self.split:
             return
         cached = {n for p in self.plans.placements for n in p.expert_names("cache")}
+        on_host = {n for p in self.plans.placements for n in p.expert_names("host")}  # experts computed from host memory
         if cached:
             slot = expert_slot_bytes(self.model)
             copier = ExpertSlots(self.expert_cache_bytes // slot, slot, self.host, self.gpu, self.copy_stream)
@@ -486,8 +487,8 @@ class Executor:
             main = packed.layout.views(block, piece="main")
             self.split_weights[name] = CachedExperts(main, name, self.expert_cache) if name in cached else main
             self.host_experts[name] = DictExperts(packed.views, self.model[name].num_experts)
-            if self.experts_zero_copy and zero_copy_experts.supported() and not self.simulated \
-                    and packed.buffer.is_pinned():
+            if name in on_host and self.experts_zero_copy and zero_copy_experts.supported() \
+                    and not self.simulated and packed.buffer.is_pinned():
                 stacked = stack_experts(packed.views, self.model[name].num_experts)
                 if stacked is not None:
                     self._host_stacked[name] = stacked
