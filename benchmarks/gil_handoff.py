@@ -12,7 +12,9 @@ machine (thirteenth session) run-ahead steps were slower than plain ones (llama3
 For one split part of the shape (a quarter of the FFN's width: gate+up, SiLU·up, down), at each row
 count: the part alone on this thread (the baseline), the part on a worker beside a thread that runs
 Python all the time, at several switch intervals, and the part's weight bytes at the CPU read
-bandwidth measured in the same run (the bound). Weights are cycled over copies that exceed the
+bandwidth measured in the same run (the bound). Then, at 0.1 ms, beside a host thread that also
+wakes its own OpenMP team every 0.5 ms (a small torch op), with the worker on all threads and on
+one fewer. Run it with ``OMP_WAIT_POLICY=PASSIVE`` too: the result says which policy it ran under. Weights are cycled over copies that exceed the
 last-level cache, as the executor reads them.
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import statistics
 import sys
 import threading
@@ -62,12 +65,16 @@ def median_part_s(h: torch.Tensor, sets: list[dict[str, torch.Tensor]], repeats:
     return statistics.median(times)
 
 
-def beside_busy_python(h: torch.Tensor, sets: list[dict[str, torch.Tensor]], repeats: int, interval_s: float) -> float:
-    """Median seconds of one part on a worker thread while this thread runs Python throughout."""
+def beside_host(h: torch.Tensor, sets: list[dict[str, torch.Tensor]], repeats: int, interval_s: float,
+                worker_threads: int | None = None, host_op_every_s: float | None = None) -> float:
+    """Median seconds of one part on a worker thread (``worker_threads``, default this thread's
+    count) while this thread runs Python throughout and, every ``host_op_every_s``, a small torch
+    op on its own OpenMP team (as the host thread's CPU work between launches wakes that team)."""
     before = sys.getswitchinterval()
     sys.setswitchinterval(interval_s)
     result: list[float] = []
-    threads = torch.get_num_threads()
+    threads = worker_threads or torch.get_num_threads()
+    a, b = torch.ones(1 << 22), torch.empty(1 << 22)  # 16 MiB: split over the host thread's team
 
     def work():
         torch.set_num_threads(threads)  # (OpenMP's thread count is per thread)
@@ -77,8 +84,12 @@ def beside_busy_python(h: torch.Tensor, sets: list[dict[str, torch.Tensor]], rep
     worker = threading.Thread(target=work)
     try:
         worker.start()
+        last = time.perf_counter()
         while worker.is_alive():
-            sum(range(200))  # the host thread's Python: never blocking, never in a torch call
+            sum(range(200))  # the host thread's Python
+            if host_op_every_s is not None and time.perf_counter() - last > host_op_every_s:
+                torch.add(a, 1, out=b)
+                last = time.perf_counter()
     finally:
         worker.join()
         sys.setswitchinterval(before)
@@ -103,7 +114,8 @@ def main() -> None:
     copies = max(2, min(8, math.ceil(cold_bytes("cpu") / weight_bytes)))
     read_gb_s = cpu_read_bandwidth() / 1e9
     result = {"date": now(), "hardware": hardware(), "shape": args.shape, "dtype": args.dtype, "width": width,
-              "threads": torch.get_num_threads(), "cpu_read_gb_s": read_gb_s, "cells": []}
+              "threads": torch.get_num_threads(), "cpu_read_gb_s": read_gb_s,
+              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "cells": []}
     sets = part_weights(hidden, width, dtype, copies)
     with torch.inference_mode():
         for rows in (int(r) for r in args.rows.split(",")):
@@ -111,7 +123,13 @@ def main() -> None:
             cell = {"rows": rows, "read_bound_ms": weight_bytes / (read_gb_s * 1e9) * 1e3,
                     "alone_ms": median_part_s(h, sets, args.repeats) * 1e3}
             for interval in INTERVALS_S:
-                cell[f"beside_python_{interval * 1e6:.0f}us_ms"] = beside_busy_python(h, sets, args.repeats, interval) * 1e3
+                cell[f"beside_python_{interval * 1e6:.0f}us_ms"] = beside_host(h, sets, args.repeats, interval) * 1e3
+            # At the run-ahead worker's interval: the host thread's own OpenMP team woken every
+            # 0.5 ms, with the worker on all threads and on one fewer (runtime/run_ahead.worker_threads).
+            every = 5e-4
+            cell["beside_python_and_host_ops_ms"] = beside_host(h, sets, args.repeats, 1e-4, None, every) * 1e3
+            cell["beside_python_and_host_ops_one_fewer_ms"] = beside_host(
+                h, sets, args.repeats, 1e-4, max(1, torch.get_num_threads() - 1), every) * 1e3
             log.info("%s", rounded(cell))
             result["cells"].append(cell)
     if args.json:
