@@ -141,7 +141,8 @@ def placements_for(model, budget, args, profile):
     ``experts-prefetch`` is ``experts-stream`` whose decode steps guess the next layer's experts and
     start copying them early (``Executor(expert_prefetch=True)``); ``experts-zero-copy`` is
     ``experts-cpu`` whose decode steps have the GPU read the experts from pinned host memory
-    (``Executor(experts_zero_copy=True)``), where Triton and a GPU are there."""
+    (``Executor(experts_zero_copy=True)``), and ``experts-stream-zero-copy`` the same for
+    ``experts-stream``'s misses (its hits from their cache slots), where Triton and a GPU are there."""
     triples, layers, moe = sublayer_triples(model), model.args.num_hidden_layers, moe_layers(model)
     kv_tokens = args.ctx + args.prompt + 16
     out = []
@@ -157,7 +158,9 @@ def placements_for(model, budget, args, profile):
     cache = (budget - rest) // slot * slot
     stream_or_error = stream if cache >= 2 * slot else BudgetError(
         f"experts-stream needs {rest / GiB:.2f} GiB before its cache")
-    out.append(("experts-stream", stream_or_error, cache, {}))
+    out.append(("experts-stream", stream_or_error, cache, {"experts_zero_copy": False}))  # misses copied in
+    if zero_copy_experts.supported():  # hits from their slots, misses read from pinned host memory
+        out.append(("experts-stream-zero-copy", stream_or_error, cache, {"experts_zero_copy": True}))
     out.append(("experts-hybrid", stream_or_error, cache, {"expert_cpu_share": expert_cpu_share(model, profile)}))
     out.append(("experts-prefetch", stream_or_error, cache, {"expert_prefetch": True}))
     most = max_resident_layers(model, budget, 1, kv_tokens, args.prompt)
@@ -264,8 +267,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--time-limit", type=float, default=480.0, help="seconds; later cells are skipped")
     parser.add_argument("--placements", default=None,
-                        help="comma-separated labels to run (planned, experts-stream, experts-hybrid, experts-prefetch, "
-                             "layers:max, experts-cpu, experts-zero-copy); default all")
+                        help="comma-separated labels to run (planned, experts-stream, experts-stream-zero-copy, "
+                             "experts-hybrid, experts-prefetch, layers:max, experts-cpu, experts-zero-copy); default all")
     parser.add_argument("--out", default=None)
     parser.add_argument("--profile", default=None,
                         help="profile JSON of this machine (`vramshard profile`); default: the stored one. The "
@@ -302,10 +305,10 @@ def main() -> None:
     # Skewed routing: the cache's hit rate and decode speed at the largest budget.
     skew_routing(model, host)
     budget = budgets[-1]
-    for label, placement, cache, _ in placements_for(model, budget, args, profile)[1:2]:  # experts-stream
+    for label, placement, cache, options in placements_for(model, budget, args, profile)[1:2]:  # experts-stream
         args_skew = argparse.Namespace(**{**vars(args), "batches": "", "decode_steps": 3 * args.decode_steps})
         cell = run_cell(model, host, label + " (skewed routing)", placement, cache, budget, args_skew, bw,
-                        deadline + 60)
+                        deadline + 60, options)
         results["skewed"] = cell
         log.info("skewed: %s", cell)
     results["total_s"] = time.perf_counter() - t_start

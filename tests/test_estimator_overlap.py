@@ -202,3 +202,28 @@ def test_prepacked_cpu_ffns_take_the_profiles_packed_factor_not_the_split_slices
         part_plain = plain.part_s(ffn, "cpu", rows, 0, half) - launches
         assert part_packed == pytest.approx(part_plain / 1.5 * factor, rel=0.02)
     assert Estimator(model, profile).cpu_packed is False  # as the executor runs by default (off)
+
+
+def test_zero_copy_reads_a_cached_layers_misses_over_the_link_and_its_hits_from_vram():
+    """``experts-stream`` with zero-copy kernels at decode: the link carries only the misses (the
+    hit rate's complement of the routed bytes), no expert runs on the CPU, and a cache that holds
+    every routed expert leaves the link idle."""
+    from vramshard.plan.estimator import ZERO_COPY_EFFICIENCY
+    from vramshard.plan.memory import moe_layers, sublayer_triples
+    from vramshard.plan.placement import named_placement
+
+    model = shape_model("qwen3-30b-a3b")
+    moe = [s for s in model if s.name.startswith("ffn")]
+    placement = named_placement("experts-stream", sublayer_triples(model), model.args.num_hidden_layers,
+                                moe_layers=moe_layers(model))
+    profile = synthetic(**CLIENT)
+    routed = sum(s.top_k * s.expert_bytes for s in moe)
+    link = {}
+    for hit_rate in (0.0, 0.5, 1.0):
+        step = Estimator(model, profile, expert_hit_rate=hit_rate, zero_copy=True).simulate(placement, 1, 1024)
+        assert step.cpu_busy < 1e-4  # (the embedding's row lookup on the CPU)
+        link[hit_rate] = step.copy_busy
+    assert link[0.0] >= routed / (CLIENT["h2d_gbps"] * 1e9) / ZERO_COPY_EFFICIENCY * 0.99
+    assert link[0.5] == pytest.approx(link[0.0] / 2, rel=0.05) and link[1.0] < 1e-3
+    copied = Estimator(model, profile, expert_hit_rate=0.5, zero_copy=False).simulate(placement, 1, 1024)
+    assert link[0.5] == pytest.approx(copied.copy_busy / ZERO_COPY_EFFICIENCY, rel=0.02)  # the same bytes, read

@@ -488,14 +488,15 @@ def test_gpu_moe_experts_on_the_run_ahead_worker_match_cpu(arch, spec, tiny_mode
     assert ahead is not None and ahead._submitted >= on_cpu  # every host-expert layer went to the worker
 
 
-@pytest.mark.parametrize("spec", ["experts-cpu", "mixed"])
+@pytest.mark.parametrize("spec", ["experts-cpu", "mixed", "experts-stream"])
 @pytest.mark.parametrize("arch", MOE_ARCHS)
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_moe_host_experts_read_by_the_gpu_from_pinned_memory_match_cpu(arch, spec, tiny_model_dir, monkeypatch):
-    """VRAMSHARD_EXPERTS_ZERO_COPY: at decode sizes a MoE layer's experts in host memory are read by
-    the GPU's kernels from pinned memory (no host round trip), alone and beside cached experts; the
-    logits and greedy tokens are the CPU reference's."""
+    """VRAMSHARD_EXPERTS_ZERO_COPY: at decode sizes a MoE layer's experts are read by the GPU's
+    kernels, from pinned host memory or, where cached, from their VRAM cache slot (no host round
+    trip): experts on the CPU, beside cached ones, and all cached (a cache of two steps' experts,
+    filled by the prompt); the logits and greedy tokens are the CPU reference's."""
     from vramshard.runtime import zero_copy_experts
 
     monkeypatch.setattr(zero_copy_experts, "ENABLED", True)
@@ -504,6 +505,8 @@ def test_gpu_moe_host_experts_read_by_the_gpu_from_pinned_memory_match_cpu(arch,
     monkeypatch.setattr(zero_copy_experts, "routed_experts", lambda *a: calls.append(a[1].shape[0]) or real(*a))
     engine, reference, moe = host_expert_engine(tiny_model_dir, arch, spec)
     assert_same_as_reference(engine, reference)
-    on_cpu = len(moe) if spec == "experts-cpu" else 1
-    assert len(engine.executor._host_stacked) == on_cpu
+    read_by_kernels = 1 + (1 in moe) if spec == "mixed" else len(moe)  # host-expert and cached layers
+    assert len(engine.executor._host_stacked) == read_by_kernels
     assert calls and max(calls) <= zero_copy_experts.ROWS  # decode steps went through the kernels
+    if spec != "experts-cpu":
+        assert engine.executor._slot_tables  # cached layers read by slot table

@@ -67,6 +67,29 @@ def test_the_kernels_compute_each_tokens_routed_experts(dtype, request):
 
 
 @needs_triton
+def test_with_a_cache_the_kernels_read_cached_experts_from_their_slots_and_the_rest_from_host(request):
+    """A slot table sends each cached expert to its slot, the others to host memory. The slots here
+    hold *other* weights than host memory for the same experts, so reading the wrong side shows."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        _in_interpreter(request.node.name)
+        return
+    torch.manual_seed(2)
+    E, D, Fw, slots = 6, 40, 24, 3
+    host = StackedExperts(torch.randn(E, 2 * Fw, D) * 0.2, torch.randn(E, D, Fw) * 0.2)
+    cache = StackedExperts(torch.randn(slots, 2 * Fw, D) * 0.2, torch.randn(slots, D, Fw) * 0.2)
+    slot_of = torch.tensor([-1, 2, -1, 0, -1, -1], dtype=torch.int32)  # experts 1 and 3 cached
+    h = torch.randn(2, D)
+    routing = Routing(torch.tensor([[1, 0], [3, 5]]), torch.tensor([[0.6, 0.4], [0.5, 0.5]]))
+    seen_gate_up, seen_down = host.gate_up.clone(), host.down.clone()  # what each expert reads as
+    for e, slot in ((1, 2), (3, 0)):
+        seen_gate_up[e], seen_down[e] = cache.gate_up[slot], cache.down[slot]
+    got = zero_copy_experts.routed_experts(host, h, routing, zero_copy_experts.CachedSource(cache, slot_of))
+    torch.testing.assert_close(got, reference(seen_gate_up, seen_down, h, routing), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="slot table"):
+        zero_copy_experts.routed_experts(host, h, routing, zero_copy_experts.CachedSource(cache, slot_of[:4]))
+
+
+@needs_triton
 @pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
 def test_the_kernels_read_a_models_host_layout_as_its_expert_paths_do(arch, tiny_model_dir, request):
     """A tiny model's MoE layers packed for the host, stacked as the executor stacks them: the same
@@ -90,6 +113,51 @@ def test_the_kernels_read_a_models_host_layout_as_its_expert_paths_do(arch, tiny
             expected = sublayer.run_experts(DictExperts(views, sublayer.num_experts), h, routing)
             got = zero_copy_experts.routed_experts(stacked, h, routing)
             torch.testing.assert_close(got.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+@needs_triton
+def test_the_kernels_read_a_cache_laid_out_as_the_gpus_with_its_slot_table(tiny_model_dir, request):
+    """The cache's own slot layout (ExpertSlotBuffer, as ExpertSlots lays it out in VRAM) and slot
+    table (ExpertCache.slots_of, whose version moves with every fill and eviction): the kernels
+    give the layer's own output whichever experts are cached."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        _in_interpreter(request.node.name)
+        return
+    from vramshard.plan.memory import expert_slot_bytes
+    from vramshard.runtime.expert_cache import ExpertCache
+    from vramshard.runtime.streaming import ExpertSlotBuffer
+
+    class Slots(ExpertSlotBuffer):  # filled at once on the CPU
+        def fill(self, slot, name, expert):
+            target, source = self.target(slot, name, expert)
+            return target.copy_(source).numel()
+
+        def ready(self, slot):
+            pass
+
+        def done(self, slot):
+            pass
+
+    path = tiny_model_dir("qwen3_moe")
+    model = build_model(open_checkpoint(path).config)
+    host = pack_model(list(model), load_weights(model, open_checkpoint(path)), pin=False)
+    name = next(s.name for s in model if s.layer in moe_layers(model) and s.kind == "ffn")
+    sublayer, views = model[name], host[name].views
+    cache = ExpertCache(3, Slots(3, expert_slot_bytes(model), host, torch.device("cpu")))
+    torch.manual_seed(3)
+    x = torch.randn(2, sublayer.hidden).to(model.dtype)
+    h, routing = sublayer.prepare(views, x)
+    expected = sublayer.run_experts(DictExperts(views, sublayer.num_experts), h, routing)
+    versions = [cache.version]
+    for ids in ([0, 1, 2], [5], [3, 4]):  # fills, then evictions
+        cache.gather(name, ids)
+        versions.append(cache.version)
+        table = torch.tensor(cache.slots_of(name, sublayer.num_experts), dtype=torch.int32)
+        assert sorted(t for t in table.tolist() if t >= 0) == sorted(cache.slot_of[k] for k in cache.slot_of)
+        source = zero_copy_experts.CachedSource(cache.copier.stacked(name), table)
+        got = zero_copy_experts.routed_experts(stack_experts(views, sublayer.num_experts), h, routing, source)
+        torch.testing.assert_close(got.float(), expected.float(), rtol=2e-2, atol=2e-2)
+    assert versions == sorted(versions) and len(set(versions)) == len(versions)
 
 
 def test_zero_copy_experts_are_opt_in(monkeypatch):

@@ -3,7 +3,7 @@
 source benchmarks/gpu_session/setup.sh || exit 1
 export VRAMSHARD_EXPERTS_ZERO_COPY=on
 timeout 560 python3 -m benchmarks.moe_bench --budgets 8,16 --batches 1,64 --time-limit 400 \
-  --placements planned,experts-zero-copy,experts-cpu,layers:max,experts-stream \
+  --placements planned,experts-stream-zero-copy,experts-zero-copy,experts-cpu,layers:max,experts-stream \
   --profile docs/profiles/h200-queued.json --out $OUT/moe_bench.json > $OUT/moe_bench.log 2>&1; echo "rc $?"
 python3 - <<'PY'
 import json, os

@@ -443,10 +443,15 @@ class Estimator:
                     start = max(gpu_free, x_ready, py)
                     router_done = start + self.router_s(sublayer, n_tokens)
                     gpu_busy += router_done - start
-                    if w.experts == "host" and self.zero_copy and n_tokens <= self.zero_copy_rows:
-                        # Read by the GPU's kernels over the link, after the copies queued before.
+                    if self.zero_copy and n_tokens <= self.zero_copy_rows:
+                        # Read by the GPU's kernels, the misses over the link after the copies queued
+                        # before; cached hits from their VRAM slots (no copy, no host round trip).
                         read = n_tokens * sublayer.top_k * sublayer.expert_bytes
-                        start = max(router_done, copy_free)
+                        hits = 0.0
+                        if w.experts == "cache":
+                            read = self.expert_miss_bytes(sublayer, n_tokens)
+                            hits = self.experts_s(sublayer, "cuda", n_tokens, launches=False) * self.expert_hit_rate
+                        start = max(router_done + hits, copy_free)
                         copy_free = start + self.profile.transfer_s(read, "h2d", cpu_work) / ZERO_COPY_EFFICIENCY
                         copy_busy += copy_free - start
                         gpu_busy += copy_free - start

@@ -309,6 +309,7 @@ class Executor:
         self._next_cached: dict[str, str] = {}  # MoE sub-layer with cached experts -> the next one
         self.host_experts: dict[str, DictExperts] = {}  # split sub-layer -> its experts in host memory
         self._host_stacked: dict[str, StackedExperts] = {}  # the same, pinned and stacked: read by GPU kernels
+        self._slot_tables: dict[str, tuple[int, torch.Tensor]] = {}  # cached layer -> (cache version, slot table)
         self.graphs: DecodeGraphs | None = None  # captured over the resident weights: dropped with them
         self.staging: KVStaging | None = None  # GPU attention over host KV caches: one layer's KV in VRAM
         self._sim_slot: torch.Tensor | None = None  # a simulated GPU's slot for split FFNs' GPU parts
@@ -487,7 +488,7 @@ class Executor:
             main = packed.layout.views(block, piece="main")
             self.split_weights[name] = CachedExperts(main, name, self.expert_cache) if name in cached else main
             self.host_experts[name] = DictExperts(packed.views, self.model[name].num_experts)
-            if name in on_host and self.experts_zero_copy and zero_copy_experts.supported() \
+            if name in on_host | cached and self.experts_zero_copy and zero_copy_experts.supported() \
                     and not self.simulated and packed.buffer.is_pinned():
                 stacked = stack_experts(packed.views, self.model[name].num_experts)
                 if stacked is not None:
@@ -799,12 +800,37 @@ class Executor:
             y = sublayer.run_experts(self.host_experts[sublayer.name], h_host, routing_host)
             self._on_host(began, computing)
             return x + y.to(self.gpu, non_blocking=True), 2
+        stacked = self._host_stacked.get(sublayer.name)
+        if stacked is not None and h.shape[0] <= zero_copy_experts.ROWS and self.expert_cache is not None:
+            cache = self._cache_source(sublayer)  # hits from their slots, misses from host memory
+            if cache is not None:
+                y = zero_copy_experts.routed_experts(stacked, h, routing, cache)
+                self.expert_cache.copier.read_by_table()
+                return x + y, 0
         small = routing.experts.numel() * sublayer.expert_bytes <= GATHER_BYTES
         if self.expert_cpu_share and self.expert_cache is not None and small:
             return self._run_hybrid(sublayer, h, routing, x)
         if self.expert_prefetch and self.expert_cache is not None and small:
             return self._run_cached(sublayer, h, routing, x)
         return x + sublayer.run_experts(self.split_weights[sublayer.name], h, routing), 0
+
+    def _cache_source(self, sublayer: MoEFFN) -> zero_copy_experts.CachedSource | None:
+        """The expert cache as the zero-copy kernels read it for ``sublayer``: its slots and the
+        layer's slot table on the GPU, rebuilt when the cache has changed (steps too large for the
+        kernels fill it); None where the copier does not lay its slots out at one stride."""
+        cache = self.expert_cache
+        slots = cache.copier.stacked(sublayer.name)
+        if slots is None:
+            return None
+        version, table = self._slot_tables.get(sublayer.name, (-1, None))
+        if version != cache.version:
+            ids = cache.slots_of(sublayer.name, sublayer.num_experts)
+            table = torch.tensor(ids, dtype=torch.int32).to(self.gpu)  # (a few hundred bytes, now and then)
+            for slot in ids:
+                if slot >= 0:
+                    cache.copier.ready(slot)  # the stream waits for the slot's fill, once per fill
+            self._slot_tables[sublayer.name] = (cache.version, table)
+        return zero_copy_experts.CachedSource(slots, table)
 
     def _run_cached(self, sublayer: MoEFFN, h: torch.Tensor, routing, x: torch.Tensor) -> tuple[torch.Tensor, int]:
         """A decode-sized MoE step over the expert cache that also prefetches for the next one.

@@ -149,6 +149,7 @@ class ExpertCache:
         self.copier = copier
         self.policy = FrequencyRecency(half_life or capacity)
         self.slot_of: dict[Key, int] = {}
+        self.version = 0  # counts the changes of slot_of (kernels that read slots by table follow it)
         self._free = list(range(capacity - 1, -1, -1))
         self._guessed: set[Key] = set()  # prefetched, not yet asked for
         self.stats = CacheStats()
@@ -219,6 +220,10 @@ class ExpertCache:
         self.stats.prefetch_used += len(used)
         self._guessed -= used
 
+    def slots_of(self, name: str, num_experts: int) -> list[int]:
+        """The slot of each of ``name``'s experts, -1 where it is not cached."""
+        return [self.slot_of.get((name, e), -1) for e in range(num_experts)]
+
     def least_used(self, name: str, ids: list[int], count: int) -> list[int]:
         """The ``count`` experts of ``ids`` that the policy values least (ties: lower id first)."""
         score = self.policy.score
@@ -250,6 +255,7 @@ class ExpertCache:
             expert = to_copy.popleft()
             self.stats.bytes_copied += self.copier.fill(slot, name, expert)
             self.slot_of[(name, expert)] = slot
+            self.version += 1
             self.policy.insert((name, expert))
 
     def _take_slot(self, protected: set) -> int | None:
@@ -260,6 +266,7 @@ class ExpertCache:
             return None
         self.stats.evictions += 1
         self._guessed.discard(victim)
+        self.version += 1
         return self.slot_of.pop(victim)
 
 

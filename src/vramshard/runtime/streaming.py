@@ -218,11 +218,16 @@ class ExpertSlots(ExpertSlotBuffer):
         # slot -> the stream that already waits for the slot's current fill: a cached expert read
         # step after step needs no new wait (each is a host call, eight a layer at decode).
         self._waited: dict[int, torch.cuda.Stream] = {}
+        # Recorded after kernels that read slots by table (runtime/zero_copy_experts), whichever
+        # slots the routing picked on the GPU: every later fill waits for it.
+        self._table_reads: torch.cuda.Event | None = None
 
     def fill(self, slot: int, name: str, expert: int) -> int:
         target, source = self.target(slot, name, expert)
         with torch.cuda.stream(self.copy_stream):
             self.copy_stream.wait_event(self.free[slot])  # the last compute reading the slot is done
+            if self._table_reads is not None:
+                self.copy_stream.wait_event(self._table_reads)
             target.copy_(source, non_blocking=True)
             self.filled[slot].record(self.copy_stream)
         self._waited.pop(slot, None)  # a new fill: its readers wait for it again
@@ -237,6 +242,13 @@ class ExpertSlots(ExpertSlotBuffer):
 
     def done(self, slot: int) -> None:
         self.done_many([slot])
+
+    def read_by_table(self) -> None:
+        """Kernels that may read any slot are queued on the current stream: no slot is refilled
+        before they are done."""
+        if self._table_reads is None:
+            self._table_reads = torch.cuda.Event()
+        self._table_reads.record(torch.cuda.current_stream(self.device))
 
     def done_many(self, slots) -> None:
         """The compute reading ``slots`` is queued: one event, recorded after it, frees them all."""

@@ -19,6 +19,10 @@ For ``A = T·k`` assignments (token-major, as :class:`~vramshard.layers.moe.Rout
   ``weight_a · (down · act_a)`` into ``y`` [A, D] (float32); the layer's output is ``y``'s sum over
   each token's k assignments.
 
+With a VRAM expert cache (:class:`CachedSource`), each program looks its expert up in the layer's
+slot table on the GPU and reads the cache's slot where the expert is cached, host memory where it
+is not: a cached layer's decode step then needs no host round trip either, and copies nothing.
+
 A token's experts are read once per assignment: meant for decode-sized steps (``ROWS``), where
 the grouped paths would read each expert once too. Accumulation is in float32 (the projections of
 the CPU and cached paths accumulate in float32 too, and round between them to the weights' dtype).
@@ -27,6 +31,8 @@ the CPU and cached paths accumulate in float32 too, and round between them to th
 from __future__ import annotations
 
 import torch
+
+from typing import NamedTuple
 
 from ..env import switch
 from ..layers.moe import Routing, StackedExperts
@@ -42,6 +48,14 @@ ROWS = 4  # the most tokens of a step computed this way (decode and small decode
 BLOCK_F, BLOCK_D, BLOCK_K = 8, 8, 512  # rows of a program's weight block, and its columns per loop
 
 
+class CachedSource(NamedTuple):
+    """A VRAM expert cache as the kernels read it: its slots as one row each ([slots, 2F, D] /
+    [slots, D, F] views) and the layer's slot of each expert ([E] int32 on the GPU, -1: not cached)."""
+
+    slots: StackedExperts
+    slot_of: torch.Tensor
+
+
 def supported() -> bool:
     """Whether host experts can be read by the GPU's kernels here (a GPU, and Triton)."""
     return triton is not None and torch.cuda.is_available()
@@ -55,14 +69,24 @@ def available() -> bool:
 if triton is not None:
 
     @triton.jit
+    def _expert_base(experts_ptr, a, w_ptr, stride_e, slot_ptr, cache_ptr, cache_stride_e, HAS_CACHE: tl.constexpr):
+        """Where assignment ``a``'s expert lies: its cache slot if it has one, else host memory."""
+        e = tl.load(experts_ptr + a).to(tl.int64)
+        if HAS_CACHE:
+            slot = tl.load(slot_ptr + e).to(tl.int64)
+            return tl.where(slot >= 0, cache_ptr + slot * cache_stride_e, w_ptr + e * stride_e)
+        return w_ptr + e * stride_e
+
+    @triton.jit
     def _gate_up_act(h_ptr, experts_ptr, w_ptr, act_ptr, top_k, D, F, stride_e, stride_r,
-                     BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr):
+                     slot_ptr, cache_ptr, cache_stride_e,
+                     BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr, HAS_CACHE: tl.constexpr):
         """act[a, f] = silu(h[t] · gate[e, f]) · (h[t] · up[e, f]) for a block of f; gate_up [E, 2F, D]."""
         a = tl.program_id(0)
-        e = tl.load(experts_ptr + a).to(tl.int64)
+        base = _expert_base(experts_ptr, a, w_ptr, stride_e, slot_ptr, cache_ptr, cache_stride_e, HAS_CACHE)
         t = a // top_k
         f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
-        gate_rows = w_ptr + e * stride_e + f[:, None].to(tl.int64) * stride_r
+        gate_rows = base + f[:, None].to(tl.int64) * stride_r
         up_rows = gate_rows + F * stride_r
         acc_gate = tl.zeros((BLOCK_F,), dtype=tl.float32)
         acc_up = tl.zeros((BLOCK_F,), dtype=tl.float32)
@@ -79,13 +103,14 @@ if triton is not None:
 
     @triton.jit
     def _down(act_ptr, experts_ptr, weights_ptr, w_ptr, y_ptr, D, F, stride_e, stride_r,
-              BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr):
+              slot_ptr, cache_ptr, cache_stride_e,
+              BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, HAS_CACHE: tl.constexpr):
         """y[a, d] = weight[a] · (down[e, d] · act[a]) for a block of d; down [E, D, F]."""
         a = tl.program_id(0)
-        e = tl.load(experts_ptr + a).to(tl.int64)
+        base = _expert_base(experts_ptr, a, w_ptr, stride_e, slot_ptr, cache_ptr, cache_stride_e, HAS_CACHE)
         scale = tl.load(weights_ptr + a).to(tl.float32)
         d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-        rows = w_ptr + e * stride_e + d[:, None].to(tl.int64) * stride_r
+        rows = base + d[:, None].to(tl.int64) * stride_r
         acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
         for k0 in range(0, F, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
@@ -103,26 +128,39 @@ def _expert_strides(weight: torch.Tensor, name: str) -> tuple[int, int]:
     return weight.stride(0), weight.stride(1)
 
 
-def routed_experts(stacked: StackedExperts, h: torch.Tensor, routing: Routing) -> torch.Tensor:
+def routed_experts(stacked: StackedExperts, h: torch.Tensor, routing: Routing,
+                   cache: CachedSource | None = None) -> torch.Tensor:
     """Sum over each token's routed experts of its routing weight times the expert's SwiGLU of
     ``h`` [T, D]: [T, D] in ``h``'s dtype and on its device. The experts' weights are read where
-    ``stacked`` lies: VRAM, or pinned host memory (then over PCIe by the kernels themselves)."""
+    ``stacked`` lies: VRAM, or pinned host memory (then over PCIe by the kernels themselves); with
+    ``cache``, from the cache's slot for the experts it holds."""
     T, top_k = routing.experts.shape
     E, two_f, D = stacked.gate_up.shape
     F = two_f // 2
     if h.shape != (T, D) or stacked.down.shape != (E, D, F):
         raise ValueError(f"hidden states {tuple(h.shape)} and experts gate_up {tuple(stacked.gate_up.shape)}, "
                          f"down {tuple(stacked.down.shape)} do not fit {T} tokens of {top_k} experts")
-    gate_up_strides = _expert_strides(stacked.gate_up, "gate_up")
-    down_strides = _expert_strides(stacked.down, "down")
+    gate_up_e, gate_up_r = _expert_strides(stacked.gate_up, "gate_up")
+    down_e, down_r = _expert_strides(stacked.down, "down")
+    if cache is not None:
+        slots = cache.slots
+        cached_gate_up, cached_down = _expert_strides(slots.gate_up, "cached gate_up"), _expert_strides(slots.down, "cached down")
+        if (slots.gate_up.shape[1:], slots.down.shape[1:], cached_gate_up[1], cached_down[1]) != \
+                (stacked.gate_up.shape[1:], stacked.down.shape[1:], gate_up_r, down_r) or cache.slot_of.shape != (E,):
+            raise ValueError("the expert cache's slots and slot table do not match the layer's experts")
+        gate_up_cache = (cache.slot_of, slots.gate_up, cached_gate_up[0])
+        down_cache = (cache.slot_of, slots.down, cached_down[0])
+    else:  # (any pointer: the kernels do not read them)
+        gate_up_cache = down_cache = (stacked.gate_up, stacked.gate_up, 0)
     A = T * top_k
     experts = routing.experts.reshape(A).to(torch.int32)
     weights = routing.weights.reshape(A).to(torch.float32)
     h = h.contiguous()
     act = torch.empty(A, F, dtype=torch.float32, device=h.device)
     y = torch.empty(A, D, dtype=torch.float32, device=h.device)
-    _gate_up_act[(A, triton.cdiv(F, BLOCK_F))](h, experts, stacked.gate_up, act, top_k, D, F, *gate_up_strides,
-                                               BLOCK_F=BLOCK_F, BLOCK_K=BLOCK_K)
-    _down[(A, triton.cdiv(D, BLOCK_D))](act, experts, weights, stacked.down, y, D, F, *down_strides,
-                                        BLOCK_D=BLOCK_D, BLOCK_K=BLOCK_K)
+    _gate_up_act[(A, triton.cdiv(F, BLOCK_F))](h, experts, stacked.gate_up, act, top_k, D, F, gate_up_e, gate_up_r,
+                                               *gate_up_cache, BLOCK_F=BLOCK_F, BLOCK_K=BLOCK_K,
+                                               HAS_CACHE=cache is not None)
+    _down[(A, triton.cdiv(D, BLOCK_D))](act, experts, weights, stacked.down, y, D, F, down_e, down_r, *down_cache,
+                                        BLOCK_D=BLOCK_D, BLOCK_K=BLOCK_K, HAS_CACHE=cache is not None)
     return y.view(T, top_k, D).sum(dim=1).to(h.dtype)
