@@ -14,6 +14,6 @@ grep -E "'placement'|not available|failed|Error" $OUT/steps_ahead_64.log | cut -
 timeout 45 python3 -m benchmarks.zero_copy --experts --json $OUT/zero_copy_experts.json > $OUT/zero_copy_experts.log 2>&1; echo "rc $?"
 grep -E "'tokens'|Error" $OUT/zero_copy_experts.log | cut -c25-330
 timeout 120 python3 -m benchmarks.step_profile --shape qwen3-30b-a3b --layers 8 --steps 4 \
-  --placements experts-cpu,experts-cpu+zerocopy,experts-stream,experts-cpu+ahead --expert-cache-gib 1 \
+  --placements experts-cpu,experts-cpu+zerocopy,experts-stream,experts-stream+zerocopy,experts-cpu+ahead --expert-cache-gib 1 \
   --profile docs/profiles/h200-queued.json --json $OUT/moe_steps.json > $OUT/moe_steps.log 2>&1; echo "rc $?"
 grep -E "'placement'|failed|Error" $OUT/moe_steps.log | cut -c25-330
