@@ -310,6 +310,7 @@ class Executor:
         self.host_experts: dict[str, DictExperts] = {}  # split sub-layer -> its experts in host memory
         self._host_stacked: dict[str, StackedExperts] = {}  # the same, pinned and stacked: read by GPU kernels
         self._slot_tables: dict[str, tuple[int, torch.Tensor]] = {}  # cached layer -> (cache version, slot table)
+        self._gpu_steps = 0  # steps run on the GPU since then (every REFRESH_STEPS-th lets the cache admit)
         self.graphs: DecodeGraphs | None = None  # captured over the resident weights: dropped with them
         self.staging: KVStaging | None = None  # GPU attention over host KV caches: one layer's KV in VRAM
         self._sim_slot: torch.Tensor | None = None  # a simulated GPU's slot for split FFNs' GPU parts
@@ -672,6 +673,7 @@ class Executor:
             return x
         self._host_compute_s = self._host_wait_s = 0.0
         packing_before = self._packed.packing_s
+        self._gpu_steps += 1
         copied_before = self.ring.bytes_copied if self.ring else 0
         if self.staging is not None:
             self.staging.reset_counters()
@@ -801,7 +803,9 @@ class Executor:
             self._on_host(began, computing)
             return x + y.to(self.gpu, non_blocking=True), 2
         stacked = self._host_stacked.get(sublayer.name)
-        if stacked is not None and h.shape[0] <= zero_copy_experts.ROWS and self.expert_cache is not None:
+        refresh = self._gpu_steps % zero_copy_experts.REFRESH_STEPS == 0  # this step copies its misses in
+        if stacked is not None and h.shape[0] <= zero_copy_experts.ROWS and self.expert_cache is not None \
+                and not refresh:
             cache = self._cache_source(sublayer)  # hits from their slots, misses from host memory
             if cache is not None:
                 y = zero_copy_experts.routed_experts(stacked, h, routing, cache)

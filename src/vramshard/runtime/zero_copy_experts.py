@@ -21,7 +21,8 @@ For ``A = T·k`` assignments (token-major, as :class:`~vramshard.layers.moe.Rout
 
 With a VRAM expert cache (:class:`CachedSource`), each program looks its expert up in the layer's
 slot table on the GPU and reads the cache's slot where the expert is cached, host memory where it
-is not: a cached layer's decode step then needs no host round trip either, and copies nothing.
+is not: a cached layer's decode step then needs no host round trip either, and copies nothing
+(one step in ``REFRESH_STEPS`` copies its misses in, as without, so that the cache keeps up).
 
 A token's experts are read once per assignment: meant for decode-sized steps (``ROWS``), where
 the grouped paths would read each expert once too. Accumulation is in float32 (the projections of
@@ -45,6 +46,10 @@ except ImportError:  # no Triton (CPU-only torch): available() is False
 
 ENABLED = switch("VRAMSHARD_EXPERTS_ZERO_COPY", default=False)
 ROWS = 4  # the most tokens of a step computed this way (decode and small decode batches)
+# With a VRAM expert cache, every REFRESH_STEPS-th decode step takes the cache's own path instead,
+# copying its misses in: the cache keeps learning which experts the routers pick (kernel steps
+# read and admit nothing), at one step's copies in REFRESH_STEPS.
+REFRESH_STEPS = 8
 BLOCK_F, BLOCK_D, BLOCK_K = 8, 8, 512  # rows of a program's weight block, and its columns per loop
 
 
