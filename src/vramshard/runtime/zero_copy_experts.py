@@ -77,10 +77,11 @@ if triton is not None:
     def _expert_base(experts_ptr, a, w_ptr, stride_e, slot_ptr, cache_ptr, cache_stride_e, HAS_CACHE: tl.constexpr):
         """Where assignment ``a``'s expert lies: its cache slot if it has one, else host memory."""
         e = tl.load(experts_ptr + a).to(tl.int64)
+        base = w_ptr + e * stride_e
         if HAS_CACHE:
             slot = tl.load(slot_ptr + e).to(tl.int64)
-            return tl.where(slot >= 0, cache_ptr + slot * cache_stride_e, w_ptr + e * stride_e)
-        return w_ptr + e * stride_e
+            base = tl.where(slot >= 0, cache_ptr + slot * cache_stride_e, base)
+        return base
 
     @triton.jit
     def _gate_up_act(h_ptr, experts_ptr, w_ptr, act_ptr, top_k, D, F, stride_e, stride_r,
