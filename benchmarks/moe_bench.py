@@ -31,7 +31,7 @@ import torch
 from vramshard.errors import BudgetError
 from vramshard.layers.moe import MoEFFN
 from vramshard.layers.step import Step
-from vramshard.plan.estimator import expert_cpu_share
+from vramshard.plan.estimator import balanced_zero_copy_share, expert_cpu_share
 from vramshard.plan.memory import expert_slot_bytes, max_resident_layers, moe_layers, sublayer_triples, vram_need
 from vramshard.plan.placement import named_placement
 from vramshard.plan.planner import Planner, machine_profile
@@ -142,7 +142,9 @@ def placements_for(model, budget, args, profile):
     start copying them early (``Executor(expert_prefetch=True)``); ``experts-zero-copy`` is
     ``experts-cpu`` whose decode steps have the GPU read the experts from pinned host memory
     (``Executor(experts_zero_copy=True)``), and ``experts-stream-zero-copy`` the same for
-    ``experts-stream``'s misses (its hits from their cache slots), where Triton and a GPU are there."""
+    ``experts-stream``'s misses (its hits from their cache slots), where Triton and a GPU are there;
+    ``experts-zero-copy-cpu`` has the CPU compute a share of ``experts-zero-copy``'s experts meanwhile
+    (:func:`~vramshard.plan.estimator.balanced_zero_copy_share`)."""
     triples, layers, moe = sublayer_triples(model), model.args.num_hidden_layers, moe_layers(model)
     kv_tokens = args.ctx + args.prompt + 16
     out = []
@@ -169,6 +171,9 @@ def placements_for(model, budget, args, profile):
     out.append(("experts-cpu", experts_cpu, None, {"experts_zero_copy": False}))  # the baseline: computed by the CPU
     if zero_copy_experts.supported():  # the same experts read by the GPU from pinned host memory
         out.append(("experts-zero-copy", experts_cpu, None, {"experts_zero_copy": True}))
+        # ... and a share of them computed by the CPU meanwhile, balanced by the profile
+        out.append(("experts-zero-copy-cpu", experts_cpu, None,
+                    {"experts_zero_copy": True, "zero_copy_cpu_share": balanced_zero_copy_share(model, profile)}))
     return out
 
 

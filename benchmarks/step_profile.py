@@ -11,7 +11,9 @@ their fusable parts compiled by inductor, as ``Engine.load(decode_compile=...)``
 ``NAME+ahead`` hands split FFNs' CPU parts to the run-ahead worker (``VRAMSHARD_RUN_AHEAD``;
 combine as ``planned:8+graphs+ahead``); ``NAME+packed`` computes CPU FFN parts from oneDNN-prepacked
 weights (``VRAMSHARD_CPU_PACKED``); ``NAME+zerocopy`` has the GPU read host-memory experts itself
-(``VRAMSHARD_EXPERTS_ZERO_COPY``, e.g. ``experts-cpu+zerocopy``). ``planned:G`` is the planner's plan for the step's tier
+(``VRAMSHARD_EXPERTS_ZERO_COPY``, e.g. ``experts-cpu+zerocopy``; ``+zerocopy+share`` has the CPU
+compute the share of them that the profile balances against the kernels, ``+share=0.4`` a given
+share). ``planned:G`` is the planner's plan for the step's tier
 (``--seqs`` rows, default 1) at a budget of G GiB on the ``--profile`` machine profile (its
 predicted step time is printed beside the measured one; ``planned:G@T`` runs it with T CPU
 threads). For each it prints one line of totals per decode step — wall ms, GPU
@@ -34,6 +36,7 @@ from torch.profiler import ProfilerActivity, profile
 from vramshard.layers.step import Step
 from vramshard.models import build_model
 from vramshard.plan.calibrate import step_estimate
+from vramshard.plan.estimator import balanced_zero_copy_share
 from vramshard.plan.memory import expert_slot_bytes, moe_layers, sublayer_triples
 from vramshard.plan.placement import TieredPlacement, named_placement
 from vramshard.plan.planner import Planner
@@ -134,9 +137,14 @@ def profile_placement(model, host: HostLayouts, spec: str, args) -> dict:
     run_ahead.ENABLED = "+ahead" in spec
     cpu_packed.ENABLED = "+packed" in spec
     zero_copy_experts.ENABLED = "+zerocopy" in spec
+    spec, _, share = spec.partition("+share")  # NAME+zerocopy+share[=S]: the CPU's share beside the kernels
     for switch in ("+ahead", "+packed", "+zerocopy"):
         spec = spec.replace(switch, "")
     executor = make_executor(model, host, spec, args, result)
+    if share or result["placement"].endswith("+share"):
+        executor.zero_copy_cpu_share = float(share.removeprefix("=")) if share else \
+            balanced_zero_copy_share(model, load(args.profile, check_fingerprint=False))
+        result["zero_copy_cpu_share"] = executor.zero_copy_cpu_share
     rows = args.seqs
     kv = executor.new_kv_cache(rows, args.ctx + 64)
     token = torch.full((rows,), 3)

@@ -94,3 +94,30 @@ def test_off_switch_float32_and_large_steps_use_f_linear(monkeypatch):
     monkeypatch.setenv("VRAMSHARD_CPU_LINEAR", "linear")
     linear(torch.randn(1, 64).bfloat16(), w16)
     assert cpu_linear.chosen() == {}
+
+
+def test_threads_calling_one_shape_at_once_make_one_choice_without_error():
+    """The run-ahead worker and the host thread (or a CPU share's threads) may run the same
+    projection shape together while its trial is under way: every call computes, one choice stands."""
+    import threading
+
+    x = torch.randn(1, 64).to(torch.bfloat16)
+    w = (torch.randn(48, 64) * 0.1).to(torch.bfloat16)
+    expected = F.linear(x.float(), w.float())
+    errors, start = [], threading.Barrier(4)
+
+    def calls():
+        try:
+            start.wait()
+            for _ in range(4 * cpu_linear.TRIALS):
+                torch.testing.assert_close(cpu_linear.cpu_linear(x, w).float(), expected, atol=0.05, rtol=0.02)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=calls) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len([k for k in cpu_linear.chosen() if k[2:4] == (48, 64)]) == 1

@@ -164,7 +164,7 @@ def test_zero_copy_experts_are_read_over_the_link_not_computed_on_the_cpu():
     for cpu_gflops, cpu_mem_gbps, faster in ((1500, 20, "zero_copy"), (1e6, 1e4, "cpu")):
         profile = synthetic(**{**CLIENT, "cpu_gflops": cpu_gflops, "cpu_mem_gbps": cpu_mem_gbps})
         on_cpu = Estimator(model, profile, zero_copy=False).simulate(placement, 1, 1024)
-        read = Estimator(model, profile, zero_copy=True).simulate(placement, 1, 1024)
+        read = Estimator(model, profile, zero_copy=True, zero_copy_cpu_share=0.0).simulate(placement, 1, 1024)
         assert read.cpu_busy == 0 < on_cpu.cpu_busy
         assert read.seconds >= routed / (CLIENT["h2d_gbps"] * 1e9) / ZERO_COPY_EFFICIENCY * 0.99
         assert (read.seconds < on_cpu.seconds) == (faster == "zero_copy")
@@ -172,6 +172,33 @@ def test_zero_copy_experts_are_read_over_the_link_not_computed_on_the_cpu():
     many = Estimator(model, profile, zero_copy=True).simulate(placement, rows, 1024)
     assert many.cpu_busy > 0
     assert Estimator(model, profile).zero_copy is False  # as the executor runs here (no GPU, or off)
+
+
+def test_a_cpu_share_beside_the_zero_copy_kernels_beats_either_side_alone_where_they_are_matched():
+    """zero_copy_cpu_share: where the CPU and the link read experts at similar rates, the balanced
+    share (the default beside the kernels) takes a decode step below both the kernels alone and
+    the CPU alone; the CPU is busy with its share, the link reads less than every routed expert."""
+    from vramshard.plan.estimator import ZERO_COPY_EFFICIENCY, balanced_zero_copy_share
+    from vramshard.plan.memory import moe_layers, sublayer_triples
+    from vramshard.plan.placement import named_placement
+
+    model = shape_model("qwen3-30b-a3b")
+    moe = [s for s in model if s.name.startswith("ffn")]
+    placement = named_placement("experts-cpu", sublayer_triples(model), model.args.num_hidden_layers,
+                                moe_layers=moe_layers(model))
+    routed = sum(s.top_k * s.expert_bytes for s in moe)
+    profile = synthetic(**{**CLIENT, "cpu_gflops": 3000, "cpu_mem_gbps": CLIENT["h2d_gbps"]})
+    share = balanced_zero_copy_share(model, profile)
+    assert 0.2 < share < 0.8
+    kernels = Estimator(model, profile, zero_copy=True, zero_copy_cpu_share=0.0).simulate(placement, 1, 1024)
+    both = Estimator(model, profile, zero_copy=True).simulate(placement, 1, 1024)
+    cpu = Estimator(model, profile, zero_copy=False).simulate(placement, 1, 1024)
+    assert Estimator(model, profile, zero_copy=True).zero_copy_cpu_share == share
+    assert both.seconds < min(kernels.seconds, cpu.seconds)
+    assert 0 < both.cpu_busy < cpu.cpu_busy
+    assert both.copy_busy < routed / (CLIENT["h2d_gbps"] * 1e9) / ZERO_COPY_EFFICIENCY
+    everything = Estimator(model, profile, zero_copy=True, zero_copy_cpu_share=1.0).simulate(placement, 1, 1024)
+    assert everything.copy_busy == pytest.approx(0, abs=1e-6) and everything.cpu_busy > both.cpu_busy
 
 
 def test_prepacked_cpu_ffns_take_the_profiles_packed_factor_not_the_split_slices_one():

@@ -384,6 +384,26 @@ def test_planner_moe_streaming_wins_when_pcie_is_fast():
     assert need.experts == result.need.experts and result.need.total <= 8 * GiB
 
 
+def test_planner_gives_the_executor_the_cpus_share_beside_the_zero_copy_kernels(monkeypatch):
+    """Where the kernels read host experts (here as if a GPU and Triton were there), a plan that
+    keeps experts in host memory at decode carries the estimator's balanced CPU share to the
+    executor, through its tiered placement and that placement's JSON; without them, none."""
+    from vramshard.plan.estimator import balanced_zero_copy_share
+    from vramshard.plan.placement import TieredPlacement
+    from vramshard.runtime import zero_copy_experts
+
+    matched = dict(h2d_gbps=50, cpu_mem_gbps=50, cpu_gflops=3000)  # experts stay in host memory
+    assert plan_qwen30(8 * GiB, **matched).zero_copy_cpu_share == 0.0
+    monkeypatch.setattr(zero_copy_experts, "available", lambda: True)
+    result = plan_qwen30(8 * GiB, **matched)
+    assert result.tiers[1].placement.expert_names("host")
+    peaks = dict(gpu_gflops=200_000, gpu_mem_gbps=1500, **matched)
+    share = balanced_zero_copy_share(QWEN30, synthetic(**peaks))
+    assert 0 < share < 1 and result.zero_copy_cpu_share == pytest.approx(share)
+    assert TieredPlacement.from_json(result.tiered().to_json()).zero_copy_cpu_share == pytest.approx(share)
+    assert result.to_dict()["zero_copy_cpu_share"] == pytest.approx(share)
+
+
 def test_estimator_counts_routed_fraction_and_hit_rate():
     from vramshard.plan.estimator import Estimator
 
@@ -448,7 +468,7 @@ def test_gpu_moe_placements_match_cpu(arch, spec, tiny_model_dir):
     assert engine.executor.peak_vram() > 0
 
 
-def host_expert_engine(tiny_model_dir, arch: str, spec: str):
+def host_expert_engine(tiny_model_dir, arch: str, spec: str, **options):
     """(engine, CPU float32 reference, MoE layers) of a tiny model whose experts are in host
     memory: every MoE layer's (``experts-cpu``), or layer 0's beside layer 1's cached (``mixed``)."""
     path = tiny_model_dir(arch)
@@ -462,12 +482,40 @@ def host_expert_engine(tiny_model_dir, arch: str, spec: str):
              else Where("gpu", "stream") if s.kind == "attn" else Where("gpu", "vram")) for s in model))
     else:
         placement = named_placement(spec, sublayer_triples(model), model.args.num_hidden_layers, moe_layers=moe)
-    return executor_engine(path, model, host, placement), reference, moe
+    return executor_engine(path, model, host, placement, **options), reference, moe
 
 
 def assert_same_as_reference(engine, reference) -> None:
     torch.testing.assert_close(trace_logits(engine), trace_logits(reference), rtol=1e-3, atol=1e-3)
     assert engine.generate([PROMPT], 8) == reference.generate([PROMPT], 8)
+
+
+@pytest.mark.parametrize("share", [0.5, 1.0])
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_moe_host_experts_shared_between_the_kernels_and_the_cpu_match_cpu(arch, share, tiny_model_dir, monkeypatch):
+    """zero_copy_cpu_share: a decode step's host experts split between the GPU's kernels (reading
+    pinned memory) and the CPU, or all on the CPU (share 1); the logits and greedy tokens are the
+    CPU reference's, and both sides computed experts."""
+    from vramshard.layers.moe import MoEFFN
+    from vramshard.runtime import zero_copy_experts
+
+    monkeypatch.setattr(zero_copy_experts, "ENABLED", True)
+    on_kernels, on_cpu = [], []
+    real_kernels, real_cpu = zero_copy_experts.routed_experts, MoEFFN.run_experts
+    monkeypatch.setattr(zero_copy_experts, "routed_experts",
+                        lambda stacked, h, routing, *rest: on_kernels.append(int((routing.experts >= 0).sum()))
+                        or real_kernels(stacked, h, routing, *rest))
+    monkeypatch.setattr(MoEFFN, "run_experts", lambda self, source, h, routing, only=None:
+                        on_cpu.append(len(only) if only is not None else -1) or real_cpu(self, source, h, routing, only))
+    engine, reference, moe = host_expert_engine(tiny_model_dir, arch, "experts-cpu", zero_copy_cpu_share=share)
+    assert_same_as_reference(engine, reference)
+    assert [n for n in on_cpu if n > 0], "the CPU computed no share"
+    if share < 1:
+        assert [n for n in on_kernels if n > 0], "the kernels computed no share"
+    else:
+        assert not on_kernels
 
 
 @pytest.mark.parametrize("spec", ["experts-cpu", "mixed"])
@@ -508,5 +556,24 @@ def test_gpu_moe_host_experts_read_by_the_gpu_from_pinned_memory_match_cpu(arch,
     read_by_kernels = 1 + (1 in moe) if spec == "mixed" else len(moe)  # host-expert and cached layers
     assert len(engine.executor._host_stacked) == read_by_kernels
     assert calls and max(calls) <= zero_copy_experts.ROWS  # decode steps went through the kernels
-    if spec != "experts-cpu":
+    if spec == "experts-stream" or (spec == "mixed" and 1 in moe):  # (tiny Qwen3-MoE's layer 1 is dense)
         assert engine.executor._slot_tables  # cached layers read by slot table
+
+
+def test_a_zero_copy_cpu_share_outside_0_to_1_is_refused_by_name(tiny_model_dir):
+    path = tiny_model_dir("qwen3_moe")
+    model = build_model(open_checkpoint(path).config)
+    host = pack_model(list(model), load_weights(model, open_checkpoint(path)), pin=False)
+    placement = named_placement("experts-cpu", sublayer_triples(model), model.args.num_hidden_layers,
+                                moe_layers=moe_layers(model))
+    with pytest.raises(ValueError, match="zero_copy_cpu_share must be a share between 0 and 1, got 1.5"):
+        Executor(model, host, placement, simulate_gpu=True, zero_copy_cpu_share=1.5)
+
+
+def test_the_cpus_expert_count_balances_both_sides():
+    from vramshard.runtime.zero_copy_experts import cpu_expert_count
+
+    assert cpu_expert_count(0.315, 8) == 2  # 2 on the CPU: 1.37 against 1.89; 3: 2.06 against 1.58
+    assert cpu_expert_count(0.5, 8) == 4 and cpu_expert_count(0.0, 8) == 0 and cpu_expert_count(1.0, 8) == 8
+    assert cpu_expert_count(0.3, 2) == 0  # 1 on the CPU would take 0.7, both on the GPU 0.6
+    assert cpu_expert_count(0.5, 2) == 1 and cpu_expert_count(0.5, 1) == 0  # (a tie: the GPU's)

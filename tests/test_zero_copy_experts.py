@@ -22,7 +22,7 @@ from vramshard.runtime import zero_copy_experts
 from vramshard.runtime.host_weights import pack_model
 from vramshard.runtime.weights import load_weights
 
-from switch_helpers import assert_opt_in
+from switch_helpers import assert_opt_out
 
 needs_triton = pytest.mark.skipif(zero_copy_experts.triton is None, reason="needs Triton")
 
@@ -92,6 +92,31 @@ def test_with_a_cache_the_kernels_read_cached_experts_from_their_slots_and_the_r
     torch.testing.assert_close(got, reference(seen_gate_up, seen_down, h, routing), rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="slot table"):
         zero_copy_experts.routed_experts(host, h, routing, zero_copy_experts.CachedSource(cache, slot_of[:4]))
+
+
+@needs_triton
+@pytest.mark.parametrize("with_cache", [False, True])
+def test_assignments_to_expert_minus_one_are_left_to_the_cpu_and_count_zero(with_cache, request):
+    """The CPU's share of a step: assignments marked -1 add nothing (the rest as the reference of
+    the rest), with and without a slot table; the CPU's sum over the marked ones completes it."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        _in_interpreter(request.node.name)
+        return
+    torch.manual_seed(4)
+    E, D, Fw = 5, 40, 24
+    host = StackedExperts(torch.randn(E, 2 * Fw, D) * 0.2, torch.randn(E, D, Fw) * 0.2)
+    h = torch.randn(3, D)
+    routing = Routing(torch.tensor([[1, 0], [3, 4], [0, 2]]), torch.tensor([[0.6, 0.4], [0.5, 0.5], [0.3, 0.7]]))
+    on_cpu = torch.tensor([[False, True], [True, False], [True, True]])  # token 2 wholly on the CPU
+    cache = zero_copy_experts.CachedSource(host, torch.arange(E, dtype=torch.int32)) if with_cache else None
+    gpu_part = Routing(routing.experts.masked_fill(on_cpu, -1), routing.weights)
+    got = zero_copy_experts.routed_experts(host, h, gpu_part, cache)
+    kept = Routing(routing.experts, routing.weights.masked_fill(on_cpu, 0.0))
+    torch.testing.assert_close(got, reference(host.gate_up, host.down, h, kept), rtol=1e-4, atol=1e-4)
+    assert got[2].abs().max() == 0
+    cpu_part = Routing(routing.experts, routing.weights.masked_fill(~on_cpu, 0.0))
+    torch.testing.assert_close(got + reference(host.gate_up, host.down, h, cpu_part),
+                               reference(host.gate_up, host.down, h, routing), rtol=1e-4, atol=1e-4)
 
 
 @needs_triton
@@ -199,6 +224,6 @@ def test_the_kernels_compile_for_a_gpu(has_cache):
         assert ".entry" in compiled.asm["ptx"]
 
 
-def test_zero_copy_experts_are_opt_in(monkeypatch):
-    """Off unless VRAMSHARD_EXPERTS_ZERO_COPY asks for it (read when the module is imported)."""
-    assert_opt_in(monkeypatch, zero_copy_experts, "VRAMSHARD_EXPERTS_ZERO_COPY")
+def test_zero_copy_experts_are_on_unless_switched_off(monkeypatch):
+    """On (where supported) unless VRAMSHARD_EXPERTS_ZERO_COPY=off (read when the module is imported)."""
+    assert_opt_out(monkeypatch, zero_copy_experts, "VRAMSHARD_EXPERTS_ZERO_COPY")

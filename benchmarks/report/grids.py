@@ -137,7 +137,7 @@ def batch_cell(model, host, system, budget, batch, per_seq, largest, args, profi
     try:
         executor = Executor(model, host_for(host, system.tiered), system.tiered, budget=budget,
                             max_tokens=largest, max_context=per_seq,
-                            kv_slots=batch, expert_cache=system.expert_cache)
+                            kv_slots=batch, expert_cache=system.expert_cache, **system.options)
     except VramshardError as exc:
         return {**cell, "error": str(exc)}
     with errors_into(cell):

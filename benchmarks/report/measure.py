@@ -7,7 +7,7 @@ import contextlib
 import gc
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -40,6 +40,7 @@ class System:
     error: str | None = None
     plan: PlanSet | None = None
     expert_cache: int | None = None
+    options: dict = field(default_factory=dict)  # the Executor's, e.g. the baseline's CPU-computed experts
 
     @property
     def tiered(self) -> TieredPlacement:
@@ -62,7 +63,9 @@ def systems_for(model, budget: int, kv_tokens: int, max_tokens: int, profile) ->
     out.append(System("layers:max", named_placement("layers:max", triples, layers, most)))
     moe = moe_layers(model)
     if moe:
-        out.append(System("experts-cpu", named_placement("experts-cpu", triples, layers, moe_layers=moe)))
+        # --cpu-moe: the experts computed by the CPU (not read by the GPU's zero-copy kernels)
+        out.append(System("experts-cpu", named_placement("experts-cpu", triples, layers, moe_layers=moe),
+                          options={"experts_zero_copy": False}))
     return out
 
 
@@ -187,7 +190,7 @@ def run_cell(model, host, system: System, budget: int | None, context: int, sett
     try:
         executor = Executor(model, host_for(host, system.tiered), system.tiered, budget=budget,
                             max_tokens=settings.chunk,
-                            max_context=kv_tokens, expert_cache=system.expert_cache)
+                            max_context=kv_tokens, expert_cache=system.expert_cache, **system.options)
     except VramshardError as exc:
         cell["error"] = str(exc)
         return cell

@@ -116,6 +116,12 @@ def cpu_packed_enabled() -> bool:
     return cpu_packed.ENABLED and torch.backends.mkldnn.is_available()
 
 
+def _cpu_expert_count(share: float, experts: int) -> int:
+    from ..runtime.zero_copy_experts import cpu_expert_count  # (the executor's own rule)
+
+    return cpu_expert_count(share, experts)
+
+
 def zero_copy_enabled() -> tuple[bool, int]:
     """Whether the executor's GPU kernels will read host-memory experts themselves
     (``VRAMSHARD_EXPERTS_ZERO_COPY``), and up to how many tokens a step."""
@@ -142,18 +148,25 @@ class Estimator:
     on the GPU stream and the PCIe link, with no host round trip; by default as the executor will run.
     cpu_packed: dense FFNs on the CPU (whole or a split's CPU part) from oneDNN-prepacked weights
     (``VRAMSHARD_CPU_PACKED``), at the profile's :meth:`~Profile.packed_ffn_factor`; by default as
-    the executor will run.
+    the executor will run. zero_copy_cpu_share: of such a step's host-memory experts, the share the
+    CPU computes beside the kernels (by default :func:`balanced_zero_copy_share` where they read MoE
+    experts, else 0); the planner gives the executor the same.
     """
 
     def __init__(self, model: Model, profile: Profile, threads: int | None = None, expert_hit_rate: float = 0.0,
                  sizes: dict[str, int] | None = None, costs: dict | None = None, run_ahead: bool | None = None,
-                 zero_copy: bool | None = None, cpu_packed: bool | None = None):
+                 zero_copy: bool | None = None, cpu_packed: bool | None = None,
+                 zero_copy_cpu_share: float | None = None):
         self.model = model
         self.cpu_packed = cpu_packed_enabled() if cpu_packed is None else cpu_packed
         # Split FFNs' CPU parts on the executor's run-ahead worker (None: as the executor will run).
         self.run_ahead = run_ahead_enabled() if run_ahead is None else run_ahead
         available, self.zero_copy_rows = zero_copy_enabled()
         self.zero_copy = available if zero_copy is None else zero_copy  # (host experts read by the GPU)
+        if zero_copy_cpu_share is None:  # the balanced share, where the kernels read MoE experts
+            moe = self.zero_copy and any(isinstance(s, MoEFFN) for s in model)
+            zero_copy_cpu_share = balanced_zero_copy_share(model, profile) if moe else 0.0
+        self.zero_copy_cpu_share = zero_copy_cpu_share  # (of their host experts, computed by the CPU)
         self.sizes = sizes if sizes is not None else {}  # packed bytes by sub-layer name, filled lazily
         self.profile = profile
         self.threads = threads
@@ -451,6 +464,27 @@ class Estimator:
                         if w.experts == "cache":
                             read = self.expert_miss_bytes(sublayer, n_tokens)
                             hits = self.experts_s(sublayer, "cuda", n_tokens, launches=False) * self.expert_hit_rate
+                        elif self.zero_copy_cpu_share:
+                            # The host waits for the router, queues the kernels over the GPU's share
+                            # and computes the rest meanwhile; its sum comes back to be added.
+                            touched = max(1, round(sublayer.expected_experts_touched(n_tokens)))
+                            on_cpu = _cpu_expert_count(self.zero_copy_cpu_share, touched) / touched
+                            py = max(py, router_done) + self.crossing_s(act_bytes, "d2h")
+                            py += self.dispatch_s("cuda") * ZERO_COPY_LAUNCHES / DISPATCH_LAUNCHES
+                            start = max(py, copy_free)
+                            copy_free = start + self.profile.transfer_s(read * (1 - on_cpu), "h2d", True) \
+                                / ZERO_COPY_EFFICIENCY
+                            copy_busy += copy_free - start
+                            gpu_busy += copy_free - start
+                            timeline.append((sublayer.name, "copy", start, copy_free))
+                            alone = self.experts_s(sublayer, "cpu", n_tokens) * on_cpu
+                            beside = self.experts_s(sublayer, "cpu", n_tokens, contended=True) * on_cpu
+                            seconds = copies.cpu_end(py, alone, beside) - py
+                            timeline.append((sublayer.name, "cpu", py, py + seconds))
+                            cpu_busy += seconds
+                            py += seconds + self.crossing_s(act_bytes, "h2d")
+                            gpu_free = x_ready = max(copy_free, py)
+                            continue
                         start = max(router_done + hits, copy_free)
                         copy_free = start + self.profile.transfer_s(read, "h2d", cpu_work) / ZERO_COPY_EFFICIENCY
                         copy_busy += copy_free - start
@@ -551,16 +585,30 @@ def uniform_hit_rate(model: Model, cache_slots: int, cached_layers: int | None =
     return min(1.0, cache_slots / (layers * moe[0].num_experts))
 
 
+def _expert_on_cpu_s(moe: MoEFFN, profile: Profile) -> float:
+    """One expert at one token on the CPU while PCIe streams: its two matmuls, and the dispatch of
+    its few operations."""
+    dtype = moe.weights[0].dtype
+    return (profile.matmul_s(1, moe.hidden, 2 * moe.intermediate, dtype, "cpu", contended=True)
+            + profile.matmul_s(1, moe.intermediate, moe.hidden, dtype, "cpu", contended=True)
+            + 6 * profile.dispatch_s("cpu"))
+
+
 def expert_cpu_share(model: Model, profile: Profile) -> float:
     """Share of a decode step's expert-cache misses best computed on the CPU from host memory
     (the executor's ``expert_cpu_share``), the others being copied to VRAM meanwhile: both sides
     finish together when ``c * t_cpu = (m - c) * t_pcie``, i.e. ``c / m = t_pcie / (t_cpu + t_pcie)``,
-    with t_cpu one expert at one token on the CPU (its two matmuls while PCIe streams, and the
-    dispatch of its few operations) and t_pcie the copy of one expert under CPU load."""
+    with t_cpu one expert at one token on the CPU and t_pcie the copy of one expert under CPU load."""
     moe = next(s for s in model if isinstance(s, MoEFFN))
-    dtype = moe.weights[0].dtype
-    t_cpu = (profile.matmul_s(1, moe.hidden, 2 * moe.intermediate, dtype, "cpu", contended=True)
-             + profile.matmul_s(1, moe.intermediate, moe.hidden, dtype, "cpu", contended=True)
-             + 6 * profile.dispatch_s("cpu"))
     t_pcie = profile.transfer_s(moe.expert_bytes, "h2d", contended=True)
-    return t_pcie / (t_cpu + t_pcie)
+    return t_pcie / (_expert_on_cpu_s(moe, profile) + t_pcie)
+
+
+def balanced_zero_copy_share(model: Model, profile: Profile) -> float:
+    """Share of a decode step's host-memory experts best computed by the CPU while the GPU's
+    zero-copy kernels read the others from pinned memory (the executor's ``zero_copy_cpu_share``):
+    as :func:`expert_cpu_share`, with the kernels' read of one expert (the link at
+    ``ZERO_COPY_EFFICIENCY`` of the copy engine's rate) in place of its copy."""
+    moe = next(s for s in model if isinstance(s, MoEFFN))
+    t_read = profile.transfer_s(moe.expert_bytes, "h2d", contended=True) / ZERO_COPY_EFFICIENCY
+    return t_read / (_expert_on_cpu_s(moe, profile) + t_read)

@@ -39,7 +39,7 @@ import torch
 
 from ..errors import BudgetError, InvalidInputError
 from ..layers.mlp import DenseFFN
-from ..layers.moe import GATHER_BYTES, DictExperts, MoEFFN, StackedExperts, stack_experts
+from ..layers.moe import GATHER_BYTES, DictExperts, MoEFFN, Routing, StackedExperts, stack_experts
 from ..layers.step import Step
 from ..models.base import Model
 from ..plan.memory import ALLOCATOR_SLACK, VramNeed, align, expert_slot_bytes, kv_positions, tiered_vram_need
@@ -155,7 +155,10 @@ class Executor:
     layer's input and start copying the ones not cached (see ``_run_cached``).
     experts_zero_copy: in decode-sized steps, read experts in host memory by the GPU's kernels from
     pinned memory instead of computing them on the CPU (None: ``VRAMSHARD_EXPERTS_ZERO_COPY``; see
-    :mod:`~vramshard.runtime.zero_copy_experts`).
+    :mod:`~vramshard.runtime.zero_copy_experts`). zero_copy_cpu_share: of the routed experts of
+    such a step in host memory, the share the CPU computes meanwhile (None: the tiered placement's
+    ``zero_copy_cpu_share``, which the planner balances with
+    :func:`~vramshard.plan.estimator.balanced_zero_copy_share`; 0: none; see ``_run_zero_copy``).
 
     :meth:`reconfigure` switches to another placement while running (a VRAM budget that changed),
     rebuilding only the VRAM side: the host weights stay, KV caches move where the new placement
@@ -168,8 +171,13 @@ class Executor:
                  num_slots: int = 2, threads: int | None = None, device: str | torch.device = "cuda",
                  expert_cache: int | None = None, simulate_gpu: bool = False, decode_graphs: bool = False,
                  expert_cpu_share: float | None = None, decode_compile: str | None = None,
-                 expert_prefetch: bool = False, experts_zero_copy: bool | None = None):
+                 expert_prefetch: bool = False, experts_zero_copy: bool | None = None,
+                 zero_copy_cpu_share: float | None = None):
         self.model = model
+        if zero_copy_cpu_share is not None and not 0.0 <= zero_copy_cpu_share <= 1.0:
+            raise ValueError(f"zero_copy_cpu_share must be a share between 0 and 1, got {zero_copy_cpu_share}")
+        self._zero_copy_cpu_share_asked = zero_copy_cpu_share  # None: each tiered placement's own
+        self.zero_copy_cpu_share = zero_copy_cpu_share or 0.0
         self.expert_prefetch = expert_prefetch
         # Host-memory experts read by the GPU's kernels at decode sizes (None: VRAMSHARD_EXPERTS_ZERO_COPY).
         self.experts_zero_copy = zero_copy_experts.ENABLED if experts_zero_copy is None else experts_zero_copy
@@ -235,6 +243,8 @@ class Executor:
 
     def _apply(self, config: _Config) -> None:
         self.plans = config.plans
+        asked = self._zero_copy_cpu_share_asked
+        self.zero_copy_cpu_share = asked if asked is not None else config.plans.zero_copy_cpu_share
         self.placement = config.plans.placements[0]
         self.budget = config.budget
         self._kv_gpu = set(config.kv_gpu)
@@ -792,6 +802,8 @@ class Executor:
         if here.experts == "host":
             stacked = self._host_stacked.get(sublayer.name)
             if stacked is not None and h.shape[0] <= zero_copy_experts.ROWS:  # read by the GPU from host memory
+                if self.zero_copy_cpu_share:
+                    return self._run_zero_copy(sublayer, stacked, h, routing, x)
                 return x + zero_copy_experts.routed_experts(stacked, h, routing), 0
             ahead = self._ahead()
             if ahead is not None:
@@ -817,6 +829,34 @@ class Executor:
         if self.expert_prefetch and self.expert_cache is not None and small:
             return self._run_cached(sublayer, h, routing, x)
         return x + sublayer.run_experts(self.split_weights[sublayer.name], h, routing), 0
+
+    def _run_zero_copy(self, sublayer: MoEFFN, stacked: StackedExperts, h: torch.Tensor, routing,
+                       x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """A decode-sized step's host experts shared: the GPU's kernels read some from pinned memory
+        while the CPU computes the others (``zero_copy_cpu_share`` of the step's distinct experts,
+        those with the most tokens: the kernels read an expert once per assignment, the CPU once).
+
+        The host waits for the router (the routing and hidden states come over), queues the kernels
+        with the CPU's assignments marked -1, computes its experts, and sends their sum back to be
+        added: PCIe and the CPU's memory bus both read experts, at the same time."""
+        began = time.perf_counter()
+        h_host, routing_host = h.to("cpu", non_blocking=True), routing.to(torch.device("cpu"), non_blocking=True)
+        crossed = torch.cuda.Event()
+        crossed.record()
+        crossed.synchronize()  # one wait for the router, and for all three to land
+        flat = routing_host.experts.reshape(-1).tolist()
+        by_count = sorted(set(flat), key=lambda e: (-flat.count(e), e))
+        on_cpu = set(by_count[: zero_copy_experts.cpu_expert_count(self.zero_copy_cpu_share, len(by_count))])
+        if len(on_cpu) < len(by_count):  # the kernels' share, queued first
+            marked = routing_host.experts.masked_fill(torch.isin(routing_host.experts, torch.tensor(sorted(on_cpu))), -1)
+            marked = marked.to(torch.int32).pin_memory().to(self.gpu, non_blocking=True)
+            x = x + zero_copy_experts.routed_experts(stacked, h, Routing(marked, routing.weights))
+        computing = time.perf_counter()
+        if on_cpu:
+            x = x + sublayer.run_experts(self.host_experts[sublayer.name], h_host, routing_host,
+                                         only=on_cpu).to(self.gpu, non_blocking=True)
+        self._on_host(began, computing)
+        return x, 2
 
     def _cache_source(self, sublayer: MoEFFN) -> zero_copy_experts.CachedSource | None:
         """The expert cache as the zero-copy kernels read it for ``sublayer``: its slots and the

@@ -1,5 +1,5 @@
-"""A MoE layer's routed experts computed on the GPU straight from pinned host memory (opt-in,
-``VRAMSHARD_EXPERTS_ZERO_COPY``).
+"""A MoE layer's routed experts computed on the GPU straight from pinned host memory (on where
+Triton and a GPU are there; ``VRAMSHARD_EXPERTS_ZERO_COPY=off`` turns it off).
 
 A MoE decode step with its experts in host memory (``experts-cpu``, the host-expert layers of a
 low-budget plan) sends each layer's hidden states and routing to the host, waits for the router,
@@ -44,7 +44,9 @@ try:
 except ImportError:  # no Triton (CPU-only torch): available() is False
     triton = None
 
-ENABLED = switch("VRAMSHARD_EXPERTS_ZERO_COPY", default=False)
+# On by default since the fourteenth GPU session: Qwen3-30B-A3B decode at 8 GiB went from 4.1
+# (experts on the CPU) to 12.4 tok/s, at 82% of the PCIe bound (docs/BENCHMARKS.md).
+ENABLED = switch("VRAMSHARD_EXPERTS_ZERO_COPY", default=True)
 ROWS = 4  # the most tokens of a step computed this way (decode and small decode batches)
 # With a VRAM expert cache, every REFRESH_STEPS-th decode step takes the cache's own path instead,
 # copying its misses in: the cache keeps learning which experts the routers pick (kernel steps
@@ -61,6 +63,15 @@ class CachedSource(NamedTuple):
     slot_of: torch.Tensor
 
 
+def cpu_expert_count(share: float, experts: int) -> int:
+    """How many of a step's ``experts`` the CPU takes at ``share`` (of the work both sides could do
+    alone in the same time): the whole count next to ``share * experts`` at which the slower side
+    finishes first. With ``share = t_gpu / (t_cpu + t_gpu)`` a side's time is ``n (1 - share)`` on the
+    CPU and ``(experts - n) share`` on the GPU (in units of ``t_cpu + t_gpu``)."""
+    low = int(share * experts)
+    return min((low, min(low + 1, experts)), key=lambda n: (max(n * (1 - share), (experts - n) * share), n))
+
+
 def supported() -> bool:
     """Whether host experts can be read by the GPU's kernels here (a GPU, and Triton)."""
     return triton is not None and torch.cuda.is_available()
@@ -75,13 +86,16 @@ if triton is not None:
 
     @triton.jit
     def _expert_base(experts_ptr, a, w_ptr, stride_e, slot_ptr, cache_ptr, cache_stride_e, HAS_CACHE: tl.constexpr):
-        """Where assignment ``a``'s expert lies: its cache slot if it has one, else host memory."""
+        """Where assignment ``a``'s expert lies (its cache slot if it has one, else host memory),
+        and whether it is computed here at all (expert -1: elsewhere; its loads are masked off)."""
         e = tl.load(experts_ptr + a).to(tl.int64)
+        here = e >= 0
+        e = tl.maximum(e, 0)
         base = w_ptr + e * stride_e
         if HAS_CACHE:
             slot = tl.load(slot_ptr + e).to(tl.int64)
             base = tl.where(slot >= 0, cache_ptr + slot * cache_stride_e, base)
-        return base
+        return base, here
 
     @triton.jit
     def _gate_up_act(h_ptr, experts_ptr, w_ptr, act_ptr, top_k, D, F, stride_e, stride_r,
@@ -89,8 +103,9 @@ if triton is not None:
                      BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr, HAS_CACHE: tl.constexpr):
         """act[a, f] = silu(h[t] · gate[e, f]) · (h[t] · up[e, f]) for a block of f; gate_up [E, 2F, D]."""
         a = tl.program_id(0)
-        base = _expert_base(experts_ptr, a, w_ptr, stride_e, slot_ptr, cache_ptr, cache_stride_e, HAS_CACHE)
+        base, here = _expert_base(experts_ptr, a, w_ptr, stride_e, slot_ptr, cache_ptr, cache_stride_e, HAS_CACHE)
         t = a // top_k
+        rows_here = tl.where(here, F, 0)  # (a skipped assignment's loads are all masked off)
         f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
         gate_rows = base + f[:, None].to(tl.int64) * stride_r
         up_rows = gate_rows + F * stride_r
@@ -99,7 +114,7 @@ if triton is not None:
         for k0 in range(0, D, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
             x = tl.load(h_ptr + t * D + k, mask=k < D, other=0.0).to(tl.float32)
-            mask = (f[:, None] < F) & (k[None, :] < D)
+            mask = (f[:, None] < rows_here) & (k[None, :] < D)
             gate = tl.load(gate_rows + k[None, :], mask=mask, other=0.0)
             up = tl.load(up_rows + k[None, :], mask=mask, other=0.0)
             acc_gate += tl.sum(gate.to(tl.float32) * x[None, :], axis=1)
@@ -113,15 +128,16 @@ if triton is not None:
               BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, HAS_CACHE: tl.constexpr):
         """y[a, d] = weight[a] · (down[e, d] · act[a]) for a block of d; down [E, D, F]."""
         a = tl.program_id(0)
-        base = _expert_base(experts_ptr, a, w_ptr, stride_e, slot_ptr, cache_ptr, cache_stride_e, HAS_CACHE)
-        scale = tl.load(weights_ptr + a).to(tl.float32)
+        base, here = _expert_base(experts_ptr, a, w_ptr, stride_e, slot_ptr, cache_ptr, cache_stride_e, HAS_CACHE)
+        scale = tl.where(here, tl.load(weights_ptr + a).to(tl.float32), 0.0)
+        rows_here = tl.where(here, D, 0)
         d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
         rows = base + d[:, None].to(tl.int64) * stride_r
         acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
         for k0 in range(0, F, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
             x = tl.load(act_ptr + a * F + k, mask=k < F, other=0.0)
-            w = tl.load(rows + k[None, :], mask=(d[:, None] < D) & (k[None, :] < F), other=0.0)
+            w = tl.load(rows + k[None, :], mask=(d[:, None] < rows_here) & (k[None, :] < F), other=0.0)
             acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
         tl.store(y_ptr + a * D + d, acc * scale, mask=d < D)
 
@@ -139,7 +155,8 @@ def routed_experts(stacked: StackedExperts, h: torch.Tensor, routing: Routing,
     """Sum over each token's routed experts of its routing weight times the expert's SwiGLU of
     ``h`` [T, D]: [T, D] in ``h``'s dtype and on its device. The experts' weights are read where
     ``stacked`` lies: VRAM, or pinned host memory (then over PCIe by the kernels themselves); with
-    ``cache``, from the cache's slot for the experts it holds."""
+    ``cache``, from the cache's slot for the experts it holds. An assignment to expert -1 is
+    computed elsewhere (by the CPU, say): it reads nothing and counts zero."""
     T, top_k = routing.experts.shape
     E, two_f, D = stacked.gate_up.shape
     F = two_f // 2
