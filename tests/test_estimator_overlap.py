@@ -174,10 +174,10 @@ def test_zero_copy_experts_are_read_over_the_link_not_computed_on_the_cpu():
     assert Estimator(model, profile).zero_copy is False  # as the executor runs here (no GPU, or off)
 
 
-def test_a_cpu_share_beside_the_zero_copy_kernels_beats_either_side_alone_where_they_are_matched():
-    """zero_copy_cpu_share: where the CPU and the link read experts at similar rates, the balanced
-    share (the default beside the kernels) takes a decode step below both the kernels alone and
-    the CPU alone; the CPU is busy with its share, the link reads less than every routed expert."""
+def test_a_cpu_share_beside_the_zero_copy_kernels_moves_reads_from_the_link_to_the_cpu():
+    """zero_copy_cpu_share: the share's experts are the CPU's work (the host waits for the router
+    first), the rest the link's; all on the CPU reads nothing over the link. (Which is faster is
+    not asserted: the estimator put the balanced share ahead, the H200 machine ran it slower.)"""
     from vramshard.plan.estimator import ZERO_COPY_EFFICIENCY, balanced_zero_copy_share
     from vramshard.plan.memory import moe_layers, sublayer_triples
     from vramshard.plan.placement import named_placement
@@ -190,11 +190,11 @@ def test_a_cpu_share_beside_the_zero_copy_kernels_beats_either_side_alone_where_
     profile = synthetic(**{**CLIENT, "cpu_gflops": 3000, "cpu_mem_gbps": CLIENT["h2d_gbps"]})
     share = balanced_zero_copy_share(model, profile)
     assert 0.2 < share < 0.8
-    kernels = Estimator(model, profile, zero_copy=True, zero_copy_cpu_share=0.0).simulate(placement, 1, 1024)
-    both = Estimator(model, profile, zero_copy=True).simulate(placement, 1, 1024)
+    kernels = Estimator(model, profile, zero_copy=True).simulate(placement, 1, 1024)  # (no share by default)
+    both = Estimator(model, profile, zero_copy=True, zero_copy_cpu_share=share).simulate(placement, 1, 1024)
     cpu = Estimator(model, profile, zero_copy=False).simulate(placement, 1, 1024)
-    assert Estimator(model, profile, zero_copy=True).zero_copy_cpu_share == share
-    assert both.seconds < min(kernels.seconds, cpu.seconds)
+    assert kernels.cpu_busy == 0
+    assert both.seconds < cpu.seconds
     assert 0 < both.cpu_busy < cpu.cpu_busy
     assert both.copy_busy < routed / (CLIENT["h2d_gbps"] * 1e9) / ZERO_COPY_EFFICIENCY
     everything = Estimator(model, profile, zero_copy=True, zero_copy_cpu_share=1.0).simulate(placement, 1, 1024)

@@ -384,24 +384,16 @@ def test_planner_moe_streaming_wins_when_pcie_is_fast():
     assert need.experts == result.need.experts and result.need.total <= 8 * GiB
 
 
-def test_planner_gives_the_executor_the_cpus_share_beside_the_zero_copy_kernels(monkeypatch):
-    """Where the kernels read host experts (here as if a GPU and Triton were there), a plan that
-    keeps experts in host memory at decode carries the estimator's balanced CPU share to the
-    executor, through its tiered placement and that placement's JSON; without them, none."""
-    from vramshard.plan.estimator import balanced_zero_copy_share
-    from vramshard.plan.placement import TieredPlacement
+def test_planner_leaves_the_cpus_share_beside_the_zero_copy_kernels_off(monkeypatch):
+    """The CPU's share beside the kernels made decode slower on the H200 machine (fourteenth GPU
+    session: the host waits for every layer's router, and the GPU for the host), so the planner's
+    estimator plans without it even where the kernels read host experts."""
+    from vramshard.plan.estimator import Estimator
     from vramshard.runtime import zero_copy_experts
 
-    matched = dict(h2d_gbps=50, cpu_mem_gbps=50, cpu_gflops=3000)  # experts stay in host memory
-    assert plan_qwen30(8 * GiB, **matched).zero_copy_cpu_share == 0.0
     monkeypatch.setattr(zero_copy_experts, "available", lambda: True)
-    result = plan_qwen30(8 * GiB, **matched)
-    assert result.tiers[1].placement.expert_names("host")
-    peaks = dict(gpu_gflops=200_000, gpu_mem_gbps=1500, **matched)
-    share = balanced_zero_copy_share(QWEN30, synthetic(**peaks))
-    assert 0 < share < 1 and result.zero_copy_cpu_share == pytest.approx(share)
-    assert TieredPlacement.from_json(result.tiered().to_json()).zero_copy_cpu_share == pytest.approx(share)
-    assert result.to_dict()["zero_copy_cpu_share"] == pytest.approx(share)
+    profile = synthetic(cpu_gflops=3000, gpu_gflops=200_000, h2d_gbps=50, cpu_mem_gbps=50, gpu_mem_gbps=1500)
+    assert Estimator(QWEN30, profile).zero_copy and Estimator(QWEN30, profile).zero_copy_cpu_share == 0.0
 
 
 def test_estimator_counts_routed_fraction_and_hit_rate():
@@ -449,7 +441,8 @@ def test_gpu_moe_placements_match_cpu(arch, spec, tiny_model_dir):
             cache = 2 * expert_slot_bytes(model)  # fewer slots than a prefill routes to: evicts
     options = {"expert_cpu_share": 0.5} if spec == "experts-hybrid" else \
         {"expert_prefetch": True} if spec == "experts-prefetch" else {}
-    engine = executor_engine(path, model, host, placement, expert_cache=cache, **options)
+    # The CPU's and the cache's own decode paths (the zero-copy kernels have their tests below).
+    engine = executor_engine(path, model, host, placement, expert_cache=cache, experts_zero_copy=False, **options)
     got = trace_logits(engine)
     torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-3)
     assert engine.generate([PROMPT], 8) == reference.generate([PROMPT], 8)

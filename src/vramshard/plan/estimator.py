@@ -149,23 +149,19 @@ class Estimator:
     cpu_packed: dense FFNs on the CPU (whole or a split's CPU part) from oneDNN-prepacked weights
     (``VRAMSHARD_CPU_PACKED``), at the profile's :meth:`~Profile.packed_ffn_factor`; by default as
     the executor will run. zero_copy_cpu_share: of such a step's host-memory experts, the share the
-    CPU computes beside the kernels (by default :func:`balanced_zero_copy_share` where they read MoE
-    experts, else 0); the planner gives the executor the same.
+    CPU computes beside the kernels (the executor's option of that name; the planner leaves it at 0).
     """
 
     def __init__(self, model: Model, profile: Profile, threads: int | None = None, expert_hit_rate: float = 0.0,
                  sizes: dict[str, int] | None = None, costs: dict | None = None, run_ahead: bool | None = None,
                  zero_copy: bool | None = None, cpu_packed: bool | None = None,
-                 zero_copy_cpu_share: float | None = None):
+                 zero_copy_cpu_share: float = 0.0):
         self.model = model
         self.cpu_packed = cpu_packed_enabled() if cpu_packed is None else cpu_packed
         # Split FFNs' CPU parts on the executor's run-ahead worker (None: as the executor will run).
         self.run_ahead = run_ahead_enabled() if run_ahead is None else run_ahead
         available, self.zero_copy_rows = zero_copy_enabled()
         self.zero_copy = available if zero_copy is None else zero_copy  # (host experts read by the GPU)
-        if zero_copy_cpu_share is None:  # the balanced share, where the kernels read MoE experts
-            moe = self.zero_copy and any(isinstance(s, MoEFFN) for s in model)
-            zero_copy_cpu_share = balanced_zero_copy_share(model, profile) if moe else 0.0
         self.zero_copy_cpu_share = zero_copy_cpu_share  # (of their host experts, computed by the CPU)
         self.sizes = sizes if sizes is not None else {}  # packed bytes by sub-layer name, filled lazily
         self.profile = profile

@@ -290,15 +290,13 @@ class TieredPlacement:
     A step of n new tokens runs the placement of the smallest tier >= n (the largest
     tier for anything bigger), with the tier's CPU thread count (None: unchanged).
     ``expert_cache``: bytes of the VRAM expert cache for placements that cache experts
-    (0: the executor's default). ``zero_copy_cpu_share``: of a decode step's host-memory experts
-    read by the GPU's zero-copy kernels, the share the CPU computes meanwhile (0: none).
+    (0: the executor's default).
     """
 
     tiers: tuple[int, ...]
     placements: tuple[Placement, ...]
     threads: tuple[int | None, ...]
     expert_cache: int = 0
-    zero_copy_cpu_share: float = 0.0
 
     def __post_init__(self):
         if not (len(self.tiers) == len(self.placements) == len(self.threads)) or not self.tiers:
@@ -306,8 +304,6 @@ class TieredPlacement:
         resident = {frozenset(p.names(home="vram")) for p in self.placements}
         if len(resident) != 1:
             raise InvalidInputError("every tier must keep the same sub-layers resident in VRAM")
-        if not 0.0 <= self.zero_copy_cpu_share <= 1.0:
-            raise InvalidInputError(f"zero_copy_cpu_share must be a share between 0 and 1, got {self.zero_copy_cpu_share}")
 
     @classmethod
     def single(cls, placement: Placement) -> "TieredPlacement":
@@ -338,8 +334,6 @@ class TieredPlacement:
                 "placements": [json.loads(p.to_json()) for p in self.placements]}
         if self.expert_cache:
             data["expert_cache"] = self.expert_cache
-        if self.zero_copy_cpu_share:
-            data["zero_copy_cpu_share"] = self.zero_copy_cpu_share
         return json.dumps(data)
 
     @classmethod
@@ -347,7 +341,6 @@ class TieredPlacement:
         try:
             data = json.loads(text)
             return cls(tuple(data["tiers"]), tuple(Placement.from_json(json.dumps(p)) for p in data["placements"]),
-                       tuple(data["threads"]), int(data.get("expert_cache", 0)),
-                       float(data.get("zero_copy_cpu_share", 0.0)))
+                       tuple(data["threads"]), int(data.get("expert_cache", 0)))
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidInputError(f"not a tiered placement JSON document: {exc}") from None

@@ -88,15 +88,12 @@ class PlanSet:
     notes: list[str] = field(default_factory=list)
     expert_cache: int = 0  # bytes of the VRAM expert cache (MoE placements that cache experts)
     expert_hit_rate: float = 0.0  # the hit rate the estimator assumed for it
-    # Of a decode step's host experts read by the GPU's zero-copy kernels, the CPU's share (0: none)
-    zero_copy_cpu_share: float = 0.0
 
     def tiered(self) -> TieredPlacement:
         sizes = tuple(sorted(self.tiers))
         named = tuple(Placement(f"{self.tiers[s].family}@{s}", self.tiers[s].placement.where) for s in sizes)
         return TieredPlacement(sizes, named,
-                               tuple(self.tiers[s].threads for s in sizes), self.expert_cache,
-                               self.zero_copy_cpu_share)
+                               tuple(self.tiers[s].threads for s in sizes), self.expert_cache)
 
     def to_dict(self) -> dict:
         return {
@@ -106,7 +103,6 @@ class PlanSet:
                      "workspace": self.need.workspace, "experts": self.need.experts,
                      "kv_staging": self.need.kv_staging, "total": self.need.total},
             "expert_cache": self.expert_cache, "expert_hit_rate": self.expert_hit_rate,
-            "zero_copy_cpu_share": self.zero_copy_cpu_share,
             "pinned": [{"name": r.name, "bytes": r.nbytes, "score": r.score,
                         "saved_ms": {str(t): s * 1e3 for t, s in r.saved_s.items()}} for r in self.reasons],
             "tiers": {str(t): {"family": p.family, "threads": p.threads, "predicted_ms": p.predicted_s * 1e3,
@@ -244,18 +240,10 @@ class Planner:
                         kv_staging=self.staging if staged else 0)
         plan = PlanSet(self.name, self.budget, self.context, kv_on_gpu, self.num_slots, need, pinned, reasons, tiers,
                        expert_cache=self.expert_cache if caches else 0,
-                       expert_hit_rate=self.estimator.expert_hit_rate if caches else 0.0,
-                       zero_copy_cpu_share=self._zero_copy_cpu_share(tiers))
+                       expert_hit_rate=self.estimator.expert_hit_rate if caches else 0.0)
         if note:
             plan.notes.append(note)
         return plan
-
-    def _zero_copy_cpu_share(self, tiers: dict[int, TierPlan]) -> float:
-        """The CPU's share beside the zero-copy kernels that the estimator planned with, where a
-        tier the kernels run (decode sizes) keeps experts in host memory; else 0."""
-        est = self.estimator
-        host = any(t <= est.zero_copy_rows and p.placement.expert_names("host") for t, p in tiers.items())
-        return est.zero_copy_cpu_share if est.zero_copy and host else 0.0
 
     def _moe_reserved(self) -> int:
         return self.moe_fixed + self.expert_cache if self.moe else 0

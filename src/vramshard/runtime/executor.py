@@ -156,9 +156,9 @@ class Executor:
     experts_zero_copy: in decode-sized steps, read experts in host memory by the GPU's kernels from
     pinned memory instead of computing them on the CPU (None: ``VRAMSHARD_EXPERTS_ZERO_COPY``; see
     :mod:`~vramshard.runtime.zero_copy_experts`). zero_copy_cpu_share: of the routed experts of
-    such a step in host memory, the share the CPU computes meanwhile (None: the tiered placement's
-    ``zero_copy_cpu_share``, which the planner balances with
-    :func:`~vramshard.plan.estimator.balanced_zero_copy_share`; 0: none; see ``_run_zero_copy``).
+    such a step in host memory, the share the CPU computes meanwhile (0: none; see ``_run_zero_copy``;
+    :func:`~vramshard.plan.estimator.balanced_zero_copy_share` balances the two sides' reads, but on
+    the H200 machine any share made decode slower: the host then waits for every layer's router).
 
     :meth:`reconfigure` switches to another placement while running (a VRAM budget that changed),
     rebuilding only the VRAM side: the host weights stay, KV caches move where the new placement
@@ -172,12 +172,11 @@ class Executor:
                  expert_cache: int | None = None, simulate_gpu: bool = False, decode_graphs: bool = False,
                  expert_cpu_share: float | None = None, decode_compile: str | None = None,
                  expert_prefetch: bool = False, experts_zero_copy: bool | None = None,
-                 zero_copy_cpu_share: float | None = None):
+                 zero_copy_cpu_share: float = 0.0):
         self.model = model
-        if zero_copy_cpu_share is not None and not 0.0 <= zero_copy_cpu_share <= 1.0:
+        if not 0.0 <= zero_copy_cpu_share <= 1.0:
             raise ValueError(f"zero_copy_cpu_share must be a share between 0 and 1, got {zero_copy_cpu_share}")
-        self._zero_copy_cpu_share_asked = zero_copy_cpu_share  # None: each tiered placement's own
-        self.zero_copy_cpu_share = zero_copy_cpu_share or 0.0
+        self.zero_copy_cpu_share = zero_copy_cpu_share  # (of host experts at decode, beside the kernels)
         self.expert_prefetch = expert_prefetch
         # Host-memory experts read by the GPU's kernels at decode sizes (None: VRAMSHARD_EXPERTS_ZERO_COPY).
         self.experts_zero_copy = zero_copy_experts.ENABLED if experts_zero_copy is None else experts_zero_copy
@@ -243,8 +242,6 @@ class Executor:
 
     def _apply(self, config: _Config) -> None:
         self.plans = config.plans
-        asked = self._zero_copy_cpu_share_asked
-        self.zero_copy_cpu_share = asked if asked is not None else config.plans.zero_copy_cpu_share
         self.placement = config.plans.placements[0]
         self.budget = config.budget
         self._kv_gpu = set(config.kv_gpu)
