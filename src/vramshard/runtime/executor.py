@@ -55,6 +55,7 @@ from .cpu_packed import PackedParts
 from .ffn_buffers import FFNBuffers
 from .step_logits import StepLogits
 from .streaming import ExpertSlots, SlotRing, StreamItem, item_bytes
+from .streams import process_stream
 
 log = logging.getLogger(__name__)
 
@@ -281,8 +282,8 @@ class Executor:
         # cuDNN attention rebuilds its plan for every new KV length (milliseconds of CPU per
         # decode step); the flash and memory-efficient kernels have no such cost.
         torch.backends.cuda.enable_cudnn_sdp(False)
-        self.compute_stream = torch.cuda.Stream(self.gpu)
-        self.copy_stream = torch.cuda.Stream(self.gpu)
+        self.compute_stream = process_stream(self.gpu, "compute")  # (one per process: see streams.py)
+        self.copy_stream = process_stream(self.gpu, "copy")
 
     def _load_vram(self) -> None:
         """Resident weights, split routers, the expert cache, the stream ring and the KV staging

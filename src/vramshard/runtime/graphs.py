@@ -35,6 +35,7 @@ from ..layers.static_attention import DecodeIndex, attention_output, decode_mask
 from ..layers.step import Step
 from ..layers.sublayer import SubLayer
 from ..plan.placement import GPU_RESIDENT, Placement
+from .streams import process_stream
 
 log = logging.getLogger(__name__)
 
@@ -561,7 +562,7 @@ class DecodeGraphs:
         start = time.perf_counter()
         current = torch.cuda.current_stream(self.device)
         if self._side_stream is None:
-            self._side_stream = torch.cuda.Stream(self.device)
+            self._side_stream = process_stream(self.device, "graph warm-up")
         if self._pool is None:  # one pool for every bucket: they never replay at the same time
             self._pool = torch.cuda.graph_pool_handle()
         self._side_stream.wait_stream(current)
