@@ -1,19 +1,19 @@
-# ~8.5 min on a fresh machine: GPU tests; the GIL handover on this host; run-ahead and prepacked
-# weights in llama3-8b steps at 64 rows; MoE experts read by the GPU from host memory, in the
-# step and alone against the copy engine.
+# ~7 min on a fresh machine: GPU tests (the shared-streams test, zero-copy on by default); then
+# qwen3-30b-a3b at 8 and 16 GiB, the planned engine (zero-copy experts) against layers:max and
+# experts computed by the CPU, with each cell's VRAM reserved before its executor (before_gib:
+# it should now stay near 0, not grow by 32 MiB an executor) and the skewed cell inside its budget.
 source benchmarks/gpu_session/setup.sh || exit 1
-timeout 190 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --durations=15 > $OUT/pytest_gpu.txt 2>&1; tail -3 $OUT/pytest_gpu.txt
+timeout 200 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --durations=10 > $OUT/pytest_gpu.txt 2>&1; tail -3 $OUT/pytest_gpu.txt
 grep -E "^(FAILED|ERROR)" $OUT/pytest_gpu.txt | cut -c1-250
-timeout 35 python3 -m benchmarks.gil_handoff --json $OUT/gil_handoff.json > $OUT/gil_handoff.log 2>&1; grep "'rows'" $OUT/gil_handoff.log | cut -c25-520
-OMP_WAIT_POLICY=PASSIVE timeout 35 python3 -m benchmarks.gil_handoff --json $OUT/gil_handoff_passive.json > $OUT/gil_handoff_passive.log 2>&1
-grep "'rows'" $OUT/gil_handoff_passive.log | cut -c25-520
-timeout 100 python3 -m benchmarks.step_profile --shape llama3-8b --seqs 64 --ctx 32 --steps 4 --rows 8 \
-  --placements planned:8+graphs+packed,planned:8+graphs+ahead+packed,planned:8+graphs+ahead \
-  --profile docs/profiles/h200-queued.json --json $OUT/steps_ahead_64.json > $OUT/steps_ahead_64.log 2>&1; echo "rc $?"
-grep -E "'placement'|not available|failed|Error" $OUT/steps_ahead_64.log | cut -c25-330
-timeout 45 python3 -m benchmarks.zero_copy --experts --json $OUT/zero_copy_experts.json > $OUT/zero_copy_experts.log 2>&1; echo "rc $?"
-grep -E "'tokens'|Error" $OUT/zero_copy_experts.log | cut -c25-330
-timeout 120 python3 -m benchmarks.step_profile --shape qwen3-30b-a3b --layers 8 --steps 4 \
-  --placements experts-cpu,experts-cpu+zerocopy,experts-stream,experts-stream+zerocopy,experts-cpu+ahead --expert-cache-gib 1 \
-  --profile docs/profiles/h200-queued.json --json $OUT/moe_steps.json > $OUT/moe_steps.log 2>&1; echo "rc $?"
-grep -E "'placement'|failed|Error" $OUT/moe_steps.log | cut -c25-330
+timeout 220 python3 -m benchmarks.moe_bench --budgets 8,16 --batches 1,64 --time-limit 190 \
+  --placements planned,experts-zero-copy,experts-cpu,layers:max \
+  --profile docs/profiles/h200-queued.json --out $OUT/moe_bench.json > $OUT/moe_bench.log 2>&1; echo "rc $?"
+python3 - <<'PY'
+import json, os
+d = json.load(open(os.path.join(os.environ["OUT"], "moe_bench.json")))
+for c in d["cells"] + [d.get("skewed") or {}]:
+    before = {k: round(v.get("before_gib", 0), 3) for k, v in c.get("peak_by_phase", {}).items()}
+    print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in c.items()
+           if k in ("placement", "budget_gib", "decode_tok_s", "bound_tok_s", "pcie_bound_tok_s", "ttft_s",
+                    "batched_tok_s", "peak_vram_gib", "within_budget", "error")}, "before", before)
+PY
