@@ -227,3 +227,14 @@ def test_the_kernels_compile_for_a_gpu(has_cache):
 def test_zero_copy_experts_are_on_unless_switched_off(monkeypatch):
     """On (where supported) unless VRAMSHARD_EXPERTS_ZERO_COPY=off (read when the module is imported)."""
     assert_opt_out(monkeypatch, zero_copy_experts, "VRAMSHARD_EXPERTS_ZERO_COPY")
+
+
+@needs_triton
+def test_gpus_older_than_ampere_compute_host_experts_on_the_cpu(monkeypatch):
+    """On by default must not mean a kernel that fails on a GPU it was never meant for: below
+    compute capability 8.0 (an RTX 20xx, say) the kernels are not supported, and so not used."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(zero_copy_experts, "ENABLED", True)
+    for capability, expected in (((7, 5), False), ((8, 0), True), ((8, 6), True), ((9, 0), True)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, c=capability: c)
+        assert zero_copy_experts.supported() is expected and zero_copy_experts.available() is expected

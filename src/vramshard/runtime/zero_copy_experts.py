@@ -1,5 +1,5 @@
 """A MoE layer's routed experts computed on the GPU straight from pinned host memory (on where
-Triton and a GPU are there; ``VRAMSHARD_EXPERTS_ZERO_COPY=off`` turns it off).
+Triton and an Ampere-or-newer GPU are there; ``VRAMSHARD_EXPERTS_ZERO_COPY=off`` turns it off).
 
 A MoE decode step with its experts in host memory (``experts-cpu``, the host-expert layers of a
 low-budget plan) sends each layer's hidden states and routing to the host, waits for the router,
@@ -72,9 +72,15 @@ def cpu_expert_count(share: float, experts: int) -> int:
     return min((low, min(low + 1, experts)), key=lambda n: (max(n * (1 - share), (experts - n) * share), n))
 
 
+# The oldest GPUs the kernels are meant for: Ampere (RTX 30xx, A100) and newer, whose Triton loads
+# bfloat16 natively. They have run on Hopper (sm_90) only; older GPUs compute host experts on the CPU.
+MIN_CAPABILITY = (8, 0)
+
+
 def supported() -> bool:
-    """Whether host experts can be read by the GPU's kernels here (a GPU, and Triton)."""
-    return triton is not None and torch.cuda.is_available()
+    """Whether host experts can be read by the GPU's kernels here: Triton, and a GPU of compute
+    capability ``MIN_CAPABILITY`` or newer."""
+    return triton is not None and torch.cuda.is_available() and torch.cuda.get_device_capability() >= MIN_CAPABILITY
 
 
 def available() -> bool:
