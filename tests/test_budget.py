@@ -284,8 +284,10 @@ def test_unchanged_budget_run_equals_reference_and_generate_polls(model_dir, ref
         if len(tokens) == 3:
             engine.set_vram(points["all"])
     assert tokens == reference.generate([batch[0]], 12)[0]
-    assert engine.budget_watcher.in_force == points["all"] and engine.plan.kv_on_gpu
-    assert engine.logits(batch[1]).shape[0] == len(batch[1])
+    assert engine.budget_watcher.in_force == points["all"]  # in force: the growth is planned in the background
+    engine.budget.background.wait(30)  # on a slow machine the stream can end before that plan is made
+    assert engine.logits(batch[1]).shape[0] == len(batch[1])  # a step boundary puts the full plan in force
+    assert engine.plan.kv_on_gpu
 
 
 def test_out_of_memory_in_a_step_replans_smaller_and_retries(model_dir, reference, sizes, monkeypatch, caplog):
