@@ -8,7 +8,11 @@ computes an expert. On the H200 host the layer's own path took ~0.41 ms an exper
 (fourteenth GPU session, ``step_profile``), 4× the read time of its 9.4 MB at ~90 GB/s. This
 times, for one token and for ``--rows``, the routed experts of one layer:
 
-- ``layer``: the layer's own CPU path (``MoEFFN.run_experts`` over a plain host source), all threads;
+- ``layer``: the layer's expert-by-expert CPU path (``MoEFFN.run_experts`` over a source that
+  does not stack its experts), all threads;
+- ``compiled``: the layer's path over its stacked host experts, the executor's since 2026-12-02:
+  every assignment in one compiled pass (:mod:`vramshard.layers.host_experts`; the first call,
+  which compiles, timed apart as ``compile_s``);
 - ``packed``: each expert's gate+up and down reordered once by oneDNN (``mkldnn._reorder_linear_weight``)
   and computed by ``mkldnn._linear_pointwise`` (a second copy of the weights);
 - ``threads:K``: K Python threads, each computing its share of the experts with 1/K of the
@@ -24,10 +28,12 @@ from __future__ import annotations
 import argparse
 import logging
 import threading
+import time
 
 import torch
 import torch.nn.functional as F
 
+from vramshard.layers import host_experts
 from vramshard.layers.moe import DictExperts, MoEFFN, Routing
 from vramshard.models import build_model
 from vramshard.shapes import shape_config
@@ -88,6 +94,7 @@ def main() -> None:
     gate_up = (torch.randn(E, 2 * Fw, D) * 0.02).to(dtype)
     down = (torch.randn(E, D, Fw) * 0.02).to(dtype)
     source = DictExperts(expert_views(gate_up, down), E)
+    stacked_source = DictExperts(expert_views(gate_up, down), E, stack=True)
     all_threads = torch.get_num_threads()
     read_gb_s = cpu_read_bandwidth() / 1e9
     expert_bytes = (gate_up[0].numel() + down[0].numel()) * dtype.itemsize
@@ -109,6 +116,15 @@ def main() -> None:
             torch.set_num_threads(all_threads)
             reference = ffn.run_experts(source, h, fixed := routing())
             cell["layer_ms"] = timed(lambda: ffn.run_experts(source, h, routing()), repeat=args.repeat) * 1e3
+            began = time.perf_counter()
+            compiled = ffn.run_experts(stacked_source, h, fixed)
+            cell["compile_s"] = time.perf_counter() - began
+            if host_experts.routed(h, gate_up, down, fixed.experts, fixed.weights) is None:
+                cell["compiled_error"] = "the compiled pass does not run here (see the log)"
+            else:
+                torch.testing.assert_close(compiled.float(), reference.float(), rtol=3e-2, atol=3e-3)
+                cell["compiled_ms"] = timed(lambda: ffn.run_experts(stacked_source, h, routing()),
+                                            repeat=args.repeat) * 1e3
             try:
                 if packed is None:
                     packed = [(torch.ops.mkldnn._reorder_linear_weight(gate_up[e].contiguous(), 1),

@@ -32,6 +32,7 @@ def tiny_spec(**overrides) -> BenchmarkSpec:
         ratio_shapes=[(512, 512)], ratio_ms=[1, 64], transfer_sizes=[2**16, 2**20, 2**22],
         attention_n_new=[1, 8], attention_context=[128, 512], attention_heads=[(4, 2, 64)],
         point_budget_s=0.01, point_cap_s=0.1, gpu_point_budget_s=0.005, gpu=False, cpu_rounds=1, quick=True,
+        host_experts=None,
     )
     for key, value in overrides.items():
         setattr(spec, key, value)
@@ -559,3 +560,44 @@ def test_the_profile_times_dense_ffns_from_prepacked_weights_by_rows():
     data["packed_ffn"]["bf16"] = {"0": 1.0}
     with pytest.raises(ProfileError, match="packed_ffn"):
         Profile(data)
+
+
+def test_the_profile_times_routed_experts_in_the_compiled_pass_by_rows(tmp_path, capsys):
+    """host_experts: a factor per row count (the compiled pass over the expert-by-expert path, the
+    layer's own code) for the half-precision dtypes only; the estimator scales a MoE layer's CPU
+    experts by it up to the pass's rows and not beyond, the router never; a bad section is refused."""
+    from vramshard.layers import host_experts
+    from vramshard.layers.moe import MoEFFN
+    from vramshard.plan.estimator import Estimator
+    from vramshard.shapes import shape_model
+
+    profile = run_profile(tiny_spec(threads=[torch.get_num_threads()], dtypes=["fp32", "bf16"], split_ffn=None,
+                                    host_experts=(256, 128, 2), host_expert_rows=[1, 4]))
+    assert set(profile.data["host_experts"]) == {"bf16"}  # float32 keeps the expert-by-expert path
+    factors = profile.data["host_experts"]["bf16"]
+    assert set(factors) == {"1", "4"} and all(0.01 < f < 100 for f in factors.values())
+    assert profile.host_experts_factor("bf16", 2) == pytest.approx((factors["1"] + factors["4"]) / 2)
+    from vramshard.cli.main import main
+
+    assert main(["profile", "--show", "--out", str(save(profile, tmp_path / "p.json"))]) == 0
+    assert f"compiled pass over expert by expert: bf16 1 rows {factors['1']:.2f}x" in \
+        " ".join(capsys.readouterr().out.split())
+    data = copy.deepcopy(profile.data)
+    data["host_experts"]["bf16"] = {"1": -1.0}
+    with pytest.raises(ProfileError, match="compiled pass factor"):
+        Profile(data)
+
+    model = shape_model("tiny-qwen3-moe", torch.bfloat16)
+    ffn = next(s for s in model if isinstance(s, MoEFFN))
+    base = synthetic(cpu_gflops=50, gpu_gflops=20_000, h2d_gbps=25, cpu_threads=2)
+    data = copy.deepcopy(base.data)
+    data["host_experts"] = {"bf16": {"1": 0.5, str(host_experts.ROWS): 0.25}}
+    plain, compiled = Estimator(model, base), Estimator(model, Profile(data))
+    assert compiled.experts_s(ffn, "cpu", 1) == pytest.approx(0.5 * plain.experts_s(ffn, "cpu", 1))
+    rows = host_experts.ROWS
+    assert compiled.experts_s(ffn, "cpu", rows) == pytest.approx(0.25 * plain.experts_s(ffn, "cpu", rows))
+    assert compiled.experts_s(ffn, "cpu", rows + 1) == pytest.approx(plain.experts_s(ffn, "cpu", rows + 1))
+    assert compiled.experts_s(ffn, "cuda", 1) == plain.experts_s(ffn, "cuda", 1)
+    router = sum(plain._matmul(m, k, n, "cpu", False) for m, k, n in ffn.router_matmuls(1))
+    whole = plain.compute_s(ffn, "cpu", 1, 64)
+    assert compiled.compute_s(ffn, "cpu", 1, 64) == pytest.approx(router + 0.5 * (whole - router))

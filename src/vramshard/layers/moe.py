@@ -6,8 +6,9 @@ experts that received tokens, grouping the tokens of each expert (no per-token l
 Expert weights reach the math through a small protocol, :class:`ExpertWeights`: a mapping
 of the sub-layer's own weights (norm, router) with ``experts(ids)``, which yields the
 weights of the asked experts, possibly lazily (copied into VRAM as they are asked for),
-and ``stacked()``, all experts as two strided tensors where they are resident. The
-executor supplies the source; a plain weight mapping is wrapped in :class:`DictExperts`.
+and ``stacked()``, all experts as two strided tensors where they lie at one stride (in VRAM,
+or in the executor's host buffer). The executor supplies the source; a plain weight mapping
+is wrapped in :class:`DictExperts`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelArgs
+from . import host_experts
 from .mlp import swiglu, swiglu_fused
 from .norm import rms_norm
 from .step import Step
@@ -118,7 +120,7 @@ class ExpertWeights(Mapping):
         raise NotImplementedError
 
     def stacked(self) -> StackedExperts | None:
-        """All experts stacked, where the source holds them so (resident in VRAM); else None."""
+        """All experts stacked, where the source holds them so (in VRAM, or a host buffer); else None."""
         return None
 
     def gather(self, ids: list[int]) -> Gathered | None:
@@ -130,8 +132,9 @@ class ExpertWeights(Mapping):
 class DictExperts(ExpertWeights):
     """Expert source over a plain ``{key: tensor}`` mapping holding every expert (host or VRAM).
 
-    ``stack``: offer :meth:`stacked` when the experts lie at a uniform stride (worth it on
-    the GPU, where it avoids a host synchronisation per layer; the CPU path stays grouped).
+    ``stack``: offer :meth:`stacked` when the experts lie at a uniform stride: on the GPU the
+    gathered path then avoids a host synchronisation per layer; on the CPU a few half-precision
+    tokens take one compiled pass (:mod:`~vramshard.layers.host_experts`), others the grouped path.
     """
 
     def __init__(self, weights: Mapping[str, torch.Tensor], num_experts: int, stack: bool = False):
@@ -272,8 +275,13 @@ class MoEFFN(SubLayer):
         experts of one step can be split between sources (e.g. CPU and GPU) and the parts summed.
         """
         stacked = source.stacked()
+        if stacked is not None and h.device.type == "cpu":  # a few tokens in one compiled pass (half precision)
+            keep = None if only is None else torch.isin(routing.experts, torch.tensor(sorted(only), dtype=torch.long))
+            y = host_experts.routed(h, stacked.gate_up, stacked.down, routing.experts, routing.weights, keep)
+            if y is not None:
+                return y
         small = routing.experts.numel() * self.expert_bytes <= GATHER_BYTES
-        if stacked is not None and small:
+        if stacked is not None and small and h.device.type != "cpu":
             return self._run_gathered(stacked, h, _restricted(routing, only))
         if small:
             # A few tokens from a cache: all their experts at once, a handful of kernels for the

@@ -116,6 +116,16 @@ def cpu_packed_enabled() -> bool:
     return cpu_packed.ENABLED and torch.backends.mkldnn.is_available()
 
 
+def host_pass_factor(profile: Profile, dtype, rows: int) -> float:
+    """The profile's time factor of a MoE layer's routed experts on the CPU at ``rows`` where the
+    executor computes them in one compiled pass (:mod:`~vramshard.layers.host_experts`), else 1."""
+    from ..layers import host_experts  # (the math's own switch and limits)
+
+    if not host_experts.ENABLED or dtype not in host_experts.DTYPES or not 1 <= rows <= host_experts.ROWS:
+        return 1.0
+    return profile.host_experts_factor(dtype, rows)
+
+
 def _cpu_expert_count(share: float, experts: int) -> int:
     from ..runtime.zero_copy_experts import cpu_expert_count  # (the executor's own rule)
 
@@ -192,6 +202,9 @@ class Estimator:
             seconds += count * self._matmul(m, k, n, device, contended)
         if device == "cpu" and self.cpu_packed and isinstance(sublayer, DenseFFN):
             seconds *= self.profile.packed_ffn_factor(self.dtype, n_tokens)
+        if device == "cpu" and isinstance(sublayer, MoEFFN):  # its experts in the compiled pass
+            router = sum(self._matmul(m, k, n, device, contended) for m, k, n in sublayer.router_matmuls(rows))
+            seconds = router + (seconds - router) * host_pass_factor(self.profile, self.dtype, n_tokens)
         if isinstance(sublayer, Attention):
             seconds += self.profile.attention_s(n_tokens, context, sublayer.num_heads, sublayer.num_kv_heads,
                                                 sublayer.head_dim, self.dtype, device,
@@ -288,10 +301,12 @@ class Estimator:
             self._cache[key] = sum(count * self._matmul(m, k, n, device, contended)
                                    for (m, k, n), count in Counter(sublayer.expert_matmuls(n_tokens)).items())
         kernels = self._cache[key]
+        # The compiled pass of a few tokens on the CPU, against the grouped path it was timed beside.
+        factor = host_pass_factor(self.profile, self.dtype, n_tokens) if device == "cpu" else 1.0
         if not launches:
-            return kernels
+            return kernels * factor
         count = 8 + 8 * round(sublayer.expected_experts_touched(n_tokens))
-        return kernels + self.dispatch_s(device) * count / DISPATCH_LAUNCHES
+        return (kernels + self.dispatch_s(device) * count / DISPATCH_LAUNCHES) * factor
 
     def expert_miss_bytes(self, sublayer: MoEFFN, n_tokens: int) -> float:
         """Expected bytes the expert cache copies for one step: routed experts it lacks."""
@@ -587,7 +602,7 @@ def _expert_on_cpu_s(moe: MoEFFN, profile: Profile) -> float:
     dtype = moe.weights[0].dtype
     return (profile.matmul_s(1, moe.hidden, 2 * moe.intermediate, dtype, "cpu", contended=True)
             + profile.matmul_s(1, moe.intermediate, moe.hidden, dtype, "cpu", contended=True)
-            + 6 * profile.dispatch_s("cpu"))
+            + 6 * profile.dispatch_s("cpu")) * host_pass_factor(profile, dtype, 1)
 
 
 def expert_cpu_share(model: Model, profile: Profile) -> float:

@@ -242,7 +242,15 @@ class Profile:
         """A dense FFN's CPU time from oneDNN-prepacked weights over plain ones at ``rows`` (linear
         in log rows between the measured counts, the nearest beyond them; 1 when the profile did not
         measure it or oneDNN could not pack the dtype here)."""
-        by_rows = self.data.get("packed_ffn", {}).get(dtype_name(dtype))
+        return self._factor_by_rows("packed_ffn", dtype, rows)
+
+    def host_experts_factor(self, dtype, rows: int) -> float:
+        """A MoE layer's routed experts' CPU time in the compiled pass over the expert-by-expert
+        path's at ``rows`` (as :meth:`packed_ffn_factor`; 1 when the profile did not measure it)."""
+        return self._factor_by_rows("host_experts", dtype, rows)
+
+    def _factor_by_rows(self, section: str, dtype, rows: int) -> float:
+        by_rows = self.data.get(section, {}).get(dtype_name(dtype))
         if not by_rows:
             return 1.0
         points = sorted((int(r), float(f)) for r, f in by_rows.items())
@@ -329,6 +337,7 @@ class Profile:
             "dispatch_us": {device: s * 1e6 for device, s in self.data["dispatch"].items()},
             "split_part_factor": dict(self.data.get("split_part", {})),
             "packed_ffn_factor": dict(self.data.get("packed_ffn", {})),
+            "host_experts_factor": dict(self.data.get("host_experts", {})),
             "cpu_threads": self.threads,
             "default_threads": self.default_threads,
             "has_gpu": self.has_gpu,

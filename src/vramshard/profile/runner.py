@@ -11,8 +11,10 @@ import torch
 
 from .. import __version__
 from ..errors import ProfileError
+from ..layers import host_experts
 from .bench_attention import measure_attention
 from .bench_dispatch import measure_dispatch
+from .bench_experts import measure_host_experts
 from .bench_matmul import measure_matmul
 from .bench_packed import measure_packed_ffn
 from .bench_split import measure_split_part
@@ -22,7 +24,7 @@ from .fingerprint import fingerprint_hash, machine_fingerprint
 from .progress import ProgressSink
 from .query import Profile
 from .schema import SCHEMA, VERSION
-from .spec import BenchmarkSpec
+from .spec import BenchmarkSpec, torch_dtype
 
 log = logging.getLogger(__name__)
 # Dispatch costs microseconds and any interruption adds to it: the fastest of many batches, over
@@ -48,6 +50,8 @@ def _total_weight(spec: BenchmarkSpec, threads: list[int], use_gpu: bool, w: dic
     total = (full * spec.cpu_rounds + ratio * (len(threads) - 1) + attn * spec.cpu_rounds) * w["cpu"] + w["dispatch"]
     if spec.split_ffn:
         total += len(spec.dtypes) * w["split"] * (2 if spec.packed_rows else 1)
+    if spec.host_experts:
+        total += sum(torch_dtype(d) in host_experts.DTYPES for d in spec.dtypes) * w["split"]
     if use_gpu:
         total += (full + attn) * w["gpu"] + w["dispatch"]
         total += 4 * len(spec.transfer_sizes) * w["transfer"]
@@ -88,6 +92,7 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
     dispatch: dict[str, float] = {}
     split_part: dict[str, float] = {}
     packed_ffn: dict[str, dict[str, float]] = {}
+    host_expert_factors: dict[str, dict[str, float]] = {}
     cpu_args = {"budget_s": spec.point_budget_s, "cap_s": spec.point_cap_s, "progress": progress, "weight": w["cpu"]}
     gpu_args = {"budget_s": spec.gpu_point_budget_s, "cap_s": spec.point_cap_s, "progress": progress, "weight": w["gpu"]}
 
@@ -120,6 +125,12 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
                                                      weight=w["split"])
                         if factors is not None:  # (None: oneDNN cannot pack this dtype here)
                             packed_ffn[dtype] = factors
+                if spec.host_experts and torch_dtype(dtype) in host_experts.DTYPES:
+                    factors = measure_host_experts(dtype, *spec.host_experts, spec.host_expert_rows,
+                                                   budget_s=4 * spec.point_budget_s, progress=progress,
+                                                   weight=w["split"])
+                    if factors is not None:  # (None: the compiled pass does not run here)
+                        host_expert_factors[dtype] = factors
             if use_gpu:
                 _measure_gpu(spec, top, w, cpu_args, gpu_args, progress, matmul, attention, transfer, dispatch)
             for round_ in range(2, spec.cpu_rounds + 1):
@@ -139,6 +150,8 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
         data["split_part"] = split_part
     if packed_ffn:
         data["packed_ffn"] = packed_ffn
+    if host_expert_factors:
+        data["host_experts"] = host_expert_factors
     estimated = sum(t.get("estimated", 0) for t in matmul + attention)
     log.info("profile measured in %.1f s (%d points extrapolated beyond the time cap)", elapsed, estimated)
     return Profile(data)

@@ -14,7 +14,9 @@ the tables:
 - ``split_part`` (optional): ``{dtype: factor}``, a split dense FFN's CPU part's time per byte
   over the whole FFN's (absent: 1);
 - ``packed_ffn`` (optional): ``{dtype: {rows: factor}}``, a dense FFN's CPU time from
-  oneDNN-prepacked weights over plain ones (absent: 1; a dtype oneDNN cannot pack is absent).
+  oneDNN-prepacked weights over plain ones (absent: 1; a dtype oneDNN cannot pack is absent);
+- ``host_experts`` (optional): ``{dtype: {rows: factor}}``, a MoE layer's routed experts on the
+  CPU in the compiled pass over the expert-by-expert path's time (absent: 1).
 
 GPU tables are absent when the machine has no CUDA device.
 """
@@ -33,6 +35,18 @@ DEVICES = ("cpu", "cuda")
 def _positive(value, what: str) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
         raise ProfileError(f"{what} must be a positive number, found {value!r}")
+
+
+def _factors_by_rows(data: dict, section: str, what: str) -> None:
+    """An optional ``{dtype: {rows: factor}}`` section."""
+    by_dtype = data.get(section, {})
+    if not isinstance(by_dtype, dict) or not all(isinstance(v, dict) and v for v in by_dtype.values()):
+        raise ProfileError(f"profile '{section}' section must map dtypes to {{rows: factor}}")
+    for dtype, by_rows in by_dtype.items():
+        for rows, value in by_rows.items():
+            if not str(rows).isdigit() or int(rows) < 1:
+                raise ProfileError(f"profile '{section}' rows for {dtype} must be positive integers, got {rows!r}")
+            _positive(value, f"{what} for {dtype} at {rows} rows")
 
 
 def _grid(table: dict, rows_key: str, cols_key: str, what: str) -> None:
@@ -89,11 +103,5 @@ def validate(data) -> None:
         raise ProfileError("profile 'split_part' section must map dtypes to factors")
     for dtype, value in split_part.items():
         _positive(value, f"split FFN part factor for {dtype}")
-    packed_ffn = data.get("packed_ffn", {})
-    if not isinstance(packed_ffn, dict) or not all(isinstance(v, dict) and v for v in packed_ffn.values()):
-        raise ProfileError("profile 'packed_ffn' section must map dtypes to {rows: factor}")
-    for dtype, by_rows in packed_ffn.items():
-        for rows, value in by_rows.items():
-            if not str(rows).isdigit() or int(rows) < 1:
-                raise ProfileError(f"profile 'packed_ffn' rows for {dtype} must be positive integers, got {rows!r}")
-            _positive(value, f"packed FFN factor for {dtype} at {rows} rows")
+    _factors_by_rows(data, "packed_ffn", "packed FFN factor")
+    _factors_by_rows(data, "host_experts", "routed experts' compiled pass factor")

@@ -109,6 +109,10 @@ class BenchmarkSpec:
     # Rows at which that FFN is timed from oneDNN-prepacked weights against plain ones (see
     # bench_packed.py; the estimator's factor where VRAMSHARD_CPU_PACKED is on); empty: not measured.
     packed_rows: list[int] = field(default_factory=lambda: [1, 16, 64, 256])
+    # (hidden, intermediate, top_k) of the MoE layer whose routed experts are timed in the compiled
+    # pass against the expert-by-expert path (see bench_experts.py), at these rows; None: not measured.
+    host_experts: tuple[int, int, int] | None = (2048, 768, 8)
+    host_expert_rows: list[int] = field(default_factory=lambda: [1, 4, 16])
     gpu: bool | None = None  # None: measure the GPU when CUDA is available
     # Rounds of the all-cores CPU tables (matmul, attention), minutes apart: each point keeps its
     # fastest round. A shared host's CPU drifts over minutes (the H200 machine's moved 6-31% between
@@ -138,6 +142,8 @@ class BenchmarkSpec:
             gpu_point_budget_s=0.01,
             split_ffn=(1024, 4096),
             packed_rows=[1, 64],
+            host_experts=(1024, 512, 4),
+            host_expert_rows=[1, 16],
             cpu_rounds=1,
             quick=True,
         )

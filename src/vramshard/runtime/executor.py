@@ -38,8 +38,9 @@ from typing import Callable
 import torch
 
 from ..errors import BudgetError, InvalidInputError
+from ..layers import host_experts
 from ..layers.mlp import DenseFFN
-from ..layers.moe import GATHER_BYTES, DictExperts, MoEFFN, Routing, StackedExperts, stack_experts
+from ..layers.moe import GATHER_BYTES, DictExperts, MoEFFN, Routing, StackedExperts
 from ..layers.step import Step
 from ..models.base import Model
 from ..plan.memory import ALLOCATOR_SLACK, VramNeed, align, expert_slot_bytes, kv_positions, tiered_vram_need
@@ -208,6 +209,7 @@ class Executor:
         # Dense FFNs on the CPU at many rows; results pinned where they may be copied to a GPU.
         self._ffn_buffers = FFNBuffers(pinned=self._device.type == "cuda" and torch.cuda.is_available())
         self._packed = PackedParts()  # CPU FFN parts prepacked for oneDNN (opt-in)
+        self._host_moe: dict[str, DictExperts] = {}  # MoE sub-layer -> its host buffer's experts, stacked
         self._run_ahead: run_ahead.RunAhead | None = None  # split FFNs' CPU parts on a worker (opt-in)
         self._run_ahead_tried = False
         self.compute_stream = self.copy_stream = None
@@ -252,6 +254,23 @@ class Executor:
         self.uses_gpu = config.plans.uses_gpu
         self.need: VramNeed = config.need
         self._packed.keep(self._cpu_ffn_parts(config.plans))
+        self._warm_host_experts(config.plans)
+
+    def _warm_host_experts(self, plans: TieredPlacement) -> None:
+        """Compile the CPU's pass over a few tokens' routed experts (:mod:`~vramshard.layers.host_experts`)
+        before the first step that needs it, where a decode-sized tier computes experts on the CPU,
+        with that tier's thread count."""
+        smallest = (1,) + tuple(t + 1 for t in plans.tiers[:-1])  # the fewest tokens of each tier's steps
+        for fewest, placement, threads in zip(smallest, plans.placements, plans.threads):
+            if fewest > host_experts.ROWS:
+                continue
+            where = placement.as_dict()
+            moe = next((s for s in self.model if isinstance(s, MoEFFN) and s.name in where
+                        and (where[s.name].compute == "cpu" or where[s.name].experts == "host")), None)
+            stacked = self._host_experts_of(moe).stacked() if moe is not None else None
+            if stacked is not None and host_experts.eligible(torch.zeros(1, moe.hidden, dtype=stacked.gate_up.dtype), stacked.gate_up):
+                use_cpu_threads(threads or self.threads)
+                host_experts.warm_up(*stacked)
 
     def _cpu_ffn_parts(self, plans: TieredPlacement) -> set[tuple[str, int]]:
         """(dense FFN, pieces on the CPU) of every CPU part the plans compute: split FFNs' first
@@ -496,10 +515,10 @@ class Executor:
             cursor += align(end - begin)
             main = packed.layout.views(block, piece="main")
             self.split_weights[name] = CachedExperts(main, name, self.expert_cache) if name in cached else main
-            self.host_experts[name] = DictExperts(packed.views, self.model[name].num_experts)
+            self.host_experts[name] = self._host_experts_of(self.model[name])
             if name in on_host | cached and self.experts_zero_copy and zero_copy_experts.supported() \
                     and not self.simulated and packed.buffer.is_pinned():
-                stacked = stack_experts(packed.views, self.model[name].num_experts)
+                stacked = self.host_experts[name].stacked()
                 if stacked is not None:
                     self._host_stacked[name] = stacked
 
@@ -996,7 +1015,17 @@ class Executor:
         weights = self.host[sublayer.name].views
         if isinstance(sublayer, DenseFFN) and (FFNBuffers.wanted(x.shape[0]) or self._packed.enabled):
             return x + self._cpu_contribution(sublayer, weights, sublayer.norm(weights, x), sublayer.num_pieces)
+        if isinstance(sublayer, MoEFFN):
+            return sublayer.forward(self._host_experts_of(sublayer), x, step)
         return sublayer.forward(weights, x, step)
+
+    def _host_experts_of(self, sublayer: MoEFFN) -> DictExperts:
+        """A MoE sub-layer's experts in its host buffer, stacked where they lie at one stride (made once)."""
+        source = self._host_moe.get(sublayer.name)
+        if source is None:
+            source = DictExperts(self.host[sublayer.name].views, sublayer.num_experts, stack=True)
+            self._host_moe[sublayer.name] = source
+        return source
 
     def _cpu_contribution(self, sublayer: DenseFFN, weights: dict[str, torch.Tensor], h: torch.Tensor,
                           cpu_pieces: int) -> torch.Tensor:

@@ -1,0 +1,139 @@
+"""A few tokens' routed experts on the CPU in one compiled pass (``layers/host_experts``): against
+the expert-by-expert path in float32, shares of a step's assignments, where it does not apply, its
+fallback when compiling fails, and a bfloat16 engine on the CPU that runs on it."""
+
+import logging
+
+import pytest
+import torch
+
+from vramshard import Engine
+from vramshard.layers import host_experts
+from vramshard.layers.moe import DictExperts, MoEFFN
+from vramshard.loading.checkpoint import open_checkpoint
+from vramshard.models import build_model
+from vramshard.runtime.host_weights import pack_model
+from vramshard.runtime.weights import load_weights
+
+from placement_helpers import PROMPT
+
+MOE_ARCHS = ["qwen3_moe", "mixtral"]
+
+
+def bf16_layer(tiny_model_dir, arch):
+    """The first MoE ``ffn`` of the tiny bfloat16 model, its packed host views, and float32 copies."""
+    path = tiny_model_dir(arch, torch.bfloat16)
+    model = build_model(open_checkpoint(path).config, dtype=torch.bfloat16)
+    host = pack_model(list(model), load_weights(model, open_checkpoint(path)), pin=False)
+    ffn = next(s for s in model if isinstance(s, MoEFFN))
+    views = host[ffn.name].views
+    assert views["router"].dtype == torch.bfloat16
+    plain32 = {k: v.float() for k, v in views.items() if not k.endswith("gate_up")}
+    return ffn, views, plain32
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """The kernel's calls that computed a result (not None)."""
+    made = []
+    real = host_experts.routed
+
+    def spy(*args, **kwargs):
+        y = real(*args, **kwargs)
+        if y is not None:
+            made.append(args[0].shape[0])
+        return y
+
+    monkeypatch.setattr(host_experts, "routed", spy)
+    return made
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_compiled_pass_matches_the_expert_by_expert_path_in_float32(arch, tiny_model_dir, calls):
+    ffn, views, plain32 = bf16_layer(tiny_model_dir, arch)
+    source = DictExperts(views, ffn.num_experts, stack=True)
+    assert source.stacked() is not None
+    torch.manual_seed(0)
+    for tokens in (1, 3, host_experts.ROWS):
+        x = torch.randn(tokens, ffn.hidden).to(torch.bfloat16)
+        h, routing = ffn.prepare(views, x)
+        got = ffn.run_experts(source, h, routing)
+        assert got.dtype == torch.bfloat16 and got.shape == h.shape
+        expected = ffn.run_experts(DictExperts(plain32, ffn.num_experts), h.float(), routing)
+        scale = expected.abs().max().item()
+        torch.testing.assert_close(got.float(), expected, rtol=0, atol=2e-2 * scale)
+    assert calls == [1, 3, host_experts.ROWS]
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_shares_of_the_assignments_sum_to_the_whole(arch, tiny_model_dir, calls):
+    ffn, views, _ = bf16_layer(tiny_model_dir, arch)
+    source = DictExperts(views, ffn.num_experts, stack=True)
+    torch.manual_seed(1)
+    x = torch.randn(5, ffn.hidden).to(torch.bfloat16)
+    h, routing = ffn.prepare(views, x)
+    used = sorted(set(routing.experts.reshape(-1).tolist()))
+    first, rest = set(used[: len(used) // 2]), set(used[len(used) // 2 :])
+    whole = ffn.run_experts(source, h, routing).float()
+    parts = ffn.run_experts(source, h, routing, only=first).float() + ffn.run_experts(source, h, routing, only=rest).float()
+    torch.testing.assert_close(parts, whole, rtol=0, atol=2e-2 * whole.abs().max().item())
+    assert torch.count_nonzero(ffn.run_experts(source, h, routing, only=set())) == 0
+    assert len(calls) == 4
+
+
+def test_where_it_does_not_apply_the_caller_computes(tiny_model_dir):
+    ffn, views, plain32 = bf16_layer(tiny_model_dir, "qwen3_moe")
+    stacked = DictExperts(views, ffn.num_experts, stack=True).stacked()
+    routing_of = lambda rows: ffn.prepare(views, torch.randn(rows, ffn.hidden).to(torch.bfloat16))  # noqa: E731
+    h, routing = routing_of(host_experts.ROWS + 1)  # a prompt chunk: the grouped path reads each expert once
+    assert host_experts.routed(h, stacked.gate_up, stacked.down, routing.experts, routing.weights) is None
+    stacked32 = DictExperts(plain32, ffn.num_experts, stack=True).stacked()
+    assert stacked32 is None  # (separate tensors: nothing to stack)
+    h, routing = routing_of(1)
+    g32, d32 = stacked.gate_up.float(), stacked.down.float()
+    assert host_experts.routed(h.float(), g32, d32, routing.experts, routing.weights) is None  # float32
+
+
+def test_a_failed_compile_falls_back_to_the_expert_by_expert_path(tiny_model_dir, monkeypatch, caplog):
+    ffn, views, plain32 = bf16_layer(tiny_model_dir, "qwen3_moe")
+    source = DictExperts(views, ffn.num_experts, stack=True)
+    broken = host_experts._Compiled()
+
+    def no_compiler(*args):
+        raise RuntimeError("no C++ compiler found\nmore detail")
+
+    broken.fn = no_compiler
+    monkeypatch.setattr(host_experts, "_kernel", broken)
+    x = torch.randn(2, ffn.hidden).to(torch.bfloat16)
+    h, routing = ffn.prepare(views, x)
+    with caplog.at_level(logging.WARNING, logger="vramshard.layers.host_experts"):
+        got = ffn.run_experts(source, h, routing)
+        again = ffn.run_experts(source, h, routing)
+    assert [r.getMessage() for r in caplog.records].count(
+        "routed experts on the CPU run expert by expert: compiling their kernel failed "
+        "(RuntimeError: no C++ compiler found)") == 1  # said once
+    assert not host_experts.eligible(h, views["experts.0.gate_up"][None])
+    expected = ffn.run_experts(DictExperts(plain32, ffn.num_experts), h.float(), routing)
+    torch.testing.assert_close(got.float(), expected, rtol=0, atol=2e-2 * expected.abs().max().item())
+    assert torch.equal(got, again)
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_a_bfloat16_cpu_engine_decodes_on_it(arch, tiny_model_dir, calls, monkeypatch):
+    """Greedy decode and prompt logits of the bfloat16 engine on the CPU, against its float32 run:
+    the pass is compiled at load, and the one-token steps take it."""
+    path = tiny_model_dir(arch, torch.bfloat16)
+    warmed = []
+    real_warm_up = host_experts.warm_up
+    monkeypatch.setattr(host_experts, "warm_up", lambda *a: warmed.append(a[0].dtype) or real_warm_up(*a))
+    engine = Engine.load(path, device="cpu", dtype="bfloat16")
+    assert warmed and set(warmed) == {torch.bfloat16}
+    reference = Engine.load(path, device="cpu", dtype="float32")
+    assert set(warmed) == {torch.bfloat16}  # float32 keeps the expert-by-expert path: nothing to compile
+    got = engine.logits(PROMPT[:host_experts.ROWS])
+    expected = reference.logits(PROMPT[:host_experts.ROWS])
+    torch.testing.assert_close(got, expected, rtol=0, atol=3e-2 * expected.abs().max().item())
+    calls.clear()
+    engine.generate([PROMPT[:5]], 4)
+    moe_layers = sum(isinstance(s, MoEFFN) for s in engine.model)
+    assert calls.count(1) >= 3 * moe_layers  # the decode steps after the prompt
