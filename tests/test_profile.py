@@ -563,9 +563,11 @@ def test_the_profile_times_dense_ffns_from_prepacked_weights_by_rows():
 
 
 def test_the_profile_times_routed_experts_in_the_compiled_pass_by_rows(tmp_path, capsys):
-    """host_experts: a factor per row count (the compiled pass over the expert-by-expert path, the
-    layer's own code) for the half-precision dtypes only; the estimator scales a MoE layer's CPU
-    experts by it up to the pass's rows and not beyond, the router never; a bad section is refused."""
+    """host_experts: the pass's rate per row count (its assignments' bytes per second, the layer's
+    own code) for the half-precision dtypes only; the estimator times a MoE layer's CPU experts
+    from it up to the pass's rows and from the matmul tables beyond, the router from the tables
+    always; a bad section is refused."""
+    from vramshard.cli.main import main
     from vramshard.layers import host_experts
     from vramshard.layers.moe import MoEFFN
     from vramshard.plan.estimator import Estimator
@@ -574,30 +576,31 @@ def test_the_profile_times_routed_experts_in_the_compiled_pass_by_rows(tmp_path,
     profile = run_profile(tiny_spec(threads=[torch.get_num_threads()], dtypes=["fp32", "bf16"], split_ffn=None,
                                     host_experts=(256, 128, 2), host_expert_rows=[1, 4]))
     assert set(profile.data["host_experts"]) == {"bf16"}  # float32 keeps the expert-by-expert path
-    factors = profile.data["host_experts"]["bf16"]
-    assert set(factors) == {"1", "4"} and all(0.01 < f < 100 for f in factors.values())
-    assert profile.host_experts_factor("bf16", 2) == pytest.approx((factors["1"] + factors["4"]) / 2)
-    from vramshard.cli.main import main
-
+    rates = profile.data["host_experts"]["bf16"]
+    assert set(rates) == {"1", "4"} and all(1e7 < r < 1e13 for r in rates.values())
+    assert profile.host_experts_rate("bf16", 2) == pytest.approx((rates["1"] + rates["4"]) / 2)
+    assert profile.host_experts_rate("fp16", 2) is None
     assert main(["profile", "--show", "--out", str(save(profile, tmp_path / "p.json"))]) == 0
-    assert f"compiled pass over expert by expert: bf16 1 rows {factors['1']:.2f}x" in \
-        " ".join(capsys.readouterr().out.split())
+    assert f"compiled pass: bf16 1 rows {rates['1'] / 1e9:.2f} GB/s" in " ".join(capsys.readouterr().out.split())
     data = copy.deepcopy(profile.data)
     data["host_experts"]["bf16"] = {"1": -1.0}
-    with pytest.raises(ProfileError, match="compiled pass factor"):
+    with pytest.raises(ProfileError, match="compiled pass rate"):
         Profile(data)
 
     model = shape_model("tiny-qwen3-moe", torch.bfloat16)
     ffn = next(s for s in model if isinstance(s, MoEFFN))
     base = synthetic(cpu_gflops=50, gpu_gflops=20_000, h2d_gbps=25, cpu_threads=2)
     data = copy.deepcopy(base.data)
-    data["host_experts"] = {"bf16": {"1": 0.5, str(host_experts.ROWS): 0.25}}
-    plain, compiled = Estimator(model, base), Estimator(model, Profile(data))
-    assert compiled.experts_s(ffn, "cpu", 1) == pytest.approx(0.5 * plain.experts_s(ffn, "cpu", 1))
     rows = host_experts.ROWS
-    assert compiled.experts_s(ffn, "cpu", rows) == pytest.approx(0.25 * plain.experts_s(ffn, "cpu", rows))
-    assert compiled.experts_s(ffn, "cpu", rows + 1) == pytest.approx(plain.experts_s(ffn, "cpu", rows + 1))
-    assert compiled.experts_s(ffn, "cuda", 1) == plain.experts_s(ffn, "cuda", 1)
+    data["host_experts"] = {"bf16": {"1": 2e9, str(rows): 8e9}}
+    plain, timed = Estimator(model, base), Estimator(model, Profile(data))
+    one = ffn.top_k * ffn.expert_bytes
+    assert timed.experts_s(ffn, "cpu", 1) == pytest.approx(one / 2e9)
+    assert timed.experts_s(ffn, "cpu", rows) == pytest.approx(rows * one / 8e9)
+    assert timed.experts_s(ffn, "cpu", rows + 1) == pytest.approx(plain.experts_s(ffn, "cpu", rows + 1))
+    assert timed.experts_s(ffn, "cuda", 1) == plain.experts_s(ffn, "cuda", 1)
+    slower = base.matmul_s(1, ffn.hidden, 2 * ffn.intermediate, "bf16", "cpu", contended=True) / \
+        base.matmul_s(1, ffn.hidden, 2 * ffn.intermediate, "bf16", "cpu")
+    assert slower > 1 and timed.experts_s(ffn, "cpu", 1, contended=True) == pytest.approx(slower * one / 2e9)
     router = sum(plain._matmul(m, k, n, "cpu", False) for m, k, n in ffn.router_matmuls(1))
-    whole = plain.compute_s(ffn, "cpu", 1, 64)
-    assert compiled.compute_s(ffn, "cpu", 1, 64) == pytest.approx(router + 0.5 * (whole - router))
+    assert timed.compute_s(ffn, "cpu", 1, 64) == pytest.approx(router + one / 2e9)

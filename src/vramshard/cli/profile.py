@@ -137,12 +137,12 @@ def print_summary(console, profile, path) -> None:
     if summary["split_part_factor"]:
         factors = ", ".join(f"{dtype} {f:.2f}x" for dtype, f in summary["split_part_factor"].items())
         console.print(f"  split FFN, CPU part's time per byte over the whole FFN's: {factors}")
-    for key, what in (("packed_ffn_factor", "dense FFN on the CPU, oneDNN-prepacked over plain"),
-                      ("host_experts_factor", "MoE experts on the CPU, compiled pass over expert by expert")):
+    for key, what, unit in (("packed_ffn_factor", "dense FFN on the CPU, oneDNN-prepacked over plain", "x"),
+                            ("host_experts_gb_s", "MoE experts on the CPU, compiled pass", " GB/s")):
         if summary.get(key):
-            factors = "; ".join(f"{dtype} " + ", ".join(f"{rows} rows {float(f):.2f}x" for rows, f in by_rows.items())
-                                for dtype, by_rows in summary[key].items())
-            console.print(f"  {what}: {factors}")
+            values = "; ".join(f"{dtype} " + ", ".join(f"{rows} rows {float(v):.2f}{unit}" for rows, v in by_rows.items())
+                               for dtype, by_rows in summary[key].items())
+            console.print(f"  {what}: {values}")
     _print_fitted(console, profile)
 
 

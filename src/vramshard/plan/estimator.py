@@ -116,14 +116,24 @@ def cpu_packed_enabled() -> bool:
     return cpu_packed.ENABLED and torch.backends.mkldnn.is_available()
 
 
-def host_pass_factor(profile: Profile, dtype, rows: int) -> float:
-    """The profile's time factor of a MoE layer's routed experts on the CPU at ``rows`` where the
-    executor computes them in one compiled pass (:mod:`~vramshard.layers.host_experts`), else 1."""
+def host_pass_s(profile: Profile, moe: MoEFFN, rows: int, contended: bool = False) -> float | None:
+    """Seconds of the CPU's compiled pass over a step's routed experts at ``rows`` tokens
+    (:mod:`~vramshard.layers.host_experts`) at the profile's measured rate, slowed as a projection
+    of the experts' shape is under PCIe load when ``contended``; None where the executor computes
+    them otherwise or the profile did not time the pass (then the matmul tables count)."""
     from ..layers import host_experts  # (the math's own switch and limits)
 
+    dtype = moe.weights[0].dtype
     if not host_experts.ENABLED or dtype not in host_experts.DTYPES or not 1 <= rows <= host_experts.ROWS:
-        return 1.0
-    return profile.host_experts_factor(dtype, rows)
+        return None
+    rate = profile.host_experts_rate(dtype, rows)
+    if rate is None:
+        return None
+    seconds = rows * moe.top_k * moe.expert_bytes / rate
+    if contended:
+        shape = (rows, moe.hidden, 2 * moe.intermediate)
+        seconds *= profile.matmul_s(*shape, dtype, "cpu", contended=True) / profile.matmul_s(*shape, dtype, "cpu")
+    return seconds
 
 
 def _cpu_expert_count(share: float, experts: int) -> int:
@@ -202,9 +212,10 @@ class Estimator:
             seconds += count * self._matmul(m, k, n, device, contended)
         if device == "cpu" and self.cpu_packed and isinstance(sublayer, DenseFFN):
             seconds *= self.profile.packed_ffn_factor(self.dtype, n_tokens)
-        if device == "cpu" and isinstance(sublayer, MoEFFN):  # its experts in the compiled pass
-            router = sum(self._matmul(m, k, n, device, contended) for m, k, n in sublayer.router_matmuls(rows))
-            seconds = router + (seconds - router) * host_pass_factor(self.profile, self.dtype, n_tokens)
+        passed = host_pass_s(self.profile, sublayer, n_tokens, contended) \
+            if device == "cpu" and isinstance(sublayer, MoEFFN) else None
+        if passed is not None:  # its experts in the compiled pass
+            seconds = passed + sum(self._matmul(m, k, n, device, contended) for m, k, n in sublayer.router_matmuls(rows))
         if isinstance(sublayer, Attention):
             seconds += self.profile.attention_s(n_tokens, context, sublayer.num_heads, sublayer.num_kv_heads,
                                                 sublayer.head_dim, self.dtype, device,
@@ -300,13 +311,14 @@ class Estimator:
         if key not in self._cache:
             self._cache[key] = sum(count * self._matmul(m, k, n, device, contended)
                                    for (m, k, n), count in Counter(sublayer.expert_matmuls(n_tokens)).items())
+        passed = host_pass_s(self.profile, sublayer, n_tokens, contended) if device == "cpu" else None
+        if passed is not None:  # a few tokens on the CPU in the compiled pass, its call's costs included
+            return passed
         kernels = self._cache[key]
-        # The compiled pass of a few tokens on the CPU, against the grouped path it was timed beside.
-        factor = host_pass_factor(self.profile, self.dtype, n_tokens) if device == "cpu" else 1.0
         if not launches:
-            return kernels * factor
+            return kernels
         count = 8 + 8 * round(sublayer.expected_experts_touched(n_tokens))
-        return (kernels + self.dispatch_s(device) * count / DISPATCH_LAUNCHES) * factor
+        return kernels + self.dispatch_s(device) * count / DISPATCH_LAUNCHES
 
     def expert_miss_bytes(self, sublayer: MoEFFN, n_tokens: int) -> float:
         """Expected bytes the expert cache copies for one step: routed experts it lacks."""
@@ -597,12 +609,15 @@ def uniform_hit_rate(model: Model, cache_slots: int, cached_layers: int | None =
 
 
 def _expert_on_cpu_s(moe: MoEFFN, profile: Profile) -> float:
-    """One expert at one token on the CPU while PCIe streams: its two matmuls, and the dispatch of
-    its few operations."""
+    """One expert at one token on the CPU while PCIe streams: its share of a token's top-k in the
+    compiled pass, or (where that does not run) its two matmuls and the dispatch of its few operations."""
+    passed = host_pass_s(profile, moe, 1, contended=True)
+    if passed is not None:  # the compiled pass: a token's top-k experts, per expert
+        return passed / moe.top_k
     dtype = moe.weights[0].dtype
     return (profile.matmul_s(1, moe.hidden, 2 * moe.intermediate, dtype, "cpu", contended=True)
             + profile.matmul_s(1, moe.intermediate, moe.hidden, dtype, "cpu", contended=True)
-            + 6 * profile.dispatch_s("cpu")) * host_pass_factor(profile, dtype, 1)
+            + 6 * profile.dispatch_s("cpu"))
 
 
 def expert_cpu_share(model: Model, profile: Profile) -> float:

@@ -1,12 +1,14 @@
-"""A MoE layer's routed experts on the CPU: the compiled pass against the expert-by-expert path, by rows.
+"""A MoE layer's routed experts on the CPU in the compiled pass, by rows: its rate in bytes per second.
 
 Up to :data:`~vramshard.layers.host_experts.ROWS` tokens, the executor computes a step's host
 experts in one compiled pass over the layer's stacked weights (:mod:`~vramshard.layers.host_experts`).
-The matmul tables time one projection at a time, as the expert-by-expert path runs them. This
-measures the pass's time over that path's with the layer's own code (:meth:`MoEFFN.run_experts`
-over a stacked and an unstacked source), over cold weights (experts picked at random among enough
-of them that the caches hold few), as a factor per row count that the estimator applies to
-experts on the CPU. The first call compiles and is not timed (a few seconds on two cores).
+The matmul tables time one projection at a time, and at a decode step's tiny shapes they are off
+for the expert-by-expert path too (the fourteenth GPU session: its estimate 1.25-1.77x too fast).
+This times the pass with the layer's own code (:meth:`MoEFFN.run_experts` over a stacked source)
+over cold weights (experts picked at random among enough of them that the caches hold few), and
+records, per row count, the bytes of its assignments (each expert once per assignment, as the pass
+reads them) over its time, the call's fixed costs included. The first call compiles and is not
+timed (a few seconds on two cores).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def moe_ffn(hidden: int, intermediate: int, experts: int, top_k: int, dtype: tor
 
 def measure_host_experts(dtype: str, hidden: int, intermediate: int, top_k: int, rows: list[int], budget_s: float,
                          progress: ProgressSink, weight: float) -> dict[str, float] | None:
-    """{rows: compiled pass time over the expert-by-expert path's}; None where the pass does not
+    """{rows: bytes of the step's assignments per second of the pass}; None where the pass does not
     run here (a dtype it does not take, no C++ compiler: the executor then runs expert by expert)."""
     progress.step(f"cpu routed experts {dtype} [{hidden} x {intermediate}, top {top_k}]")
     dt = torch_dtype(dtype)
@@ -52,14 +54,13 @@ def measure_host_experts(dtype: str, hidden: int, intermediate: int, top_k: int,
     ffn = moe_ffn(hidden, intermediate, experts, top_k, dt)
     weights = {spec.source: (torch.randn(spec.shape) * 0.02).to(dt) if len(spec.shape) > 1
                else torch.ones(spec.shape, dtype=dt) for spec in ffn.weights}
-    views = pack_sublayer(ffn, weights, pin=False).views
+    source = DictExperts(pack_sublayer(ffn, weights, pin=False).views, experts, stack=True)
     del weights
-    plain, stacked = DictExperts(views, experts), DictExperts(views, experts, stack=True)
-    if stacked.stacked() is None:
+    if source.stacked() is None:
         progress.advance(weight)
         return None
     generator = torch.Generator().manual_seed(0)
-    factors: dict[str, float] = {}
+    rates: dict[str, float] = {}
     with torch.inference_mode():
         for m in rows:
             if m > host_experts.ROWS:
@@ -67,11 +68,10 @@ def measure_host_experts(dtype: str, hidden: int, intermediate: int, top_k: int,
             h = torch.randn(m, hidden, generator=generator).to(dt)
             routings = [Routing(torch.stack([torch.randperm(experts, generator=generator)[:top_k] for _ in range(m)]),
                                 torch.full((m, top_k), 1.0 / top_k).to(dt)) for _ in range(ROUTINGS)]
-            ffn.run_experts(stacked, h, routings[0])  # compiles (once per process and dtype)
-            if host_experts.routed(h, *stacked.stacked(), routings[0].experts, routings[0].weights) is None:
-                break  # it failed to compile: said in the log
-            t_plain = time_cpu(cycling(ROUTINGS, lambda i: ffn.run_experts(plain, h, routings[i])), budget_s)
-            t_pass = time_cpu(cycling(ROUTINGS, lambda i: ffn.run_experts(stacked, h, routings[i])), budget_s)
-            factors[str(m)] = t_pass / t_plain
+            first = routings[0]
+            if host_experts.routed(h, *source.stacked(), first.experts, first.weights) is None:
+                break  # (compiles on the first call) it failed to compile: said in the log
+            seconds = time_cpu(cycling(ROUTINGS, lambda i: ffn.run_experts(source, h, routings[i])), budget_s)
+            rates[str(m)] = m * top_k * expert_bytes / seconds
     progress.advance(weight)
-    return factors or None
+    return rates or None

@@ -244,9 +244,12 @@ class Profile:
         measure it or oneDNN could not pack the dtype here)."""
         return self._factor_by_rows("packed_ffn", dtype, rows)
 
-    def host_experts_factor(self, dtype, rows: int) -> float:
-        """A MoE layer's routed experts' CPU time in the compiled pass over the expert-by-expert
-        path's at ``rows`` (as :meth:`packed_ffn_factor`; 1 when the profile did not measure it)."""
+    def host_experts_rate(self, dtype, rows: int) -> float | None:
+        """Bytes per second of the CPU's compiled pass over a step's routed experts at ``rows``
+        (its assignments' expert bytes over its time; between the measured counts as
+        :meth:`packed_ffn_factor`), or None when the profile did not measure it."""
+        if not self.data.get("host_experts", {}).get(dtype_name(dtype)):
+            return None
         return self._factor_by_rows("host_experts", dtype, rows)
 
     def _factor_by_rows(self, section: str, dtype, rows: int) -> float:
@@ -337,7 +340,8 @@ class Profile:
             "dispatch_us": {device: s * 1e6 for device, s in self.data["dispatch"].items()},
             "split_part_factor": dict(self.data.get("split_part", {})),
             "packed_ffn_factor": dict(self.data.get("packed_ffn", {})),
-            "host_experts_factor": dict(self.data.get("host_experts", {})),
+            "host_experts_gb_s": {dtype: {rows: rate / 1e9 for rows, rate in by_rows.items()}
+                                  for dtype, by_rows in self.data.get("host_experts", {}).items()},
             "cpu_threads": self.threads,
             "default_threads": self.default_threads,
             "has_gpu": self.has_gpu,

@@ -15,8 +15,9 @@ the tables:
   over the whole FFN's (absent: 1);
 - ``packed_ffn`` (optional): ``{dtype: {rows: factor}}``, a dense FFN's CPU time from
   oneDNN-prepacked weights over plain ones (absent: 1; a dtype oneDNN cannot pack is absent);
-- ``host_experts`` (optional): ``{dtype: {rows: factor}}``, a MoE layer's routed experts on the
-  CPU in the compiled pass over the expert-by-expert path's time (absent: 1).
+- ``host_experts`` (optional): ``{dtype: {rows: bytes per second}}``, the rate of the CPU's
+  compiled pass over a MoE layer's routed experts: its assignments' expert bytes over its time
+  (absent: the estimator times experts on the CPU from the matmul tables).
 
 GPU tables are absent when the machine has no CUDA device.
 """
@@ -38,7 +39,7 @@ def _positive(value, what: str) -> None:
 
 
 def _factors_by_rows(data: dict, section: str, what: str) -> None:
-    """An optional ``{dtype: {rows: factor}}`` section."""
+    """An optional ``{dtype: {rows: positive number}}`` section."""
     by_dtype = data.get(section, {})
     if not isinstance(by_dtype, dict) or not all(isinstance(v, dict) and v for v in by_dtype.values()):
         raise ProfileError(f"profile '{section}' section must map dtypes to {{rows: factor}}")
@@ -104,4 +105,4 @@ def validate(data) -> None:
     for dtype, value in split_part.items():
         _positive(value, f"split FFN part factor for {dtype}")
     _factors_by_rows(data, "packed_ffn", "packed FFN factor")
-    _factors_by_rows(data, "host_experts", "routed experts' compiled pass factor")
+    _factors_by_rows(data, "host_experts", "routed experts' compiled pass rate")
