@@ -12,7 +12,10 @@ from vramshard.layers.sublayer import linear
 
 
 @pytest.fixture(autouse=True)
-def fresh_choices():
+def fresh_choices(monkeypatch, request):
+    """No choices made; the compiled candidate left out except where a test asks for it."""
+    if "with_compiled" not in request.keywords:
+        monkeypatch.setattr(cpu_linear, "COMPILED", False)
     cpu_linear.forget()
     yield
     cpu_linear.forget()
@@ -27,7 +30,7 @@ def test_every_kernel_computes_the_projection(dtype, tokens, with_bias):
     w = (torch.randn(80, 96, generator=g) * 0.1).to(dtype)
     bias = torch.randn(80, generator=g).to(dtype) if with_bias else None
     reference = F.linear(x.float(), w.float(), None if bias is None else bias.float())
-    names = ["linear", "mv" if tokens == 1 else "weight_mm"]
+    names = ["linear", "mv", "compiled"] if tokens == 1 else ["linear", "weight_mm"]
     for name in names:
         y = cpu_linear.KERNELS[name](x, w, bias)
         assert y.shape == (tokens, 80) and y.dtype == dtype and y.is_contiguous()
@@ -121,3 +124,37 @@ def test_threads_calling_one_shape_at_once_make_one_choice_without_error():
         t.join()
     assert not errors, errors
     assert len([k for k in cpu_linear.chosen() if k[2:4] == (48, 64)]) == 1
+
+
+@pytest.mark.with_compiled
+def test_one_token_over_a_contiguous_weight_may_take_the_compiled_row_sums(monkeypatch):
+    """Three candidates for one token over a contiguous weight, two for a transposed view, a few
+    tokens, a thread that keeps the GIL free, or ``VRAMSHARD_CPU_LINEAR=aten``; the compiled one is compiled before its first
+    timed trial and wins when it is the fastest."""
+    from vramshard.layers import cpu_compiled
+
+    x, w = torch.randn(1, 64).bfloat16(), torch.randn(48, 64).bfloat16()
+    assert cpu_linear._candidates(x, w) == ("linear", "mv", "compiled")
+    assert cpu_linear._candidates(x, torch.randn(64, 48).bfloat16().t()) == ("linear", "mv")
+    assert cpu_linear._candidates(torch.randn(2, 64).bfloat16(), w) == ("linear", "weight_mm")
+    with cpu_compiled.gil_kept_free():
+        assert cpu_linear._candidates(x, w) == ("linear", "mv")
+    monkeypatch.setenv("VRAMSHARD_CPU_LINEAR", "aten")
+    assert cpu_linear._candidates(x, w) == ("linear", "mv")
+    monkeypatch.delenv("VRAMSHARD_CPU_LINEAR")
+    warmed = []
+    real_warm_up = cpu_linear.warm_up
+    monkeypatch.setattr(cpu_linear, "warm_up", lambda dtype: warmed.append(dtype) or real_warm_up(dtype))
+
+    def slow(kernel):
+        def run(x, w, bias):
+            time.sleep(0.002)
+            return kernel(x, w, bias)
+        return run
+
+    monkeypatch.setitem(cpu_linear.KERNELS, "linear", slow(cpu_linear._linear))
+    monkeypatch.setitem(cpu_linear.KERNELS, "mv", slow(cpu_linear._mv))
+    reference = F.linear(x.float(), w.float())
+    for _ in range(3 * cpu_linear.TRIALS):
+        torch.testing.assert_close(linear(x, w).float(), reference, atol=0.05, rtol=0.02)
+    assert list(cpu_linear.chosen().values()) == ["compiled"] and warmed and set(warmed) == {torch.bfloat16}

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from vramshard import Engine
-from vramshard.layers import host_experts
+from vramshard.layers import cpu_compiled, host_experts
+from vramshard.layers.cpu_compiled import CompiledKernel
 from vramshard.layers.moe import DictExperts, MoEFFN
 from vramshard.loading.checkpoint import open_checkpoint
 from vramshard.models import build_model
@@ -97,16 +98,14 @@ def test_where_it_does_not_apply_the_caller_computes(tiny_model_dir):
 def test_a_failed_compile_falls_back_to_the_expert_by_expert_path(tiny_model_dir, monkeypatch, caplog):
     ffn, views, plain32 = bf16_layer(tiny_model_dir, "qwen3_moe")
     source = DictExperts(views, ffn.num_experts, stack=True)
-    broken = host_experts._Compiled()
-
     def no_compiler(*args):
         raise RuntimeError("no C++ compiler found\nmore detail")
 
-    broken.fn = no_compiler
+    broken = CompiledKernel(no_compiler, "routed experts", "run expert by expert")
     monkeypatch.setattr(host_experts, "_kernel", broken)
     x = torch.randn(2, ffn.hidden).to(torch.bfloat16)
     h, routing = ffn.prepare(views, x)
-    with caplog.at_level(logging.WARNING, logger="vramshard.layers.host_experts"):
+    with caplog.at_level(logging.WARNING, logger="vramshard.layers.cpu_compiled"):
         got = ffn.run_experts(source, h, routing)
         again = ffn.run_experts(source, h, routing)
     assert [r.getMessage() for r in caplog.records].count(
@@ -137,3 +136,33 @@ def test_a_bfloat16_cpu_engine_decodes_on_it(arch, tiny_model_dir, calls, monkey
     engine.generate([PROMPT[:5]], 4)
     moe_layers = sum(isinstance(s, MoEFFN) for s in engine.model)
     assert calls.count(1) >= 3 * moe_layers  # the decode steps after the prompt
+
+
+def test_a_thread_that_keeps_the_gil_free_computes_expert_by_expert(tiny_model_dir, calls):
+    """Inductor's kernels hold the GIL: inside ``gil_kept_free`` (the run-ahead worker) the pass
+    does not run, and the result is the same."""
+    ffn, views, _ = bf16_layer(tiny_model_dir, "qwen3_moe")
+    source = DictExperts(views, ffn.num_experts, stack=True)
+    h, routing = ffn.prepare(views, torch.randn(2, ffn.hidden).to(torch.bfloat16))
+    with cpu_compiled.gil_kept_free():
+        assert not cpu_compiled.allowed()
+        kept = ffn.run_experts(source, h, routing)
+    assert cpu_compiled.allowed() and calls == []
+    compiled = ffn.run_experts(source, h, routing)
+    assert calls == [2]
+    torch.testing.assert_close(kept.float(), compiled.float(), rtol=0, atol=2e-2 * compiled.float().abs().max().item())
+
+
+def test_each_dtype_and_thread_count_gets_a_compilation_of_its_own():
+    """torch runs a function eagerly past 8 compilations of its code: every (dtype, threads) pair
+    compiles its own copy, so a profile's sweep of them never falls back."""
+    kernel = CompiledKernel(lambda x: (x.float() * 2).sum(-1), "test sums", "run eagerly")
+    before = torch.get_num_threads()
+    try:
+        for threads in sorted({1, before}):
+            torch.set_num_threads(threads)
+            for dtype in host_experts.DTYPES:
+                assert torch.equal(kernel(torch.ones(3, 4, dtype=dtype)), torch.full((3,), 8.0))
+    finally:
+        torch.set_num_threads(before)
+    assert len(kernel._compiled) == 2 * len(sorted({1, before})) and kernel.failed is None

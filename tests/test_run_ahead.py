@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 
+from vramshard.layers import cpu_compiled
 from vramshard.runtime import run_ahead
 
 from switch_helpers import assert_opt_in
@@ -70,6 +71,7 @@ def test_the_worker_runs_each_part_after_its_input_landed_and_the_host_thread_fr
 
         def __call__(self):
             assert ahead._ready_view[0] >= self.number, "ran before its input landed"
+            assert not cpu_compiled.allowed(), "compiled CPU kernels (they hold the GIL) allowed on the worker"
             time.sleep(0.02)  # the host thread has dropped its reference by now
             ran.append((self.number, time.perf_counter()))
             if self.fail:

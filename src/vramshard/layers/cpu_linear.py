@@ -1,4 +1,4 @@
-"""Few-token projections on the CPU in half precision: the fastest ATen path per shape, measured in place.
+"""Few-token projections on the CPU in half precision: the fastest path per shape, measured in place.
 
 For one to a few tokens (decode), ``F.linear`` in bf16/fp16 on the CPU takes different oneDNN /
 ATen paths by shape, and some are far from the memory bound: on the GPU machine's 16-core Xeon
@@ -6,7 +6,14 @@ a bf16 ``[1, 14336] x [14336 -> 4096]`` projection ran at 43 GB/s, slower than a
 while ``[1, 4096] x [4096 -> 14336]`` ran at 71 GB/s; on this project's 2-core CI machine
 ``torch.mv`` did the first shape 3x faster than ``F.linear``. Which path wins depends on the CPU,
 the dtype, the shape and the thread count, so :func:`cpu_linear` chooses per (dtype, tokens,
-out, in, threads, bias) and keeps the winner for the process.
+out, in, threads, bias, candidates) and keeps the winner for the process.
+
+For one token over a contiguous weight a third candidate is the product as row sums compiled by
+inductor (:mod:`.cpu_compiled`): on the 2-core AMD EPYC development machine 1.3-2.7x ``F.linear``
+on bf16 projections of 1.5k-150k rows (a llama3 ``[4096 -> 14336]`` at 32.4 against 19.8 GB/s,
+Qwen3's 151936-row head at 32.6 against 20.6). It is compiled before its first timed trial (and
+at engine load, :func:`warm_up`), and not offered on threads that keep the GIL free (the run-ahead
+worker; inductor's kernels hold it). At more tokens it reads the weight once per token, slower.
 
 The choice is measured on the model's own calls: the first ``2 * TRIALS`` calls of a shape take
 the candidates in turn, timed, and the median decides. Those calls read each layer's weights
@@ -16,7 +23,8 @@ CPU (300 MiB on the GPU machine) and can rank the paths the other way round.
 
 The candidates compute the same product (accumulation order may differ, within the dtype's
 rounding). float32 and the GPU always use ``F.linear``. ``VRAMSHARD_CPU_LINEAR=linear`` turns the
-choice off (every call ``F.linear``), e.g. to measure what it brings.
+choice off (every call ``F.linear``), ``=aten`` leaves the compiled candidate out, e.g. to measure
+what each brings.
 """
 
 from __future__ import annotations
@@ -29,6 +37,9 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+from . import cpu_compiled
+from .cpu_compiled import CompiledKernel
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +67,37 @@ def _weight_mm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> t
     return y if bias is None else y + bias
 
 
-KERNELS: dict[str, Kernel] = {"linear": _linear, "mv": _mv, "weight_mm": _weight_mm}
+def _row_sums(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x[1, K] @ w[N, K].T`` as a multiply-and-sum over W's rows, float32 accumulation → [1, N]."""
+    return (w.float() * x.float()).sum(-1)[None].to(x.dtype)
+
+
+_GEMV = CompiledKernel(_row_sums, "one-token projections", "run through ATen")
+
+
+def _compiled(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """One token, ``W[N, K]`` contiguous: the row sums compiled by inductor (:mod:`.cpu_compiled`)."""
+    y = _GEMV(x, w)
+    if y is None:  # compiling failed (said once in the log): this call through ATen
+        y = F.linear(x, w)
+    return y if bias is None else y + bias
+
+
+KERNELS: dict[str, Kernel] = {"linear": _linear, "mv": _mv, "weight_mm": _weight_mm, "compiled": _compiled}
+COMPILED = True  # whether one-token projections may take the compiled row sums (tests turn it off)
 _choice: dict[tuple, str] = {}
 _trials: dict[tuple, dict[str, list[float]]] = {}  # shape key -> candidate -> seconds of its timed calls
+_warmed: set[tuple] = set()  # (dtype, threads) the row sums are compiled for
 
 
 def enabled() -> bool:
-    return os.environ.get("VRAMSHARD_CPU_LINEAR", "auto").lower() != "linear"
+    return os.environ.get("VRAMSHARD_CPU_LINEAR", "auto").strip().lower() != "linear"
+
+
+def compiled_allowed() -> bool:
+    """Whether the compiled row sums may compete here (``VRAMSHARD_CPU_LINEAR=aten``: ATen's paths only)."""
+    return COMPILED and os.environ.get("VRAMSHARD_CPU_LINEAR", "auto").strip().lower() != "aten" \
+        and _GEMV.failed is None and cpu_compiled.allowed()
 
 
 def eligible(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -75,15 +110,37 @@ def cpu_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     """``x[M, K] @ w[N, K].T (+ bias)`` on the CPU by the path measured fastest for this shape."""
     if not eligible(x, w):
         return F.linear(x, w, bias)
-    key = (x.dtype, x.shape[0], w.shape[0], w.shape[1], torch.get_num_threads(), bias is not None)
+    candidates = _candidates(x, w)
+    key = (x.dtype, x.shape[0], w.shape[0], w.shape[1], torch.get_num_threads(), bias is not None, candidates)
     name = _choice.get(key)
     if name is None:
-        return _trial(key, x, w, bias)
+        return _trial(key, candidates, x, w, bias)
     return KERNELS[name](x, w, bias)
 
 
+def _candidates(x: torch.Tensor, w: torch.Tensor) -> tuple[str, ...]:
+    """The paths that may compute this projection here: the compiled row sums for one token over
+    a contiguous weight, on threads that may hold the GIL (:func:`.cpu_compiled.allowed`)."""
+    if x.shape[0] > 1:
+        return ("linear", "weight_mm")
+    if w.is_contiguous() and compiled_allowed():
+        return ("linear", "mv", "compiled")
+    return ("linear", "mv")
+
+
+def warm_up(dtype: torch.dtype) -> None:
+    """Compile the one-token row sums for ``dtype`` at the process's thread count now (seconds the
+    first time), not inside a step; nothing where they do not apply."""
+    key = (dtype, torch.get_num_threads())
+    if not (enabled() and compiled_allowed() and dtype in TUNED_DTYPES) or key in _warmed:
+        return
+    with torch.inference_mode():
+        _GEMV(torch.zeros(1, 64, dtype=dtype), torch.zeros(48, 64, dtype=dtype))
+    _warmed.add(key)
+
+
 def chosen() -> dict[tuple, str]:
-    """The choices made so far: (dtype, tokens, out, in, threads, bias) -> kernel name."""
+    """The choices made so far: (dtype, tokens, out, in, threads, bias, candidates) -> kernel name."""
     return dict(_choice)
 
 
@@ -93,10 +150,13 @@ def forget() -> None:
     _trials.clear()
 
 
-def _trial(key: tuple, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _trial(key: tuple, candidates: tuple[str, ...], x: torch.Tensor, w: torch.Tensor,
+           bias: torch.Tensor | None) -> torch.Tensor:
     """This call by the candidate whose turn it is, timed; the choice once each has ``TRIALS`` runs."""
-    times = _trials.setdefault(key, {"linear": [], "mv" if x.shape[0] == 1 else "weight_mm": []})
-    name = min(times, key=lambda n: len(times[n]))  # in turn, so a burst of outside load hits both
+    times = _trials.setdefault(key, {name: [] for name in candidates})
+    name = min(times, key=lambda n: len(times[n]))  # in turn, so a burst of outside load hits all
+    if name == "compiled":
+        warm_up(x.dtype)  # (its compile is not a trial's time)
     start = time.perf_counter()
     y = KERNELS[name](x, w, bias)
     times[name].append(time.perf_counter() - start)
@@ -107,8 +167,8 @@ def _trial(key: tuple, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | No
 
 def _decide(key: tuple, times: dict[str, list[float]]) -> str:
     median = {name: statistics.median(t) for name, t in times.items()}
-    other = next(name for name in times if name != "linear")
-    winner = other if median[other] < MARGIN * median["linear"] else "linear"
-    log.debug("CPU projection %s: %s (median linear %.3f ms, %s %.3f ms)", key, winner, median["linear"] * 1e3,
-              other, median[other] * 1e3)
+    fastest = min(median, key=median.get)
+    winner = fastest if median[fastest] < MARGIN * median["linear"] else "linear"
+    log.debug("CPU projection %s: %s (median ms: %s)", key[:6], winner,
+              ", ".join(f"{name} {t * 1e3:.3f}" for name, t in median.items()))
     return winner

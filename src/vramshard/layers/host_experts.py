@@ -19,20 +19,19 @@ rounds after each projection). Half precision only (``DTYPES``): float32 tiny mo
 per-expert path. The compiled code keeps the OpenMP thread count of its compilation, and torch
 recompiles when the process's thread count changes. Compiling needs a C++ compiler; without one (or
 on any compile error) the first call says so in the log and every call returns None, for the
-caller's own path. Inductor's CPU kernels hold the GIL while they run. ``VRAMSHARD_HOST_EXPERTS=off``
+caller's own path (:mod:`~vramshard.layers.cpu_compiled`). Nor does it run where a thread keeps the
+GIL free (the run-ahead worker): inductor's CPU kernels hold it. ``VRAMSHARD_HOST_EXPERTS=off``
 turns this off.
 """
 
 from __future__ import annotations
 
-import logging
-
 import torch
 import torch.nn.functional as F
 
 from ..env import switch
-
-log = logging.getLogger(__name__)
+from . import cpu_compiled
+from .cpu_compiled import CompiledKernel
 
 ENABLED = switch("VRAMSHARD_HOST_EXPERTS", default=True)
 ROWS = 16  # the most tokens of a step computed this way
@@ -51,33 +50,14 @@ def _assigned_swiglu(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
     return (down[experts].float() * act[:, None, :]).sum(-1)  # [A, D]
 
 
-class _Compiled:
-    """``_assigned_swiglu`` through ``torch.compile`` (shapes symbolic), or None from its first failure."""
-
-    def __init__(self):
-        self.fn = torch.compile(_assigned_swiglu, dynamic=True) if ENABLED else None
-        self.failed: str | None = None if ENABLED else "off"
-
-    def __call__(self, *args) -> torch.Tensor | None:
-        if self.failed is not None:
-            return None
-        try:
-            return self.fn(*args)
-        except Exception as exc:  # noqa: BLE001 - no compiler, an unsupported op: the caller's path instead
-            self.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            log.warning("routed experts on the CPU run expert by expert: compiling their kernel failed (%s)",
-                        self.failed)
-            return None
-
-
-_kernel: _Compiled | None = None
+_kernel = CompiledKernel(_assigned_swiglu, "routed experts", "run expert by expert")
 
 
 def eligible(h: torch.Tensor, gate_up: torch.Tensor) -> bool:
     """Whether a step of ``h`` [T, D] over experts ``gate_up`` [E, 2F, D] is computed here."""
     return (ENABLED and h.device.type == "cpu" and gate_up.device.type == "cpu" and h.dtype in DTYPES
             and gate_up.dtype == h.dtype and 1 <= h.shape[0] <= ROWS and not h.requires_grad
-            and (_kernel is None or _kernel.failed is None))
+            and _kernel.failed is None and cpu_compiled.allowed())
 
 
 def routed(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: torch.Tensor,
@@ -88,11 +68,8 @@ def routed(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: 
     h: [T, D]; gate_up: [E, 2F, D] and down: [E, D, F] (strided views over the host buffer);
     experts, weights: [T, k] (token-major); keep: [T, k] bool, the assignments to compute (the
     others count zero), or None for all."""
-    global _kernel
     if not eligible(h, gate_up):
         return None
-    if _kernel is None:
-        _kernel = _Compiled()
     T, k = experts.shape
     tokens = torch.arange(T).repeat_interleave(k)  # [A], token-major as experts.reshape(-1)
     flat, scale = experts.reshape(-1), weights.reshape(-1).float()

@@ -38,7 +38,7 @@ from typing import Callable
 import torch
 
 from ..errors import BudgetError, InvalidInputError
-from ..layers import host_experts
+from ..layers import cpu_linear, host_experts
 from ..layers.mlp import DenseFFN
 from ..layers.moe import GATHER_BYTES, DictExperts, MoEFFN, Routing, StackedExperts
 from ..layers.step import Step
@@ -254,22 +254,27 @@ class Executor:
         self.uses_gpu = config.plans.uses_gpu
         self.need: VramNeed = config.need
         self._packed.keep(self._cpu_ffn_parts(config.plans))
-        self._warm_host_experts(config.plans)
+        self._warm_cpu_kernels(config.plans)
 
-    def _warm_host_experts(self, plans: TieredPlacement) -> None:
-        """Compile the CPU's pass over a few tokens' routed experts (:mod:`~vramshard.layers.host_experts`)
-        before the first step that needs it, where a decode-sized tier computes experts on the CPU,
-        with that tier's thread count."""
+    def _warm_cpu_kernels(self, plans: TieredPlacement) -> None:
+        """Compile the CPU's decode-sized kernels (one-token projections, :mod:`~vramshard.layers.cpu_linear`;
+        a few tokens' routed experts, :mod:`~vramshard.layers.host_experts`) before the first step
+        that needs them, where a decode-sized tier computes on the CPU, at that tier's thread count."""
         smallest = (1,) + tuple(t + 1 for t in plans.tiers[:-1])  # the fewest tokens of each tier's steps
         for fewest, placement, threads in zip(smallest, plans.placements, plans.threads):
-            if fewest > host_experts.ROWS:
+            if fewest > cpu_linear.MAX_TOKENS:
                 continue
             where = placement.as_dict()
-            moe = next((s for s in self.model if isinstance(s, MoEFFN) and s.name in where
-                        and (where[s.name].compute == "cpu" or where[s.name].experts == "host")), None)
+            on_cpu = [s for s in self.model if s.name in where and (where[s.name].compute == "cpu"
+                      or where[s.name].cpu_pieces or where[s.name].experts == "host")]
+            if not on_cpu:
+                continue
+            use_cpu_threads(threads or self.threads)
+            cpu_linear.warm_up(self.model.dtype)
+            moe = next((s for s in on_cpu if isinstance(s, MoEFFN)), None)
             stacked = self._host_experts_of(moe).stacked() if moe is not None else None
-            if stacked is not None and host_experts.eligible(torch.zeros(1, moe.hidden, dtype=stacked.gate_up.dtype), stacked.gate_up):
-                use_cpu_threads(threads or self.threads)
+            if stacked is not None and host_experts.eligible(torch.zeros(1, moe.hidden, dtype=stacked.gate_up.dtype),
+                                                             stacked.gate_up):
                 host_experts.warm_up(*stacked)
 
     def _cpu_ffn_parts(self, plans: TieredPlacement) -> set[tuple[str, int]]:

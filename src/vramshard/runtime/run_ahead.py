@@ -53,6 +53,7 @@ from typing import Callable
 import torch
 
 from ..env import switch
+from ..layers import cpu_compiled
 from .ffn_buffers import FFNBuffers
 from .stream_wait import StreamWords
 
@@ -258,7 +259,7 @@ class RunAhead:
                     raise TimeoutError(f"the GPU has not told the worker in {READY_TIMEOUT_S:.0f} s that CPU part "
                                        f"{number}'s input landed (ready word at {int(ready[0])})")
             computing = time.perf_counter()
-            with torch.inference_mode():
+            with torch.inference_mode(), cpu_compiled.gil_kept_free():  # (inductor's kernels would hold it)
                 job()
         except BaseException as exc:  # noqa: BLE001 - handed to the host thread by drain()
             log.exception("CPU part %d failed on the run-ahead worker", number)
