@@ -175,9 +175,10 @@ def test_zero_copy_experts_are_read_over_the_link_not_computed_on_the_cpu():
 
 
 def test_a_cpu_share_beside_the_zero_copy_kernels_moves_reads_from_the_link_to_the_cpu():
-    """zero_copy_cpu_share: the share's experts are the CPU's work (the host waits for the router
-    first), the rest the link's; all on the CPU reads nothing over the link. (Which is faster is
-    not asserted: the estimator put the balanced share ahead, the H200 machine ran it slower.)"""
+    """zero_copy_cpu_share: each token's first experts are the CPU's work (after the router), the
+    rest the link's, read by kernels queued without waiting for the host; all on the CPU reads
+    nothing over the link. (Which is faster is not asserted: the estimator put the balanced share
+    ahead, and the H200 machine ran the first version of it, split by expert, slower.)"""
     from vramshard.plan.estimator import ZERO_COPY_EFFICIENCY, balanced_zero_copy_share
     from vramshard.plan.memory import moe_layers, sublayer_triples
     from vramshard.plan.placement import named_placement

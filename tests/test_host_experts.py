@@ -10,7 +10,7 @@ import torch
 from vramshard import Engine
 from vramshard.layers import cpu_compiled, host_experts
 from vramshard.layers.cpu_compiled import CompiledKernel
-from vramshard.layers.moe import DictExperts, MoEFFN
+from vramshard.layers.moe import DictExperts, MoEFFN, Routing
 from vramshard.loading.checkpoint import open_checkpoint
 from vramshard.models import build_model
 from vramshard.runtime.host_weights import pack_model
@@ -80,6 +80,11 @@ def test_shares_of_the_assignments_sum_to_the_whole(arch, tiny_model_dir, calls)
     torch.testing.assert_close(parts, whole, rtol=0, atol=2e-2 * whole.abs().max().item())
     assert torch.count_nonzero(ffn.run_experts(source, h, routing, only=set())) == 0
     assert len(calls) == 4
+    first_of, rest_of = (Routing(routing.experts[:, part], routing.weights[:, part])  # by routing position
+                         for part in (slice(0, 1), slice(1, None)))
+    parts = ffn.run_experts(source, h, first_of).float() + ffn.run_experts(source, h, rest_of).float()
+    torch.testing.assert_close(parts, whole, rtol=0, atol=2e-2 * whole.abs().max().item())
+    assert len(calls) == 6
 
 
 def test_where_it_does_not_apply_the_caller_computes(tiny_model_dir):

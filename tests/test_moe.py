@@ -8,7 +8,7 @@ import torch
 from tiny_models import make_hf_model
 from vramshard import Engine
 from vramshard.errors import InvalidInputError
-from vramshard.layers.moe import DictExperts, ExpertTensors, MoEFFN, stack_experts
+from vramshard.layers.moe import DictExperts, ExpertTensors, MoEFFN, Routing, stack_experts
 from vramshard.layers.step import Step
 from vramshard.loading.checkpoint import open_checkpoint
 from vramshard.models import build_model
@@ -166,6 +166,13 @@ def test_experts_of_a_step_split_between_sources_sum_to_the_whole(arch, tiny_mod
             torch.testing.assert_close(parts, whole, rtol=1e-5, atol=1e-5)
             assert torch.count_nonzero(ffn.run_experts(source, h, routing, only=set())) == 0
         assert {e for (_, e) in cache.slot_of} == set(used)  # the cache copied exactly the experts asked for
+        # Split by routing position (each token's first expert and the rest, as the zero-copy
+        # kernels' CPU share): a narrower routing computes its share on every host path.
+        first_of, rest_of = (Routing(routing.experts[:, part], routing.weights[:, part])
+                             for part in (slice(0, 1), slice(1, None)))
+        for source in (DictExperts(views, ffn.num_experts), DictExperts(views, ffn.num_experts, stack=True)):
+            parts = ffn.run_experts(source, h, first_of) + ffn.run_experts(source, h, rest_of)
+            torch.testing.assert_close(parts, whole, rtol=1e-5, atol=1e-5)
 
 
 def test_cache_picks_least_used_misses_and_counts_work_done_elsewhere(tiny_model_dir):
@@ -489,8 +496,9 @@ def assert_same_as_reference(engine, reference) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_moe_host_experts_shared_between_the_kernels_and_the_cpu_match_cpu(arch, share, tiny_model_dir, monkeypatch):
     """zero_copy_cpu_share: a decode step's host experts split between the GPU's kernels (reading
-    pinned memory) and the CPU, or all on the CPU (share 1); the logits and greedy tokens are the
-    CPU reference's, and both sides computed experts."""
+    pinned memory) and the CPU, or all on the CPU (share 1): each token's first experts the CPU's,
+    the rest the kernels'; the logits and greedy tokens are the CPU reference's, and both sides
+    computed experts."""
     from vramshard.layers.moe import MoEFFN
     from vramshard.runtime import zero_copy_experts
 
@@ -501,10 +509,14 @@ def test_gpu_moe_host_experts_shared_between_the_kernels_and_the_cpu_match_cpu(a
                         lambda stacked, h, routing, *rest: on_kernels.append(int((routing.experts >= 0).sum()))
                         or real_kernels(stacked, h, routing, *rest))
     monkeypatch.setattr(MoEFFN, "run_experts", lambda self, source, h, routing, only=None:
-                        on_cpu.append(len(only) if only is not None else -1) or real_cpu(self, source, h, routing, only))
+                        on_cpu.append((source, h.shape[0], routing.experts.shape[1]))
+                        or real_cpu(self, source, h, routing, only))
     engine, reference, moe = host_expert_engine(tiny_model_dir, arch, "experts-cpu", zero_copy_cpu_share=share)
     assert_same_as_reference(engine, reference)
-    assert [n for n in on_cpu if n > 0], "the CPU computed no share"
+    hosts = list(engine.executor.host_experts.values())
+    top_k = engine.model[f"ffn[{moe[0]}]"].top_k
+    shares = {k for source, rows, k in on_cpu if rows <= zero_copy_experts.ROWS and any(source is s for s in hosts)}
+    assert shares == {zero_copy_experts.cpu_expert_count(share, top_k)}, "the CPU computed no share, or another"
     if share < 1:
         assert [n for n in on_kernels if n > 0], "the kernels computed no share"
     else:

@@ -328,7 +328,7 @@ class MoEFFN(SubLayer):
         for expert, count in enumerate(counts):
             begins[expert] = cursor
             cursor += count
-        token_of = order // self.top_k  # token index of each sorted assignment
+        token_of = order // routing.experts.shape[1]  # token index of each sorted assignment (k assignments a token)
         weight_of = routing.weights.reshape(-1)[order]
         out = torch.zeros_like(h)
         hit = [e for e, c in enumerate(counts_used) if c]

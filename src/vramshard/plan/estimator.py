@@ -488,18 +488,18 @@ class Estimator:
                             read = self.expert_miss_bytes(sublayer, n_tokens)
                             hits = self.experts_s(sublayer, "cuda", n_tokens, launches=False) * self.expert_hit_rate
                         elif self.zero_copy_cpu_share:
-                            # The host waits for the router, queues the kernels over the GPU's share
-                            # and computes the rest meanwhile; its sum comes back to be added.
-                            touched = max(1, round(sublayer.expected_experts_touched(n_tokens)))
-                            on_cpu = _cpu_expert_count(self.zero_copy_cpu_share, touched) / touched
-                            py = max(py, router_done) + self.crossing_s(act_bytes, "d2h")
+                            # Each token's first experts go to the CPU: the host queues the kernels over
+                            # the rest without waiting, then waits for the router and computes its own
+                            # meanwhile; its sum comes back to be added.
+                            on_cpu = _cpu_expert_count(self.zero_copy_cpu_share, sublayer.top_k) / sublayer.top_k
                             py += self.dispatch_s("cuda") * ZERO_COPY_LAUNCHES / DISPATCH_LAUNCHES
-                            start = max(py, copy_free)
+                            start = max(py, router_done, copy_free)
                             copy_free = start + self.profile.transfer_s(read * (1 - on_cpu), "h2d", True) \
                                 / ZERO_COPY_EFFICIENCY
                             copy_busy += copy_free - start
                             gpu_busy += copy_free - start
                             timeline.append((sublayer.name, "copy", start, copy_free))
+                            py = max(py, router_done) + self.crossing_s(act_bytes, "d2h")
                             alone = self.experts_s(sublayer, "cpu", n_tokens) * on_cpu
                             beside = self.experts_s(sublayer, "cpu", n_tokens, contended=True) * on_cpu
                             seconds = copies.cpu_end(py, alone, beside) - py

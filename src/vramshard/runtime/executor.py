@@ -855,30 +855,34 @@ class Executor:
     def _run_zero_copy(self, sublayer: MoEFFN, stacked: StackedExperts, h: torch.Tensor, routing,
                        x: torch.Tensor) -> tuple[torch.Tensor, int]:
         """A decode-sized step's host experts shared: the GPU's kernels read some from pinned memory
-        while the CPU computes the others (``zero_copy_cpu_share`` of the step's distinct experts,
-        those with the most tokens: the kernels read an expert once per assignment, the CPU once).
+        while the CPU computes the others: each token's first ``cpu_expert_count(zero_copy_cpu_share,
+        top_k)`` experts (in routing order) go to the CPU, the rest to the kernels.
 
-        The host waits for the router (the routing and hidden states come over), queues the kernels
-        with the CPU's assignments marked -1, computes its experts, and sends their sum back to be
-        added: PCIe and the CPU's memory bus both read experts, at the same time."""
+        The split is by position, so the GPU marks the CPU's assignments -1 itself and the kernels
+        over the rest are queued before the host waits for the router: the GPU reads its share while
+        the routing and hidden states come over and the CPU computes its own. The CPU's sum goes
+        back to be added. (Splitting by expert, as first built, needed the routing on the host
+        before the kernels could be queued: the GPU sat idle through every layer's round trip, and
+        the fourteenth GPU session measured the share slower than the kernels alone.)"""
         began = time.perf_counter()
-        h_host, routing_host = h.to("cpu", non_blocking=True), routing.to(torch.device("cpu"), non_blocking=True)
-        crossed = torch.cuda.Event()
-        crossed.record()
-        crossed.synchronize()  # one wait for the router, and for all three to land
-        flat = routing_host.experts.reshape(-1).tolist()
-        by_count = sorted(set(flat), key=lambda e: (-flat.count(e), e))
-        on_cpu = set(by_count[: zero_copy_experts.cpu_expert_count(self.zero_copy_cpu_share, len(by_count))])
-        if len(on_cpu) < len(by_count):  # the kernels' share, queued first
-            marked = routing_host.experts.masked_fill(torch.isin(routing_host.experts, torch.tensor(sorted(on_cpu))), -1)
-            marked = marked.to(torch.int32).pin_memory().to(self.gpu, non_blocking=True)
+        top_k = routing.experts.shape[1]
+        on_cpu = zero_copy_experts.cpu_expert_count(self.zero_copy_cpu_share, top_k)
+        if on_cpu:  # the CPU's inputs cross first: its wait below covers the router and them only
+            mine = Routing(routing.experts[:, :on_cpu], routing.weights[:, :on_cpu])
+            h_host, routing_host = h.to("cpu", non_blocking=True), mine.to(torch.device("cpu"), non_blocking=True)
+            crossed = torch.cuda.Event()
+            crossed.record()
+        if on_cpu < top_k:  # the kernels' share, queued before the host waits
+            marked = routing.experts.clone()
+            marked[:, :on_cpu] = -1
             x = x + zero_copy_experts.routed_experts(stacked, h, Routing(marked, routing.weights))
+        if not on_cpu:
+            return x, 0
+        crossed.synchronize()  # the router and the copies (the kernels run on meanwhile)
         computing = time.perf_counter()
-        if on_cpu:
-            x = x + sublayer.run_experts(self.host_experts[sublayer.name], h_host, routing_host,
-                                         only=on_cpu).to(self.gpu, non_blocking=True)
+        y = sublayer.run_experts(self.host_experts[sublayer.name], h_host, routing_host)
         self._on_host(began, computing)
-        return x, 2
+        return x + y.to(self.gpu, non_blocking=True), 2
 
     def _cache_source(self, sublayer: MoEFFN) -> zero_copy_experts.CachedSource | None:
         """The expert cache as the zero-copy kernels read it for ``sublayer``: its slots and the
