@@ -7,7 +7,8 @@ sub-layer's pinned packed host buffer (no second host copy: ~57 GiB of 128 GiB R
 For each budget and placement — the planner's, ``experts-stream`` (cache filling the
 budget), and the baselines ``layers:max`` and ``experts-cpu`` — decode tok/s at a 1K
 context, TTFT of a 1K prompt, and batched decode tok/s at batch 1/4/16/64 (64-token
-contexts, a separate KV reservation); peak VRAM; expert-cache hit rate. The bound of a
+contexts, a separate KV reservation); peak VRAM; expert-cache hit rate; the estimator's decode
+tok/s for the cell's one-token plan (``predicted_decode_tok_s``). The bound of a
 decode step comes from routed-expert bytes: per token each MoE layer needs top-k experts,
 and those not in VRAM (uniform routing: the cache holds a slots/(layers x experts)
 fraction) must come over PCIe or be read by the CPU:
@@ -31,7 +32,7 @@ import torch
 from vramshard.errors import BudgetError
 from vramshard.layers.moe import MoEFFN
 from vramshard.layers.step import Step
-from vramshard.plan.estimator import balanced_zero_copy_share, expert_cpu_share
+from vramshard.plan.estimator import Estimator, balanced_zero_copy_share, expert_cpu_share, uniform_hit_rate
 from vramshard.plan.memory import expert_slot_bytes, max_resident_layers, moe_layers, sublayer_triples, vram_need
 from vramshard.plan.placement import named_placement
 from vramshard.plan.planner import Planner, machine_profile
@@ -199,7 +200,19 @@ def routed_bound(model, executor, bw) -> dict:
             "pcie_bound_tok_s": bw["h2d"] / total if total else None}
 
 
-def run_cell(model, host, label, placement, cache, budget, args, bw, deadline, options=None) -> dict:
+def predicted_decode_tok_s(model, profile, executor, options: dict, ctx: int) -> float:
+    """The estimator's decode tok/s for the executor's one-token plan, with the executor's
+    zero-copy switch and CPU share and the cache's uniform-routing hit rate (it does not model
+    ``expert_prefetch`` or ``expert_cpu_share``)."""
+    placement, threads = executor.plans.for_tokens(1)
+    slots = executor.expert_cache.capacity if executor.expert_cache is not None else 0
+    estimator = Estimator(model, profile, threads=threads, expert_hit_rate=uniform_hit_rate(model, slots),
+                          zero_copy=executor.experts_zero_copy and zero_copy_experts.supported(),
+                          zero_copy_cpu_share=options.get("zero_copy_cpu_share", 0.0))
+    return 1.0 / estimator.simulate(placement, 1, ctx).seconds
+
+
+def run_cell(model, host, label, placement, cache, budget, args, bw, deadline, options=None, profile=None) -> dict:
     cell = {"placement": label, "budget_gib": budget / GiB, **(options or {})}
     if isinstance(placement, Exception):
         cell["error"] = str(placement)
@@ -217,6 +230,8 @@ def run_cell(model, host, label, placement, cache, budget, args, bw, deadline, o
     cell["vram_plan_gib"] = executor.need.total / GiB
     cell["expert_cache_gib"] = executor.expert_cache_bytes / GiB
     cell.update(routed_bound(model, executor, bw))
+    if profile is not None:
+        cell["predicted_decode_tok_s"] = predicted_decode_tok_s(model, profile, executor, options or {}, args.ctx)
     cell["decode_tok_s"] = decode_tok_s(executor, args.ctx, args.decode_steps)
     report = executor.report
     cell["decode_bytes_streamed"] = report.bytes_streamed
@@ -303,7 +318,7 @@ def main() -> None:
         for label, placement, cache, options in placements_for(model, budget, args, profile):
             if args.placements and label not in args.placements.split(","):
                 continue
-            cell = run_cell(model, host, label, placement, cache, budget, args, bw, deadline, options)
+            cell = run_cell(model, host, label, placement, cache, budget, args, bw, deadline, options, profile)
             log.info("%s", cell)
             results["cells"].append(cell)
             write_json(out_path, results)

@@ -582,3 +582,18 @@ def test_the_cpus_expert_count_balances_both_sides():
     assert cpu_expert_count(0.5, 8) == 4 and cpu_expert_count(0.0, 8) == 0 and cpu_expert_count(1.0, 8) == 8
     assert cpu_expert_count(0.3, 2) == 0  # 1 on the CPU would take 0.7, both on the GPU 0.6
     assert cpu_expert_count(0.5, 2) == 1 and cpu_expert_count(0.5, 1) == 0  # (a tie: the GPU's)
+
+
+def test_moe_bench_predicts_each_cells_decode_from_the_executors_own_switches(tiny_model_dir):
+    """benchmarks/moe_bench's predicted decode tok/s: the estimator's one-token step of the executor's
+    plan, with its zero-copy switch and CPU share (so a cell's prediction and measurement match up)."""
+    from benchmarks.moe_bench import predicted_decode_tok_s
+    from vramshard.plan.estimator import Estimator
+
+    _, model, host = loaded(tiny_model_dir, "qwen3_moe")
+    placement = named_placement("experts-cpu", sublayer_triples(model), model.args.num_hidden_layers,
+                                moe_layers=moe_layers(model))
+    executor = Executor(model, host, placement, simulate_gpu=True, experts_zero_copy=False)
+    profile = synthetic(cpu_gflops=500, gpu_gflops=100_000, h2d_gbps=25, cpu_mem_gbps=40)
+    expected = 1 / Estimator(model, profile, zero_copy=False).simulate(placement, 1, 256).seconds
+    assert predicted_decode_tok_s(model, profile, executor, {}, 256) == pytest.approx(expected)

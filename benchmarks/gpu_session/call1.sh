@@ -18,6 +18,6 @@ d = json.load(open(os.path.join(os.environ["OUT"], "moe_bench.json")))
 for c in d["cells"] + [d.get("skewed") or {}]:
     before = {k: round(v.get("before_gib", 0), 3) for k, v in c.get("peak_by_phase", {}).items()}
     print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in c.items()
-           if k in ("placement", "budget_gib", "decode_tok_s", "bound_tok_s", "pcie_bound_tok_s", "ttft_s",
+           if k in ("placement", "budget_gib", "decode_tok_s", "predicted_decode_tok_s", "bound_tok_s", "pcie_bound_tok_s", "ttft_s",
                     "batched_tok_s", "peak_vram_gib", "within_budget", "error")}, "before", before)
 PY
