@@ -98,6 +98,11 @@ def compare(first: dict, second: dict) -> dict:
     for dtype, value in first.get("split_part_factor", {}).items():
         if dtype in second.get("split_part_factor", {}):
             out[f"split FFN part factor {dtype}"] = pct(value, second["split_part_factor"][dtype])
+    for dtype, by_rows in first.get("host_experts_gb_s", {}).items():
+        for rows, value in by_rows.items():
+            other = second.get("host_experts_gb_s", {}).get(dtype, {}).get(rows)
+            if other is not None:  # (a quick second run times fewer rows)
+                out[f"CPU experts pass GB/s {dtype} {rows} rows"] = pct(value, other)
     return out
 
 
@@ -248,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     for dtype, value in summary_1.get("split_part_factor", {}).items():
         other = summary_2.get("split_part_factor", {}).get(dtype, float("nan"))
         print(f"  split FFN part {dtype}: {value:5.2f} | {other:5.2f} x | {pct(value, other):+6.1f}%")
+    for key, value in differences.items():
+        if key.startswith("CPU experts pass"):
+            print(f"  {key}: {value:+6.1f}%")
     print("held-out: kind device dtype shape: direct | predicted | error")
     for r in rows:
         print(f"  {r['kind']:9s} {r['device']:4s} {r['dtype']:4s} {str(r['shape']):22s}: "
