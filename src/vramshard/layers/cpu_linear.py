@@ -9,9 +9,9 @@ the dtype, the shape and the thread count, so :func:`cpu_linear` chooses per (dt
 out, in, threads, bias, candidates) and keeps the winner for the process.
 
 For one token over a contiguous weight a third candidate is the product as row sums compiled by
-inductor (:mod:`.cpu_compiled`): on the 2-core AMD EPYC development machine 1.3-2.7x ``F.linear``
-on bf16 projections of 1.5k-150k rows (a llama3 ``[4096 -> 14336]`` at 32.4 against 19.8 GB/s,
-Qwen3's 151936-row head at 32.6 against 20.6). It is compiled before its first timed trial (and
+inductor (:mod:`.cpu_compiled`): with it, llama3-8b's CPU decode on the 2-core AMD EPYC
+development machine went from 5.2-5.4 to 10.0-11.6 tok/s (docs/BENCHMARKS.md, "Changed after the
+fourteenth session"). It is compiled before its first timed trial (and
 at engine load, :func:`warm_up`), and not offered on threads that keep the GIL free (the run-ahead
 worker; inductor's kernels hold it). At more tokens it reads the weight once per token, slower.
 

@@ -16,8 +16,8 @@ expert shared by several tokens is read once per assignment, so it pays off up t
 
 Accumulation is in float32, rounded to the activation dtype once at the end (the per-expert path
 rounds after each projection). Half precision only (``DTYPES``): float32 tiny models keep the
-per-expert path. The compiled code keeps the OpenMP thread count of its compilation, and torch
-recompiles when the process's thread count changes. Compiling needs a C++ compiler; without one (or
+per-expert path. The compiled code keeps the OpenMP thread count of its compilation, so each
+thread count (and dtype) gets a compilation of its own. Compiling needs a C++ compiler; without one (or
 on any compile error) the first call says so in the log and every call returns None, for the
 caller's own path (:mod:`~vramshard.layers.cpu_compiled`). Nor does it run where a thread keeps the
 GIL free (the run-ahead worker): inductor's CPU kernels hold it. ``VRAMSHARD_HOST_EXPERTS=off``
