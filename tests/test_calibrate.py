@@ -16,7 +16,7 @@ from vramshard.plan.planner import Planner
 from vramshard.plan.tiers import Tiers
 from vramshard.profile import load
 from vramshard.profile.query import synthetic
-from vramshard.runtime.plan_check import MIN_STEPS
+from vramshard.runtime.plan_check import MIN_STEPS, CpuCheck, cpu_samples_needed
 from vramshard.runtime.scheduler import StepStats
 from vramshard.shapes import shape_model
 
@@ -189,6 +189,29 @@ def test_measured_cpu_work_fits_a_factor_at_its_tier_rows(nemo_2gib, h200):
     assert calibrate.fit_cpu_rows(model, h200, resident, {1: 0.05}) is None  # no CPU work to scale
 
 
+def test_cpu_work_beyond_every_factor_considered_is_not_fitted(nemo_2gib, h200):
+    """A step far off any factor (an engine's first prompt chunk ran 17x its prediction on the
+    H200 machine) would be fitted at the limit and spread to every tier's rows: it is left out."""
+    model, plan = nemo_2gib
+    predicted = calibrate.cpu_seconds(model, h200, plan, 1)
+    assert calibrate.fit_cpu_rows(model, h200, plan, {1: 20 * predicted}) is None
+    assert calibrate.fit_cpu_rows(model, h200, plan, {1: 0.1 * predicted}) is None
+    assert calibrate.fit_cpu_rows(model, h200, plan, {1: 6 * predicted}).value[1] > 5  # inside: fitted
+
+
+def test_a_tiers_first_step_under_a_plan_is_its_warm_up_not_a_sample():
+    check = CpuCheck(plan=object())
+    check.add(1024, 0.25)  # first calls, first touches
+    assert check.ready() == {} and check.samples == {}
+    check.add(1024, 0.016)
+    assert check.ready() == {1024: 0.016}
+    for _ in range(cpu_samples_needed(1)):
+        check.add(1, 0.02)
+    assert check.ready() == {1024: 0.016}  # tier 1's first step did not count: one short
+    check.add(1, 0.02)
+    assert check.ready() == {1024: 0.016, 1: 0.02}
+
+
 def test_later_engines_start_from_what_an_earlier_one_fitted(nemo_2gib, h200):
     model, plan = nemo_2gib
     calibrate.forget_learned()
@@ -243,7 +266,7 @@ def test_an_engine_whose_cpu_work_runs_slow_fits_that_tier_and_plans_again(tiny_
     old_plan, profile = engine.plan, engine.budget.plan_settings().profile
     predicted = calibrate.cpu_seconds(engine.model, profile, old_plan, 1)
     check = engine.cpu_check()
-    for _ in range(7):
+    for _ in range(8):  # the first is the tier's warm-up
         check.add(1, 2 * predicted)
     engine.poll_budget()
     assert engine.budget.calibrations == []  # one step short of judging tier 1
@@ -276,6 +299,7 @@ def test_steps_beside_a_background_plan_are_not_samples_of_the_cpu_work(tiny_mod
         return StepStats(1, 0, 1, 1, 1, seconds, 0, 1, ended, seconds, 0.0, 0.05, 0.0)
 
     engine.budget.background.finished_at = time.time()
+    engine._measured(step(time.time() + 0.5))  # the tier's first step under the plan: its warm-up
     engine._measured(step(time.time() + 0.05))  # began before the planner had finished
     assert engine.cpu_check().samples == {}
     engine._measured(step(time.time() + 0.5))
@@ -306,7 +330,7 @@ def test_with_its_cpu_work_timed_the_rest_of_a_slow_step_goes_to_the_dispatch(ti
     engine, reference = simulated_engine(tiny_model_dir("qwen3"))
     profile = engine.budget.plan_settings().profile
     check = engine.cpu_check()
-    for _ in range(8):  # the CPU work as predicted: judged, nothing to fit
+    for _ in range(9):  # the CPU work as predicted (after the tier's warm-up): judged, nothing to fit
         check.add(1, calibrate.cpu_seconds(engine.model, profile, engine.plan, 1))
     engine.poll_budget()
     assert engine.budget.calibrations == [] and check.judged == {1}

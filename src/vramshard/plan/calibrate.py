@@ -126,7 +126,8 @@ def fit_cpu_rows(model: Model, profile: Profile, plan: PlanSet, measured: dict[i
     """The profile under which each tier's CPU work in ``plan`` takes what the executor measured
     (``measured``: tier -> median host seconds of its CPU work per step): a factor on CPU compute
     at that many rows (:meth:`Profile.calibrated` ``cpu_rows``), for the tiers more than
-    CPU_OFF_BY off. None when every tier is within it (or has too little CPU work to judge).
+    CPU_OFF_BY off. None when every tier is within it (or has too little CPU work to judge, or
+    is off by more than any factor in [LOWEST, HIGHEST] explains).
 
     The measurement is the host's own time in the CPU work, so no search over the whole step is
     needed: the factor on the work's compute (its launches stay as profiled) solved by a few secant
@@ -138,8 +139,15 @@ def fit_cpu_rows(model: Model, profile: Profile, plan: PlanSet, measured: dict[i
         predicted = cpu_seconds(model, profile, plan, tier)
         if predicted < MIN_CPU_S or 1 / CPU_OFF_BY <= seconds / predicted <= CPU_OFF_BY:
             continue
-        rows[tier] = _secant(lambda f: cpu_seconds(model, profile.calibrated(cpu_rows={tier: f}), plan, tier),
-                             seconds, predicted)
+        factor = _secant(lambda f: cpu_seconds(model, profile.calibrated(cpu_rows={tier: f}), plan, tier),
+                         seconds, predicted)
+        if factor in (LOWEST, HIGHEST):
+            # No factor considered explains it: an outlier (a step the host was busy in) or a profile
+            # of another machine. Fitted at the limit, it would spread to the other tiers' rows.
+            log.info("the CPU work of tier %d took %.1f ms where %.1f ms was predicted: beyond the factors "
+                     "considered (%g-%g), not fitted", tier, seconds * 1e3, predicted * 1e3, LOWEST, HIGHEST)
+            continue
+        rows[tier] = factor
     if not rows:
         return None
     fitted = profile.calibrated(cpu_rows=rows)

@@ -64,8 +64,9 @@ class DecodeCheck:
 
 
 def cpu_samples_needed(tier: int) -> int:
-    """Steps of a tier whose CPU work is measured before it is judged: a prompt chunk's CPU part runs
-    for tens of milliseconds and one is enough; a decode tier's few milliseconds vary more."""
+    """Steps of a tier whose CPU work is measured before it is judged (after its first,
+    :meth:`CpuCheck.add`): a prompt chunk's CPU part runs for tens of milliseconds and one is
+    enough; a decode tier's few milliseconds vary more."""
     return 1 if tier >= 256 else 8
 
 
@@ -81,11 +82,21 @@ class CpuCheck:
         self.samples: dict[int, deque[float]] = {}
         # Tiers already fitted (or found in tolerance), shared with the engine's earlier checks.
         self.judged: set[int] = judged if judged is not None else set()
+        self.warmed: set[int] = set()  # tiers whose first step under this plan has run
 
     def add(self, tier: int, host_compute_s: float) -> None:
-        """One step of ``tier`` whose CPU work took ``host_compute_s`` (steps without any are not kept)."""
-        if host_compute_s > 0 and tier not in self.judged:
-            self.samples.setdefault(tier, deque(maxlen=WINDOW)).append(host_compute_s)
+        """One step of ``tier`` whose CPU work took ``host_compute_s`` (steps without any are not kept).
+
+        A tier's first step under the plan is not kept either: it pays the plan's first calls
+        (kernel choices, caches, first touches). On the H200 machine the first 1024-token step of
+        an engine spent 253 ms in CPU work that took 16 ms in later ones, and fitting it put every
+        tier's CPU factor at the largest considered (docs/BENCHMARKS.md, fifteenth session)."""
+        if host_compute_s <= 0 or tier in self.judged:
+            return
+        if tier not in self.warmed:
+            self.warmed.add(tier)
+            return
+        self.samples.setdefault(tier, deque(maxlen=WINDOW)).append(host_compute_s)
 
     def ready(self) -> dict[int, float]:
         """{tier: median seconds of its CPU work} of the tiers not judged yet with enough steps."""
