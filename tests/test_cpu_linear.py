@@ -136,6 +136,10 @@ def test_one_token_over_a_contiguous_weight_may_take_the_compiled_row_sums(monke
     x, w = torch.randn(1, 64).bfloat16(), torch.randn(48, 64).bfloat16()
     assert cpu_linear._candidates(x, w) == ("linear", "mv", "compiled")
     assert cpu_linear._candidates(x, torch.randn(64, 48).bfloat16().t()) == ("linear", "mv")
+    sliced = torch.randn(48, 160).bfloat16()[:, 32:96]  # a split FFN part's down columns: rows contiguous
+    assert cpu_linear._candidates(x, sliced) == ("linear", "mv", "compiled")
+    torch.testing.assert_close(cpu_linear._compiled(x, sliced, None).float(), F.linear(x.float(), sliced.float()),
+                               atol=0.05, rtol=0.02)
     assert cpu_linear._candidates(torch.randn(2, 64).bfloat16(), w) == ("linear", "weight_mm")
     with cpu_compiled.gil_kept_free():
         assert cpu_linear._candidates(x, w) == ("linear", "mv")

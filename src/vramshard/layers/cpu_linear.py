@@ -8,7 +8,8 @@ while ``[1, 4096] x [4096 -> 14336]`` ran at 71 GB/s; on this project's 2-core C
 the dtype, the shape and the thread count, so :func:`cpu_linear` chooses per (dtype, tokens,
 out, in, threads, bias, candidates) and keeps the winner for the process.
 
-For one token over a contiguous weight a third candidate is the product as row sums compiled by
+For one token over a weight whose rows are contiguous (a whole weight, or the column slice of a
+split FFN's CPU part: ``down[:, a:b]``) a third candidate is the product as row sums compiled by
 inductor (:mod:`.cpu_compiled`): with it, llama3-8b's CPU decode on the 2-core AMD EPYC
 development machine went from 5.2-5.4 to 10.0-11.6 tok/s (docs/BENCHMARKS.md, "Changed after the
 fourteenth session"). It is compiled before its first timed trial (and
@@ -76,7 +77,7 @@ _GEMV = CompiledKernel(_row_sums, "one-token projections", "run through ATen")
 
 
 def _compiled(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """One token, ``W[N, K]`` contiguous: the row sums compiled by inductor (:mod:`.cpu_compiled`)."""
+    """One token, ``W[N, K]`` with contiguous rows: the row sums compiled by inductor (:mod:`.cpu_compiled`)."""
     y = _GEMV(x, w)
     if y is None:  # compiling failed (said once in the log): this call through ATen
         y = F.linear(x, w)
@@ -120,22 +121,30 @@ def cpu_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
 
 def _candidates(x: torch.Tensor, w: torch.Tensor) -> tuple[str, ...]:
     """The paths that may compute this projection here: the compiled row sums for one token over
-    a contiguous weight, on threads that may hold the GIL (:func:`.cpu_compiled.allowed`)."""
+    a weight whose rows are contiguous, on threads that may hold the GIL (:func:`.cpu_compiled.allowed`).
+
+    A column slice counts: ATen's paths read a split FFN's ``down[:, a:b]`` slower than a whole
+    weight, and the profile times whole weights, so the split parts' CPU work ran 1.3-1.6x its
+    prediction on the H200 machine (docs/BENCHMARKS.md, fifteenth session)."""
     if x.shape[0] > 1:
         return ("linear", "weight_mm")
-    if w.is_contiguous() and compiled_allowed():
+    if w.stride(-1) == 1 and compiled_allowed():
         return ("linear", "mv", "compiled")
     return ("linear", "mv")
 
 
 def warm_up(dtype: torch.dtype) -> None:
     """Compile the one-token row sums for ``dtype`` at the process's thread count now (seconds the
-    first time), not inside a step; nothing where they do not apply."""
+    first time), not inside a step; nothing where they do not apply. Each weight layout the
+    projections meet is a compilation of its own: a whole weight, and column slices at the start
+    of a weight and inside it (split FFN parts), whatever their sizes (shapes are symbolic)."""
     key = (dtype, torch.get_num_threads())
     if not (enabled() and compiled_allowed() and dtype in TUNED_DTYPES) or key in _warmed:
         return
+    weight = torch.zeros(48, 8192, dtype=dtype)  # wide: the small-K specialization is not the one used
     with torch.inference_mode():
-        _GEMV(torch.zeros(1, 64, dtype=dtype), torch.zeros(48, 64, dtype=dtype))
+        for w in (weight, weight[:, :4160], weight[:, 4160:]):
+            _GEMV(torch.zeros(1, w.shape[1], dtype=dtype), w)
     _warmed.add(key)
 
 
