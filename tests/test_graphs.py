@@ -14,7 +14,7 @@ from vramshard.layers.step import Step
 from vramshard.plan.memory import sublayer_triples
 from vramshard.plan.placement import named_placement
 from vramshard.runtime import graphs as graphs_module
-from vramshard.runtime.graphs import (SEGMENT, DecodeGraphs, batch_bucket, capture_bytes, decode_uncovered, key_bucket,
+from vramshard.runtime.graphs import (SEGMENT, SMALL_SEGMENT, DecodeGraphs, batch_bucket, capture_bytes, decode_uncovered, key_bucket,
                                       key_buckets, pack_decode_inputs, resident_runs)
 
 gpu = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -394,6 +394,21 @@ def test_graph_replay_padded_batch_and_paged_cache(tiny_model_dir):
     assert {(b.batch, b.keys) for b in graphs._buckets.values()} >= {(4, 32), (2, 16), (1, 32)}
 
 
+def test_a_capture_no_larger_than_one_the_pool_held_is_charged_the_pools_growth():
+    graphs = DecodeGraphs({}, "cpu", 256, capture=False, pool_limit=64 * 2**20)
+    big, small = 60 * 2**20, 40 * 2**20
+    assert graphs.charge(big) == big and graphs.fits(big)  # an empty pool: the whole estimate
+    graphs._captured(big, 4 * 2**20)  # measured: the capture grew the pool by 4 MiB
+    assert graphs.charge(small) == graphs.charge(big) == 4 * 2**20 + SMALL_SEGMENT
+    assert graphs.charge(big + 1) == big + 1 and not graphs.fits(big + 1)  # larger than any held: in full
+    graphs._captured(big, 0)
+    assert graphs.pool_bytes == 4 * 2**20 and graphs.fits(big)
+    graphs.pool_limit = graphs.pool_bytes + graphs.charge(big) - 1
+    assert not graphs.fits(big)
+    graphs.clear()
+    assert graphs.pool_bytes == 0 and graphs.charge(small) == small  # a new pool holds nothing
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_graph_memory_limit_and_lru(tiny_model_dir):
@@ -405,8 +420,14 @@ def test_graph_memory_limit_and_lru(tiny_model_dir):
     limited = _gpu_graphs(engine, pool_limit=first)
     assert limited.run(executor.token_sublayers, torch.tensor([4]), Step.single(3, 1, kv_lookup=kv)) is not None
     assert 0 < limited.pool_bytes <= first  # the estimate covers what the capture took
-    # A second bucket (context 20 > 16 keys) would pass the limit: not captured, run eagerly.
-    assert limited.run(executor.token_sublayers, torch.tensor([4]), Step.single(19, 1, kv_lookup=kv)) is None
+    # A second bucket (context 20 > 16 keys) of the same estimate reuses the pool: charged the pool's
+    # growth so far plus a small segment, it is captured under the same limit.
+    assert capture_bytes(executor.token_sublayers, 1, 32, torch.float32) == first
+    assert limited.run(executor.token_sublayers, torch.tensor([4]), Step.single(19, 1, kv_lookup=kv)) is not None
+    assert limited.pool_bytes <= first and limited.graphs == 2
+    # A third where even that charge would pass the limit: not captured, run eagerly.
+    limited.pool_limit = limited.pool_bytes + limited.charge(first) - 1
+    assert limited.run(executor.token_sublayers, torch.tensor([4]), Step.single(40, 1, kv_lookup=kv)) is None
     assert "the graph memory limit is reached" in limited.stats.fallbacks
     assert _gpu_graphs(engine, pool_limit=first - 1).run(
         executor.token_sublayers, torch.tensor([4]), Step.single(3, 1, kv_lookup=kv)) is None  # not even one

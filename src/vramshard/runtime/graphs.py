@@ -96,6 +96,7 @@ def resident_runs(placement: Placement, sublayers: Sequence[SubLayer], shortest:
 
 
 SEGMENT = 20 * 2**20  # the CUDA caching allocator's segment for blocks of 1-10 MiB
+SMALL_SEGMENT = 2 * 2**20  # its segment for blocks under 1 MiB (a capture's outputs at a few sequences)
 
 
 def capture_bytes(sublayers: Sequence[SubLayer], batch: int, keys: int, dtype: torch.dtype) -> int:
@@ -356,6 +357,7 @@ class _Bucket:
     hidden: torch.Tensor | None  # [batch, D] input of a run that does not start at embed
     graph: torch.cuda.CUDAGraph | None = None
     output: torch.Tensor | None = None
+    estimate: int = 0  # capture_bytes of its run, charged against the pool limit
 
 
 @dataclass
@@ -399,6 +401,8 @@ class DecodeGraphs:
         self.warmup_runs = warmup_runs
         self.stats = GraphStats()
         self.pool_bytes = 0  # VRAM the captures added (their private pool), for the budget
+        self._largest_estimate = 0  # the largest capture_bytes captured into the pool so far
+        self._largest_growth = 0  # the most one capture has grown the pool
         self._forwards: dict[tuple[str, ...], StaticDecode] = {}
         self._buckets: OrderedDict[tuple, _Bucket] = OrderedDict()
         self._pool = None
@@ -423,6 +427,32 @@ class DecodeGraphs:
         self._indices.clear()
         self._pool = None
         self.pool_bytes = 0
+        self._largest_estimate = self._largest_growth = 0
+
+    def charge(self, estimate: int) -> int:
+        """VRAM a capture whose :func:`capture_bytes` is ``estimate`` is counted to add to the pool.
+
+        Every capture shares one pool, and a capture's temporaries are free again in the pool once
+        it ends, for the next capture to reuse. So a capture no larger (by its estimate) than one
+        the pool has held is charged what the pool has grown by at most in one capture, plus a
+        small segment for its outputs, not its whole estimate. On the H200 machine 60 captures of
+        nemo-8b's lone attentions grew the pool to 6 MiB in all, where each was estimated at
+        60 MiB; charged their estimate, the 8 GiB plan's 61 MiB of room took one capture at 1K
+        keys and left the rest of the decode steps eager (docs/BENCHMARKS.md, fifteenth session).
+        """
+        if self._largest_estimate and estimate <= self._largest_estimate:
+            return min(estimate, self._largest_growth + SMALL_SEGMENT)
+        return estimate
+
+    def fits(self, estimate: int) -> bool:
+        """Whether a capture estimated at ``estimate`` may be made under ``pool_limit``."""
+        return self.pool_limit is None or self.pool_bytes + self.charge(estimate) <= self.pool_limit
+
+    def _captured(self, estimate: int, growth: int) -> None:
+        """Account a capture estimated at ``estimate`` that grew the pool by ``growth`` bytes."""
+        self.pool_bytes += growth
+        self._largest_estimate = max(self._largest_estimate, estimate)
+        self._largest_growth = max(self._largest_growth, growth)
 
     def runs(self, placement: Placement, sublayers: Sequence[SubLayer], shortest: int = 1) -> dict[int, int]:
         """{begin: end} of the :func:`resident_runs` of ``sublayers`` under ``placement`` whose sub-layers
@@ -485,12 +515,12 @@ class DecodeGraphs:
         key = (names, batch, keys, tuple((c.k.data_ptr(), c.v.data_ptr(), tuple(c.k.shape)) for c in caches))
         bucket = self._buckets.get(key)
         if bucket is None:
-            if self.capture and self.pool_limit is not None and \
-                    self.pool_bytes + capture_bytes(sublayers, batch, keys, x.dtype if x.is_floating_point()
-                                                    else self._dtype(forward)) > self.pool_limit:
+            estimate = capture_bytes(sublayers, batch, keys, x.dtype if x.is_floating_point() else self._dtype(forward))
+            if self.capture and not self.fits(estimate):
                 self._fall_back("the graph memory limit is reached")  # a capture could pass the budget
                 return None
             bucket = self._new_bucket(forward, batch, keys, geometry, x)
+            bucket.estimate = estimate
             self._buckets[key] = bucket
         self._buckets.move_to_end(key)
         self._fill(bucket, forward, step, geometry, x)
@@ -576,7 +606,7 @@ class DecodeGraphs:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             bucket.output = compute()
-        self.pool_bytes += max(0, torch.cuda.memory_reserved(self.device) - before)
+        self._captured(bucket.estimate, max(0, torch.cuda.memory_reserved(self.device) - before))
         bucket.graph = graph
         graph.replay()
         self.stats.captures += 1
