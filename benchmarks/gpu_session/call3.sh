@@ -1,13 +1,21 @@
-# ~8.5 min: the llama3-8b engine grid and the 3x cell as medians of three. Prefix the switches
-# that call 1 showed faster, e.g. `VRAMSHARD_CPU_PACKED=on VRAMSHARD_RUN_AHEAD=on bash ...`, and
-# PROFILE=docs/profiles/<file> for a profile other than h200-queued.json (call 2's, which has the
-# prepacked FFN factors that the planner needs to plan for VRAMSHARD_CPU_PACKED).
+# ~8 min: the 3x cell (llama3-8b batch 64 at 8 GiB, medians of three) with and without prepacked CPU
+# weights, then qwen3-30b-a3b at 8 GiB: the planned engine, the zero-copy kernels with and without
+# the CPU's share, and the experts on the CPU, planned from PROFILE.
 source benchmarks/gpu_session/setup.sh || exit 1
-PROFILE=${PROFILE:-docs/profiles/h200-queued.json}; echo "profile $PROFILE"
-env | grep ^VRAMSHARD_ > $OUT/switches.txt; cat $OUT/switches.txt
-timeout 300 python3 -m benchmarks.engine_bench --models llama3-8b --budgets 8,2 --compile --deadline-s 270 \
-  --profile $PROFILE --out $OUT/engine_llama.json > $OUT/engine_llama.log 2>&1
-grep -o '"[0-9]GiB_[a-z0-9_]*": [0-9.]*' $OUT/engine_llama.json
-timeout 200 python3 -m benchmarks.engine_bench --models llama3-8b --budgets 8 --batch-sizes 64 --repeat 3 \
-  --profile $PROFILE --out $OUT/engine_llama_r3.json > $OUT/engine_llama_r3.log 2>&1
-grep -o '"8GiB_batch64[a-z0-9_]*": [0-9.]*' $OUT/engine_llama_r3.json
+PROFILE=${PROFILE:-docs/profiles/h200-run15.json}; echo "profile $PROFILE"
+for packed in off on; do
+  VRAMSHARD_CPU_PACKED=$packed timeout 170 python3 -m benchmarks.engine_bench --models llama3-8b --budgets 8 \
+    --batch-sizes 64 --repeat 3 --profile $PROFILE --out $OUT/engine_llama_b64_$packed.json > $OUT/engine_llama_b64_$packed.log 2>&1
+  echo "packed $packed"; grep -o '"8GiB_batch64[a-z0-9_]*": [0-9.]*' $OUT/engine_llama_b64_$packed.json
+done
+timeout 130 python3 -m benchmarks.moe_bench --budgets 8 --batches 1 --time-limit 110 \
+  --placements planned,experts-zero-copy,experts-zero-copy-cpu,experts-cpu \
+  --profile $PROFILE --out $OUT/moe_bench.json > $OUT/moe_bench.log 2>&1; echo "rc $?"
+python3 - <<'PY'
+import json, os
+d = json.load(open(os.path.join(os.environ["OUT"], "moe_bench.json")))
+for c in d["cells"]:
+    print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in c.items()
+           if k in ("placement", "decode_tok_s", "predicted_decode_tok_s", "bound_tok_s", "pcie_bound_tok_s",
+                    "peak_vram_gib", "within_budget", "error")})
+PY
