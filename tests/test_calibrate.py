@@ -11,7 +11,9 @@ from vramshard import Engine, budget_follower
 from vramshard.errors import InvalidInputError
 from vramshard.plan import calibrate
 from vramshard.plan.calibrate import fit, step_seconds
-from vramshard.plan.memory import workspace_bytes
+from vramshard.plan.estimator import Estimator
+from vramshard.plan.memory import sublayer_triples, workspace_bytes
+from vramshard.plan.placement import named_placement
 from vramshard.plan.planner import Planner
 from vramshard.plan.tiers import Tiers
 from vramshard.profile import load
@@ -356,3 +358,70 @@ def test_one_measured_step_fits_its_cpu_work_then_the_dispatch(nemo_2gib, h200):
     only_cpu = calibrate.fit_measured(model, h200, plan, 1, step_seconds(model, h200.calibrated(cpu_rows={1: 1.4}),
                                                                            plan, 1), 1.4 * cpu)
     assert only_cpu is not None and "dispatch_scale" not in only_cpu.value
+
+
+def test_split_parts_slower_than_predicted_get_their_own_factor_and_whole_cpu_layers_keep_theirs(nemo_2gib, h200):
+    """The fifteenth GPU session: split FFN parts' CPU work ran 1.6x its prediction while whole
+    layers on the CPU ran as predicted. Timed apart, each is fitted on its own."""
+    model, plan = nemo_2gib
+    estimate = calibrate.step_estimate(model, h200, plan, 1)
+    assert 0 < estimate.cpu_split_busy <= estimate.cpu_busy
+    rest = estimate.cpu_busy - estimate.cpu_split_busy
+    parts = 1.6 * estimate.cpu_split_busy
+    fitted = calibrate.fit_cpu_rows(model, h200, plan, {1: rest + parts}, {1: parts})
+    assert fitted.what == "split_rows" and fitted.profile.cpu_rows == ()
+    assert 1.5 < fitted.profile.split_row_factor(1) < 1.8  # launches in the parts are not scaled
+    again = calibrate.step_estimate(model, fitted.profile, plan, 1)
+    assert again.cpu_split_busy == pytest.approx(parts, rel=0.02)
+    assert again.cpu_busy - again.cpu_split_busy == pytest.approx(rest, rel=1e-6)
+    # Whole layers on the CPU are priced as before; told only the total, the fit charges all CPU work.
+    cpu_layers = named_placement("layers:2", sublayer_triples(model), model.args.num_hidden_layers)
+    assert Estimator(model, fitted.profile, 16).simulate(cpu_layers, 1, 1088).cpu_busy == \
+        pytest.approx(Estimator(model, h200, 16).simulate(cpu_layers, 1, 1088).cpu_busy)
+    together = calibrate.fit_cpu_rows(model, h200, plan, {1: rest + parts})
+    assert together.what == "cpu_rows" and together.profile.split_rows == ()
+
+
+def test_the_rest_of_the_cpu_work_is_fitted_first_then_the_split_parts_on_top(h200, monkeypatch):
+    monkeypatch.setattr(calibrate, "MIN_CPU_S", 0.0)  # the plan's CPU work beside its splits is small
+    model = shape_model("llama3-8b")
+    plan = Planner(model, h200, 2 * GiB, context=1088, tiers=Tiers((1,))).plan()  # a sub-layer on the CPU too
+    assert [n for n in plan.tiers[1].placement.names(compute="cpu") if n != "embed"]
+    assert plan.tiers[1].placement.split_names()
+    estimate = calibrate.step_estimate(model, h200, plan, 1)
+    # The whole sub-layer on the CPU at twice its prediction, the split parts as predicted: the
+    # factor on CPU compute (which the parts' matmuls take too) is offset for them by their own.
+    rest, parts = 2.0 * (estimate.cpu_busy - estimate.cpu_split_busy), estimate.cpu_split_busy
+    fitted = calibrate.fit_cpu_rows(model, h200, plan, {1: rest + parts}, {1: parts})
+    assert fitted.what == "cpu_rows+split_rows" and fitted.profile.cpu_row_factor(1) > 1.5
+    assert 0.4 < fitted.profile.split_row_factor(1) < 0.7
+    again = calibrate.step_estimate(model, fitted.profile, plan, 1)
+    assert again.cpu_busy - again.cpu_split_busy == pytest.approx(rest, rel=0.02)
+    assert again.cpu_split_busy == pytest.approx(parts, rel=0.02)
+    # both are kept for later engines
+    calibrate.forget_learned()
+    try:
+        calibrate.learn(fitted.profile, model.dtype)
+        learned = calibrate.with_learned(h200, model.dtype)
+        assert learned.split_rows == fitted.profile.split_rows and learned.cpu_rows == fitted.profile.cpu_rows
+    finally:
+        calibrate.forget_learned()
+
+
+def test_a_check_keeps_the_split_parts_share_of_each_sample():
+    check = CpuCheck(plan=object())
+    for total, split in ((0.5, 0.4), (0.05, 0.03), (0.05, 0.04)):  # (the first is the warm-up)
+        check.add(1024, total, split)
+    assert check.ready() == {1024: 0.05} and check.split_of([1024]) == {1024: pytest.approx(0.035)}
+    assert check.split_of([1]) == {}
+
+
+def test_the_calibration_file_keeps_split_rows_and_reads_files_without_them(h200, tmp_path, monkeypatch):
+    from vramshard.profile import learned as learned_store
+    monkeypatch.setattr(learned_store, "cache_dir", lambda: tmp_path)
+    data = h200.to_dict()
+    key = data["fingerprint_hash"], str(data["created"])
+    learned_store.write(*key, "torch.float16", (((1, 1.2),), 1.5, ((1, 1.6), (16, 1.3))))
+    assert learned_store.read(*key, "torch.float16") == (((1, 1.2),), 1.5, ((1, 1.6), (16, 1.3)))
+    learned_store.write(*key, "torch.bfloat16", (((4, 1.1),), 2.0))  # an older caller: no split_rows
+    assert learned_store.read(*key, "torch.bfloat16") == (((4, 1.1),), 2.0, ())

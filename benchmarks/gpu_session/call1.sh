@@ -6,9 +6,4 @@
 source benchmarks/gpu_session/setup.sh || exit 1
 timeout 220 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --durations=5 > $OUT/pytest_gpu.txt 2>&1; tail -3 $OUT/pytest_gpu.txt
 grep -E "^(FAILED|ERROR)" $OUT/pytest_gpu.txt | cut -c1-250
-PROFILE=${PROFILE:-docs/profiles/h200-run15.json}; echo "profile $PROFILE"
-env | grep ^VRAMSHARD_ > $OUT/switches.txt; cat $OUT/switches.txt
-timeout 330 python3 -m benchmarks.engine_bench --models llama3-8b --budgets 8,2 --deadline-s 300 \
-  --profile $PROFILE --out $OUT/engine_llama.json > $OUT/engine_llama.log 2>&1; echo "rc $?"
-grep -o '"[0-9]GiB_[a-z0-9_]*": [0-9.]*' $OUT/engine_llama.json
-grep -E "took|fitted|not fitted|memory limit" $OUT/engine_llama.log | cut -c1-260
+source benchmarks/gpu_session/engine_grid.sh; engine_grid llama3-8b 8,2 300 330

@@ -14,8 +14,8 @@ of VRAM anyway lowers the budget to what is held plus what is free and is retrie
 
 The same background path fits the machine profile to the engine's own steps. The executor times
 each step's CPU work; when a tier's runs more than CPU_OFF_BY off the estimator's time for it,
-:func:`vramshard.plan.calibrate.fit_cpu_rows` fits a factor on CPU compute at that tier's rows
-(each tier once per engine). Where the CPU work is not timed, when the plan in force decodes more
+:func:`vramshard.plan.calibrate.fit_cpu_rows` fits a factor on CPU compute at that tier's rows,
+and one on split FFNs' CPU parts on top where the tier has them (each tier once per engine). Where the CPU work is not timed, when the plan in force decodes more
 than CALIBRATE_OFF_BY off its prediction, :func:`vramshard.plan.calibrate.fit` finds the factor on
 split FFNs' CPU parts (or on all CPU compute) that explains the whole step. Either way the plan
 made with the fitted profile comes into force at a step boundary (``why``: "calibrate"; at most
@@ -159,17 +159,21 @@ class BudgetFollower:
             return False
         self.cpu_judged.update(ready)  # once per tier and engine: a fit that chased its own re-plans would drift
         settings = self.plan_settings()
-        fitted = calibrate.fit_cpu_rows(engine.model, settings.profile, engine.plan, ready)
+        split = check.split_of(ready)
+        fitted = calibrate.fit_cpu_rows(engine.model, settings.profile, engine.plan, ready, split)
         if fitted is None:
             return False
         calibrate.learn(fitted.profile, engine.model.dtype)
         predicted = {tier: calibrate.cpu_seconds(engine.model, settings.profile, engine.plan, tier) for tier in ready}
+        split_rows = dict(fitted.profile.split_rows)
         self.calibrations.append({"time": time.time(), "plan": engine.executor.plans.name,
-                                  "cpu_measured_s": ready, "cpu_predicted_s": predicted, "cpu_rows": fitted.value})
-        log.info("the CPU work of plan %s took %s where %s was predicted (ms per step, by tier): fitted the "
-                 "profile's CPU factors by rows to %s; planning again with them in the background",
-                 engine.executor.plans.name, _ms(ready), _ms(predicted),
-                 {rows: round(f, 3) for rows, f in fitted.value.items()})
+                                  "cpu_measured_s": ready, "cpu_split_measured_s": split,
+                                  "cpu_predicted_s": predicted, "cpu_rows": fitted.value, "split_rows": split_rows})
+        log.info("the CPU work of plan %s took %s (%s of it in split FFN parts) where %s was predicted (ms per "
+                 "step, by tier): fitted the profile's CPU factors by rows to %s, and the split parts' to %s on "
+                 "top; planning again with them in the background", engine.executor.plans.name, _ms(ready),
+                 _ms(split), _ms(predicted), {rows: round(f, 3) for rows, f in fitted.value.items()},
+                 {rows: round(f, 3) for rows, f in split_rows.items()})
         self._plan_with(fitted.profile)
         return True
 

@@ -338,7 +338,7 @@ class Engine:
         if background.busy or stats.end_time - stats.seconds < background.finished_at:
             return  # the background planner's Python held the GIL during the step: not a fair sample
         plans = self.executor.plans
-        self.cpu_check().add(plans.tiers[plans.index_for(stats.tokens)], stats.host_compute_s)
+        self.cpu_check().add(plans.tiers[plans.index_for(stats.tokens)], stats.host_compute_s, stats.host_split_s)
 
     def cpu_check(self) -> CpuCheck:
         """The host's time in each tier's CPU work, in the steps of the plan in force."""

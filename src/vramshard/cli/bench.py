@@ -126,6 +126,7 @@ def run_requests(engine, prompts: list[list[int]], new_tokens: int, settings: Be
         # Of the forward, the host computing CPU sub-layers / split FFN parts, and blocked on the GPU for them.
         "decode_host_compute_ms_median": _median_ms(s.host_compute_s for s in decode_steps),
         "decode_host_wait_ms_median": _median_ms(s.host_wait_s for s in decode_steps),
+        "decode_host_split_ms_median": _median_ms(s.host_split_s for s in decode_steps),  # of the computing
     }
 
 

@@ -154,8 +154,10 @@ def _print_fitted(console, profile) -> None:
     if data.get("synthetic") or not data.get("fingerprint_hash"):
         return
     kept = learned.read_all(data["fingerprint_hash"], str(data.get("created")))
-    for dtype, (rows, dispatch) in kept.items():
+    for dtype, (rows, dispatch, split) in kept.items():
         by_rows = ", ".join(f"{r} rows {f:.2f}x" for r, f in rows) or "none"
-        console.print(f"  fitted by the engine ({dtype}): CPU compute by rows {by_rows}; GPU dispatch {dispatch:.2f}x")
+        split_by_rows = ", ".join(f"{r} rows {f:.2f}x" for r, f in split) or "none"
+        console.print(f"  fitted by the engine ({dtype}): CPU compute by rows {by_rows}; split FFN CPU parts "
+                      f"by rows {split_by_rows} on top; GPU dispatch {dispatch:.2f}x")
     if kept:
         console.print(f"  (from {learned.path(data['fingerprint_hash'])}; delete it to start from the profile alone)")

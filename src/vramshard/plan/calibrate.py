@@ -122,36 +122,74 @@ def cpu_seconds(model: Model, profile: Profile, plan: PlanSet, tier: int) -> flo
     return step_estimate(model, profile, plan, tier).cpu_busy
 
 
-def fit_cpu_rows(model: Model, profile: Profile, plan: PlanSet, measured: dict[int, float]) -> Calibration | None:
+def fit_cpu_rows(model: Model, profile: Profile, plan: PlanSet, measured: dict[int, float],
+                 split: dict[int, float] | None = None) -> Calibration | None:
     """The profile under which each tier's CPU work in ``plan`` takes what the executor measured
     (``measured``: tier -> median host seconds of its CPU work per step): a factor on CPU compute
     at that many rows (:meth:`Profile.calibrated` ``cpu_rows``), for the tiers more than
     CPU_OFF_BY off. None when every tier is within it (or has too little CPU work to judge, or
     is off by more than any factor in [LOWEST, HIGHEST] explains).
 
+    ``split``: tier -> of those seconds, the host's time in split FFNs' CPU parts. Where a tier has
+    them, the rest of its CPU work (whole sub-layers and experts on the CPU) is fitted by
+    ``cpu_rows`` and then the split parts by ``split_rows``, on top. On the H200 machine split parts
+    ran 1.6x their prediction while 15 whole layers on the CPU ran as predicted (docs/BENCHMARKS.md,
+    fifteenth session); one factor for both made the planner price whole CPU layers 1.6x too high.
+
     The measurement is the host's own time in the CPU work, so no search over the whole step is
     needed: the factor on the work's compute (its launches stay as profiled) solved by a few secant
     steps, the CPU time being close to linear in it."""
     rows: dict[int, float] = {}
+    split_rows: dict[int, float] = {}
     for tier, seconds in sorted(measured.items()):
         if tier not in plan.tiers or seconds <= 0:
             continue
-        predicted = cpu_seconds(model, profile, plan, tier)
-        if predicted < MIN_CPU_S or 1 / CPU_OFF_BY <= seconds / predicted <= CPU_OFF_BY:
+        estimate = step_estimate(model, profile, plan, tier)
+        in_parts = (split or {}).get(tier, 0.0)
+        if in_parts <= 0 or estimate.cpu_split_busy <= 0:  # the CPU work as one
+            factor = _fit_one(tier, "CPU work", seconds, estimate.cpu_busy,
+                              lambda f: cpu_seconds(model, profile.calibrated(cpu_rows={tier: f}), plan, tier))
+            if factor is not None:
+                rows[tier] = factor
             continue
-        factor = _secant(lambda f: cpu_seconds(model, profile.calibrated(cpu_rows={tier: f}), plan, tier),
-                         seconds, predicted)
-        if factor in (LOWEST, HIGHEST):
-            # No factor considered explains it: an outlier (a step the host was busy in) or a profile
-            # of another machine. Fitted at the limit, it would spread to the other tiers' rows.
-            log.info("the CPU work of tier %d took %.1f ms where %.1f ms was predicted: beyond the factors "
-                     "considered (%g-%g), not fitted", tier, seconds * 1e3, predicted * 1e3, LOWEST, HIGHEST)
-            continue
-        rows[tier] = factor
-    if not rows:
+        factor = _fit_one(tier, "CPU work beside the split FFN parts", seconds - in_parts,
+                          estimate.cpu_busy - estimate.cpu_split_busy,
+                          lambda f: _rest_seconds(model, profile.calibrated(cpu_rows={tier: f}), plan, tier))
+        base = profile
+        if factor is not None:
+            rows[tier] = factor
+            base = profile.calibrated(cpu_rows={tier: factor})
+        parts = _fit_one(tier, "split FFN parts' CPU work", in_parts, step_estimate(model, base, plan, tier).cpu_split_busy,
+                         lambda f: step_estimate(model, base.calibrated(split_rows={tier: f}), plan, tier).cpu_split_busy)
+        if parts is not None:
+            split_rows[tier] = parts
+    if not rows and not split_rows:
         return None
-    fitted = profile.calibrated(cpu_rows=rows)
-    return Calibration("cpu_rows", dict(fitted.cpu_rows), fitted)
+    fitted = profile.calibrated(cpu_rows=rows, split_rows=split_rows)
+    what = "+".join(name for name, table in (("cpu_rows", rows), ("split_rows", split_rows)) if table)
+    return Calibration(what, dict(fitted.cpu_rows), fitted)
+
+
+def _rest_seconds(model: Model, profile: Profile, plan: PlanSet, tier: int) -> float:
+    """The estimator's host time in ``tier``'s CPU work other than split FFN parts."""
+    estimate = step_estimate(model, profile, plan, tier)
+    return estimate.cpu_busy - estimate.cpu_split_busy
+
+
+def _fit_one(tier: int, what: str, seconds: float, predicted: float, seconds_at) -> float | None:
+    """The factor f with ``seconds_at(f) == seconds`` (``predicted``: its value at 1), or None when
+    ``predicted`` is too little work to judge, the two are within CPU_OFF_BY, or no factor in
+    [LOWEST, HIGHEST] explains ``seconds``."""
+    if predicted < MIN_CPU_S or seconds <= 0 or 1 / CPU_OFF_BY <= seconds / predicted <= CPU_OFF_BY:
+        return None
+    factor = _secant(seconds_at, seconds, predicted)
+    if factor in (LOWEST, HIGHEST):
+        # No factor considered explains it: an outlier (a step the host was busy in) or a profile
+        # of another machine. Fitted at the limit, it would spread to the other tiers' rows.
+        log.info("the %s of tier %d took %.1f ms where %.1f ms was predicted: beyond the factors considered "
+                 "(%g-%g), not fitted", what, tier, seconds * 1e3, predicted * 1e3, LOWEST, HIGHEST)
+        return None
+    return factor
 
 
 def fit_dispatch(model: Model, profile: Profile, plan: PlanSet, measured_s: float, tier: int = 1) -> Calibration | None:
@@ -167,15 +205,18 @@ def fit_dispatch(model: Model, profile: Profile, plan: PlanSet, measured_s: floa
 
 
 def fit_measured(model: Model, profile: Profile, plan: PlanSet, tier: int, measured_s: float,
-                 host_compute_s: float) -> Calibration | None:
+                 host_compute_s: float, host_split_s: float = 0.0) -> Calibration | None:
     """Both of the engine's fits for one measured step of ``tier``: the CPU factor at its rows from
     the host's own time in the CPU work (:func:`fit_cpu_rows`), then the host's GPU dispatch from
     the rest of the step (:func:`fit_dispatch`). ``value``: {"cpu_rows": ..., "dispatch_scale":
     ...} of what was fitted. None when the step needs neither (within the tolerances)."""
     fitted, value = profile, {}
-    cpu = fit_cpu_rows(model, profile, plan, {tier: host_compute_s}) if host_compute_s > 0 else None
+    cpu = fit_cpu_rows(model, profile, plan, {tier: host_compute_s}, {tier: host_split_s}) \
+        if host_compute_s > 0 else None
     if cpu is not None:
         fitted, value["cpu_rows"] = cpu.profile, cpu.value
+        if cpu.profile.split_rows:
+            value["split_rows"] = dict(cpu.profile.split_rows)
     predicted = step_seconds(model, fitted, plan, tier)
     if not 1 / CPU_OFF_BY <= measured_s / predicted <= CPU_OFF_BY:
         dispatch = fit_dispatch(model, fitted, plan, measured_s, tier)
@@ -187,9 +228,9 @@ def fit_measured(model: Model, profile: Profile, plan: PlanSet, tier: int, measu
 
 
 # What engines of this process measured, for the next engine on the same machine profile and dtype:
-# (profile fingerprint, measured when, dtype) -> (the fitted cpu_rows, dispatch_scale), both on the
-# profile as measured. Kept on disk too, for later processes (profile/learned.py).
-_LEARNED: dict[tuple[str, str, str], tuple[tuple[tuple[int, float], ...], float]] = {}
+# (profile fingerprint, measured when, dtype) -> (the fitted cpu_rows, dispatch_scale, split_rows),
+# all on the profile as measured. Kept on disk too, for later processes (profile/learned.py).
+_LEARNED: dict[tuple[str, str, str], learned_store.Factors] = {}
 
 
 def _key(profile: Profile, dtype) -> tuple[str, str, str] | None:
@@ -202,11 +243,11 @@ def _key(profile: Profile, dtype) -> tuple[str, str, str] | None:
 
 
 def learn(profile: Profile, dtype) -> None:
-    """Keep ``profile``'s fitted ``cpu_rows`` and ``dispatch_scale`` for later engines with
-    ``dtype``: of this process, and of later ones through the calibration file."""
+    """Keep ``profile``'s fitted ``cpu_rows``, ``dispatch_scale`` and ``split_rows`` for later
+    engines with ``dtype``: of this process, and of later ones through the calibration file."""
     key = _key(profile, dtype)
-    if key is not None and (profile.cpu_rows or profile.dispatch_scale != 1.0):
-        _LEARNED[key] = (profile.cpu_rows, profile.dispatch_scale)
+    if key is not None and (profile.cpu_rows or profile.split_rows or profile.dispatch_scale != 1.0):
+        _LEARNED[key] = (profile.cpu_rows, profile.dispatch_scale, profile.split_rows)
         if learned_store.enabled():
             learned_store.write(*key, _LEARNED[key])
 
@@ -216,7 +257,7 @@ def with_learned(profile: Profile, dtype) -> Profile:
     or (from the calibration file) in an earlier one. The profile itself when none did, or when
     it carries fitted factors already."""
     key = _key(profile, dtype)
-    if key is None or profile.cpu_rows or profile.dispatch_scale != 1.0:
+    if key is None or profile.cpu_rows or profile.split_rows or profile.dispatch_scale != 1.0:
         return profile
     learned = _LEARNED.get(key)
     if learned is None and learned_store.enabled():
@@ -224,11 +265,12 @@ def with_learned(profile: Profile, dtype) -> Profile:
         if learned is not None:
             _LEARNED[key] = learned
             log.info("starting from the factors fitted in an earlier run on this machine profile: CPU by rows %s, "
-                     "dispatch %.3g (%s)", dict(learned[0]), learned[1], learned_store.path(key[0]))
+                     "split FFN parts by rows %s, dispatch %.3g (%s)", dict(learned[0]), dict(learned[2]), learned[1],
+                     learned_store.path(key[0]))
     if not learned:
         return profile
-    rows, dispatch = learned
-    return profile.calibrated(cpu_rows=dict(rows), dispatch_scale=dispatch)
+    rows, dispatch, split = learned
+    return profile.calibrated(cpu_rows=dict(rows), dispatch_scale=dispatch, split_rows=dict(split))
 
 
 def forget_learned() -> None:

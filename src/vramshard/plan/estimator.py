@@ -55,6 +55,7 @@ class StepEstimate:
     copy_busy: float
     bytes_streamed: int
     timeline: list[tuple[str, str, float, float]] = field(default_factory=list, repr=False)  # (name, resource, start, end)
+    cpu_split_busy: float = 0.0  # of cpu_busy, split dense FFNs' CPU parts on the host thread
 
 
 class CopyEngineSpans:
@@ -289,6 +290,8 @@ class Estimator:
                     kernels *= self.profile.split_part_scale  # as the engine fitted split parts in situ
             elif device == "cpu" and last - first < sublayer.num_pieces:
                 kernels *= self.profile.split_part_factor(self.dtype)  # sliced weights read slower
+            if device == "cpu" and last - first < sublayer.num_pieces:
+                kernels *= self.profile.split_row_factor(n_tokens)  # as the engine fitted split parts by rows
             launches = PART_LAUNCHES + (3 if device == "cpu" else 0)
             self._cache[key] = kernels + self.dispatch_s(device) * launches / DISPATCH_LAUNCHES
         return self._cache[key]
@@ -360,7 +363,7 @@ class Estimator:
         py = 0.0  # the Python thread (it also does the CPU compute)
         gpu_free = 0.0
         copy_free = 0.0
-        cpu_busy = gpu_busy = copy_busy = 0.0
+        cpu_busy = gpu_busy = copy_busy = split_busy = 0.0
         timeline = []
         copies = CopyEngineSpans(timeline)
         n_stream = len(order)
@@ -411,6 +414,7 @@ class Estimator:
         last_start = (0.0, 0.0, 0.0, 0.0)  # (time, cpu, gpu, copy busy) when the last step began
         for _ in range(steps):
             last_start = (py, cpu_busy, gpu_busy, copy_busy)
+            split0 = split_busy
             for sublayer in self.model:
                 if sublayer.kind == "vision":
                     continue  # a token step does not run the vision encoder
@@ -462,6 +466,7 @@ class Estimator:
                     timeline.append((sublayer.name, "cpu", py, py + cpu_s))
                     py += cpu_s
                     cpu_busy += cpu_s
+                    split_busy += cpu_s
                     if x_device == "cpu":  # the GPU's contribution comes back
                         py = max(py, gpu_done) + self.crossing_s(act_bytes, "d2h")
                         x_ready = py
@@ -594,7 +599,8 @@ class Estimator:
             py = max(py, written_back)  # the step ends when every KV write-back has landed
             x_ready = py
         began, cpu0, gpu0, copy0 = last_start
-        return StepEstimate(py - began, cpu_busy - cpu0, gpu_busy - gpu0, copy_busy - copy0, 0, timeline)
+        return StepEstimate(py - began, cpu_busy - cpu0, gpu_busy - gpu0, copy_busy - copy0, 0, timeline,
+                            split_busy - split0)
 
 
 def uniform_hit_rate(model: Model, cache_slots: int, cached_layers: int | None = None) -> float:

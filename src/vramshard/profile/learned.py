@@ -8,7 +8,9 @@ them: ``calibration-<fingerprint hash>.json`` in the cache directory, next to
 
     {"schema": 1, "fingerprint_hash": "...", "profile_created": "...",
      "factors": {"torch.bfloat16": {"cpu_rows": {"1": 1.55, "64": 1.95}, "dispatch_scale": 2.43,
-                                    "updated": "2026-12-01T22:40:00Z"}}}
+                                    "split_rows": {"1": 1.3}, "updated": "2026-12-01T22:40:00Z"}}}
+
+``split_rows`` (split FFN parts' CPU work by rows, on top of ``cpu_rows``) may be missing: none fitted.
 
 The factors are multipliers on one profile's measurements: a profile measured again (another
 ``profile_created``) starts afresh, and the next fit replaces the file. Written atomically. A
@@ -31,7 +33,8 @@ from .store import write_atomically
 log = logging.getLogger(__name__)
 
 SCHEMA = 1
-Factors = tuple[tuple[tuple[int, float], ...], float]  # (cpu_rows as sorted pairs, dispatch_scale)
+Rows = tuple[tuple[int, float], ...]  # (rows, factor) pairs, sorted
+Factors = tuple[Rows, float, Rows]  # (cpu_rows, dispatch_scale, split_rows)
 
 
 def enabled() -> bool:
@@ -58,11 +61,12 @@ def read_all(fingerprint_hash: str, created: str) -> dict[str, Factors]:
     for dtype, entry in data["factors"].items():
         try:
             rows = tuple(sorted((int(r), float(f)) for r, f in entry.get("cpu_rows", {}).items()))
-            factors = rows, float(entry.get("dispatch_scale", 1.0))
+            split = tuple(sorted((int(r), float(f)) for r, f in entry.get("split_rows", {}).items()))
+            factors = rows, float(entry.get("dispatch_scale", 1.0)), split
         except (TypeError, ValueError, AttributeError):
             log.warning("ignoring the fitted factors for %s in %s: not numbers", dtype, path(fingerprint_hash))
             continue
-        if all(r >= 1 and _positive(f) for r, f in rows) and _positive(factors[1]):
+        if all(r >= 1 and _positive(f) for r, f in rows + split) and _positive(factors[1]):
             kept[dtype] = factors
         else:
             log.warning("ignoring the fitted factors for %s in %s: not positive numbers", dtype,
@@ -70,15 +74,18 @@ def read_all(fingerprint_hash: str, created: str) -> dict[str, Factors]:
     return kept
 
 
-def write(fingerprint_hash: str, created: str, dtype: str, factors: Factors) -> None:
+def write(fingerprint_hash: str, created: str, dtype: str, factors: Factors | tuple[Rows, float]) -> None:
     """Keep ``factors`` for this profile and ``dtype`` (those of other dtypes of the same
-    measurement stay). A failure to write is logged, never raised: the engine runs on."""
+    measurement stay; ``split_rows`` may be left out). A failure to write is logged, never raised:
+    the engine runs on."""
     target = path(fingerprint_hash)
     data = _read_file(target, quiet=True)
     if data is None or data.get("profile_created") != created:
         data = {"schema": SCHEMA, "fingerprint_hash": fingerprint_hash, "profile_created": created, "factors": {}}
-    rows, dispatch = factors
+    rows, dispatch, *rest = factors
+    split = rest[0] if rest else ()
     data["factors"][dtype] = {"cpu_rows": {str(r): f for r, f in rows}, "dispatch_scale": dispatch,
+                              "split_rows": {str(r): f for r, f in split},
                               "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     try:
         write_atomically(target, json.dumps(data, indent=1))

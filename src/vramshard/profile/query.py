@@ -77,6 +77,8 @@ class Profile:
         self.split_part_scale = 1.0  # a split FFN's CPU part as fitted to this machine while it runs
         # CPU compute by rows (tokens) as measured in the engine's steps: ((rows, factor), ...) sorted
         self.cpu_rows: tuple[tuple[int, float], ...] = ()
+        # Split dense FFNs' CPU parts by rows as measured in the engine's steps, on top of cpu_rows
+        self.split_rows: tuple[tuple[int, float], ...] = ()
         self.dispatch_scale = 1.0  # the host's cost of dispatching GPU work, as fitted in the engine's steps
 
     # --- construction -------------------------------------------------------------------
@@ -97,22 +99,28 @@ class Profile:
         return cls(synthetic_data(**peaks))
 
     def calibrated(self, cpu_scale: float = 1.0, split_part_scale: float = 1.0,
-                   cpu_rows: dict[int, float] | None = None, dispatch_scale: float = 1.0) -> "Profile":
+                   cpu_rows: dict[int, float] | None = None, dispatch_scale: float = 1.0,
+                   split_rows: dict[int, float] | None = None) -> "Profile":
         """This profile fitted to the engine's measured steps (:mod:`vramshard.plan.calibrate`): CPU
         compute times (matmuls, attention) ``cpu_scale`` times longer, and a split FFN's CPU part
         (:meth:`split_part_factor`) ``split_part_scale`` times longer on top. ``cpu_rows``: {rows:
         factor} on CPU compute of that many rows (tokens), on top of the factor the profile already
         had there (:meth:`cpu_row_factor`). ``dispatch_scale``: the host's cost of dispatching GPU
-        work (:meth:`dispatch_s` on "cuda") that many times the profile's. Transfers and the GPU's
-        own times stay as measured; the file is not changed. Factors compose."""
+        work (:meth:`dispatch_s` on "cuda") that many times the profile's. ``split_rows``: {rows:
+        factor} on a split FFN's CPU part of that many rows, on top of everything else
+        (:meth:`split_row_factor`). Transfers and the GPU's own times stay as measured; the file is
+        not changed. Factors compose."""
         rows = dict(cpu_rows or {})
+        split = dict(split_rows or {})
         for name, value in (("cpu_scale", cpu_scale), ("split_part_scale", split_part_scale),
                             ("dispatch_scale", dispatch_scale),
-                            *((f"the factor at {m} rows", f) for m, f in rows.items())):
+                            *((f"the factor at {m} rows", f) for m, f in rows.items()),
+                            *((f"the split parts' factor at {m} rows", f) for m, f in split.items())):
             if not math.isfinite(value) or value <= 0:
                 raise InvalidInputError(f"{name} must be a positive number, got {value!r}")
-        if any(not isinstance(m, int) or m < 1 for m in rows):
-            raise InvalidInputError(f"cpu_rows are keyed by whole row counts >= 1, got {sorted(rows)}")
+        for what, table in (("cpu_rows", rows), ("split_rows", split)):
+            if any(not isinstance(m, int) or m < 1 for m in table):
+                raise InvalidInputError(f"{what} are keyed by whole row counts >= 1, got {sorted(table)}")
         clone = copy.copy(self)  # shares the read-only tables
         clone.cpu_scale = self.cpu_scale * cpu_scale
         clone.split_part_scale = self.split_part_scale * split_part_scale
@@ -121,21 +129,21 @@ class Profile:
             table = dict(self.cpu_rows)
             table.update({m: self.cpu_row_factor(m) * f for m, f in rows.items()})
             clone.cpu_rows = tuple(sorted(table.items()))
+        if split:
+            table = dict(self.split_rows)
+            table.update({m: self.split_row_factor(m) * f for m, f in split.items()})
+            clone.split_rows = tuple(sorted(table.items()))
         return clone
 
     def cpu_row_factor(self, rows: int) -> float:
         """The in-situ factor on CPU compute of ``rows`` rows: interpolated in log rows between the
         row counts measured (:meth:`calibrated`), the nearest one's beyond them, 1 without any."""
-        table = self.cpu_rows
-        if not table:
-            return 1.0
-        if rows <= table[0][0]:
-            return table[0][1]
-        for (m0, f0), (m1, f1) in zip(table, table[1:]):
-            if rows <= m1:
-                t = math.log(rows / m0) / math.log(m1 / m0)
-                return f0 + t * (f1 - f0)
-        return table[-1][1]
+        return _by_rows(self.cpu_rows, rows)
+
+    def split_row_factor(self, rows: int) -> float:
+        """The in-situ factor on a split FFN's CPU part of ``rows`` rows beyond :meth:`cpu_row_factor`
+        (the estimator applies both), interpolated as that is."""
+        return _by_rows(self.split_rows, rows)
 
     # --- facts --------------------------------------------------------------------------
     @property
@@ -355,3 +363,17 @@ def synthetic(**peaks) -> Profile:
     ``synthetic(cpu_gflops=200, gpu_gflops=50_000, h2d_gbps=4)`` makes PCIe slow.
     """
     return Profile.synthetic(**peaks)
+
+
+def _by_rows(table: tuple[tuple[int, float], ...], rows: int) -> float:
+    """A factor from ``table`` ((rows, factor), sorted) at ``rows``: linear in log rows between the
+    row counts in it, the nearest one's beyond them, 1 for an empty table."""
+    if not table:
+        return 1.0
+    if rows <= table[0][0]:
+        return table[0][1]
+    for (m0, f0), (m1, f1) in zip(table, table[1:]):
+        if rows <= m1:
+            t = math.log(rows / m0) / math.log(m1 / m0)
+            return f0 + t * (f1 - f0)
+    return table[-1][1]

@@ -90,6 +90,7 @@ class StepReport:
     expert_evictions: int = 0
     host_compute_s: float = 0.0  # of ``seconds``, the host computing CPU sub-layers, split FFN CPU parts, CPU experts
     host_wait_s: float = 0.0  # of ``seconds``, the host blocked on GPU results it needs for that work
+    host_split_s: float = 0.0  # of ``host_compute_s``, in split dense FFNs' CPU parts (on the host thread)
 
     @property
     def expert_hit_rate(self) -> float | None:
@@ -195,7 +196,7 @@ class Executor:
         self.num_slots = num_slots
         self.simulated = simulate_gpu
         self.report = StepReport()
-        self._host_compute_s = self._host_wait_s = 0.0  # of the step running (StepReport)
+        self._host_compute_s = self._host_wait_s = self._host_split_s = 0.0  # of the step running (StepReport)
         self.oom_handler: Callable[[str], None] | None = None
         self.oom_retries = 3  # steps retried after the handler made room, before giving up
         self._kv_caches: weakref.WeakSet[KVCache] = weakref.WeakSet()  # live caches, moved on reconfigure
@@ -703,7 +704,7 @@ class Executor:
                         x = self._on_cpu(sublayer, x, step)
             self.report = StepReport(time.perf_counter() - start)
             return x
-        self._host_compute_s = self._host_wait_s = 0.0
+        self._host_compute_s = self._host_wait_s = self._host_split_s = 0.0
         packing_before = self._packed.packing_s
         self._gpu_steps += 1
         copied_before = self.ring.bytes_copied if self.ring else 0
@@ -772,7 +773,8 @@ class Executor:
             extra["packing_s"] = packing
         self.report = StepReport(time.perf_counter() - start, copied + cache.bytes_copied, crossings,
                                  extra, cache.hits, cache.misses, cache.evictions,
-                                 max(0.0, self._host_compute_s - packing), self._host_wait_s)
+                                 max(0.0, self._host_compute_s - packing), self._host_wait_s,
+                                 max(0.0, self._host_split_s - packing))
         return out
 
     @contextmanager
@@ -965,10 +967,12 @@ class Executor:
             self.ring.release(compute)
             y_back = y_gpu.to("cpu", non_blocking=True)  # lands once the GPU part is done
             crossed.record(compute)
+            parting = time.perf_counter()
             y = x + self._cpu_contribution(sublayer, cpu_part, h, cpu_pieces)  # while the GPU computes its part
             waiting = time.perf_counter()
             crossed.synchronize()
             self._host_compute_s += waiting - computing
+            self._host_split_s += waiting - parting
             self._host_wait_s += time.perf_counter() - waiting
             return y + y_back, 2
         h = sublayer.norm(gpu_part, x)  # [T, D] on the GPU
@@ -988,6 +992,7 @@ class Executor:
         computing = time.perf_counter()
         y_cpu = self._cpu_contribution(sublayer, cpu_part, h_host, cpu_pieces)
         self._on_host(waiting, computing)
+        self._host_split_s += time.perf_counter() - computing
         y_cpu = y_cpu.to(self.gpu, non_blocking=True)
         if FFNBuffers.wanted(h_host.shape[0]):
             self._ffn_buffers.copying()  # the buffer is not reused before this copy is done

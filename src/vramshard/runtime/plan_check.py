@@ -80,12 +80,14 @@ class CpuCheck:
     def __init__(self, plan: object, judged: set[int] | None = None):
         self.plan = plan
         self.samples: dict[int, deque[float]] = {}
+        self.split_samples: dict[int, deque[float]] = {}  # of each sample, the split FFNs' CPU parts
         # Tiers already fitted (or found in tolerance), shared with the engine's earlier checks.
         self.judged: set[int] = judged if judged is not None else set()
         self.warmed: set[int] = set()  # tiers whose first step under this plan has run
 
-    def add(self, tier: int, host_compute_s: float) -> None:
-        """One step of ``tier`` whose CPU work took ``host_compute_s`` (steps without any are not kept).
+    def add(self, tier: int, host_compute_s: float, host_split_s: float = 0.0) -> None:
+        """One step of ``tier`` whose CPU work took ``host_compute_s``, ``host_split_s`` of it in
+        split FFNs' CPU parts (steps without CPU work are not kept).
 
         A tier's first step under the plan is not kept either: it pays the plan's first calls
         (kernel choices, caches, first touches). On the H200 machine the first 1024-token step of
@@ -97,8 +99,13 @@ class CpuCheck:
             self.warmed.add(tier)
             return
         self.samples.setdefault(tier, deque(maxlen=WINDOW)).append(host_compute_s)
+        self.split_samples.setdefault(tier, deque(maxlen=WINDOW)).append(min(host_split_s, host_compute_s))
 
     def ready(self) -> dict[int, float]:
         """{tier: median seconds of its CPU work} of the tiers not judged yet with enough steps."""
         return {tier: statistics.median(times) for tier, times in self.samples.items()
                 if tier not in self.judged and len(times) >= cpu_samples_needed(tier)}
+
+    def split_of(self, tiers) -> dict[int, float]:
+        """{tier: median seconds of its split FFNs' CPU parts} for ``tiers`` (those :meth:`ready` gave)."""
+        return {tier: statistics.median(self.split_samples[tier]) for tier in tiers if tier in self.split_samples}

@@ -73,6 +73,7 @@ class StepStats:
     prepare_s: float = 0.0  # of the rest, the part before the forward (budget, admission, the step's inputs)
     host_compute_s: float = 0.0  # of ``forward_s``, the host computing CPU work (StepReport.host_compute_s)
     host_wait_s: float = 0.0  # of ``forward_s``, the host blocked on GPU results that CPU work needs
+    host_split_s: float = 0.0  # of ``host_compute_s``, split dense FFNs' CPU parts (StepReport.host_split_s)
 
     @property
     def overhead_s(self) -> float:
@@ -104,6 +105,7 @@ class _Launched:
     chainable: bool  # the next step may be queued before this one is read
     host_compute_s: float = 0.0  # the executor's StepReport of the forward: host computing CPU work
     host_wait_s: float = 0.0  # and blocked on the GPU results that work needed
+    host_split_s: float = 0.0  # of host_compute_s, in split dense FFNs' CPU parts
 
     def sampled_rows(self) -> dict[Request, int]:
         """Request -> its logit row, for the requests this step samples."""
@@ -112,10 +114,12 @@ class _Launched:
 
 
 
-def _host_times(executor) -> tuple[float, float]:
-    """(host computing, host waiting) seconds of the executor's last forward (0, 0 if it keeps none)."""
+def _host_times(executor) -> tuple[float, float, float]:
+    """(host computing, host waiting, of the computing: in split FFN parts) seconds of the
+    executor's last forward (zeros if it keeps none)."""
     report = getattr(executor, "report", None)
-    return getattr(report, "host_compute_s", 0.0), getattr(report, "host_wait_s", 0.0)
+    return (getattr(report, "host_compute_s", 0.0), getattr(report, "host_wait_s", 0.0),
+            getattr(report, "host_split_s", 0.0))
 
 class Scheduler:
     """Runs many requests through ``executor`` with continuous batching and chunked prefill.
@@ -331,7 +335,7 @@ class Scheduler:
         stats = StepStats(sum(c.length for c in launched.chunks), launched.prefill, launched.decode,
                           len(launched.chunks), sampled, seconds, self.queue_length, launched.running, time.time(),
                           read - forward_begin, forward_begin - begin, launched.host_compute_s,
-                          launched.host_wait_s)
+                          launched.host_wait_s, launched.host_split_s)
         self.history.append(stats)
         self.total_steps += 1
         self.total_prompt_tokens += launched.prefill
