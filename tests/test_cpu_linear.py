@@ -162,3 +162,20 @@ def test_one_token_over_a_contiguous_weight_may_take_the_compiled_row_sums(monke
     for _ in range(3 * cpu_linear.TRIALS):
         torch.testing.assert_close(linear(x, w).float(), reference, atol=0.05, rtol=0.02)
     assert list(cpu_linear.chosen().values()) == ["compiled"] and warmed and set(warmed) == {torch.bfloat16}
+
+
+@pytest.mark.with_compiled
+def test_after_the_warm_up_a_steps_projections_compile_nothing():
+    """The warm-up makes its tensors as a step has them (weights outside inference mode, activations
+    inside), for whole weights and column slices: the first step's calls compile nothing more."""
+    from torch._dynamo.utils import counters
+
+    cpu_linear.warm_up(torch.bfloat16)
+    weight = torch.randn(96, 5000).bfloat16()  # a model's weight: made outside inference mode
+    compiled = counters["stats"]["unique_graphs"]
+    with torch.inference_mode():
+        for w in (weight, weight[:, :3000], weight[:, 3000:], weight[:, :4500]):
+            x = torch.randn(1, w.shape[1]).bfloat16()
+            torch.testing.assert_close(cpu_linear._compiled(x, w, None).float(), F.linear(x.float(), w.float()),
+                                       atol=0.1, rtol=0.02)
+    assert counters["stats"]["unique_graphs"] == compiled

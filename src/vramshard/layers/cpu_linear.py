@@ -74,11 +74,14 @@ def _row_sums(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 _GEMV = CompiledKernel(_row_sums, "one-token projections", "run through ATen")
+# Column slices (split FFN parts' down projections) in a code copy of their own: each layout and
+# size range is a compilation, and one copy holds at most 8 before torch runs it eagerly.
+_GEMV_SLICED = CompiledKernel(_row_sums, "one-token projections over column slices", "run through ATen")
 
 
 def _compiled(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """One token, ``W[N, K]`` with contiguous rows: the row sums compiled by inductor (:mod:`.cpu_compiled`)."""
-    y = _GEMV(x, w)
+    y = (_GEMV if w.is_contiguous() else _GEMV_SLICED)(x, w)
     if y is None:  # compiling failed (said once in the log): this call through ATen
         y = F.linear(x, w)
     return y if bias is None else y + bias
@@ -141,10 +144,15 @@ def warm_up(dtype: torch.dtype) -> None:
     key = (dtype, torch.get_num_threads())
     if not (enabled() and compiled_allowed() and dtype in TUNED_DTYPES) or key in _warmed:
         return
-    weight = torch.zeros(48, 8192, dtype=dtype)  # wide: the small-K specialization is not the one used
+    # As in a step: weights made outside inference mode, activations inside it (torch compiles
+    # anew for another kind of tensor, and for K above and below 4096).
+    weight = torch.zeros(48, 8192, dtype=dtype)
+    narrow = weight[:, :2048].contiguous()
     with torch.inference_mode():
-        for w in (weight, weight[:, :4160], weight[:, 4160:]):
-            _GEMV(torch.zeros(1, w.shape[1], dtype=dtype), w)
+        for kernel, w in ((_GEMV, weight), (_GEMV, narrow), (_GEMV_SLICED, weight[:, :4160]),
+                          (_GEMV_SLICED, weight[:, :2048]), (_GEMV_SLICED, weight[:, 4160:]),
+                          (_GEMV_SLICED, weight[:, 2048:])):
+            kernel(torch.zeros(1, w.shape[1], dtype=dtype), w)
     _warmed.add(key)
 
 
