@@ -14,8 +14,8 @@ from vramshard.layers.step import Step
 from vramshard.plan.memory import sublayer_triples
 from vramshard.plan.placement import named_placement
 from vramshard.runtime import graphs as graphs_module
-from vramshard.runtime.graphs import (SEGMENT, SMALL_SEGMENT, DecodeGraphs, batch_bucket, capture_bytes, decode_uncovered, key_bucket,
-                                      key_buckets, pack_decode_inputs, resident_runs)
+from vramshard.runtime.graphs import (SEGMENT, SMALL_SEGMENT, DecodeGraphs, batch_bucket, capture_bytes,
+                                      decode_uncovered, key_bucket, key_buckets, pack_decode_inputs, resident_runs)
 
 gpu = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

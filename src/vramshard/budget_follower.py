@@ -15,8 +15,9 @@ of VRAM anyway lowers the budget to what is held plus what is free and is retrie
 The same background path fits the machine profile to the engine's own steps. The executor times
 each step's CPU work; when a tier's runs more than CPU_OFF_BY off the estimator's time for it,
 :func:`vramshard.plan.calibrate.fit_cpu_rows` fits a factor on CPU compute at that tier's rows,
-and one on split FFNs' CPU parts on top where the tier has them (each tier once per engine). Where the CPU work is not timed, when the plan in force decodes more
-than CALIBRATE_OFF_BY off its prediction, :func:`vramshard.plan.calibrate.fit` finds the factor on
+and one on split FFNs' CPU parts on top where the tier has them (each tier once per engine).
+Where the CPU work is not timed, when the plan in force decodes more than CALIBRATE_OFF_BY off
+its prediction, :func:`vramshard.plan.calibrate.fit` finds the factor on
 split FFNs' CPU parts (or on all CPU compute) that explains the whole step. Either way the plan
 made with the fitted profile comes into force at a step boundary (``why``: "calibrate"; at most
 MAX_CALIBRATIONS times; ``VRAMSHARD_CALIBRATE=off`` turns it off).

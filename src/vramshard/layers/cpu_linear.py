@@ -126,9 +126,10 @@ def _candidates(x: torch.Tensor, w: torch.Tensor) -> tuple[str, ...]:
     """The paths that may compute this projection here: the compiled row sums for one token over
     a weight whose rows are contiguous, on threads that may hold the GIL (:func:`.cpu_compiled.allowed`).
 
-    A column slice counts: ATen's paths read a split FFN's ``down[:, a:b]`` slower than a whole
-    weight, and the profile times whole weights, so the split parts' CPU work ran 1.3-1.6x its
-    prediction on the H200 machine (docs/BENCHMARKS.md, fifteenth session)."""
+    A column slice counts (a split FFN part's ``down[:, a:b]``): the split parts' CPU work ran
+    1.3-1.6x its prediction on the H200 machine (docs/BENCHMARKS.md, fifteenth session), and the
+    profile times whole weights, which the compiled row sums alone served. Whether the slices'
+    kernels close that gap has not been measured on that machine yet."""
     if x.shape[0] > 1:
         return ("linear", "weight_mm")
     if w.stride(-1) == 1 and compiled_allowed():

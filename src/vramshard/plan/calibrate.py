@@ -159,8 +159,10 @@ def fit_cpu_rows(model: Model, profile: Profile, plan: PlanSet, measured: dict[i
         if factor is not None:
             rows[tier] = factor
             base = profile.calibrated(cpu_rows={tier: factor})
-        parts = _fit_one(tier, "split FFN parts' CPU work", in_parts, step_estimate(model, base, plan, tier).cpu_split_busy,
-                         lambda f: step_estimate(model, base.calibrated(split_rows={tier: f}), plan, tier).cpu_split_busy)
+        def parts_seconds(f: float) -> float:
+            return step_estimate(model, base.calibrated(split_rows={tier: f}), plan, tier).cpu_split_busy
+
+        parts = _fit_one(tier, "split FFN parts' CPU work", in_parts, parts_seconds(1.0), parts_seconds)
         if parts is not None:
             split_rows[tier] = parts
     if not rows and not split_rows:

@@ -437,8 +437,8 @@ class DecodeGraphs:
         the pool has held is charged what the pool has grown by at most in one capture, plus a
         small segment for its outputs, not its whole estimate. On the H200 machine 60 captures of
         nemo-8b's lone attentions grew the pool to 6 MiB in all, where each was estimated at
-        60 MiB; charged their estimate, the 8 GiB plan's 61 MiB of room took one capture at 1K
-        keys and left the rest of the decode steps eager (docs/BENCHMARKS.md, fifteenth session).
+        60 MiB; charged their estimate, the 8 GiB plan's room (about 60 MiB) took one capture at
+        1K keys and left the rest of the decode steps eager (docs/BENCHMARKS.md, fifteenth session).
         """
         if self._largest_estimate and estimate <= self._largest_estimate:
             return min(estimate, self._largest_growth + SMALL_SEGMENT)

@@ -90,9 +90,9 @@ class CpuCheck:
         split FFNs' CPU parts (steps without CPU work are not kept).
 
         A tier's first step under the plan is not kept either: it pays the plan's first calls
-        (kernel choices, caches, first touches). On the H200 machine the first 1024-token step of
-        an engine spent 253 ms in CPU work that took 16 ms in later ones, and fitting it put every
-        tier's CPU factor at the largest considered (docs/BENCHMARKS.md, fifteenth session)."""
+        (kernel choices, caches, first touches). On the H200 machine an engine's first 1024-token
+        step spent 253 ms in CPU work that took 16 ms in the next engine's, and fitting it put
+        every tier's CPU factor at the largest considered (docs/BENCHMARKS.md, fifteenth session)."""
         if host_compute_s <= 0 or tier in self.judged:
             return
         if tier not in self.warmed:
