@@ -2,6 +2,7 @@
 re-planning with the fitted profile (budget_follower)."""
 
 import dataclasses
+import json
 import time
 from pathlib import Path
 
@@ -370,7 +371,8 @@ def test_split_parts_slower_than_predicted_get_their_own_factor_and_whole_cpu_la
     parts = 1.6 * estimate.cpu_split_busy
     fitted = calibrate.fit_cpu_rows(model, h200, plan, {1: rest + parts}, {1: parts})
     assert fitted.what == "split_rows" and fitted.profile.cpu_rows == ()
-    assert 1.5 < fitted.profile.split_row_factor(1) < 1.8  # launches in the parts are not scaled
+    # Above 1.6: the parts' launches are not scaled, so their compute takes more than the whole gap.
+    assert 1.6 < fitted.profile.split_row_factor(1) < 1.8
     again = calibrate.step_estimate(model, fitted.profile, plan, 1)
     assert again.cpu_split_busy == pytest.approx(parts, rel=0.02)
     assert again.cpu_busy - again.cpu_split_busy == pytest.approx(rest, rel=1e-6)
@@ -423,5 +425,8 @@ def test_the_calibration_file_keeps_split_rows_and_reads_files_without_them(h200
     key = data["fingerprint_hash"], str(data["created"])
     learned_store.write(*key, "torch.float16", (((1, 1.2),), 1.5, ((1, 1.6), (16, 1.3))))
     assert learned_store.read(*key, "torch.float16") == (((1, 1.2),), 1.5, ((1, 1.6), (16, 1.3)))
-    learned_store.write(*key, "torch.bfloat16", (((4, 1.1),), 2.0))  # an older caller: no split_rows
-    assert learned_store.read(*key, "torch.bfloat16") == (((4, 1.1),), 2.0, ())
+    stored = learned_store.path(key[0])
+    data = json.loads(stored.read_text())
+    del data["factors"]["torch.float16"]["split_rows"]  # a file written before split_rows existed
+    stored.write_text(json.dumps(data))
+    assert learned_store.read(*key, "torch.float16") == (((1, 1.2),), 1.5, ())

@@ -406,7 +406,7 @@ def test_cli_show_prints_the_factors_engines_fitted_on_the_profile(tiny_profile,
 
     path = save(tiny_profile, cache / "p.json")
     data = tiny_profile.to_dict()
-    learned.write(data["fingerprint_hash"], str(data["created"]), "torch.bfloat16", (((1, 1.5), (64, 1.9)), 2.4))
+    learned.write(data["fingerprint_hash"], str(data["created"]), "torch.bfloat16", (((1, 1.5), (64, 1.9)), 2.4, ()))
     assert main(["profile", "--show", "--out", str(path)]) == 0
     out = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
     assert "fitted by the engine (torch.bfloat16)" in out and "64 rows 1.90x" in out and "dispatch 2.40x" in out

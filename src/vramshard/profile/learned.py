@@ -74,16 +74,14 @@ def read_all(fingerprint_hash: str, created: str) -> dict[str, Factors]:
     return kept
 
 
-def write(fingerprint_hash: str, created: str, dtype: str, factors: Factors | tuple[Rows, float]) -> None:
+def write(fingerprint_hash: str, created: str, dtype: str, factors: Factors) -> None:
     """Keep ``factors`` for this profile and ``dtype`` (those of other dtypes of the same
-    measurement stay; ``split_rows`` may be left out). A failure to write is logged, never raised:
-    the engine runs on."""
+    measurement stay). A failure to write is logged, never raised: the engine runs on."""
     target = path(fingerprint_hash)
     data = _read_file(target, quiet=True)
     if data is None or data.get("profile_created") != created:
         data = {"schema": SCHEMA, "fingerprint_hash": fingerprint_hash, "profile_created": created, "factors": {}}
-    rows, dispatch, *rest = factors
-    split = rest[0] if rest else ()
+    rows, dispatch, split = factors
     data["factors"][dtype] = {"cpu_rows": {str(r): f for r, f in rows}, "dispatch_scale": dispatch,
                               "split_rows": {str(r): f for r, f in split},
                               "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
