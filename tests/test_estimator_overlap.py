@@ -202,6 +202,28 @@ def test_a_cpu_share_beside_the_zero_copy_kernels_moves_reads_from_the_link_to_t
     assert everything.copy_busy == pytest.approx(0, abs=1e-6) and everything.cpu_busy > both.cpu_busy
 
 
+def test_a_cpu_share_on_the_run_ahead_worker_overlaps_the_kernels_instead_of_following_the_host():
+    """run_ahead with zero_copy_cpu_share: the CPU's share is the worker's, the host queuing on
+    without waiting: the same CPU work and link reads as on the host thread; where the CPU's
+    share is the longer side (half of the experts here) the step is shorter, since the next
+    layer is queued by the time the share lands, and never shorter than the CPU's work (each
+    layer's share needs the layer before it)."""
+    from vramshard.plan.memory import moe_layers, sublayer_triples
+    from vramshard.plan.placement import named_placement
+
+    model = shape_model("qwen3-30b-a3b")
+    placement = named_placement("experts-cpu", sublayer_triples(model), model.args.num_hidden_layers,
+                                moe_layers=moe_layers(model))
+    profile = synthetic(**{**CLIENT, "cpu_gflops": 3000, "cpu_mem_gbps": CLIENT["h2d_gbps"]})
+    share = 0.5
+    steps = {ahead: Estimator(model, profile, zero_copy=True, zero_copy_cpu_share=share,
+                              run_ahead=ahead).simulate(placement, 1, 1024) for ahead in (False, True)}
+    host, worker = steps[False], steps[True]
+    assert worker.copy_busy == pytest.approx(host.copy_busy)
+    assert worker.cpu_busy == pytest.approx(host.cpu_busy, rel=0.05)
+    assert worker.cpu_busy <= worker.seconds < host.seconds
+
+
 def test_prepacked_cpu_ffns_take_the_profiles_packed_factor_not_the_split_slices_one():
     """cpu_packed: a dense FFN on the CPU, whole or a split's CPU part, takes the profile's packed
     factor at its rows (packed once, a part reads no slices); other sub-layers and the GPU side

@@ -490,19 +490,22 @@ def assert_same_as_reference(engine, reference) -> None:
     assert engine.generate([PROMPT], 8) == reference.generate([PROMPT], 8)
 
 
+@pytest.mark.parametrize("ahead", [False, True], ids=["host-thread", "run-ahead"])
 @pytest.mark.parametrize("share", [0.5, 1.0])
 @pytest.mark.parametrize("arch", MOE_ARCHS)
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_gpu_moe_host_experts_shared_between_the_kernels_and_the_cpu_match_cpu(arch, share, tiny_model_dir, monkeypatch):
+def test_gpu_moe_host_experts_shared_between_the_kernels_and_the_cpu_match_cpu(arch, share, ahead, tiny_model_dir,
+                                                                                 monkeypatch):
     """zero_copy_cpu_share: a decode step's host experts split between the GPU's kernels (reading
     pinned memory) and the CPU, or all on the CPU (share 1): each token's first experts the CPU's,
     the rest the kernels'; the logits and greedy tokens are the CPU reference's, and both sides
-    computed experts."""
+    computed experts. With run-ahead the CPU's share is the worker's, the GPU waiting for it."""
     from vramshard.layers.moe import MoEFFN
-    from vramshard.runtime import zero_copy_experts
+    from vramshard.runtime import run_ahead, zero_copy_experts
 
     monkeypatch.setattr(zero_copy_experts, "ENABLED", True)
+    monkeypatch.setattr(run_ahead, "ENABLED", ahead)
     on_kernels, on_cpu = [], []
     real_kernels, real_cpu = zero_copy_experts.routed_experts, MoEFFN.run_experts
     monkeypatch.setattr(zero_copy_experts, "routed_experts",
@@ -521,6 +524,8 @@ def test_gpu_moe_host_experts_shared_between_the_kernels_and_the_cpu_match_cpu(a
         assert [n for n in on_kernels if n > 0], "the kernels computed no share"
     else:
         assert not on_kernels
+    worker = engine.executor._run_ahead
+    assert (worker is not None and worker._submitted > 0) == ahead, "the CPU's share ran on the wrong thread"
 
 
 @pytest.mark.parametrize("spec", ["experts-cpu", "mixed"])

@@ -504,9 +504,15 @@ class Estimator:
                             copy_busy += copy_free - start
                             gpu_busy += copy_free - start
                             timeline.append((sublayer.name, "copy", start, copy_free))
-                            py = max(py, router_done) + self.crossing_s(act_bytes, "d2h")
                             alone = self.experts_s(sublayer, "cpu", n_tokens) * on_cpu
                             beside = self.experts_s(sublayer, "cpu", n_tokens, contended=True) * on_cpu
+                            if self.run_ahead:  # the CPU's share on the worker: the host goes on
+                                py = buffer_free(py) + self.dispatch_s("cuda") * AHEAD_LAUNCHES / DISPATCH_LAUNCHES
+                                landed = router_done + self.profile.transfer_s(act_bytes, "d2h")
+                                back = on_worker(sublayer.name, landed, router_done, alone, beside)
+                                gpu_free = x_ready = max(copy_free, back)
+                                continue
+                            py = max(py, router_done) + self.crossing_s(act_bytes, "d2h")
                             seconds = copies.cpu_end(py, alone, beside) - py
                             timeline.append((sublayer.name, "cpu", py, py + seconds))
                             cpu_busy += seconds
