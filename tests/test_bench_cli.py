@@ -27,6 +27,7 @@ def test_bench_shape_end_to_end(tmp_path, capsys):
     for row in (ours, cpu):
         assert row["placement"] == "cpu" and row["complete"]
         assert row["pp_tok_s"] > 0 and row["tg_tok_s"] > 0 and 0 < row["ttft_s"] < row["e2e_s"]
+        assert len(row["ttft_runs_s"]) == 1 and row["ttft_runs_s"][0] == row["ttft_s"]  # (one run: its own)
         # tg is the steady rate (median decode step); with every step counted it is a separate figure
         assert row["tg_tok_s"] == pytest.approx(1e3 / row["decode_step_ms_median"])
         assert row["tg_with_warmup_tok_s"] > 0

@@ -1,9 +1,12 @@
-# ~9 min on a fresh machine: GPU tests (the changed graph-pool test among them), then the llama3-8b
-# engine grid at 8 and 2 GiB planned from the fifteenth session's profile, without prepacked CPU
-# weights, so split FFN parts take the compiled one-token projections over their column slices.
-# Check: the planned decode against layers:17 at 8 GiB (9.73 against 10.10 in the fifteenth), no
-# "the graph memory limit is reached" at 1K context, and no calibration at the limit of its factors.
+# ~9 min on a fresh machine: the GPU tests, then llama3-8b at 8 GiB with the 1K prompt timed three
+# times (--repeat 3), planned from PROFILE: is the sixteenth session's 1.18 s TTFT (0.18 s in the
+# fifteenth) a one-off first prompt step after a re-plan, or every prompt? Each run's TTFT is the
+# JSON's ttft_runs_s (ttft_s is their median).
 source benchmarks/gpu_session/setup.sh || exit 1
-timeout 220 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --durations=5 > $OUT/pytest_gpu.txt 2>&1; tail -3 $OUT/pytest_gpu.txt
+timeout 300 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --durations=10 > $OUT/pytest_gpu.txt 2>&1; tail -3 $OUT/pytest_gpu.txt
 grep -E "^(FAILED|ERROR)" $OUT/pytest_gpu.txt | cut -c1-250
-source benchmarks/gpu_session/engine_grid.sh; engine_grid llama3-8b 8,2 300 330
+PROFILE=${PROFILE:-docs/profiles/h200-run15.json}
+timeout 230 python3 -m benchmarks.engine_bench --models llama3-8b --budgets 8 --batch-sizes 1 --repeat 3 \
+  --deadline-s 200 --profile $PROFILE --out $OUT/engine_llama_ttft.json > $OUT/engine_llama_ttft.log 2>&1; echo "rc $?"
+grep -o '"8GiB_ttft[a-z_]*": [0-9.]*' $OUT/engine_llama_ttft.json; grep -o '"ttft_runs_s": [^]]*]' $OUT/engine_llama_ttft.json
+grep -E "ttft|reconfigured|fitted|KV cache to host" $OUT/engine_llama_ttft.log | cut -c1-240

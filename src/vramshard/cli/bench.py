@@ -179,8 +179,9 @@ def measure(engine, settings: BenchSettings) -> dict:
     run_requests(engine, _prompts(min(4, max(settings.batch_sizes)), min(settings.batch_prompt, 16), vocab, 98), 2,
                  settings)
     _warm_every_shape(engine, settings)
-    single = _median_runs([run_requests(engine, _prompts(1, settings.pp, vocab, settings.seed + r), settings.tg,
-                                        settings) for r in range(settings.repeat)])
+    runs = [run_requests(engine, _prompts(1, settings.pp, vocab, settings.seed + r), settings.tg, settings)
+            for r in range(settings.repeat)]
+    single = _median_runs(runs)
     result = {
         "pp_tok_s": settings.pp / single["ttft_s"],
         # tg: the steady decode rate of one sequence, from the median decode step. A step that
@@ -190,6 +191,7 @@ def measure(engine, settings: BenchSettings) -> dict:
         else None,
         "tg_with_warmup_tok_s": single["decode_tok_s"] if settings.tg > 1 and single["decode_s"] else None,
         "ttft_s": single["ttft_s"],
+        "ttft_runs_s": [run["ttft_s"] for run in runs],  # each run's, in order (ttft_s is their median)
         "e2e_s": single["e2e_s"],
         "sched_ms_per_step": single["sched_ms_per_step"],
         "decode_step_ms": single["decode_step_ms"],
