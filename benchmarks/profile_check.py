@@ -8,10 +8,15 @@ did not measure (the CPU's direct times in two rounds, each point keeping its fa
 full profile's CPU tables do). Prints a summary and writes JSON.
 
     python benchmarks/profile_check.py [--out PATH] [--quick] [--second-quick] [--budget-s 540]
+                                       [--against PROFILE.json]
 
 The whole check is meant to fit in ~9 minutes on a 16-core + H200 machine: if the first
 full run takes more than half the budget, the second run is a ``--quick`` profile (this is
-said in the output and in the JSON as ``second_run_quick``).
+said in the output and in the JSON as ``second_run_quick``). Two full runs do not fit one
+10-minute call there (309 s each in the fifteenth GPU session), so ``--against`` takes the
+first run's file of an earlier call (``profile_run1.json``, which every check writes beside
+its report) as run 1 and measures one full profile as run 2; the file must be of a machine
+with this one's fingerprint (CPU, cores, memory, GPU, driver, torch).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from vramshard.profile import BenchmarkSpec, save
+from vramshard.profile import BenchmarkSpec, load, save
 from vramshard.profile.bench_attention import sdpa_gqa
 from vramshard.profile.bench_matmul import cold_copies, linear_over
 from vramshard.profile.runner import run_profile
@@ -181,21 +186,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="both runs quick (for a smoke test)")
     parser.add_argument("--second-quick", action="store_true", help="second run quick (to fit the time budget)")
     parser.add_argument("--budget-s", type=float, default=540.0, help="total time to stay under (default 540)")
+    parser.add_argument("--against", default=None, metavar="PROFILE",
+                        help="run 1 is this saved profile of this machine (an earlier call's profile_run1.json); "
+                             "one full profile is measured as run 2")
     args = parser.parse_args(argv)
 
     started = time.perf_counter()
-    probes = [cpu_probe("before run 1")]
-    make = BenchmarkSpec.quick_spec if args.quick else BenchmarkSpec.full
-    print(f"run 1: {'quick' if args.quick else 'full'} profile ...", flush=True)
-    t0 = time.perf_counter()
-    first = run_profile(make())
-    elapsed_1 = time.perf_counter() - t0
-    print(f"run 1: {elapsed_1:.1f} s", flush=True)
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    profile_file = save(first, out_path.with_name("profile_run1.json"))  # now: it outlives a check cut short
-    probes.append(cpu_probe("after run 1"))
-    second_quick = args.quick or args.second_quick or elapsed_1 > args.budget_s / 2 - 30
+    if args.against:
+        first = load(args.against)  # ProfileError: missing, corrupt, or another machine's (before any run)
+        profile_file, elapsed_1 = Path(args.against), None
+        probes = [cpu_probe("before run 2")]
+        print(f"run 1: {args.against} (measured {first.data.get('created', '?')})", flush=True)
+    else:
+        probes = [cpu_probe("before run 1")]
+        make = BenchmarkSpec.quick_spec if args.quick else BenchmarkSpec.full
+        print(f"run 1: {'quick' if args.quick else 'full'} profile ...", flush=True)
+        t0 = time.perf_counter()
+        first = run_profile(make())
+        elapsed_1 = time.perf_counter() - t0
+        print(f"run 1: {elapsed_1:.1f} s", flush=True)
+        profile_file = save(first, out_path.with_name("profile_run1.json"))  # now: it outlives a check cut short
+        probes.append(cpu_probe("after run 1"))
+    make = BenchmarkSpec.quick_spec if args.quick else BenchmarkSpec.full
+    second_quick = args.quick or args.second_quick or (elapsed_1 is not None and elapsed_1 > args.budget_s / 2 - 30)
     if second_quick and not args.quick:
         print(f"run 2: quick profile (first run took {elapsed_1:.0f} s; two full runs would exceed the "
               f"{args.budget_s:.0f} s budget or --second-quick was given)", flush=True)
@@ -222,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu only",
         "cpu_threads": torch.get_num_threads(),
         "fingerprint": first.data["fingerprint"],
-        "run1_elapsed_s": elapsed_1, "run2_elapsed_s": elapsed_2, "second_run_quick": second_quick,
+        "run1_elapsed_s": elapsed_1, "run1_file": args.against, "run2_elapsed_s": elapsed_2,
+        "second_run_quick": second_quick,
         "run1_quick": args.quick, "profile_file_bytes": profile_file.stat().st_size,
         "run1_summary": summary_1, "run2_summary": summary_2, "difference_pct": differences,
         "held_out_profile": "run 1" if second_quick else "run 2", "held_out": rows, "held_out_cpu_rounds": 2,
@@ -236,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     out_path.write_text(json.dumps(report, indent=1))
 
-    print(f"\nprofile runs: {elapsed_1:.1f} s and {elapsed_2:.1f} s"
+    run_1 = f"{elapsed_1:.1f} s" if elapsed_1 is not None else f"{args.against} (saved)"
+    print(f"\nprofile runs: {run_1} and {elapsed_2:.1f} s"
           f"{' (second quick)' if second_quick and not args.quick else ''}; file {report['profile_file_bytes'] / 1024:.0f} KiB")
     print("main figures: run 1 | run 2 | difference")
     for device, per in summary_1["matmul_peak_gflops"].items():

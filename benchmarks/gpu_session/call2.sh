@@ -1,5 +1,8 @@
-# ~8 min: the nemo-8b grid at 8 and 2 GiB (decode at 1K context against the paper's 12.4 and 7.6
-# tok/s, batch 64, TTFT, and layers:max at both budgets), planned from PROFILE, prepacked CPU
-# weights as the switches in the environment say (none: the compiled projections).
+# ~8 min: the profile check's first half (Profiler issue): one full profile (309 s in the fifteenth
+# session), a quick one, and the held-out shapes against the full one. Bring $OUT/profile_run1.json
+# back into docs/profiles/ (e.g. h200-run17.json) before call 3, which measures a second full
+# profile and compares the two.
 source benchmarks/gpu_session/setup.sh || exit 1
-source benchmarks/gpu_session/engine_grid.sh; engine_grid nemo-8b 8,2 400 450
+timeout 590 python3 benchmarks/profile_check.py --second-quick --budget-s 570 --out $OUT/profile_check.json \
+  > $OUT/profile_check.log 2>&1; echo "rc $?"
+grep -E "^profile runs|peak|GB/s|dispatch|within 20%|cpu drift|total" $OUT/profile_check.log | cut -c1-200

@@ -1,0 +1,69 @@
+"""benchmarks/profile_check.py's ``--against``: an earlier call's saved profile as run 1, one profile
+measured as run 2 (two full profiles do not fit one 10-minute call on the GPU machine). The
+measurements are faked here; the file checks and the comparison are the real ones."""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import profile_check
+from vramshard.errors import ProfileError
+from vramshard.profile import save, synthetic
+from vramshard.profile.fingerprint import fingerprint_hash, machine_fingerprint
+from vramshard.profile.query import Profile
+
+H200 = Path(__file__).resolve().parent.parent / "docs" / "profiles" / "h200-run15.json"
+
+
+def this_machines(profile: Profile) -> Profile:
+    data = copy.deepcopy(profile.data)
+    data["fingerprint"] = machine_fingerprint()
+    data["fingerprint_hash"] = fingerprint_hash(data["fingerprint"])
+    return Profile(data)
+
+
+@pytest.fixture
+def faked_runs(monkeypatch):
+    """Profiles "measured" (each a synthetic one of this machine, the second with faster copies),
+    and no CPU probes or held-out timings; returns the list of the runs made."""
+    runs = []
+
+    def run_profile(spec):
+        runs.append(spec)
+        return this_machines(synthetic(gpu_gflops=50_000, h2d_gbps=25.0 * (1 + 0.1 * len(runs))))
+
+    monkeypatch.setattr(profile_check, "run_profile", run_profile)
+    monkeypatch.setattr(profile_check, "cpu_probe", lambda when: {"when": when, "seconds": {"probe": 1e-3}})
+    monkeypatch.setattr(profile_check, "held_out", lambda profile: [])
+    return runs
+
+
+def test_against_compares_a_saved_profile_with_one_measured_run(tmp_path, faked_runs):
+    saved = save(this_machines(synthetic(gpu_gflops=50_000, h2d_gbps=25.0)), tmp_path / "earlier" / "profile_run1.json")
+    out = tmp_path / "check.json"
+    assert profile_check.main(["--against", str(saved), "--out", str(out)]) == 0
+    assert len(faked_runs) == 1  # only run 2 is measured
+    report = json.loads(out.read_text())
+    assert report["run1_file"] == str(saved) and report["run1_elapsed_s"] is None
+    assert report["second_run_quick"] is False and report["held_out_profile"] == "run 2"
+    assert report["difference_pct"]["h2d GB/s alone"] == pytest.approx(10.0, abs=0.5)  # 25 -> 27.5 GB/s
+    assert (tmp_path / "profile_run2.json").exists()
+
+
+def test_without_against_both_runs_are_measured(tmp_path, faked_runs):
+    out = tmp_path / "check.json"
+    assert profile_check.main(["--quick", "--out", str(out)]) == 0
+    assert len(faked_runs) == 2
+    assert json.loads(out.read_text())["run1_file"] is None
+
+
+def test_against_another_machines_or_a_corrupt_profile_fails_before_any_run(tmp_path, faked_runs):
+    with pytest.raises(ProfileError):
+        profile_check.main(["--against", str(H200), "--out", str(tmp_path / "check.json")])  # the H200 machine's
+    corrupt = tmp_path / "corrupt.json"
+    corrupt.write_text("{")
+    with pytest.raises(ProfileError):
+        profile_check.main(["--against", str(corrupt), "--out", str(tmp_path / "check.json")])
+    assert faked_runs == [] and not (tmp_path / "check.json").exists()
