@@ -390,6 +390,14 @@ class Estimator:
             parts_back.append(max(stream_at, worker_free) + self.profile.transfer_s(act_bytes, "h2d"))
             return parts_back[-1]
 
+        def experts_on_worker(name: str, router_done: float, alone: float, beside: float) -> float:
+            """A MoE layer's host experts (or the CPU's share of them) handed to the run-ahead
+            worker: the host queues the hand-over and goes on; when the result is on the GPU."""
+            nonlocal py
+            py = buffer_free(py) + self.dispatch_s("cuda") * AHEAD_LAUNCHES / DISPATCH_LAUNCHES
+            landed = router_done + self.profile.transfer_s(act_bytes, "d2h")
+            return on_worker(name, landed, router_done, alone, beside)
+
         def issue_fill(at: float):
             nonlocal fills_issued, copy_free, copy_busy
             index = fills_issued
@@ -511,9 +519,7 @@ class Estimator:
                                 # session's engine at share 0.556 decoded at 9.42 tok/s where this
                                 # predicted 22.7: the worker's share ran 1.5x its host-thread time, and
                                 # that host's experts 1.4x the profile's rate. Not fitted yet.)
-                                py = buffer_free(py) + self.dispatch_s("cuda") * AHEAD_LAUNCHES / DISPATCH_LAUNCHES
-                                landed = router_done + self.profile.transfer_s(act_bytes, "d2h")
-                                back = on_worker(sublayer.name, landed, router_done, alone, beside)
+                                back = experts_on_worker(sublayer.name, router_done, alone, beside)
                                 gpu_free = x_ready = max(copy_free, back)
                                 continue
                             py = max(py, router_done) + self.crossing_s(act_bytes, "d2h")
@@ -535,9 +541,7 @@ class Estimator:
                         alone = self.experts_s(sublayer, "cpu", n_tokens)
                         beside = self.experts_s(sublayer, "cpu", n_tokens, contended=True) if streams else alone
                     if w.experts == "host" and self.run_ahead:  # on the worker: the host does not wait
-                        py = buffer_free(py) + self.dispatch_s("cuda") * AHEAD_LAUNCHES / DISPATCH_LAUNCHES
-                        landed = router_done + self.profile.transfer_s(act_bytes, "d2h")
-                        gpu_free = x_ready = on_worker(sublayer.name, landed, router_done, alone, beside)
+                        gpu_free = x_ready = experts_on_worker(sublayer.name, router_done, alone, beside)
                         continue
                     py = max(py, router_done)
                     if w.experts == "host":
