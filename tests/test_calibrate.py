@@ -138,6 +138,58 @@ def test_an_engine_off_its_prediction_fits_the_profile_and_plans_again(tiny_mode
     assert len(engine.budget.calibrations) == 1  # the new plan is checked afresh, from no steps
 
 
+def test_a_re_plan_that_decodes_slower_than_the_plan_it_replaced_gives_way_to_it(tiny_model_dir):
+    """A fit can explain a slow spell of the host rather than the machine: when the plan it led to
+    decodes more than REVERT_OFF_BY slower than the plan measured before under the same budget,
+    that plan comes back, with its profile, and no fit chases it again."""
+    engine, reference = simulated_engine(tiny_model_dir("qwen3"))
+    prompt = [5, 9, 11, 13, 2, 7]
+    expected = reference.generate([prompt], 8)
+    old_plan, old_profile = engine.plan, engine.budget.plan_settings().profile
+    slow_steps(engine, 1.2)
+    engine.poll_budget()
+    engine.budget.background.wait(60)
+    engine.poll_budget()
+    assert engine.plan is not old_plan and not budget_follower.same_placements(engine.plan, old_plan)
+    before = 1.2 * old_plan.tiers[1].predicted_s  # the old plan's measured median
+    check = engine.plan_check()
+    for _ in range(MIN_STEPS):  # slower than the old plan, but within REVERT_OFF_BY: it stays
+        check.add(1, 1, 0.99 * budget_follower.REVERT_OFF_BY * before)
+    engine.poll_budget()
+    assert engine.plan is not old_plan and engine.budget.events[-1]["why"] == "calibrate"
+    for _ in range(2 * MIN_STEPS):
+        check.add(1, 1, 1.3 * before)
+    engine.poll_budget()
+    assert engine.plan is old_plan and engine.budget.events[-1]["why"] == "revert"
+    assert engine.budget.plan_settings().profile is old_profile
+    fit, revert = engine.budget.calibrations
+    assert "cpu_scale" in fit and revert["reverted_to_measured_s"] == pytest.approx(before)
+    assert revert["measured_s"] == pytest.approx(1.3 * before)
+    assert engine.generate([prompt], 8) == expected
+    slow_steps(engine, 1.2)  # the plan back in force is off its prediction again: not fitted again
+    engine.poll_budget()
+    assert len(engine.budget.calibrations) == 2 and engine.budget.refine is None
+
+
+def test_a_re_plan_that_decodes_faster_becomes_the_one_to_beat(tiny_model_dir):
+    engine, _ = simulated_engine(tiny_model_dir("qwen3"))
+    old_plan = engine.plan
+    slow_steps(engine, 1.2)
+    engine.poll_budget()
+    engine.budget.background.wait(60)
+    engine.poll_budget()
+    new_plan = engine.plan
+    assert new_plan is not old_plan
+    before = 1.2 * old_plan.tiers[1].predicted_s
+    check = engine.plan_check()
+    for _ in range(MIN_STEPS):
+        check.add(1, 1, 0.8 * before)
+    engine.poll_budget()
+    (best,) = engine.budget.fastest.values()
+    assert best.plan is new_plan and best.median_s == pytest.approx(0.8 * before)
+    assert engine.plan is new_plan and engine.budget.events[-1]["why"] == "calibrate"
+
+
 def test_calibration_stays_off_when_asked_and_within_the_tolerance(tiny_model_dir, monkeypatch):
     engine, _ = simulated_engine(tiny_model_dir("qwen3"))
     slow_steps(engine, 1.1)  # inside CALIBRATE_OFF_BY

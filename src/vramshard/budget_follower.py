@@ -22,6 +22,13 @@ split FFNs' CPU parts (or on all CPU compute) that explains the whole step. Eith
 made with the fitted profile comes into force at a step boundary (``why``: "calibrate"; at most
 MAX_CALIBRATIONS times; ``VRAMSHARD_CALIBRATE=off`` turns it off).
 
+A fit can be wrong: on a host whose CPU speed swings, it explains a slow spell, and the plan it
+leads to is slower than the one it replaced (the seventeenth GPU session: llama3-8b at 8 GiB went
+from 91 ms decode steps to 122 ms after two dispatch fits). So the measured decode step of each
+plan under a budget is kept, and a plan whose own steps run more than REVERT_OFF_BY slower than
+the fastest plan measured under that budget gives way to it (``why``: "revert"), with the
+profile that plan was made with; no whole-step fit is made under that budget after that.
+
 Every adaptation is recorded with its times: waiting for the step boundary, planning, releasing.
 """
 
@@ -53,6 +60,17 @@ EVENTS_KEPT = 256
 CALIBRATE = switch("VRAMSHARD_CALIBRATE", default=True)
 CALIBRATE_OFF_BY = 1.15  # measured / predicted decode step beyond which the profile is fitted again
 MAX_CALIBRATIONS = 6  # per engine (a tier's CPU work is fitted once): a machine whose speed swings more is not chased
+REVERT_OFF_BY = 1.10  # a plan's decode step this much slower than the fastest measured under its budget gives way
+
+
+@dataclasses.dataclass
+class MeasuredPlan:
+    """A plan whose single-sequence decode steps were measured under one budget."""
+
+    plan: object  # the PlanSet
+    name: str  # its placements' name, as the executor gives it
+    median_s: float  # median forward seconds of its decode steps
+    profile: object  # the machine profile it was made with
 
 
 def _ms(seconds: dict[int, float]) -> dict[int, float]:
@@ -75,6 +93,8 @@ class BudgetFollower:
         self.refine_why = "refine"  # or "calibrate": the event the refined plan is recorded as
         self.calibrations: list[dict] = []  # fits of the profile to measured steps, oldest first
         self.cpu_judged: set[int] = set()  # tiers whose CPU work was judged (fitted or found in tolerance)
+        self.fastest: dict[int | None, MeasuredPlan] = {}  # by budget key: the fastest decode plan measured
+        self.reverted: set[int | None] = set()  # budget keys where a re-planned plan gave way: no more whole-step fits
         self.background = BackgroundPlanner(self._plan_fully)
 
     # ------------------------------------------------------------------ the source
@@ -111,16 +131,20 @@ class BudgetFollower:
             return None
 
     def _calibrate_if_off(self) -> None:
-        """When the plan in force's single-sequence decode steps run more than CALIBRATE_OFF_BY off
-        its prediction, fit the profile to them and plan again in the background (caller holds the
-        executor lock)."""
+        """When the plan in force's single-sequence decode steps run more than REVERT_OFF_BY slower
+        than a plan measured before under its budget, go back to that plan; else, when they run more
+        than CALIBRATE_OFF_BY off its prediction, fit the profile to them and plan again in the
+        background (caller holds the executor lock)."""
         engine = self.engine
-        if not CALIBRATE or engine.plan is None or engine.device == "cpu" or len(self.calibrations) >= MAX_CALIBRATIONS:
-            return
-        if self._calibrate_cpu_work():
+        if not CALIBRATE or engine.plan is None or engine.device == "cpu":
             return
         check = engine.plan_check()
-        if check.plan is not engine.plan or check.calibrated or len(check.measured) < MIN_STEPS:
+        if check.plan is engine.plan and len(check.measured) >= MIN_STEPS and self._revert_if_slower(check):
+            return
+        if len(self.calibrations) >= MAX_CALIBRATIONS or self._calibrate_cpu_work():
+            return
+        if check.plan is not engine.plan or check.calibrated or len(check.measured) < MIN_STEPS \
+                or budgets.budget_key(self.watcher.in_force) in self.reverted:
             return
         cpu = engine.cpu_check()
         timed = check.tier in cpu.judged or bool(cpu.samples.get(check.tier))  # the CPU work is timed
@@ -145,6 +169,43 @@ class BudgetFollower:
                  "from them; planning again with it in the background", check.plan_name, check.median_s() * 1e3,
                  check.predicted_s * 1e3, fitted.what, fitted.value)
         self._plan_with(fitted.profile)
+
+    def _revert_if_slower(self, check) -> bool:
+        """Keep the fastest measured decode plan under the budget in force; when the plan in force
+        (``check``: its measured decode steps) runs more than REVERT_OFF_BY slower than it, put that
+        plan back in force with its profile. Returns whether it did (caller holds the executor lock)."""
+        engine, budget = self.engine, self.watcher.in_force
+        key = budgets.budget_key(budget)
+        median = check.median_s()
+        best = self.fastest.get(key)
+        if best is None or best.plan is check.plan or same_placements(best.plan, check.plan) or median < best.median_s:
+            self.fastest[key] = MeasuredPlan(check.plan, check.plan_name, median, self.plan_settings().profile)
+            return False
+        if median <= REVERT_OFF_BY * best.median_s:
+            return False
+        settings = self.plan_settings()
+        kv_forced = budgets.forced_kv_side(engine.executor.live_kv_positions(), settings)
+        if kv_forced is False and best.plan.kv_on_gpu:
+            return False  # the live caches no longer fit that plan's KV reservation
+        started = time.monotonic()
+        try:
+            report = engine.executor.reconfigure(best.plan.tiered(), budget)
+        except BudgetError as exc:
+            log.warning("could not go back to plan %s (%s)", best.name, exc)
+            return False
+        adaptation = budgets.adaptation_between(engine.model, engine.plan, best.plan, budget)
+        log.info("decode steps of %s take %.1f ms, %.2fx the %.1f ms of %s measured before under this budget: "
+                 "going back to it and its profile; no more whole-step fits under this budget", check.plan_name,
+                 median * 1e3, median / best.median_s, best.median_s * 1e3, best.name)
+        self.calibrations.append({"time": time.time(), "plan": check.plan_name, "measured_s": median,
+                                  "reverted_to": best.name, "reverted_to_measured_s": best.median_s})
+        engine.plan = best.plan
+        self.settings = dataclasses.replace(settings, profile=best.profile)
+        self.plan_cache = budgets.PlanCache()  # plans of the profile given up
+        self.refine, self.refine_why = None, "refine"
+        self.reverted.add(key)
+        self._record(adaptation, report, "revert", started, started)
+        return True
 
     def _calibrate_cpu_work(self) -> bool:
         """When a tier's CPU work (as the executor timed it) runs more than CPU_OFF_BY off the
