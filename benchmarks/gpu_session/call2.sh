@@ -1,8 +1,7 @@
-# ~8 min: the profile check's first half (Profiler issue): one full profile (309 s in the fifteenth
-# session), a quick one, and the held-out shapes against the full one. Bring $OUT/profile_run1.json
-# back into docs/profiles/ (e.g. h200-run17.json) before call 3, which measures a second full
-# profile and compares the two.
+# ~6 min: the report's part dense-nemo-a (Table 4, nemo-8b fp16 at 2/4/6 GiB x 1K/4K/16K), which
+# last ran on eighth-session code, planned from PROFILE. Bring $OUT/report-dense-nemo-a.json back into
+# docs/runs/<date>-<part>/ and merge (benchmarks/README.md, "Report parts").
 source benchmarks/gpu_session/setup.sh || exit 1
-timeout 590 python3 benchmarks/profile_check.py --second-quick --budget-s 570 --out $OUT/profile_check.json \
-  > $OUT/profile_check.log 2>&1; echo "rc $?"
-grep -E "^profile runs|peak|GB/s|dispatch|within 20%|cpu drift|total" $OUT/profile_check.log | cut -c1-200
+PROFILE=${PROFILE:-docs/profiles/h200-run15.json}; PART=${PART:-dense-nemo-a}
+timeout 560 python3 -m benchmarks.report --part $PART --profile $PROFILE --out $OUT > $OUT/report-$PART.log 2>&1; echo "rc $?"
+tail -25 $OUT/report-$PART.log | cut -c1-240
