@@ -197,10 +197,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.against:
         first = load(args.against)  # ProfileError: missing, corrupt, or another machine's (before any run)
         profile_file, elapsed_1 = Path(args.against), None
-    # The process's first CPU matmuls run slow for longer than one probe's timing (the seventeenth
-    # GPU session: bf16 1x4096x14336 at 6.9-8.7 ms first, 1.6 ms ever after), so a first probe,
-    # not kept, warms them up: the drift is then the machine's, not the process's start.
-    cpu_probe("warm-up (not kept)")
     if args.against:
         probes = [cpu_probe("before run 2")]
         print(f"run 1: {args.against} (measured {first.data.get('created', '?')})", flush=True)

@@ -179,3 +179,23 @@ def test_after_the_warm_up_a_steps_projections_compile_nothing():
             torch.testing.assert_close(cpu_linear._compiled(x, w, None).float(), F.linear(x.float(), w.float()),
                                        atol=0.1, rtol=0.02)
     assert counters["stats"]["unique_graphs"] == compiled
+
+
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_a_benchmark_of_a_shape_times_its_chosen_path_not_the_trials(monkeypatch, tokens):
+    """The profile's matmul timings (``linear_over``) start after the shape's choice is made: timed
+    before it, a point took the trial calls (and a compilation) for its time."""
+    from vramshard.profile.bench_matmul import linear_over
+
+    trials = []
+    monkeypatch.setattr(cpu_linear, "_trial", lambda *a, _real=cpu_linear._trial: trials.append(1) or _real(*a))
+    weights = [torch.randn(48, 64).bfloat16() for _ in range(3)]  # cold copies
+    x = torch.randn(tokens, 64).bfloat16()
+    fn = linear_over(x, weights)
+    candidates = ("linear", "mv") if tokens == 1 else ("linear", "weight_mm")
+    assert list(cpu_linear.chosen()) == [(torch.bfloat16, tokens, 48, 64, torch.get_num_threads(), False, candidates)]
+    assert len(trials) == len(candidates) * cpu_linear.TRIALS
+    fn()
+    assert len(trials) == len(candidates) * cpu_linear.TRIALS  # the timed calls run the chosen path
+    cpu_linear.settle(fn, torch.randn(1, 64), weights[0].float())  # float32: nothing to choose
+    assert len(cpu_linear.chosen()) == 1

@@ -11,6 +11,7 @@ from typing import Callable
 
 import torch
 
+from ..layers import cpu_linear
 from ..layers.sublayer import linear
 from .progress import ProgressSink
 from .spec import torch_dtype
@@ -64,8 +65,12 @@ def cycling(count: int, fn: Callable[[int], object]) -> Callable[[], object]:
 
 
 def linear_over(x: torch.Tensor, weights: list[torch.Tensor]) -> Callable[[], torch.Tensor]:
-    """``linear(x, w)`` over the ``weights`` copies in turn."""
-    return cycling(len(weights), lambda i: linear(x, weights[i]))
+    """``linear(x, w)`` over the ``weights`` copies in turn, with the CPU's path for this shape
+    already chosen (:func:`vramshard.layers.cpu_linear.settle`): timings of it time that path."""
+    fn = cycling(len(weights), lambda i: linear(x, weights[i]))
+    if x.device.type == "cpu":
+        cpu_linear.settle(fn, x, weights[0])
+    return fn
 
 
 def repair_row(row: list[float], measured: list[bool], remeasure) -> None:
