@@ -197,5 +197,18 @@ def test_a_benchmark_of_a_shape_times_its_chosen_path_not_the_trials(monkeypatch
     assert len(trials) == len(candidates) * cpu_linear.TRIALS
     fn()
     assert len(trials) == len(candidates) * cpu_linear.TRIALS  # the timed calls run the chosen path
-    cpu_linear.settle(fn, torch.randn(1, 64), weights[0].float())  # float32: nothing to choose
-    assert len(cpu_linear.chosen()) == 1
+
+
+def test_settling_a_call_waits_for_its_own_shapes_only():
+    """A shape left on trial by earlier calls does not keep ``settle`` calling (a whole FFN: each of
+    its projections is chosen, and then it stops)."""
+    left = torch.randn(1, 32).half()
+    linear(left, torch.randn(16, 32).half())  # one trial of another shape, never finished
+    w1, w2 = torch.randn(48, 64).bfloat16(), torch.randn(64, 48).bfloat16()
+    x = torch.randn(2, 64).bfloat16()
+    calls = []
+    cpu_linear.settle(lambda: calls.append(1) or linear(linear(x, w1), w2))
+    assert len(calls) == 2 * cpu_linear.TRIALS  # the trials' calls, and none after the choice
+    assert len(cpu_linear.chosen()) == 2 and len(cpu_linear._trials) == 1
+    cpu_linear.settle(lambda: calls.append(1) or F.linear(x.float(), w1.float()))  # float32: nothing to choose
+    assert len(calls) == 2 * cpu_linear.TRIALS + 1

@@ -128,21 +128,19 @@ def _key(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> tuple:
             _candidates(x, w))
 
 
-def settle(call: Callable[[], object], x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-    """Run ``call`` (the product of ``x`` by ``w`` or by copies of it: a benchmark's timed call)
-    until the path for this shape is chosen, so that what is timed next is the chosen path and not
-    the candidates' trials and the compilation. Timed without it, a process's first bf16
-    [1, 4096] x [4096 -> 14336] took 6.9-8.7 ms against 1.6 ms later on the H200 machine's host
-    (the profile check's first probe, seventeenth GPU session), 32 ms against 6.3-6.6 on the
-    2-core development machine: a call that compiles outlasts the timing budget, and the point's
-    time became that of the trials around it."""
-    if not eligible(x, w):
-        return
-    key = _key(x, w, bias)
-    for _ in range(len(key[-1]) * TRIALS + 1):  # each call adds one trial
-        if key in _choice:
-            return
+def settle(call: Callable[[], object], max_calls: int = 64) -> None:
+    """Run ``call`` (a benchmark's timed call: projections over cold weights, a whole FFN) until
+    none of the projections it makes is still on trial, so that what is timed next is the chosen
+    paths, not the candidates' trials and the compilation. Timed without it, a process's first
+    bf16 [1, 4096] x [4096 -> 14336] took 6.9-8.7 ms against 1.6 ms later on the H200 machine's
+    host (the profile check's first probe, seventeenth GPU session), 32 ms against 6.3-6.6 on the
+    2-core development machine: a call that compiles outlasts the timing budget, and the time
+    became that of the trials around it. Trials of shapes that ``call`` does not make are left be."""
+    for _ in range(max_calls):
+        made = {key: sum(map(len, times.values())) for key, times in _trials.items()}
         call()
+        if all(sum(map(len, times.values())) == made.get(key) for key, times in _trials.items()):
+            return  # no trial was added by this call: its projections' paths are chosen
 
 
 def _candidates(x: torch.Tensor, w: torch.Tensor) -> tuple[str, ...]:

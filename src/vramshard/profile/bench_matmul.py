@@ -68,8 +68,13 @@ def linear_over(x: torch.Tensor, weights: list[torch.Tensor]) -> Callable[[], to
     """``linear(x, w)`` over the ``weights`` copies in turn, with the CPU's path for this shape
     already chosen (:func:`vramshard.layers.cpu_linear.settle`): timings of it time that path."""
     fn = cycling(len(weights), lambda i: linear(x, weights[i]))
-    if x.device.type == "cpu":
-        cpu_linear.settle(fn, x, weights[0])
+    return settled(fn) if x.device.type == "cpu" else fn
+
+
+def settled(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn``, a CPU benchmark's timed call, once the paths of the projections it makes are chosen
+    (:func:`vramshard.layers.cpu_linear.settle`): timings of it then time those paths."""
+    cpu_linear.settle(fn)
     return fn
 
 

@@ -16,7 +16,7 @@ import torch
 
 from ..runtime.cpu_packed import PackedPart
 from ..runtime.host_weights import pack_sublayer
-from .bench_matmul import cold_bytes, cycling
+from .bench_matmul import cold_bytes, cycling, settled
 from .bench_split import MAX_LAYERS, split_ffn
 from .progress import ProgressSink
 from .spec import torch_dtype
@@ -47,7 +47,7 @@ def measure_packed_ffn(dtype: str, hidden: int, intermediate: int, rows: list[in
             return None
         for m in rows:
             h = ffn.norm(plain[0], torch.randn(m, hidden).to(dt))
-            t_plain = time_cpu(cycling(layers, lambda i: ffn.contribution(plain[i], h)), budget_s)
+            t_plain = time_cpu(settled(cycling(layers, lambda i: ffn.contribution(plain[i], h))), budget_s)
             t_packed = time_cpu(cycling(layers, lambda i: packed[i].contribution(h)), budget_s)
             factors[str(m)] = t_packed / t_plain
     progress.advance(weight)

@@ -18,7 +18,7 @@ import torch
 from ..layers.mlp import DenseFFN
 from ..models import build_model
 from ..runtime.host_weights import pack_sublayer
-from .bench_matmul import cold_bytes, cycling
+from .bench_matmul import cold_bytes, cycling, settled
 from .progress import ProgressSink
 from .spec import torch_dtype
 from .timing import time_cpu
@@ -52,10 +52,10 @@ def measure_split_part(dtype: str, hidden: int, intermediate: int, budget_s: flo
     x = torch.randn(1, hidden).to(dt)
     h = ffn.norm(whole[0], x)
     with torch.inference_mode():
-        t_whole = time_cpu(cycling(layers, lambda i: ffn.contribution(whole[i], h)), budget_s)
+        t_whole = time_cpu(settled(cycling(layers, lambda i: ffn.contribution(whole[i], h))), budget_s)
         ratios = []
         for k in SHARES:
-            t_part = time_cpu(cycling(layers, lambda i: ffn.contribution(ffn.pieces_of(split[i], 0, k), h)),
+            t_part = time_cpu(settled(cycling(layers, lambda i: ffn.contribution(ffn.pieces_of(split[i], 0, k), h))),
                               budget_s)
             ratios.append(t_part / (t_whole * k / ffn.num_pieces))
     progress.advance(weight)
