@@ -197,7 +197,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.against:
         first = load(args.against)  # ProfileError: missing, corrupt, or another machine's (before any run)
         profile_file, elapsed_1 = Path(args.against), None
-    if args.against:
         probes = [cpu_probe("before run 2")]
         print(f"run 1: {args.against} (measured {first.data.get('created', '?')})", flush=True)
     else:

@@ -148,6 +148,10 @@ def test_a_re_plan_that_decodes_slower_than_the_plan_it_replaced_gives_way_to_it
     old_plan, old_profile = engine.plan, engine.budget.plan_settings().profile
     slow_steps(engine, 1.2)
     engine.poll_budget()
+    assert engine.budget.plan_settings().profile is not old_profile  # fitted; the new plan is being made
+    engine.budget._revert_if_slower(engine.plan_check())  # the old plan's steps, seen again meanwhile
+    (best,) = engine.budget.fastest.values()
+    assert best.plan is old_plan and best.profile is old_profile  # the profile it ran under, not the fit
     engine.budget.background.wait(60)
     engine.poll_budget()
     assert engine.plan is not old_plan and not budget_follower.same_placements(engine.plan, old_plan)

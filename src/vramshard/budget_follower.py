@@ -27,7 +27,8 @@ leads to is slower than the one it replaced (the seventeenth GPU session: llama3
 from 91 ms decode steps to 122 ms after two dispatch fits). So the measured decode step of each
 plan under a budget is kept, and a plan whose own steps run more than REVERT_OFF_BY slower than
 the fastest plan measured under that budget gives way to it (``why``: "revert"), with the
-profile that plan was made with; no whole-step fit is made under that budget after that.
+profile it ran under when first measured; no whole-step fit is made under that budget after that
+(a vision-language model, whose placements carry its vision phase's too, is not reverted).
 
 Every adaptation is recorded with its times: waiting for the step boundary, planning, releasing.
 """
@@ -175,10 +176,15 @@ class BudgetFollower:
         (``check``: its measured decode steps) runs more than REVERT_OFF_BY slower than it, put that
         plan back in force with its profile. Returns whether it did (caller holds the executor lock)."""
         engine, budget = self.engine, self.watcher.in_force
+        if engine.vision is not None and engine.vision.vision_tier:
+            return False  # its placements carry the vision phase's, which the language model's plan does not
         key = budgets.budget_key(budget)
         median = check.median_s()
         best = self.fastest.get(key)
-        if best is None or best.plan is check.plan or same_placements(best.plan, check.plan) or median < best.median_s:
+        if best is not None and best.plan is check.plan:
+            best.median_s = median  # its latest steps; the profile stays the one it ran under first
+            return False
+        if best is None or same_placements(best.plan, check.plan) or median < best.median_s:
             self.fastest[key] = MeasuredPlan(check.plan, check.plan_name, median, self.plan_settings().profile)
             return False
         if median <= REVERT_OFF_BY * best.median_s:

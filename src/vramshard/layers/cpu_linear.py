@@ -114,18 +114,12 @@ def cpu_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     """``x[M, K] @ w[N, K].T (+ bias)`` on the CPU by the path measured fastest for this shape."""
     if not eligible(x, w):
         return F.linear(x, w, bias)
-    key = _key(x, w, bias)
-    candidates = key[-1]
+    candidates = _candidates(x, w)
+    key = (x.dtype, x.shape[0], w.shape[0], w.shape[1], torch.get_num_threads(), bias is not None, candidates)
     name = _choice.get(key)
     if name is None:
         return _trial(key, candidates, x, w, bias)
     return KERNELS[name](x, w, bias)
-
-
-def _key(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> tuple:
-    """What a choice is made for: (dtype, tokens, out, in, threads, bias, candidates)."""
-    return (x.dtype, x.shape[0], w.shape[0], w.shape[1], torch.get_num_threads(), bias is not None,
-            _candidates(x, w))
 
 
 def settle(call: Callable[[], object], max_calls: int = 64) -> None:
