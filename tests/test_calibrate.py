@@ -157,11 +157,16 @@ def test_a_re_plan_that_decodes_slower_than_the_plan_it_replaced_gives_way_to_it
     assert engine.plan is not old_plan and not budget_follower.same_placements(engine.plan, old_plan)
     before = 1.2 * old_plan.tiers[1].predicted_s  # the old plan's measured median
     check = engine.plan_check()
-    for _ in range(MIN_STEPS):  # slower than the old plan, but within REVERT_OFF_BY: it stays
+    for _ in range(budget_follower.REVERT_MIN_STEPS - 1):  # far slower, but too few steps to judge
+        check.add(1, 1, 2.0 * before)
+    engine.poll_budget()
+    assert engine.plan is not old_plan
+    check.measured.clear()
+    for _ in range(budget_follower.REVERT_MIN_STEPS):  # slower than the old plan, but within REVERT_OFF_BY
         check.add(1, 1, 0.99 * budget_follower.REVERT_OFF_BY * before)
     engine.poll_budget()
     assert engine.plan is not old_plan and engine.budget.events[-1]["why"] == "calibrate"
-    for _ in range(2 * MIN_STEPS):
+    for _ in range(2 * budget_follower.REVERT_MIN_STEPS):
         check.add(1, 1, 1.3 * before)
     engine.poll_budget()
     assert engine.plan is old_plan and engine.budget.events[-1]["why"] == "revert"

@@ -22,13 +22,14 @@ split FFNs' CPU parts (or on all CPU compute) that explains the whole step. Eith
 made with the fitted profile comes into force at a step boundary (``why``: "calibrate"; at most
 MAX_CALIBRATIONS times; ``VRAMSHARD_CALIBRATE=off`` turns it off).
 
-A fit can be wrong: on a host whose CPU speed swings, it explains a slow spell, and the plan it
-leads to is slower than the one it replaced (the seventeenth GPU session: llama3-8b at 8 GiB went
-from 91 ms decode steps to 122 ms after two dispatch fits). So the measured decode step of each
-plan under a budget is kept, and a plan whose own steps run more than REVERT_OFF_BY slower than
-the fastest plan measured under that budget gives way to it (``why``: "revert"), with the
-profile it ran under when first measured; no whole-step fit is made under that budget after that
-(a vision-language model, whose placements carry its vision phase's too, is not reverted).
+A fit can be wrong (on a host whose CPU speed swings, it may explain a slow spell), and the plan
+it leads to slower than the one it replaced: in the seventeenth GPU session llama3-8b at 8 GiB
+went from 91 ms decode steps to 122 ms after two dispatch fits. So the measured decode step of
+each plan under a budget is kept (from REVERT_MIN_STEPS steps on), and a plan whose own steps run
+more than REVERT_OFF_BY slower than the fastest plan measured under that budget gives way to it
+(``why``: "revert"), with the profile it ran under when first measured; no whole-step fit is made
+under that budget after that (a vision-language model, whose placements carry its vision phase's
+too, is not reverted).
 
 Every adaptation is recorded with its times: waiting for the step boundary, planning, releasing.
 """
@@ -62,6 +63,7 @@ CALIBRATE = switch("VRAMSHARD_CALIBRATE", default=True)
 CALIBRATE_OFF_BY = 1.15  # measured / predicted decode step beyond which the profile is fitted again
 MAX_CALIBRATIONS = 6  # per engine (a tier's CPU work is fitted once): a machine whose speed swings more is not chased
 REVERT_OFF_BY = 1.10  # a plan's decode step this much slower than the fastest measured under its budget gives way
+REVERT_MIN_STEPS = 16  # decode steps of a plan before its median is compared (a slower plan should not run long)
 
 
 @dataclasses.dataclass
@@ -140,7 +142,7 @@ class BudgetFollower:
         if not CALIBRATE or engine.plan is None or engine.device == "cpu":
             return
         check = engine.plan_check()
-        if check.plan is engine.plan and len(check.measured) >= MIN_STEPS and self._revert_if_slower(check):
+        if check.plan is engine.plan and len(check.measured) >= REVERT_MIN_STEPS and self._revert_if_slower(check):
             return
         if len(self.calibrations) >= MAX_CALIBRATIONS or self._calibrate_cpu_work():
             return
