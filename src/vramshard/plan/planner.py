@@ -51,6 +51,10 @@ log = logging.getLogger(__name__)
 FAMILIES = ("gpu-only", "static", "dynamic", "cpu", "split", "search")
 MOE_FAMILIES = FAMILIES + ("experts-cpu", "experts-stream", "experts-mix")
 CACHE_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)  # of the room left after the minimum, tried for the expert cache
+# A plan without streaming slots wins unless one with them is predicted this much faster: streaming
+# shares host memory and PCIe with whatever else runs (a game), and the estimator has priced copies
+# hidden under a step that were not (docs/BENCHMARKS.md, eighteenth GPU session).
+STREAMING_TIE = 0.02
 
 
 @dataclass
@@ -220,15 +224,48 @@ class Planner:
             # Attention stays beside its KV cache: on the CPU when the cache is in host memory (this
             # variant then only runs when the caller forces the KV cache there; no slots to stream with).
             pinned, reasons = [s.name for s in self.model if kv_on_gpu or s.kind != "attn"], []
-            slots, note = 0, None
             self.stage_attention = False
-        else:
-            slots = self.num_slots * self.slot_bytes
-            room = budget - workspace - kv - slots - self._moe_reserved()
-            self.stage_attention = not kv_on_gpu and room >= staging
-            room -= staging if self.stage_attention else 0
-            pinned, reasons = self._choose_pinned(room, kv_on_gpu, search)
-            note = self._pin_note
+            return self._planned(kv_on_gpu, workspace, kv, 0, pinned, reasons, None, search)
+        slots = self.num_slots * self.slot_bytes
+        room = budget - workspace - kv - slots - self._moe_reserved()
+        self.stage_attention = not kv_on_gpu and room >= staging
+        room -= staging if self.stage_attention else 0
+        pinned, reasons = self._choose_pinned(room, kv_on_gpu, search)
+        streaming = self._planned(kv_on_gpu, workspace, kv, slots, pinned, reasons, self._pin_note, search)
+        unstreamed = self._unstreamed_variant(kv_on_gpu, workspace, kv, budget, search)
+        if unstreamed is None or self._score(unstreamed) > self._score(streaming) * (1 + STREAMING_TIE):
+            return streaming
+        unstreamed.notes.append(
+            f"no streaming slots: the {format_bytes(slots)} they would take holds pinned weights instead "
+            f"(predicted {self._score(unstreamed) * 1e3:.2f} against {self._score(streaming) * 1e3:.2f} ms per "
+            "token summed over tiers with streaming)")
+        return unstreamed
+
+    def _unstreamed_variant(self, kv_on_gpu: bool, workspace: int, kv: int, budget: float,
+                            search: bool) -> PlanSet | None:
+        """The plan with no streaming slots: their VRAM pins weights, and what is not pinned runs
+        on the CPU. None where it cannot run: MoE layers (their experts stream), or attention
+        beside a GPU KV cache left out of VRAM (it can only stream).
+
+        With slots reserved, a budget a little short of every weight streams a few sub-layers
+        through slots that would have held them: nemo-8b at 16 GiB and 5K context streamed two
+        FFNs (540 MiB of slots for 540 MiB of FFNs), 41 ms per decode step against 18 ms with
+        everything but the embedding pinned (docs/BENCHMARKS.md, eighteenth GPU session)."""
+        if self.moe:
+            return None
+        streamable, staged = self.streamable, self.stage_attention
+        self.streamable, self.stage_attention = [], False  # nothing streams: the unpinned run on the CPU
+        try:
+            pinned, reasons = self._choose_pinned(budget - workspace - kv, kv_on_gpu, search)
+            if kv_on_gpu and any(s.kind == "attn" and s.name not in pinned for s in self.model):
+                return None
+            return self._planned(kv_on_gpu, workspace, kv, 0, pinned, reasons, self._pin_note, search)
+        finally:
+            self.streamable, self.stage_attention = streamable, staged
+
+    def _planned(self, kv_on_gpu: bool, workspace: int, kv: int, slots: int, pinned: list[str],
+                 reasons: list[PinReason], note: str | None, search: bool) -> PlanSet:
+        """The plan of every tier over ``pinned``, with its VRAM need and notes."""
         tiers = {t: self._plan_tier(t, set(pinned), kv_on_gpu, search) for t in self.tiers.sizes}
         staged = any(p.placement.staged_kv_names() for p in tiers.values())
         streams = any(p.placement.names(home="stream") for p in tiers.values())  # split FFNs stream too
@@ -407,6 +444,12 @@ class Planner:
 
     # ------------------------------------------------------------------ one tier
     def _plan_tier(self, tier: int, pinned: set[str], kv_on_gpu: bool, search: bool = True) -> TierPlan:
+        if not self.streamable:  # a plan without streaming slots: the unpinned run on the CPU
+            cpu = self._family("cpu", pinned, kv_on_gpu, lambda s: "cpu")
+            times = dict.fromkeys(MOE_FAMILIES if self.moe else FAMILIES, math.inf)
+            times["cpu"] = self._time(cpu, tier)
+            threads = self._best_threads(cpu, tier) if search else None
+            return TierPlan(tier, "cpu", cpu, threads, times["cpu"], times, {"cpu": cpu})
         families = {
             "gpu-only": self._family("gpu-only", pinned, kv_on_gpu, lambda s: "stream"),
             "static": self._family("static", pinned, kv_on_gpu, lambda s: "stream" if s.kind == "attn" else "cpu"),
