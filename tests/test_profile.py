@@ -18,7 +18,7 @@ from vramshard.profile import store
 from vramshard.profile.fingerprint import fingerprint_hash, machine_fingerprint
 from vramshard.profile.runner import run_profile
 from vramshard.profile.synthetic import synthetic_data
-from vramshard.profile.spec import FULL_SHAPES
+from vramshard.profile.spec import FULL_SHAPES, default_thread_counts
 from vramshard.profile.tables import Curve, Grid2D, MatmulTable, fit_work_time, interp_linear
 from vramshard.profile.timing import time_cpu
 
@@ -606,3 +606,11 @@ def test_the_profile_times_routed_experts_in_the_compiled_pass_by_rows(tmp_path,
     assert slower > 1 and timed.experts_s(ffn, "cpu", 1, contended=True) == pytest.approx(slower * one / 2e9)
     router = sum(plain._matmul(m, k, n, "cpu", False) for m, k, n in ffn.router_matmuls(1))
     assert timed.compute_s(ffn, "cpu", 1, 64) == pytest.approx(router + one / 2e9)
+
+
+def test_a_quick_profile_times_all_cores_only_unless_told():
+    # Each (half-precision dtype, thread count) compiles the one-token kernel: ~5 s cold on 2 cores.
+    top = default_thread_counts()[-1]
+    assert BenchmarkSpec.quick_spec().resolved_threads() == [top]
+    assert BenchmarkSpec.full().resolved_threads() == default_thread_counts()
+    assert BenchmarkSpec.quick_spec(threads=[1, 2]).resolved_threads() == [1, 2]
