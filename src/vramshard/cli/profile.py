@@ -1,7 +1,7 @@
 """``vramshard profile``: measure this machine once and store the profile file.
 
     vramshard profile                 # full profile (minutes), saved in the cache directory
-    vramshard profile --quick         # coarse profile (under a minute)
+    vramshard profile --quick         # coarse profile (about a minute)
     vramshard profile --show          # summary of the stored profile (measures if there is none)
     vramshard profile --threads 1,4,8 # CPU thread counts to measure (the largest = "all cores")
 """
@@ -19,7 +19,7 @@ def register(subparsers) -> None:
         "profile", help="measure this machine's CPU, GPU and PCIe speeds for the planner",
         description="Measure this machine's CPU, GPU and PCIe speeds and store them for the planner.",
     )
-    parser.add_argument("--quick", action="store_true", help="coarse profile: fewer shapes and sizes (under a minute)")
+    parser.add_argument("--quick", action="store_true", help="coarse profile: fewer shapes and sizes, all cores only (about a minute)")
     parser.add_argument("--out", metavar="PATH", help="write the profile here instead of the cache directory")
     parser.add_argument("--show", action="store_true",
                         help="print a summary; without --quick/--threads shows the stored profile if there is one")

@@ -446,7 +446,7 @@ class Planner:
     def _plan_tier(self, tier: int, pinned: set[str], kv_on_gpu: bool, search: bool = True) -> TierPlan:
         if not self.streamable:  # a plan without streaming slots: the unpinned run on the CPU
             cpu = self._family("cpu", pinned, kv_on_gpu, lambda s: "cpu")
-            times = dict.fromkeys(MOE_FAMILIES if self.moe else FAMILIES, math.inf)
+            times = dict.fromkeys(FAMILIES, math.inf)  # (MoE plans always stream: see _unstreamed_variant)
             times["cpu"] = self._time(cpu, tier)
             threads = self._best_threads(cpu, tier) if search else None
             return TierPlan(tier, "cpu", cpu, threads, times["cpu"], times, {"cpu": cpu})

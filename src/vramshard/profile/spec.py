@@ -1,7 +1,8 @@
 """What the profiler measures: the grids of shapes, sizes and thread counts.
 
 ``BenchmarkSpec.full()`` is the install-time profile (minutes on a 16-core + GPU machine);
-``BenchmarkSpec.quick()`` is a coarse one (under a minute on 2 cores). Tests build tiny
+``BenchmarkSpec.quick_spec()`` is a coarse one (on 2 cores ~40 s, ~65 s on a machine's first run,
+which compiles the one-token CPU kernels). Tests build tiny
 specs directly. Every table the estimator reads is a grid so it can be interpolated.
 """
 
@@ -128,7 +129,8 @@ class BenchmarkSpec:
 
     @classmethod
     def quick_spec(cls, **overrides) -> "BenchmarkSpec":
-        """A coarse profile: a few shapes and sizes, short timings (< 1 min on 2 cores)."""
+        """A coarse profile: a few shapes and sizes, short timings, all cores only (on 2 cores ~40 s;
+        a machine's first run also compiles the one-token kernels: ~65 s)."""
         spec = cls(
             ms=[1, 4, 16, 64, 256, 1024],  # 2048 rows: twice 1024's time (compute-bound, see tables.py)
             shapes=list(QUICK_SHAPES),
