@@ -182,6 +182,32 @@ def test_reproducibility_compares_reruns(tmp_path):
     assert "No part has been run twice yet" in md2.read_text()
 
 
+def test_a_cell_rerun_replaces_only_its_cells(tmp_path):
+    whole = write_runs(tmp_path / "a", nemo_a(decode_2g_1k=6.0, started=1.0))
+    cells = [dense_cell("vramshard", 2, 1024, 7.5, 0.4), dense_cell("layers:max", 2, 1024, 4.0, 14.0),
+             dense_cell("unconstrained", None, 1024, 99.0, 0.05)]
+    rerun = run_doc("dense-nemo-a", "dense", "nemo-8b", cells, started=2.0, budgets=[2],
+                    date="2026-12-02 10:00 UTC")
+    rerun["settings"]["contexts"] = [1024]
+    md = tmp_path / "R.md"
+    merge([whole, write_runs(tmp_path / "b", rerun)], md, tmp_path / "charts")
+    text = md.read_text()
+    table4 = text[text.index("### Table 4"):text.index("### Estimator")]
+    assert "| 2 GiB | 1K | 7.5 |" in table4  # the re-run's cell
+    assert "| 2 GiB | 4K | 8 |" in table4 and "| 4 GiB | 1K | 8 |" in table4  # the whole run's cells stay
+    assert "99" not in table4  # the whole run's unconstrained cells stay
+    assert "a cell re-run: its cells (2 GiB/1K) replace the whole run's" in table4
+    section = text[text.index("### Reproducibility"):]
+    assert "Cell re-run of `dense-nemo-a` on 2026-12-02 10:00 UTC" in section and "vramshard +25%" in section
+    assert "No part has been run twice yet" in section  # a cell re-run is not a noise measurement
+    later = run_doc("dense-nemo-a", "dense", "nemo-8b", nemo_a(decode_2g_1k=6.0)["cells"], started=3.0,
+                    budgets=[2, 4], date="2026-12-03 10:00 UTC")
+    md2 = tmp_path / "S.md"
+    merge([whole, tmp_path / "b", write_runs(tmp_path / "c", later)], md2, tmp_path / "charts")
+    assert "| 2 GiB | 1K | 6 |" in md2.read_text()  # a whole run after the cell re-run replaces it
+    assert "Cell re-run of" not in md2.read_text()
+
+
 def test_cli_merge_and_bad_input(tmp_path, capsys):
     runs = write_runs(tmp_path / "r", nemo_a())
     md = tmp_path / "X.md"
@@ -274,6 +300,24 @@ def test_systems_and_predictions_on_tiny_shapes():
     assert labels == ["vramshard", "layers:max", "experts-cpu"]
     tiny = systems_for(dense, 1024, 2048, 1024, profile)  # 1 KiB: the planner refuses, with the reason
     assert tiny[0].error and "raise --vram" in tiny[0].error
+
+
+def test_the_batch_grid_plans_for_the_largest_batch():
+    """At 2 GiB the qwen3-30b-a3b engine planned for one sequence of 64 x 75 tokens needed 2.18 GiB
+    once built for 64 sequences of 75 (each rounded up to whole KV blocks, 64 rows of attention
+    workspace), and the executor refused it (2026-12-03)."""
+    from benchmarks.report.grids import Settings, batch_context, batch_systems
+    from vramshard.plan.memory import tiered_vram_need
+    from vramshard.profile.store import load
+
+    profile = load(Path(__file__).parents[1] / "docs/profiles/h200-run15.json", check_fingerprint=False)
+    model = shape_model("qwen3-30b-a3b", dtype=torch.bfloat16)
+    settings, budget = Settings(), 2 * GIB
+    systems = {s.label: s for s in batch_systems(model, budget, (1, 4, 16, 64), settings, profile)}
+    ours = systems["vramshard"]
+    assert ours.error is None
+    need = tiered_vram_need(model, ours.tiered, 64, batch_context(settings), 64, expert_cache=ours.expert_cache or 0)
+    assert need.total <= budget, need.breakdown()
 
 
 def test_run_part_without_gpu_says_so(tmp_path, monkeypatch):

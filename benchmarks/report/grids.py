@@ -112,11 +112,11 @@ def run_batch(part: Part, record: PartRecord, settings: Settings, deadline: Dead
     """Table 9 / Figure 7: batched decode tokens/s at each batch size, budget and engine."""
     model, host, profile, _ = setup(part, record, settings)
     largest = max(part.batch_sizes)
-    per_seq = settings.batch_ctx + settings.batch_steps + 8
+    per_seq = batch_context(settings)
     args = argparse.Namespace(batch_ctx=settings.batch_ctx, batch_steps=settings.batch_steps)
     for budget_gib in part.budgets:
         budget = int(budget_gib * GiB)
-        systems = systems_for(model, budget, largest * per_seq, largest, profile)
+        systems = batch_systems(model, budget, part.batch_sizes, settings, profile)
         for system in systems:
             for batch in part.batch_sizes:
                 cell = {"system": system.label, "budget_gib": budget_gib, "batch": batch,
@@ -129,6 +129,19 @@ def run_batch(part: Part, record: PartRecord, settings: Settings, deadline: Dead
                     continue
                 record.add(batch_cell(model, host, system, budget, batch, per_seq, largest, args, profile, cell))
                 log.info("%s", record.cells[-1])
+
+
+def batch_context(settings: Settings) -> int:
+    """Tokens of KV cache each sequence of the batch grid holds: its context, the steps timed, slack."""
+    return settings.batch_ctx + settings.batch_steps + 8
+
+
+def batch_systems(model, budget: int, batch_sizes, settings: Settings, profile) -> list:
+    """The engines of one budget of the batch grid, each planned once for the largest batch, as a
+    server sized for it would be: that many sequences' KV cache (each rounded up to whole blocks)
+    and that many rows of workspace."""
+    largest = max(batch_sizes)
+    return systems_for(model, budget, batch_context(settings), largest, profile, kv_slots=largest)
 
 
 def batch_cell(model, host, system, budget, batch, per_seq, largest, args, profile, cell) -> dict:

@@ -48,18 +48,19 @@ class System:
         return p if isinstance(p, TieredPlacement) else TieredPlacement.single(p)
 
 
-def systems_for(model, budget: int, kv_tokens: int, max_tokens: int, profile) -> list[System]:
+def systems_for(model, budget: int, kv_tokens: int, max_tokens: int, profile, kv_slots: int = 1) -> list[System]:
     """The planned engine and the baselines at one budget: ``layers:max`` (the most whole layers
-    that fit, what ``-ngl N`` does) and, for MoE models, ``experts-cpu`` (``--cpu-moe``)."""
+    that fit, what ``-ngl N`` does) and, for MoE models, ``experts-cpu`` (``--cpu-moe``), each for
+    ``kv_slots`` sequences of up to ``kv_tokens`` tokens."""
     triples, layers = sublayer_triples(model), model.args.num_hidden_layers
     out = []
     tiers = Tiers(tuple(t for t in TIERS if t <= max_tokens) or (max_tokens,))
     try:
-        plan = Planner(model, profile, budget, context=kv_tokens, tiers=tiers).plan()
+        plan = Planner(model, profile, budget, context=kv_tokens, tiers=tiers, kv_slots=kv_slots).plan()
         out.append(System("vramshard", plan.tiered(), plan=plan, expert_cache=plan.expert_cache or None))
     except BudgetError as exc:
         out.append(System("vramshard", None, error=str(exc)))
-    most = max_resident_layers(model, budget, 1, kv_tokens, max_tokens)
+    most = max_resident_layers(model, budget, kv_slots, kv_tokens, max_tokens)
     out.append(System("layers:max", named_placement("layers:max", triples, layers, most)))
     moe = moe_layers(model)
     if moe:

@@ -62,7 +62,7 @@ def generate(runs: Runs, md_path: Path, charts_dir: Path, command: str) -> tuple
         body.append("### Why some cells have no number\n\n" + notes.render())
     summary = narrative.narrative(dense, batch, points, vlm_runs, _count_na(body))
     head = ["## Report: the paper's tables on this hardware (generated)", "",
-            f"Generated {now()} by `{command}` from {sum(len(r) for r in runs.by_part.values())} part runs "
+            f"Generated {now()} by `{command}` from {runs.count()} part runs "
             f"({', '.join(runs.by_part)}). Everything between the report markers is rewritten by the merge; edit "
             "the text outside them.", "", ""]
     return "\n\n".join(["\n".join(head) + summary, *body]), pngs

@@ -52,6 +52,15 @@ def section(runs: Runs) -> str:
                     rows.append([f"`{part}`", f"{earlier.get('date', '?')} → {later.get('date', '?')}", metric,
                                  str(len(values)), f"{statistics.median(values):.1f}%", f"{max(values):.1f}%"])
     text = ["### Reproducibility", ""]
+    for part, reruns in runs.reruns.items():
+        whole = runs.primary(part)
+        for rerun in reruns:
+            diffs = differences(whole, rerun)
+            changes = ", ".join(f"{key[0]} {d:+.0f}%" for m, key, d in diffs if m == "decode_tok_s")
+            text.append(f"Cell re-run of `{part}` on {rerun.get('date', '?')} (commit "
+                        f"{rerun.get('versions', {}).get('commit', '?')}, against {whole.get('date', '?')}): "
+                        f"{len(rerun['cells'])} cells, not counted as noise; decode change {changes or 'none'}.")
+            text.append("")
     if not rows:
         text.append("No part has been run twice yet: run one part again (see benchmarks/README.md) and merge both "
                     "folders; this section then compares the two runs cell by cell.")

@@ -1,7 +1,9 @@
 """Part JSONs read back, and the comparisons the report is made of (no formatting here).
 
 A part may have run several times (a re-run for reproducibility): the latest run of each
-part fills the tables, the earlier ones are compared with it.
+part fills the tables, the earlier ones are compared with it. A later run of only some of a
+part's cells (``--budgets``/``--contexts`` narrower than the run before it) is a cell re-run: its
+cells replace those cells of the part's latest whole run, and it is not counted as noise.
 """
 
 from __future__ import annotations
@@ -70,18 +72,42 @@ def why_not(cell: dict | None) -> str | None:
     return None
 
 
+def coverage(run: dict) -> set[tuple]:
+    """The (budget, context, batch size) cells a run set out to measure, from its settings."""
+    settings = run.get("settings", {})
+    return {(float(b), c, n) for b in settings.get("budgets") or () for c in settings.get("contexts") or (None,)
+            for n in (settings.get("batch_sizes") or (None,) if run.get("grid") == "batch" else (None,))}
+
+
+def is_cell_rerun(run: dict, whole: dict) -> bool:
+    """Whether ``run`` measured a strict subset of the cells of ``whole``, an earlier run of its part."""
+    mine, theirs = coverage(run), coverage(whole)
+    return bool(mine) and mine < theirs
+
+
 @dataclass
 class Runs:
-    """All runs by part (oldest first) and the one of each part the tables use (the latest)."""
+    """All whole runs by part (oldest first), the one of each part the tables use (the latest),
+    and the cell re-runs made since that one (oldest first)."""
 
     by_part: dict[str, list[dict]]
+    reruns: dict[str, list[dict]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, runs: list[dict]) -> "Runs":
         by_part: dict[str, list[dict]] = {}
+        reruns: dict[str, list[dict]] = {}
         for run in sorted(runs, key=lambda r: (r.get("started_unix") or 0, r.get("date") or "")):
-            by_part.setdefault(run["part"], []).append(run)
-        return cls(by_part)
+            part = run["part"]
+            if part in by_part and is_cell_rerun(run, by_part[part][-1]):
+                reruns.setdefault(part, []).append(run)
+                continue
+            by_part.setdefault(part, []).append(run)
+            reruns.pop(part, None)  # a whole run measures again what earlier cell re-runs did
+        return cls(by_part, reruns)
+
+    def count(self) -> int:
+        return sum(map(len, self.by_part.values())) + sum(map(len, self.reruns.values()))
 
     def primary(self, part: str) -> dict | None:
         runs = self.by_part.get(part)
@@ -108,6 +134,7 @@ class Grid:
     parts: list[str]  # every part of this grid and model, run or not
     cells: dict[tuple, dict] = field(default_factory=dict)
     origin: dict[tuple, str] = field(default_factory=dict)  # cell key -> part name
+    reruns: list[dict] = field(default_factory=list)  # cell re-runs whose cells replaced the whole run's
 
     @classmethod
     def of(cls, runs: Runs, grid: str, model: str) -> "Grid":
@@ -120,6 +147,13 @@ class Grid:
                 if key not in out.cells:  # the unconstrained run is in every part: the first counts
                     out.cells[key] = cell
                     out.origin[key] = run["part"]
+        for run in mine:
+            for rerun in runs.reruns.get(run["part"], []):
+                out.reruns.append(rerun)
+                for cell in rerun["cells"]:
+                    if cell.get("system") != "unconstrained":  # the whole runs' unconstrained cells stay
+                        out.cells[cell_key(cell)] = cell
+                        out.origin[cell_key(cell)] = f"{rerun['part']} (cell re-run {rerun.get('date', '?')})"
         return out
 
     def get(self, system: str, budget=None, context=None, batch=None) -> dict | None:

@@ -21,6 +21,18 @@ def provenance(run: dict) -> str:
     return line
 
 
+def provenances(grid: Grid) -> str:
+    """The provenance lines of a grid's whole runs, then of the cell re-runs that replaced some cells."""
+    lines = [provenance(r) for r in grid.runs]
+    for rerun in grid.reruns:
+        cells = sorted({(c.get("budget_gib"), c.get("context"), c.get("batch")) for c in rerun["cells"]
+                        if c.get("system") not in ("unconstrained", "bound")}, key=str)
+        shown = ", ".join(f"{b:g} GiB/{c // 1024 if c and c >= 1024 else c}{'K' if c and c >= 1024 else ''}"
+                          + (f"/b{n}" if n else "") for b, c, n in cells)
+        lines.append(f"{provenance(rerun)} — a cell re-run: its cells ({shown}) replace the whole run's")
+    return "\n".join(lines)
+
+
 def _value(cell: dict | None, key: str, notes: Footnotes, missing: str, fmt=num) -> str:
     if cell is None:
         return notes.mark(missing)
@@ -59,7 +71,7 @@ def dense_section(grid: Grid, rows: list[Comparison], notes: Footnotes, chart: s
                      _ttft(ours, notes, missing), *[_ttft(grid.get(b, row.budget, row.context), notes, missing)
                                                     for b in bases],
                      ratio(row.ttft_speedup), plan, _value(ours, "peak_vram_gib", notes, missing)])
-    parts = "\n".join(provenance(r) for r in grid.runs)
+    parts = provenances(grid)
     unrun = [p for p in grid.parts if p not in {r["part"] for r in grid.runs}]
     text = [f"### Table 4 — {grid.model}: decode and TTFT across budgets and contexts", "",
             "Decode: one token at the context shown (median step). TTFT: a prompt of that many tokens in "
@@ -117,7 +129,7 @@ def batch_section(grid: Grid, rows: list[Comparison], notes: Footnotes, chart: s
     text = [f"### Table 9 — {grid.model}: batched throughput", "",
             "Decode tokens/s of a batch of sequences, one new token each per step, at the context shown in "
             "each run's settings (`batch_ctx`).", "", "Runs:",
-            "\n".join(provenance(r) for r in grid.runs) or "- none yet", "",
+            provenances(grid) or "- none yet", "",
             table(["budget", "batch", "vramshard tok/s", *[f"{b} tok/s" for b in bases], "speedup",
                    "vramshard plan"], body)]
     if chart:
