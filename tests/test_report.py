@@ -375,7 +375,7 @@ def test_dense_and_batch_loops_on_cpu_placements(tmp_path, monkeypatch):
     bw = {"h2d": 55.0, "cpu_read": 90.0, "device": 4000.0}
     monkeypatch.setattr(grids, "setup", lambda part, record, settings: (model, host, gpu_profile(), bw))
     monkeypatch.setattr(grids, "unconstrained", lambda m: System("unconstrained", cpu))
-    monkeypatch.setattr(grids, "systems_for", lambda *a: [System("vramshard", cpu),
+    monkeypatch.setattr(grids, "systems_for", lambda *a, **k: [System("vramshard", cpu),
                                                           System("layers:max", None, error="does not fit")])
     settings = grids.Settings(chunk=32, decode_steps=2, batch_ctx=8, batch_steps=2)
     part = dataclasses.replace(report_parts.PARTS["dense-nemo-a"], budgets=(1,), contexts=(48,))
