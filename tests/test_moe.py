@@ -280,6 +280,41 @@ def test_expert_cache_hits_misses_evictions(tiny_model_dir):
     assert log.index(("done", 0)) < log.index(("fill", 0, "ffn[0]", 3))
 
 
+def test_a_warmed_cache_starts_full_and_gives_way_to_used_experts():
+    """At load the cache's slots are filled evenly over the cached layers (decode then starts at a
+    full cache's hit rate); the warmed experts count as nothing and are the first evicted."""
+    class Recording:  # the copier protocol, recording fills only
+        def __init__(self):
+            self.fills = []
+
+        def fill(self, slot, name, expert):
+            self.fills.append((name, expert))
+            return 3
+
+        def ready(self, slot):
+            pass
+
+        def done(self, slot):
+            pass
+
+        def view(self, slot, name):
+            return None
+
+    copier = Recording()
+    cache = ExpertCache(5, copier)
+    names = ["ffn[0]", "ffn[1]"]
+    assert cache.warm(names, 8) == 5
+    assert copier.fills == [("ffn[0]", 0), ("ffn[1]", 0), ("ffn[0]", 1), ("ffn[1]", 1), ("ffn[0]", 2)]
+    assert (cache.stats.hits, cache.stats.misses, cache.stats.evictions) == (0, 0, 0)
+    assert cache.warm(names, 8) == 0  # full: nothing more
+    got = [e for e, _ in cache.fetch("ffn[0]", [1, 3])]
+    assert got == [1, 3] and (cache.stats.hits, cache.stats.misses, cache.stats.evictions) == (1, 1, 1)
+    list(cache.fetch("ffn[1]", [3, 4]))
+    assert all(k in cache for k in [("ffn[0]", 1), ("ffn[0]", 3), ("ffn[1]", 3), ("ffn[1]", 4)])
+    assert cache.stats.evictions == 3  # every eviction a warmed expert: the used ones stayed
+    assert len(copier.fills) == 5 + cache.stats.misses
+
+
 def test_prefetched_experts_are_hits_when_asked_for_and_never_evict_each_other(tiny_model_dir):
     _, model, host = loaded(tiny_model_dir, "qwen3_moe")
     assert model["ffn[0]"].num_experts >= 8

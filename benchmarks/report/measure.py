@@ -202,12 +202,16 @@ def run_cell(model, host, system: System, budget: int | None, context: int, sett
         cell["placement"] = plan_name(executor.plans)
         cell["resident_gib"] = executor.need.resident / GiB
         cell["vram_plan_gib"] = executor.need.total / GiB
+        cache = executor.expert_cache
+        before = cache.stats.copy() if cache is not None else None
         step = decode_seconds(executor, context, settings.decode_steps)
         cell["decode_step_ms"] = step * 1e3
         cell["decode_tok_s"] = 1 / step
         cell["decode_bytes_streamed"] = executor.report.bytes_streamed
-        if executor.report.expert_hit_rate is not None:
-            cell["expert_hit_rate"] = executor.report.expert_hit_rate
+        if before is not None:  # over the decode steps that asked the cache (the zero-copy kernels'
+            stats = cache.stats.minus(before)  # steps read it by table and count nothing)
+            if stats.hits + stats.misses:
+                cell.update(expert_hit_rate=stats.hit_rate, expert_asked=stats.hits + stats.misses)
         cell.update(prefill_ttft(executor, context, settings.chunk, settings.ttft_cap_s))
         cell.update(predicted(model, profile, system, context, context, settings.chunk))
         peak = executor.peak_vram()

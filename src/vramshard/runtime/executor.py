@@ -511,6 +511,10 @@ class Executor:
             self.expert_cache = ExpertCache(self.expert_cache_bytes // slot, copier)
         names = sorted(self.split, key=lambda n: self.model[n].layer)
         in_order = [n for n in names if n in cached]
+        if self.expert_cache is not None and in_order:  # copied beside the routers; _load_vram waits for both
+            warmed = self.expert_cache.warm(in_order, max(self.model[n].num_experts for n in in_order))
+            self.expert_cache.stats.bytes_copied = 0  # the load's copies, not a step's
+            log.info("expert cache: %d of %d slots filled at load", warmed, self.expert_cache.capacity)
         self._next_cached = dict(zip(in_order, in_order[1:]))
         ranges = {name: self.host[name].layout.piece_range("main") for name in names}
         total = sum(align(end - begin) for begin, end in ranges.values())

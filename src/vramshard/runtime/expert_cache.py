@@ -215,6 +215,28 @@ class ExpertCache:
         self.stats.prefetched += len(started)
         return len(started)
 
+    def warm(self, names: list[str], num_experts: int) -> int:
+        """Fill the free slots before any step: the same number of experts of each layer in
+        ``names`` (layer by layer in turn, experts in id order), so that decoding starts at the
+        hit rate of a full cache (under uniform routing, its share of the experts) instead of
+        climbing to it as steps fill it. Nothing counts as a use, hit or miss: the warmed experts
+        have the policy's lowest score, the first to make room for experts the routers pick.
+        Returns how many copies were started."""
+        started = 0
+        for expert in range(num_experts):
+            for name in names:
+                if not self._free:
+                    return started
+                if (name, expert) in self.slot_of:
+                    continue
+                slot = self._free.pop()
+                self.stats.bytes_copied += self.copier.fill(slot, name, expert)
+                self.slot_of[(name, expert)] = slot
+                self.version += 1
+                self.policy.insert((name, expert))
+                started += 1
+        return started
+
     def _note_guesses(self, name: str, cached: list[int]) -> None:
         used = self._guessed.intersection((name, e) for e in cached)
         self.stats.prefetch_used += len(used)
