@@ -13,7 +13,13 @@ the host's drift hits both:
     PYTHONPATH=src python3 -m benchmarks.pinned_cpu_read --json $OUT/pinned_cpu_read.json
 
 Prints and writes GB/s per (dtype, memory kind), the passes' times, and the machine's THP
-settings and AnonHugePages before and after the allocations.
+settings and AnonHugePages before and after the allocations; then the same projection timed as
+the profile times its table points (``profile_method_gb_s``; ``profile_over_pageable`` above 1:
+the profile's way reads faster than a walk over ``--gib`` of weights, as a model's step does).
+
+The nineteenth GPU session (2026-12-03): pinned took 0.97-1.04x pageable (bf16 and fp16, 4096 x
+14336 and 4096 x 4096), so pinning is not the 1.4x; the walks ran at 47-68 GB/s where the
+profile of 2026-12-02 had 71-84 GB/s for the same shapes (another run, another day).
 """
 
 from __future__ import annotations
@@ -28,6 +34,9 @@ from pathlib import Path
 import torch
 
 from vramshard.layers.cpu_linear import cpu_linear, settle
+from vramshard.profile.bench_matmul import measure_matmul
+from vramshard.profile.progress import ProgressSink
+from vramshard.profile.spec import BenchmarkSpec, torch_dtype
 
 log = logging.getLogger("pinned_cpu_read")
 
@@ -50,7 +59,7 @@ def weights(dtype: torch.dtype, count: int, n: int, k: int, pinned: bool) -> lis
     """``count`` [n, k] weights (as nn.Linear stores them), pinned or pageable."""
     out = []
     for _ in range(count):
-        w = torch.randn(n, k, dtype=torch.float32).to(dtype)
+        w = torch.empty(n, k, dtype=dtype).uniform_(-0.03, 0.03)  # (randn in float32 took most of a call)
         out.append(w.pin_memory() if pinned else w)
     return out
 
@@ -61,6 +70,16 @@ def pass_s(x: torch.Tensor, ws: list[torch.Tensor]) -> float:
     for w in ws:
         cpu_linear(x, w)
     return time.perf_counter() - start
+
+
+def profile_method_gb_s(dtype_name: str, n: int, k: int) -> float:
+    """GB/s of the same one-token projection timed as ``vramshard profile`` times its CPU table
+    points (:func:`vramshard.profile.bench_matmul.measure_matmul`: a ring of cold copies of at
+    least 512 MiB, median of repeats), in this process: the profile's figure beside the walks."""
+    spec = BenchmarkSpec()
+    table = measure_matmul("cpu", dtype_name, [(k, n)], [1], budget_s=spec.point_budget_s, cap_s=spec.point_cap_s,
+                           progress=ProgressSink(), label="profile method", weight=1.0)
+    return k * n * torch_dtype(dtype_name).itemsize / table["seconds"][0][0] / 1e9
 
 
 def main() -> None:
@@ -99,11 +118,14 @@ def main() -> None:
                for kind, t in times.items()}
         row["pinned_over_pageable"] = row["pinned"]["median_s"] / row["pageable"]["median_s"]
         row["bytes"] = nbytes
-        result["dtypes"][name] = row
-        log.info("%s, %d weights [%d, %d] (%.2f GB): pageable %.1f GB/s, pinned %.1f GB/s (pinned takes %.2fx)",
-                 name, count, n, k, nbytes / 1e9, row["pageable"]["gb_s"], row["pinned"]["gb_s"],
-                 row["pinned_over_pageable"])
         del kinds
+        row["profile_method_gb_s"] = profile_method_gb_s(name, n, k)
+        row["profile_over_pageable"] = row["profile_method_gb_s"] / row["pageable"]["gb_s"]
+        result["dtypes"][name] = row
+        log.info("%s, %d weights [%d, %d] (%.2f GB): pageable %.1f GB/s, pinned %.1f GB/s (pinned takes %.2fx); "
+                 "the profile's way %.1f GB/s (%.2fx the pageable walk)", name, count, n, k, nbytes / 1e9,
+                 row["pageable"]["gb_s"], row["pinned"]["gb_s"], row["pinned_over_pageable"],
+                 row["profile_method_gb_s"], row["profile_over_pageable"])
     print(json.dumps({key: value for key, value in result.items() if key != "dtypes"}))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
