@@ -191,6 +191,58 @@ def test_the_kernels_read_a_cache_laid_out_as_the_gpus_with_its_slot_table(tiny_
 
 
 @needs_triton
+def test_a_larger_step_copies_its_missing_experts_in_once_and_reads_them_all_from_the_slots(tiny_model_dir, request):
+    """Steps of more than ROWS tokens (a decode batch of 16, say) through the cache: every routed
+    expert made cached (each missing one copied once), then the kernels over the slots alone give
+    the layer's own output; a second step of the same experts copies nothing; a cache too small
+    for the step's experts does nothing and leaves the step to the caller's path."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        _in_interpreter(request.node.name)
+        return
+    from vramshard.plan.memory import expert_slot_bytes
+    from vramshard.runtime.expert_cache import CachedExperts, ExpertCache
+    from vramshard.runtime.streaming import ExpertSlotBuffer
+
+    class Slots(ExpertSlotBuffer):  # filled at once on the CPU, fills and releases counted
+        fills, released = 0, 0
+
+        def fill(self, slot, name, expert):
+            Slots.fills += 1
+            target, source = self.target(slot, name, expert)
+            return target.copy_(source).numel()
+
+        def ready(self, slot):
+            pass
+
+        def done(self, slot):
+            Slots.released += 1
+
+    path = tiny_model_dir("qwen3_moe")
+    model = build_model(open_checkpoint(path).config)
+    host = pack_model(list(model), load_weights(model, open_checkpoint(path)), pin=False)
+    name = next(s.name for s in model if s.layer in moe_layers(model) and s.kind == "ffn")
+    sublayer, views = model[name], host[name].views
+    layout = stack_experts(views, sublayer.num_experts)
+    torch.manual_seed(5)
+    x = torch.randn(zero_copy_experts.ROWS + 4, sublayer.hidden).to(model.dtype)
+    h, routing = sublayer.prepare(views, x)
+    wanted = sorted(set(routing.experts.reshape(-1).tolist()))
+    assert len(wanted) > 2
+    expected = sublayer.run_experts(DictExperts(views, sublayer.num_experts), h, routing)
+    cache = ExpertCache(len(wanted) + 1, Slots(len(wanted) + 1, expert_slot_bytes(model), host, torch.device("cpu")))
+    source = CachedExperts({}, name, cache)
+    for step in range(2):
+        got = zero_copy_experts.routed_through_cache(layout, h, routing, source.gather)
+        torch.testing.assert_close(got.float(), expected.float(), rtol=2e-2, atol=2e-2)
+        assert Slots.fills == len(wanted)  # each missing expert once, and none on the second step
+        assert (cache.stats.hits, cache.stats.misses) == (step * len(wanted), len(wanted))
+        assert Slots.released == (step + 1) * len(wanted)  # the slots are given back after each step
+    small = ExpertCache(2, Slots(2, expert_slot_bytes(model), host, torch.device("cpu")))
+    assert zero_copy_experts.routed_through_cache(layout, h, routing, CachedExperts({}, name, small).gather) is None
+    assert not small.slot_of and small.stats.misses == 0
+
+
+@needs_triton
 @pytest.mark.parametrize("has_cache", [False, True])
 def test_the_kernels_compile_for_a_gpu(has_cache):
     """Triton's compiler takes both kernels, with and without the cache's slot table, down to PTX

@@ -859,6 +859,11 @@ class Executor:
             return self._run_hybrid(sublayer, h, routing, x)
         if self.expert_prefetch and self.expert_cache is not None and small:
             return self._run_cached(sublayer, h, routing, x)
+        source = self.split_weights[sublayer.name]
+        if stacked is not None and isinstance(source, CachedExperts) and h.shape[0] <= zero_copy_experts.CACHED_ROWS:
+            y = zero_copy_experts.routed_through_cache(stacked, h, routing, source.gather)
+            if y is not None:  # (None: more experts than the cache holds at once)
+                return x + y, 0
         return x + sublayer.run_experts(self.split_weights[sublayer.name], h, routing), 0
 
     def _run_zero_copy(self, sublayer: MoEFFN, stacked: StackedExperts, h: torch.Tensor, routing,

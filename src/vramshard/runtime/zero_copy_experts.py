@@ -33,10 +33,10 @@ from __future__ import annotations
 
 import torch
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from ..env import switch
-from ..layers.moe import Routing, StackedExperts
+from ..layers.moe import Gathered, Routing, StackedExperts
 
 try:
     import triton
@@ -53,6 +53,12 @@ ROWS = 4  # the most tokens of a step computed this way (decode and small decode
 # read and admit nothing), at one step's copies in REFRESH_STEPS.
 REFRESH_STEPS = 8
 BLOCK_F, BLOCK_D, BLOCK_K = 8, 8, 512  # rows of a program's weight block, and its columns per loop
+# Steps of more than ROWS tokens, up to this many, whose experts the cache can hold at once
+# (:func:`routed_through_cache`): the copy engine brings each missing expert in once, then the
+# kernels read every assignment from the cache's slots in VRAM. The grouped path it replaces ran
+# each expert's gather, matmuls and scatter-add from the host: ~81 experts a layer at 16 tokens of
+# qwen3-30b-a3b, 1155 ms a step on the H200 machine where its copies alone take 684 ms.
+CACHED_ROWS = 64
 
 
 class CachedSource(NamedTuple):
@@ -193,3 +199,27 @@ def routed_experts(stacked: StackedExperts, h: torch.Tensor, routing: Routing,
     _down[(A, triton.cdiv(D, BLOCK_D))](act, experts, weights, stacked.down, y, D, F, down_e, down_r, *down_cache,
                                         BLOCK_D=BLOCK_D, BLOCK_K=BLOCK_K, HAS_CACHE=cache is not None)
     return y.view(T, top_k, D).sum(dim=1).to(h.dtype)
+
+
+def routed_through_cache(stacked: StackedExperts, h: torch.Tensor, routing: Routing,
+                         gather: Callable[[list[int]], Gathered | None]) -> torch.Tensor | None:
+    """:func:`routed_experts` of a step whose every routed expert is first made cached:
+    ``gather`` (:meth:`~vramshard.runtime.expert_cache.CachedExperts.gather`) copies the missing
+    ones into the cache's slots, each once, and orders the kernels after those copies, which then
+    read only VRAM. ``stacked``: the layer's experts where they lie in host memory (their layout;
+    nothing is read from them). The host learns which experts the step routes to (one
+    synchronisation, as the grouped path has). None, with nothing done, when the cache cannot hold
+    them all at once or has no slots at one stride: the caller's path then."""
+    wanted = sorted(set(routing.experts.reshape(-1).tolist()))
+    gathered = gather(wanted)
+    if gathered is None:
+        return None
+    try:
+        table = torch.full((stacked.gate_up.shape[0],), -1, dtype=torch.int32)
+        for expert, slot in gathered.rows.items():
+            table[expert] = slot
+        if h.device.type == "cuda":  # from pinned memory: a pageable copy would wait for the fills
+            table = table.pin_memory().to(h.device, non_blocking=True)
+        return routed_experts(stacked, h, routing, CachedSource(gathered.stacked, table))
+    finally:
+        gathered.release()  # the kernels reading the slots are queued
