@@ -229,11 +229,7 @@ class ExpertCache:
                     return started
                 if (name, expert) in self.slot_of:
                     continue
-                slot = self._free.pop()
-                self.stats.bytes_copied += self.copier.fill(slot, name, expert)
-                self.slot_of[(name, expert)] = slot
-                self.version += 1
-                self.policy.insert((name, expert))
+                self._put(self._free.pop(), name, expert)
                 started += 1
         return started
 
@@ -274,11 +270,14 @@ class ExpertCache:
             slot = self._take_slot(protected)
             if slot is None:
                 return  # every slot holds an expert still to be used: more after the next use
-            expert = to_copy.popleft()
-            self.stats.bytes_copied += self.copier.fill(slot, name, expert)
-            self.slot_of[(name, expert)] = slot
-            self.version += 1
-            self.policy.insert((name, expert))
+            self._put(slot, name, to_copy.popleft())
+
+    def _put(self, slot: int, name: str, expert: int) -> None:
+        """Start copying ``expert`` of ``name`` into the free ``slot`` and hold it there."""
+        self.stats.bytes_copied += self.copier.fill(slot, name, expert)
+        self.slot_of[(name, expert)] = slot
+        self.version += 1
+        self.policy.insert((name, expert))
 
     def _take_slot(self, protected: set) -> int | None:
         if self._free:
