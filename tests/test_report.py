@@ -184,8 +184,8 @@ def test_reproducibility_compares_reruns(tmp_path):
 
 def test_a_cell_rerun_replaces_only_its_cells(tmp_path):
     whole = write_runs(tmp_path / "a", nemo_a(decode_2g_1k=6.0, started=1.0))
-    cells = [dense_cell("vramshard", 2, 1024, 7.5, 0.4), dense_cell("layers:max", 2, 1024, 4.0, 14.0),
-             dense_cell("unconstrained", None, 1024, 99.0, 0.05)]
+    cells = [dense_cell("vramshard", 2, 1024, 7.5, 0.4), dense_cell("unconstrained", None, 1024, 99.0, 0.05),
+             {"system": "layers:max", "budget_gib": 2, "context": 1024, "skipped": "part time limit: 9 s"}]
     rerun = run_doc("dense-nemo-a", "dense", "nemo-8b", cells, started=2.0, budgets=[2],
                     date="2026-12-02 10:00 UTC")
     rerun["settings"]["contexts"] = [1024]
@@ -197,6 +197,8 @@ def test_a_cell_rerun_replaces_only_its_cells(tmp_path):
     assert "| 2 GiB | 4K | 8 |" in table4 and "| 4 GiB | 1K | 8 |" in table4  # the whole run's cells stay
     assert "99" not in table4  # the whole run's unconstrained cells stay
     assert "a cell re-run: its cells (2 GiB/1K) replace the whole run's" in table4
+    assert "those it did not reach in time keep the whole run's (layers:max 2 GiB)" in table4
+    assert "part time limit" not in table4
     section = text[text.index("### Reproducibility"):]
     assert "Cell re-run of `dense-nemo-a` on 2026-12-02 10:00 UTC" in section and "vramshard +25%" in section
     assert "No part has been run twice yet" in section  # a cell re-run is not a noise measurement

@@ -151,9 +151,13 @@ class Grid:
             for rerun in runs.reruns.get(run["part"], []):
                 out.reruns.append(rerun)
                 for cell in rerun["cells"]:
-                    if cell.get("system") != "unconstrained":  # the whole runs' unconstrained cells stay
-                        out.cells[cell_key(cell)] = cell
-                        out.origin[cell_key(cell)] = f"{rerun['part']} (cell re-run {rerun.get('date', '?')})"
+                    key = cell_key(cell)
+                    if cell.get("system") == "unconstrained":  # the whole runs' unconstrained cells stay
+                        continue
+                    if cell.get("skipped") and key in out.cells:  # not reached in time: the earlier cell stays
+                        continue
+                    out.cells[key] = cell
+                    out.origin[key] = f"{rerun['part']} (cell re-run {rerun.get('date', '?')})"
         return out
 
     def get(self, system: str, budget=None, context=None, batch=None) -> dict | None:

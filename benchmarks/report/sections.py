@@ -29,7 +29,12 @@ def provenances(grid: Grid) -> str:
                         if c.get("system") not in ("unconstrained", "bound")}, key=str)
         shown = ", ".join(f"{b:g} GiB/{c // 1024 if c and c >= 1024 else c}{'K' if c and c >= 1024 else ''}"
                           + (f"/b{n}" if n else "") for b, c, n in cells)
-        lines.append(f"{provenance(rerun)} — a cell re-run: its cells ({shown}) replace the whole run's")
+        line = f"{provenance(rerun)} — a cell re-run: its cells ({shown}) replace the whole run's"
+        skipped = sorted({f"{c['system']} {c.get('budget_gib'):g} GiB" + (f"/b{c['batch']}" if c.get("batch") else "")
+                          for c in rerun["cells"] if c.get("skipped")})
+        if skipped:
+            line += f"; those it did not reach in time keep the whole run's ({', '.join(skipped)})"
+        lines.append(line)
     return "\n".join(lines)
 
 
