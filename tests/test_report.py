@@ -76,9 +76,19 @@ def vlm_run():
     cells = [{"grid": "vlm", "system": "vramshard", "budget_gib": 2, "options": "all_on", "image": "1440p",
               "status": "ok", "peak_vram": int(1.8 * GIB), "vision_s": 3.0, "ttft_s": 9.0, "e2e_128_s": 30.0,
               "e2e_measured": False},
+             {"grid": "vlm", "system": "vramshard", "budget_gib": 2, "options": "all_on", "image": "480p",
+              "status": "ok", "peak_vram": int(1.2 * GIB), "vision_s": 0.2, "ttft_s": 1.0, "e2e_128_s": 20.0,
+              "e2e_measured": True},
              {"grid": "vlm", "system": "vramshard", "budget_gib": 2, "options": "all_off", "image": "1440p",
               "status": "OOM", "error": "CUDA out of memory. Tried to allocate 12.00 GiB"}]
     return run_doc("vlm", "vlm", "qwen2.5-vl-7b", cells, budgets=[2])
+
+
+def vlm_hf_run():
+    cells = [{"grid": "vlm", "system": "transformers", "budget_gib": 2, "options": "device_map=auto",
+              "image": image, "status": "ok", "peak_vram": int(3.1 * GIB), "ttft_s": ttft, "e2e_128_s": 300.0,
+              "e2e_measured": False} for image, ttft in (("480p", 3.0), ("1440p", 4.5))]
+    return run_doc("vlm-hf", "vlm-hf", "qwen2.5-vl-7b", cells, budgets=[2])
 
 
 def write_runs(folder: Path, *runs) -> Path:
@@ -90,7 +100,7 @@ def write_runs(folder: Path, *runs) -> Path:
 
 @pytest.fixture
 def merged(tmp_path):
-    runs = write_runs(tmp_path / "run1", nemo_a(decode_2g_1k=3.0), batch_run(), vlm_run())
+    runs = write_runs(tmp_path / "run1", nemo_a(decode_2g_1k=3.0), batch_run(), vlm_run(), vlm_hf_run())
     md = tmp_path / "docs" / "BENCHMARKS.md"
     md.parent.mkdir()
     md.write_text(HAND_WRITTEN)
@@ -130,7 +140,8 @@ def test_merge_marks_missing_cells_with_reason(merged):
 def test_merge_renders_charts(merged):
     text, pngs, md = merged
     names = {p.name for p in pngs}
-    assert {"speedup-nemo-8b.png", "batch-qwen3-30b-a3b.png", "estimator.png"} <= names
+    assert {"speedup-nemo-8b.png", "batch-qwen3-30b-a3b.png", "estimator.png", "vlm-ttft.png"} <= names
+    assert "](charts/vlm-ttft.png)" in text
     for png in pngs:
         assert png.exists() and png.stat().st_size > 1000
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -158,6 +169,9 @@ def test_narrative_follows_the_numbers(merged, tmp_path):
     assert "behind at 2 GiB / 1K: 0.75× against layers:max; plan static@1-64, gpu-only@256-1024" in summary
     assert "Table 9, qwen3-30b-a3b, batched tok/s**: vramshard is ahead of the best baseline in 4 of 4 cells" in summary
     assert "1440p at 2 GiB: peak 1.80 GiB (within the 2 GiB goal)" in summary
+    # VLM: 480p 3.0 s / 1.0 s ahead; 1440p 4.5 s / 9.0 s behind, named with both times
+    assert "ahead in 1 of 2 (0.50–3.00×), behind in 1 (2 GiB/1440p (9.00 s vs 4.50 s))" in summary
+    assert "128-token answers 10.0–15.0× sooner" in summary
     # the same grid with vramshard faster everywhere says so, and nothing is behind
     md = tmp_path / "other.md"
     merge([write_runs(tmp_path / "run2", nemo_a(decode_2g_1k=6.0))], md, tmp_path / "charts2")
@@ -397,3 +411,14 @@ def test_dense_and_batch_loops_on_cpu_placements(tmp_path, monkeypatch):
     grids.run_batch(part, record, settings, Deadline(0))  # no time left: every cell says so
     assert all("part time limit" in c.get("skipped", c.get("error", "")) or c.get("error") == "does not fit"
                for c in record.cells)
+
+
+def test_a_batch_cell_rerun_reports_its_throughput_change(tmp_path):
+    whole = batch_run()
+    cells = [dict(c, tok_s=c["tok_s"] * 1.1) for c in whole["cells"] if c.get("budget_gib") == 2]
+    rerun = run_doc("batch-qwen3moe", "batch", "qwen3-30b-a3b", cells, started=2.0, budgets=[2],
+                    date="2026-12-02 10:00 UTC")
+    md = tmp_path / "R.md"
+    merge([write_runs(tmp_path / "a", whole), write_runs(tmp_path / "b", rerun)], md, tmp_path / "charts")
+    section = md.read_text()[md.read_text().index("### Reproducibility"):]
+    assert "tokens/s change vramshard +10% (median of 2 cells), layers:max +10% (median of 2 cells)" in section

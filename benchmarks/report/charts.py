@@ -1,5 +1,6 @@
-"""PNG charts of the report (matplotlib, no display): the paper's Figure 2 (speedup bars) and
-Figure 7 (throughput lines), and the estimator's predicted vs measured step times."""
+"""PNG charts of the report (matplotlib, no display): the paper's Figure 2 (speedup bars),
+Figure 7 (throughput lines) and Table 8 as bars (VLM TTFT), and the estimator's predicted vs
+measured step times."""
 
 from __future__ import annotations
 
@@ -86,10 +87,49 @@ def estimator_scatter(points: list[tuple[str, float, float]], path: Path) -> Pat
     return _save(fig, path)
 
 
-def _save(fig, path: Path) -> Path:
+def vlm_ttft_bars(cells: list[dict], path: Path) -> Path:
+    """Table 8 as bars: per budget, TTFT by image resolution for each vramshard option set and
+    the transformers baseline (log scale); a row that did not run gets an ``x`` on the axis."""
+    plt = _pyplot()
+    series = list(dict.fromkeys((c.get("system"), c.get("options")) for c in cells))
+    budgets = sorted({c["budget_gib"] for c in cells if c.get("budget_gib") is not None})
+    images = list(dict.fromkeys(c["image"] for c in cells if c.get("image")))
+    fig, axes = plt.subplots(1, max(len(budgets), 1), figsize=(4.6 * max(len(budgets), 1), 3.8), squeeze=False)
+    width = 0.8 / max(len(series), 1)
+    for ax, budget in zip(axes[0], budgets):
+        for i, (system, options) in enumerate(series):
+            xs, ys, missing = [], [], []
+            for j, image in enumerate(images):
+                x = j + (i - (len(series) - 1) / 2) * width
+                cell = next((c for c in cells if (c.get("system"), c.get("options")) == (system, options)
+                             and c.get("budget_gib") == budget and c.get("image") in (image, None)), None)
+                if cell is not None and why_not(cell) is None and cell.get("ttft_s"):
+                    xs.append(x)
+                    ys.append(cell["ttft_s"])
+                else:
+                    missing.append(x)
+            ax.bar(xs, ys, width, color=f"C{i}")  # one colour per series in every panel
+            ax.scatter(missing, [0.05] * len(missing), marker="x", color=f"C{i}", s=14)
+        ax.set_yscale("log")
+        ax.set_ylim(bottom=0.04)
+        ax.set_xticks(range(len(images)), images)
+        ax.set_ylabel("TTFT (s)")
+        ax.set_title(f"{budget:g} GiB", fontsize=10)
+    from matplotlib.patches import Patch
+
+    fig.legend(handles=[Patch(color=f"C{i}", label=system if system != "vramshard" else f"vramshard {options}")
+                        for i, (system, options) in enumerate(series)],
+               loc="lower center", ncol=len(series), fontsize=8)
+    fig.suptitle("Qwen2.5-VL-7B: time to first token per image (x: did not run)", fontsize=11)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return _save(fig, path, layout=False)
+
+
+def _save(fig, path: Path, layout: bool = True) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
+    if layout:
+        fig.tight_layout()
     fig.savefig(path, dpi=110)
     _pyplot().close(fig)
     return path

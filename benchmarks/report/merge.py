@@ -55,8 +55,12 @@ def generate(runs: Runs, md_path: Path, charts_dir: Path, command: str) -> tuple
         chart = _link(png, md_path)
     body.append(sections.estimator_section(points, chart))
     vlm_runs = runs.grid_runs("vlm") + runs.grid_runs("vlm-hf")
-    body.append(sections.vlm_section(vlm_runs, notes) if vlm_runs else
-                "### Table 8 — Qwen2.5-VL-7B\n\nNot run yet: parts vlm, vlm-hf have no results.")
+    if vlm_runs:
+        png = charts.vlm_ttft_bars([c for r in vlm_runs for c in r["cells"]], charts_dir / "vlm-ttft.png")
+        pngs.append(png)
+        body.append(sections.vlm_section(vlm_runs, notes, _link(png, md_path)))
+    else:
+        body.append("### Table 8 — Qwen2.5-VL-7B\n\nNot run yet: parts vlm, vlm-hf have no results.")
     body.append(repro.section(runs))
     if notes.reasons:
         body.append("### Why some cells have no number\n\n" + notes.render())

@@ -87,22 +87,29 @@ def vlm_lines(runs: list[dict]) -> list[str]:
     ours = {(c.get("budget_gib"), c.get("image")): c for c in rows
             if c.get("system") == "vramshard" and c.get("options") == "all_on"}
     theirs = {(c.get("budget_gib"), c.get("image")): c for c in rows if c.get("system") == "transformers"}
-    ahead = behind = only_ours = only_theirs = 0
+    speedups, e2e, behind, only_ours, only_theirs = [], [], [], 0, 0
     for key, mine in ours.items():
         other = theirs.get(key)
         if other is None:
             continue
         ok_mine, ok_other = why_not(mine) is None, why_not(other) is None
         if ok_mine and ok_other and mine.get("ttft_s") and other.get("ttft_s"):
-            v = verdict(other["ttft_s"] / mine["ttft_s"])
-            ahead += v == "ahead"
-            behind += v == "behind"
+            speedup = other["ttft_s"] / mine["ttft_s"]
+            speedups.append(speedup)
+            if verdict(speedup) == "behind":
+                behind.append(f"{key[0]:g} GiB/{key[1]} ({mine['ttft_s']:.2f} s vs {other['ttft_s']:.2f} s)")
+            if mine.get("e2e_128_s") and other.get("e2e_128_s"):
+                e2e.append(other["e2e_128_s"] / mine["e2e_128_s"])
         only_ours += ok_mine and not ok_other
         only_theirs += ok_other and not ok_mine
     if not ours:
         return ["- **VLM**: no vramshard rows yet."]
-    line = (f"- **VLM (TTFT, all optimizations on vs transformers device_map=auto)**: ahead in {ahead}, behind in "
-            f"{behind}; ran where transformers failed in {only_ours}, failed where transformers ran in {only_theirs}.")
+    ahead = sum(verdict(x) == "ahead" for x in speedups)
+    line = (f"- **VLM (TTFT, all optimizations on vs transformers device_map=auto)**: ahead in {ahead} of "
+            f"{len(speedups)}" + (f" ({min(speedups):.2f}–{max(speedups):.2f}×)" if speedups else "")
+            + f", behind in {len(behind)}" + (f" ({', '.join(behind)})" if behind else "")
+            + (f"; 128-token answers {min(e2e):.1f}–{max(e2e):.1f}× sooner" if e2e else "")
+            + f"; ran where transformers failed in {only_ours}, failed where transformers ran in {only_theirs}.")
     goal = ours.get((2, "1440p"))
     if goal is not None and why_not(goal) is None and goal.get("peak_vram") is not None:
         peak = goal["peak_vram"] / 2**30

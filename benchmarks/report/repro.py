@@ -55,11 +55,17 @@ def section(runs: Runs) -> str:
     for part, reruns in runs.reruns.items():
         whole = runs.primary(part)
         for rerun in reruns:
-            diffs = differences(whole, rerun)
-            changes = ", ".join(f"{key[0]} {d:+.0f}%" for m, key, d in diffs if m == "decode_tok_s")
+            by_system: dict[str, list[float]] = {}
+            for metric, key, change in differences(whole, rerun):
+                if metric in ("decode_tok_s", "tok_s"):  # one-sequence decode, or batched throughput
+                    by_system.setdefault(key[0], []).append(change)
+            changes = ", ".join(f"{system} {statistics.median(values):+.0f}%"
+                                + (f" (median of {len(values)} cells)" if len(values) > 1 else "")
+                                for system, values in by_system.items())
             text.append(f"Cell re-run of `{part}` on {rerun.get('date', '?')} (commit "
                         f"{rerun.get('versions', {}).get('commit', '?')}, against {whole.get('date', '?')}): "
-                        f"{len(rerun['cells'])} cells, not counted as noise; decode change {changes or 'none'}.")
+                        f"{len(rerun['cells'])} cells, not counted as noise; tokens/s change "
+                        f"{changes or 'none measured'}.")
             text.append("")
     if not rows:
         text.append("No part has been run twice yet: run one part again (see benchmarks/README.md) and merge both "

@@ -142,7 +142,7 @@ def batch_section(grid: Grid, rows: list[Comparison], notes: Footnotes, chart: s
     return "\n".join(text)
 
 
-def vlm_section(runs: list[dict], notes: Footnotes) -> str:
+def vlm_section(runs: list[dict], notes: Footnotes, chart: str | None = None) -> str:
     """Table 8: every VLM row (vramshard option sets and the transformers baseline)."""
     body = []
     for run in runs:
@@ -163,4 +163,6 @@ def vlm_section(runs: list[dict], notes: Footnotes) -> str:
             "per-token time).", "", "Runs:", "\n".join(provenance(r) for r in runs) or "- none yet", "",
             table(["system", "budget", "options", "image", "status", "peak VRAM GiB", "vision s", "TTFT s",
                    "e2e 128 s"], body)]
+    if chart:
+        text += ["", f"![Qwen2.5-VL-7B: TTFT per image and budget]({chart})"]
     return "\n".join(text)
