@@ -106,6 +106,7 @@ def test_a_failed_compile_falls_back_to_the_expert_by_expert_path(tiny_model_dir
     def no_compiler(*args):
         raise RuntimeError("no C++ compiler found\nmore detail")
 
+    monkeypatch.setattr(cpu_compiled, "_trust_isa_flags", True)  # (the failure withdraws it: restored after)
     broken = CompiledKernel(no_compiler, "routed experts", "run expert by expert")
     monkeypatch.setattr(host_experts, "_kernel", broken)
     x = torch.randn(2, ffn.hidden).to(torch.bfloat16)

@@ -10,7 +10,8 @@ weight once.
 :class:`CompiledKernel` compiles its function on first use, with shapes symbolic (torch recompiles
 for a new weight layout, and once for size-1 dimensions; a new dtype or thread count gets a
 compilation of its own). From its first failure (no C++ compiler, an unsupported operation) it
-says so once in the log and returns None, for the caller's own path.
+says so once in the log and returns None, for the caller's own path. Each first compilation runs
+under :func:`compile_settings`.
 
 Inductor's CPU kernels hold the GIL while they run (ATen's release it). A thread that must leave
 the GIL to another while it computes — the run-ahead worker, beside the host thread that queues
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import types
 from typing import Callable
@@ -48,6 +50,42 @@ def allowed() -> bool:
     return not getattr(_local, "gil_free", False)
 
 
+_trust_isa_flags = True  # until a compilation under the instruction set the CPU's flags name fails
+
+
+def compile_settings():
+    """Inductor's settings while these kernels compile, and whether they trust the CPU's flags.
+
+    The CPU's vector instruction set is taken from the flags torch reads (cpuinfo) instead of proven
+    by building and loading a test library for each candidate set, and the C++ is built in this
+    process instead of by a pool of worker processes started for it. On the 2-core development
+    machine a process's first compilation took 14.5-18.5 s, 7.2 s without the probes and 5.5 s
+    without the pool too; a cold quick profile 66-73 s against 54-56 s (the probes are remembered
+    by the process, and by inductor's cache on disk). What the user set (``TORCHINDUCTOR_VEC_ISA_OK``,
+    ``TORCHINDUCTOR_COMPILE_THREADS``) stays. Where a compilation fails under the trusted set (a
+    compiler that cannot build it), :class:`CompiledKernel` withdraws the trust and compiles again
+    with the probes."""
+    from torch._inductor import config
+
+    changes = {}
+    if _trust_isa_flags and config.cpp.vec_isa_ok is None:
+        changes["cpp.vec_isa_ok"] = True
+    if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
+        changes["compile_threads"] = 1
+    return config.patch(changes), "cpp.vec_isa_ok" in changes
+
+
+def _distrust_isa_flags() -> None:
+    """From now on inductor probes the instruction sets (the list it made from the flags is dropped)."""
+    global _trust_isa_flags
+    _trust_isa_flags = False
+    from torch._inductor import cpu_vec_isa
+
+    cache_clear = getattr(getattr(cpu_vec_isa, "valid_vec_isa_list", None), "cache_clear", None)
+    if cache_clear is not None:
+        cache_clear()
+
+
 class CompiledKernel:
     """``fn`` through ``torch.compile`` (shapes symbolic), or None from its first failure on.
 
@@ -69,11 +107,28 @@ class CompiledKernel:
             key = (args[0].dtype, torch.get_num_threads())
             compiled = self._compiled.get(key)
             if compiled is None:
-                fresh = types.FunctionType(self.fn.__code__.replace(), self.fn.__globals__, self.fn.__name__,
-                                           self.fn.__defaults__, self.fn.__closure__)
-                compiled = self._compiled[key] = torch.compile(fresh, dynamic=True)
+                return self._compile_and_call(key, args)
             return compiled(*args)
         except Exception as exc:  # noqa: BLE001 - no compiler, an unsupported op: the caller's path instead
             self.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             log.warning("%s on the CPU %s: compiling their kernel failed (%s)", self.what, self.fallback, self.failed)
             return None
+
+    def _compile_and_call(self, key: tuple, args) -> torch.Tensor:
+        """Compile a fresh copy of ``fn`` for ``key`` and call it (torch compiles on the first call),
+        under :func:`compile_settings`; once more with probed instruction sets if the trusted one failed."""
+        while True:
+            fresh = types.FunctionType(self.fn.__code__.replace(), self.fn.__globals__, self.fn.__name__,
+                                       self.fn.__defaults__, self.fn.__closure__)
+            compiled = self._compiled[key] = torch.compile(fresh, dynamic=True)
+            settings, trusted = compile_settings()
+            try:
+                with settings:
+                    return compiled(*args)
+            except Exception as exc:  # noqa: BLE001 - re-raised unless the trusted instruction set is to blame
+                self._compiled.pop(key, None)
+                if not trusted:
+                    raise
+                log.info("%s: compiling with the instruction set the CPU's flags name failed (%s); probing "
+                         "the instruction sets instead", self.what, str(exc).splitlines()[0] if str(exc) else exc)
+                _distrust_isa_flags()
