@@ -110,7 +110,7 @@ class CompiledKernel:
                 return self._compile_and_call(key, args)
             return compiled(*args)
         except Exception as exc:  # noqa: BLE001 - no compiler, an unsupported op: the caller's path instead
-            self.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            self.failed = f"{type(exc).__name__}: {_first_line(exc)}"
             log.warning("%s on the CPU %s: compiling their kernel failed (%s)", self.what, self.fallback, self.failed)
             return None
 
@@ -130,5 +130,9 @@ class CompiledKernel:
                 if not trusted:
                     raise
                 log.info("%s: compiling with the instruction set the CPU's flags name failed (%s); probing "
-                         "the instruction sets instead", self.what, str(exc).splitlines()[0] if str(exc) else exc)
+                         "the instruction sets instead", self.what, _first_line(exc))
                 _distrust_isa_flags()
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0] if str(exc) else ""
