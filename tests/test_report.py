@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from benchmarks.report import parts as report_parts
+from benchmarks.report import repro as report_repro
 from benchmarks.report.__main__ import main as report_main
 from benchmarks.report.measure import System, decode_bound_tok_s, plan_name, predicted, prefill_ttft, systems_for
 from benchmarks.report.merge import merge
@@ -180,20 +181,63 @@ def test_narrative_follows_the_numbers(merged, tmp_path):
     assert "behind at" not in other
 
 
+def with_commit(run: dict, commit: str) -> dict:
+    return dict(run, versions=dict(VERSIONS, commit=commit))
+
+
 def test_reproducibility_compares_reruns(tmp_path):
-    first = write_runs(tmp_path / "a", nemo_a(decode_2g_1k=6.0, started=1.0))
+    first = write_runs(tmp_path / "a", with_commit(nemo_a(decode_2g_1k=6.0, started=1.0), "abc1234"))
     rerun = nemo_a(decode_2g_1k=6.6, started=2.0, date="2026-12-02 10:00 UTC")  # +10% in one cell
-    second = write_runs(tmp_path / "b", rerun)
+    second = write_runs(tmp_path / "b", with_commit(rerun, "abc1234"))
     md = tmp_path / "B.md"
     merge([first, second], md, tmp_path / "charts")
     text = md.read_text()
     section = text[text.index("### Reproducibility"):]
     assert "2026-12-01 10:00 UTC → 2026-12-02 10:00 UTC" in section
-    assert "largest 10%" in section and "Run-to-run noise: median |change| 0%" in section
+    assert "largest 10%" in section and "Run-to-run noise (same-source re-runs): median |change| 0%" in section
     assert "| 6.6 |" in text  # the later run fills the table
     md2 = tmp_path / "C.md"
     merge([first], md2, tmp_path / "charts")
     assert "No part has been run twice yet" in md2.read_text()
+
+
+def test_a_rerun_after_a_source_change_is_not_noise(tmp_path, monkeypatch):
+    calls = []
+
+    def changed(earlier, later):
+        calls.append((earlier, later))
+        return (earlier, later) != ("abc1234", "def5678")  # only the benchmark scripts differ between those
+
+    monkeypatch.setattr(report_repro, "source_changed", changed)
+    first = with_commit(nemo_a(decode_2g_1k=6.0, started=1.0), "abc1234")
+    faster = with_commit(nemo_a(decode_2g_1k=9.0, started=2.0, date="2026-12-02 10:00 UTC"), "0ff1ce0")
+    md = tmp_path / "D.md"
+    merge([write_runs(tmp_path / "a", first), write_runs(tmp_path / "b", faster)], md, tmp_path / "charts")
+    section = md.read_text()[md.read_text().index("### Reproducibility"):]
+    assert calls == [("abc1234", "0ff1ce0")]
+    assert "Re-run of `dense-nemo-a` on 2026-12-02 10:00 UTC (commit 0ff1ce0) against 2026-12-01 10:00 UTC " \
+           "(commit abc1234)" in section and "not counted as noise (the source changed)" in section
+    assert "vramshard +0% (median of 4 cells)" in section  # 8 -> 8 in three cells, 6 -> 9 in one
+    assert "No part has been re-run on the same source yet" in section
+    # a commit that changed only files outside the source is the same source: its changes are noise
+    same = with_commit(nemo_a(decode_2g_1k=6.6, started=2.0, date="2026-12-02 10:00 UTC"), "def5678")
+    md2 = tmp_path / "E.md"
+    merge([write_runs(tmp_path / "c", first), write_runs(tmp_path / "d", same)], md2, tmp_path / "charts")
+    assert "Run-to-run noise (same-source re-runs): median |change| 0%" in md2.read_text()
+    assert "largest 10%" in md2.read_text()
+    # runs without a commit are not known to be the same source
+    md3 = tmp_path / "F.md"
+    merge([write_runs(tmp_path / "e", nemo_a(started=1.0)), write_runs(tmp_path / "f", nemo_a(started=2.0))],
+          md3, tmp_path / "charts")
+    assert "not counted as noise (unknown commits, the source may differ)" in md3.read_text()
+
+
+def test_source_changed_asks_git_about_this_repository():
+    head = report_repro.source_changed("HEAD", "HEAD")
+    if head is None:
+        pytest.skip("no git history here")
+    assert head is False
+    assert report_repro.source_changed("HEAD", "no-such-commit-0000") is None
 
 
 def test_a_cell_rerun_replaces_only_its_cells(tmp_path):
@@ -214,14 +258,14 @@ def test_a_cell_rerun_replaces_only_its_cells(tmp_path):
     assert "those it did not reach in time keep the whole run's (layers:max 2 GiB)" in table4
     assert "part time limit" not in table4
     section = text[text.index("### Reproducibility"):]
-    assert "Cell re-run of `dense-nemo-a` on 2026-12-02 10:00 UTC" in section and "vramshard +25%" in section
-    assert "No part has been run twice yet" in section  # a cell re-run is not a noise measurement
+    assert "Re-run of `dense-nemo-a` on 2026-12-02 10:00 UTC" in section and "vramshard +25%" in section
+    assert "not counted as noise (unknown commits" in section
     later = run_doc("dense-nemo-a", "dense", "nemo-8b", nemo_a(decode_2g_1k=6.0)["cells"], started=3.0,
                     budgets=[2, 4], date="2026-12-03 10:00 UTC")
     md2 = tmp_path / "S.md"
     merge([whole, tmp_path / "b", write_runs(tmp_path / "c", later)], md2, tmp_path / "charts")
     assert "| 2 GiB | 1K | 6 |" in md2.read_text()  # a whole run after the cell re-run replaces it
-    assert "Cell re-run of" not in md2.read_text()
+    assert "cell re-run: its cells" not in md2.read_text()
 
 
 def test_cli_merge_and_bad_input(tmp_path, capsys):

@@ -1,79 +1,166 @@
-"""Reproducibility: a part run again, its cells compared with the earlier run's."""
+"""Reproducibility: each run of a part compared, cell by cell, with the runs before it.
+
+A later run's cell is compared with the latest earlier run of its part that measured the same
+cell. Only comparisons of two runs of the same source count as run-to-run noise: the same commit,
+or commits whose engine and report code (:data:`SOURCE`) do not differ (git says). A re-run after
+a change of that code measures the change, and is reported as one, not as noise.
+"""
 
 from __future__ import annotations
 
+import functools
 import statistics
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
 
 from .results import Runs, cell_key, why_not
 from .tables import num, table
 
 METRICS = ("decode_tok_s", "ttft_s", "tok_s", "e2e_128_s")
+RATES = ("decode_tok_s", "tok_s")  # one-sequence decode, or batched throughput
+SOURCE = ("src", "benchmarks/report")  # what a run's numbers depend on, besides the machine
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def differences(earlier: dict, later: dict) -> list[tuple[str, tuple, float]]:
-    """(metric, cell key, percent change later vs earlier) of every measured metric both runs have
-    (extrapolated TTFTs and the computed bound are left out: they are not measurements)."""
-    before = {cell_key(c): c for c in earlier["cells"] if why_not(c) is None}
+@functools.lru_cache(maxsize=None)
+def source_changed(earlier: str, later: str) -> bool | None:
+    """Whether :data:`SOURCE` differs between two commits of this repository (None: git cannot
+    tell, e.g. a commit it does not have, or no git)."""
+    try:
+        done = subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", earlier, later, "--", *SOURCE],
+                              capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {0: False, 1: True}.get(done.returncode)
+
+
+def commit_of(run: dict) -> str | None:
+    return (run.get("versions") or {}).get("commit")
+
+
+def same_source(earlier: dict, later: dict) -> bool | None:
+    """Whether two runs ran the same engine and report code (None: not known)."""
+    a, b = commit_of(earlier), commit_of(later)
+    if not a or not b:
+        return None
+    if a == b:
+        return True
+    changed = source_changed(a, b)
+    return None if changed is None else not changed
+
+
+def measured(cell: dict) -> bool:
+    return why_not(cell) is None and cell.get("system") != "bound"  # the bound is computed, not measured
+
+
+@dataclass
+class Comparison:
+    """One later run's cells against those of one earlier run of the same part."""
+
+    part: str
+    earlier: dict
+    later: dict
+    changes: list[tuple[str, tuple, float]]  # (metric, cell key, percent change later vs earlier)
+    same: bool | None  # same_source(earlier, later)
+
+    @property
+    def cells(self) -> int:
+        return len({key for _, key, _ in self.changes})
+
+    def rate_changes(self) -> dict[str, list[float]]:
+        """Percent tokens/s changes by system."""
+        out: dict[str, list[float]] = {}
+        for metric, key, change in self.changes:
+            if metric in RATES:
+                out.setdefault(key[0], []).append(change)
+        return out
+
+
+def changes(pairs) -> list[tuple[str, tuple, float]]:
+    """(metric, cell key, percent change) of every metric both cells of each (earlier, later) pair
+    measured; extrapolated TTFTs are left out (they are not measurements)."""
     out = []
-    for cell in later["cells"]:
-        key = cell_key(cell)
-        old = before.get(key)
-        if old is None or why_not(cell) is not None or cell.get("system") == "bound":
-            continue
+    for old, new in pairs:
         for metric in METRICS:
-            a, b = old.get(metric), cell.get(metric)
+            a, b = old.get(metric), new.get(metric)
             if not a or b is None:
                 continue
-            if metric == "ttft_s" and (old.get("ttft_estimated") or cell.get("ttft_estimated")):
+            if metric == "ttft_s" and (old.get("ttft_estimated") or new.get("ttft_estimated")):
                 continue
-            out.append((metric, key, (b - a) / a * 100))
+            out.append((metric, cell_key(new), (b - a) / a * 100))
     return out
 
 
-def noise(runs: Runs) -> dict | None:
-    """Run-to-run noise over every re-run part: median and largest |change| in percent."""
-    changes = [abs(d) for part_runs in runs.by_part.values() for i in range(1, len(part_runs))
-               for _, _, d in differences(part_runs[i - 1], part_runs[i])]
-    if not changes:
+def comparisons(runs: Runs) -> list[Comparison]:
+    """Every run of every part against the runs before it (see the module docstring)."""
+    out = []
+    for part, history in runs.history.items():
+        index = [{cell_key(c): c for c in run["cells"] if measured(c)} for run in history]
+        for i in range(1, len(history)):
+            pairs: dict[int, list[tuple[dict, dict]]] = {}
+            for key, cell in index[i].items():
+                j = next((j for j in range(i - 1, -1, -1) if key in index[j]), None)
+                if j is not None:
+                    pairs.setdefault(j, []).append((index[j][key], cell))
+            for j, matched in sorted(pairs.items()):
+                found = changes(matched)
+                if found:
+                    out.append(Comparison(part, history[j], history[i], found, same_source(history[j], history[i])))
+    return out
+
+
+def noise(found: list[Comparison]) -> dict | None:
+    """Run-to-run noise over the same-source ones of ``found`` (:func:`comparisons`): median, 90th
+    percentile and largest |change| in percent."""
+    values = [abs(d) for c in found if c.same for _, _, d in c.changes]
+    if not values:
         return None
-    return {"median_pct": statistics.median(changes), "max_pct": max(changes), "count": len(changes),
-            "p90_pct": sorted(changes)[int(0.9 * (len(changes) - 1))]}
+    return {"median_pct": statistics.median(values), "max_pct": max(values), "count": len(values),
+            "p90_pct": sorted(values)[int(0.9 * (len(values) - 1))]}
+
+
+def _run_label(run: dict) -> str:
+    return f"{run.get('date', '?')} (commit {commit_of(run) or '?'})"
+
+
+def _rate_line(comparison: Comparison) -> str:
+    by_system = comparison.rate_changes()
+    return ", ".join(f"{system} {statistics.median(values):+.0f}%"
+                     + (f" (median of {len(values)} cells)" if len(values) > 1 else "")
+                     for system, values in by_system.items()) or "none measured"
 
 
 def section(runs: Runs) -> str:
-    rows = []
-    for part, part_runs in runs.by_part.items():
-        for i in range(1, len(part_runs)):
-            earlier, later = part_runs[i - 1], part_runs[i]
-            diffs = differences(earlier, later)
-            for metric in METRICS:
-                values = [abs(d) for m, _, d in diffs if m == metric]
-                if values:
-                    rows.append([f"`{part}`", f"{earlier.get('date', '?')} → {later.get('date', '?')}", metric,
-                                 str(len(values)), f"{statistics.median(values):.1f}%", f"{max(values):.1f}%"])
-    text = ["### Reproducibility", ""]
-    for part, reruns in runs.reruns.items():
-        whole = runs.primary(part)
-        for rerun in reruns:
-            by_system: dict[str, list[float]] = {}
-            for metric, key, change in differences(whole, rerun):
-                if metric in ("decode_tok_s", "tok_s"):  # one-sequence decode, or batched throughput
-                    by_system.setdefault(key[0], []).append(change)
-            changes = ", ".join(f"{system} {statistics.median(values):+.0f}%"
-                                + (f" (median of {len(values)} cells)" if len(values) > 1 else "")
-                                for system, values in by_system.items())
-            text.append(f"Cell re-run of `{part}` on {rerun.get('date', '?')} (commit "
-                        f"{rerun.get('versions', {}).get('commit', '?')}, against {whole.get('date', '?')}): "
-                        f"{len(rerun['cells'])} cells, not counted as noise; tokens/s change "
-                        f"{changes or 'none measured'}.")
-            text.append("")
-    if not rows:
+    text = ["### Reproducibility", "",
+            "Each run of a part is compared, cell by cell, with the latest earlier run that measured the same "
+            "cell. Only runs of the same source count as noise: the same commit, or commits whose "
+            f"{' and '.join(f'`{p}/`' for p in SOURCE)} do not differ. A re-run after a change of that code "
+            "measures the change.", ""]
+    found = comparisons(runs)
+    if not found:
         text.append("No part has been run twice yet: run one part again (see benchmarks/README.md) and merge both "
                     "folders; this section then compares the two runs cell by cell.")
         return "\n".join(text)
-    stated = noise(runs)
-    text += [f"Run-to-run noise: median |change| {num(stated['median_pct'])}%, 90th percentile "
-             f"{num(stated['p90_pct'])}%, largest {num(stated['max_pct'])}% over {stated['count']} measurements "
-             f"of re-run parts (the later run fills the tables above).", "",
-             table(["part", "runs", "metric", "cells", "median |change|", "largest |change|"], rows)]
+    rows = []
+    for c in found:
+        if not c.same:
+            why = "the source changed" if c.same is False else "unknown commits, the source may differ"
+            text += [f"Re-run of `{c.part}` on {_run_label(c.later)} against {_run_label(c.earlier)}: {c.cells} cells, "
+                     f"not counted as noise ({why}); tokens/s change {_rate_line(c)}.", ""]
+            continue
+        for metric in METRICS:
+            values = [abs(d) for m, _, d in c.changes if m == metric]
+            if values:
+                rows.append([f"`{c.part}`", f"{c.earlier.get('date', '?')} → {c.later.get('date', '?')}",
+                             commit_of(c.later) or "?", metric, str(len(values)),
+                             f"{statistics.median(values):.1f}%", f"{max(values):.1f}%"])
+    stated = noise(found)
+    if stated is None:
+        text.append("No part has been re-run on the same source yet: the run-to-run noise is not measured.")
+        return "\n".join(text)
+    text += [f"Run-to-run noise (same-source re-runs): median |change| {num(stated['median_pct'])}%, "
+             f"90th percentile {num(stated['p90_pct'])}%, largest {num(stated['max_pct'])}% over "
+             f"{stated['count']} measurements (the latest run fills the tables above).", "",
+             table(["part", "runs", "commit", "metric", "cells", "median |change|", "largest |change|"], rows)]
     return "\n".join(text)

@@ -3,7 +3,8 @@
 A part may have run several times (a re-run for reproducibility): the latest run of each
 part fills the tables, the earlier ones are compared with it. A later run of only some of a
 part's cells (``--budgets``/``--contexts`` narrower than the run before it) is a cell re-run: its
-cells replace those cells of the part's latest whole run, and it is not counted as noise.
+cells replace those cells of the part's latest whole run. Whether a re-run counts as noise
+depends on the source it ran (see :mod:`.repro`), not on how many cells it measured.
 """
 
 from __future__ import annotations
@@ -88,23 +89,27 @@ def is_cell_rerun(run: dict, whole: dict) -> bool:
 @dataclass
 class Runs:
     """All whole runs by part (oldest first), the one of each part the tables use (the latest),
-    and the cell re-runs made since that one (oldest first)."""
+    the cell re-runs made since that one (oldest first), and every run of each part, whole or
+    not, oldest first (``history``: what the reproducibility section compares)."""
 
     by_part: dict[str, list[dict]]
     reruns: dict[str, list[dict]] = field(default_factory=dict)
+    history: dict[str, list[dict]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, runs: list[dict]) -> "Runs":
         by_part: dict[str, list[dict]] = {}
         reruns: dict[str, list[dict]] = {}
+        history: dict[str, list[dict]] = {}
         for run in sorted(runs, key=lambda r: (r.get("started_unix") or 0, r.get("date") or "")):
             part = run["part"]
+            history.setdefault(part, []).append(run)
             if part in by_part and is_cell_rerun(run, by_part[part][-1]):
                 reruns.setdefault(part, []).append(run)
                 continue
             by_part.setdefault(part, []).append(run)
             reruns.pop(part, None)  # a whole run measures again what earlier cell re-runs did
-        return cls(by_part, reruns)
+        return cls(by_part, reruns, history)
 
     def count(self) -> int:
         return sum(map(len, self.by_part.values())) + sum(map(len, self.reruns.values()))
