@@ -232,12 +232,33 @@ def test_a_rerun_after_a_source_change_is_not_noise(tmp_path, monkeypatch):
     assert "not counted as noise (unknown commits, the source may differ)" in md3.read_text()
 
 
-def test_source_changed_asks_git_about_this_repository():
-    head = report_repro.source_changed("HEAD", "HEAD")
-    if head is None:
-        pytest.skip("no git history here")
-    assert head is False
-    assert report_repro.source_changed("HEAD", "no-such-commit-0000") is None
+def test_source_changed_asks_git_about_the_repository(tmp_path, monkeypatch):
+    import subprocess
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    git("init", "-q")
+    git("config", "user.email", "t@t"), git("config", "user.name", "t")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.py").write_text("x = 1\n")
+    git("add", "-A"), git("commit", "-qm", "one")
+    first = git("rev-parse", "HEAD")
+    (tmp_path / "notes.md").write_text("outside the source\n")
+    git("add", "-A"), git("commit", "-qm", "two")
+    second = git("rev-parse", "HEAD")
+    (tmp_path / "src" / "a.py").write_text("x = 2\n")
+    git("add", "-A"), git("commit", "-qm", "three")
+    third = git("rev-parse", "HEAD")
+    monkeypatch.setattr(report_repro, "ROOT", tmp_path)
+    report_repro.source_changed.cache_clear()
+    try:
+        assert report_repro.source_changed(first, second) is False
+        assert report_repro.source_changed(second, third) is True
+        assert report_repro.source_changed(first, "no-such-commit-0000") is None
+    finally:
+        report_repro.source_changed.cache_clear()
 
 
 def test_a_cell_rerun_replaces_only_its_cells(tmp_path):
