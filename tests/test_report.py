@@ -201,6 +201,24 @@ def test_reproducibility_compares_reruns(tmp_path):
     assert "No part has been run twice yet" in md2.read_text()
 
 
+def test_reproducibility_states_the_noise_of_each_engine_apart(tmp_path):
+    """A re-run on a machine with a slower host CPU: the baseline that computes on the CPU moves,
+    vramshard does not; the section states each engine's noise apart, with both runs' host figures."""
+    first = with_commit(nemo_a(decode_2g_1k=6.0, started=1.0), "abc1234")
+    rerun = with_commit(nemo_a(decode_2g_1k=6.06, started=2.0, date="2026-12-02 10:00 UTC"), "abc1234")
+    for cell in rerun["cells"]:
+        if cell["system"] == "layers:max" and "decode_tok_s" in cell:
+            cell["decode_tok_s"] = 3.0  # 4.0 before: -25%
+    rerun["bandwidth_gb_s"] = {"h2d": 55.0, "cpu_read": 80.0}
+    md = tmp_path / "N.md"
+    merge([write_runs(tmp_path / "a", first), write_runs(tmp_path / "b", rerun)], md, tmp_path / "charts")
+    section = md.read_text()[md.read_text().index("### Reproducibility"):]
+    assert "| layers:max | decode_tok_s | 3 | 25.0% | 25.0% | 25.0% |" in section
+    assert "| vramshard | decode_tok_s | 4 | 0.0% | 0.0% | 1.0% |" in section
+    assert "| `dense-nemo-a` | 2026-12-01 10:00 UTC → 2026-12-02 10:00 UTC | abc1234 | 92 → 80 | vramshard | " \
+           "decode_tok_s | 4 | 0.0% | 1.0% |" in section
+
+
 def test_a_rerun_after_a_source_change_is_not_noise(tmp_path, monkeypatch):
     calls = []
 
@@ -487,3 +505,46 @@ def test_a_batch_cell_rerun_reports_its_throughput_change(tmp_path):
     merge([write_runs(tmp_path / "a", whole), write_runs(tmp_path / "b", rerun)], md, tmp_path / "charts")
     section = md.read_text()[md.read_text().index("### Reproducibility"):]
     assert "tokens/s change vramshard +10% (median of 2 cells), layers:max +10% (median of 2 cells)" in section
+
+
+def test_the_measuring_source_covers_every_module_a_part_imports():
+    """A part's numbers depend on every benchmark module it imports: each must be in SOURCE, or a
+    change to it would pass for a same-source re-run. The merge-only modules must not be in it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = report_repro.ROOT
+    code = ("import sys, benchmarks.report.run, benchmarks.report.__main__, benchmarks.report.vlm_part\n"
+            "print('\\n'.join(m.__file__ for m in list(sys.modules.values()) if getattr(m, '__file__', None)))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
+    imported = {Path(f).resolve().relative_to(root).as_posix() for f in done.stdout.split()
+                if Path(f).resolve().is_relative_to(root / "benchmarks")}
+    assert "benchmarks/report/grids.py" in imported and "benchmarks/moe_bench.py" in imported
+    covered = lambda path: any(path == s or path.startswith(s + "/") for s in report_repro.SOURCE)  # noqa: E731
+    assert [p for p in sorted(imported) if not covered(p)] == []
+    for merge_only in ("repro", "results", "merge", "charts", "sections", "tables", "narrative"):
+        assert not covered(f"benchmarks/report/{merge_only}.py")
+
+
+def test_a_whole_run_cut_short_keeps_the_earlier_runs_cells_it_did_not_reach(tmp_path):
+    whole = nemo_a(decode_2g_1k=6.0, started=1.0)
+    short = nemo_a(decode_2g_1k=7.0, started=2.0, date="2026-12-02 10:00 UTC")
+    short["complete"] = False
+    short["cells"] = [c for c in short["cells"] if (c["system"], c.get("budget_gib")) != ("layers:max", 4)]
+    for cell in whole["cells"]:
+        if cell["system"] == "layers:max" and cell.get("budget_gib") == 4 and "decode_tok_s" in cell:
+            cell["decode_tok_s"] = 5.5  # only the earlier run has this number
+    md = tmp_path / "T.md"
+    merge([write_runs(tmp_path / "a", whole), write_runs(tmp_path / "b", short)], md, tmp_path / "charts")
+    text = md.read_text()
+    table4 = text[text.index("### Table 4"):text.index("### Estimator")]
+    assert "| 2 GiB | 1K | 7 |" in table4  # the later run's own cell
+    assert "| 4 GiB | 1K | 8 | 5.5 |" in table4  # the cell it did not reach: the earlier run's
+    assert "cut short" in table4 and "the cells it did not reach (layers:max 4 GiB/1K, layers:max 4 GiB/4K) " \
+                                     "keep the 2026-12-01 10:00 UTC whole run's" in table4
+    # a complete run never takes cells from the one before it
+    short["complete"] = True
+    md2 = tmp_path / "U.md"
+    merge([write_runs(tmp_path / "c", whole), write_runs(tmp_path / "d", short)], md2, tmp_path / "charts")
+    assert "| 4 GiB | 1K | 8 | 5.5 |" not in md2.read_text() and "did not reach" not in md2.read_text()

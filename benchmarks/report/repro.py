@@ -2,8 +2,10 @@
 
 A later run's cell is compared with the latest earlier run of its part that measured the same
 cell. Only comparisons of two runs of the same source count as run-to-run noise: the same commit,
-or commits whose engine and report code (:data:`SOURCE`) do not differ (git says). A re-run after
-a change of that code measures the change, and is reported as one, not as noise.
+or commits whose measuring code (:data:`SOURCE`: the engine, and the benchmark modules a part
+runs) does not differ (git says). The report's merge and formatting modules are not in it: a
+change there alters no measurement. A re-run after a change of the measuring code measures the
+change, and is reported as one, not as noise.
 """
 
 from __future__ import annotations
@@ -19,7 +21,13 @@ from .tables import num, table
 
 METRICS = ("decode_tok_s", "ttft_s", "tok_s", "e2e_128_s")
 RATES = ("decode_tok_s", "tok_s")  # one-sequence decode, or batched throughput
-SOURCE = ("src", "benchmarks/report")  # what a run's numbers depend on, besides the machine
+# What a run's numbers depend on, besides the machine: the engine and every benchmark module that
+# `python -m benchmarks.report --part ...` imports (tests/test_report.py checks this list against
+# the imports).
+SOURCE = ("src", "benchmarks/__init__.py", "benchmarks/common.py", "benchmarks/engine_bench.py",
+          "benchmarks/executor_bench.py", "benchmarks/moe_bench.py", "benchmarks/vlm_bench.py",
+          *(f"benchmarks/report/{name}.py" for name in ("__init__", "__main__", "run", "grids", "measure",
+                                                          "parts", "record", "vlm_part")))
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -110,14 +118,34 @@ def comparisons(runs: Runs) -> list[Comparison]:
     return out
 
 
+def _spread(values: list[float]) -> dict:
+    values = sorted(abs(v) for v in values)
+    return {"median_pct": statistics.median(values), "max_pct": values[-1], "count": len(values),
+            "p90_pct": values[int(0.9 * (len(values) - 1))]}
+
+
 def noise(found: list[Comparison]) -> dict | None:
     """Run-to-run noise over the same-source ones of ``found`` (:func:`comparisons`): median, 90th
     percentile and largest |change| in percent."""
-    values = [abs(d) for c in found if c.same for _, _, d in c.changes]
-    if not values:
-        return None
-    return {"median_pct": statistics.median(values), "max_pct": max(values), "count": len(values),
-            "p90_pct": sorted(values)[int(0.9 * (len(values) - 1))]}
+    values = [d for c in found if c.same for _, _, d in c.changes]
+    return _spread(values) if values else None
+
+
+def noise_by_engine(found: list[Comparison]) -> dict[tuple[str, str], dict]:
+    """:func:`noise` apart for each (system, metric): an engine whose step waits on the host CPU
+    moves with that CPU, one that waits on PCIe does not, and one pooled figure hides which."""
+    values: dict[tuple[str, str], list[float]] = {}
+    for c in found:
+        if c.same:
+            for metric, key, change in c.changes:
+                values.setdefault((key[0], metric), []).append(change)
+    return {group: _spread(found_values) for group, found_values in sorted(values.items())}
+
+
+def host_read(run: dict) -> float | None:
+    """The CPU's read bandwidth the run measured beside its cells (GB/s), the host figure that the
+    engines computing on the CPU follow."""
+    return (run.get("bandwidth_gb_s") or {}).get("cpu_read")
 
 
 def _run_label(run: dict) -> str:
@@ -135,8 +163,8 @@ def section(runs: Runs) -> str:
     text = ["### Reproducibility", "",
             "Each run of a part is compared, cell by cell, with the latest earlier run that measured the same "
             "cell. Only runs of the same source count as noise: the same commit, or commits whose "
-            f"{' and '.join(f'`{p}/`' for p in SOURCE)} do not differ. A re-run after a change of that code "
-            "measures the change.", ""]
+            "engine (`src/`) and measuring benchmark modules (`benchmarks/report/repro.py`'s `SOURCE`) do not "
+            "differ. A re-run after a change of that code measures the change.", ""]
     found = comparisons(runs)
     if not found:
         text.append("No part has been run twice yet: run one part again (see benchmarks/README.md) and merge both "
@@ -149,18 +177,26 @@ def section(runs: Runs) -> str:
             text += [f"Re-run of `{c.part}` on {_run_label(c.later)} against {_run_label(c.earlier)}: {c.cells} cells, "
                      f"not counted as noise ({why}); tokens/s change {_rate_line(c)}.", ""]
             continue
-        for metric in METRICS:
-            values = [abs(d) for m, _, d in c.changes if m == metric]
-            if values:
-                rows.append([f"`{c.part}`", f"{c.earlier.get('date', '?')} → {c.later.get('date', '?')}",
-                             commit_of(c.later) or "?", metric, str(len(values)),
-                             f"{statistics.median(values):.1f}%", f"{max(values):.1f}%"])
+        hosts = f"{num(host_read(c.earlier))} → {num(host_read(c.later))}"
+        for system, metric in sorted({(key[0], m) for m, key, _ in c.changes}):
+            values = [abs(d) for m, key, d in c.changes if m == metric and key[0] == system]
+            rows.append([f"`{c.part}`", f"{c.earlier.get('date', '?')} → {c.later.get('date', '?')}",
+                         commit_of(c.later) or "?", hosts, system, metric, str(len(values)),
+                         f"{statistics.median(values):.1f}%", f"{max(values):.1f}%"])
     stated = noise(found)
     if stated is None:
         text.append("No part has been re-run on the same source yet: the run-to-run noise is not measured.")
         return "\n".join(text)
+    by_engine = noise_by_engine(found)
     text += [f"Run-to-run noise (same-source re-runs): median |change| {num(stated['median_pct'])}%, "
              f"90th percentile {num(stated['p90_pct'])}%, largest {num(stated['max_pct'])}% over "
-             f"{stated['count']} measurements (the latest run fills the tables above).", "",
-             table(["part", "runs", "commit", "metric", "cells", "median |change|", "largest |change|"], rows)]
+             f"{stated['count']} measurements (the latest run fills the tables above). By engine and metric "
+             "(the engines that compute on the CPU follow the host's CPU, which differs between machines of "
+             "one type: its read bandwidth, measured in each run, is in the second table):", "",
+             table(["engine", "metric", "measurements", "median |change|", "90th percentile", "largest |change|"],
+                   [[system, metric, str(v["count"]), f"{v['median_pct']:.1f}%", f"{v['p90_pct']:.1f}%",
+                     f"{v['max_pct']:.1f}%"] for (system, metric), v in by_engine.items()]), "",
+             "The same-source re-runs, each against the run before it:", "",
+             table(["part", "runs", "commit", "host CPU read GB/s", "engine", "metric", "cells", "median |change|",
+                    "largest |change|"], rows)]
     return "\n".join(text)

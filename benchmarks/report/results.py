@@ -140,6 +140,8 @@ class Grid:
     cells: dict[tuple, dict] = field(default_factory=dict)
     origin: dict[tuple, str] = field(default_factory=dict)  # cell key -> part name
     reruns: list[dict] = field(default_factory=list)  # cell re-runs whose cells replaced the whole run's
+    # whole run cut short -> (the earlier whole run of its part, the cells it filled in from that one)
+    filled: dict[int, tuple[dict, list[dict]]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, runs: Runs, grid: str, model: str) -> "Grid":
@@ -152,6 +154,16 @@ class Grid:
                 if key not in out.cells:  # the unconstrained run is in every part: the first counts
                     out.cells[key] = cell
                     out.origin[key] = run["part"]
+        for run in mine:  # a whole run cut short: the cells it did not reach keep the earlier whole run's
+            earlier = runs.by_part[run["part"]][-2] if len(runs.by_part[run["part"]]) > 1 else None
+            if run.get("complete") or earlier is None:
+                continue
+            kept = [cell for cell in earlier["cells"] if cell_key(cell) not in out.cells]
+            for cell in kept:
+                out.cells[cell_key(cell)] = cell
+                out.origin[cell_key(cell)] = f"{run['part']} (whole run {earlier.get('date', '?')})"
+            if kept:
+                out.filled[id(run)] = (earlier, kept)
         for run in mine:
             for rerun in runs.reruns.get(run["part"], []):
                 out.reruns.append(rerun)

@@ -23,7 +23,16 @@ def provenance(run: dict) -> str:
 
 def provenances(grid: Grid) -> str:
     """The provenance lines of a grid's whole runs, then of the cell re-runs that replaced some cells."""
-    lines = [provenance(r) for r in grid.runs]
+    lines = []
+    for run in grid.runs:
+        line = provenance(run)
+        if id(run) in grid.filled:
+            earlier, kept = grid.filled[id(run)]
+            shown = sorted({f"{c['system']} {c.get('budget_gib'):g} GiB/{_context(c.get('context'))}"
+                            for c in kept if c.get("system") not in ("unconstrained", "bound")})
+            line += (f" — the cells it did not reach ({', '.join(shown)}) keep the {earlier.get('date', '?')} "
+                     f"whole run's (commit {earlier.get('versions', {}).get('commit', '?')})")
+        lines.append(line)
     for rerun in grid.reruns:
         cells = sorted({(c.get("budget_gib"), c.get("context"), c.get("batch")) for c in rerun["cells"]
                         if c.get("system") not in ("unconstrained", "bound")}, key=str)
@@ -36,6 +45,10 @@ def provenances(grid: Grid) -> str:
             line += f"; those it did not reach in time keep the whole run's ({', '.join(skipped)})"
         lines.append(line)
     return "\n".join(lines)
+
+
+def _context(tokens) -> str:
+    return f"{tokens // 1024}K" if tokens and tokens >= 1024 else str(tokens)
 
 
 def _value(cell: dict | None, key: str, notes: Footnotes, missing: str, fmt=num) -> str:
