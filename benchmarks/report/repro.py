@@ -174,7 +174,7 @@ def section(runs: Runs) -> str:
     for c in found:
         if not c.same:
             why = "the source changed" if c.same is False else "unknown commits, the source may differ"
-            text += [f"Re-run of `{c.part}` on {_run_label(c.later)} against {_run_label(c.earlier)}: {c.cells} cells, "
+            text += [f"Re-run of `{c.part}` on {_run_label(c.later)} against {_run_label(c.earlier)}: {c.cells} cell{'' if c.cells == 1 else 's'}, "
                      f"not counted as noise ({why}); tokens/s change {_rate_line(c)}.", ""]
             continue
         hosts = f"{num(host_read(c.earlier))} → {num(host_read(c.later))}"
