@@ -548,3 +548,11 @@ def test_a_whole_run_cut_short_keeps_the_earlier_runs_cells_it_did_not_reach(tmp
     md2 = tmp_path / "U.md"
     merge([write_runs(tmp_path / "c", whole), write_runs(tmp_path / "d", short)], md2, tmp_path / "charts")
     assert "| 4 GiB | 1K | 8 | 5.5 |" not in md2.read_text() and "did not reach" not in md2.read_text()
+
+
+def test_a_batch_cell_times_at_least_the_minimum_tokens():
+    from benchmarks.report import grids
+
+    settings = grids.Settings(batch_steps=3, batch_min_tokens=16, batch_ctx=64)
+    assert [grids.steps_for(settings, b) for b in (1, 4, 16, 64)] == [16, 4, 3, 3]
+    assert grids.batch_context(settings) == 64 + 16 + 8  # the KV cache holds the longest cell's steps

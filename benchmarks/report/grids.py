@@ -35,7 +35,9 @@ class Settings:
     ttft_cap_s: float = 15.0  # TTFT beyond this is extrapolated (see measure.prefill_ttft)
     cell_reserve_s: float = 45.0  # no cell starts with less than this left before the deadline
     batch_ctx: int = 64  # context of each sequence in the batch grid
-    batch_steps: int = 3
+    batch_steps: int = 3  # timed steps of a batch cell, at least (see steps_for)
+    batch_min_tokens: int = 16  # ... and at least this many tokens: a one-sequence cell's median of 3
+    # steps came out 1.6x its Table 4 decode step in the same call (twenty-second GPU session)
     layers: int | None = None  # cut the model to N layers (smoke tests)
     shape: str | None = None  # another shape than the part's (smoke tests)
     profile: str | None = None  # machine profile for the planner; default stored, else fitted here
@@ -113,7 +115,7 @@ def run_batch(part: Part, record: PartRecord, settings: Settings, deadline: Dead
     model, host, profile, _ = setup(part, record, settings)
     largest = max(part.batch_sizes)
     per_seq = batch_context(settings)
-    args = argparse.Namespace(batch_ctx=settings.batch_ctx, batch_steps=settings.batch_steps)
+    args = argparse.Namespace(batch_ctx=settings.batch_ctx, steps_for=lambda batch: steps_for(settings, batch))
     for budget_gib in part.budgets:
         budget = int(budget_gib * GiB)
         systems = batch_systems(model, budget, part.batch_sizes, settings, profile)
@@ -131,9 +133,15 @@ def run_batch(part: Part, record: PartRecord, settings: Settings, deadline: Dead
                 log.info("%s", record.cells[-1])
 
 
+def steps_for(settings: Settings, batch: int) -> int:
+    """Timed steps of a batch cell: ``batch_steps``, more for small batches so that every cell
+    decodes at least ``batch_min_tokens`` tokens (16 steps at batch 1, 4 at batch 4, 3 above)."""
+    return max(settings.batch_steps, -(-settings.batch_min_tokens // batch))
+
+
 def batch_context(settings: Settings) -> int:
     """Tokens of KV cache each sequence of the batch grid holds: its context, the steps timed, slack."""
-    return settings.batch_ctx + settings.batch_steps + 8
+    return settings.batch_ctx + steps_for(settings, 1) + 8
 
 
 def batch_systems(model, budget: int, batch_sizes, settings: Settings, profile) -> list:
@@ -155,7 +163,7 @@ def batch_cell(model, host, system, budget, batch, per_seq, largest, args, profi
         return {**cell, "error": str(exc)}
     with errors_into(cell):
         cell["placement"] = plan_name(executor.plans)
-        tok_s = batched_tok_s(executor, batch, args.batch_ctx, args.batch_steps)
+        tok_s = batched_tok_s(executor, batch, args.batch_ctx, args.steps_for(batch))
         cell.update(tok_s=tok_s, step_ms=batch / tok_s * 1e3, peak_vram_gib=executor.peak_vram() / GiB)
         cell["within_budget"] = executor.peak_vram() <= budget
         try:

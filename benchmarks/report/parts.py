@@ -24,7 +24,8 @@ qwen3-30b-a3b bf16, one cell = planned + ``layers:max`` + ``experts-cpu`` (3 eng
   dense-qwen3moe-a (2, 4 GiB: 6 cells), -b (6, 8 GiB), -c (12, 16 GiB): ~6-8 min each.
 
 batch-qwen3moe: 3 budgets x 3 engines x 4 batch sizes, each a fresh executor + 1 warm-up and
-  3 decode steps at 64 tokens of context: ~3-5 s per run => ~3 min + build ~2 min = ~5 min.
+  3 decode steps at 64 tokens of context (16 at batch 1, 4 at batch 4: grids.steps_for): ~3-6 s
+  per run => ~3.5 min + build ~2 min = ~5.5 min.
 vlm: vramshard's VLM grid (vlm_bench.run_ours: 3 budgets x 5 option sets x 4 images), cut at
   the deadline (vlm_bench's own full run is sized to 510 s); vlm-hf: the transformers
   ``device_map="auto"`` baseline (vlm_bench.run_hf), ~6-8 min.
