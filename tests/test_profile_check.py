@@ -67,3 +67,39 @@ def test_against_another_machines_or_a_corrupt_profile_fails_before_any_run(tmp_
     with pytest.raises(ProfileError):
         profile_check.main(["--against", str(corrupt), "--out", str(tmp_path / "check.json")])
     assert faked_runs == [] and not (tmp_path / "check.json").exists()
+
+
+def test_each_cpu_point_is_corrected_by_the_drift_of_the_nearest_measured_point(monkeypatch):
+    """A machine uniformly 30% slower than its profile: every CPU point's plain error is -23%, and
+    its drift-corrected one 0. A point slower than its reference keeps that difference."""
+    profile = Profile(copy.deepcopy(json.loads(H200.read_text())))
+    profile.data["matmul"] = [t for t in profile.data["matmul"] if t["device"] == "cpu"]  # a CPU-only check
+    profile = Profile(profile.data)
+    slow = {"by": 1.3}
+
+    def time_matmul(m, k, n, dtype, device):
+        extra = 1.5 if (m, k, n) == (8, 3072, 9216) else 1.0  # this point alone off its table
+        return profile.matmul_s(m, k, n, dtype, device) * slow["by"] * extra
+
+    def time_attention(n_new, context, dtype, device):
+        return profile.attention_s(n_new, context, 32, 8, 128, dtype, device) * slow["by"]
+
+    monkeypatch.setattr(profile_check, "time_matmul", time_matmul)
+    monkeypatch.setattr(profile_check, "time_attention", time_attention)
+    rows = profile_check.held_out(profile)
+    assert {r["device"] for r in rows} == {"cpu"} and len(rows) == 3 * (7 + 3 + 3)
+    for row in rows:
+        odd = row["shape"] == [8, 3072, 9216]
+        assert row["error_pct"] == pytest.approx(100 * (1 / (1.3 * (1.5 if odd else 1.0)) - 1))
+        assert row["drift_corrected_error_pct"] == pytest.approx(100 * (1 / 1.5 - 1) if odd else 0.0, abs=1e-9)
+    assert profile_check.within_20(rows)["matmul cpu bf16"] == (0, 7)
+    assert profile_check.within_20(rows, "drift_corrected_error_pct")["matmul cpu bf16"] == (6, 7)
+
+
+def test_the_reference_of_a_point_is_the_nearest_other_measured_point():
+    profile = Profile(json.loads(H200.read_text()))
+    # M 3 -> 4; 4096 x 6144 (25.2M weights) -> 5120 x 5120 (26.2M), the nearest measured shape
+    assert profile_check.matmul_reference(profile, 3, 4096, 6144, "bf16", "cpu") == (4, 5120, 5120)
+    # a grid point is never its own reference: the same M, the nearest other shape
+    assert profile_check.matmul_reference(profile, 64, 4096, 14336, "bf16", "cpu") == (64, 14336, 4096)
+    assert profile_check.attention_reference(profile, 8, 3000, "bf16", "cpu") == (16, 2048)

@@ -189,6 +189,21 @@ class Profile:
             seconds *= self._ratio(("cpu", dtype, self.default_threads, True), full, m, k, n)
         return seconds * self.cpu_scale * (self.cpu_row_factor(m) if self.cpu_rows else 1.0)
 
+    def matmul_grid(self, dtype, device) -> tuple[list[tuple[int, int]], list[int]]:
+        """The ``(K, N)`` shapes and the M values the all-cores table of ``dtype`` on ``device``
+        measured: where :meth:`matmul_s` returns a measurement rather than an interpolation."""
+        dtype, device = dtype_name(dtype), device_name(device)
+        table = self._matmul.get(("cuda", dtype, None, False)) if device == "cuda" else self._cpu_full(dtype)
+        if table is None:
+            raise ProfileError(f"the profile has no {device} matmul data for {dtype}; re-run `vramshard profile`")
+        return list(table.shapes), sorted(table.ms)
+
+    def attention_grid(self, dtype, device, heads: int, kv_heads: int, head_dim: int) -> tuple[list[int], list[int]]:
+        """The new-token counts and contexts measured for the head layout :meth:`attention_s`
+        reads for ``heads``, ``kv_heads`` and ``head_dim``."""
+        layout, _ = self._attention_layout(dtype_name(dtype), device_name(device), heads, kv_heads, head_dim)
+        return sorted(int(n) for n in layout["n_new"]), sorted(int(c) for c in layout["context"])
+
     def transfer_s(self, nbytes: int, direction: str = "h2d", contended: bool = False) -> float:
         """Seconds to copy ``nbytes`` between pinned host memory and the GPU.
 
@@ -223,16 +238,7 @@ class Profile:
             return 0.0
         if device == "cuda":
             self._require_gpu("GPU attention")
-        tables = self._attention.get((device, dtype))
-        if not tables:
-            raise ProfileError(f"the profile has no {device} attention data for {dtype}; re-run `vramshard profile`")
-        group = heads / max(kv_heads, 1)
-
-        def distance(entry):
-            t = entry[0]
-            return (abs(math.log(head_dim / t["head_dim"])), abs(math.log(group * t["kv_heads"] / t["heads"])))
-
-        layout, grid = min(tables, key=distance)
+        layout, grid = self._attention_layout(dtype, device, heads, kv_heads, head_dim)
         seconds = grid(n_new, context) * (heads * head_dim) / (layout["heads"] * layout["head_dim"])
         if device == "cpu":
             threads = self._check_threads(threads)
@@ -288,6 +294,19 @@ class Profile:
         if table is None:
             raise ProfileError(f"the profile has no CPU matmul data for {dtype}; re-run `vramshard profile`")
         return table
+
+    def _attention_layout(self, dtype: str, device: str, heads: int, kv_heads: int, head_dim: int):
+        """(layout, grid) of the measured head layout nearest ``head_dim`` and the KV grouping."""
+        tables = self._attention.get((device, dtype))
+        if not tables:
+            raise ProfileError(f"the profile has no {device} attention data for {dtype}; re-run `vramshard profile`")
+        group = heads / max(kv_heads, 1)
+
+        def distance(entry):
+            t = entry[0]
+            return (abs(math.log(head_dim / t["head_dim"])), abs(math.log(group * t["kv_heads"] / t["heads"])))
+
+        return min(tables, key=distance)
 
     def _check_threads(self, threads: int | None) -> int:
         if threads is None:
