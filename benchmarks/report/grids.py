@@ -3,7 +3,6 @@ every cell of the part's budgets, each written as soon as it is measured."""
 
 from __future__ import annotations
 
-import argparse
 import logging
 import time
 from dataclasses import asdict, dataclass
@@ -115,7 +114,6 @@ def run_batch(part: Part, record: PartRecord, settings: Settings, deadline: Dead
     model, host, profile, _ = setup(part, record, settings)
     largest = max(part.batch_sizes)
     per_seq = batch_context(settings)
-    args = argparse.Namespace(batch_ctx=settings.batch_ctx, steps_for=lambda batch: steps_for(settings, batch))
     for budget_gib in part.budgets:
         budget = int(budget_gib * GiB)
         systems = batch_systems(model, budget, part.batch_sizes, settings, profile)
@@ -129,7 +127,7 @@ def run_batch(part: Part, record: PartRecord, settings: Settings, deadline: Dead
                 if deadline.left() < settings.cell_reserve_s / 3:
                     record.add(skipped(cell, deadline))
                     continue
-                record.add(batch_cell(model, host, system, budget, batch, per_seq, largest, args, profile, cell))
+                record.add(batch_cell(model, host, system, budget, batch, per_seq, largest, settings, profile, cell))
                 log.info("%s", record.cells[-1])
 
 
@@ -152,8 +150,8 @@ def batch_systems(model, budget: int, batch_sizes, settings: Settings, profile) 
     return systems_for(model, budget, batch_context(settings), largest, profile, kv_slots=largest)
 
 
-def batch_cell(model, host, system, budget, batch, per_seq, largest, args, profile, cell) -> dict:
-    """Batched decode tok/s of ``batch`` sequences at ``args.batch_ctx`` tokens of context (moe_bench's
+def batch_cell(model, host, system, budget, batch, per_seq, largest, settings, profile, cell) -> dict:
+    """Batched decode tok/s of ``batch`` sequences at ``settings.batch_ctx`` tokens of context (moe_bench's
     timing), with the estimator's step time for the same shape."""
     try:
         executor = Executor(model, host_for(host, system.tiered), system.tiered, budget=budget,
@@ -163,11 +161,11 @@ def batch_cell(model, host, system, budget, batch, per_seq, largest, args, profi
         return {**cell, "error": str(exc)}
     with errors_into(cell):
         cell["placement"] = plan_name(executor.plans)
-        tok_s = batched_tok_s(executor, batch, args.batch_ctx, args.steps_for(batch))
+        tok_s = batched_tok_s(executor, batch, settings.batch_ctx, steps_for(settings, batch))
         cell.update(tok_s=tok_s, step_ms=batch / tok_s * 1e3, peak_vram_gib=executor.peak_vram() / GiB)
         cell["within_budget"] = executor.peak_vram() <= budget
         try:
-            cell["predicted_step_ms"] = predicted_s(model, profile, system, batch, args.batch_ctx) * 1e3
+            cell["predicted_step_ms"] = predicted_s(model, profile, system, batch, settings.batch_ctx) * 1e3
         except Exception as exc:  # noqa: BLE001 - any estimator failure is reported, not fatal
             cell["prediction_error"] = f"{type(exc).__name__}: {exc}"
     del executor

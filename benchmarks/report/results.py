@@ -140,8 +140,8 @@ class Grid:
     cells: dict[tuple, dict] = field(default_factory=dict)
     origin: dict[tuple, str] = field(default_factory=dict)  # cell key -> part name
     reruns: list[dict] = field(default_factory=list)  # cell re-runs whose cells replaced the whole run's
-    # whole run cut short -> (the earlier whole run of its part, the cells it filled in from that one)
-    filled: dict[int, tuple[dict, list[dict]]] = field(default_factory=dict)
+    # part whose whole run was cut short -> (its earlier whole run, the cells filled in from that one)
+    filled: dict[str, tuple[dict, list[dict]]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, runs: Runs, grid: str, model: str) -> "Grid":
@@ -163,7 +163,7 @@ class Grid:
                 out.cells[cell_key(cell)] = cell
                 out.origin[cell_key(cell)] = f"{run['part']} (whole run {earlier.get('date', '?')})"
             if kept:
-                out.filled[id(run)] = (earlier, kept)
+                out.filled[run["part"]] = (earlier, kept)
         for run in mine:
             for rerun in runs.reruns.get(run["part"], []):
                 out.reruns.append(rerun)

@@ -26,8 +26,8 @@ def provenances(grid: Grid) -> str:
     lines = []
     for run in grid.runs:
         line = provenance(run)
-        if id(run) in grid.filled:
-            earlier, kept = grid.filled[id(run)]
+        if run["part"] in grid.filled:
+            earlier, kept = grid.filled[run["part"]]
             shown = sorted({f"{c['system']} {c.get('budget_gib'):g} GiB/{_context(c.get('context'))}"
                             for c in kept if c.get("system") not in ("unconstrained", "bound")})
             line += (f" — the cells it did not reach ({', '.join(shown)}) keep the {earlier.get('date', '?')} "
