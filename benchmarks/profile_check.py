@@ -118,6 +118,8 @@ def compare(first: dict, second: dict) -> dict:
             other = second.get("host_experts_gb_s", {}).get(dtype, {}).get(rows)
             if other is not None:  # (a quick second run times fewer rows)
                 out[f"CPU experts pass GB/s {dtype} {rows} rows"] = pct(value, other)
+    if first.get("cpu_read_gb_s") and second.get("cpu_read_gb_s"):  # (profiles since 2026-12-04)
+        out["host memory read GB/s"] = pct(first["cpu_read_gb_s"], second["cpu_read_gb_s"])
     return out
 
 
@@ -338,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         other = summary_2.get("split_part_factor", {}).get(dtype, float("nan"))
         print(f"  split FFN part {dtype}: {value:5.2f} | {other:5.2f} x | {pct(value, other):+6.1f}%")
     for key, value in differences.items():
-        if key.startswith("CPU experts pass"):
+        if key.startswith("CPU experts pass") or key.startswith("host memory read"):
             print(f"  {key}: {value:+6.1f}%")
     print("held-out: kind device dtype shape: direct | predicted | error | drift-corrected error (reference)")
     for r in rows:

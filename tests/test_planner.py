@@ -41,6 +41,19 @@ def test_pinned_set_and_total_within_budget(budget_gib):
     assert [r.name for r in result.reasons] and all(r.score > 0 for r in result.reasons)
 
 
+def test_the_kv_reservation_rounds_each_sequence_up_to_whole_blocks():
+    """The paged cache gives each sequence whole blocks: 64 sequences of 88 tokens take 64 x 96
+    positions. The planner reserved 64 x 88, so a batch plan that filled its budget to the byte
+    needed 48 MiB more once built (qwen3-30b-a3b at 2 GiB, found when the launch price changed)."""
+    planner = Planner(NEMO, synthetic(**CLIENT), 4 * GiB, context=88, tiers=Tiers((1, 64)), kv_slots=64, kv_on_gpu=True)
+    result = planner.plan()
+    need = tiered_vram_need(NEMO, result.tiered(), 64, 88, 64)
+    assert result.need.kv == need.kv == planner.kv_bytes()
+    a = NEMO.args
+    assert planner.kv_bytes() == 2 * a.num_hidden_layers * 64 * 96 * a.num_key_value_heads * a.head_dim * 2
+    assert need.total <= 4 * GiB
+
+
 def test_more_budget_pins_more():
     pinned = [plan(b * GiB).need.resident for b in (2, 4, 8, 12)]
     assert pinned == sorted(pinned) and pinned[-1] > pinned[0]

@@ -63,6 +63,9 @@ def test_round_trip_through_cache(tiny_profile, cache):
         assert loaded.matmul_s(*args, "fp32", "cpu") > 0
     assert loaded.attention_s(4, 300, 4, 2, 64, "bf16", "cpu") > 0
     assert loaded.dispatch_s("cpu") > 0
+    # The host's memory read, for the engine's check of it at load (profile/drift.py).
+    assert 1e8 < tiny_profile.cpu_read_bps < 1e13 and loaded.cpu_read_bps == tiny_profile.cpu_read_bps
+    assert tiny_profile.summary()["cpu_read_gb_s"] == pytest.approx(tiny_profile.cpu_read_bps / 1e9)
     assert load_or_none() is not None
 
 

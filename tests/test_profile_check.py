@@ -103,3 +103,11 @@ def test_the_reference_of_a_point_is_the_nearest_other_measured_point():
     # a grid point is never its own reference: the same M, the nearest other shape
     assert profile_check.matmul_reference(profile, 64, 4096, 14336, "bf16", "cpu") == (64, 14336, 4096)
     assert profile_check.attention_reference(profile, 8, 3000, "bf16", "cpu") == (16, 2048)
+
+
+def test_the_host_read_is_a_main_figure_when_both_profiles_recorded_it():
+    first = synthetic(gpu_gflops=50_000, h2d_gbps=25.0).summary()
+    second = synthetic(gpu_gflops=50_000, h2d_gbps=25.0).summary()
+    assert "host memory read GB/s" not in profile_check.compare(first, second)  # (profiles before 2026-12-04)
+    first["cpu_read_gb_s"], second["cpu_read_gb_s"] = 100.0, 90.0
+    assert profile_check.compare(first, second)["host memory read GB/s"] == pytest.approx(-10.0)

@@ -556,3 +556,40 @@ def test_a_batch_cell_times_at_least_the_minimum_tokens():
     settings = grids.Settings(batch_steps=3, batch_min_tokens=16, batch_ctx=64)
     assert [grids.steps_for(settings, b) for b in (1, 4, 16, 64)] == [16, 4, 3, 3]
     assert grids.batch_context(settings) == 64 + 16 + 8  # the KV cache holds the longest cell's steps
+
+
+def test_the_replay_prices_each_measured_cell_for_the_plan_that_ran(tmp_path, monkeypatch):
+    """benchmarks.report_replay re-makes each cell's plan at the launch price of the code that
+    measured it and prices that plan with the knobs: a knob must not change the plan."""
+    from benchmarks import report_replay
+    from vramshard.plan import estimator
+
+    monkeypatch.setattr(estimator, "DISPATCH_LAUNCHES", estimator.DISPATCH_LAUNCHES)  # restored after
+    profile = synthetic(cpu_gflops=1500, gpu_gflops=400_000, h2d_gbps=55, cpu_mem_gbps=90, gpu_mem_gbps=4000)
+    # 0.1273 GiB: just above the 64-token workspace's minimum, so both engines leave layers on the CPU.
+    cells = [{"system": "vramshard", "budget_gib": 0.1273, "context": 256, "decode_step_ms": 2.0},
+             {"system": "layers:max", "budget_gib": 0.1273, "context": 256, "decode_step_ms": 3.0},
+             {"system": "unconstrained", "context": 256, "decode_step_ms": 1.0}]
+    part = {"grid": "dense", "model": "tiny-llama", "settings": {"chunk": 64}, "cells": cells,
+            "bandwidth_gb_s": {"cpu_read": 45.0}}
+    (tmp_path / "report-x.json").write_text(json.dumps(part))
+    files = [tmp_path / "report-x.json"]
+    made = []
+    real_systems_for = report_replay.systems_for
+
+    def recording(*args, **kwargs):
+        made.append(estimator.DISPATCH_LAUNCHES)
+        return real_systems_for(*args, **kwargs)
+
+    monkeypatch.setattr(report_replay, "systems_for", recording)
+    plain = report_replay.replay(files, profile, profile, launches=10)
+    assert made == [report_replay.PLANNED_LAUNCHES]  # one plan per (budget, context), at the old price
+    assert set(plain) == {("tiny-llama", "vramshard"), ("tiny-llama", "layers:max"), ("tiny-llama", "unconstrained")}
+    # The host read half the profile's: CPU work priced twice as long, the plans unchanged.
+    slower = report_replay.replay(files, profile, profile, profile_read_gb_s=90.0, launches=10)
+    assert made == [report_replay.PLANNED_LAUNCHES] * 2
+    assert slower[("tiny-llama", "layers:max")][0] > plain[("tiny-llama", "layers:max")][0]
+    assert slower[("tiny-llama", "unconstrained")] == plain[("tiny-llama", "unconstrained")]  # all on the GPU
+    # The launch price prices the unconstrained (launch-bound) step, and nothing re-plans.
+    cheaper = report_replay.replay(files, profile, profile, launches=20)
+    assert cheaper[("tiny-llama", "unconstrained")][0] < plain[("tiny-llama", "unconstrained")][0]

@@ -30,6 +30,7 @@ from .plan.memory import LOGIT_ROWS, max_resident_layers, moe_layers, sublayer_t
 from .plan.placement import Placement, TieredPlacement, named_placement
 from .plan.planner import Planner, machine_profile
 from .plan.tiers import Tiers
+from .profile import drift
 from .runtime import budget as budgets
 from .runtime.executor import Executor
 from .runtime.host_weights import PackedWeights, pack_model, splits_ffns
@@ -204,9 +205,7 @@ class Engine:
         tiers = tiers or Tiers(tuple(t for t in Tiers().sizes if t <= max_step_tokens) or (max_step_tokens,))
         plan_set = settings = None
         if gpu_side:
-            profile = profile or machine_profile()
-            if budget_follower.CALIBRATE:  # what an earlier engine of this process measured on the same profile
-                profile = calibrate.with_learned(profile, model.dtype)
+            profile = planning_profile(profile, model.dtype)
             settings = budgets.PlanSettings(profile, tiers, kv_tokens, num_slots, name)
         if placement is None and gpu_side and budget is not None:
             plan_set = Planner(model, settings.profile, budget, context=kv_tokens, tiers=tiers,
@@ -511,6 +510,16 @@ def _resolve_device(device: str | None) -> str:
 def _splits_ffns(placement: Placement | TieredPlacement) -> bool:
     placements = placement.placements if isinstance(placement, TieredPlacement) else (placement,)
     return any(p.split_names() for p in placements)
+
+
+def planning_profile(profile, dtype):
+    """The profile an engine plans with: ``profile`` (default: this machine's), its CPU side scaled to
+    the host's memory read now (:mod:`vramshard.profile.drift`), with the factors earlier engines
+    fitted on it for ``dtype`` (:func:`vramshard.plan.calibrate.with_learned`)."""
+    profile = drift.corrected(profile or machine_profile())
+    if budget_follower.CALIBRATE:  # what an earlier engine measured on the same profile
+        profile = calibrate.with_learned(profile, dtype)
+    return profile
 
 
 def choose_placement(model: Model, placement: str | Placement | TieredPlacement | None, device: str,

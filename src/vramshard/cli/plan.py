@@ -27,7 +27,7 @@ def main(args) -> int:
     from ..plan.planner import Planner, machine_profile
     from ..plan.report import plot_plan, print_plan
     from ..plan.tiers import Tiers
-    from ..engine import resolve_budget
+    from ..engine import planning_profile, resolve_budget
     from ..units import is_auto, parse_size
 
     if bool(args.model) == bool(args.shape):
@@ -45,7 +45,9 @@ def main(args) -> int:
     tiers = Tiers.parse(args.tiers) if args.tiers else Tiers()
     # auto: this machine's free VRAM (None without CUDA, where the plan is all-CPU anyway).
     budget = resolve_budget(args.vram, None)[0] if is_auto(args.vram) else parse_size(args.vram)
-    plan = Planner(model, machine_profile(args.profile), budget, context=args.ctx, tiers=tiers,
+    # As an engine would plan: the host's read bandwidth now, the factors engines fitted here.
+    profile = planning_profile(machine_profile(args.profile), model.dtype)
+    plan = Planner(model, profile, budget, context=args.ctx, tiers=tiers,
                    num_slots=args.slots, name=name).plan()
     if args.json:
         print(json.dumps(plan.to_dict(), indent=1))

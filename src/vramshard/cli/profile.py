@@ -115,6 +115,8 @@ def print_summary(console, profile, path) -> None:
                   f"CPU {fp.get('cpu_model')} ({fp.get('cpu_count')} CPUs, {fp.get('memory_gib')} GiB), "
                   f"GPU {fp.get('gpu_name') or 'none'}, torch {fp.get('torch')}")
     console.print(f"  CPU threads measured: {summary['cpu_threads']} (default {summary['default_threads']})")
+    if summary.get("cpu_read_gb_s"):
+        console.print(f"  host memory read, all cores: {summary['cpu_read_gb_s']:.1f} GB/s")
     peaks = Table(title="peak matmul GFLOP/s")
     peaks.add_column("device")
     dtypes = sorted({d for per in summary["matmul_peak_gflops"].values() for d in per})

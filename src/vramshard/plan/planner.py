@@ -41,8 +41,8 @@ from ..models.base import Model
 from ..profile.query import Profile
 from ..units import format_bytes
 from .estimator import Estimator, uniform_hit_rate
-from .memory import (VramNeed, expert_slot_bytes, kv_staging_bytes, split_router_bytes, sublayer_packed_bytes,
-                     workspace_bytes)
+from .memory import (VramNeed, expert_slot_bytes, kv_positions, kv_staging_bytes, split_router_bytes,
+                     sublayer_packed_bytes, workspace_bytes)
 from .placement import (CPU, EXPERTS_CACHED, EXPERTS_CPU, GPU_RESIDENT, GPU_RESIDENT_HOST_KV, GPU_STREAMED,
                         GPU_STREAMED_HOST_KV, Placement, TieredPlacement, Where, split_ffn)
 from .tiers import Tiers
@@ -207,9 +207,11 @@ class Planner:
             "move to host memory (kv_on_gpu=None or False)")
 
     def kv_bytes(self) -> int:
+        """The KV cache of every layer for ``kv_slots`` sequences of ``context`` tokens, each rounded up
+        to whole blocks as the paged cache allocates them (:func:`~vramshard.plan.memory.vram_need`)."""
         a = self.model.args
-        return (2 * a.num_hidden_layers * self.kv_slots * self.context * a.num_key_value_heads * a.head_dim
-                * self.model.dtype.itemsize)
+        return (2 * a.num_hidden_layers * kv_positions(self.kv_slots, self.context) * a.num_key_value_heads
+                * a.head_dim * self.model.dtype.itemsize)
 
     # ------------------------------------------------------------------ variants
     def _score(self, plan: PlanSet) -> float:

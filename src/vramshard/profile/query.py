@@ -57,6 +57,8 @@ class Profile:
         self.data = data
         self.threads: list[int] = sorted(int(t) for t in data["cpu"]["threads"])
         self.default_threads: int = int(data["cpu"].get("default_threads") or self.threads[-1])
+        read = data["cpu"].get("read_gb_s")
+        self.cpu_read_bps: float | None = read * 1e9 if read else None  # host memory read, all cores
         self._matmul: dict[tuple, MatmulTable] = {}
         for t in data["matmul"]:
             threads = int(t["threads"]) if t["device"] == "cpu" and t.get("threads") else None
@@ -102,14 +104,14 @@ class Profile:
                    cpu_rows: dict[int, float] | None = None, dispatch_scale: float = 1.0,
                    split_rows: dict[int, float] | None = None) -> "Profile":
         """This profile fitted to the engine's measured steps (:mod:`vramshard.plan.calibrate`): CPU
-        compute times (matmuls, attention) ``cpu_scale`` times longer, and a split FFN's CPU part
-        (:meth:`split_part_factor`) ``split_part_scale`` times longer on top. ``cpu_rows``: {rows:
-        factor} on CPU compute of that many rows (tokens), on top of the factor the profile already
-        had there (:meth:`cpu_row_factor`). ``dispatch_scale``: the host's cost of dispatching GPU
-        work (:meth:`dispatch_s` on "cuda") that many times the profile's. ``split_rows``: {rows:
-        factor} on a split FFN's CPU part of that many rows, on top of everything else
-        (:meth:`split_row_factor`). Transfers and the GPU's own times stay as measured; the file is
-        not changed. Factors compose."""
+        compute times (matmuls, attention, the compiled pass over host experts) ``cpu_scale`` times
+        longer, and a split FFN's CPU part (:meth:`split_part_factor`) ``split_part_scale`` times
+        longer on top. ``cpu_rows``: {rows: factor} on CPU compute of that many rows (tokens), on
+        top of the factor the profile already had there (:meth:`cpu_row_factor`). ``dispatch_scale``:
+        the host's cost of dispatching GPU work (:meth:`dispatch_s` on "cuda") that many times the
+        profile's. ``split_rows``: {rows: factor} on a split FFN's CPU part of that many rows, on top
+        of everything else (:meth:`split_row_factor`). Transfers and the GPU's own times stay as
+        measured; the file is not changed. Factors compose."""
         rows = dict(cpu_rows or {})
         split = dict(split_rows or {})
         for name, value in (("cpu_scale", cpu_scale), ("split_part_scale", split_part_scale),
@@ -261,10 +263,12 @@ class Profile:
     def host_experts_rate(self, dtype, rows: int) -> float | None:
         """Bytes per second of the CPU's compiled pass over a step's routed experts at ``rows``
         (its assignments' expert bytes over its time; between the measured counts as
-        :meth:`packed_ffn_factor`), or None when the profile did not measure it."""
+        :meth:`packed_ffn_factor`), or None when the profile did not measure it. Slowed, as every
+        CPU compute time, by the in-situ factors (:meth:`calibrated`): the pass is CPU compute."""
         if not self.data.get("host_experts", {}).get(dtype_name(dtype)):
             return None
-        return self._factor_by_rows("host_experts", dtype, rows)
+        return self._factor_by_rows("host_experts", dtype, rows) / (
+            self.cpu_scale * (self.cpu_row_factor(rows) if self.cpu_rows else 1.0))
 
     def _factor_by_rows(self, section: str, dtype, rows: int) -> float:
         by_rows = self.data.get(section, {}).get(dtype_name(dtype))
@@ -371,6 +375,7 @@ class Profile:
                                   for dtype, by_rows in self.data.get("host_experts", {}).items()},
             "cpu_threads": self.threads,
             "default_threads": self.default_threads,
+            "cpu_read_gb_s": self.cpu_read_bps / 1e9 if self.cpu_read_bps else None,
             "has_gpu": self.has_gpu,
         }
 

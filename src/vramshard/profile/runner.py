@@ -16,6 +16,7 @@ from .bench_attention import measure_attention
 from .bench_dispatch import measure_dispatch
 from .bench_experts import measure_host_experts
 from .bench_matmul import measure_matmul
+from .bench_memory import measure_cpu_read
 from .bench_packed import measure_packed_ffn
 from .bench_split import measure_split_part
 from .bench_transfer import measure_transfers
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 # half a second on every profile (it is cheap). With 0.16 s and 9 batches two runs on the H200
 # machine differed by 16% on the GPU side.
 DISPATCH_BUDGET_S = 0.5
+READ_BUDGET_S = 0.1  # each of the two host-read timings (start and end of the CPU tables)
 
 _OVERHEAD_S = 0.01  # per point: allocation and bookkeeping, for the time estimate
 
@@ -98,6 +100,8 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
 
     with torch.inference_mode():
         with _torch_threads(top):
+            progress.step("cpu memory read")
+            reads = [measure_cpu_read(READ_BUDGET_S)]
             progress.step("cpu dispatch cost")
             dispatch["cpu"] = measure_dispatch("cpu", DISPATCH_BUDGET_S)
             progress.advance(w["dispatch"])
@@ -135,6 +139,7 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
                 _measure_gpu(spec, top, w, cpu_args, gpu_args, progress, matmul, attention, transfer, dispatch)
             for round_ in range(2, spec.cpu_rounds + 1):
                 _cpu_round(spec, top, round_, cpu_args, matmul, attention)
+            reads.append(measure_cpu_read(READ_BUDGET_S))  # the host's state over the whole profile
 
     elapsed = time.perf_counter() - started
     fingerprint = machine_fingerprint()
@@ -143,7 +148,7 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "fingerprint": fingerprint, "fingerprint_hash": fingerprint_hash(fingerprint),
         "quick": spec.quick, "synthetic": False, "elapsed_s": round(elapsed, 2),
-        "cpu": {"threads": threads, "default_threads": top},
+        "cpu": {"threads": threads, "default_threads": top, "read_gb_s": round(sum(reads) / len(reads) / 1e9, 2)},
         "matmul": matmul, "transfer": transfer, "attention": attention, "dispatch": dispatch,
     }
     if split_part:

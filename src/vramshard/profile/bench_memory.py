@@ -1,0 +1,22 @@
+"""Host memory read bandwidth: what a one-token step's CPU work moves with.
+
+A one-token projection reads its weight once, so its time on the CPU follows the bandwidth the
+host's memory gives all cores; that is what differs between boots of one machine type and on a
+laptop on battery or beside a game. The profile records it (``cpu.read_gb_s``) so that an engine
+can check later whether the host still reads as fast (:mod:`vramshard.profile.drift`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .bench_matmul import cold_bytes
+from .timing import time_cpu
+
+
+def measure_cpu_read(budget_s: float) -> float:
+    """Bytes per second the CPU reads from memory with all torch threads: the sum of a float32
+    buffer larger than twice the last-level cache (lower quartile of repeated runs)."""
+    buffer = torch.ones(cold_bytes("cpu") // 4, dtype=torch.float32)
+    seconds = time_cpu(buffer.sum, budget_s, min_reps=5)
+    return buffer.nbytes / seconds

@@ -1,0 +1,124 @@
+"""Does the host read memory as fast now as when it was profiled? The profile's CPU side scaled to now.
+
+A profile is measured once, and the host it describes moves: the lent H200 machines' boots read
+host memory at 79 to 108 GB/s (docs/BENCHMARKS.md, twenty-second GPU session), and a laptop on
+battery, or with a game beside it, reads slower than on the day it was profiled. A one-token step's
+CPU work reads its weights once, so its time follows that bandwidth.
+
+When the engine loads, :func:`corrected` times the host's memory read the way the profile did
+(:func:`~vramshard.profile.bench_memory.measure_cpu_read`, about 0.3 s) and scales the profile's
+CPU compute by then / now (:meth:`~vramshard.profile.query.Profile.calibrated`, ``cpu_scale``)
+when they differ by more than :data:`TOLERANCE`. Replayed over the report's 146 measured decode
+steps on hosts that read 79-127 GB/s (``python -m benchmarks.report_replay --profile-read-gb-s``;
+docs/BENCHMARKS.md, session 24), that scaling took the steps priced within 15% from 88 to 98, the
+CPU-computing baselines' from 43 to 52 of 73. The GPU side, PCIe included, repeats within 2%
+between profiles and is left as measured.
+
+One scale for all CPU work: prompt tiers are compute-bound rather than read-bound, and the
+engine's own fit of its measured steps (:mod:`vramshard.plan.calibrate`) corrects them by rows.
+
+It runs once per process for each profile, only on a profile of this machine that recorded its
+read bandwidth (same fingerprint; not a synthetic one; not one already scaled).
+``VRAMSHARD_DRIFT_CHECK=off`` keeps the profile as measured.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..env import switch
+from .bench_memory import measure_cpu_read
+from .fingerprint import fingerprint_hash, machine_fingerprint
+from .query import Profile
+
+log = logging.getLogger(__name__)
+
+# Within one boot the read repeats within 4% on the H200 machine and 10% across processes on the
+# 2-core development machine; boots of the H200 machine differ by up to 35%.
+TOLERANCE = 0.10
+LIMITS = (1 / 3, 3.0)  # scales beyond these are clamped, with a word to measure the profile again
+BUDGET_S = 0.1  # the read timing's budget (the buffer's allocation comes on top)
+
+
+@dataclass(frozen=True)
+class Drift:
+    """The host's memory read when profiled and now (bytes/s), and the check's wall time."""
+
+    profiled_bps: float
+    now_bps: float
+    took_s: float
+
+    @property
+    def scale(self) -> float:
+        """Factor on CPU compute times: above 1, the host reads slower now than when profiled."""
+        return self.profiled_bps / self.now_bps
+
+
+_CHECKED: dict[tuple[str, str], Drift] = {}  # (fingerprint hash, created) -> drift
+_LOCK = threading.Lock()
+
+
+def enabled() -> bool:
+    return switch("VRAMSHARD_DRIFT_CHECK", default=True)
+
+
+def is_this_machines(profile: Profile) -> bool:
+    """Whether ``profile`` was measured on this machine (its fingerprint), not made up (synthetic)."""
+    if profile.data.get("synthetic"):
+        return False
+    return profile.fingerprint_hash == fingerprint_hash(machine_fingerprint())
+
+
+def measure(profile: Profile, budget_s: float = BUDGET_S) -> Drift | None:
+    """Time the host's memory read now with the profile's thread count; None when the profile did
+    not record its own (profiles made before 2026-12-04)."""
+    if not profile.cpu_read_bps:
+        return None
+    started = time.perf_counter()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(profile.default_threads)
+    try:
+        now = measure_cpu_read(budget_s)
+    finally:
+        torch.set_num_threads(threads)
+    return Drift(profile.cpu_read_bps, now, time.perf_counter() - started)
+
+
+def corrected(profile: Profile) -> Profile:
+    """``profile`` with its CPU compute scaled to how fast this host reads memory now (see the
+    module); the profile itself where the check does not apply or finds it within :data:`TOLERANCE`."""
+    if not enabled() or profile.cpu_scale != 1.0 or not profile.cpu_read_bps or not is_this_machines(profile):
+        return profile
+    key = (profile.fingerprint_hash, str(profile.data.get("created", "")))
+    with _LOCK:  # once per process and profile: engines built later reuse it
+        if key not in _CHECKED:
+            drift = measure(profile)
+            if drift is None:
+                return profile
+            _CHECKED[key] = drift
+            log.info("host memory read %.1f GB/s now, %.1f GB/s when profiled (checked in %.2f s)",
+                     drift.now_bps / 1e9, drift.profiled_bps / 1e9, drift.took_s)
+        drift = _CHECKED[key]
+    if abs(math.log(drift.scale)) <= math.log1p(TOLERANCE):
+        return profile
+    scale = min(max(drift.scale, LIMITS[0]), LIMITS[1])
+    if scale != drift.scale:
+        log.warning("the host reads memory at x%.2f the profile's rate now; planning with CPU times x%.2f. "
+                    "If this machine changed for good, measure it again (`vramshard profile`)",
+                    1 / drift.scale, scale)
+    else:
+        log.info("planning with the profile's CPU times x%.2f (the host reads memory %s now than when profiled)",
+                 scale, "slower" if scale > 1 else "faster")
+    return profile.calibrated(cpu_scale=scale)
+
+
+def forget() -> None:
+    """Drop this process's checks (tests; a machine whose load changed): the next engine times again."""
+    with _LOCK:
+        _CHECKED.clear()

@@ -1,0 +1,126 @@
+"""The load-time check of the host's memory read against the profile's (profile/drift.py)."""
+
+import copy
+import logging
+
+import pytest
+import torch
+
+from vramshard import Engine
+from vramshard.errors import ProfileError
+from vramshard.profile import drift
+from vramshard.profile.bench_memory import measure_cpu_read
+from vramshard.profile.fingerprint import fingerprint_hash, machine_fingerprint
+from vramshard.profile.query import Profile
+from vramshard.profile.synthetic import synthetic_data
+
+GB = 1e9
+
+
+def this_machines(read_gb_s: float | None, gpu: bool = True) -> Profile:
+    """A profile that says it was measured on this machine, reading memory at ``read_gb_s``."""
+    data = synthetic_data(cpu_gflops=400, gpu_gflops=50_000 if gpu else None, h2d_gbps=20 if gpu else None,
+                          cpu_mem_gbps=40, gpu_mem_gbps=900 if gpu else None)
+    fingerprint = machine_fingerprint()
+    data.update(synthetic=False, fingerprint=fingerprint, fingerprint_hash=fingerprint_hash(fingerprint),
+                created="2026-12-04T22:30:00+00:00")
+    if read_gb_s is not None:
+        data["cpu"]["read_gb_s"] = read_gb_s
+    return Profile(data)
+
+
+@pytest.fixture(autouse=True)
+def fresh_checks():
+    drift.forget()
+    yield
+    drift.forget()
+
+
+@pytest.fixture
+def reads_now(monkeypatch):
+    """The host's read now, set by the test (bytes/s); counts the timings made."""
+    state = {"bps": 40 * GB, "calls": 0}
+
+    def fake(budget_s):
+        state["calls"] += 1
+        return state["bps"]
+
+    monkeypatch.setattr(drift, "measure_cpu_read", fake)
+    return state
+
+
+def test_a_host_reading_slower_than_profiled_makes_the_cpu_slower_and_nothing_else(reads_now):
+    profile = this_machines(60.0)
+    reads_now["bps"] = 40 * GB
+    scaled = drift.corrected(profile)
+    assert scaled.cpu_scale == pytest.approx(1.5)
+    cpu_matmul = profile.matmul_s(1, 4096, 4096, "bf16", "cpu")
+    assert scaled.matmul_s(1, 4096, 4096, "bf16", "cpu") == pytest.approx(1.5 * cpu_matmul)
+    assert scaled.attention_s(1, 1024, 32, 8, 128, "bf16", "cpu") == \
+        pytest.approx(1.5 * profile.attention_s(1, 1024, 32, 8, 128, "bf16", "cpu"))
+    assert scaled.matmul_s(1, 4096, 4096, "bf16", "cuda") == profile.matmul_s(1, 4096, 4096, "bf16", "cuda")
+    assert scaled.transfer_s(2**26) == profile.transfer_s(2**26)
+    # Once per process and profile: a second engine reuses the timing; a faster host speeds the CPU up.
+    assert drift.corrected(profile).cpu_scale == pytest.approx(1.5) and reads_now["calls"] == 1
+    drift.forget()
+    reads_now["bps"] = 80 * GB
+    assert drift.corrected(profile).cpu_scale == pytest.approx(0.75)
+
+
+def test_within_the_tolerance_the_profile_stays_as_measured(reads_now):
+    profile = this_machines(40.0 * (1 + drift.TOLERANCE / 2))
+    assert drift.corrected(profile) is profile and reads_now["calls"] == 1
+
+
+def test_beyond_the_limits_the_scale_is_clamped_with_a_word_to_profile_again(reads_now, caplog):
+    reads_now["bps"] = 10 * GB
+    with caplog.at_level(logging.WARNING, logger="vramshard.profile.drift"):
+        scaled = drift.corrected(this_machines(100.0))
+    assert scaled.cpu_scale == pytest.approx(drift.LIMITS[1])
+    assert "vramshard profile" in caplog.text
+
+
+@pytest.mark.parametrize("case", ["synthetic", "another machine", "no read figure", "already scaled", "switched off"])
+def test_the_check_applies_only_to_a_measured_profile_of_this_machine(reads_now, monkeypatch, case):
+    profile = this_machines(80.0)
+    if case == "synthetic":
+        data = copy.deepcopy(profile.data)
+        data["synthetic"] = True
+        profile = Profile(data)
+    elif case == "another machine":
+        data = copy.deepcopy(profile.data)
+        data["fingerprint"] = {**data["fingerprint"], "cpu_model": "some other CPU"}
+        data["fingerprint_hash"] = fingerprint_hash(data["fingerprint"])
+        profile = Profile(data)
+    elif case == "no read figure":
+        profile = this_machines(None)
+    elif case == "already scaled":
+        profile = profile.calibrated(1.2)
+    else:
+        monkeypatch.setenv("VRAMSHARD_DRIFT_CHECK", "off")
+    assert drift.corrected(profile) is profile and reads_now["calls"] == 0
+
+
+def test_a_bad_read_figure_is_refused_clearly():
+    data = copy.deepcopy(this_machines(50.0).data)
+    for bad in (-1, 0, float("nan"), "fast"):
+        data["cpu"]["read_gb_s"] = bad
+        with pytest.raises(ProfileError, match="read_gb_s"):
+            Profile(data)
+
+
+def test_the_read_timing_is_real_and_follows_the_threads():
+    """Not faked: this host's read, timed twice, agrees within a factor that CI's noise allows, and
+    the check's scale against a profile that claimed twice that read is about 2."""
+    first, second = measure_cpu_read(0.05), measure_cpu_read(0.05)
+    assert 1e8 < first < 1e13 and 0.5 < first / second < 2.0
+    scaled = drift.corrected(this_machines(2 * first / GB))
+    assert 1.0 < scaled.cpu_scale < 4.0
+
+
+def test_an_engine_plans_with_the_profile_scaled_to_the_host_now(tiny_model_dir, reads_now):
+    reads_now["bps"] = 20 * GB
+    engine = Engine.load(tiny_model_dir("llama"), vram="512MiB", simulate_gpu=True, profile=this_machines(40.0),
+                         max_context=128)
+    assert engine.budget.settings.profile.cpu_scale == pytest.approx(2.0)
+    assert len(engine.generate([[1, 2, 3]], max_new_tokens=2)[0]) == 2  # and it runs
