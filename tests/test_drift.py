@@ -1,6 +1,7 @@
 """The load-time check of the host's memory read against the profile's (profile/drift.py)."""
 
 import copy
+import json
 import logging
 
 import pytest
@@ -124,3 +125,23 @@ def test_an_engine_plans_with_the_profile_scaled_to_the_host_now(tiny_model_dir,
                          max_context=128)
     assert engine.budget.settings.profile.cpu_scale == pytest.approx(2.0)
     assert len(engine.generate([[1, 2, 3]], max_new_tokens=2)[0]) == 2  # and it runs
+
+
+def test_vramshard_plan_plans_with_the_scaled_profile_and_says_so(tmp_path, reads_now, capsys):
+    from vramshard.cli.main import main
+    from vramshard.profile import save
+
+    path = save(this_machines(40.0), tmp_path / "profile.json")
+    reads_now["bps"] = 20 * GB
+    assert main(["plan", "--shape", "nemo-8b", "--vram", "4GiB", "--ctx", "1024", "--tiers", "1,16",
+                 "--profile", str(path), "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert any("CPU times x2.00" in note for note in planned["notes"])
+    drift.forget()
+    reads_now["bps"] = 40 * GB
+    assert main(["plan", "--shape", "nemo-8b", "--vram", "4GiB", "--ctx", "1024", "--tiers", "1,16",
+                 "--profile", str(path), "--json"]) == 0
+    same = json.loads(capsys.readouterr().out)
+    assert not any("CPU times" in note for note in same["notes"])
+    # Twice the CPU time moves work off the CPU: the predicted tier-1 step is longer.
+    assert planned["tiers"]["1"]["predicted_ms"] > same["tiers"]["1"]["predicted_ms"]
