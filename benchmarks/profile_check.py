@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from vramshard.profile import BenchmarkSpec, load, save
-from vramshard.profile.bench_attention import sdpa_gqa
+from vramshard.profile.bench_attention import cold_kv_ring, cycling_cache_reads, sdpa_gqa
 from vramshard.profile.bench_matmul import cold_copies, linear_over
 from vramshard.profile.runner import run_profile
 from vramshard.profile.spec import torch_dtype
@@ -182,14 +182,17 @@ def time_matmul(m: int, k: int, n: int, dtype: str, device: str) -> float:
 
 
 def time_attention(n_new: int, context: int, dtype: str, device: str) -> float:
-    """Seconds of attention of ``n_new`` tokens over ``context`` (32 heads, 8 KV heads, 128 dims)."""
+    """Seconds of attention of ``n_new`` tokens over ``context`` (32 heads, 8 KV heads, 128 dims), the
+    profile's way: on the CPU over cold copies of a cache in the executor's layout."""
     dt = torch_dtype(dtype)
     with torch.inference_mode():
         q = torch.randn(1, 32, n_new, 128, dtype=dt, device=device)
+        if device == "cpu":
+            ring = cold_kv_ring(8 * 128 * context, dt)
+            return time_cpu(cycling_cache_reads(q, ring, 8, context, 128), 0.2)
         k = torch.randn(1, 8, context, 128, dtype=dt, device=device)
         v = torch.randn(1, 8, context, 128, dtype=dt, device=device)  # apart from k, as the profile
-        fn = lambda: sdpa_gqa(q, k, v)  # noqa: E731
-        return time_cuda(fn, 0.05) if device == "cuda" else time_cpu(fn, 0.2)
+        return time_cuda(lambda: sdpa_gqa(q, k, v), 0.05)
 
 
 def _held_out_on(device: str, profile) -> list[dict]:

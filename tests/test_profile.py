@@ -617,3 +617,33 @@ def test_a_quick_profile_times_all_cores_only_unless_told():
     assert BenchmarkSpec.quick_spec().resolved_threads() == [top]
     assert BenchmarkSpec.full().resolved_threads() == default_thread_counts()
     assert BenchmarkSpec.quick_spec(threads=[1, 2]).resolved_threads() == [1, 2]
+
+
+def test_cpu_attention_is_timed_over_cold_copies_of_a_cache_as_a_step_reads_it(monkeypatch):
+    """Each timed call reads another copy of the keys and values, in the paged cache's layout (rows of
+    [context, Hkv, D], read transposed), the copies larger than twice the last-level cache; hot and
+    contiguous, one-token attention took 2.1-2.3x less on the development machine."""
+    from vramshard.profile import bench_attention
+    from vramshard.profile.bench_matmul import cold_bytes
+    from vramshard.profile.progress import ProgressSink
+
+    ring = bench_attention.cold_kv_ring(2 * 64 * 128, torch.float32)
+    assert ring.numel() * 4 >= cold_bytes("cpu")
+    q = torch.randn(1, 4, 2, 64)
+    run = bench_attention.cycling_cache_reads(q, ring, 2, 64, 64)
+    seen = []
+    monkeypatch.setattr(bench_attention, "sdpa_gqa", lambda q, k, v: seen.append((k, v)) or k.sum())
+    for _ in range(3):
+        run()
+    pointers = {k.data_ptr() for k, _ in seen} | {v.data_ptr() for _, v in seen}
+    assert len(pointers) == 6  # three calls, three different copies
+    k, v = seen[0]
+    assert k.shape == (1, 2, 64, 64) and not k.is_contiguous() and k.stride(2) == 2 * 64  # rows of [L, Hkv, D]
+    monkeypatch.undo()
+    timed = []
+    monkeypatch.setattr(bench_attention, "cycling_cache_reads",
+                        lambda *args: timed.append(args[2:]) or (lambda: None))
+    monkeypatch.setattr(bench_attention, "time_cpu", lambda fn, budget_s: 1e-3)
+    bench_attention.measure_attention("cpu", "fp32", 4, 2, 64, [1], [128, 256], budget_s=0.01, cap_s=1,
+                                      progress=ProgressSink(), label="t", weight=0)
+    assert timed == [(2, 128, 64), (2, 256, 64)]

@@ -2,6 +2,14 @@
 
 ``n_new`` query tokens attend to ``context`` cached keys (no mask: the full rectangle, an
 upper bound for a causal prefill chunk).
+
+On the CPU the keys and values are read as a step reads them: views of a paged cache's rows
+([context, Hkv, D], transposed, not contiguous), a different copy in each timed call, the copies
+together larger than twice the last-level cache, as every layer of a step reads its own cache
+from memory. Timed hot and contiguous (before 2026-12-04) one-token attention took 2.1-2.3x less
+on the 2-core development machine than this, and the H200 machine's CPU-attention steps ran about
+2.3x the profile's time at 16K keys (docs/BENCHMARKS.md, session 24). On the GPU the tensors stay
+contiguous and hot (its decode kernels read the paged cache in place; not yet re-timed).
 """
 
 from __future__ import annotations
@@ -9,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .bench_matmul import repair_row
+from .bench_matmul import MAX_COPIES, cold_bytes, repair_row
 from .progress import ProgressSink
 from .spec import torch_dtype
 from .timing import time_cpu, time_cuda
@@ -30,6 +38,35 @@ def sdpa_gqa(q, k, v):
         return F.scaled_dot_product_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1))
 
 
+def cold_kv_ring(largest_cache: int, dtype) -> torch.Tensor:
+    """A flat CPU buffer of at least twice the last-level cache (:func:`cold_bytes`) and two caches
+    of ``largest_cache`` elements, from which :func:`cycling_cache_reads` cuts its copies. Filled with
+    a repeated random pattern (filling it all at random would take seconds of a quick profile)."""
+    chunk = 1 << 16
+    elements = max(cold_bytes("cpu") // torch.tensor([], dtype=dtype).element_size(), 2 * largest_cache)
+    ring = torch.empty(-(-elements // chunk), chunk, dtype=dtype)
+    ring.copy_(torch.randn(chunk).to(dtype).expand_as(ring))
+    return ring.view(-1)
+
+
+def cycling_cache_reads(q: torch.Tensor, ring: torch.Tensor, kv_heads: int, context: int, head_dim: int):
+    """Attention of ``q`` [1, H, T, D] over the next of the ring's cache copies at each call: keys
+    and values [context, Hkv, D] each, viewed [1, Hkv, context, D] as the executor reads its cache."""
+    per = context * kv_heads * head_dim
+    copies = max(1, min(MAX_COPIES, ring.numel() // (2 * per)))
+    caches = [(ring[2 * i * per:(2 * i + 1) * per].view(context, kv_heads, head_dim).transpose(0, 1)[None],
+               ring[(2 * i + 1) * per:(2 * i + 2) * per].view(context, kv_heads, head_dim).transpose(0, 1)[None])
+              for i in range(copies)]
+    turn = [0]
+
+    def run():
+        turn[0] = (turn[0] + 1) % copies
+        keys, values = caches[turn[0]]
+        return sdpa_gqa(q, keys, values)
+
+    return run
+
+
 def measure_attention(
     device: str, dtype: str, heads: int, kv_heads: int, head_dim: int, n_new_list, context_list, *,
     budget_s: float, cap_s: float, progress: ProgressSink, label: str, weight: float,
@@ -42,12 +79,15 @@ def measure_attention(
     estimated = 0
     peak_flops = 0.0
 
+    ring = cold_kv_ring(kv_heads * head_dim * max(context_list), torch_dt) if device == "cpu" else None
+
     def run(n_new: int, context: int) -> float:
         q = torch.randn(1, heads, n_new, head_dim, dtype=torch_dt, device=device)  # [B, H, T, D]
+        if ring is not None:
+            return time_cpu(cycling_cache_reads(q, ring, kv_heads, context, head_dim), budget_s)
         k = torch.randn(1, kv_heads, context, head_dim, dtype=torch_dt, device=device)  # [B, Hkv, C, D]
         v = torch.randn_like(k)
-        fn = lambda: sdpa_gqa(q, k, v)  # noqa: E731
-        return time_cuda(fn, budget_s) if device == "cuda" else time_cpu(fn, budget_s)
+        return time_cuda(lambda: sdpa_gqa(q, k, v), budget_s)
 
     for n_new in n_new_list:
         row: list[float] = []
