@@ -647,3 +647,17 @@ def test_cpu_attention_is_timed_over_cold_copies_of_a_cache_as_a_step_reads_it(m
     bench_attention.measure_attention("cpu", "fp32", 4, 2, 64, [1], [128, 256], budget_s=0.01, cap_s=1,
                                       progress=ProgressSink(), label="t", weight=0)
     assert timed == [(2, 128, 64), (2, 256, 64)]
+
+
+def test_a_head_layout_not_measured_scales_by_kv_bytes_at_one_token_and_by_query_heads_at_sixteen():
+    """One new token reads the cache (its time follows the KV heads); 16 compute (the query heads)."""
+    profile = load(Path(__file__).parents[1] / "docs/profiles/h200-run15.json", check_fingerprint=False)
+    assert [(t["heads"], t["kv_heads"], t["head_dim"]) for t in profile.data["attention"]][0] == (32, 8, 128)
+    for device in ("cpu", "cuda"):
+        def ratio(n_new, heads, kv_heads):
+            return (profile.attention_s(n_new, 4096, heads, kv_heads, 128, "bf16", device)
+                    / profile.attention_s(n_new, 4096, 32, 8, 128, "bf16", device))
+
+        assert ratio(1, 32, 4) == pytest.approx(0.5) and ratio(16, 32, 4) == pytest.approx(1.0)
+        assert ratio(1, 16, 8) == pytest.approx(1.0) and ratio(16, 16, 8) == pytest.approx(0.5)
+        assert 0.5 < ratio(4, 32, 4) < 1.0 and ratio(1024, 32, 4) == pytest.approx(1.0)
