@@ -80,14 +80,18 @@ def gpu_matmul_gflops(dtype: torch.dtype, size: int = 8192) -> float:
 
 
 def planner_profile(path: str | None, bandwidth: dict, dtypes) -> tuple[object, str]:
-    """(profile, where it came from): --profile, the stored one, or a synthetic one fitted here."""
-    from vramshard.profile import load, load_or_none, synthetic
+    """(profile, where it came from): --profile, the stored one, or a synthetic one fitted here. A
+    measured profile of this machine is scaled to the host's memory read now, as an engine scales
+    it when it loads (:mod:`vramshard.profile.drift`); the source says by how much."""
+    from vramshard.profile import drift, load, load_or_none, synthetic
 
-    if path:
-        return load(path, check_fingerprint=False), path
-    stored = load_or_none()
-    if stored is not None:
-        return stored, "stored"
+    measured = load(path, check_fingerprint=False) if path else load_or_none()
+    if measured is not None:
+        source = path or "stored"
+        scaled = drift.corrected(measured)
+        if scaled.cpu_scale != 1.0:
+            source += f" (CPU times x{scaled.cpu_scale:.2f}: the host's memory read now)"
+        return scaled, source
     cpu = {key: 0.0 for key in ("bf16", "fp16", "fp32")}
     gpu = dict(cpu)
     for dtype in (torch.float32, *dtypes):

@@ -145,3 +145,18 @@ def test_vramshard_plan_plans_with_the_scaled_profile_and_says_so(tmp_path, read
     assert not any("CPU times" in note for note in same["notes"])
     # Twice the CPU time moves work off the CPU: the predicted tier-1 step is longer.
     assert planned["tiers"]["1"]["predicted_ms"] > same["tiers"]["1"]["predicted_ms"]
+
+
+def test_the_benchmarks_plan_from_the_profile_scaled_as_an_engine_would(tmp_path, reads_now):
+    """The report's parts plan with the Planner directly: they scale the profile as an engine does,
+    and say so in where the profile came from."""
+    from benchmarks.engine_bench import planner_profile
+    from vramshard.profile import save
+
+    path = save(this_machines(30.0), tmp_path / "profile.json")
+    reads_now["bps"] = 20 * GB
+    profile, source = planner_profile(str(path), {}, set())
+    assert profile.cpu_scale == pytest.approx(1.5) and "x1.50" in source
+    other = save(this_machines(None), tmp_path / "old.json")  # a profile from before the read figure
+    profile, source = planner_profile(str(other), {}, set())
+    assert profile.cpu_scale == 1.0 and source == str(other)
