@@ -129,8 +129,9 @@ def test_threads_calling_one_shape_at_once_make_one_choice_without_error():
 @pytest.mark.with_compiled
 def test_one_token_over_a_contiguous_weight_may_take_the_compiled_row_sums(monkeypatch):
     """Three candidates for one token over a contiguous weight, two for a transposed view, a few
-    tokens, a thread that keeps the GIL free, or ``VRAMSHARD_CPU_LINEAR=aten``; the compiled one is compiled before its first
-    timed trial and wins when it is the fastest."""
+    tokens, a thread that keeps the GIL free where compiled kernels hold it, or
+    ``VRAMSHARD_CPU_LINEAR=aten``; the compiled one is compiled before its first timed trial and
+    wins when it is the fastest."""
     from vramshard.layers import cpu_compiled
 
     x, w = torch.randn(1, 64).bfloat16(), torch.randn(48, 64).bfloat16()
@@ -141,8 +142,11 @@ def test_one_token_over_a_contiguous_weight_may_take_the_compiled_row_sums(monke
     torch.testing.assert_close(cpu_linear._compiled(x, sliced, None).float(), F.linear(x.float(), sliced.float()),
                                atol=0.05, rtol=0.02)
     assert cpu_linear._candidates(torch.randn(2, 64).bfloat16(), w) == ("linear", "weight_mm")
-    with cpu_compiled.gil_kept_free():
-        assert cpu_linear._candidates(x, w) == ("linear", "mv")
+    with cpu_compiled.gil_kept_free():  # compiled kernels leave the GIL: a worker may run them
+        assert cpu_linear._candidates(x, w) == ("linear", "mv", "compiled")
+        with monkeypatch.context() as keeping:  # where they could not be made to leave it, not there
+            keeping.setattr(cpu_compiled, "_RELEASES_GIL", [False])
+            assert cpu_linear._candidates(x, w) == ("linear", "mv")
     monkeypatch.setenv("VRAMSHARD_CPU_LINEAR", "aten")
     assert cpu_linear._candidates(x, w) == ("linear", "mv")
     monkeypatch.delenv("VRAMSHARD_CPU_LINEAR")

@@ -144,19 +144,29 @@ def test_a_bfloat16_cpu_engine_decodes_on_it(arch, tiny_model_dir, calls, monkey
     assert calls.count(1) >= 3 * moe_layers  # the decode steps after the prompt
 
 
-def test_a_thread_that_keeps_the_gil_free_computes_expert_by_expert(tiny_model_dir, calls):
-    """Inductor's kernels hold the GIL: inside ``gil_kept_free`` (the run-ahead worker) the pass
-    does not run, and the result is the same."""
+def test_a_thread_that_keeps_the_gil_free_computes_expert_by_expert_where_kernels_hold_it(tiny_model_dir, calls,
+                                                                                          monkeypatch):
+    """Where inductor's kernels hold the GIL (their binding could not be changed), inside
+    ``gil_kept_free`` (the run-ahead worker) the pass does not run, and the result is the same; where
+    they leave it (the default), the worker runs the pass too."""
     ffn, views, _ = bf16_layer(tiny_model_dir, "qwen3_moe")
     source = DictExperts(views, ffn.num_experts, stack=True)
     h, routing = ffn.prepare(views, torch.randn(2, ffn.hidden).to(torch.bfloat16))
-    with cpu_compiled.gil_kept_free():
-        assert not cpu_compiled.allowed()
-        kept = ffn.run_experts(source, h, routing)
-    assert cpu_compiled.allowed() and calls == []
+    with monkeypatch.context() as keeping:
+        keeping.setattr(cpu_compiled, "_RELEASES_GIL", [False])
+        with cpu_compiled.gil_kept_free():
+            assert not cpu_compiled.allowed()
+            kept = ffn.run_experts(source, h, routing)
+        assert cpu_compiled.allowed() and calls == []
     compiled = ffn.run_experts(source, h, routing)
     assert calls == [2]
     torch.testing.assert_close(kept.float(), compiled.float(), rtol=0, atol=2e-2 * compiled.float().abs().max().item())
+    assert cpu_compiled.kernels_release_gil()
+    with cpu_compiled.gil_kept_free():
+        assert cpu_compiled.allowed()
+        on_worker = ffn.run_experts(source, h, routing)
+    assert calls == [2, 2]
+    torch.testing.assert_close(on_worker, compiled)
 
 
 def test_each_dtype_and_thread_count_gets_a_compilation_of_its_own():

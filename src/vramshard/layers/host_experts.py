@@ -19,8 +19,9 @@ rounds after each projection). Half precision only (``DTYPES``): float32 tiny mo
 per-expert path. The compiled code keeps the OpenMP thread count of its compilation, so each
 thread count (and dtype) gets a compilation of its own. Compiling needs a C++ compiler; without one (or
 on any compile error) the first call says so in the log and every call returns None, for the
-caller's own path (:mod:`~vramshard.layers.cpu_compiled`). Nor does it run where a thread keeps the
-GIL free (the run-ahead worker): inductor's CPU kernels hold it. ``VRAMSHARD_HOST_EXPERTS=off``
+caller's own path (:mod:`~vramshard.layers.cpu_compiled`). Where the compiled kernels keep the GIL
+(:func:`~vramshard.layers.cpu_compiled.kernels_release_gil` could not change their binding) it does
+not run on a thread that keeps the GIL free (the run-ahead worker). ``VRAMSHARD_HOST_EXPERTS=off``
 turns this off.
 """
 

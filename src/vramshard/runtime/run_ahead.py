@@ -35,7 +35,12 @@ their CPU parts 1.7× as long; ``benchmarks/gil_handoff`` measured a part beside
 thread at 4.6× and 3.4× its time alone (1 and 64 rows) with 5 ms, 1.3× and 1.9× with 0.1 ms (the
 2-core development machine, where the busy thread also takes a core). A worker
 lowers the process's switch interval to ``SWITCH_INTERVAL_S`` (it is the process's, not the
-thread's: a server's threads hand the GIL over as quickly too).
+thread's: a server's threads hand the GIL over as quickly too). Inductor's compiled CPU kernels
+(a MoE layer's expert pass, the tuned projections) held the GIL through the kernel and were kept
+off the worker; since session 24 they leave it (:func:`~vramshard.layers.cpu_compiled.kernels_release_gil`)
+and the worker runs them: beside a busy Python thread, a Qwen3-30B-A3B layer's pass on the worker
+took 6.3-6.8 ms against 3.1-3.3 alone on the development machine, and left the Python thread its
+pace (``benchmarks/compiled_gil``). Not yet run on a GPU.
 
 Opt-in (``VRAMSHARD_RUN_AHEAD=on``) until measured faster on a GPU.
 """
@@ -259,7 +264,8 @@ class RunAhead:
                     raise TimeoutError(f"the GPU has not told the worker in {READY_TIMEOUT_S:.0f} s that CPU part "
                                        f"{number}'s input landed (ready word at {int(ready[0])})")
             computing = time.perf_counter()
-            with torch.inference_mode(), cpu_compiled.gil_kept_free():  # (inductor's kernels would hold it)
+            # (compiled kernels run here only where they leave the GIL: cpu_compiled.kernels_release_gil)
+            with torch.inference_mode(), cpu_compiled.gil_kept_free():
                 job()
         except BaseException as exc:  # noqa: BLE001 - handed to the host thread by drain()
             log.exception("CPU part %d failed on the run-ahead worker", number)

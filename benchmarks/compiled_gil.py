@@ -1,0 +1,129 @@
+"""A compiled CPU kernel on a worker thread beside a thread that runs Python: does either wait?
+
+    PYTHONPATH=src python -m benchmarks.compiled_gil --json out.json
+    VRAMSHARD_CPU_KERNELS_RELEASE_GIL=off PYTHONPATH=src python -m benchmarks.compiled_gil --json off.json
+
+The run-ahead worker (``runtime/run_ahead.py``) computes CPU work while the host thread queues the
+step's GPU work in Python. Inductor's compiled CPU kernels held the GIL while they ran, so the
+worker was kept off them (``cpu_compiled.gil_kept_free``) and computed a MoE layer's routed experts
+expert by expert instead. ``cpu_compiled.kernels_release_gil`` makes the kernels leave the GIL.
+
+For one MoE layer's routed experts of one token (the compiled pass of ``layers/host_experts``, the
+shape's experts over copies that exceed the last-level cache, as the executor reads them), with
+the torch threads less one on the worker (the host thread keeps a core) and the run-ahead worker's
+GIL switch interval: the pass alone on the main
+thread, then on a worker while the main thread counts in a Python loop. It reports the pass's time
+in both, and the Python thread's pace beside the pass over its pace alone (near 0: the pass kept it
+waiting for the GIL). Run it with the switch on and off to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import threading
+import time
+
+import torch
+
+from vramshard.layers import cpu_compiled, host_experts
+from vramshard.profile.bench_matmul import cold_bytes
+from vramshard.runtime import run_ahead
+from vramshard.shapes import shape_config
+
+from .common import hardware, now, write_json
+
+log = logging.getLogger("compiled_gil")
+
+
+def layer_copies(hidden: int, inter: int, experts: int, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Copies of one layer's stacked experts (gate_up [E, 2F, D], down [E, D, F]) that together
+    exceed twice the last-level cache; random, small."""
+    one = experts * 3 * inter * hidden * dtype.itemsize
+    count = max(2, -(-cold_bytes("cpu") // one))
+    return [(torch.randn(experts, 2 * inter, hidden, dtype=dtype) * 0.02,
+             torch.randn(experts, hidden, inter, dtype=dtype) * 0.02) for _ in range(count)]
+
+
+def pass_seconds(h, layers, routing, repeats: int) -> list[float]:
+    """Seconds of each of ``repeats`` passes, cycling over the layer copies."""
+    experts, weights = routing
+    times = []
+    for i in range(repeats):
+        gate_up, down = layers[i % len(layers)]
+        start = time.perf_counter()
+        out = host_experts.routed(h, gate_up, down, experts, weights)
+        times.append(time.perf_counter() - start)
+        if out is None:
+            raise RuntimeError("the compiled pass did not run here (no C++ compiler, or switched off)")
+    return times
+
+
+def python_pace(seconds: float) -> float:
+    """Loop iterations per second of a bare Python counter on this thread for ``seconds``."""
+    count, end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        count += 1
+    return count / seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="qwen3-30b-a3b")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    config = shape_config(args.shape)
+    dtype = getattr(torch, args.dtype)
+    hidden, inter, count, top_k = (config["hidden_size"], config["moe_intermediate_size"], config["num_experts"],
+                                   config["num_experts_per_tok"])
+    releases = cpu_compiled.kernels_release_gil()
+    sys.setswitchinterval(run_ahead.SWITCH_INTERVAL_S)  # as the run-ahead worker sets it
+    threads = max(1, torch.get_num_threads() - 1)
+    torch.set_num_threads(threads)
+    with torch.inference_mode():
+        layers = layer_copies(hidden, inter, count, dtype)
+        h = torch.randn(1, hidden, dtype=dtype)
+        routing = (torch.randperm(count)[:top_k][None], torch.full((1, top_k), 1.0 / top_k, dtype=dtype))
+        pass_seconds(h, layers, routing, 2)  # compiles
+        alone = pass_seconds(h, layers, routing, args.repeats)
+        pace_alone = python_pace(0.5)
+        on_worker: list[float] = []
+        done = threading.Event()
+
+        def worker():
+            with torch.inference_mode():
+                torch.set_num_threads(threads)
+                on_worker.extend(pass_seconds(h, layers, routing, args.repeats))
+            done.set()
+
+        thread = threading.Thread(target=worker, name="compiled-gil-worker")
+        start = time.perf_counter()
+        thread.start()
+        counted = 0
+        while not done.is_set():
+            counted += 1
+        wall = time.perf_counter() - start
+        thread.join()
+    bytes_read = top_k * 3 * inter * hidden * dtype.itemsize
+    result = {
+        "date": now(), "hardware": hardware(), "shape": args.shape, "dtype": args.dtype,
+        "kernels_release_gil": releases, "worker_threads": threads, "switch_interval_s": sys.getswitchinterval(),
+        "pass_alone_ms": 1e3 * statistics.median(alone),
+        "pass_on_worker_ms": 1e3 * statistics.median(on_worker),
+        "pass_gb_s_alone": bytes_read / statistics.median(alone) / 1e9,
+        "python_pace_beside_over_alone": (counted / wall) / pace_alone,
+    }
+    log.info("compiled kernels release the GIL: %s; pass alone %.2f ms, on the worker beside a Python thread "
+             "%.2f ms; the Python thread ran at %.2f of its pace alone", releases, result["pass_alone_ms"],
+             result["pass_on_worker_ms"], result["python_pace_beside_over_alone"])
+    if args.json:
+        write_json(args.json, result)
+
+
+if __name__ == "__main__":
+    main()
