@@ -106,3 +106,47 @@ def test_a_compiled_kernel_leaves_the_gil_to_other_threads_while_it_runs():
     assert beside > 0.3 * alone
     with cpu_compiled.gil_kept_free():
         assert cpu_compiled.allowed()  # a thread that must leave the GIL may run them now
+
+
+def test_a_compile_that_fails_with_the_releasing_binding_is_tried_again_with_inductors_own(monkeypatch, caplog):
+    """Another compiler may refuse the binding that leaves the GIL: the kernel then compiles with
+    inductor's own binding, and kernels keep the GIL from then on (a worker no longer runs them)."""
+    from torch._inductor import codecache
+
+    assert cpu_compiled.kernels_release_gil()
+    binding = codecache.CppPythonBindingsCodeCache
+    monkeypatch.setattr(cpu_compiled, "_trust_isa_flags", False)  # (that retry is tested above)
+    monkeypatch.setattr(binding, "call_entry_function", binding.call_entry_function)  # restored after
+    monkeypatch.setattr(binding, "suffix_template", binding.suffix_template)
+    monkeypatch.setattr(cpu_compiled, "_RELEASES_GIL", [True])
+    real_compile, tries = torch.compile, []
+
+    def compile_failing_while_releasing(fn, **kwargs):
+        compiled = real_compile(fn, **kwargs)
+
+        def call(*args):
+            tries.append(binding.call_entry_function == cpu_compiled._RELEASING)
+            if tries[-1]:
+                raise RuntimeError("the C++ compiler refused the binding")
+            return compiled(*args)
+        return call
+
+    monkeypatch.setattr(torch, "compile", compile_failing_while_releasing)
+    kernel = CompiledKernel(lambda x: (x.float() * 3).sum(-1), "test sums", "run eagerly")
+    with caplog.at_level("WARNING", logger="vramshard.layers.cpu_compiled"):
+        out = kernel(torch.ones(2, 5))
+    assert tries == [True, False] and torch.equal(out, torch.full((2,), 15.0))
+    assert "keep the GIL" in caplog.text and not cpu_compiled.kernels_release_gil()
+    assert binding.call_entry_function == cpu_compiled._HOLDING and "#include <tuple>" not in binding.suffix_template
+    with cpu_compiled.gil_kept_free():
+        assert not cpu_compiled.allowed()
+    # A function that fails with either binding does not take the releasing one away.
+    assert cpu_compiled.kernels_release_gil(again=True) and binding.call_entry_function == cpu_compiled._RELEASING
+
+    def broken(x):
+        raise ValueError("not the binding's fault")
+
+    tries.clear()
+    assert CompiledKernel(broken, "test failures", "run eagerly")(torch.ones(2)) is None
+    assert tries == [True, False] and cpu_compiled.kernels_release_gil()
+    assert binding.call_entry_function == cpu_compiled._RELEASING

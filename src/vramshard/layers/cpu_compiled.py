@@ -70,14 +70,16 @@ _RELEASES_GIL: list[bool] = []  # [whether compiled kernels release the GIL], on
 _decide = threading.Lock()
 
 
-def kernels_release_gil() -> bool:
+def kernels_release_gil(again: bool = False) -> bool:
     """Make inductor's CPU kernels compiled in this process from now on release the GIL while they
-    run (once; see the module). False where they keep it: switched off, or a binding of another
-    form than this knows (then nothing is changed)."""
-    if _RELEASES_GIL:
+    run (once, or ``again`` after :func:`_restore_binding`; see the module). False where they keep it:
+    switched off, or a binding of another form than this knows (then nothing is changed)."""
+    if _RELEASES_GIL and not again:
         return _RELEASES_GIL[0]
     with _decide:
-        if not _RELEASES_GIL:
+        if again:
+            _RELEASES_GIL[:] = [_patch_binding()]
+        elif not _RELEASES_GIL:
             _RELEASES_GIL.append(_patch_binding())
     return _RELEASES_GIL[0]
 
@@ -102,6 +104,21 @@ def _patch_binding() -> bool:
     binding.suffix_template = template.replace("#include <sstream>", "#include <sstream>\n#include <tuple>", 1)
     binding.call_entry_function = _RELEASING
     return True
+
+
+def _restore_binding() -> bool:
+    """Give inductor its own binding back (kernels compiled later keep the GIL); False where it had it."""
+    with _decide:
+        if not (_RELEASES_GIL and _RELEASES_GIL[0]):
+            return False
+        from torch._inductor import codecache
+
+        binding = codecache.CppPythonBindingsCodeCache
+        binding.call_entry_function = _HOLDING
+        binding.suffix_template = binding.suffix_template.replace("#include <sstream>\n#include <tuple>",
+                                                                  "#include <sstream>", 1)
+        _RELEASES_GIL[0] = False
+        return True
 
 
 _trust_isa_flags = True  # until a compilation under the instruction set the CPU's flags name fails
@@ -170,8 +187,10 @@ class CompiledKernel:
 
     def _compile_and_call(self, key: tuple, args) -> torch.Tensor:
         """Compile a fresh copy of ``fn`` for ``key`` and call it (torch compiles on the first call),
-        under :func:`compile_settings`; once more with probed instruction sets if the trusted one failed."""
+        under :func:`compile_settings`; once more with probed instruction sets if the trusted one failed,
+        and once more with inductor's own binding if the one that leaves the GIL failed."""
         kernels_release_gil()
+        suspect_binding = False  # whether inductor's own binding is being tried after the releasing one failed
         while True:
             fresh = types.FunctionType(self.fn.__code__.replace(), self.fn.__globals__, self.fn.__name__,
                                        self.fn.__defaults__, self.fn.__closure__)
@@ -179,14 +198,24 @@ class CompiledKernel:
             settings, trusted = compile_settings()
             try:
                 with settings:
-                    return compiled(*args)
-            except Exception as exc:  # noqa: BLE001 - re-raised unless the trusted instruction set is to blame
+                    result = compiled(*args)
+            except Exception as exc:  # noqa: BLE001 - re-raised unless the instruction set or binding is to blame
                 self._compiled.pop(key, None)
-                if not trusted:
+                if trusted:
+                    log.info("%s: compiling with the instruction set the CPU's flags name failed (%s); probing "
+                             "the instruction sets instead", self.what, _first_line(exc))
+                    _distrust_isa_flags()
+                elif not suspect_binding and _restore_binding():
+                    suspect_binding = True
+                else:
+                    if suspect_binding:  # it failed with inductor's binding too: the binding was not the cause
+                        kernels_release_gil(again=True)
                     raise
-                log.info("%s: compiling with the instruction set the CPU's flags name failed (%s); probing "
-                         "the instruction sets instead", self.what, _first_line(exc))
-                _distrust_isa_flags()
+            else:
+                if suspect_binding:
+                    log.warning("%s: compiling failed with the binding that leaves the GIL and worked with "
+                                "inductor's; compiled CPU kernels keep the GIL from now on", self.what)
+                return result
 
 
 def _first_line(exc: Exception) -> str:
