@@ -84,10 +84,12 @@ def h2d_bandwidth(nbytes: int = 2**30) -> float:
 
 
 def cpu_read_bandwidth(nbytes: int = 2**31) -> float:
-    """Bytes/s the CPU reads from memory with all torch threads (sum of a large fp32 tensor)."""
-    x = torch.ones(nbytes // 4, dtype=torch.float32)
-    seconds = timed(lambda: x.sum(), repeat=5)
-    return nbytes / seconds
+    """Bytes/s the CPU reads from memory with all torch threads (sum of a large fp32 tensor), timed
+    as the profile times it (:func:`vramshard.profile.bench_memory.measure_cpu_read`; until
+    2026-12-04 the median of 5 sums rather than their lower quartile)."""
+    from vramshard.profile.bench_memory import measure_cpu_read
+
+    return measure_cpu_read(0.2, nbytes)
 
 
 def shared_read_bandwidth(nbytes: int = 2**31, seconds: float = 1.0) -> dict:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .bench_matmul import MAX_COPIES, cold_bytes, repair_row
+from .bench_matmul import MAX_COPIES, cold_bytes, cycling, repair_row
 from .progress import ProgressSink
 from .spec import torch_dtype
 from .timing import time_cpu, time_cuda
@@ -54,17 +54,12 @@ def cycling_cache_reads(q: torch.Tensor, ring: torch.Tensor, kv_heads: int, cont
     and values [context, Hkv, D] each, viewed [1, Hkv, context, D] as the executor reads its cache."""
     per = context * kv_heads * head_dim
     copies = max(1, min(MAX_COPIES, ring.numel() // (2 * per)))
-    caches = [(ring[2 * i * per:(2 * i + 1) * per].view(context, kv_heads, head_dim).transpose(0, 1)[None],
-               ring[(2 * i + 1) * per:(2 * i + 2) * per].view(context, kv_heads, head_dim).transpose(0, 1)[None])
-              for i in range(copies)]
-    turn = [0]
 
-    def run():
-        turn[0] = (turn[0] + 1) % copies
-        keys, values = caches[turn[0]]
-        return sdpa_gqa(q, keys, values)
+    def cache(i: int) -> torch.Tensor:  # the i-th [context, Hkv, D] rows, viewed [1, Hkv, context, D]
+        return ring[i * per:(i + 1) * per].view(context, kv_heads, head_dim).transpose(0, 1)[None]
 
-    return run
+    caches = [(cache(2 * i), cache(2 * i + 1)) for i in range(copies)]  # (keys, values), viewed once
+    return cycling(copies, lambda i: sdpa_gqa(q, *caches[i]))
 
 
 def measure_attention(

@@ -14,9 +14,10 @@ from .bench_matmul import cold_bytes
 from .timing import time_cpu
 
 
-def measure_cpu_read(budget_s: float) -> float:
+def measure_cpu_read(budget_s: float, nbytes: int | None = None) -> float:
     """Bytes per second the CPU reads from memory with all torch threads: the sum of a float32
-    buffer larger than twice the last-level cache (lower quartile of repeated runs)."""
-    buffer = torch.ones(cold_bytes("cpu") // 4, dtype=torch.float32)
+    buffer of ``nbytes`` (default: twice the last-level cache, at least 512 MiB), lower quartile of
+    repeated runs. The benchmarks' host read (``benchmarks/common.cpu_read_bandwidth``) is this too."""
+    buffer = torch.ones((nbytes or cold_bytes("cpu")) // 4, dtype=torch.float32)
     seconds = time_cpu(buffer.sum, budget_s, min_reps=5)
     return buffer.nbytes / seconds
