@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 from vramshard.plan import estimator
@@ -42,44 +43,87 @@ from .report.measure import GiB, systems_for, unconstrained
 PLANNED_LAUNCHES = 5
 
 
+@dataclass(frozen=True)
+class Cell:
+    """One measured decode step of a report part, with the plan the report made for it."""
+
+    run: str  # the folder of the part's JSON
+    model: str
+    engine: str
+    budget_gib: float | None
+    context: int
+    measured_s: float
+    host_read_gb_s: float | None  # the run's measured host memory read
+    placement: object
+    threads: int | None
+    hit_rate: float
+
+
+def planned_cells(files: list[Path], planned_with) -> list[Cell]:
+    """Every dense part's cells with a decode step, each planned as the report planned it
+    (``planned_with``, the profile as stored, at :data:`PLANNED_LAUNCHES`)."""
+    cells = []
+    saved = estimator.DISPATCH_LAUNCHES
+    estimator.DISPATCH_LAUNCHES = PLANNED_LAUNCHES
+    try:
+        for file in files:
+            part = json.loads(file.read_text())
+            if part.get("grid") != "dense":
+                continue  # batch and VLM parts time other steps
+            model = shape_model(part["model"])
+            chunk = part["settings"]["chunk"]
+            plans: dict[tuple, list] = {}
+            for cell in part["cells"]:
+                if "decode_step_ms" not in cell:
+                    continue
+                context = cell["context"]
+                if cell["system"] == "unconstrained":
+                    system = unconstrained(model)
+                else:
+                    key = (cell["budget_gib"], context)
+                    if key not in plans:
+                        plans[key] = systems_for(model, int(cell["budget_gib"] * GiB), context + chunk + 16, chunk,
+                                                 planned_with)
+                    system = next(s for s in plans[key] if s.label == cell["system"])
+                placement, threads = system.tiered.for_tokens(1)
+                cells.append(Cell(file.parent.name, part["model"], cell["system"], cell.get("budget_gib"), context,
+                                  cell["decode_step_ms"] / 1e3, part.get("bandwidth_gb_s", {}).get("cpu_read"),
+                                  placement, threads, system.plan.expert_hit_rate if system.plan is not None else 0.0))
+    finally:
+        estimator.DISPATCH_LAUNCHES = saved
+    return cells
+
+
+def price(cells: list[Cell], priced_with, profile_read_gb_s: float | None = None,
+          launches: float | None = None) -> list[float]:
+    """predicted / measured - 1 of each cell, its step priced with ``priced_with`` at ``launches``
+    (default: the estimator's); with ``profile_read_gb_s`` a cell's CPU times are scaled by it over
+    the read its run measured."""
+    saved = estimator.DISPATCH_LAUNCHES
+    estimator.DISPATCH_LAUNCHES = saved if launches is None else launches
+    models: dict[str, object] = {}
+    try:
+        errors = []
+        for cell in cells:
+            profile = priced_with
+            if profile_read_gb_s and cell.host_read_gb_s:
+                profile = priced_with.calibrated(cpu_scale=profile_read_gb_s / cell.host_read_gb_s)
+            model = models.setdefault(cell.model, shape_model(cell.model))
+            step = Estimator(model, profile, threads=cell.threads, expert_hit_rate=cell.hit_rate).simulate(
+                cell.placement, 1, cell.context)
+            errors.append(step.seconds / cell.measured_s - 1)
+        return errors
+    finally:
+        estimator.DISPATCH_LAUNCHES = saved
+
+
 def replay(files: list[Path], planned_with, priced_with, profile_read_gb_s: float | None = None,
            launches: float | None = None) -> dict[tuple[str, str], list[float]]:
-    """{(model, engine): [predicted / measured - 1 per cell]} over every dense part's cells with a
-    decode step. Each cell's plan is made as the report made it (``planned_with``, the profile as
-    stored, at :data:`PLANNED_LAUNCHES`); its step is priced with ``priced_with`` at ``launches``
-    (default: the estimator's), and with ``profile_read_gb_s`` the part's CPU times are scaled by it
-    over the read its run measured."""
-    launches = estimator.DISPATCH_LAUNCHES if launches is None else launches
+    """{(model, engine): [predicted / measured - 1 per cell]}: :func:`planned_cells` priced by :func:`price`."""
+    cells = planned_cells(files, planned_with)
     errors: dict[tuple[str, str], list[float]] = {}
-    for file in files:
-        part = json.loads(file.read_text())
-        if part.get("grid") != "dense":
-            continue  # batch and VLM parts time other steps
-        read = part.get("bandwidth_gb_s", {}).get("cpu_read")
-        profile = priced_with.calibrated(cpu_scale=profile_read_gb_s / read) if profile_read_gb_s and read \
-            else priced_with
-        model = shape_model(part["model"])
-        chunk = part["settings"]["chunk"]
-        plans: dict[tuple, list] = {}
-        for cell in part["cells"]:
-            if "decode_step_ms" not in cell:
-                continue
-            context = cell["context"]
-            if cell["system"] == "unconstrained":
-                system = unconstrained(model)
-            else:
-                key = (cell["budget_gib"], context)
-                if key not in plans:
-                    estimator.DISPATCH_LAUNCHES = PLANNED_LAUNCHES
-                    plans[key] = systems_for(model, int(cell["budget_gib"] * GiB), context + chunk + 16, chunk,
-                                             planned_with)
-                system = next(s for s in plans[key] if s.label == cell["system"])
-            placement, threads = system.tiered.for_tokens(1)
-            hit = system.plan.expert_hit_rate if system.plan is not None else 0.0
-            estimator.DISPATCH_LAUNCHES = launches
-            step = Estimator(model, profile, threads=threads, expert_hit_rate=hit).simulate(placement, 1, context)
-            errors.setdefault((part["model"], cell["system"]), []).append(
-                step.seconds * 1e3 / cell["decode_step_ms"] - 1)
+    for cell, error in zip(cells, price(cells, priced_with, profile_read_gb_s, launches)):
+        errors.setdefault((cell.model, cell.engine), []).append(error)
     return errors
 
 

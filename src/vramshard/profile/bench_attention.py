@@ -6,9 +6,10 @@ upper bound for a causal prefill chunk).
 On the CPU the keys and values are read as a step reads them: views of a paged cache's rows
 ([context, Hkv, D], transposed, not contiguous), a different copy in each timed call, the copies
 together larger than twice the last-level cache, as every layer of a step reads its own cache
-from memory. Timed hot and contiguous (before 2026-12-04) one-token attention took 2.1-2.3x less
-on the 2-core development machine than this, and the H200 machine's CPU-attention steps ran about
-2.3x the profile's time at 16K keys (docs/BENCHMARKS.md, session 24). On the GPU the tensors stay
+from memory. Timed hot and contiguous (before 2026-12-04) one-token attention took 1.9-2.5x less
+on the 2-core development machine than this (``benchmarks/cpu_attention``), and the H200 machine's
+measured steps replay best with the old figures x2.2 (``benchmarks/replay_studies attention``;
+docs/BENCHMARKS.md, session 24). On the GPU the tensors stay
 contiguous and hot (its decode kernels read the paged cache in place; not yet re-timed).
 """
 

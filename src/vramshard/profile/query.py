@@ -390,9 +390,9 @@ def _layout_scale(layout: dict, n_new: int, heads: int, kv_heads: int, head_dim:
     One new token reads every cached key and value once and does little with each: its time follows
     the KV bytes (``kv_heads * head_dim``). From :data:`COMPUTE_BOUND_TOKENS` new tokens on it
     follows the query heads' work (``heads * head_dim``); log-linear between. On the 2-core
-    development machine (session 24, cold caches, bf16, 1K-16K keys) one token over (32, 4, 128)
-    took 0.54-0.69x and over (16, 8, 128) 0.91-1.00x the time over the profiled (32, 8, 128),
-    and 16 tokens 0.95-0.98x and 0.53-0.63x. The query heads alone (the rule before) priced one
+    development machine (session 24, ``benchmarks/cpu_attention``: cold caches, bf16, 1K-16K keys)
+    one token over (32, 4, 128) took 0.56-0.71x and over (16, 8, 128) 0.93-1.07x the time over the
+    profiled (32, 8, 128), and 16 tokens 0.90-0.98x and 0.46-0.60x. The query heads alone (the rule before) priced one
     token at 1.0x and 0.5x."""
     by_work = heads * head_dim / (layout["heads"] * layout["head_dim"])
     by_bytes = kv_heads * head_dim / (layout["kv_heads"] * layout["head_dim"])
