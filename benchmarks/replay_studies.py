@@ -52,20 +52,24 @@ def median_of(cells, errors, model: str, engine: str) -> str:
 
 
 @contextlib.contextmanager
+def replaced(method: str, replacement):
+    """``Profile.<method>`` replaced by ``replacement(original, self, *args)`` while inside."""
+    original = getattr(Profile, method)
+    setattr(Profile, method, lambda self, *args, **kwargs: replacement(original, self, *args, **kwargs))
+    try:
+        yield
+    finally:
+        setattr(Profile, method, original)
+
+
 def host_experts_ignoring_calibration():
     """``Profile.host_experts_rate`` as it was before session 24: the calibration's factors not applied."""
-    fixed = Profile.host_experts_rate
-
-    def old(self, dtype, rows):
+    def old(_, self, dtype, rows):
         if not self.data.get("host_experts", {}).get(dtype_name(dtype)):
             return None
         return self._factor_by_rows("host_experts", dtype, rows)
 
-    Profile.host_experts_rate = old
-    try:
-        yield
-    finally:
-        Profile.host_experts_rate = fixed
+    return replaced("host_experts_rate", old)
 
 
 def study_fix(cells, stored) -> None:
@@ -94,20 +98,13 @@ def study_out_of_sample(cells, stored) -> None:
     print(f"  the profile as stored: {summary(price(cells, stored), test)}")
 
 
-@contextlib.contextmanager
 def cpu_attention_times(factor: float):
     """``Profile.attention_s`` with its CPU figures ``factor`` times longer."""
-    plain = Profile.attention_s
-
-    def scaled(self, n_new, context, heads, kv_heads, head_dim, dtype, device, threads=None):
-        seconds = plain(self, n_new, context, heads, kv_heads, head_dim, dtype, device, threads)
+    def scaled(original, self, n_new, context, heads, kv_heads, head_dim, dtype, device, threads=None):
+        seconds = original(self, n_new, context, heads, kv_heads, head_dim, dtype, device, threads)
         return seconds * factor if str(device).startswith("cpu") else seconds
 
-    Profile.attention_s = scaled
-    try:
-        yield
-    finally:
-        Profile.attention_s = plain
+    return replaced("attention_s", scaled)
 
 
 def study_attention(cells, stored) -> None:
