@@ -52,6 +52,12 @@ def gil_kept_free():
         _local.gil_free = before
 
 
+def beside_host() -> bool:
+    """Whether this thread shares the GIL with a host thread that runs Python meanwhile (it is
+    within :func:`gil_kept_free`: the run-ahead worker)."""
+    return getattr(_local, "gil_free", False)
+
+
 def allowed() -> bool:
     """Whether this thread may run compiled CPU kernels now: anywhere once they release the GIL,
     else outside :func:`gil_kept_free`."""
@@ -163,10 +169,14 @@ class CompiledKernel:
     One compiled function per (dtype of the first argument, thread count), each over its own copy
     of ``fn``'s code: torch keeps at most ``recompile_limit`` (8) compilations per code object and
     runs the function eagerly beyond them, and eagerly these few lines make float32 copies of the
-    weights. A profile alone times 10 (dtype, thread count) pairs."""
+    weights. A profile alone times 10 (dtype, thread count) pairs.
 
-    def __init__(self, fn: Callable[..., torch.Tensor], what: str, fallback: str):
+    ``distinct_sizes``: sizes that happen to be equal when torch compiles are not taken to be equal
+    ever after (torch's "duck sizing": a compilation whose guards other layers' shapes then fail)."""
+
+    def __init__(self, fn: Callable[..., torch.Tensor], what: str, fallback: str, distinct_sizes: bool = False):
         self.fn = fn
+        self.distinct_sizes = distinct_sizes
         self.what, self.fallback = what, fallback  # for the log: "routed experts", "run expert by expert"
         self._compiled: dict[tuple, Callable[..., torch.Tensor]] = {}
         self.failed: str | None = None
@@ -179,6 +189,9 @@ class CompiledKernel:
             compiled = self._compiled.get(key)
             if compiled is None:
                 return self._compile_and_call(key, args)
+            if self.distinct_sizes:  # (torch compiles anew for a layout it has not met: keep them apart then too)
+                with _sizes_kept_apart(True):
+                    return compiled(*args)
             return compiled(*args)
         except Exception as exc:  # noqa: BLE001 - no compiler, an unsupported op: the caller's path instead
             self.failed = f"{type(exc).__name__}: {_first_line(exc)}"
@@ -197,7 +210,7 @@ class CompiledKernel:
             compiled = self._compiled[key] = torch.compile(fresh, dynamic=True)
             settings, trusted = compile_settings()
             try:
-                with settings:
+                with settings, _sizes_kept_apart(self.distinct_sizes):
                     result = compiled(*args)
             except Exception as exc:  # noqa: BLE001 - re-raised unless the instruction set or binding is to blame
                 self._compiled.pop(key, None)
@@ -216,6 +229,25 @@ class CompiledKernel:
                     log.warning("%s: compiling failed with the binding that leaves the GIL and worked with "
                                 "inductor's; compiled CPU kernels keep the GIL from now on", self.what)
                 return result
+
+
+@contextlib.contextmanager
+def _sizes_kept_apart(wanted: bool):
+    """Within (where ``wanted``): torch assumes no equality between sizes that happen to be equal.
+    The setting is the process's (a compilation on another thread meanwhile sees it too, which
+    only makes its shapes more general); set and restored directly, 4 us against 15 for torch's
+    config patch, as it wraps every call."""
+    if not wanted:
+        yield
+        return
+    from torch.fx.experimental import _config as fx_config
+
+    before = fx_config.use_duck_shape
+    fx_config.use_duck_shape = False
+    try:
+        yield
+    finally:
+        fx_config.use_duck_shape = before
 
 
 def _first_line(exc: Exception) -> str:

@@ -92,6 +92,9 @@ COMPILED = True  # whether one-token projections may take the compiled row sums 
 _choice: dict[tuple, str] = {}
 _trials: dict[tuple, dict[str, list[float]]] = {}  # shape key -> candidate -> seconds of its timed calls
 _warmed: set[tuple] = set()  # (dtype, threads) the row sums are compiled for
+# Every chooser's trials under way (this module's, and those of choosers built on these projections,
+# :mod:`.cpu_swiglu`): :func:`settle` runs a call until it adds to none of them.
+TRIAL_BOOKS: list[dict[tuple, dict[str, list[float]]]] = [_trials]
 
 
 def enabled() -> bool:
@@ -130,11 +133,24 @@ def settle(call: Callable[[], object], max_calls: int = 64) -> None:
     host (the profile check's first probe, seventeenth GPU session), 32 ms against 6.3-6.6 on the
     2-core development machine: a call that compiles outlasts the timing budget, and the time
     became that of the trials around it. Trials of shapes that ``call`` does not make are left be."""
+    def counts() -> dict[tuple, int]:
+        return {(book_index, key): sum(map(len, times.values()))
+                for book_index, book in enumerate(TRIAL_BOOKS) for key, times in book.items()}
+
     for _ in range(max_calls):
-        made = {key: sum(map(len, times.values())) for key, times in _trials.items()}
+        made = counts()
         call()
-        if all(sum(map(len, times.values())) == made.get(key) for key, times in _trials.items()):
-            return  # no trial was added by this call: its projections' paths are chosen
+        if all(count == made.get(key) for key, count in counts().items()):
+            return  # no trial was added to by this call: its paths are chosen
+
+
+def decided(dtype: torch.dtype, rows: int, w: torch.Tensor) -> bool:
+    """Whether a projection of ``rows`` rows of ``dtype`` over ``w`` (no bias) runs a chosen path
+    here: one made already, or none to make (not :func:`eligible`)."""
+    x = torch.empty(rows, w.shape[1], dtype=dtype)
+    if not eligible(x, w):
+        return True
+    return (dtype, rows, w.shape[0], w.shape[1], torch.get_num_threads(), False, _candidates(x, w)) in _choice
 
 
 def _candidates(x: torch.Tensor, w: torch.Tensor) -> tuple[str, ...]:

@@ -17,18 +17,33 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelArgs
+from . import cpu_swiglu
 from .norm import rms_norm
 from .step import Step
 from .sublayer import Cost, SubLayer, WeightSpec, linear
 
 
 def swiglu(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """``down(silu(gate(h)) * up(h))``."""
+    """``down(silu(gate(h)) * up(h))``; on the CPU at few rows as one compiled call where that
+    was measured faster (:mod:`.cpu_swiglu`)."""
+    if not cpu_swiglu.wanted(h):
+        return _swiglu(h, gate, up, down)
+    return cpu_swiglu.swiglu(h, gate, up, down, lambda: _swiglu(h, gate, up, down))
+
+
+def _swiglu(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     return linear(F.silu(linear(h, gate)) * linear(h, up), down)
 
 
 def swiglu_fused(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     """The same with gate and up stacked in one [2F, D] weight: one matmul instead of two."""
+    if not cpu_swiglu.wanted(h):
+        return _swiglu_fused(h, gate_up, down)
+    gate, up = gate_up.chunk(2, dim=0)
+    return cpu_swiglu.swiglu(h, gate, up, down, lambda: _swiglu_fused(h, gate_up, down), (gate_up, down))
+
+
+def _swiglu_fused(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     gate, up = linear(h, gate_up).chunk(2, dim=-1)
     return linear(F.silu(gate) * up, down)
 
@@ -36,7 +51,16 @@ def swiglu_fused(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> 
 def swiglu_into(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, out: torch.Tensor,
                 work: torch.Tensor) -> torch.Tensor:
     """``swiglu`` into given buffers: the gate and up products in the flat ``work`` (at least
-    2·T·r elements, r: rows of gate), the result in ``out`` [T, D]; nothing is allocated."""
+    2·T·r elements, r: rows of gate), the result in ``out`` [T, D]; nothing is allocated (except
+    by the compiled call, where chosen: :mod:`.cpu_swiglu`; the products here are plain ``torch.mm``,
+    with no path choice of their own to wait for)."""
+    if not cpu_swiglu.wanted(h):
+        return _swiglu_into(h, gate, up, down, out, work)
+    return _into(out, cpu_swiglu.swiglu(h, gate, up, down, lambda: _swiglu_into(h, gate, up, down, out, work), ()))
+
+
+def _swiglu_into(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, out: torch.Tensor,
+                 work: torch.Tensor) -> torch.Tensor:
     rows, width = h.shape[0], gate.shape[0]
     gated = work[:rows * width].view(rows, width)
     lifted = work[rows * width:2 * rows * width].view(rows, width)
@@ -48,11 +72,24 @@ def swiglu_into(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: tor
 def swiglu_fused_into(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, out: torch.Tensor,
                       work: torch.Tensor) -> torch.Tensor:
     """``swiglu_fused`` into given buffers (``work``: at least T·2F elements, flat)."""
+    if not cpu_swiglu.wanted(h):
+        return _swiglu_fused_into(h, gate_up, down, out, work)
+    gate, up = gate_up.chunk(2, dim=0)
+    return _into(out, cpu_swiglu.swiglu(h, gate, up, down, lambda: _swiglu_fused_into(h, gate_up, down, out, work), ()))
+
+
+def _swiglu_fused_into(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, out: torch.Tensor,
+                       work: torch.Tensor) -> torch.Tensor:
     rows, width = h.shape[0], gate_up.shape[0]
     both = work[:rows * width].view(rows, width)
     torch.mm(h, gate_up.t(), out=both)
     gated, lifted = both.chunk(2, dim=-1)  # [T, F] views with a row stride of 2F
     return _gated_down(gated, lifted, down, out)
+
+
+def _into(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``out`` holding ``y`` (the projections wrote it there already; the compiled call did not)."""
+    return out if y is out else out.copy_(y)
 
 
 def _gated_down(gated: torch.Tensor, lifted: torch.Tensor, down: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

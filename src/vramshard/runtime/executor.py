@@ -38,7 +38,7 @@ from typing import Callable
 import torch
 
 from ..errors import BudgetError, InvalidInputError
-from ..layers import cpu_linear, host_experts
+from ..layers import cpu_linear, cpu_swiglu, host_experts
 from ..layers.mlp import DenseFFN
 from ..layers.moe import GATHER_BYTES, DictExperts, MoEFFN, Routing, StackedExperts
 from ..layers.step import Step
@@ -262,11 +262,14 @@ class Executor:
 
     def _warm_cpu_kernels(self, plans: TieredPlacement) -> None:
         """Compile the CPU's decode-sized kernels (one-token projections, :mod:`~vramshard.layers.cpu_linear`;
-        a few tokens' routed experts, :mod:`~vramshard.layers.host_experts`) before the first step
-        that needs them, where a decode-sized tier computes on the CPU, at that tier's thread count."""
+        a few tokens' routed experts, :mod:`~vramshard.layers.host_experts`; dense FFNs of a few rows
+        in one call, :mod:`~vramshard.layers.cpu_swiglu`) before the first step that needs them, where
+        a decode-sized tier computes on the CPU, at that tier's thread count, and at the run-ahead
+        worker's where it will compute split parts or experts."""
         smallest = (1,) + tuple(t + 1 for t in plans.tiers[:-1])  # the fewest tokens of each tier's steps
+        ahead = run_ahead.available() and not self.simulated
         for fewest, placement, threads in zip(smallest, plans.placements, plans.threads):
-            if fewest > cpu_linear.MAX_TOKENS:
+            if fewest > max(cpu_linear.MAX_TOKENS, cpu_swiglu.MAX_ROWS):
                 continue
             where = placement.as_dict()
             on_cpu = [s for s in self.model if s.name in where and (where[s.name].compute == "cpu"
@@ -274,12 +277,23 @@ class Executor:
             if not on_cpu:
                 continue
             use_cpu_threads(threads or self.threads)
-            cpu_linear.warm_up(self.model.dtype)
-            moe = next((s for s in on_cpu if isinstance(s, MoEFFN)), None)
-            stacked = self._host_experts_of(moe).stacked() if moe is not None else None
-            if stacked is not None and host_experts.eligible(torch.zeros(1, moe.hidden, dtype=stacked.gate_up.dtype),
-                                                             stacked.gate_up):
-                host_experts.warm_up(*stacked)
+            counts = [torch.get_num_threads()]
+            if ahead and any(where[s.name].cpu_pieces or where[s.name].experts == "host" for s in on_cpu):
+                counts.append(run_ahead.worker_threads(counts[0]))  # (as submit gives the worker)
+            for count in dict.fromkeys(counts):  # (in order, once each)
+                use_cpu_threads(count)
+                if any(isinstance(s, DenseFFN) for s in on_cpu) and fewest <= cpu_swiglu.MAX_ROWS:
+                    cpu_swiglu.warm_up(self.model.dtype)
+                if fewest <= cpu_linear.MAX_TOKENS:
+                    self._warm_projections_and_experts(on_cpu)
+
+    def _warm_projections_and_experts(self, on_cpu: list) -> None:
+        cpu_linear.warm_up(self.model.dtype)
+        moe = next((s for s in on_cpu if isinstance(s, MoEFFN)), None)
+        stacked = self._host_experts_of(moe).stacked() if moe is not None else None
+        if stacked is not None and host_experts.eligible(torch.zeros(1, moe.hidden, dtype=stacked.gate_up.dtype),
+                                                         stacked.gate_up):
+            host_experts.warm_up(*stacked)
 
     def _cpu_ffn_parts(self, plans: TieredPlacement) -> set[tuple[str, int]]:
         """(dense FFN, pieces on the CPU) of every CPU part the plans compute: split FFNs' first
