@@ -50,6 +50,7 @@ MAX_ROWS = 64  # decode batches; prompt chunks are matrix products, where torch'
 DTYPES = (torch.bfloat16, torch.float16)
 TRIALS = 5  # real calls timed per way before the choice
 MARGIN = 0.95  # the compiled function must take at most this share of the projections' median
+WAYS = ("projections", "compiled")
 
 
 def _one_token(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down_rows: torch.Tensor) -> torch.Tensor:
@@ -68,7 +69,8 @@ _ONE_TOKEN = CompiledKernel(_one_token, "one-token SwiGLU parts", "run projectio
 _ROWS = CompiledKernel(_rows, "few-row SwiGLU parts", "run projection by projection", distinct_sizes=True)
 
 _choice: dict[tuple, str] = {}
-# part key -> way -> seconds of its timed calls (and "untimed": calls of the projections not counted)
+# part key -> way -> seconds of its timed calls (and "untimed": calls of the projections not counted;
+# "compiled_once": the compiled function's first call, which compiled it)
 _trials: dict[tuple, dict[str, list[float]]] = {}
 cpu_linear.TRIAL_BOOKS.append(_trials)  # (cpu_linear.settle waits for these too)
 _warmed: set[tuple] = set()  # (dtype, threads) both kernels are compiled for
@@ -117,14 +119,17 @@ def _trial(key: tuple, h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, do
     """This call by the way whose turn it is, timed; the choice once each has ``TRIALS`` timings.
     The projections' timings count only once their own paths are chosen: until then the compiled
     call takes its trials, then the projections run untimed (their own trials go on)."""
-    times = _trials.setdefault(key, {"projections": [], "compiled": []})
+    times = _trials.setdefault(key, {way: [] for way in WAYS})
     counted = _projections_chosen(h.dtype, h.shape[0], projected)
     if counted:
-        way = min(times, key=lambda n: len(times[n]))
+        way = min(WAYS, key=lambda n: len(times[n]))
     else:
         way = "compiled" if len(times["compiled"]) < TRIALS else "projections"
     if way == "compiled":
-        warm_up(h.dtype)  # (its compilation is not a trial's time)
+        if not times["compiled"] and not times.get("compiled_once"):  # its first call compiles: not a trial's time
+            times["compiled_once"] = [0.0]
+            y = compiled(h, gate, up, down)
+            return projections() if y is None else y  # (None: failed; the next call records it)
         start = time.perf_counter()
         y = compiled(h, gate, up, down)
         if y is None:  # compiling failed (said once in the log): the projections from now on
@@ -150,7 +155,7 @@ def _projections_chosen(dtype: torch.dtype, rows: int, projected: tuple[torch.Te
 
 
 def _decide(key: tuple, times: dict[str, list[float]]) -> str:
-    median = {name: statistics.median(times[name]) for name in ("projections", "compiled")}
+    median = {name: statistics.median(times[name]) for name in WAYS}
     winner = "compiled" if median["compiled"] < MARGIN * median["projections"] else "projections"
     log.debug("CPU SwiGLU part %s: %s (median ms: projections %.3f, compiled %.3f)", key[:4], winner,
               median["projections"] * 1e3, median["compiled"] * 1e3)
