@@ -77,7 +77,10 @@ _REAL_COMPILED = cpu_swiglu.compiled
 
 def _time_ways(monkeypatch, compiled_s: float, projections_s: float) -> dict:
     """Run a one-token part until chosen, with each way slowed to the given seconds."""
+    compiled_calls = [0]
+
     def slow_compiled(*args):
+        compiled_calls[0] += 1
         time.sleep(compiled_s)
         return _REAL_COMPILED(*args)
 
@@ -97,7 +100,8 @@ def _time_ways(monkeypatch, compiled_s: float, projections_s: float) -> dict:
         before = calls["projections"]
         for _ in range(3):
             cpu_swiglu.swiglu(h, gate, up, down, projections)
-    return {"choice": cpu_swiglu.chosen(), "projections_after": calls["projections"] - before}
+    return {"choice": cpu_swiglu.chosen(), "projections_after": calls["projections"] - before,
+            "compiled_calls": compiled_calls[0]}
 
 
 def test_the_choice_follows_the_timings(monkeypatch):
@@ -107,6 +111,8 @@ def test_the_choice_follows_the_timings(monkeypatch):
     cpu_linear.forget()
     fast = _time_ways(monkeypatch, compiled_s=0.0, projections_s=0.03)
     assert list(fast["choice"].values()) == ["compiled"] and fast["projections_after"] == 0
+    # the trial: its first compiled call (the compilation) untimed, then TRIALS timed; none but these
+    assert slow["compiled_calls"] == cpu_swiglu.TRIALS + 1 and fast["compiled_calls"] == cpu_swiglu.TRIALS + 1 + 3
 
 
 def test_the_projections_time_counts_only_once_their_own_paths_are_chosen():
