@@ -15,6 +15,11 @@ GIL switch interval: the pass alone on the main
 thread, then on a worker while the main thread counts in a Python loop. It reports the pass's time
 in both, and the Python thread's pace beside the pass over its pace alone (near 0: the pass kept it
 waiting for the GIL). Run it with the switch on and off to compare.
+
+Then how often a pass takes the GIL back (each take, beside a thread running Python, waits for the
+switch interval): its time on the worker at a 50 ms interval, less its time alone, in intervals;
+for the one-token pass (one compiled call, since session 25) and for the several-token pass the
+one-token step took before (its glue is a dozen torch calls around the kernel).
 """
 
 from __future__ import annotations
@@ -47,18 +52,46 @@ def layer_copies(hidden: int, inter: int, experts: int, dtype: torch.dtype) -> l
              torch.randn(experts, hidden, inter, dtype=dtype) * 0.02) for _ in range(count)]
 
 
-def pass_seconds(h, layers, routing, repeats: int) -> list[float]:
-    """Seconds of each of ``repeats`` passes, cycling over the layer copies."""
+COUNTING_INTERVAL_S = 0.05
+
+
+def pass_seconds(h, layers, routing, repeats: int, keep=None) -> list[float]:
+    """Seconds of each of ``repeats`` passes, cycling over the layer copies (``keep``: an all-True
+    mask takes the several-token pass)."""
     experts, weights = routing
     times = []
     for i in range(repeats):
         gate_up, down = layers[i % len(layers)]
         start = time.perf_counter()
-        out = host_experts.routed(h, gate_up, down, experts, weights)
+        out = host_experts.routed(h, gate_up, down, experts, weights, keep)
         times.append(time.perf_counter() - start)
         if out is None:
             raise RuntimeError("the compiled pass did not run here (no C++ compiler, or switched off)")
     return times
+
+
+def gil_waits(h, layers, routing, keep, threads: int) -> float:
+    """Switch intervals a pass waits for the GIL on a worker beside a thread running Python, at a
+    50 ms interval: (its median time there less alone) / the interval."""
+    alone = statistics.median(pass_seconds(h, layers, routing, 5, keep))
+    beside: list[float] = []
+
+    def worker():
+        with torch.inference_mode():
+            torch.set_num_threads(threads)
+            beside.extend(pass_seconds(h, layers, routing, 3, keep))
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(COUNTING_INTERVAL_S)
+    thread = threading.Thread(target=worker)
+    try:
+        thread.start()
+        while thread.is_alive():
+            pass
+    finally:
+        thread.join()
+        sys.setswitchinterval(before)
+    return max(0.0, statistics.median(beside) - alone) / COUNTING_INTERVAL_S
 
 
 def python_pace(seconds: float) -> float:
@@ -109,6 +142,11 @@ def main() -> None:
             counted += 1
         wall = time.perf_counter() - start
         thread.join()
+        every = torch.ones(1, top_k, dtype=torch.bool)
+        pass_seconds(h, layers, routing, 2, every)  # compiles the several-token pass
+        several_alone = pass_seconds(h, layers, routing, args.repeats, every)
+        waits = {"one_token_pass": gil_waits(h, layers, routing, None, threads),
+                 "several_token_pass": gil_waits(h, layers, routing, every, threads)}
     bytes_read = top_k * 3 * inter * hidden * dtype.itemsize
     result = {
         "date": now(), "hardware": hardware(), "shape": args.shape, "dtype": args.dtype,
@@ -117,10 +155,15 @@ def main() -> None:
         "pass_on_worker_ms": 1e3 * statistics.median(on_worker),
         "pass_gb_s_alone": bytes_read / statistics.median(alone) / 1e9,
         "python_pace_beside_over_alone": (counted / wall) / pace_alone,
+        "several_token_pass_alone_ms": 1e3 * statistics.median(several_alone),
+        "gil_waits_at_50ms": waits,
     }
     log.info("compiled kernels release the GIL: %s; pass alone %.2f ms, on the worker beside a Python thread "
              "%.2f ms; the Python thread ran at %.2f of its pace alone", releases, result["pass_alone_ms"],
              result["pass_on_worker_ms"], result["python_pace_beside_over_alone"])
+    log.info("the several-token pass alone %.2f ms; GIL waits a pass beside Python: one-token pass %.1f, "
+             "several-token pass %.1f", result["several_token_pass_alone_ms"], waits["one_token_pass"],
+             waits["several_token_pass"])
     if args.json:
         write_json(args.json, result)
 

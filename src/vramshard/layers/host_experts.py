@@ -23,6 +23,13 @@ caller's own path (:mod:`~vramshard.layers.cpu_compiled`). Where the compiled ke
 (:func:`~vramshard.layers.cpu_compiled.kernels_release_gil` could not change their binding) it does
 not run on a thread that keeps the GIL free (the run-ahead worker). ``VRAMSHARD_HOST_EXPERTS=off``
 turns this off.
+
+One token (a decode step, every assignment computed) is one compiled call, glue and weighted sum
+included. Each torch call gives the GIL up and takes it back, and on the run-ahead worker, beside
+the host thread running Python, every take waits for the switch interval: the several-token pass's
+dozen calls around its kernel waited 23-24 intervals a pass there, the one-token call 2-4 (the
+2-core development machine, session 25, ``python -m benchmarks.compiled_gil``, two runs), and the
+pass on the worker took 3.27-3.43 ms against 2.88-3.01 alone (6.2-6.8 against 3.0-3.4 in session 24).
 """
 
 from __future__ import annotations
@@ -51,7 +58,16 @@ def _assigned_swiglu(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
     return (down[experts].float() * act[:, None, :]).sum(-1)  # [A, D]
 
 
+def _one_token(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: torch.Tensor,
+               weights: torch.Tensor) -> torch.Tensor:
+    """One token's weighted sum over its routed experts, the whole of :func:`routed` in one compiled
+    function. x: [1, D] float32; experts, weights: [1, k]. Returns [1, D] in the experts' dtype."""
+    y = _assigned_swiglu(x, gate_up, down, experts[0])  # [k, D] (x broadcast over the k assignments)
+    return (y * weights[0].float()[:, None]).sum(0, keepdim=True).to(gate_up.dtype)
+
+
 _kernel = CompiledKernel(_assigned_swiglu, "routed experts", "run expert by expert")
+_one_token_kernel = CompiledKernel(_one_token, "a token's routed experts", "run them through the several-token pass")
 
 
 def eligible(h: torch.Tensor, gate_up: torch.Tensor) -> bool:
@@ -71,6 +87,10 @@ def routed(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: 
     others count zero), or None for all."""
     if not eligible(h, gate_up):
         return None
+    if keep is None and h.shape[0] == 1:  # a decode step: one compiled call (see the module's notes)
+        y = _one_token_kernel(h.float(), gate_up, down, experts, weights)
+        if y is not None:
+            return y
     T, k = experts.shape
     tokens = torch.arange(T).repeat_interleave(k)  # [A], token-major as experts.reshape(-1)
     flat, scale = experts.reshape(-1), weights.reshape(-1).float()
@@ -92,6 +112,7 @@ def warm_up(gate_up: torch.Tensor, down: torch.Tensor) -> None:
     needs it; quick once compiled."""
     if gate_up.shape[0] < 2:
         return
-    h = torch.zeros(1, gate_up.shape[-1], dtype=gate_up.dtype)
     with torch.inference_mode():
-        routed(h, gate_up, down, torch.tensor([[0, 1]]), torch.zeros(1, 2, dtype=gate_up.dtype))
+        for rows in (1, 2):  # one token: one compiled call; more: the several-token pass
+            h = torch.zeros(rows, gate_up.shape[-1], dtype=gate_up.dtype)
+            routed(h, gate_up, down, torch.tensor([[0, 1]] * rows), torch.zeros(rows, 2, dtype=gate_up.dtype))
