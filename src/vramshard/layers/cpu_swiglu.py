@@ -6,14 +6,14 @@ path :mod:`~vramshard.layers.cpu_linear` chose for its shape), SiLU, the product
 projection. Here the whole SwiGLU is one function compiled by inductor: for one token the gate and
 up products are row sums in one loop nest over both weights (float32 accumulation), then the down
 projection; for more rows, three matrix products through ATen with the SiLU·up product fused
-between them. On the 2-core development machine (session 25, ``python -m benchmarks.cpu_swiglu``,
-bf16, one token, weights cycled beyond the cache) that took 3.84 against 4.49 ms for a quarter of
-llama3-8b's FFN and 1.21 against 1.52 for a [4096 -> 1024] part, the same for the whole FFN, and
-2% longer for a quarter of nemo-8b's; at 4 to 64 rows mostly the same or a little longer. Its
-kernels leave the GIL (:func:`~vramshard.layers.cpu_compiled.kernels_release_gil`), but the
-function still takes it back between them: on a worker beside a thread running Python (one token,
-50 ms switch interval) a call waited about 5 intervals against the projections' 6-8, and at the
-run-ahead worker's 0.1 ms it took 2-18% less time.
+between them. Every view and product is inside the function: each torch call made from Python
+gives the GIL up and takes it back, and beside a thread running Python each take waits for the
+switch interval. On the 2-core development machine (session 25, ``python -m benchmarks.cpu_swiglu``,
+bf16, one token, weights cycled beyond the cache) a call on a worker beside such a thread waited
+about 4 intervals against the projections' 7-9, and took 2-18% less time at the run-ahead worker's
+0.1 ms interval for each of five parts; alone it was faster for some parts (1.31 against 1.60 ms
+for a [4096 -> 1024] one) and slower for others (16.24 against 15.05 for llama3-8b's whole FFN);
+at 4 to 64 rows mostly level.
 
 Which way a part runs is measured in place, as :mod:`~vramshard.layers.cpu_linear` chooses a
 projection's path: the first calls of a part's shape time both ways, ``TRIALS`` each, and the
@@ -53,16 +53,19 @@ MARGIN = 0.95  # the compiled function must take at most this share of the proje
 WAYS = ("projections", "compiled")
 
 
-def _one_token(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down_rows: torch.Tensor) -> torch.Tensor:
-    """SwiGLU of one token: h [1, D]; gate, up [r, D]; down_rows [r, D] (down's columns as rows) → [1, D]."""
+# (Every view and product is inside the compiled function: each torch call made from Python, a
+# transpose too, gives the GIL up and takes it back, which beside a thread running Python waits for
+# the switch interval; with down's transpose outside a call took it back 7 times here, 5 inside.)
+def _one_token(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """SwiGLU of one token: h [1, D]; gate, up [r, D]; down [D, r] → [1, D]."""
     x = h.float()
     gated = F.silu((gate.float() * x).sum(-1)) * (up.float() * x).sum(-1)  # [r]
-    return torch.mm(gated.to(h.dtype)[None], down_rows)
+    return torch.mm(gated.to(h.dtype)[None], down.t())
 
 
-def _rows(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down_rows: torch.Tensor) -> torch.Tensor:
+def _rows(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     """SwiGLU of h [T, D] (T > 1) with the same weights → [T, D]."""
-    return torch.mm(F.silu(torch.mm(h, gate.t())) * torch.mm(h, up.t()), down_rows)
+    return torch.mm(F.silu(torch.mm(h, gate.t())) * torch.mm(h, up.t()), down.t())
 
 
 _ONE_TOKEN = CompiledKernel(_one_token, "one-token SwiGLU parts", "run projection by projection", distinct_sizes=True)
@@ -80,7 +83,7 @@ def compiled(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.
     """``down(silu(gate(h)) * up(h))`` as one compiled call (down: [D, r], Hugging Face layout);
     None where it cannot run (compiling failed)."""
     kernel = _ONE_TOKEN if h.shape[0] == 1 else _ROWS
-    return kernel(h, gate, up, down.t())
+    return kernel(h, gate, up, down)
 
 
 def wanted(h: torch.Tensor) -> bool:
