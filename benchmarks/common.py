@@ -7,10 +7,47 @@ import json
 import os
 import platform
 import statistics
+import sys
+import threading
 import time
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import torch
+
+
+T = TypeVar("T")
+
+
+def beside_python(work: Callable[[], T], interval_s: float, threads: int | None = None,
+                  host_step: Callable[[], None] | None = None) -> T:
+    """``work()`` on a worker thread (``threads`` torch threads, default this thread's count, in
+    inference mode) while this thread runs Python all the time, as the host thread queuing a step
+    does, calling ``host_step`` too between its loops if given; the GIL's switch interval is
+    ``interval_s`` meanwhile. Returns what ``work`` returned."""
+    result: list = []
+    count = threads or torch.get_num_threads()
+
+    def worker_body():
+        torch.set_num_threads(count)  # (OpenMP's thread count is per thread)
+        with torch.inference_mode():
+            result.append(work())
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(interval_s)
+    worker = threading.Thread(target=worker_body)
+    try:
+        worker.start()
+        while worker.is_alive():
+            sum(range(200))  # the host thread's Python
+            if host_step is not None:
+                host_step()
+    finally:
+        worker.join()
+        sys.setswitchinterval(before)
+    if not result:
+        raise RuntimeError("the work on the worker thread failed (its traceback is above)")
+    return result[0]
 
 
 def now() -> str:

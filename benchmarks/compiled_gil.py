@@ -38,7 +38,7 @@ from vramshard.profile.bench_matmul import cold_bytes
 from vramshard.runtime import run_ahead
 from vramshard.shapes import shape_config
 
-from .common import hardware, now, write_json
+from .common import beside_python, hardware, now, write_json
 
 log = logging.getLogger("compiled_gil")
 
@@ -74,23 +74,7 @@ def gil_waits(h, layers, routing, keep, threads: int) -> float:
     """Switch intervals a pass waits for the GIL on a worker beside a thread running Python, at a
     50 ms interval: (its median time there less alone) / the interval."""
     alone = statistics.median(pass_seconds(h, layers, routing, 5, keep))
-    beside: list[float] = []
-
-    def worker():
-        with torch.inference_mode():
-            torch.set_num_threads(threads)
-            beside.extend(pass_seconds(h, layers, routing, 3, keep))
-
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(COUNTING_INTERVAL_S)
-    thread = threading.Thread(target=worker)
-    try:
-        thread.start()
-        while thread.is_alive():
-            pass
-    finally:
-        thread.join()
-        sys.setswitchinterval(before)
+    beside = beside_python(lambda: pass_seconds(h, layers, routing, 3, keep), COUNTING_INTERVAL_S, threads)
     return max(0.0, statistics.median(beside) - alone) / COUNTING_INTERVAL_S
 
 

@@ -23,8 +23,6 @@ import argparse
 import logging
 import math
 import statistics
-import sys
-import threading
 import time
 
 import torch
@@ -32,7 +30,7 @@ import torch
 from vramshard.layers import cpu_linear, cpu_swiglu, mlp
 from vramshard.profile.bench_matmul import cold_bytes
 
-from .common import cpu_read_bandwidth, hardware, now, rounded, write_json
+from .common import beside_python, cpu_read_bandwidth, hardware, now, rounded, write_json
 
 log = logging.getLogger("cpu_swiglu")
 
@@ -70,24 +68,7 @@ def median_ms(call, h: torch.Tensor, repeats: int) -> float:
 
 def beside_python_ms(call, h: torch.Tensor, repeats: int, interval_s: float, threads: int) -> float:
     """Median ms of ``call`` on a worker thread (``threads`` threads) while this thread runs Python."""
-    before = sys.getswitchinterval()
-    result: list[float] = []
-
-    def work():
-        torch.set_num_threads(threads)
-        with torch.inference_mode():
-            result.append(median_ms(call, h, repeats))
-
-    sys.setswitchinterval(interval_s)
-    worker = threading.Thread(target=work)
-    try:
-        worker.start()
-        while worker.is_alive():
-            sum(range(200))  # the host thread's Python
-    finally:
-        worker.join()
-        sys.setswitchinterval(before)
-    return result[0]
+    return beside_python(lambda: median_ms(call, h, repeats), interval_s, threads)
 
 
 def main() -> None:

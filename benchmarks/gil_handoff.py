@@ -25,8 +25,6 @@ import logging
 import math
 import os
 import statistics
-import sys
-import threading
 import time
 
 import torch
@@ -35,7 +33,7 @@ import torch.nn.functional as F
 from vramshard.profile.bench_matmul import cold_bytes
 from vramshard.shapes import shape_config
 
-from .common import cpu_read_bandwidth, hardware, now, rounded, write_json
+from .common import beside_python, cpu_read_bandwidth, hardware, now, rounded, write_json
 
 log = logging.getLogger("gil_handoff")
 
@@ -70,30 +68,15 @@ def beside_host(h: torch.Tensor, sets: list[dict[str, torch.Tensor]], repeats: i
     """Median seconds of one part on a worker thread (``worker_threads``, default this thread's
     count) while this thread runs Python throughout and, every ``host_op_every_s``, a small torch
     op on its own OpenMP team (as the host thread's CPU work between launches wakes that team)."""
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(interval_s)
-    result: list[float] = []
-    threads = worker_threads or torch.get_num_threads()
     a, b = torch.ones(1 << 22), torch.empty(1 << 22)  # 16 MiB: split over the host thread's team
+    last = [time.perf_counter()]
 
-    def work():
-        torch.set_num_threads(threads)  # (OpenMP's thread count is per thread)
-        with torch.inference_mode():
-            result.append(median_part_s(h, sets, repeats))
+    def host_op():
+        if host_op_every_s is not None and time.perf_counter() - last[0] > host_op_every_s:
+            torch.add(a, 1, out=b)
+            last[0] = time.perf_counter()
 
-    worker = threading.Thread(target=work)
-    try:
-        worker.start()
-        last = time.perf_counter()
-        while worker.is_alive():
-            sum(range(200))  # the host thread's Python
-            if host_op_every_s is not None and time.perf_counter() - last > host_op_every_s:
-                torch.add(a, 1, out=b)
-                last = time.perf_counter()
-    finally:
-        worker.join()
-        sys.setswitchinterval(before)
-    return result[0]
+    return beside_python(lambda: median_part_s(h, sets, repeats), interval_s, worker_threads, host_op)
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 # ~6 min (written 2026-12-05 in session 25, which had no GPU): what session 25 changed, on the H200.
 # 1. MoE run-ahead: the CPU's share of each layer's experts on the worker, now one compiled call a
-#    layer (it took the GIL back 23-24 times a layer before, 2-4 now, on the development machine).
+#    layer (it took the GIL back 23-24 times a layer before, 2-6 now, on the development machine).
 #    The sixteenth session, with the old pass: 12.64 (kernels alone) against 9.42 tok/s (with the share).
 # 2. What a GIL take costs on this host: a token's routed-expert pass and dense FFN parts, alone and
 #    on a worker beside a thread running Python (benchmarks/compiled_gil, benchmarks/cpu_swiglu).

@@ -27,9 +27,9 @@ turns this off.
 One token (a decode step, every assignment computed) is one compiled call, glue and weighted sum
 included. Each torch call gives the GIL up and takes it back, and on the run-ahead worker, beside
 the host thread running Python, every take waits for the switch interval: the several-token pass's
-dozen calls around its kernel waited 23-24 intervals a pass there, the one-token call 2-4 (the
-2-core development machine, session 25, ``python -m benchmarks.compiled_gil``, two runs), and the
-pass on the worker took 3.27-3.43 ms against 2.88-3.01 alone (6.2-6.8 against 3.0-3.4 in session 24).
+dozen calls around its kernel waited 23-24 intervals a pass there, the one-token call 2-6 (the
+2-core development machine, session 25, ``python -m benchmarks.compiled_gil``, three runs), and the
+pass on the worker took 3.20-3.43 ms against 2.81-3.01 alone (6.2-6.8 against 3.0-3.4 in session 24).
 """
 
 from __future__ import annotations

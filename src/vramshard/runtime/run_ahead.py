@@ -41,7 +41,7 @@ off the worker; since session 24 they leave it (:func:`~vramshard.layers.cpu_com
 and the worker runs them: beside a busy Python thread, a Qwen3-30B-A3B layer's pass on the worker
 took 6.3-6.8 ms against 3.1-3.3 alone on the development machine, and left the Python thread its
 pace (``benchmarks/compiled_gil``); since session 25 a token's pass is one compiled call, which
-takes the GIL back 2-4 times instead of 23-24, and it took 3.27-3.43 ms against 2.88-3.01 alone. A
+takes the GIL back 2-6 times instead of 23-24, and it took 3.20-3.43 ms against 2.81-3.01 alone. A
 dense part of one token takes it back about four times as one compiled function, which the worker
 takes where it measures it faster (:mod:`~vramshard.layers.cpu_swiglu`), seven to nine projection by
 projection. Not yet run on a GPU.
