@@ -6,8 +6,9 @@ The two ways :mod:`vramshard.layers.cpu_swiglu` chooses between, on the same wei
 copies beyond the last-level cache, as a step reads a model's layers), for FFN parts of real
 shapes:
 
-- ``projections``: the engine's way before, each projection through the path
+- ``projections``: the engine's way before: up to 16 rows each projection through the path
   :mod:`vramshard.layers.cpu_linear` chose for its shape (settled before timing), SiLU, product;
+  above, the products into reused buffers (``mlp.swiglu_into``'s own way);
 - ``compiled``: :func:`vramshard.layers.cpu_swiglu.compiled`, one function compiled by inductor.
 
 Per cell: each way alone on this thread (median ms, GB/s of weights, against the host's read
@@ -50,9 +51,15 @@ def weight_sets(hidden: int, rows: int, dtype: torch.dtype, copies: int) -> list
     return [(weight(rows, hidden), weight(rows, hidden), weight(rows, hidden).t()) for _ in range(copies)]
 
 
-def ways(sets) -> dict:
-    return {"projections": lambda h, i: mlp._swiglu(h, *sets[i % len(sets)]),
-            "compiled": lambda h, i: cpu_swiglu.compiled(h, *sets[i % len(sets)])}
+def ways(sets, rows: int, hidden: int, dtype: torch.dtype) -> dict:
+    """The two ways over the weight sets, as the engine calls them at ``rows`` rows."""
+    if rows <= cpu_linear.MAX_TOKENS:
+        projections = lambda h, i: mlp._swiglu(h, *sets[i % len(sets)])  # noqa: E731
+    else:  # the executor's buffers (runtime/ffn_buffers.py): products in ``work``, the result in ``out``
+        width = sets[0][0].shape[0]
+        out, work = torch.empty(rows, hidden, dtype=dtype), torch.empty(2 * rows * width, dtype=dtype)
+        projections = lambda h, i: mlp._swiglu_into(h, *sets[i % len(sets)], out, work)  # noqa: E731
+    return {"projections": projections, "compiled": lambda h, i: cpu_swiglu.compiled(h, *sets[i % len(sets)])}
 
 
 def median_ms(call, h: torch.Tensor, repeats: int) -> float:
@@ -92,7 +99,7 @@ def main() -> None:
             cpu_swiglu.warm_up(dtype)
             for rows in (int(r) for r in args.rows.split(",")):
                 h = (torch.randn(rows, hidden) * 0.1).to(dtype)
-                calls = ways(sets)
+                calls = ways(sets, rows, hidden, dtype)
                 cpu_linear.settle(lambda: calls["projections"](h, 0))  # (the projections' paths chosen)
                 cell = {"shape": name, "hidden": hidden, "width": width, "rows": rows,
                         "read_bound_ms": weight_bytes / (read_gb_s * 1e9) * 1e3}

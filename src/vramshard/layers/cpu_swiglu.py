@@ -9,11 +9,12 @@ projection; for more rows, three matrix products through ATen with the SiLU·up 
 between them. Every view and product is inside the function: each torch call made from Python
 gives the GIL up and takes it back, and beside a thread running Python each take waits for the
 switch interval. On the 2-core development machine (session 25, ``python -m benchmarks.cpu_swiglu``,
-bf16, one token, weights cycled beyond the cache) a call on a worker beside such a thread waited
-about 4 intervals against the projections' 7-9, and took 2-18% less time at the run-ahead worker's
-0.1 ms interval for each of five parts; alone it was faster for some parts (1.31 against 1.60 ms
-for a [4096 -> 1024] one) and slower for others (16.24 against 15.05 for llama3-8b's whole FFN);
-at 4 to 64 rows mostly level.
+bf16, weights cycled beyond the cache) a call on a worker beside such a thread waited 3-7
+intervals against the projections' 5-18, never more. At one token it was 12-17% faster there for
+four parts of five and 3% slower for the fifth; alone it was faster for some parts (1.05 against
+1.19 ms for a [4096 -> 1024] one) and slower for others (3.75 against 3.32 for a [2048 -> 6144]
+one); at 4 to 64 rows mostly within 4%, but up to 19% slower for one part. The machine moved by
+more than these margins between runs: hence the choice in place.
 
 Which way a part runs is measured in place, as :mod:`~vramshard.layers.cpu_linear` chooses a
 projection's path: the first calls of a part's shape time both ways, ``TRIALS`` each, and the
