@@ -9,12 +9,12 @@ projection; for more rows, three matrix products through ATen with the SiLU·up 
 between them. Every view and product is inside the function: each torch call made from Python
 gives the GIL up and takes it back, and beside a thread running Python each take waits for the
 switch interval. On the 2-core development machine (session 25, ``python -m benchmarks.cpu_swiglu``,
-bf16, weights cycled beyond the cache) a call on a worker beside such a thread waited 3-7
-intervals against the projections' 5-18, never more. At one token it was 12-17% faster there for
-four parts of five and 3% slower for the fifth; alone it was faster for some parts (1.05 against
-1.19 ms for a [4096 -> 1024] one) and slower for others (3.75 against 3.32 for a [2048 -> 6144]
-one); at 4 to 64 rows mostly within 4%, but up to 19% slower for one part. The machine moved by
-more than these margins between runs: hence the choice in place.
+bf16, weights as the engine packs them, cycled beyond the cache), at one token, it was 4-31%
+faster alone for four FFN parts of five (12.16 against 16.90 ms for llama3-8b's whole FFN) and 5%
+slower for the fifth, and 8-23% faster on a worker beside a thread running Python for four and
+level for the fifth; at 4 to 64 rows mostly within 4%, but 22-27% slower alone for three parts at
+16 rows. It waited for the GIL 3-9 times a call beside that thread against the projections' 5-17.
+Hence the choice in place.
 
 Which way a part runs is measured in place, as :mod:`~vramshard.layers.cpu_linear` chooses a
 projection's path: the first calls of a part's shape time both ways, ``TRIALS`` each, and the
