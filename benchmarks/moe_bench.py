@@ -145,7 +145,9 @@ def placements_for(model, budget, args, profile):
     (``Executor(experts_zero_copy=True)``), and ``experts-stream-zero-copy`` the same for
     ``experts-stream``'s misses (its hits from their cache slots), where Triton and a GPU are there;
     ``experts-zero-copy-cpu`` has the CPU compute a share of ``experts-zero-copy``'s experts meanwhile
-    (:func:`~vramshard.plan.estimator.balanced_zero_copy_share`)."""
+    (:func:`~vramshard.plan.estimator.balanced_zero_copy_share`), ``experts-zero-copy-cpu@S`` at the
+    share S of ``--shares``. ``planned`` carries the planner's own share in its decode tiers (with
+    the run-ahead worker on)."""
     triples, layers, moe = sublayer_triples(model), model.args.num_hidden_layers, moe_layers(model)
     kv_tokens = args.ctx + args.prompt + 16
     out = []
@@ -175,12 +177,14 @@ def placements_for(model, budget, args, profile):
         # ... and a share of them computed by the CPU meanwhile, balanced by the profile
         out.append(("experts-zero-copy-cpu", experts_cpu, None,
                     {"experts_zero_copy": True, "zero_copy_cpu_share": balanced_zero_copy_share(model, profile)}))
+        for share in getattr(args, "shares", None) or ():  # ... and at the shares asked for (--shares)
+            out.append((f"experts-zero-copy-cpu@{share:g}", experts_cpu, None,
+                        {"experts_zero_copy": True, "zero_copy_cpu_share": share}))
     return out
 
 
 def routed_bound(model, executor, bw) -> dict:
     """Decode bound from routed-expert bytes not in VRAM (uniform routing) plus other non-resident bytes."""
-    need = executor.need
     moe = [s for s in model if isinstance(s, MoEFFN)]
     slot = expert_slot_bytes(model)
     routed = sum(s.top_k * slot for s in moe)
@@ -202,13 +206,13 @@ def routed_bound(model, executor, bw) -> dict:
 
 def predicted_decode_tok_s(model, profile, executor, options: dict, ctx: int) -> float:
     """The estimator's decode tok/s for the executor's one-token plan, with the executor's
-    zero-copy switch and CPU share and the cache's uniform-routing hit rate (it does not model
+    zero-copy switch and CPU share (its own, or its plan's) and the cache's uniform-routing hit rate (it does not model
     ``expert_prefetch`` or ``expert_cpu_share``)."""
     placement, threads = executor.plans.for_tokens(1)
     slots = executor.expert_cache.capacity if executor.expert_cache is not None else 0
     estimator = Estimator(model, profile, threads=threads, expert_hit_rate=uniform_hit_rate(model, slots),
                           zero_copy=executor.experts_zero_copy and zero_copy_experts.supported(),
-                          zero_copy_cpu_share=options.get("zero_copy_cpu_share", 0.0))
+                          zero_copy_cpu_share=executor.zero_copy_share(1))
     return 1.0 / estimator.simulate(placement, 1, ctx).seconds
 
 
@@ -227,6 +231,7 @@ def run_cell(model, host, label, placement, cache, budget, args, bw, deadline, o
         cell["error"] = str(exc)
         return cell
     cell["name"] = executor.plans.name
+    cell["zero_copy_cpu_share"] = executor.zero_copy_share(1)  # (the option's, or the plan's decode tier's)
     cell["vram_plan_gib"] = executor.need.total / GiB
     cell["expert_cache_gib"] = executor.expert_cache_bytes / GiB
     cell.update(routed_bound(model, executor, bw))
@@ -289,6 +294,10 @@ def main() -> None:
     parser.add_argument("--placements", default=None,
                         help="comma-separated labels to run (planned, experts-stream, experts-stream-zero-copy, "
                              "experts-hybrid, experts-prefetch, layers:max, experts-cpu, experts-zero-copy); default all")
+    parser.add_argument("--shares", type=lambda text: [float(s) for s in text.split(",") if s], default=[],
+                        help="comma-separated CPU shares of experts-zero-copy's experts, each a cell "
+                             "experts-zero-copy-cpu@S, whatever --placements names")
+    parser.add_argument("--no-skewed", action="store_true", help="skip the skewed-routing cell at the end")
     parser.add_argument("--out", default=None)
     parser.add_argument("--profile", default=None,
                         help="profile JSON of this machine (`vramshard profile`); default: the stored one. The "
@@ -316,21 +325,21 @@ def main() -> None:
     budgets = [int(float(b) * GiB) for b in args.budgets.split(",")]
     for budget in budgets:
         for label, placement, cache, options in placements_for(model, budget, args, profile):
-            if args.placements and label not in args.placements.split(","):
+            if args.placements and label not in args.placements.split(",") and "@" not in label:
                 continue
             cell = run_cell(model, host, label, placement, cache, budget, args, bw, deadline, options, profile)
             log.info("%s", cell)
             results["cells"].append(cell)
             write_json(out_path, results)
-    # Skewed routing: the cache's hit rate and decode speed at the largest budget.
-    skew_routing(model, host)
-    budget = budgets[-1]
-    for label, placement, cache, options in placements_for(model, budget, args, profile)[1:2]:  # experts-stream
-        args_skew = argparse.Namespace(**{**vars(args), "batches": "", "decode_steps": 3 * args.decode_steps})
-        cell = run_cell(model, host, label + " (skewed routing)", placement, cache, budget, args_skew, bw,
-                        deadline + 60, options)
-        results["skewed"] = cell
-        log.info("skewed: %s", cell)
+    if not args.no_skewed:  # skewed routing: the cache's hit rate and decode speed at the largest budget
+        skew_routing(model, host)
+        budget = budgets[-1]
+        for label, placement, cache, options in placements_for(model, budget, args, profile)[1:2]:  # experts-stream
+            args_skew = argparse.Namespace(**{**vars(args), "batches": "", "decode_steps": 3 * args.decode_steps})
+            cell = run_cell(model, host, label + " (skewed routing)", placement, cache, budget, args_skew, bw,
+                            deadline + 60, options)
+            results["skewed"] = cell
+            log.info("skewed: %s", cell)
     results["total_s"] = time.perf_counter() - t_start
     write_json(out_path, results)
     sync()

@@ -20,6 +20,7 @@ from vramshard.plan.planner import MOE_FAMILIES, Planner
 from vramshard.plan.tiers import Tiers
 from vramshard.profile.query import synthetic
 from vramshard.runtime.expert_cache import CachedExperts, ExpertCache, FrequencyRecency
+from vramshard.runtime import run_ahead, zero_copy_experts
 from vramshard.runtime.executor import Executor
 from vramshard.runtime.streaming import ExpertSlotBuffer
 from vramshard.runtime.host_weights import pack_model
@@ -420,16 +421,110 @@ def test_planner_moe_streaming_wins_when_pcie_is_fast():
     assert need.experts == result.need.experts and result.need.total <= 8 * GiB
 
 
-def test_planner_leaves_the_cpus_share_beside_the_zero_copy_kernels_off(monkeypatch):
-    """The CPU's share beside the kernels made decode slower on the H200 machine (fourteenth GPU
-    session: the host waits for every layer's router, and the GPU for the host), so the planner's
-    estimator plans without it even where the kernels read host experts."""
-    from vramshard.plan.estimator import Estimator
-    from vramshard.runtime import zero_copy_experts
+def plan_qwen30_with_kernels(monkeypatch, run_ahead_on: bool, budget=8 * GiB, **profile):
+    """plan_qwen30 where the GPU's kernels read host experts and the run-ahead worker is on or off."""
+    from vramshard.runtime import run_ahead, zero_copy_experts
 
     monkeypatch.setattr(zero_copy_experts, "available", lambda: True)
-    profile = synthetic(cpu_gflops=3000, gpu_gflops=200_000, h2d_gbps=50, cpu_mem_gbps=50, gpu_mem_gbps=1500)
-    assert Estimator(QWEN30, profile).zero_copy and Estimator(QWEN30, profile).zero_copy_cpu_share == 0.0
+    monkeypatch.setattr(run_ahead, "available", lambda: run_ahead_on)
+    return plan_qwen30(budget, **profile)
+
+
+def test_planner_leaves_the_cpus_share_off_without_the_run_ahead_worker(monkeypatch):
+    """On the host thread every CPU share beside the kernels made decode slower on the H200 machine
+    (fourteenth and sixteenth GPU sessions: the host waits for every layer's router, and the GPU for
+    the host), so without the run-ahead worker no tier gets one."""
+    result = plan_qwen30_with_kernels(monkeypatch, False)
+    assert all(p.zero_copy_cpu_share == 0.0 for p in result.tiers.values())
+    assert result.tiered().zero_copy_cpu_shares == ()
+
+
+def test_planner_gives_the_cpu_the_share_of_host_experts_it_prices_fastest(monkeypatch):
+    """With the run-ahead worker the decode tier's host experts are shared: the CPU takes the
+    whole count of each token's experts whose step the estimator prices fastest (each other count
+    priced too), the plan's prediction is that step, and prompt tiers (beyond the kernels' rows)
+    get none. A CPU whose memory reads slower takes fewer experts."""
+    from vramshard.plan.estimator import Estimator
+    from vramshard.runtime.zero_copy_experts import cpu_expert_count
+
+    top_k = QWEN30["ffn[0]"].top_k
+    counts = {}
+    for cpu_mem_gbps in (80, 20):
+        result = plan_qwen30_with_kernels(monkeypatch, True, cpu_mem_gbps=cpu_mem_gbps)
+        decode, prompt = result.tiers[1], result.tiers[512]
+        assert decode.placement.expert_names("host") and prompt.zero_copy_cpu_share == 0.0
+        share = decode.zero_copy_cpu_share
+        counts[cpu_mem_gbps] = count = cpu_expert_count(share, top_k)
+        assert 0 < count < top_k and share == count / top_k
+        assert result.tiered().zero_copy_cpu_shares == (share, 0.0)
+        profile = synthetic(cpu_gflops=1500, gpu_gflops=200_000, h2d_gbps=50, cpu_mem_gbps=cpu_mem_gbps,
+                            gpu_mem_gbps=1500)
+
+        def step_s(n: int) -> float:
+            est = Estimator(QWEN30, profile, decode.threads, result.expert_hit_rate, zero_copy_cpu_share=n / top_k)
+            return est.simulate(decode.placement, 1, 2048).seconds
+
+        assert decode.predicted_s == pytest.approx(step_s(count))
+        assert all(step_s(count) <= step_s(n) * (1 + 1e-9) for n in range(top_k))
+        assert step_s(count) < step_s(0) * 0.95
+        assert any(f"computes {count} of each token's {top_k} host experts" in note for note in result.notes)
+    assert counts[20] < counts[80]
+
+
+def test_planner_gives_no_share_where_the_cpu_cannot_keep_up(monkeypatch):
+    result = plan_qwen30_with_kernels(monkeypatch, True, cpu_mem_gbps=2)
+    assert all(p.zero_copy_cpu_share == 0.0 for p in result.tiers.values())
+
+
+def test_a_plans_share_reaches_the_executor_and_its_calibration(monkeypatch, tiny_model_dir):
+    """The executor computes a step's CPU share from its plan's tier (its own option overrides it),
+    and the engine's calibration prices the plan with that share."""
+    from vramshard.plan.calibrate import step_seconds
+    from vramshard.plan.estimator import Estimator
+
+    path = tiny_model_dir("qwen3_moe")
+    model = build_model(open_checkpoint(path).config)
+    host = pack_model(list(model), load_weights(model, open_checkpoint(path)), pin=False)
+    experts_cpu = named_placement("experts-cpu", sublayer_triples(model), model.args.num_hidden_layers,
+                                  moe_layers=moe_layers(model))
+    tiered = TieredPlacement((1, 4, 64), (experts_cpu,) * 3, (None,) * 3, zero_copy_cpu_shares=(0.5, 0.25, 0.0))
+    executor = Executor(model, host, tiered, simulate_gpu=True)
+    assert [executor.zero_copy_share(n) for n in (1, 2, 4, 5, 64)] == [0.5, 0.25, 0.25, 0.0, 0.0]
+    executor.zero_copy_cpu_share = 0.75
+    assert executor.zero_copy_share(1) == 0.75
+
+    monkeypatch.setattr(zero_copy_experts, "available", lambda: True)
+    monkeypatch.setattr(run_ahead, "available", lambda: True)
+    profile = synthetic(cpu_gflops=1500, gpu_gflops=200_000, h2d_gbps=50, cpu_mem_gbps=80, gpu_mem_gbps=1500)
+    plan = Planner(model, profile, None, context=256, tiers=Tiers((1, 64))).plan()
+    plan.tiers[1].placement = experts_cpu
+    for share in (0.0, 0.5):
+        plan.tiers[1].zero_copy_cpu_share = share
+        expected = Estimator(model, profile, plan.tiers[1].threads, plan.expert_hit_rate,
+                             zero_copy_cpu_share=share).simulate(experts_cpu, 1, 256).seconds
+        assert step_seconds(model, profile, plan, 1) == pytest.approx(expected)
+    assert Estimator(model, profile, zero_copy_cpu_share=0.5).simulate(experts_cpu, 1, 256).seconds != \
+        pytest.approx(Estimator(model, profile).simulate(experts_cpu, 1, 256).seconds)
+
+
+def test_a_tiered_placements_shares_round_trip_and_bad_ones_are_refused():
+    p = named_placement("experts-cpu", sublayer_triples(QWEN30), QWEN30.args.num_hidden_layers,
+                        moe_layers=moe_layers(QWEN30))
+    tiered = TieredPlacement((1, 512), (p, p), (None, 8), expert_cache=0, zero_copy_cpu_shares=(0.375, 0.0))
+    again = TieredPlacement.from_json(tiered.to_json())
+    assert again.zero_copy_cpu_shares == (0.375, 0.0) and again.zero_copy_cpu_share(1) == 0.375
+    assert TieredPlacement.from_json(TieredPlacement((1,), (p,), (None,)).to_json()).zero_copy_cpu_shares == ()
+    with pytest.raises(InvalidInputError, match="one share in \\[0, 1\\] per tier"):
+        TieredPlacement((1, 512), (p, p), (None, 8), zero_copy_cpu_shares=(0.5,))
+    with pytest.raises(InvalidInputError, match="one share in \\[0, 1\\] per tier"):
+        TieredPlacement((1, 512), (p, p), (None, 8), zero_copy_cpu_shares=(1.5, 0.0))
+
+
+def test_a_share_of_n_experts_in_k_gives_the_executor_n():
+    """The planner's share n/k turns back into n experts in the executor, for every n and k."""
+    from vramshard.runtime.zero_copy_experts import cpu_expert_count
+
+    assert all(cpu_expert_count(n / k, k) == n for k in range(1, 17) for n in range(k + 1))
 
 
 def test_estimator_counts_routed_fraction_and_hit_rate():
@@ -555,6 +650,40 @@ def test_gpu_moe_host_experts_shared_between_the_kernels_and_the_cpu_match_cpu(a
         assert not on_kernels
     worker = engine.executor._run_ahead
     assert (worker is not None and worker._submitted > 0) == ahead, "the CPU's share ran on the wrong thread"
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_moe_a_plans_zero_copy_share_runs_on_the_worker_and_matches_cpu(arch, tiny_model_dir, monkeypatch):
+    """A plan's share (TieredPlacement.zero_copy_cpu_shares, as the planner sets it, no executor
+    option): decode steps give the CPU's worker that many of each token's experts, prompt steps
+    (a tier without a share) none, and the logits and greedy tokens are the CPU reference's."""
+    from vramshard.layers.moe import MoEFFN
+
+    monkeypatch.setattr(zero_copy_experts, "ENABLED", True)
+    monkeypatch.setattr(run_ahead, "ENABLED", True)
+    on_cpu = []
+    real_cpu = MoEFFN.run_experts
+    monkeypatch.setattr(MoEFFN, "run_experts", lambda self, source, h, routing, only=None:
+                        on_cpu.append((source, h.shape[0], routing.experts.shape[1]))
+                        or real_cpu(self, source, h, routing, only))
+    path = tiny_model_dir(arch)
+    reference = Engine.load(path, device="cpu", dtype="float32")
+    model = build_model(open_checkpoint(path).config)
+    host = pack_model(list(model), load_weights(model, open_checkpoint(path)), pin=True)
+    moe = moe_layers(model)
+    p = named_placement("experts-cpu", sublayer_triples(model), model.args.num_hidden_layers, moe_layers=moe)
+    tiered = TieredPlacement((zero_copy_experts.ROWS, 64), (p, p), (None, None), zero_copy_cpu_shares=(0.5, 0.0))
+    engine = executor_engine(path, model, host, tiered)
+    assert_same_as_reference(engine, reference)
+    top_k = engine.model[f"ffn[{moe[0]}]"].top_k
+    hosts = list(engine.executor.host_experts.values())
+    mine = [(rows, k) for source, rows, k in on_cpu if any(source is s for s in hosts)]  # (not the reference's)
+    assert {k for rows, k in mine if rows <= zero_copy_experts.ROWS} == {zero_copy_experts.cpu_expert_count(0.5, top_k)}, \
+        "the CPU computed no share, or another"
+    assert {k for rows, k in mine if rows > zero_copy_experts.ROWS} <= {top_k}, "a prompt step was shared"
+    assert engine.executor._run_ahead is not None and engine.executor._run_ahead._submitted > 0
 
 
 @pytest.mark.parametrize("spec", ["experts-cpu", "mixed"])

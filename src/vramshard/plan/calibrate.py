@@ -73,7 +73,8 @@ def has_cpu_work(plan: PlanSet, tier: int) -> bool:
 def step_estimate(model: Model, profile: Profile, plan: PlanSet, tier: int) -> StepEstimate:
     """The estimator's account of one step of ``tier`` of ``plan`` with ``profile`` (the planner's call)."""
     tier_plan = plan.tiers[tier]
-    estimator = Estimator(model, profile, tier_plan.threads, plan.expert_hit_rate)
+    estimator = Estimator(model, profile, tier_plan.threads, plan.expert_hit_rate,
+                          zero_copy_cpu_share=tier_plan.zero_copy_cpu_share)
     return estimator.simulate(tier_plan.placement, tier, plan.context, plan.num_slots or 2)
 
 

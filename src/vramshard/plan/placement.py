@@ -290,17 +290,24 @@ class TieredPlacement:
     A step of n new tokens runs the placement of the smallest tier >= n (the largest
     tier for anything bigger), with the tier's CPU thread count (None: unchanged).
     ``expert_cache``: bytes of the VRAM expert cache for placements that cache experts
-    (0: the executor's default).
+    (0: the executor's default). ``zero_copy_cpu_shares``: per tier, of a decode-sized step's
+    host-memory experts read by the GPU's zero-copy kernels, the share the CPU computes meanwhile
+    (the executor's ``zero_copy_cpu_share``; empty: none in any tier).
     """
 
     tiers: tuple[int, ...]
     placements: tuple[Placement, ...]
     threads: tuple[int | None, ...]
     expert_cache: int = 0
+    zero_copy_cpu_shares: tuple[float, ...] = ()
 
     def __post_init__(self):
         if not (len(self.tiers) == len(self.placements) == len(self.threads)) or not self.tiers:
             raise InvalidInputError("a tiered placement needs one placement and thread count per tier")
+        if self.zero_copy_cpu_shares and (len(self.zero_copy_cpu_shares) != len(self.tiers)
+                                          or not all(0.0 <= s <= 1.0 for s in self.zero_copy_cpu_shares)):
+            raise InvalidInputError("a tiered placement's zero-copy CPU shares need one share in [0, 1] per tier, "
+                                    f"got {self.zero_copy_cpu_shares} for {len(self.tiers)} tiers")
         resident = {frozenset(p.names(home="vram")) for p in self.placements}
         if len(resident) != 1:
             raise InvalidInputError("every tier must keep the same sub-layers resident in VRAM")
@@ -319,6 +326,10 @@ class TieredPlacement:
         i = self.index_for(n_tokens)
         return self.placements[i], self.threads[i]
 
+    def zero_copy_cpu_share(self, n_tokens: int) -> float:
+        """The CPU's share of the zero-copy experts in a step of ``n_tokens`` (0: the kernels read all)."""
+        return self.zero_copy_cpu_shares[self.index_for(n_tokens)] if self.zero_copy_cpu_shares else 0.0
+
     @property
     def name(self) -> str:
         if len(self.placements) == 1:
@@ -334,6 +345,8 @@ class TieredPlacement:
                 "placements": [json.loads(p.to_json()) for p in self.placements]}
         if self.expert_cache:
             data["expert_cache"] = self.expert_cache
+        if any(self.zero_copy_cpu_shares):
+            data["zero_copy_cpu_shares"] = list(self.zero_copy_cpu_shares)
         return json.dumps(data)
 
     @classmethod
@@ -341,6 +354,7 @@ class TieredPlacement:
         try:
             data = json.loads(text)
             return cls(tuple(data["tiers"]), tuple(Placement.from_json(json.dumps(p)) for p in data["placements"]),
-                       tuple(data["threads"]), int(data.get("expert_cache", 0)))
+                       tuple(data["threads"]), int(data.get("expert_cache", 0)),
+                       tuple(float(s) for s in data.get("zero_copy_cpu_shares", ())))
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidInputError(f"not a tiered placement JSON document: {exc}") from None

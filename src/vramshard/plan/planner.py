@@ -20,7 +20,10 @@ MoE models add (their FFN split at the experts, norm and router in VRAM):
   experts-mix     MoE layers split between the two so the CPU and PCIe finish together;
 and choose between slots sized for whole MoE layers (whole-layer streaming) or not, and the
 expert cache's size against pinned sub-layers (a few sizes tried, at the hit rate uniform
-routing gives, a floor for real routers).
+routing gives, a floor for real routers). Where the GPU's kernels read host experts from pinned
+memory at decode sizes and the executor has its run-ahead worker, a decode tier also gets the
+share of each token's host experts the CPU computes beside the kernels (``zero_copy_cpu_share``):
+the whole count of experts whose step the estimator prices fastest.
 
 With the KV cache in host memory, attention may still compute on the GPU, streamed or pinned,
 over its host KV cache staged through a one-layer VRAM cache (``Where.kv == "host"``): prompt
@@ -55,6 +58,10 @@ CACHE_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)  # of the room left after the mini
 # shares host memory and PCIe with whatever else runs (a game), and the estimator has priced copies
 # hidden under a step that were not (docs/BENCHMARKS.md, eighteenth GPU session).
 STREAMING_TIE = 0.02
+# The CPU's share of the zero-copy experts is taken only when predicted this much faster than none:
+# it adds host-memory traffic beside whatever else runs, and its prediction has been optimistic
+# (22.9 tok/s predicted, 15.3 measured at the balanced share, twenty-third GPU session).
+SHARE_TIE = 0.05
 
 
 @dataclass
@@ -74,6 +81,8 @@ class TierPlan:
     predicted_s: float
     candidates: dict[str, float]  # family -> predicted seconds per step (inf: not possible)
     placements: dict[str, Placement] = field(default_factory=dict, repr=False)  # family -> its placement
+    # Of a decode step's host experts read by the GPU's zero-copy kernels, the CPU's share (0: none).
+    zero_copy_cpu_share: float = 0.0
 
 
 @dataclass
@@ -96,8 +105,9 @@ class PlanSet:
     def tiered(self) -> TieredPlacement:
         sizes = tuple(sorted(self.tiers))
         named = tuple(Placement(f"{self.tiers[s].family}@{s}", self.tiers[s].placement.where) for s in sizes)
-        return TieredPlacement(sizes, named,
-                               tuple(self.tiers[s].threads for s in sizes), self.expert_cache)
+        shares = tuple(self.tiers[s].zero_copy_cpu_share for s in sizes)
+        return TieredPlacement(sizes, named, tuple(self.tiers[s].threads for s in sizes), self.expert_cache,
+                               shares if any(shares) else ())
 
     def to_dict(self) -> dict:
         return {
@@ -110,6 +120,7 @@ class PlanSet:
             "pinned": [{"name": r.name, "bytes": r.nbytes, "score": r.score,
                         "saved_ms": {str(t): s * 1e3 for t, s in r.saved_s.items()}} for r in self.reasons],
             "tiers": {str(t): {"family": p.family, "threads": p.threads, "predicted_ms": p.predicted_s * 1e3,
+                               "zero_copy_cpu_share": p.zero_copy_cpu_share,
                                "tok_s": t / p.predicted_s if p.predicted_s else None,
                                "candidates_ms": {k: (v * 1e3 if math.isfinite(v) else None)
                                                  for k, v in p.candidates.items()},
@@ -309,7 +320,7 @@ class Planner:
                     continue
                 sizes = [least_cache] if math.isinf(room) else \
                     sorted({least_cache + int(f * room) // expert * expert for f in CACHE_FRACTIONS})
-                if dense < room:  # the cache that leaves room to pin every sub-layer but the experts
+                if dense < room < math.inf:  # the cache that leaves room to pin every sub-layer but the experts
                     sizes = sorted({*sizes, least_cache + int(room - dense) // expert * expert})
                 for cache in sizes:
                     options.append((whole, kv_on_gpu, cache))
@@ -338,6 +349,13 @@ class Planner:
             f"KV cache on the {'GPU' if kv_on_gpu else 'CPU'}, expert cache {format_bytes(cache)} "
             f"(assumed hit rate {self.estimator.expert_hit_rate:.0%}, uniform routing); "
             f"{len(scored)} variants tried")
+        top_k = min(self.model[n].top_k for n in self.moe)
+        for tier, tier_plan in sorted(best.tiers.items()):
+            if tier_plan.zero_copy_cpu_share:
+                best.notes.append(
+                    f"tier {tier}: the CPU computes {round(tier_plan.zero_copy_cpu_share * top_k)} of each token's "
+                    f"{top_k} host experts on the run-ahead worker while the GPU's kernels read the others "
+                    "from pinned memory")
         return best
 
     def _use(self, whole: bool, cache: int) -> None:
@@ -452,6 +470,42 @@ class Planner:
             times["cpu"] = self._time(cpu, tier)
             threads = self._best_threads(cpu, tier) if search else None
             return TierPlan(tier, "cpu", cpu, threads, times["cpu"], times, {"cpu": cpu})
+        share = self._zero_copy_share(tier, pinned, kv_on_gpu)
+        saved, self.estimator.zero_copy_cpu_share = self.estimator.zero_copy_cpu_share, share
+        try:
+            plan = self._plan_families(tier, pinned, kv_on_gpu, search)
+        finally:
+            self.estimator.zero_copy_cpu_share = saved
+        if plan.placement.expert_names("host"):
+            plan.zero_copy_cpu_share = share
+        return plan
+
+    def _zero_copy_share(self, tier: int, pinned: set[str], kv_on_gpu: bool) -> float:
+        """The CPU's share of a ``tier`` step's host experts beside the GPU's zero-copy kernels: of
+        each token's experts, the count whose step (routed experts on the host, the rest streamed)
+        the estimator prices fastest, as a share the executor turns back into that count
+        (:func:`~vramshard.runtime.zero_copy_experts.cpu_expert_count`). 0 unless the kernels read
+        host experts at this tier and the executor hands the CPU's share to its run-ahead worker:
+        on the host thread every share made decode slower on the H200 machine (fourteenth and
+        sixteenth GPU sessions), and the estimator does not see why."""
+        est = self.estimator
+        if not (self.moe and est.zero_copy and est.run_ahead and tier <= est.zero_copy_rows):
+            return 0.0
+        host = self._family("experts-cpu", pinned, kv_on_gpu,
+                            lambda s: "experts-host" if s.name in self.moe else "stream")
+        top_k = min(self.model[n].top_k for n in self.moe)
+        saved, seconds = est.zero_copy_cpu_share, {}
+        try:
+            for count in range(top_k):
+                est.zero_copy_cpu_share = count / top_k
+                seconds[count] = self._time(host, tier)
+        finally:
+            est.zero_copy_cpu_share = saved
+        best = min(seconds, key=seconds.get)
+        return best / top_k if seconds[best] < seconds[0] * (1 - SHARE_TIE) else 0.0
+
+    def _plan_families(self, tier: int, pinned: set[str], kv_on_gpu: bool, search: bool) -> TierPlan:
+        """The tier's fastest placement of the sub-layers not in ``pinned`` (module docstring)."""
         families = {
             "gpu-only": self._family("gpu-only", pinned, kv_on_gpu, lambda s: "stream"),
             "static": self._family("static", pinned, kv_on_gpu, lambda s: "stream" if s.kind == "attn" else "cpu"),
@@ -637,7 +691,7 @@ class Planner:
         best, best_s = None, math.inf
         for threads in self.profile.threads:
             est = Estimator(self.model, self.profile, threads, self.estimator.expert_hit_rate, self.sizes,
-                            costs=self.estimator._cache)
+                            costs=self.estimator._cache, zero_copy_cpu_share=self.estimator.zero_copy_cpu_share)
             seconds = est.simulate(placement, tier, self.context, self.num_slots).seconds
             if seconds < best_s * 0.98:
                 best, best_s = threads, seconds

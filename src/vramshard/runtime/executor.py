@@ -159,12 +159,11 @@ class Executor:
     experts_zero_copy: in decode-sized steps, read experts in host memory by the GPU's kernels from
     pinned memory instead of computing them on the CPU (None: ``VRAMSHARD_EXPERTS_ZERO_COPY``; see
     :mod:`~vramshard.runtime.zero_copy_experts`). zero_copy_cpu_share: of the routed experts of
-    such a step in host memory, the share the CPU computes meanwhile (0: none; see ``_run_zero_copy``;
-    :func:`~vramshard.plan.estimator.balanced_zero_copy_share` balances the two sides' reads, but on
-    the H200 machine every share computed on the host thread made decode slower; on the run-ahead
-    worker a share of 0.315 made an 8-layer step 6% faster than the kernels alone, and the engine
-    at the balanced 0.556 decoded at 9.42 against 12.64 tok/s (sixteenth GPU session): the planner
-    leaves it at 0).
+    such a step in host memory, the share the CPU computes meanwhile (see ``_run_zero_copy``; None:
+    the placement's, per tier, :attr:`TieredPlacement.zero_copy_cpu_shares`, which the planner sets
+    only with the run-ahead worker: on the H200 machine every share computed on the host thread made
+    decode slower, while on the worker the balanced share of 0.556 decoded at 15.32 against 12.45
+    tok/s for the kernels alone, twenty-third GPU session).
 
     :meth:`reconfigure` switches to another placement while running (a VRAM budget that changed),
     rebuilding only the VRAM side: the host weights stay, KV caches move where the new placement
@@ -178,11 +177,12 @@ class Executor:
                  expert_cache: int | None = None, simulate_gpu: bool = False, decode_graphs: bool = False,
                  expert_cpu_share: float | None = None, decode_compile: str | None = None,
                  expert_prefetch: bool = False, experts_zero_copy: bool | None = None,
-                 zero_copy_cpu_share: float = 0.0):
+                 zero_copy_cpu_share: float | None = None):
         self.model = model
-        if not 0.0 <= zero_copy_cpu_share <= 1.0:
+        if zero_copy_cpu_share is not None and not 0.0 <= zero_copy_cpu_share <= 1.0:
             raise ValueError(f"zero_copy_cpu_share must be a share between 0 and 1, got {zero_copy_cpu_share}")
-        self.zero_copy_cpu_share = zero_copy_cpu_share  # (of host experts at decode, beside the kernels)
+        # Of host experts at decode, the share the CPU computes beside the kernels (None: the plan's).
+        self.zero_copy_cpu_share = zero_copy_cpu_share
         self.expert_prefetch = expert_prefetch
         # Host-memory experts read by the GPU's kernels at decode sizes (None: VRAMSHARD_EXPERTS_ZERO_COPY).
         self.experts_zero_copy = zero_copy_experts.ENABLED if experts_zero_copy is None else experts_zero_copy
@@ -847,8 +847,9 @@ class Executor:
         if here.experts == "host":
             stacked = self._host_stacked.get(sublayer.name)
             if stacked is not None and h.shape[0] <= zero_copy_experts.ROWS:  # read by the GPU from host memory
-                if self.zero_copy_cpu_share:
-                    return self._run_zero_copy(sublayer, stacked, h, routing, x)
+                share = self.zero_copy_share(h.shape[0])
+                if share:
+                    return self._run_zero_copy(sublayer, stacked, h, routing, x, share)
                 return x + zero_copy_experts.routed_experts(stacked, h, routing), 0
             ahead = self._ahead()
             if ahead is not None:
@@ -880,11 +881,17 @@ class Executor:
                 return x + y, 0
         return x + sublayer.run_experts(self.split_weights[sublayer.name], h, routing), 0
 
+    def zero_copy_share(self, n_tokens: int) -> float:
+        """The CPU's share of a step's zero-copy experts: the executor's own, else the plan's tier's."""
+        if self.zero_copy_cpu_share is not None:
+            return self.zero_copy_cpu_share
+        return self.plans.zero_copy_cpu_share(n_tokens)
+
     def _run_zero_copy(self, sublayer: MoEFFN, stacked: StackedExperts, h: torch.Tensor, routing,
-                       x: torch.Tensor) -> tuple[torch.Tensor, int]:
+                       x: torch.Tensor, share: float) -> tuple[torch.Tensor, int]:
         """A decode-sized step's host experts shared: the GPU's kernels read some from pinned memory
-        while the CPU computes the others: each token's first ``cpu_expert_count(zero_copy_cpu_share,
-        top_k)`` experts (in routing order) go to the CPU, the rest to the kernels.
+        while the CPU computes the others: each token's first ``cpu_expert_count(share, top_k)``
+        experts (in routing order) go to the CPU, the rest to the kernels.
 
         The split is by position, so the GPU marks the CPU's assignments -1 itself and the kernels
         over the rest are queued before the host waits for the router: the GPU reads its share while
@@ -903,7 +910,7 @@ class Executor:
         on the host thread.)"""
         began = time.perf_counter()
         top_k = routing.experts.shape[1]
-        on_cpu = zero_copy_experts.cpu_expert_count(self.zero_copy_cpu_share, top_k)
+        on_cpu = zero_copy_experts.cpu_expert_count(share, top_k)
         ahead = self._ahead() if on_cpu else None
         if on_cpu:  # the CPU's inputs cross first: its wait below covers the router and them only
             mine = Routing(routing.experts[:, :on_cpu], routing.weights[:, :on_cpu])
