@@ -124,17 +124,19 @@ def cpu_packed_enabled() -> bool:
     return cpu_packed.ENABLED and torch.backends.mkldnn.is_available()
 
 
-def host_pass_s(profile: Profile, moe: MoEFFN, rows: int, contended: bool = False) -> float | None:
+def host_pass_s(profile: Profile, moe: MoEFFN, rows: int, contended: bool = False,
+                on_worker: bool = False) -> float | None:
     """Seconds of the CPU's compiled pass over a step's routed experts at ``rows`` tokens
-    (:mod:`~vramshard.layers.host_experts`) at the profile's measured rate, slowed as a projection
-    of the experts' shape is under PCIe load when ``contended``; None where the executor computes
-    them otherwise or the profile did not time the pass (then the matmul tables count)."""
+    (:mod:`~vramshard.layers.host_experts`) at the profile's measured rate (``on_worker``: its rate
+    on the run-ahead worker beside the host thread's Python), slowed as a projection of the experts'
+    shape is under PCIe load when ``contended``; None where the executor computes them otherwise or
+    the profile did not time the pass (then the matmul tables count)."""
     from ..layers import host_experts  # (the math's own switch and limits)
 
     dtype = moe.weights[0].dtype
     if not host_experts.ENABLED or dtype not in host_experts.DTYPES or not 1 <= rows <= host_experts.ROWS:
         return None
-    rate = profile.host_experts_rate(dtype, rows)
+    rate = profile.host_experts_rate(dtype, rows, on_worker)
     if rate is None:
         return None
     seconds = rows * moe.top_k * moe.expert_bytes / rate
@@ -313,15 +315,16 @@ class Estimator:
         return self._cache[key]
 
     def experts_s(self, sublayer: MoEFFN, device: str, n_tokens: int, contended: bool = False,
-                  launches: bool = True) -> float:
+                  launches: bool = True, on_worker: bool = False) -> float:
         """Time of the routed experts alone (the hit ones, grouped), with the grouped path's
-        launches (a few per expert touched) unless ``launches`` is False: the kernels alone."""
+        launches (a few per expert touched) unless ``launches`` is False: the kernels alone.
+        ``on_worker``: on the CPU, computed by the run-ahead worker (:func:`host_pass_s`)."""
         key = ("experts", sublayer.hidden, sublayer.intermediate, sublayer.num_experts, sublayer.top_k, device,
                n_tokens, contended, self.threads)
         if key not in self._cache:
             self._cache[key] = sum(count * self._matmul(m, k, n, device, contended)
                                    for (m, k, n), count in Counter(sublayer.expert_matmuls(n_tokens)).items())
-        passed = host_pass_s(self.profile, sublayer, n_tokens, contended) if device == "cpu" else None
+        passed = host_pass_s(self.profile, sublayer, n_tokens, contended, on_worker) if device == "cpu" else None
         if passed is not None:  # a few tokens on the CPU in the compiled pass, its call's costs included
             return passed
         kernels = self._cache[key]
@@ -519,13 +522,13 @@ class Estimator:
                             copy_busy += copy_free - start
                             gpu_busy += copy_free - start
                             timeline.append((sublayer.name, "copy", start, copy_free))
-                            alone = self.experts_s(sublayer, "cpu", n_tokens) * on_cpu
-                            beside = self.experts_s(sublayer, "cpu", n_tokens, contended=True) * on_cpu
-                            if self.run_ahead:
-                                # The CPU's share on the worker: the host goes on. (The sixteenth GPU
-                                # session's engine at share 0.556 decoded at 9.42 tok/s where this
-                                # predicted 22.7: the worker's share ran 1.5x its host-thread time, and
-                                # that host's experts 1.4x the profile's rate. Not fitted yet.)
+                            # With run-ahead the CPU's share is the worker's, at the pass's rate there
+                            # (priced at the rate alone, the twenty-third GPU session's engine at share
+                            # 0.556 was predicted at 22.9 tok/s and decoded at 15.3), and the host goes on.
+                            ahead = self.run_ahead
+                            alone = self.experts_s(sublayer, "cpu", n_tokens, on_worker=ahead) * on_cpu
+                            beside = self.experts_s(sublayer, "cpu", n_tokens, contended=True, on_worker=ahead) * on_cpu
+                            if ahead:
                                 back = experts_on_worker(sublayer.name, router_done, alone, beside)
                                 gpu_free = x_ready = max(copy_free, back)
                                 continue
@@ -545,8 +548,10 @@ class Estimator:
                         gpu_free = x_ready = max(copy_free, py)
                         continue
                     if w.experts == "host":
-                        alone = self.experts_s(sublayer, "cpu", n_tokens)
-                        beside = self.experts_s(sublayer, "cpu", n_tokens, contended=True) if streams else alone
+                        ahead = self.run_ahead  # on the worker, at the pass's rate there
+                        alone = self.experts_s(sublayer, "cpu", n_tokens, on_worker=ahead)
+                        beside = self.experts_s(sublayer, "cpu", n_tokens, contended=True, on_worker=ahead) \
+                            if streams else alone
                     if w.experts == "host" and self.run_ahead:  # on the worker: the host does not wait
                         gpu_free = x_ready = experts_on_worker(sublayer.name, router_done, alone, beside)
                         continue

@@ -260,14 +260,18 @@ class Profile:
         measure it or oneDNN could not pack the dtype here)."""
         return self._factor_by_rows("packed_ffn", dtype, rows)
 
-    def host_experts_rate(self, dtype, rows: int) -> float | None:
+    def host_experts_rate(self, dtype, rows: int, on_worker: bool = False) -> float | None:
         """Bytes per second of the CPU's compiled pass over a step's routed experts at ``rows``
         (its assignments' expert bytes over its time; between the measured counts as
-        :meth:`packed_ffn_factor`), or None when the profile did not measure it. Slowed, as every
-        CPU compute time, by the in-situ factors (:meth:`calibrated`): the pass is CPU compute."""
+        :meth:`packed_ffn_factor`), or None when the profile did not measure it. ``on_worker``: as
+        the run-ahead worker computes it, beside the host thread's Python (where the profile
+        measured that; else the rate alone). Slowed, as every CPU compute time, by the in-situ
+        factors (:meth:`calibrated`): the pass is CPU compute."""
         if not self.data.get("host_experts", {}).get(dtype_name(dtype)):
             return None
-        return self._factor_by_rows("host_experts", dtype, rows) / (
+        section = "host_experts_worker" if on_worker and self.data.get("host_experts_worker", {}).get(
+            dtype_name(dtype)) else "host_experts"
+        return self._factor_by_rows(section, dtype, rows) / (
             self.cpu_scale * (self.cpu_row_factor(rows) if self.cpu_rows else 1.0))
 
     def _factor_by_rows(self, section: str, dtype, rows: int) -> float:
@@ -373,6 +377,8 @@ class Profile:
             "packed_ffn_factor": dict(self.data.get("packed_ffn", {})),
             "host_experts_gb_s": {dtype: {rows: rate / 1e9 for rows, rate in by_rows.items()}
                                   for dtype, by_rows in self.data.get("host_experts", {}).items()},
+            "host_experts_worker_gb_s": {dtype: {rows: rate / 1e9 for rows, rate in by_rows.items()}
+                                         for dtype, by_rows in self.data.get("host_experts_worker", {}).items()},
             "cpu_threads": self.threads,
             "default_threads": self.default_threads,
             "cpu_read_gb_s": self.cpu_read_bps / 1e9 if self.cpu_read_bps else None,

@@ -95,6 +95,7 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
     split_part: dict[str, float] = {}
     packed_ffn: dict[str, dict[str, float]] = {}
     host_expert_factors: dict[str, dict[str, float]] = {}
+    host_experts_on_worker: dict[str, dict[str, float]] = {}
     cpu_args = {"budget_s": spec.point_budget_s, "cap_s": spec.point_cap_s, "progress": progress, "weight": w["cpu"]}
     gpu_args = {"budget_s": spec.gpu_point_budget_s, "cap_s": spec.point_cap_s, "progress": progress, "weight": w["gpu"]}
 
@@ -130,11 +131,14 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
                         if factors is not None:  # (None: oneDNN cannot pack this dtype here)
                             packed_ffn[dtype] = factors
                 if spec.host_experts and torch_dtype(dtype) in host_experts.DTYPES:
-                    factors = measure_host_experts(dtype, *spec.host_experts, spec.host_expert_rows,
-                                                   budget_s=4 * spec.point_budget_s, progress=progress,
-                                                   weight=w["split"])
-                    if factors is not None:  # (None: the compiled pass does not run here)
-                        host_expert_factors[dtype] = factors
+                    # On the run-ahead worker too where there is one (it needs a GPU).
+                    rates = measure_host_experts(dtype, *spec.host_experts, spec.host_expert_rows,
+                                                 budget_s=4 * spec.point_budget_s, progress=progress,
+                                                 weight=w["split"], on_worker=use_gpu)
+                    if rates is not None:  # (None: the compiled pass does not run here)
+                        host_expert_factors[dtype], worker_rates = rates
+                        if worker_rates:
+                            host_experts_on_worker[dtype] = worker_rates
             if use_gpu:
                 _measure_gpu(spec, top, w, cpu_args, gpu_args, progress, matmul, attention, transfer, dispatch)
             for round_ in range(2, spec.cpu_rounds + 1):
@@ -157,6 +161,8 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
         data["packed_ffn"] = packed_ffn
     if host_expert_factors:
         data["host_experts"] = host_expert_factors
+    if host_experts_on_worker:
+        data["host_experts_worker"] = host_experts_on_worker
     estimated = sum(t.get("estimated", 0) for t in matmul + attention)
     log.info("profile measured in %.1f s (%d points extrapolated beyond the time cap)", elapsed, estimated)
     return Profile(data)

@@ -18,7 +18,10 @@ cores, GB/s, the mean of a timing before the CPU tables and one after), and the 
   oneDNN-prepacked weights over plain ones (absent: 1; a dtype oneDNN cannot pack is absent);
 - ``host_experts`` (optional): ``{dtype: {rows: bytes per second}}``, the rate of the CPU's
   compiled pass over a MoE layer's routed experts: its assignments' expert bytes over its time
-  (absent: the estimator times experts on the CPU from the matmul tables).
+  (absent: the estimator times experts on the CPU from the matmul tables);
+- ``host_experts_worker`` (optional): the same on the run-ahead worker thread while another thread
+  runs Python, as the executor computes it there (absent: as ``host_experts``; measured only where
+  there is a GPU, which the run-ahead worker needs).
 
 GPU tables are absent when the machine has no CUDA device.
 """
@@ -110,3 +113,4 @@ def validate(data) -> None:
         _positive(value, f"split FFN part factor for {dtype}")
     _factors_by_rows(data, "packed_ffn", "packed FFN factor")
     _factors_by_rows(data, "host_experts", "routed experts' compiled pass rate")
+    _factors_by_rows(data, "host_experts_worker", "routed experts' compiled pass rate on the run-ahead worker")

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import statistics
+import sys
+import threading
 import time
 from collections.abc import Callable
+
+import torch
 
 
 def time_cpu(fn: Callable[[], object], budget_s: float, max_reps: int = 50, min_reps: int = 2) -> float:
@@ -28,6 +32,40 @@ def time_cpu(fn: Callable[[], object], budget_s: float, max_reps: int = 50, min_
         fn()
         times.append(time.perf_counter() - start)
     return sorted(times)[(len(times) - 1) // 4]
+
+
+def time_cpu_beside_python(fn: Callable[[], object], budget_s: float, threads: int, switch_interval_s: float) -> float:
+    """:func:`time_cpu` of ``fn()`` on a worker thread of ``threads`` torch threads (in inference
+    mode) while the calling thread runs Python all the time, the interpreter's switch interval
+    ``switch_interval_s`` meanwhile: how the executor's run-ahead worker computes CPU work while the
+    host thread queues the step. Each time ``fn`` takes the GIL back after a torch call it waits for
+    the host thread to hand it over, and the worker has the cores the host thread leaves it. A first
+    call on the worker is not timed (kernels compiled per thread count compile there)."""
+    result: list[float] = []
+    failure: list[BaseException] = []
+
+    def worker_body() -> None:
+        torch.set_num_threads(threads)  # (OpenMP's thread count is per thread)
+        try:
+            with torch.inference_mode():
+                fn()
+                result.append(time_cpu(fn, budget_s))
+        except BaseException as exc:  # (re-raised on the calling thread)
+            failure.append(exc)
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(switch_interval_s)
+    worker = threading.Thread(target=worker_body, name="vramshard-profile-worker")
+    try:
+        worker.start()
+        while worker.is_alive():
+            sum(range(200))  # the host thread's Python
+    finally:
+        worker.join()
+        sys.setswitchinterval(before)
+    if failure:
+        raise failure[0]
+    return result[0]
 
 
 def time_cuda(fn: Callable[[], object], budget_s: float, batches: int = 3, max_reps: int = 64) -> float:

@@ -1,0 +1,112 @@
+"""The CPU's pass over a MoE layer's host experts as the run-ahead worker computes it: the profile
+times it on a worker thread beside Python (``host_experts_worker``), and the estimator prices the
+worker's experts with that rate (the CPU's share of the zero-copy experts, ``experts-cpu`` steps)."""
+
+from __future__ import annotations
+
+import copy
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from vramshard.errors import ProfileError
+from vramshard.layers import host_experts
+from vramshard.plan.estimator import Estimator
+from vramshard.plan.memory import moe_layers, sublayer_triples
+from vramshard.plan.placement import named_placement
+from vramshard.profile import load
+from vramshard.profile.bench_experts import measure_host_experts
+from vramshard.profile.progress import ProgressSink
+from vramshard.profile.query import Profile
+from vramshard.profile.timing import time_cpu_beside_python
+from vramshard.shapes import shape_model
+
+RUN15 = Path(__file__).resolve().parents[1] / "docs" / "profiles" / "h200-run15.json"  # it timed the pass alone
+QWEN30 = shape_model("qwen3-30b-a3b")
+
+
+@pytest.fixture(scope="module")
+def run15() -> Profile:
+    return load(RUN15, check_fingerprint=False)
+
+
+def with_worker_rates(profile: Profile, slower: float) -> Profile:
+    """``profile`` whose pass on the worker runs ``slower`` times its time alone."""
+    data = copy.deepcopy(profile.data)
+    data["host_experts_worker"] = {dtype: {rows: rate / slower for rows, rate in by_rows.items()}
+                                   for dtype, by_rows in data["host_experts"].items()}
+    return Profile(data)
+
+
+def test_the_worker_rate_is_read_where_measured_and_the_rate_alone_elsewhere(run15):
+    slow = with_worker_rates(run15, 2.0)
+    alone = run15.host_experts_rate("bf16", 1)
+    assert slow.host_experts_rate("bf16", 1) == pytest.approx(alone)
+    assert slow.host_experts_rate("bf16", 1, on_worker=True) == pytest.approx(alone / 2)
+    assert run15.host_experts_rate("bf16", 1, on_worker=True) == pytest.approx(alone)  # (not measured: alone)
+    assert slow.calibrated(1.5).host_experts_rate("bf16", 1, on_worker=True) == pytest.approx(alone / 3)
+
+
+def test_a_bad_worker_section_is_refused_by_name(run15):
+    data = copy.deepcopy(run15.data)
+    data["host_experts_worker"] = {"bf16": {"1": -5.0}}
+    with pytest.raises(ProfileError, match="run-ahead worker for bf16 at 1 rows"):
+        Profile(data)
+
+
+def test_the_estimator_prices_the_workers_experts_at_the_worker_rate(run15):
+    """With run-ahead, the CPU's share of the zero-copy experts and experts-cpu's host experts are
+    the worker's: a slower worker rate slows those steps; without run-ahead the host thread computes
+    them and the worker rate does not count."""
+    slow = with_worker_rates(run15, 2.5)
+    placement = named_placement("experts-cpu", sublayer_triples(QWEN30), QWEN30.args.num_hidden_layers,
+                                moe_layers=moe_layers(QWEN30))
+
+    def step(profile: Profile, **options) -> float:
+        return Estimator(QWEN30, profile, **options).simulate(placement, 1, 1024).seconds
+
+    shared = dict(zero_copy=True, zero_copy_cpu_share=0.5)
+    assert step(slow, run_ahead=True, **shared) > 1.3 * step(run15, run_ahead=True, **shared)
+    assert step(slow, run_ahead=False, **shared) == pytest.approx(step(run15, run_ahead=False, **shared))
+    assert step(slow, run_ahead=True, zero_copy=False) > 1.3 * step(run15, run_ahead=True, zero_copy=False)
+    assert step(slow, run_ahead=True, zero_copy=True) == pytest.approx(step(run15, run_ahead=True, zero_copy=True))
+
+
+def test_time_cpu_beside_python_runs_the_work_on_a_worker_of_that_many_threads():
+    seen = []
+
+    def work():
+        seen.append((threading.current_thread() is threading.main_thread(), torch.get_num_threads(),
+                     torch.is_inference_mode_enabled()))
+        sum(range(1000))
+
+    before = torch.get_num_threads()
+    seconds = time_cpu_beside_python(work, 0.01, threads=1, switch_interval_s=1e-4)
+    assert seconds > 0 and len(seen) >= 3  # the untimed first call, time_cpu's warm-up, the timed runs
+    assert set(seen) == {(False, 1, True)}
+    assert torch.get_num_threads() == before
+
+    def broken():
+        raise ValueError("no such expert")
+
+    with pytest.raises(ValueError, match="no such expert"):
+        time_cpu_beside_python(broken, 0.01, threads=1, switch_interval_s=1e-4)
+
+
+def test_the_profile_times_the_pass_alone_and_on_the_worker():
+    """measure_host_experts: the rate alone, and on the worker where asked (a GPU machine's profile);
+    both of the pass's bytes over a time that can only be positive."""
+    if not host_experts.ENABLED:
+        pytest.skip("the compiled pass is off here")
+    measured = measure_host_experts("bf16", 256, 128, 2, [1], budget_s=0.02, progress=ProgressSink(),
+                                    weight=1.0, on_worker=True)
+    if measured is None:
+        pytest.skip("the compiled pass does not run here (no C++ compiler)")
+    alone, worker = measured
+    assert set(alone) == set(worker) == {"1"}
+    assert alone["1"] > 0 and worker["1"] > 0
+    alone_only = measure_host_experts("bf16", 256, 128, 2, [1], budget_s=0.02, progress=ProgressSink(),
+                                      weight=1.0)
+    assert alone_only is not None and alone_only[1] == {}
