@@ -1,15 +1,15 @@
 # ~8.5 min (written 2026-12-05, session 26): a full profile, and the MoE run-ahead cells planned from it.
-# 1. `vramshard profile` (full): its wall time (the Profiler issue wants <= 10 min), and the profile the
+# 1. `vramshard profile` (full; since session 26 it also times the CPU expert pass on a worker beside Python): its wall time (the Profiler issue wants <= 10 min), and the profile the
 #    second call compares with (copy $OUT/profile.json to docs/profiles/h200-run26.json; call_session26b.sh).
 # 2. qwen3-30b-a3b at 8 GiB, batch 1, run-ahead on, from this fresh profile: the planner's plan (with its
-#    share), the kernels alone, and the shares 3/8 and 2/8; a ~65 s build, then ~25 s a cell. The
+#    share), the kernels alone, and the shares 4/8, 3/8 and 2/8; a ~65 s build, then ~25 s a cell. The
 #    twenty-third session measured 4/8: 15.32 tok/s against 12.45 alone, where the estimator said 22.9.
 source benchmarks/gpu_session/setup.sh || exit 1
 start=$(date +%s)
 timeout 380 python3 -m vramshard.cli.main profile --out $OUT/profile.json > $OUT/profile.log 2>&1; echo "profile rc $? in $(( $(date +%s) - start )) s"
 tail -3 $OUT/profile.log | cut -c1-200
 PROFILE=$OUT/profile.json; test -s $PROFILE || PROFILE=docs/profiles/h200-run15.json
-VRAMSHARD_RUN_AHEAD=on timeout 200 python3 -m benchmarks.moe_bench --budgets 8 --batches 1 --time-limit 170 \
-  --no-skewed --placements planned,experts-zero-copy --shares 0.375,0.25 --profile $PROFILE --out $OUT/moe_run_ahead.json \
+VRAMSHARD_RUN_AHEAD=on timeout 212 python3 -m benchmarks.moe_bench --budgets 8 --batches 1 --time-limit 185 \
+  --no-skewed --placements planned,experts-zero-copy --shares 0.5,0.375,0.25 --profile $PROFILE --out $OUT/moe_run_ahead.json \
   > $OUT/moe_run_ahead.log 2>&1; echo "moe rc $?"
 grep -oE "'placement': '[^']*'|'zero_copy_cpu_share': [0-9.]*|'predicted_decode_tok_s': [0-9.]*|'decode_tok_s': [0-9.]*|'error': '[^']{0,120}" $OUT/moe_run_ahead.log | tr '\n' ' ' | sed 's/.placement/\n&/g'
