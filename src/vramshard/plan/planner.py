@@ -499,6 +499,8 @@ class Planner:
             for count in range(top_k):
                 est.zero_copy_cpu_share = count / top_k
                 seconds[count] = self._time(host, tier)
+                if seconds[count] > min(seconds.values()) * (1 + SHARE_TIE):
+                    break  # past the fastest: the step is the slower of two sides, one rising with the count
         finally:
             est.zero_copy_cpu_share = saved
         best = min(seconds, key=seconds.get)
