@@ -30,6 +30,7 @@ import time
 import torch
 
 from vramshard.errors import BudgetError
+from vramshard.layers import cpu_compiled, host_experts
 from vramshard.layers.moe import MoEFFN
 from vramshard.layers.step import Step
 from vramshard.plan.estimator import Estimator, balanced_zero_copy_share, expert_cpu_share, uniform_hit_rate
@@ -123,6 +124,14 @@ def batched_tok_s(executor: Executor, batch: int, context: int, steps: int) -> f
         state["pos"] += 1
 
     return batch / timed(one, repeat=steps, warmup=1, budget_s=30)
+
+
+def cpu_kernel_state() -> dict:
+    """Whether the CPU's compiled expert kernels run here, and for which (dtype, thread counts)."""
+    return {"release_gil": cpu_compiled.kernels_release_gil(),
+            **{name: {"compiled": sorted(f"{dtype}/{threads}" for dtype, threads in kernel._compiled),
+                      "failed": kernel.failed}
+               for name, kernel in (("one_token", host_experts._one_token_kernel), ("rows", host_experts._kernel))}}
 
 
 def make_executor(model, host, placement, budget, args, kv_slots=1, max_context=None, expert_cache=None,
@@ -239,6 +248,13 @@ def run_cell(model, host, label, placement, cache, budget, args, bw, deadline, o
         cell["predicted_decode_tok_s"] = predicted_decode_tok_s(model, profile, executor, options or {}, args.ctx)
     cell["decode_tok_s"] = decode_tok_s(executor, args.ctx, args.decode_steps)
     report = executor.report
+    # The last decode step's own account: with run-ahead, "compute" is the worker's computing and
+    # "wait" its waiting for the GPU to say a part's input landed (the twenty-sixth session's share
+    # cells decoded 4-5x slower than the twenty-third's, cause not found: these tell which side).
+    cell["decode_step_ms"] = report.seconds * 1e3
+    cell["decode_host_compute_ms"] = report.host_compute_s * 1e3
+    cell["decode_host_wait_ms"] = report.host_wait_s * 1e3
+    cell["cpu_kernels"] = cpu_kernel_state()
     cell["decode_bytes_streamed"] = report.bytes_streamed
     cell["decode_expert_hit_rate"] = report.expert_hit_rate
     if cell["bound_tok_s"]:
