@@ -110,3 +110,29 @@ def test_the_profile_times_the_pass_alone_and_on_the_worker():
     alone_only = measure_host_experts("bf16", 256, 128, 2, [1], budget_s=0.02, progress=ProgressSink(),
                                       weight=1.0)
     assert alone_only is not None and alone_only[1] == {}
+
+
+def test_the_pass_on_fewer_threads_is_priced_slower(run15):
+    """The profile times the expert pass on all cores; on fewer threads it is priced as a projection
+    of the experts' shape is (it was priced the same on one thread as on sixteen)."""
+    moe = QWEN30["ffn[0]"]
+    all_cores = Estimator(QWEN30, run15).experts_s(moe, "cpu", 1)
+    assert Estimator(QWEN30, run15, threads=run15.default_threads).experts_s(moe, "cpu", 1) == pytest.approx(all_cores)
+    assert Estimator(QWEN30, run15, threads=1).experts_s(moe, "cpu", 1) > 3 * all_cores
+    assert run15.cpu_thread_factor("bf16", None, 1, 2048, 1536) == 1.0
+
+
+def test_a_tier_computing_host_experts_keeps_every_core(monkeypatch, run15):
+    """A MoE tier whose CPU work is its host experts (and the embedding) runs on all cores: the
+    thread count the estimator priced equal to all cores won the tie once, one thread, and the
+    twenty-fourth GPU session's planned cell decoded at 2.99 tok/s where the kernels alone did 12.55."""
+    from vramshard.plan.planner import Planner
+    from vramshard.plan.tiers import Tiers
+    from vramshard.runtime import run_ahead, zero_copy_experts
+
+    monkeypatch.setattr(zero_copy_experts, "available", lambda: True)
+    monkeypatch.setattr(run_ahead, "available", lambda: True)
+    plan = Planner(QWEN30, run15, 8 * 2**30, context=2064, tiers=Tiers((1, 4, 64, 1024))).plan()
+    host = [tier for tier, p in plan.tiers.items() if p.placement.expert_names("host")]
+    assert 1 in host, "the decode tier no longer computes host experts: this test needs another case"
+    assert all(plan.tiers[tier].threads is None for tier in host)

@@ -125,12 +125,13 @@ def cpu_packed_enabled() -> bool:
 
 
 def host_pass_s(profile: Profile, moe: MoEFFN, rows: int, contended: bool = False,
-                on_worker: bool = False) -> float | None:
+                on_worker: bool = False, threads: int | None = None) -> float | None:
     """Seconds of the CPU's compiled pass over a step's routed experts at ``rows`` tokens
     (:mod:`~vramshard.layers.host_experts`) at the profile's measured rate (``on_worker``: its rate
     on the run-ahead worker beside the host thread's Python), slowed as a projection of the experts'
-    shape is under PCIe load when ``contended``; None where the executor computes them otherwise or
-    the profile did not time the pass (then the matmul tables count)."""
+    shape is under PCIe load when ``contended``, and on ``threads`` CPU threads as that projection
+    is on them (None: the count the profile timed it at); None where the executor computes them
+    otherwise or the profile did not time the pass (then the matmul tables count)."""
     from ..layers import host_experts  # (the math's own switch and limits)
 
     dtype = moe.weights[0].dtype
@@ -140,10 +141,10 @@ def host_pass_s(profile: Profile, moe: MoEFFN, rows: int, contended: bool = Fals
     if rate is None:
         return None
     seconds = rows * moe.top_k * moe.expert_bytes / rate
+    shape = (rows, moe.hidden, 2 * moe.intermediate)
     if contended:
-        shape = (rows, moe.hidden, 2 * moe.intermediate)
         seconds *= profile.matmul_s(*shape, dtype, "cpu", contended=True) / profile.matmul_s(*shape, dtype, "cpu")
-    return seconds
+    return seconds * profile.cpu_thread_factor(dtype, threads, *shape)
 
 
 def _cpu_expert_count(share: float, experts: int) -> int:
@@ -222,7 +223,7 @@ class Estimator:
             seconds += count * self._matmul(m, k, n, device, contended)
         if device == "cpu" and self.cpu_packed and isinstance(sublayer, DenseFFN):
             seconds *= self.profile.packed_ffn_factor(self.dtype, n_tokens)
-        passed = host_pass_s(self.profile, sublayer, n_tokens, contended) \
+        passed = host_pass_s(self.profile, sublayer, n_tokens, contended, threads=self.threads) \
             if device == "cpu" and isinstance(sublayer, MoEFFN) else None
         if passed is not None:  # its experts in the compiled pass
             seconds = passed + sum(self._matmul(m, k, n, device, contended) for m, k, n in sublayer.router_matmuls(rows))
@@ -324,7 +325,8 @@ class Estimator:
         if key not in self._cache:
             self._cache[key] = sum(count * self._matmul(m, k, n, device, contended)
                                    for (m, k, n), count in Counter(sublayer.expert_matmuls(n_tokens)).items())
-        passed = host_pass_s(self.profile, sublayer, n_tokens, contended, on_worker) if device == "cpu" else None
+        passed = host_pass_s(self.profile, sublayer, n_tokens, contended, on_worker, self.threads) \
+            if device == "cpu" else None
         if passed is not None:  # a few tokens on the CPU in the compiled pass, its call's costs included
             return passed
         kernels = self._cache[key]

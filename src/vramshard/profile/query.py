@@ -316,6 +316,15 @@ class Profile:
 
         return min(tables, key=distance)
 
+    def cpu_thread_factor(self, dtype, threads: int | None, m: int, k: int, n: int) -> float:
+        """How much longer CPU work shaped like an (m, k, n) matmul takes on ``threads`` threads
+        than on the profile's default count (1 for None or that count): for CPU work the profile
+        timed at the default count only (the compiled expert pass)."""
+        threads = self._check_threads(threads)
+        if threads == self.default_threads or not self.data["matmul"]:
+            return 1.0
+        return self._thread_ratio(dtype_name(dtype), threads, m, k, n)
+
     def _check_threads(self, threads: int | None) -> int:
         if threads is None:
             return self.default_threads
