@@ -192,6 +192,20 @@ def placements_for(model, budget, args, profile):
     return out
 
 
+def in_order(cells: list, placements: str | None) -> list:
+    """``cells`` (placements_for's) named in ``placements`` (comma-separated labels), in that order, then
+    the ``--shares`` cells not named there; all of them, as they come, when ``placements`` is None."""
+    if not placements:
+        return cells
+    names = placements.split(",")
+    by_label = {cell[0]: cell for cell in cells}
+    for name in names:
+        if name not in by_label:
+            log.warning("--placements names %r, which is no cell here (cells: %s)", name, ", ".join(by_label))
+    return [by_label[name] for name in names if name in by_label] + \
+        [cell for cell in cells if "@" in cell[0] and cell[0] not in names]
+
+
 def routed_bound(model, executor, bw) -> dict:
     """Decode bound from routed-expert bytes not in VRAM (uniform routing) plus other non-resident bytes."""
     moe = [s for s in model if isinstance(s, MoEFFN)]
@@ -308,8 +322,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--time-limit", type=float, default=480.0, help="seconds; later cells are skipped")
     parser.add_argument("--placements", default=None,
-                        help="comma-separated labels to run (planned, experts-stream, experts-stream-zero-copy, "
-                             "experts-hybrid, experts-prefetch, layers:max, experts-cpu, experts-zero-copy); default all")
+                        help="comma-separated labels to run, in this order (planned, experts-stream, "
+                             "experts-stream-zero-copy, experts-hybrid, experts-prefetch, layers:max, experts-cpu, "
+                             "experts-zero-copy, experts-zero-copy-cpu, experts-zero-copy-cpu@S of --shares); default all")
     parser.add_argument("--shares", type=lambda text: [float(s) for s in text.split(",") if s], default=[],
                         help="comma-separated CPU shares of experts-zero-copy's experts, each a cell "
                              "experts-zero-copy-cpu@S, whatever --placements names")
@@ -340,9 +355,7 @@ def main() -> None:
     results["profile"] = profile.summary()
     budgets = [int(float(b) * GiB) for b in args.budgets.split(",")]
     for budget in budgets:
-        for label, placement, cache, options in placements_for(model, budget, args, profile):
-            if args.placements and label not in args.placements.split(",") and "@" not in label:
-                continue
+        for label, placement, cache, options in in_order(placements_for(model, budget, args, profile), args.placements):
             cell = run_cell(model, host, label, placement, cache, budget, args, bw, deadline, options, profile)
             log.info("%s", cell)
             results["cells"].append(cell)

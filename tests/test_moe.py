@@ -764,3 +764,18 @@ def test_moe_bench_predicts_each_cells_decode_from_the_executors_own_switches(ti
     profile = synthetic(cpu_gflops=500, gpu_gflops=100_000, h2d_gbps=25, cpu_mem_gbps=40)
     expected = 1 / Estimator(model, profile, zero_copy=False).simulate(placement, 1, 256).seconds
     assert predicted_decode_tok_s(model, profile, executor, {}, 256) == pytest.approx(expected)
+
+
+def test_moe_bench_runs_the_cells_in_the_order_asked():
+    """benchmarks/moe_bench --placements: the cells named, in that order (a cell's executor can leave
+    the process in a state the next one meets), then the --shares cells not named."""
+    from benchmarks.moe_bench import in_order
+
+    cells = [(label, None, None, {}) for label in ("planned", "experts-stream", "experts-zero-copy",
+                                                   "experts-zero-copy-cpu@0.5", "experts-zero-copy-cpu@0.375")]
+    labels = lambda chosen: [cell[0] for cell in chosen]  # noqa: E731
+    assert labels(in_order(cells, None)) == labels(cells)
+    assert labels(in_order(cells, "experts-zero-copy-cpu@0.375,experts-zero-copy,planned")) == [
+        "experts-zero-copy-cpu@0.375", "experts-zero-copy", "planned", "experts-zero-copy-cpu@0.5"]
+    assert labels(in_order(cells, "experts-zero-copy,no-such-cell")) == [
+        "experts-zero-copy", "experts-zero-copy-cpu@0.5", "experts-zero-copy-cpu@0.375"]

@@ -7,7 +7,7 @@
 # the GPU suite, on the same machine: fire it within 30 s of this call's return.
 source benchmarks/gpu_session/setup.sh || exit 1
 VRAMSHARD_RUN_AHEAD=on timeout 240 python3 -m benchmarks.moe_bench --budgets 8 --batches 1 --time-limit 220 \
-  --no-skewed --placements experts-zero-copy,planned --shares 0.5,0.375 --profile docs/profiles/h200-run26b.json \
+  --no-skewed --placements experts-zero-copy,experts-zero-copy-cpu@0.5,experts-zero-copy-cpu@0.375,planned --shares 0.5,0.375 --profile docs/profiles/h200-run26b.json \
   --out $OUT/moe_first.json > $OUT/moe_first.log 2>&1; echo "moe rc $?"
 grep -oE "'placement': '[^']*'|'zero_copy_cpu_share': [0-9.]*|'decode_tok_s': [0-9.]*|'decode_step_ms': [0-9.]*|'decode_host_compute_ms': [0-9.]*|'decode_host_wait_ms': [0-9.]*" \
   $OUT/moe_first.log | tr '\n' ' ' | sed 's/.placement/\n&/g'
