@@ -156,7 +156,7 @@ def test_one_token_over_a_contiguous_weight_may_take_the_compiled_row_sums(monke
 
     def slow(kernel):
         def run(x, w, bias):
-            time.sleep(0.002)
+            time.sleep(0.01)  # (2 ms lost once: another process held a core, and an OpenMP team waited on it)
             return kernel(x, w, bias)
         return run
 
