@@ -136,3 +136,30 @@ def test_a_tier_computing_host_experts_keeps_every_core(monkeypatch, run15):
     host = [tier for tier, p in plan.tiers.items() if p.placement.expert_names("host")]
     assert 1 in host, "the decode tier no longer computes host experts: this test needs another case"
     assert all(plan.tiers[tier].threads is None for tier in host)
+
+
+def test_a_worker_slower_than_priced_gets_fewer_experts_once_the_engine_fits_it(monkeypatch, run15):
+    """The engine's in-run fit of a tier's CPU work (``calibrate.fit_cpu_rows``, from the worker's
+    computing time the executor reports) reaches the share: the plan made again from the fitted
+    profile gives the worker fewer of each token's experts, or none."""
+    from vramshard.plan import calibrate
+    from vramshard.plan.planner import Planner
+    from vramshard.plan.tiers import Tiers
+    from vramshard.runtime import run_ahead, zero_copy_experts
+
+    monkeypatch.setattr(zero_copy_experts, "available", lambda: True)
+    monkeypatch.setattr(run_ahead, "available", lambda: True)
+    profile = with_worker_rates(run15, 1.5)
+    top_k = QWEN30["ffn[0]"].top_k
+
+    def plan(p: Profile):
+        return Planner(QWEN30, p, 8 * 2**30, context=2064, tiers=Tiers((1, 64))).plan()
+
+    first = plan(profile)
+    count = round(first.tiers[1].zero_copy_cpu_share * top_k)
+    assert count >= 2
+    predicted = calibrate.cpu_seconds(QWEN30, profile, first, 1)
+    fitted = calibrate.fit_cpu_rows(QWEN30, profile, first, {1: 3 * predicted})
+    assert fitted is not None and fitted.profile.cpu_row_factor(1) > 2
+    again = plan(fitted.profile)
+    assert round(again.tiers[1].zero_copy_cpu_share * top_k) < count
