@@ -263,8 +263,9 @@ def run_cell(model, host, label, placement, cache, budget, args, bw, deadline, o
     cell["decode_tok_s"] = decode_tok_s(executor, args.ctx, args.decode_steps)
     report = executor.report
     # The last decode step's own account: with run-ahead, "compute" is the worker's computing and
-    # "wait" its waiting for the GPU to say a part's input landed (the twenty-sixth session's share
-    # cells decoded 4-5x slower than the twenty-third's, cause not found: these tell which side).
+    # "wait" its waiting for the GPU to say a part's input landed (the twenty-fourth GPU session's share
+    # cells decoded 4-5x slower than the twenty-third's; a one-thread kernel is the likely cause: these
+    # tell which side was slow).
     cell["decode_step_ms"] = report.seconds * 1e3
     cell["decode_host_compute_ms"] = report.host_compute_s * 1e3
     cell["decode_host_wait_ms"] = report.host_wait_s * 1e3

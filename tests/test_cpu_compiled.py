@@ -150,3 +150,38 @@ def test_a_compile_that_fails_with_the_releasing_binding_is_tried_again_with_ind
     assert CompiledKernel(broken, "test failures", "run eagerly")(torch.ones(2)) is None
     assert tries == [True, False] and cpu_compiled.kernels_release_gil()
     assert binding.call_entry_function == cpu_compiled._RELEASING
+
+
+def _row_sums(x, w):
+    return (w.float() * x.float()).sum(-1)  # [N]: one row of w per output, x broadcast
+
+
+def test_compiled_kernels_read_the_callers_thread_count_when_they_run(monkeypatch):
+    """Inductor wrote the compilation's thread count into the kernel, and torch's cache of compiled
+    graphs did not key on it before pytorch/pytorch#160812's fix: a kernel compiled on one thread was
+    served to a compilation for all cores. The kernels now read the calling thread's count as they run."""
+    from torch._inductor import config
+    from torch._inductor.utils import run_and_get_code
+
+    monkeypatch.delenv("TORCHINDUCTOR_CPP_DYNAMIC_THREADS", raising=False)
+    monkeypatch.setattr(config.cpp, "dynamic_threads", False)
+    monkeypatch.setattr(config, "force_disable_caches", True)  # (compile, so that the code is seen)
+    kernel = CompiledKernel(_row_sums, "a test kernel", "fail the test")
+    x, w = torch.randn(1, 512), torch.randn(1024, 512)
+    out, sources = run_and_get_code(kernel, x, w)
+    assert torch.allclose(out, w @ x[0], rtol=1e-4, atol=1e-3)
+    code = "\n".join(sources)
+    assert config.cpp.dynamic_threads
+    assert "#pragma omp parallel" in code
+    assert "num_threads(" not in code, "the compilation's thread count is written into the kernel"
+
+
+def test_the_users_own_thread_settings_stay(monkeypatch):
+    from torch._inductor import config
+
+    monkeypatch.setattr(config.cpp, "dynamic_threads", False)
+    monkeypatch.setenv("TORCHINDUCTOR_CPP_DYNAMIC_THREADS", "0")
+    assert not cpu_compiled.kernels_read_threads_at_run_time() and not config.cpp.dynamic_threads
+    monkeypatch.delenv("TORCHINDUCTOR_CPP_DYNAMIC_THREADS")
+    monkeypatch.setattr(config.cpp, "threads", 3)
+    assert not cpu_compiled.kernels_read_threads_at_run_time() and not config.cpp.dynamic_threads

@@ -23,6 +23,16 @@ pace alone before, 1.37-1.65 after (``python -m benchmarks.compiled_gil``, sessi
 with ``VRAMSHARD_CPU_KERNELS_RELEASE_GIL=off``, the kernels keep the GIL, and a thread that must
 leave the GIL to another while it computes — the run-ahead worker, beside the host thread that
 queues GPU work — runs its work inside :func:`gil_kept_free`, where :func:`allowed` is False.
+
+Inductor writes the thread count of the compilation into a kernel's OpenMP loops (``num_threads(N)``),
+and its cache of compiled graphs (in the process and on disk) did not key on that count before
+torch's fix of pytorch/pytorch#160812 (May 2026; the development machine's torch 2.13 has it): a
+graph compiled once on one thread was served to a later compilation for sixteen, which then ran on
+one. That is the likely cause of the twenty-fourth GPU session's slow expert pass on the run-ahead
+worker (torch 2.11 there; an executor in the same process had compiled the pass for one thread).
+:func:`kernels_read_threads_at_run_time` makes the kernels this process compiles read the calling
+thread's count when they run instead (inductor's ``cpp.dynamic_threads``), so a kernel from the
+cache is right for every caller.
 """
 
 from __future__ import annotations
@@ -127,6 +137,23 @@ def _restore_binding() -> bool:
         return True
 
 
+def kernels_read_threads_at_run_time() -> bool:
+    """Make inductor's CPU kernels compiled in this process from now on take the calling thread's
+    OpenMP thread count when they run, not the count they were compiled under (see the module).
+    Process-wide, once; left alone where the user set ``TORCHINDUCTOR_CPP_DYNAMIC_THREADS`` or an
+    explicit ``cpp.threads``. Returns whether the kernels now read it at run time."""
+    try:
+        from torch._inductor import config
+    except ImportError:  # (no inductor: nothing is compiled)
+        return False
+    cpp = config.cpp
+    if not hasattr(cpp, "dynamic_threads"):
+        return False
+    if "TORCHINDUCTOR_CPP_DYNAMIC_THREADS" not in os.environ and getattr(cpp, "threads", -1) in (-1, None):
+        cpp.dynamic_threads = True
+    return bool(cpp.dynamic_threads)
+
+
 _trust_isa_flags = True  # until a compilation under the instruction set the CPU's flags name fails
 
 
@@ -203,6 +230,7 @@ class CompiledKernel:
         under :func:`compile_settings`; once more with probed instruction sets if the trusted one failed,
         and once more with inductor's own binding if the one that leaves the GIL failed."""
         kernels_release_gil()
+        kernels_read_threads_at_run_time()
         suspect_binding = False  # whether inductor's own binding is being tried after the releasing one failed
         while True:
             fresh = types.FunctionType(self.fn.__code__.replace(), self.fn.__globals__, self.fn.__name__,

@@ -164,7 +164,7 @@ class Executor:
     only with the run-ahead worker: on the H200 machine every share computed on the host thread made
     decode slower, while on the worker the balanced share of 0.556 decoded at 15.32 against 12.45
     tok/s for the kernels alone, twenty-third GPU session; in the twenty-fourth a share of 0.375
-    decoded at 3.98 tok/s, cause not found: docs/BENCHMARKS.md).
+    decoded at 3.98 tok/s, likely on a one-thread kernel from the compile cache: docs/BENCHMARKS.md).
 
     :meth:`reconfigure` switches to another placement while running (a VRAM budget that changed),
     rebuilding only the VRAM side: the host weights stay, KV caches move where the new placement
