@@ -1,5 +1,7 @@
 """The settings the CPU kernels compile under: trusted instruction-set flags, withdrawn on failure."""
 
+import random
+
 import torch
 
 from vramshard.layers import cpu_compiled
@@ -152,10 +154,6 @@ def test_a_compile_that_fails_with_the_releasing_binding_is_tried_again_with_ind
     assert binding.call_entry_function == cpu_compiled._RELEASING
 
 
-def _row_sums(x, w):
-    return (w.float() * x.float()).sum(-1)  # [N]: one row of w per output, x broadcast
-
-
 def test_compiled_kernels_read_the_callers_thread_count_when_they_run(monkeypatch):
     """Inductor wrote the compilation's thread count into the kernel, and torch's cache of compiled
     graphs did not key on it before pytorch/pytorch#160812's fix: a kernel compiled on one thread was
@@ -165,11 +163,15 @@ def test_compiled_kernels_read_the_callers_thread_count_when_they_run(monkeypatc
 
     monkeypatch.delenv("TORCHINDUCTOR_CPP_DYNAMIC_THREADS", raising=False)
     monkeypatch.setattr(config.cpp, "dynamic_threads", False)
-    monkeypatch.setattr(config, "force_disable_caches", True)  # (compile, so that the code is seen)
-    kernel = CompiledKernel(_row_sums, "a test kernel", "fail the test")
+    scale = 1.0 + random.random()  # a graph no earlier run compiled: inductor generates its code (no cache hit)
+
+    def row_sums(x, w):
+        return (w.float() * x.float()).sum(-1) * scale  # [N]: one row of w per output, x broadcast
+
+    kernel = CompiledKernel(row_sums, "a test kernel", "fail the test")
     x, w = torch.randn(1, 512), torch.randn(1024, 512)
     out, sources = run_and_get_code(kernel, x, w)
-    assert torch.allclose(out, w @ x[0], rtol=1e-4, atol=1e-3)
+    assert torch.allclose(out, (w @ x[0]) * scale, rtol=1e-4, atol=1e-3)
     code = "\n".join(sources)
     assert config.cpp.dynamic_threads
     assert "#pragma omp parallel" in code
