@@ -1,9 +1,9 @@
 # ~9 min, after call_session27b.sh (written 2026-12-05 in session 27): nemo-8b decode at 8 and 2 GiB
 # (the Planner issue's 12.4 and 7.6 tok/s), planned from h200-run26b.json, with the run-ahead worker
-# off and then on: since session 25 a split FFN's one-token CPU part is one compiled call on the
+# on and then off (on first: the budget may cut the call short): since session 25 a split FFN's one-token CPU part is one compiled call on the
 # worker (fewer GIL takes); the fifteenth session's 10.40 and 6.26 were without run-ahead.
 source benchmarks/gpu_session/setup.sh || exit 1
-for ahead in off on; do
+for ahead in on off; do
   VRAMSHARD_RUN_AHEAD=$ahead VRAMSHARD_CPU_PACKED=on timeout 270 python3 -m benchmarks.engine_bench --models nemo-8b \
     --budgets 8,2 --batch-sizes 1 --deadline-s 200 --run-limit-s 15 --profile docs/profiles/h200-run26b.json \
     --out $OUT/nemo_decode_ahead_$ahead.json > $OUT/nemo_decode_ahead_$ahead.log 2>&1; echo "ahead=$ahead rc $?"
