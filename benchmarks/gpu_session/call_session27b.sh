@@ -1,11 +1,16 @@
-# ~9 min, right after call_session27a.sh on the same machine: the whole GPU suite (the planner's share and
-# the worker's profile rate are new since it last ran), then the same MoE cells again: does what ran
-# before them (tests compiling kernels, the inductor cache) make the CPU's share slow?
+# ~9.5 min, after call_session27a.sh (rewritten 2026-12-05 in session 27, after 27a ran alone on its
+# machine): the whole GPU suite (the planner's share, the worker's profile rate and the kernels' GIL
+# mode are new since it last ran), then MoE decode at 8 GiB with the run-ahead worker's compiled
+# kernels leaving the GIL (release, as in 27a) and keeping it (hold), each cell in both modes one
+# after the other: in 27a the worker's share of a layer took ~1 ms for 3 or 4 experts (a fixed cost),
+# where the pass alone takes 0.3-0.4 ms. Then compiled_gil with both modes (27a's 40 s were too few).
 source benchmarks/gpu_session/setup.sh || exit 1
-timeout 320 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --durations=10 > $OUT/pytest_gpu.txt 2>&1; tail -3 $OUT/pytest_gpu.txt
+timeout 310 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --durations=10 > $OUT/pytest_gpu.txt 2>&1; tail -3 $OUT/pytest_gpu.txt
 grep -E "^(FAILED|ERROR)" $OUT/pytest_gpu.txt | cut -c1-250
-VRAMSHARD_RUN_AHEAD=on timeout 230 python3 -m benchmarks.moe_bench --budgets 8 --batches 1 --time-limit 210 \
-  --no-skewed --placements experts-zero-copy,experts-zero-copy-cpu@0.5,experts-zero-copy-cpu@0.375,planned --shares 0.5,0.375 --profile docs/profiles/h200-run26b.json \
-  --out $OUT/moe_after_tests.json > $OUT/moe_after_tests.log 2>&1; echo "moe rc $?"
-grep -oE "'placement': '[^']*'|'zero_copy_cpu_share': [0-9.]*|'decode_tok_s': [0-9.]*|'decode_step_ms': [0-9.]*|'decode_host_compute_ms': [0-9.]*|'decode_host_wait_ms': [0-9.]*" \
-  $OUT/moe_after_tests.log | tr '\n' ' ' | sed 's/.placement/\n&/g'
+VRAMSHARD_RUN_AHEAD=on timeout 190 python3 -m benchmarks.moe_bench --budgets 8 --batches 1 --time-limit 175 \
+  --no-skewed --placements experts-zero-copy,planned,experts-zero-copy-cpu@0.5 --shares 0.5 --worker-kernels release,hold \
+  --profile docs/profiles/h200-run26b.json --out $OUT/moe_kernels.json > $OUT/moe_kernels.log 2>&1; echo "moe rc $?"
+grep -oE "'placement': '[^']*'|'worker_kernels': '[a-z]*'|'zero_copy_cpu_share': [0-9.]*|'decode_tok_s': [0-9.]*|'predicted_decode_tok_s': [0-9.]*|'decode_step_ms': [0-9.]*|'decode_host_compute_ms': [0-9.]*|'decode_host_wait_ms': [0-9.]*" \
+  $OUT/moe_kernels.log | tr '\n' ' ' | sed 's/.placement/\n&/g'
+timeout 80 python3 -m benchmarks.compiled_gil --repeats 10 --json $OUT/compiled_gil.json > $OUT/compiled_gil.log 2>&1; echo "rc $?"
+tail -3 $OUT/compiled_gil.log | cut -c1-240
