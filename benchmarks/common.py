@@ -20,18 +20,16 @@ T = TypeVar("T")
 
 
 def beside_python(work: Callable[[], T], interval_s: float, threads: int | None = None,
-                  host_step: Callable[[], None] | None = None, setup: Callable[[], None] | None = None) -> T:
+                  host_step: Callable[[], None] | None = None) -> T:
     """``work()`` on a worker thread (``threads`` torch threads, default this thread's count, in
-    inference mode, after ``setup()`` there if given) while this thread runs Python all the time, as
-    the host thread queuing a step does, calling ``host_step`` too between its loops if given; the
-    GIL's switch interval is ``interval_s`` meanwhile. Returns what ``work`` returned."""
+    inference mode) while this thread runs Python all the time, as the host thread queuing a step
+    does, calling ``host_step`` too between its loops if given; the GIL's switch interval is
+    ``interval_s`` meanwhile. Returns what ``work`` returned."""
     result: list = []
     count = threads or torch.get_num_threads()
 
     def worker_body():
         torch.set_num_threads(count)  # (OpenMP's thread count is per thread)
-        if setup is not None:
-            setup()
         with torch.inference_mode():
             result.append(work())
 

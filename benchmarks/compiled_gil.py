@@ -16,10 +16,6 @@ thread, then on a worker while the main thread counts in a Python loop. It repor
 in both, and the Python thread's pace beside the pass over its pace alone (near 0: the pass kept it
 waiting for the GIL). Run it with the switch on and off to compare.
 
-The same on a worker whose kernels keep the GIL (``cpu_compiled.hold_gil_in_kernels``, the run-ahead
-worker's ``VRAMSHARD_RUN_AHEAD_KERNELS=hold``): the pass takes the GIL back only around its kernels'
-calls, and the Python thread stalls while they run.
-
 Then how often a pass takes the GIL back (each take, beside a thread running Python, waits for the
 switch interval): its time on the worker at a 50 ms interval, less its time alone, in intervals;
 for the one-token pass (one compiled call, since session 25) and for the several-token pass the
@@ -74,38 +70,12 @@ def pass_seconds(h, layers, routing, repeats: int, keep=None) -> list[float]:
     return times
 
 
-def gil_waits(h, layers, routing, keep, threads: int, hold: bool = False) -> float:
+def gil_waits(h, layers, routing, keep, threads: int) -> float:
     """Switch intervals a pass waits for the GIL on a worker beside a thread running Python, at a
-    50 ms interval: (its median time there less alone) / the interval. ``hold``: the worker's
-    kernels keep the GIL."""
+    50 ms interval: (its median time there less alone) / the interval."""
     alone = statistics.median(pass_seconds(h, layers, routing, 5, keep))
-    beside = beside_python(lambda: pass_seconds(h, layers, routing, 3, keep), COUNTING_INTERVAL_S, threads,
-                           setup=lambda: cpu_compiled.hold_gil_in_kernels(hold))
+    beside = beside_python(lambda: pass_seconds(h, layers, routing, 3, keep), COUNTING_INTERVAL_S, threads)
     return max(0.0, statistics.median(beside) - alone) / COUNTING_INTERVAL_S
-
-
-def on_worker(h, layers, routing, repeats: int, threads: int, hold: bool) -> tuple[list[float], float]:
-    """Seconds of each pass on a worker thread while this thread counts in a Python loop, and how
-    many loops a second this thread ran meanwhile. ``hold``: the worker's kernels keep the GIL."""
-    times: list[float] = []
-    done = threading.Event()
-
-    def worker():
-        cpu_compiled.hold_gil_in_kernels(hold)
-        with torch.inference_mode():
-            torch.set_num_threads(threads)
-            times.extend(pass_seconds(h, layers, routing, repeats))
-        done.set()
-
-    thread = threading.Thread(target=worker, name="compiled-gil-worker")
-    start = time.perf_counter()
-    thread.start()
-    counted = 0
-    while not done.is_set():
-        counted += 1
-    wall = time.perf_counter() - start
-    thread.join()
-    return times, counted / wall
 
 
 def python_pace(seconds: float) -> float:
@@ -139,33 +109,42 @@ def main() -> None:
         pass_seconds(h, layers, routing, 2)  # compiles
         alone = pass_seconds(h, layers, routing, args.repeats)
         pace_alone = python_pace(0.5)
-        releasing, pace_releasing = on_worker(h, layers, routing, args.repeats, threads, hold=False)
-        holding, pace_holding = on_worker(h, layers, routing, args.repeats, threads, hold=True)
+        on_worker: list[float] = []
+        done = threading.Event()
+
+        def worker():
+            with torch.inference_mode():
+                torch.set_num_threads(threads)
+                on_worker.extend(pass_seconds(h, layers, routing, args.repeats))
+            done.set()
+
+        thread = threading.Thread(target=worker, name="compiled-gil-worker")
+        start = time.perf_counter()
+        thread.start()
+        counted = 0
+        while not done.is_set():
+            counted += 1
+        wall = time.perf_counter() - start
+        thread.join()
         every = torch.ones(1, top_k, dtype=torch.bool)
         pass_seconds(h, layers, routing, 2, every)  # compiles the several-token pass
         several_alone = pass_seconds(h, layers, routing, args.repeats, every)
         waits = {"one_token_pass": gil_waits(h, layers, routing, None, threads),
-                 "one_token_pass_holding": gil_waits(h, layers, routing, None, threads, hold=True),
                  "several_token_pass": gil_waits(h, layers, routing, every, threads)}
     bytes_read = top_k * 3 * inter * hidden * dtype.itemsize
     result = {
         "date": now(), "hardware": hardware(), "shape": args.shape, "dtype": args.dtype,
         "kernels_release_gil": releases, "worker_threads": threads, "switch_interval_s": sys.getswitchinterval(),
         "pass_alone_ms": 1e3 * statistics.median(alone),
-        "pass_on_worker_ms": 1e3 * statistics.median(releasing),
-        "pass_on_holding_worker_ms": 1e3 * statistics.median(holding),
+        "pass_on_worker_ms": 1e3 * statistics.median(on_worker),
         "pass_gb_s_alone": bytes_read / statistics.median(alone) / 1e9,
-        "python_pace_beside_over_alone": pace_releasing / pace_alone,
-        "python_pace_beside_holding_over_alone": pace_holding / pace_alone,
+        "python_pace_beside_over_alone": (counted / wall) / pace_alone,
         "several_token_pass_alone_ms": 1e3 * statistics.median(several_alone),
         "gil_waits_at_50ms": waits,
     }
     log.info("compiled kernels release the GIL: %s; pass alone %.2f ms, on the worker beside a Python thread "
              "%.2f ms; the Python thread ran at %.2f of its pace alone", releases, result["pass_alone_ms"],
              result["pass_on_worker_ms"], result["python_pace_beside_over_alone"])
-    log.info("on a worker whose kernels keep the GIL: pass %.2f ms, the Python thread at %.2f of its pace alone, "
-             "GIL waits a pass %.1f", result["pass_on_holding_worker_ms"],
-             result["python_pace_beside_holding_over_alone"], waits["one_token_pass_holding"])
     log.info("the several-token pass alone %.2f ms; GIL waits a pass beside Python: one-token pass %.1f, "
              "several-token pass %.1f", result["several_token_pass_alone_ms"], waits["one_token_pass"],
              waits["several_token_pass"])

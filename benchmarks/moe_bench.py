@@ -38,7 +38,7 @@ from vramshard.plan.memory import expert_slot_bytes, max_resident_layers, moe_la
 from vramshard.plan.placement import named_placement
 from vramshard.plan.planner import Planner, machine_profile
 from vramshard.plan.tiers import Tiers
-from vramshard.runtime import run_ahead, zero_copy_experts
+from vramshard.runtime import zero_copy_experts
 from vramshard.runtime.executor import Executor
 from vramshard.runtime.host_weights import PackedLayout, PackedWeights, _empty_host
 from vramshard.shapes import shape_model
@@ -330,10 +330,6 @@ def main() -> None:
                         help="comma-separated CPU shares of experts-zero-copy's experts, each a cell "
                              "experts-zero-copy-cpu@S, whatever --placements names")
     parser.add_argument("--no-skewed", action="store_true", help="skip the skewed-routing cell at the end")
-    parser.add_argument("--worker-kernels", default=None,
-                        help="comma-separated modes of the run-ahead worker's compiled kernels (release, hold: "
-                             "VRAMSHARD_RUN_AHEAD_KERNELS), each cell run once per mode, one after the other; "
-                             "default: the environment's mode only")
     parser.add_argument("--out", default=None)
     parser.add_argument("--profile", default=None,
                         help="profile JSON of this machine (`vramshard profile`); default: the stored one. The "
@@ -359,17 +355,12 @@ def main() -> None:
     profile = machine_profile(args.profile)
     results["profile"] = profile.summary()
     budgets = [int(float(b) * GiB) for b in args.budgets.split(",")]
-    modes = args.worker_kernels.split(",") if args.worker_kernels else [run_ahead.KERNELS]
     for budget in budgets:
         for label, placement, cache, options in in_order(placements_for(model, budget, args, profile), args.placements):
-            for mode in modes:
-                run_ahead.KERNELS = mode  # (read by each executor's worker when it starts)
-                named = f"{label}+{mode}" if len(modes) > 1 else label
-                cell = run_cell(model, host, named, placement, cache, budget, args, bw, deadline, options, profile)
-                cell["worker_kernels"] = mode
-                log.info("%s", cell)
-                results["cells"].append(cell)
-                write_json(out_path, results)
+            cell = run_cell(model, host, label, placement, cache, budget, args, bw, deadline, options, profile)
+            log.info("%s", cell)
+            results["cells"].append(cell)
+            write_json(out_path, results)
     if not args.no_skewed:  # skewed routing: the cache's hit rate and decode speed at the largest budget
         skew_routing(model, host)
         budget = budgets[-1]

@@ -92,35 +92,21 @@ def test_a_compiled_kernel_leaves_the_gil_to_other_threads_while_it_runs():
             while not stop.is_set():
                 count[0] += 1
 
-        def pace_beside_kernels() -> float:
-            before, t0 = count[0], time.perf_counter()
-            for _ in range(5):
-                kernel(x, w)
-            return (count[0] - before) / (time.perf_counter() - t0)
-
         spinner = threading.Thread(target=spin)
         spinner.start()
-        try:
-            time.sleep(0.05)
-            before, t0 = count[0], time.perf_counter()
-            time.sleep(0.2)
-            alone = (count[0] - before) / (time.perf_counter() - t0)
-            beside = pace_beside_kernels()
-            cpu_compiled.hold_gil_in_kernels()  # this thread's kernels keep it: the spinner stalls
-            try:
-                assert cpu_compiled.kernels_hold_gil_here()
-                held = pace_beside_kernels()
-            finally:
-                cpu_compiled.hold_gil_in_kernels(False)
-            assert not cpu_compiled.kernels_hold_gil_here()
-            again = pace_beside_kernels()
-        finally:
-            stop.set()
-            spinner.join()
+        time.sleep(0.05)
+        before, t0 = count[0], time.perf_counter()
+        time.sleep(0.2)
+        alone = (count[0] - before) / (time.perf_counter() - t0)
+        before, t0 = count[0], time.perf_counter()
+        for _ in range(5):
+            kernel(x, w)
+        beside = (count[0] - before) / (time.perf_counter() - t0)
+        stop.set()
+        spinner.join()
     finally:
         torch.set_num_threads(threads)
-    assert beside > 0.3 * alone and again > 0.3 * alone
-    assert held < 0.5 * min(beside, again)
+    assert beside > 0.3 * alone
     with cpu_compiled.gil_kept_free():
         assert cpu_compiled.allowed()  # a thread that must leave the GIL may run them now
 

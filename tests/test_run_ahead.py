@@ -73,8 +73,6 @@ def test_the_worker_runs_each_part_after_its_input_landed_and_the_host_thread_fr
             assert ahead._ready_view[0] >= self.number, "ran before its input landed"
             # Compiled CPU kernels run on the worker only where they leave the GIL.
             assert cpu_compiled.allowed() == cpu_compiled.kernels_release_gil(), "a GIL-holding kernel on the worker"
-            assert cpu_compiled.kernels_hold_gil_here() == (run_ahead.KERNELS == "hold" or
-                                                            not cpu_compiled.kernels_release_gil())
             time.sleep(0.02)  # the host thread has dropped its reference by now
             ran.append((self.number, time.perf_counter()))
             if self.fail:
@@ -119,19 +117,6 @@ def test_the_worker_runs_each_part_after_its_input_landed_and_the_host_thread_fr
     gc.collect()
     # (the failed job may live on in the log capture's record of its traceback)
     assert len(freed_on) >= 6 and set(freed_on) == {"MainThread"}
-
-
-@pytest.mark.parametrize("mode", ["hold", "release"])
-def test_the_workers_kernels_keep_the_gil_only_where_asked(monkeypatch, mode):
-    """``VRAMSHARD_RUN_AHEAD_KERNELS``: a worker thread's compiled kernels keep the GIL (hold) or leave
-    it (release); other threads' kernels leave it either way."""
-    assert cpu_compiled.kernels_release_gil()
-    monkeypatch.setattr(run_ahead, "KERNELS", mode)
-    seen = []
-    worker = threading.Thread(target=lambda: (run_ahead.as_worker(), seen.append(cpu_compiled.kernels_hold_gil_here())))
-    worker.start()
-    worker.join()
-    assert seen == [mode == "hold"] and not cpu_compiled.kernels_hold_gil_here()
 
 
 def test_run_ahead_is_opt_in(monkeypatch):

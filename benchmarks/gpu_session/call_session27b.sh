@@ -4,6 +4,8 @@
 # kernels leaving the GIL (release, as in 27a) and keeping it (hold), each cell in both modes one
 # after the other: in 27a the worker's share of a layer took ~1 ms for 3 or 4 experts (a fixed cost),
 # where the pass alone takes 0.3-0.4 ms. Then compiled_gil with both modes (27a's 40 s were too few).
+# Ran once, on 7f94a41 (docs/BENCHMARKS.md, "Twenty-fifth GPU session"): the hold mode decoded 1.5-1.9x
+# slower and was removed after it, with --worker-kernels; run it on that commit to repeat it.
 source benchmarks/gpu_session/setup.sh || exit 1
 timeout 310 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --durations=10 > $OUT/pytest_gpu.txt 2>&1; tail -3 $OUT/pytest_gpu.txt
 grep -E "^(FAILED|ERROR)" $OUT/pytest_gpu.txt | cut -c1-250

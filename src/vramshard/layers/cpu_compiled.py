@@ -76,17 +76,12 @@ def allowed() -> bool:
 
 # The binding's call of the kernel, as inductor writes it and with the GIL released around the kernel:
 # the arguments are read first, with the GIL (they are Python objects); a guard takes the GIL back
-# when the kernel returns or throws (the binding's catch sets a Python error). A thread whose state
-# dict holds HOLD_KEY (:func:`hold_gil_in_kernels`) calls the kernel with the GIL kept.
-HOLD_KEY = "vramshard_kernels_hold_gil"
+# when the kernel returns or throws (the binding's catch sets a Python error).
 _HOLDING = "kernel({}); Py_RETURN_NONE;"
 _RELEASING = ("{{ auto vramshard_args = std::make_tuple({}); "
               "struct vramshard_unlocked {{ PyThreadState* saved = PyEval_SaveThread(); "
               "~vramshard_unlocked() {{ PyEval_RestoreThread(saved); }} }}; "
-              "PyObject* vramshard_thread = PyThreadState_GetDict(); "
-              "if (vramshard_thread != nullptr && PyDict_GetItemString(vramshard_thread, \"" + HOLD_KEY + "\") != nullptr) "
-              "{{ std::apply(kernel, vramshard_args); }} "
-              "else {{ vramshard_unlocked unlocked; std::apply(kernel, vramshard_args); }} }} Py_RETURN_NONE;")
+              "{{ vramshard_unlocked unlocked; std::apply(kernel, vramshard_args); }} }} Py_RETURN_NONE;")
 _RELEASES_GIL: list[bool] = []  # [whether compiled kernels release the GIL], once decided
 _decide = threading.Lock()
 
@@ -103,33 +98,6 @@ def kernels_release_gil(again: bool = False) -> bool:
         elif not _RELEASES_GIL:
             _RELEASES_GIL.append(_patch_binding())
     return _RELEASES_GIL[0]
-
-
-def hold_gil_in_kernels(hold: bool = True) -> None:
-    """From now on the compiled kernels this thread calls keep the GIL while they run (``hold``), or
-    leave it as the others do (see the module). For a thread beside one that runs Python: each kernel
-    that leaves the GIL has to wait for the switch interval to take it back, while one that keeps it
-    blocks the other thread's Python meanwhile (the run-ahead worker's ``VRAMSHARD_RUN_AHEAD_KERNELS``)."""
-    state = _thread_state_dict()
-    if hold:
-        state[HOLD_KEY] = True
-    else:
-        state.pop(HOLD_KEY, None)
-
-
-def kernels_hold_gil_here() -> bool:
-    """Whether the compiled kernels this thread calls keep the GIL while they run: where they do
-    everywhere, or this thread asked for it (:func:`hold_gil_in_kernels`)."""
-    return not kernels_release_gil() or HOLD_KEY in _thread_state_dict()
-
-
-def _thread_state_dict() -> dict:
-    """This thread's state dict, as the kernels' binding reads it (``PyThreadState_GetDict``)."""
-    import ctypes
-
-    get = ctypes.pythonapi.PyThreadState_GetDict
-    get.restype, get.argtypes = ctypes.c_void_p, []  # (a borrowed reference: not one ctypes may release)
-    return ctypes.cast(get(), ctypes.py_object).value
 
 
 def _patch_binding() -> bool:

@@ -85,8 +85,7 @@ def measure_host_experts(dtype: str, hidden: int, intermediate: int, top_k: int,
             one = cycling(ROUTINGS, lambda i: ffn.run_experts(source, h, routings[i]))
             rates[str(m)] = m * top_k * expert_bytes / time_cpu(one, budget_s)
             if on_worker:
-                beside = time_cpu_beside_python(one, budget_s, worker_threads, run_ahead.SWITCH_INTERVAL_S,
-                                                run_ahead.as_worker)
+                beside = time_cpu_beside_python(one, budget_s, worker_threads, run_ahead.SWITCH_INTERVAL_S)
                 worker_rates[str(m)] = m * top_k * expert_bytes / beside
     progress.advance(weight)
     return (rates, worker_rates) if rates else None

@@ -34,23 +34,19 @@ def time_cpu(fn: Callable[[], object], budget_s: float, max_reps: int = 50, min_
     return sorted(times)[(len(times) - 1) // 4]
 
 
-def time_cpu_beside_python(fn: Callable[[], object], budget_s: float, threads: int, switch_interval_s: float,
-                           setup: Callable[[], None] | None = None) -> float:
+def time_cpu_beside_python(fn: Callable[[], object], budget_s: float, threads: int, switch_interval_s: float) -> float:
     """:func:`time_cpu` of ``fn()`` on a worker thread of ``threads`` torch threads (in inference
     mode) while the calling thread runs Python all the time, the interpreter's switch interval
     ``switch_interval_s`` meanwhile: how the executor's run-ahead worker computes CPU work while the
     host thread queues the step. Each time ``fn`` takes the GIL back after a torch call it waits for
     the host thread to hand it over, and the worker has the cores the host thread leaves it. A first
-    call on the worker is not timed (kernels compiled per thread count compile there). ``setup``
-    runs first on the worker (the run-ahead worker's own, :func:`~vramshard.runtime.run_ahead.as_worker`)."""
+    call on the worker is not timed (kernels compiled per thread count compile there)."""
     result: list[float] = []
     failure: list[BaseException] = []
 
     def worker_body() -> None:
         torch.set_num_threads(threads)  # (OpenMP's thread count is per thread)
         try:
-            if setup is not None:
-                setup()
             with torch.inference_mode():
                 fn()
                 result.append(time_cpu(fn, budget_s))

@@ -91,15 +91,6 @@ YIELDING_POLLS = 50
 POLL_SLEEP_S = 20e-6
 # A part whose ready word has not come after this fails (its ticket raised: the GPU goes on).
 READY_TIMEOUT_S = 60.0
-# Whether the compiled CPU kernels the worker calls leave the GIL while they run ("release", the
-# default) or keep it ("hold"). Each kernel that leaves it waits up to SWITCH_INTERVAL_S to take it
-# back from the host thread; one that keeps it stalls the host thread's Python meanwhile. On the
-# GPU machine (session 27) the worker's share of a Qwen3-30B-A3B layer took ~1 ms whether it was
-# 3 or 4 experts, where the pass alone takes 0.3-0.4 ms: a fixed cost, not the memory bus.
-KERNELS = os.environ.get("VRAMSHARD_RUN_AHEAD_KERNELS", "release").strip().lower() or "release"
-if KERNELS not in ("release", "hold"):
-    log.warning("VRAMSHARD_RUN_AHEAD_KERNELS=%r is neither release nor hold: using release", KERNELS)
-    KERNELS = "release"
 # The longest a thread waiting for the GIL waits while another runs Python (the interpreter's
 # default is 5 ms; see the module's docstring).
 SWITCH_INTERVAL_S = 1e-4
@@ -117,12 +108,6 @@ def worker_threads(asked: int) -> int:
     except (AttributeError, OSError):  # (not Linux)
         cores = os.cpu_count() or asked
     return max(1, min(asked, cores - 1))
-
-
-def as_worker() -> None:
-    """Set up the calling thread as a run-ahead worker: its compiled kernels keep the GIL or leave
-    it, as ``VRAMSHARD_RUN_AHEAD_KERNELS`` says (the profile's worker rate is timed the same way)."""
-    cpu_compiled.hold_gil_in_kernels(KERNELS == "hold")
 
 
 def hand_the_gil_over_quickly() -> None:
@@ -255,7 +240,6 @@ class RunAhead:
         return spent
 
     def _work(self) -> None:
-        as_worker()
         while (item := self._jobs.get()) is not None:
             number, job, threads = item
             del item
