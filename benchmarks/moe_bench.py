@@ -269,6 +269,13 @@ def run_cell(model, host, label, placement, cache, budget, args, bw, deadline, o
     cell["decode_step_ms"] = report.seconds * 1e3
     cell["decode_host_compute_ms"] = report.host_compute_s * 1e3
     cell["decode_host_wait_ms"] = report.host_wait_s * 1e3
+    # The worker's parts (session 27: ~1 ms a layer whatever the share): their longest, and how much of
+    # their computing was the expert pass's compiled call, the rest being glue and copies.
+    parts = report.extra.get("worker_parts")
+    if parts:
+        cell["decode_worker_parts"] = parts["parts"]
+        cell["decode_worker_longest_part_ms"] = parts["longest_s"] * 1e3
+        cell["decode_worker_expert_kernel_ms"] = parts["expert_kernel_s"] * 1e3
     cell["cpu_kernels"] = cpu_kernel_state()
     cell["decode_bytes_streamed"] = report.bytes_streamed
     cell["decode_expert_hit_rate"] = report.expert_hit_rate

@@ -219,6 +219,41 @@ def test_one_token_is_one_compiled_call_with_the_several_token_passes_result(mon
     torch.testing.assert_close(one.float(), several.float(), rtol=0, atol=1e-2 * several.abs().max().item())
 
 
+def test_each_thread_counts_its_own_time_in_the_one_token_call(monkeypatch):
+    """``kernel_seconds``: this thread's time in the one-token compiled call (the run-ahead worker
+    reports it per step beside its parts' whole computing); the several-token pass and other
+    threads add nothing to it."""
+    import threading
+    import time
+
+    gate_up, down = _stacked_layer()
+    real = host_experts._one_token_kernel
+
+    class Slow:
+        failed = None
+
+        def __call__(self, *args):
+            time.sleep(0.05)
+            return real(*args)
+
+    experts, weights = torch.tensor([[3, 11, 0, 7]]), torch.tensor([[0.4, 0.3, 0.2, 0.1]]).bfloat16()
+    with torch.inference_mode():
+        h = torch.randn(1, 256).bfloat16()
+        assert host_experts.routed(h, gate_up, down, experts, weights) is not None  # (compiled now)
+        monkeypatch.setattr(host_experts, "_one_token_kernel", Slow())
+        before = host_experts.kernel_seconds()
+        host_experts.routed(h, gate_up, down, experts, weights)
+        spent = host_experts.kernel_seconds() - before
+        host_experts.routed(h, gate_up, down, experts, weights, torch.ones(1, 4, dtype=torch.bool))
+        assert host_experts.kernel_seconds() - before == spent
+    assert spent >= 0.05
+    elsewhere = []
+    thread = threading.Thread(target=lambda: elsewhere.append(host_experts.kernel_seconds()))
+    thread.start()
+    thread.join()
+    assert elsewhere == [0.0]
+
+
 def test_beside_a_busy_python_thread_a_token_s_experts_take_the_gil_back_far_less_often():
     """Each torch call gives the GIL up and must take it back, and beside a thread running Python
     each take waits for the switch interval (10 ms here). The one-token pass makes few such calls,

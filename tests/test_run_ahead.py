@@ -91,6 +91,8 @@ def test_the_worker_runs_each_part_after_its_input_landed_and_the_host_thread_fr
     ahead.submit(late, Job(late))
     assert ahead.drain()[0] > 0 and ahead.ticket.item() == late
     assert [n for n, _ in ran] == [1, 2, 3, 4] and ran[-1][1] >= written[0]
+    parts = ahead.last_parts  # the step's parts: no expert pass among them
+    assert parts["parts"] == 4 and parts["longest_s"] >= 0.02 and parts["expert_kernel_s"] == 0.0
     gc.collect()
     assert freed_on == ["MainThread"] * 4
 

@@ -201,6 +201,7 @@ class Executor:
         self.simulated = simulate_gpu
         self.report = StepReport()
         self._host_compute_s = self._host_wait_s = self._host_split_s = 0.0  # of the step running (StepReport)
+        self._worker_parts: dict[str, float] = {}  # the run-ahead worker's parts of the step running (RunAhead.last_parts)
         self.oom_handler: Callable[[str], None] | None = None
         self.oom_retries = 3  # steps retried after the handler made room, before giving up
         self._kv_caches: weakref.WeakSet[KVCache] = weakref.WeakSet()  # live caches, moved on reconfigure
@@ -727,6 +728,7 @@ class Executor:
             self.report = StepReport(time.perf_counter() - start)
             return x
         self._host_compute_s = self._host_wait_s = self._host_split_s = 0.0
+        self._worker_parts = {}
         packing_before = self._packed.packing_s
         self._gpu_steps += 1
         copied_before = self.ring.bytes_copied if self.ring else 0
@@ -788,6 +790,8 @@ class Executor:
         copied = (self.ring.bytes_copied if self.ring else 0) - copied_before
         cache = self.expert_cache.stats.minus(cache_before) if self.expert_cache else CacheStats()
         extra = {"placement": placement.name}
+        if self._worker_parts.get("parts"):  # the run-ahead worker's parts of this step
+            extra["worker_parts"] = self._worker_parts
         if self.staging is not None and (self.staging.bytes_in or self.staging.bytes_out):
             extra.update(kv_staged_in=self.staging.bytes_in, kv_written_back=self.staging.bytes_out)
         packing = self._packed.packing_s - packing_before  # one-time preparation, not the step's CPU work
@@ -826,6 +830,7 @@ class Executor:
             computing, waiting = self._run_ahead.drain()
             self._host_compute_s += computing
             self._host_wait_s += waiting
+            self._worker_parts = self._run_ahead.last_parts
 
     def _ahead(self) -> run_ahead.RunAhead | None:
         """The run-ahead worker (made on the first split FFN that uses it), None where it is off."""

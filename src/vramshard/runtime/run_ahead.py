@@ -62,7 +62,7 @@ from typing import Callable
 import torch
 
 from ..env import switch
-from ..layers import cpu_compiled
+from ..layers import cpu_compiled, host_experts
 from .ffn_buffers import FFNBuffers
 from .stream_wait import StreamWords
 
@@ -166,6 +166,9 @@ class RunAhead:
         self._finished = 0
         self._error: BaseException | None = None
         self.compute_s = self.wait_s = 0.0  # of the jobs since the last drain (StepReport's host timers)
+        self._kernel_s = self._longest_s = 0.0  # of the jobs since the last drain: see last_parts
+        self._parts = 0
+        self.last_parts: dict[str, float] = {}  # what drain() last found: see _take_parts
         self._threads: int | None = None
         self._stream = StreamWords(self.ready, self.ticket) if WAIT == "stream" else None
         if self._stream is None:
@@ -230,6 +233,7 @@ class RunAhead:
             error, self._error = self._error, None
             spent = self.compute_s, self.wait_s
             self.compute_s = self.wait_s = 0.0
+            self._take_parts()
         self._held.clear()  # the jobs' pinned inputs are freed here, on the host thread
         if error is not None:
             raise RuntimeError(f"a CPU part on the run-ahead worker failed: {error}") from error
@@ -239,16 +243,28 @@ class RunAhead:
                                "this step, or of the one before, are not to be trusted")
         return spent
 
+    def _take_parts(self) -> None:
+        """``last_parts``: the parts since the last drain, their count, their longest computing
+        and how much of their computing was the one-token expert pass's compiled call (seconds)."""
+        self.last_parts = {"parts": self._parts, "longest_s": self._longest_s, "expert_kernel_s": self._kernel_s}
+        self._kernel_s = self._longest_s = 0.0
+        self._parts = 0
+
     def _work(self) -> None:
         while (item := self._jobs.get()) is not None:
             number, job, threads = item
             del item
             began = time.perf_counter()
+            kernel_before = host_experts.kernel_seconds()
             computing = self._run(number, job, threads)
             del job  # the host thread holds it too (_held) and releases it, with its pinned memory
+            done = time.perf_counter()
             with self._done:
                 self.wait_s += computing - began
-                self.compute_s += time.perf_counter() - computing
+                self.compute_s += done - computing
+                self._kernel_s += host_experts.kernel_seconds() - kernel_before
+                self._longest_s = max(self._longest_s, done - computing)
+                self._parts += 1
                 self._finished = number
                 self._done.notify_all()
 
