@@ -200,11 +200,13 @@ def calibrated_cell(model, host, profile, plan, tier: int, budget: int, tiers: T
 
 
 def layers_baseline(model, host, budget: int, args) -> dict:
-    n = max_resident_layers(model, budget, 1, args.ctx, max(int(t) for t in args.tiers.split(",")))
+    largest = max(int(t) for t in args.tiers.split(","))
+    n = max_resident_layers(model, budget, 1, args.ctx, largest)
     placement = named_placement(f"layers:{n}", sublayer_triples(model), model.args.num_hidden_layers)
     gc.collect()
     torch.cuda.empty_cache()
-    executor = Executor(model, host.plain, placement, budget=budget, max_tokens=512, max_context=args.ctx)
+    # (the workspace N was chosen for: the largest tier's, not a fixed 512 tokens')
+    executor = Executor(model, host.plain, placement, budget=budget, max_tokens=largest, max_context=args.ctx)
     seconds = step_seconds(executor, 1, args.ctx, args.seq_ctx)
     del executor
     return {"baseline": placement.name, "baseline_tok_s": 1 / seconds}

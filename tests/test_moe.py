@@ -668,6 +668,10 @@ def test_gpu_moe_a_plans_zero_copy_share_runs_on_the_worker_and_matches_cpu(arch
     monkeypatch.setattr(MoEFFN, "run_experts", lambda self, source, h, routing, only=None:
                         on_cpu.append((source, h.shape[0], routing.experts.shape[1]))
                         or real_cpu(self, source, h, routing, only))
+    steps_parts = []  # each step's account of the worker's parts (RunAhead.last_parts)
+    real_take = run_ahead.RunAhead._take_parts
+    monkeypatch.setattr(run_ahead.RunAhead, "_take_parts",
+                        lambda self: (real_take(self), steps_parts.append(dict(self.last_parts))))
     path = tiny_model_dir(arch)
     reference = Engine.load(path, device="cpu", dtype="float32")
     model = build_model(open_checkpoint(path).config)
@@ -677,6 +681,9 @@ def test_gpu_moe_a_plans_zero_copy_share_runs_on_the_worker_and_matches_cpu(arch
     tiered = TieredPlacement((zero_copy_experts.ROWS, 64), (p, p), (None, None), zero_copy_cpu_shares=(0.5, 0.0))
     engine = executor_engine(path, model, host, tiered)
     assert_same_as_reference(engine, reference)
+    # A decode step hands the worker one part a MoE layer; the expert pass's call is within their computing.
+    assert any(parts["parts"] == len(moe) and parts["longest_s"] > 0 for parts in steps_parts), steps_parts
+    assert all(parts["expert_kernel_s"] <= parts["longest_s"] * parts["parts"] + 1e-6 for parts in steps_parts)
     top_k = engine.model[f"ffn[{moe[0]}]"].top_k
     hosts = list(engine.executor.host_experts.values())
     mine = [(rows, k) for source, rows, k in on_cpu if any(source is s for s in hosts)]  # (not the reference's)

@@ -46,3 +46,28 @@ def test_a_slow_split_plan_is_fitted_re_planned_and_the_new_choice_measured(monk
                                           {"measured_ms": measured, "host_compute_ms": {first.family: cpu_ms}},
                                           types.SimpleNamespace(ctx=4096, seq_ctx=1024))
     assert timed["fitted"].startswith("cpu_rows") and 1.3 < timed["value"]["cpu_rows"][1] < 1.5
+
+
+def test_the_grid_runs_end_to_end_on_a_tiny_shape_with_a_simulated_gpu(monkeypatch):
+    """The benchmark's whole per-model grid (plan, each family within reach, the baseline, the
+    bound) on a tiny shape, the executor simulating the GPU: a GPU session's call must not be the
+    first to find the benchmark broken (it last ran in the seventh GPU session)."""
+    import functools
+
+    bench = planner_bench
+    monkeypatch.setattr(bench, "Executor", functools.partial(bench.Executor, simulate_gpu=True))
+    real_pack = bench.pack_model
+    monkeypatch.setattr(bench, "pack_model", lambda *a, pin=True, **kw: real_pack(*a, pin=False, **kw))  # (no CUDA here)
+    profile = load(H200, check_fingerprint=False)
+    args = types.SimpleNamespace(tiers="1,16", budgets="0.127,1", ctx=256, seq_ctx=64, measure_within=3.0,
+                                 calibrate=False)
+    bw = {"h2d": 55e9, "cpu_read": 100e9, "shared_total": 140e9}
+    out = bench.run_model("tiny-llama", args, profile, bw)
+    cells = out["cells"]
+    assert [(c["budget_gib"], c["tier"]) for c in cells] == [(0.127, 1), (0.127, 16), (1.0, 1), (1.0, 16)]
+    for cell in cells:
+        assert cell["chosen"] in cell["measured_ms"] and cell["measured_ms"][cell["chosen"]] > 0
+        assert "error_pct" in cell and isinstance(cell["chosen_is_fastest"], bool)
+    for cell in (c for c in cells if c["tier"] == 1):
+        assert cell["baseline"].startswith("layers:") and cell["baseline_tok_s"] > 0
+        assert cell["tok_s"] > 0 and cell["bound_tok_s"] > 0
