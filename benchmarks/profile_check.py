@@ -322,12 +322,16 @@ def main(argv: list[str] | None = None) -> int:
         "held_out_within_20pct_drift_corrected": within_20(rows, "drift_corrected_error_pct"),
         "cpu_probes": probes, "cpu_drift_pct": drift(probes),
         "total_elapsed_s": time.perf_counter() - started,
+        "run2_elapsed_by_table_s": latest.data.get("elapsed_by_table_s", {}),
     }
     out_path.write_text(json.dumps(report, indent=1))
 
     run_1 = f"{elapsed_1:.1f} s" if elapsed_1 is not None else f"{args.against} (saved)"
     print(f"\nprofile runs: {run_1} and {elapsed_2:.1f} s"
           f"{' (second quick)' if second_quick and not args.quick else ''}; file {report['profile_file_bytes'] / 1024:.0f} KiB")
+    slowest = sorted(report["run2_elapsed_by_table_s"].items(), key=lambda item: -item[1])[:8]
+    if slowest:
+        print("where the last run's time went (s): " + ", ".join(f"{table} {seconds:.0f}" for table, seconds in slowest))
     print("main figures: run 1 | run 2 | difference")
     for device, per in summary_1["matmul_peak_gflops"].items():
         for dtype, value in per.items():

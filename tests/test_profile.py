@@ -69,6 +69,38 @@ def test_round_trip_through_cache(tiny_profile, cache):
     assert load_or_none() is not None
 
 
+def test_the_profile_says_where_its_time_went_by_table(tiny_profile):
+    """``elapsed_by_table_s``: each table's points' wall time, under the table's label; together
+    nearly the whole profile (what runs between the last point and the end is not counted)."""
+    by_table = tiny_profile.data["elapsed_by_table_s"]
+    assert {"cpu matmul fp32 threads=1", "cpu matmul bf16 threads=2", "cpu dispatch cost"} <= set(by_table)
+    assert not any("M=" in table or "new=" in table for table in by_table)
+    assert all(seconds >= 0 for seconds in by_table.values())
+    assert 0.5 * tiny_profile.data["elapsed_s"] <= sum(by_table.values()) <= tiny_profile.data["elapsed_s"] + 0.05
+
+
+def test_a_table_clock_sums_each_points_time_under_its_table(monkeypatch):
+    from vramshard.profile import progress as progress_module
+
+    now = [0.0]
+    monkeypatch.setattr(progress_module.time, "perf_counter", lambda: now[0])
+    seen = []
+
+    class Inner(progress_module.ProgressSink):
+        def step(self, label):
+            seen.append(label)
+
+    clock = progress_module.TableClock(Inner())
+    for label, spent in (("cpu matmul bf16 threads=16 M=1 K=256 N=256", 1.0),
+                         ("cpu matmul bf16 threads=16 M=2 K=256 N=256", 2.0),
+                         ("h2d pinned 64 KiB", 0.5), ("h2d pinned 1024 KiB", 0.25),
+                         ("cpu attention bf16 new=1 context=512", 4.0)):
+        clock.step(label)
+        now[0] += spent
+    assert clock.finish() == {"cpu matmul bf16 threads=16": 3.0, "h2d pinned": 0.75, "cpu attention bf16": 4.0}
+    assert len(seen) == 5  # every step passed on
+
+
 def test_cpu_only_profile_has_no_gpu_data(tiny_profile):
     assert not tiny_profile.has_gpu
     assert tiny_profile.summary()["transfer_gbps"] == {}
@@ -122,7 +154,7 @@ def test_interrupted_overwrite_keeps_old_file(tiny_profile, tmp_path, monkeypatc
     assert target.read_bytes() == before and len(list(tmp_path.iterdir())) == 1
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncated", "negative", "schema"])
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "negative", "schema", "table time"])
 def test_corrupt_file_is_rejected_clearly(tiny_profile, tmp_path, damage):
     target = save(tiny_profile, tmp_path / "p.json")
     text = target.read_text()
@@ -133,6 +165,9 @@ def test_corrupt_file_is_rejected_clearly(tiny_profile, tmp_path, damage):
         target.write_text(text[: len(text) // 2])
     elif damage == "negative":
         data["matmul"][0]["seconds"][0][0] = -1.0
+        target.write_text(json.dumps(data))
+    elif damage == "table time":
+        data["elapsed_by_table_s"] = {"cpu matmul fp32 threads=1": "soon"}
         target.write_text(json.dumps(data))
     else:
         del data["schema"]
@@ -401,6 +436,7 @@ def test_cli_show_existing_profile(tiny_profile, tmp_path, capsys):
     assert main(["profile", "--show", "--out", str(path)]) == 0
     out = capsys.readouterr().out
     assert "peak matmul GFLOP/s" in out and "CPU-only" in out and "dispatch" in out
+    assert "slowest tables: cpu " in out  # (a CPU-only profile)
     assert "fitted by the engine" not in out
     assert main(["profile", "--threads", "a,b"]) == 3
 

@@ -7,6 +7,8 @@ The default sink only logs at debug level; the CLI supplies a rich progress bar.
 from __future__ import annotations
 
 import logging
+import re
+import time
 
 log = logging.getLogger(__name__)
 
@@ -23,3 +25,41 @@ class ProgressSink:
 
     def advance(self, weight: float) -> None:
         """The current point is done; it was worth ``weight`` of the total."""
+
+
+# A point's label less what names the point within its table (" M=16 K=…", " new=1 context=…", " 64 KiB").
+_POINT = re.compile(r" (M=\d+|new=\d+|\d+ KiB)\b.*$")
+
+
+class TableClock(ProgressSink):
+    """Passes everything on to ``inner`` and adds up the wall time by table: from each point's
+    ``step`` to the next one's, under the point's label less its coordinates (``"cpu matmul bf16
+    threads=16"``). What a table prepares before its first point (weights, cold copies) counts to
+    the point before it. :meth:`finish` closes the last point; ``seconds`` holds the sums."""
+
+    def __init__(self, inner: ProgressSink):
+        self.inner = inner
+        self.seconds: dict[str, float] = {}
+        self._open: tuple[str, float] | None = None
+
+    def start(self, total_weight: float) -> None:
+        self.inner.start(total_weight)
+
+    def step(self, label: str) -> None:
+        self._close()
+        self._open = (_POINT.sub("", label), time.perf_counter())
+        self.inner.step(label)
+
+    def advance(self, weight: float) -> None:
+        self.inner.advance(weight)
+
+    def finish(self) -> dict[str, float]:
+        """Close the last point; the sums, in seconds, rounded to 0.01 s."""
+        self._close()
+        return {table: round(seconds, 2) for table, seconds in self.seconds.items()}
+
+    def _close(self) -> None:
+        if self._open is not None:
+            table, began = self._open
+            self.seconds[table] = self.seconds.get(table, 0.0) + time.perf_counter() - began
+            self._open = None

@@ -23,6 +23,10 @@ cores, GB/s, the mean of a timing before the CPU tables and one after), and the 
   runs Python, as the executor computes it there (absent: as ``host_experts``; measured only where
   there is a GPU, which the run-ahead worker needs).
 
+- ``elapsed_by_table_s`` (optional): ``{table: seconds}``, where the profile's wall time went, by
+  table (``"cpu matmul bf16 threads=16"``, ``"cuda attention fp16"``, …; see
+  :class:`~vramshard.profile.progress.TableClock`).
+
 GPU tables are absent when the machine has no CUDA device.
 """
 
@@ -114,3 +118,7 @@ def validate(data) -> None:
     _factors_by_rows(data, "packed_ffn", "packed FFN factor")
     _factors_by_rows(data, "host_experts", "routed experts' compiled pass rate")
     _factors_by_rows(data, "host_experts_worker", "routed experts' compiled pass rate on the run-ahead worker")
+    by_table = data.get("elapsed_by_table_s", {})
+    if not isinstance(by_table, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                 and math.isfinite(v) and v >= 0 for v in by_table.values()):
+        raise ProfileError("profile 'elapsed_by_table_s' section must map tables to seconds (numbers ≥ 0)")
