@@ -81,15 +81,22 @@ def step_and_cpu_seconds(executor: Executor, tier: int, ctx: int, seq_ctx: int) 
     return seconds, statistics.median(timed_cpu) if timed_cpu else 0.0
 
 
-def run_model(name: str, args, profile, bw) -> dict:
+def run_model(name: str, args, profile, bw, on_cell=None, deadline: float | None = None) -> dict:
+    """Every (budget, tier) cell of one model: ``{"bytes", "cells", "skipped"}``. ``on_cell(entry)``
+    gets that dict after each cell (so a caller can write what is done); no cell starts after
+    ``deadline`` (``time.perf_counter()``), and the cells left out are named in ``skipped``."""
     model = shape_model(name)
     t0 = time.perf_counter()
     # Placements that split dense FFNs run on the split layout, all others on the checkpoint's.
     host = HostLayouts(list(model), pack_model(list(model), random_weights(model), pin=True, splittable=False))
     log.info("%s built and pinned in %.1f s", name, time.perf_counter() - t0)
     tiers = Tiers(tuple(int(t) for t in args.tiers.split(",")))
-    cells = []
+    cells: list[dict] = []
+    entry = {"bytes": model.nbytes, "cells": cells, "skipped": []}
     for budget_gib in (float(b) for b in args.budgets.split(",")):
+        if deadline is not None and time.perf_counter() > deadline:
+            entry["skipped"] += [f"{budget_gib:g} GiB tier {t}" for t in tiers.sizes]
+            continue
         budget = int(budget_gib * GiB)
         plan = Planner(model, profile, budget, context=args.ctx, tiers=tiers, name=name).plan()
         pinned_bytes = plan.need.resident
@@ -99,6 +106,9 @@ def run_model(name: str, args, profile, bw) -> dict:
         shared = bw["shared_total"] / streamed_or_read
         bound = min(additive, shared)
         for tier, tier_plan in sorted(plan.tiers.items()):
+            if deadline is not None and time.perf_counter() > deadline:
+                entry["skipped"].append(f"{budget_gib:g} GiB tier {tier}")
+                continue
             cell = {"model": name, "budget_gib": budget_gib, "tier": tier, "chosen": tier_plan.family,
                     "threads": tier_plan.threads, "kv_on_gpu": plan.kv_on_gpu, "pinned_gib": pinned_bytes / GiB,
                     "predicted_ms": {}, "measured_ms": {}, "skipped": {}}
@@ -153,9 +163,13 @@ def run_model(name: str, args, profile, bw) -> dict:
                 cell["calibrated"] = calibrated_cell(model, host, profile, plan, tier, budget, tiers, cell, args)
             cells.append(cell)
             log.info("%s", cell)
+            if on_cell is not None:
+                on_cell(entry)
+    if entry["skipped"]:
+        log.warning("%s: the deadline left out %s", name, ", ".join(entry["skipped"]))
     del host
     gc.collect()
-    return {"bytes": model.nbytes, "cells": cells}
+    return entry
 
 
 def calibrated_cell(model, host, profile, plan, tier: int, budget: int, tiers: Tiers, cell: dict, args) -> dict:
@@ -223,6 +237,8 @@ def main() -> None:
     parser.add_argument("--profile", default=None, help="profile file; default: a quick profile measured now")
     parser.add_argument("--calibrate", action="store_true",
                         help="per cell, also fit the profile to the chosen plan's step, re-plan, and measure the new choice")
+    parser.add_argument("--deadline-s", type=float, default=480.0,
+                        help="start no cell after this many seconds (those left out are named in the JSON)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -238,9 +254,14 @@ def main() -> None:
           "shared_h2d": shared["h2d"], "shared_total": shared["total"]}
     results["bandwidth_gb_s"] = {k: v / 1e9 for k, v in bw.items()}
     path = args.out or out_dir() / "planner_bench.json"
+    deadline = t0 + args.deadline_s
+
     for name in args.models.split(","):
-        results["models"][name] = run_model(name, args, profile, bw)
-        write_json(path, results)
+        def written(entry, name=name):  # each cell's results on disk as soon as it is done
+            results["models"][name] = entry
+            write_json(path, results)
+
+        written(run_model(name, args, profile, bw, on_cell=written, deadline=deadline))
     results["elapsed_s"] = time.perf_counter() - t0
     write_json(path, results)
 

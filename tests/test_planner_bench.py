@@ -62,8 +62,10 @@ def test_the_grid_runs_end_to_end_on_a_tiny_shape_with_a_simulated_gpu(monkeypat
     args = types.SimpleNamespace(tiers="1,16", budgets="0.127,1", ctx=256, seq_ctx=64, measure_within=3.0,
                                  calibrate=False)
     bw = {"h2d": 55e9, "cpu_read": 100e9, "shared_total": 140e9}
-    out = bench.run_model("tiny-llama", args, profile, bw)
+    seen = []  # the cells done, each time one is
+    out = bench.run_model("tiny-llama", args, profile, bw, on_cell=lambda entry: seen.append(len(entry["cells"])))
     cells = out["cells"]
+    assert seen == [1, 2, 3, 4] and out["skipped"] == []
     assert [(c["budget_gib"], c["tier"]) for c in cells] == [(0.127, 1), (0.127, 16), (1.0, 1), (1.0, 16)]
     for cell in cells:
         assert cell["chosen"] in cell["measured_ms"] and cell["measured_ms"][cell["chosen"]] > 0
@@ -71,3 +73,19 @@ def test_the_grid_runs_end_to_end_on_a_tiny_shape_with_a_simulated_gpu(monkeypat
     for cell in (c for c in cells if c["tier"] == 1):
         assert cell["baseline"].startswith("layers:") and cell["baseline_tok_s"] > 0
         assert cell["tok_s"] > 0 and cell["bound_tok_s"] > 0
+
+
+def test_no_cell_starts_after_the_deadline_and_those_left_out_are_named(monkeypatch):
+    import functools
+    import time
+
+    bench = planner_bench
+    monkeypatch.setattr(bench, "Executor", functools.partial(bench.Executor, simulate_gpu=True))
+    real_pack = bench.pack_model
+    monkeypatch.setattr(bench, "pack_model", lambda *a, pin=True, **kw: real_pack(*a, pin=False, **kw))  # (no CUDA here)
+    args = types.SimpleNamespace(tiers="1,16", budgets="0.127,1", ctx=256, seq_ctx=64, measure_within=3.0,
+                                 calibrate=False)
+    out = bench.run_model("tiny-llama", args, load(H200, check_fingerprint=False),
+                          {"h2d": 55e9, "cpu_read": 100e9, "shared_total": 140e9}, deadline=time.perf_counter() - 1)
+    assert out["cells"] == []
+    assert out["skipped"] == ["0.127 GiB tier 1", "0.127 GiB tier 16", "1 GiB tier 1", "1 GiB tier 16"]
