@@ -48,22 +48,28 @@ def test_a_slow_split_plan_is_fitted_re_planned_and_the_new_choice_measured(monk
     assert timed["fitted"].startswith("cpu_rows") and 1.3 < timed["value"]["cpu_rows"][1] < 1.5
 
 
-def test_the_grid_runs_end_to_end_on_a_tiny_shape_with_a_simulated_gpu(monkeypatch):
+TINY_ARGS = types.SimpleNamespace(tiers="1,16", budgets="0.127,1", ctx=256, seq_ctx=64, measure_within=3.0,
+                                  calibrate=False)
+TINY_BANDWIDTH = {"h2d": 55e9, "cpu_read": 100e9, "shared_total": 140e9}
+
+
+@pytest.fixture
+def simulated_gpu(monkeypatch):
+    """The benchmark's executors simulate the GPU, and its host weights are not pinned (no CUDA here)."""
+    import functools
+
+    monkeypatch.setattr(planner_bench, "Executor", functools.partial(planner_bench.Executor, simulate_gpu=True))
+    real_pack = planner_bench.pack_model
+    monkeypatch.setattr(planner_bench, "pack_model", lambda *a, pin=True, **kw: real_pack(*a, pin=False, **kw))
+
+
+def test_the_grid_runs_end_to_end_on_a_tiny_shape_with_a_simulated_gpu(simulated_gpu):
     """The benchmark's whole per-model grid (plan, each family within reach, the baseline, the
     bound) on a tiny shape, the executor simulating the GPU: a GPU session's call must not be the
     first to find the benchmark broken (it last ran in the seventh GPU session)."""
-    import functools
-
-    bench = planner_bench
-    monkeypatch.setattr(bench, "Executor", functools.partial(bench.Executor, simulate_gpu=True))
-    real_pack = bench.pack_model
-    monkeypatch.setattr(bench, "pack_model", lambda *a, pin=True, **kw: real_pack(*a, pin=False, **kw))  # (no CUDA here)
-    profile = load(H200, check_fingerprint=False)
-    args = types.SimpleNamespace(tiers="1,16", budgets="0.127,1", ctx=256, seq_ctx=64, measure_within=3.0,
-                                 calibrate=False)
-    bw = {"h2d": 55e9, "cpu_read": 100e9, "shared_total": 140e9}
     seen = []  # the cells done, each time one is
-    out = bench.run_model("tiny-llama", args, profile, bw, on_cell=lambda entry: seen.append(len(entry["cells"])))
+    out = planner_bench.run_model("tiny-llama", TINY_ARGS, load(H200, check_fingerprint=False), TINY_BANDWIDTH,
+                                  on_cell=lambda entry: seen.append(len(entry["cells"])))
     cells = out["cells"]
     assert seen == [1, 2, 3, 4] and out["skipped"] == []
     assert [(c["budget_gib"], c["tier"]) for c in cells] == [(0.127, 1), (0.127, 16), (1.0, 1), (1.0, 16)]
@@ -75,17 +81,10 @@ def test_the_grid_runs_end_to_end_on_a_tiny_shape_with_a_simulated_gpu(monkeypat
         assert cell["tok_s"] > 0 and cell["bound_tok_s"] > 0
 
 
-def test_no_cell_starts_after_the_deadline_and_those_left_out_are_named(monkeypatch):
-    import functools
+def test_no_cell_starts_after_the_deadline_and_those_left_out_are_named(simulated_gpu):
     import time
 
-    bench = planner_bench
-    monkeypatch.setattr(bench, "Executor", functools.partial(bench.Executor, simulate_gpu=True))
-    real_pack = bench.pack_model
-    monkeypatch.setattr(bench, "pack_model", lambda *a, pin=True, **kw: real_pack(*a, pin=False, **kw))  # (no CUDA here)
-    args = types.SimpleNamespace(tiers="1,16", budgets="0.127,1", ctx=256, seq_ctx=64, measure_within=3.0,
-                                 calibrate=False)
-    out = bench.run_model("tiny-llama", args, load(H200, check_fingerprint=False),
-                          {"h2d": 55e9, "cpu_read": 100e9, "shared_total": 140e9}, deadline=time.perf_counter() - 1)
+    out = planner_bench.run_model("tiny-llama", TINY_ARGS, load(H200, check_fingerprint=False), TINY_BANDWIDTH,
+                                  deadline=time.perf_counter() - 1)
     assert out["cells"] == []
     assert out["skipped"] == ["0.127 GiB tier 1", "0.127 GiB tier 16", "1 GiB tier 1", "1 GiB tier 16"]
