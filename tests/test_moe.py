@@ -658,7 +658,8 @@ def test_gpu_moe_host_experts_shared_between_the_kernels_and_the_cpu_match_cpu(a
 def test_gpu_moe_a_plans_zero_copy_share_runs_on_the_worker_and_matches_cpu(arch, tiny_model_dir, monkeypatch):
     """A plan's share (TieredPlacement.zero_copy_cpu_shares, as the planner sets it, no executor
     option): decode steps give the CPU's worker that many of each token's experts, prompt steps
-    (a tier without a share) none, and the logits and greedy tokens are the CPU reference's."""
+    (a tier without a share) none, and the logits and greedy tokens are the CPU reference's. The
+    plan's worker team (TieredPlacement.worker_threads) is the one the decode steps' parts ran with."""
     from vramshard.layers.moe import MoEFFN
 
     monkeypatch.setattr(zero_copy_experts, "ENABLED", True)
@@ -678,9 +679,17 @@ def test_gpu_moe_a_plans_zero_copy_share_runs_on_the_worker_and_matches_cpu(arch
     host = pack_model(list(model), load_weights(model, open_checkpoint(path)), pin=True)
     moe = moe_layers(model)
     p = named_placement("experts-cpu", sublayer_triples(model), model.args.num_hidden_layers, moe_layers=moe)
-    tiered = TieredPlacement((zero_copy_experts.ROWS, 64), (p, p), (None, None), zero_copy_cpu_shares=(0.5, 0.0))
+    teams = []  # the OpenMP team of each part the worker ran
+    real_run = run_ahead.RunAhead._run
+    monkeypatch.setattr(run_ahead.RunAhead, "_run", lambda self, number, job, threads:
+                        teams.append(threads) or real_run(self, number, job, threads))
+    monkeypatch.setattr(run_ahead, "FORCED_TEAM", None)
+    tiered = TieredPlacement((zero_copy_experts.ROWS, 64), (p, p), (None, None), zero_copy_cpu_shares=(0.5, 0.0),
+                             worker_threads=(2, None))
     engine = executor_engine(path, model, host, tiered)
     assert_same_as_reference(engine, reference)
+    # The decode steps' parts ran with the plan's team (where the host has the cores for it).
+    assert run_ahead.worker_threads(torch.get_num_threads(), 2) in teams, teams
     # A decode step hands the worker one part a MoE layer; the expert pass's call is within their computing.
     assert any(parts["parts"] == len(moe) and parts["longest_s"] > 0 for parts in steps_parts), steps_parts
     assert all(parts["expert_kernel_s"] <= parts["longest_s"] * parts["parts"] + 1e-6 for parts in steps_parts)

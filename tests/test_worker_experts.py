@@ -17,10 +17,11 @@ from vramshard.plan.estimator import Estimator
 from vramshard.plan.memory import moe_layers, sublayer_triples
 from vramshard.plan.placement import named_placement
 from vramshard.profile import load
-from vramshard.profile.bench_experts import measure_host_experts
+from vramshard.profile.bench_experts import measure_host_experts, team_candidates
 from vramshard.profile.progress import ProgressSink
-from vramshard.profile.query import Profile
+from vramshard.profile.query import Profile, fastest_team
 from vramshard.profile.timing import time_cpu_beside_python
+from vramshard.runtime import run_ahead
 from vramshard.shapes import shape_model
 
 RUN15 = Path(__file__).resolve().parents[1] / "docs" / "profiles" / "h200-run15.json"  # it timed the pass alone
@@ -104,12 +105,15 @@ def test_the_profile_times_the_pass_alone_and_on_the_worker():
                                     weight=1.0, on_worker=True)
     if measured is None:
         pytest.skip("the compiled pass does not run here (no C++ compiler)")
-    alone, worker = measured
-    assert set(alone) == set(worker) == {"1"}
-    assert alone["1"] > 0 and worker["1"] > 0
+    assert set(measured.alone) == set(measured.worker) == {"1"}
+    assert measured.alone["1"] > 0 and measured.worker["1"] > 0
+    # Every candidate team timed; the rows table holds the chosen team's one-token rate.
+    teams = team_candidates(run_ahead.largest_team(torch.get_num_threads()))
+    assert sorted(map(int, measured.teams)) == sorted(teams)
+    assert measured.worker["1"] == measured.teams[str(fastest_team(measured.teams))]
     alone_only = measure_host_experts("bf16", 256, 128, 2, [1], budget_s=0.02, progress=ProgressSink(),
                                       weight=1.0)
-    assert alone_only is not None and alone_only[1] == {}
+    assert alone_only is not None and alone_only.worker == {} and alone_only.teams == {}
 
 
 def test_the_pass_on_fewer_threads_is_priced_slower(run15):

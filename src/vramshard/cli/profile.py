@@ -149,6 +149,11 @@ def print_summary(console, profile, path) -> None:
             values = "; ".join(f"{dtype} " + ", ".join(f"{rows} rows {float(v):.2f}{unit}" for rows, v in by_rows.items())
                                for dtype, by_rows in summary[key].items())
             console.print(f"  {what}: {values}")
+    if summary.get("host_experts_worker_teams_gb_s"):
+        values = "; ".join(f"{dtype} " + ", ".join(f"{team} threads {float(v):.2f} GB/s" for team, v in by_team.items())
+                           for dtype, by_team in summary["host_experts_worker_teams_gb_s"].items())
+        console.print(f"  one token on the run-ahead worker, by its team: {values}; "
+                      f"the worker computes with {profile.worker_team('bf16')} threads")
     _print_fitted(console, profile)
 
 

@@ -292,7 +292,9 @@ class TieredPlacement:
     ``expert_cache``: bytes of the VRAM expert cache for placements that cache experts
     (0: the executor's default). ``zero_copy_cpu_shares``: per tier, of a decode-sized step's
     host-memory experts read by the GPU's zero-copy kernels, the share the CPU computes meanwhile
-    (the executor's ``zero_copy_cpu_share``; empty: none in any tier).
+    (the executor's ``zero_copy_cpu_share``; empty: none in any tier). ``worker_threads``: per tier,
+    the OpenMP team of the executor's run-ahead worker (None, or empty for every tier: one core fewer
+    than the tier's threads, :func:`~vramshard.runtime.run_ahead.worker_threads`).
     """
 
     tiers: tuple[int, ...]
@@ -300,6 +302,7 @@ class TieredPlacement:
     threads: tuple[int | None, ...]
     expert_cache: int = 0
     zero_copy_cpu_shares: tuple[float, ...] = ()
+    worker_threads: tuple[int | None, ...] = ()
 
     def __post_init__(self):
         if not (len(self.tiers) == len(self.placements) == len(self.threads)) or not self.tiers:
@@ -308,6 +311,10 @@ class TieredPlacement:
                                           or not all(0.0 <= s <= 1.0 for s in self.zero_copy_cpu_shares)):
             raise InvalidInputError("a tiered placement's zero-copy CPU shares need one share in [0, 1] per tier, "
                                     f"got {self.zero_copy_cpu_shares} for {len(self.tiers)} tiers")
+        if self.worker_threads and (len(self.worker_threads) != len(self.tiers) or not all(
+                t is None or (isinstance(t, int) and t >= 1) for t in self.worker_threads)):
+            raise InvalidInputError("a tiered placement's worker threads need one count ≥ 1 (or null) per tier, "
+                                    f"got {self.worker_threads} for {len(self.tiers)} tiers")
         resident = {frozenset(p.names(home="vram")) for p in self.placements}
         if len(resident) != 1:
             raise InvalidInputError("every tier must keep the same sub-layers resident in VRAM")
@@ -330,6 +337,10 @@ class TieredPlacement:
         """The CPU's share of the zero-copy experts in a step of ``n_tokens`` (0: the kernels read all)."""
         return self.zero_copy_cpu_shares[self.index_for(n_tokens)] if self.zero_copy_cpu_shares else 0.0
 
+    def worker_threads_for(self, n_tokens: int) -> int | None:
+        """The run-ahead worker's team in a step of ``n_tokens`` (None: the default)."""
+        return self.worker_threads[self.index_for(n_tokens)] if self.worker_threads else None
+
     @property
     def name(self) -> str:
         if len(self.placements) == 1:
@@ -347,6 +358,8 @@ class TieredPlacement:
             data["expert_cache"] = self.expert_cache
         if any(self.zero_copy_cpu_shares):
             data["zero_copy_cpu_shares"] = list(self.zero_copy_cpu_shares)
+        if any(self.worker_threads):
+            data["worker_threads"] = list(self.worker_threads)
         return json.dumps(data)
 
     @classmethod
@@ -355,6 +368,7 @@ class TieredPlacement:
             data = json.loads(text)
             return cls(tuple(data["tiers"]), tuple(Placement.from_json(json.dumps(p)) for p in data["placements"]),
                        tuple(data["threads"]), int(data.get("expert_cache", 0)),
-                       tuple(float(s) for s in data.get("zero_copy_cpu_shares", ())))
+                       tuple(float(s) for s in data.get("zero_copy_cpu_shares", ())),
+                       tuple(data.get("worker_threads", ())))
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidInputError(f"not a tiered placement JSON document: {exc}") from None

@@ -62,6 +62,9 @@ STREAMING_TIE = 0.02
 # it adds host-memory traffic beside whatever else runs, and its prediction has been optimistic
 # (22.9 tok/s predicted, 15.3 measured at the balanced share, twenty-third GPU session).
 SHARE_TIE = 0.05
+# Tiers up to which the run-ahead worker computes with the profile's fastest team (Profile.worker_team,
+# timed at one token); at more rows a dense part's products are compute-bound and take every core.
+WORKER_TEAM_ROWS = 16
 
 
 @dataclass
@@ -101,13 +104,16 @@ class PlanSet:
     notes: list[str] = field(default_factory=list)
     expert_cache: int = 0  # bytes of the VRAM expert cache (MoE placements that cache experts)
     expert_hit_rate: float = 0.0  # the hit rate the estimator assumed for it
+    # The run-ahead worker's OpenMP team in tiers of up to WORKER_TEAM_ROWS tokens (None: the default).
+    worker_team: int | None = None
 
     def tiered(self) -> TieredPlacement:
         sizes = tuple(sorted(self.tiers))
         named = tuple(Placement(f"{self.tiers[s].family}@{s}", self.tiers[s].placement.where) for s in sizes)
         shares = tuple(self.tiers[s].zero_copy_cpu_share for s in sizes)
+        teams = tuple(self.worker_team if s <= WORKER_TEAM_ROWS else None for s in sizes) if self.worker_team else ()
         return TieredPlacement(sizes, named, tuple(self.tiers[s].threads for s in sizes), self.expert_cache,
-                               shares if any(shares) else ())
+                               shares if any(shares) else (), teams)
 
     def to_dict(self) -> dict:
         return {
@@ -117,6 +123,7 @@ class PlanSet:
                      "workspace": self.need.workspace, "experts": self.need.experts,
                      "kv_staging": self.need.kv_staging, "total": self.need.total},
             "expert_cache": self.expert_cache, "expert_hit_rate": self.expert_hit_rate,
+            "worker_team": self.worker_team,
             "pinned": [{"name": r.name, "bytes": r.nbytes, "score": r.score,
                         "saved_ms": {str(t): s * 1e3 for t, s in r.saved_s.items()}} for r in self.reasons],
             "tiers": {str(t): {"family": p.family, "threads": p.threads, "predicted_ms": p.predicted_s * 1e3,
@@ -172,6 +179,15 @@ class Planner:
 
     # ------------------------------------------------------------------ public
     def plan(self) -> PlanSet:
+        plans = self._plan()
+        team = self.profile.worker_team(self.model.dtype) if plans.tiered().uses_gpu else None
+        if team is not None and self.estimator.run_ahead:
+            plans.worker_team = team
+            plans.notes.append(f"run-ahead worker: {team} CPU threads for steps of up to {WORKER_TEAM_ROWS} tokens "
+                               f"(the profile's fastest team for a one-token expert pass beside Python)")
+        return plans
+
+    def _plan(self) -> PlanSet:
         if not self.profile.has_gpu:
             return self._all_cpu("no GPU: every sub-layer runs on the CPU")
         if self.moe:

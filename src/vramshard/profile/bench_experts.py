@@ -15,11 +15,21 @@ on a worker thread of one core fewer, while the profiling thread runs Python as 
 does when it queues a step. On the H200 machine's host the one-token pass took 1.59 ms there
 against 0.76 ms alone (twenty-third GPU session, ``benchmarks.compiled_gil``), and the engine's
 CPU share of the zero-copy experts decoded at 15.3 tok/s where the rate alone predicted 22.9.
+
+How large the worker's OpenMP team should be is measured too: the one-token pass beside Python with
+teams of one core fewer down to a quarter of the cores (:func:`team_candidates`). An OpenMP team waits
+at every barrier for its slowest thread, and beside the host thread (Python, then the driver spinning
+in its wait for the GPU) a thread that shares a core with it is that slowest one: one thread fewer took
+the thirteenth GPU session's run-ahead parts from 210 to 104 ms, and the pass still took 2.3x its time
+alone on one core fewer (the twenty-fourth). A one-token pass reads its weights once, so a smaller team
+may read them as fast. The planner gives the worker the fastest team (:func:`~vramshard.profile.query.fastest_team`)
+and the executor's worker computes decode-sized parts with it.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,11 +40,20 @@ from ..runtime import run_ahead
 from ..runtime.host_weights import pack_sublayer
 from .bench_matmul import cold_bytes, cycling
 from .progress import ProgressSink
+from .query import fastest_team
 from .spec import torch_dtype
 from .timing import time_cpu, time_cpu_beside_python
 
 ROUTINGS = 16  # random routings cycled through by the timed calls
 MAX_EXPERTS = 512
+
+
+def team_candidates(largest: int) -> list[int]:
+    """The worker's OpenMP team sizes to time, largest first: ``largest`` (one core fewer than the
+    process's threads: the host thread keeps one), then three quarters, half and a quarter of the cores."""
+    cores = largest + 1
+    return sorted({max(1, min(largest, count)) for count in (largest, cores * 3 // 4, cores // 2, cores // 4)},
+                  reverse=True)
 
 
 def moe_ffn(hidden: int, intermediate: int, experts: int, top_k: int, dtype: torch.dtype) -> MoEFFN:
@@ -47,12 +66,22 @@ def moe_ffn(hidden: int, intermediate: int, experts: int, top_k: int, dtype: tor
     return next(s for s in build_model(config, dtype) if isinstance(s, MoEFFN))
 
 
+@dataclass
+class HostExpertRates:
+    """Bytes of a step's assignments per second of the compiled pass: ``alone`` by rows; on the
+    run-ahead worker beside Python, ``worker`` by rows (with the fastest team) and ``teams`` by the
+    worker's team size (one token). The worker's are empty where it was not measured."""
+
+    alone: dict[str, float]
+    worker: dict[str, float] = field(default_factory=dict)
+    teams: dict[str, float] = field(default_factory=dict)
+
+
 def measure_host_experts(dtype: str, hidden: int, intermediate: int, top_k: int, rows: list[int], budget_s: float,
-                         progress: ProgressSink, weight: float,
-                         on_worker: bool = False) -> tuple[dict[str, float], dict[str, float]] | None:
-    """({rows: bytes of the step's assignments per second of the pass}, the same on the run-ahead
-    worker beside Python where ``on_worker``, else empty); None where the pass does not run here (a
-    dtype it does not take, no C++ compiler: the executor then runs expert by expert)."""
+                         progress: ProgressSink, weight: float, on_worker: bool = False) -> HostExpertRates | None:
+    """The pass's rates (:class:`HostExpertRates`; on the run-ahead worker beside Python where
+    ``on_worker``); None where the pass does not run here (a dtype it does not take, no C++
+    compiler: the executor then runs expert by expert)."""
     progress.step(f"cpu routed experts {dtype} [{hidden} x {intermediate}, top {top_k}]")
     dt = torch_dtype(dtype)
     if dt not in host_experts.DTYPES or not host_experts.ENABLED:
@@ -69,9 +98,8 @@ def measure_host_experts(dtype: str, hidden: int, intermediate: int, top_k: int,
         progress.advance(weight)
         return None
     generator = torch.Generator().manual_seed(0)
-    rates: dict[str, float] = {}
-    worker_rates: dict[str, float] = {}
-    worker_threads = run_ahead.worker_threads(torch.get_num_threads())
+    rates = HostExpertRates({})
+    team = None  # the worker's fastest team, once timed at one token
     with torch.inference_mode():
         for m in rows:
             if m > host_experts.ROWS:
@@ -83,9 +111,18 @@ def measure_host_experts(dtype: str, hidden: int, intermediate: int, top_k: int,
             if host_experts.routed(h, *source.stacked(), first.experts, first.weights) is None:
                 break  # (compiles on the first call) it failed to compile: said in the log
             one = cycling(ROUTINGS, lambda i: ffn.run_experts(source, h, routings[i]))
-            rates[str(m)] = m * top_k * expert_bytes / time_cpu(one, budget_s)
-            if on_worker:
-                beside = time_cpu_beside_python(one, budget_s, worker_threads, run_ahead.SWITCH_INTERVAL_S)
-                worker_rates[str(m)] = m * top_k * expert_bytes / beside
+            assigned = m * top_k * expert_bytes
+            rates.alone[str(m)] = assigned / time_cpu(one, budget_s)
+            if not on_worker:
+                continue
+            if team is None:  # (the first rows measured: one token, as decode steps give the worker)
+                for count in team_candidates(run_ahead.largest_team(torch.get_num_threads())):
+                    beside = time_cpu_beside_python(one, budget_s, count, run_ahead.SWITCH_INTERVAL_S)
+                    rates.teams[str(count)] = assigned / beside
+                team = fastest_team(rates.teams)
+                rates.worker[str(m)] = rates.teams[str(team)]
+                continue
+            beside = time_cpu_beside_python(one, budget_s, team, run_ahead.SWITCH_INTERVAL_S)
+            rates.worker[str(m)] = assigned / beside
     progress.advance(weight)
-    return (rates, worker_rates) if rates else None
+    return rates if rates.alone else None

@@ -23,6 +23,8 @@ from .schema import validate
 from .tables import Curve, Grid2D, MatmulTable, interp_linear
 
 PEAK_POINTS = 5  # the summary's peak GFLOP/s: the median of this many fastest points of a table
+# A smaller run-ahead worker team is chosen over the largest only where it is this much faster (noise).
+TEAM_MARGIN = 0.05
 
 _DTYPE_NAMES = {
     "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16",
@@ -47,6 +49,15 @@ def device_name(device) -> str:
     if text == "cpu":
         return "cpu"
     raise InvalidInputError(f"device {device!r} is not profiled; use 'cpu' or 'cuda'")
+
+
+def fastest_team(rates: dict) -> int:
+    """The worker team size (a key of ``rates``: team size -> rate) to compute with: the fastest, where
+    it beats the largest team by more than :data:`TEAM_MARGIN`; else the largest."""
+    by_team = {int(team): float(rate) for team, rate in rates.items()}
+    largest = max(by_team)
+    best = max(by_team, key=lambda team: (by_team[team], team))
+    return best if by_team[best] > by_team[largest] * (1 + TEAM_MARGIN) else largest
 
 
 class Profile:
@@ -274,6 +285,14 @@ class Profile:
         return self._factor_by_rows(section, dtype, rows) / (
             self.cpu_scale * (self.cpu_row_factor(rows) if self.cpu_rows else 1.0))
 
+    def worker_team(self, dtype) -> int | None:
+        """The run-ahead worker's OpenMP team for decode-sized parts of ``dtype`` (:func:`fastest_team`
+        over the profile's timings of the one-token expert pass beside Python by team size; another
+        dtype's where this one was not timed); None where the profile did not time teams."""
+        teams = self.data.get("host_experts_worker_teams", {})
+        rates = teams.get(dtype_name(dtype)) or next(iter(teams.values()), None)
+        return fastest_team(rates) if rates else None
+
     def _factor_by_rows(self, section: str, dtype, rows: int) -> float:
         by_rows = self.data.get(section, {}).get(dtype_name(dtype))
         if not by_rows:
@@ -388,6 +407,9 @@ class Profile:
                                   for dtype, by_rows in self.data.get("host_experts", {}).items()},
             "host_experts_worker_gb_s": {dtype: {rows: rate / 1e9 for rows, rate in by_rows.items()}
                                          for dtype, by_rows in self.data.get("host_experts_worker", {}).items()},
+            "host_experts_worker_teams_gb_s": {dtype: {team: rate / 1e9 for team, rate in by_team.items()}
+                                               for dtype, by_team in self.data.get("host_experts_worker_teams",
+                                                                                   {}).items()},
             "cpu_threads": self.threads,
             "default_threads": self.default_threads,
             "cpu_read_gb_s": self.cpu_read_bps / 1e9 if self.cpu_read_bps else None,

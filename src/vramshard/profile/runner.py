@@ -97,6 +97,7 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
     packed_ffn: dict[str, dict[str, float]] = {}
     host_expert_factors: dict[str, dict[str, float]] = {}
     host_experts_on_worker: dict[str, dict[str, float]] = {}
+    worker_teams: dict[str, dict[str, float]] = {}
     cpu_args = {"budget_s": spec.point_budget_s, "cap_s": spec.point_cap_s, "progress": progress, "weight": w["cpu"]}
     gpu_args = {"budget_s": spec.gpu_point_budget_s, "cap_s": spec.point_cap_s, "progress": progress, "weight": w["gpu"]}
 
@@ -137,9 +138,10 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
                                                  budget_s=4 * spec.point_budget_s, progress=progress,
                                                  weight=w["split"], on_worker=use_gpu)
                     if rates is not None:  # (None: the compiled pass does not run here)
-                        host_expert_factors[dtype], worker_rates = rates
-                        if worker_rates:
-                            host_experts_on_worker[dtype] = worker_rates
+                        host_expert_factors[dtype] = rates.alone
+                        if rates.worker:
+                            host_experts_on_worker[dtype] = rates.worker
+                            worker_teams[dtype] = rates.teams
             if use_gpu:
                 _measure_gpu(spec, top, w, cpu_args, gpu_args, progress, matmul, attention, transfer, dispatch)
             for round_ in range(2, spec.cpu_rounds + 1):
@@ -165,6 +167,7 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
         data["host_experts"] = host_expert_factors
     if host_experts_on_worker:
         data["host_experts_worker"] = host_experts_on_worker
+        data["host_experts_worker_teams"] = worker_teams
     estimated = sum(t.get("estimated", 0) for t in matmul + attention)
     log.info("profile measured in %.1f s (%d points extrapolated beyond the time cap)", elapsed, estimated)
     return Profile(data)

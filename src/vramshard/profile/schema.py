@@ -21,7 +21,9 @@ cores, GB/s, the mean of a timing before the CPU tables and one after), and the 
   (absent: the estimator times experts on the CPU from the matmul tables);
 - ``host_experts_worker`` (optional): the same on the run-ahead worker thread while another thread
   runs Python, as the executor computes it there (absent: as ``host_experts``; measured only where
-  there is a GPU, which the run-ahead worker needs).
+  there is a GPU, which the run-ahead worker needs); with the worker's fastest OpenMP team;
+- ``host_experts_worker_teams`` (optional): ``{dtype: {team size: bytes per second}}``, the one-token
+  pass on that worker by the size of its OpenMP team (the planner gives the worker the fastest).
 
 - ``elapsed_by_table_s`` (optional): ``{table: seconds}``, where the profile's wall time went, by
   table (``"cpu matmul bf16 threads=16"``, ``"cuda attention fp16"``, …; see
@@ -46,16 +48,16 @@ def _positive(value, what: str) -> None:
         raise ProfileError(f"{what} must be a positive number, found {value!r}")
 
 
-def _factors_by_rows(data: dict, section: str, what: str) -> None:
-    """An optional ``{dtype: {rows: positive number}}`` section."""
+def _factors_by_rows(data: dict, section: str, what: str, key: str = "rows") -> None:
+    """An optional ``{dtype: {rows: positive number}}`` section (``key``: what the counts count)."""
     by_dtype = data.get(section, {})
     if not isinstance(by_dtype, dict) or not all(isinstance(v, dict) and v for v in by_dtype.values()):
-        raise ProfileError(f"profile '{section}' section must map dtypes to {{rows: factor}}")
+        raise ProfileError(f"profile '{section}' section must map dtypes to {{{key}: factor}}")
     for dtype, by_rows in by_dtype.items():
         for rows, value in by_rows.items():
             if not str(rows).isdigit() or int(rows) < 1:
-                raise ProfileError(f"profile '{section}' rows for {dtype} must be positive integers, got {rows!r}")
-            _positive(value, f"{what} for {dtype} at {rows} rows")
+                raise ProfileError(f"profile '{section}' {key} for {dtype} must be positive integers, got {rows!r}")
+            _positive(value, f"{what} for {dtype} at {rows} {key}")
 
 
 def _grid(table: dict, rows_key: str, cols_key: str, what: str) -> None:
@@ -118,6 +120,7 @@ def validate(data) -> None:
     _factors_by_rows(data, "packed_ffn", "packed FFN factor")
     _factors_by_rows(data, "host_experts", "routed experts' compiled pass rate")
     _factors_by_rows(data, "host_experts_worker", "routed experts' compiled pass rate on the run-ahead worker")
+    _factors_by_rows(data, "host_experts_worker_teams", "the one-token pass's rate on the run-ahead worker", "threads")
     by_table = data.get("elapsed_by_table_s", {})
     if not isinstance(by_table, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
                                                  and math.isfinite(v) and v >= 0 for v in by_table.values()):

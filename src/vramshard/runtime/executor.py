@@ -218,6 +218,7 @@ class Executor:
         self._host_moe: dict[str, DictExperts] = {}  # MoE sub-layer -> its host buffer's experts, stacked
         self._run_ahead: run_ahead.RunAhead | None = None  # split FFNs' CPU parts on a worker (opt-in)
         self._run_ahead_tried = False
+        self._worker_team: int | None = None  # the run-ahead worker's team in the step running (the tier's)
         self.compute_stream = self.copy_stream = None
         self._vram_before = 0
         self._reserved_after_step = 0  # VRAM reserved after the last step, less _vram_before
@@ -270,7 +271,8 @@ class Executor:
         worker's where it will compute split parts or experts."""
         smallest = (1,) + tuple(t + 1 for t in plans.tiers[:-1])  # the fewest tokens of each tier's steps
         ahead = run_ahead.available() and not self.simulated
-        for fewest, placement, threads in zip(smallest, plans.placements, plans.threads):
+        for fewest, placement, threads, team in zip(smallest, plans.placements, plans.threads,
+                                                    plans.worker_threads or (None,) * len(plans.tiers)):
             if fewest > max(cpu_linear.MAX_TOKENS, cpu_swiglu.MAX_ROWS):
                 continue
             where = placement.as_dict()
@@ -281,7 +283,7 @@ class Executor:
             use_cpu_threads(threads or self.threads)
             counts = [torch.get_num_threads()]
             if ahead and any(where[s.name].cpu_pieces or where[s.name].experts == "host" for s in on_cpu):
-                counts.append(run_ahead.worker_threads(counts[0]))  # (as submit gives the worker)
+                counts.append(run_ahead.worker_threads(counts[0], team))  # (as submit gives the worker)
             for count in dict.fromkeys(counts):  # (in order, once each)
                 use_cpu_threads(count)
                 if any(isinstance(s, DenseFFN) for s in on_cpu) and fewest <= cpu_swiglu.MAX_ROWS:
@@ -713,6 +715,7 @@ class Executor:
         start = time.perf_counter()
         placement, threads = self.plans.for_tokens(tokens)
         use_cpu_threads(threads or self.threads)
+        self._worker_team = self.plans.worker_threads_for(tokens)
         where = placement.as_dict()
         if not self.uses_gpu or self.simulated:
             x = x.cpu()  # token ids a GPU sampled before a re-plan onto the CPU alone
@@ -843,6 +846,8 @@ class Executor:
                     log.warning("run-ahead split steps are not available here: %s", exc)
                 else:
                     weakref.finalize(self, self._run_ahead.close)
+        if self._run_ahead is not None:
+            self._run_ahead.team = self._worker_team
         return self._run_ahead
 
     def _run_split(self, sublayer: MoEFFN, here: Where, x: torch.Tensor) -> tuple[torch.Tensor, int]:

@@ -96,18 +96,42 @@ READY_TIMEOUT_S = 60.0
 SWITCH_INTERVAL_S = 1e-4
 
 
-def worker_threads(asked: int) -> int:
-    """The worker's CPU threads for a part asked to run on ``asked``: one core fewer than this
-    process may use, at most. Through a run-ahead step the host thread keeps a core busy (Python
-    queuing the step, then the CUDA driver spinning in its wait for the GPU), and an OpenMP team
-    with one thread on that core waits for it at every barrier: on the GPU machine (thirteenth
-    session) llama3-8b's run-ahead steps took 167 ms at 16 threads and 138 ms at 15 (64 rows),
-    219 and 112 ms (1 row)."""
+def _forced_team() -> int | None:
+    text = os.environ.get("VRAMSHARD_WORKER_THREADS", "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        log.warning("VRAMSHARD_WORKER_THREADS=%r is not a thread count of 1 or more: ignored", text)
+        return None
+    return min(int(text), os.cpu_count() or int(text))
+
+
+FORCED_TEAM = _forced_team()  # VRAMSHARD_WORKER_THREADS (see worker_threads)
+
+
+def largest_team(asked: int) -> int:
+    """The largest OpenMP team the worker takes for a part asked to run on ``asked`` threads: one
+    core fewer than this process may use, at most. Through a run-ahead step the host thread keeps a
+    core busy (Python queuing the step, then the CUDA driver spinning in its wait for the GPU), and
+    an OpenMP team with one thread on that core waits for it at every barrier: on the GPU machine
+    (thirteenth session) llama3-8b's run-ahead steps took 167 ms at 16 threads and 138 ms at 15 (64
+    rows), 219 and 112 ms (1 row)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # (not Linux)
         cores = os.cpu_count() or asked
     return max(1, min(asked, cores - 1))
+
+
+def worker_threads(asked: int, team: int | None = None) -> int:
+    """The worker's OpenMP team for a part asked to run on ``asked`` threads: :func:`largest_team`,
+    or ``team`` where that is smaller (the plan's, from the profile's timing of the worker beside
+    Python by team size: :func:`~vramshard.profile.bench_experts.team_candidates`).
+    ``VRAMSHARD_WORKER_THREADS=N`` sets it to N (within 1 and the cores), e.g. to compare teams."""
+    if FORCED_TEAM:
+        return FORCED_TEAM
+    largest = largest_team(asked)
+    return min(largest, team) if team else largest
 
 
 def hand_the_gil_over_quickly() -> None:
@@ -159,6 +183,7 @@ class RunAhead:
         self.gave_up = torch.zeros(1, dtype=torch.int32, pin_memory=pinned)  # set by a wait that hit SPIN_LIMIT
         self.buffers = FFNBuffers(pinned=pinned)  # the worker's: results pinned, read by copies to the GPU
         self._issued = 0  # parts whose input copy is queued (copied)
+        self.team: int | None = None  # the OpenMP team of the parts submitted next (None: worker_threads's default)
         self._submitted = 0
         self._held: list = []  # the step's jobs: released on the host thread (drain), never on the worker
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
@@ -204,7 +229,7 @@ class RunAhead:
                                f"{self._issued} copied)")
         self._submitted = number
         self._held.append(job)
-        self._jobs.put((number, job, worker_threads(torch.get_num_threads())))
+        self._jobs.put((number, job, worker_threads(torch.get_num_threads(), self.team)))
         if self._stream is not None:
             self._stream.wait_ticket(number)
         else:
