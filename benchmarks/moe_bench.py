@@ -276,6 +276,7 @@ def run_cell(model, host, label, placement, cache, budget, args, bw, deadline, o
         cell["decode_worker_parts"] = parts["parts"]
         cell["decode_worker_longest_part_ms"] = parts["longest_s"] * 1e3
         cell["decode_worker_expert_kernel_ms"] = parts["expert_kernel_s"] * 1e3
+        cell["decode_worker_team"] = parts.get("team")
     cell["cpu_kernels"] = cpu_kernel_state()
     cell["decode_bytes_streamed"] = report.bytes_streamed
     cell["decode_expert_hit_rate"] = report.expert_hit_rate

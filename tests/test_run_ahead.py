@@ -57,6 +57,7 @@ def test_the_worker_runs_each_part_after_its_input_landed_and_the_host_thread_fr
     import gc
 
     ahead = run_ahead.RunAhead()
+    ahead.team = 1  # the plan's team for these parts (TieredPlacement.worker_threads)
 
     class QueuedWait:  # the GPU's wait as on a GPU: queued, the host thread goes on (interpreted, it blocks)
         def __getitem__(self, grid):
@@ -93,6 +94,7 @@ def test_the_worker_runs_each_part_after_its_input_landed_and_the_host_thread_fr
     assert [n for n, _ in ran] == [1, 2, 3, 4] and ran[-1][1] >= written[0]
     parts = ahead.last_parts  # the step's parts: no expert pass among them
     assert parts["parts"] == 4 and parts["longest_s"] >= 0.02 and parts["expert_kernel_s"] == 0.0
+    assert parts["team"] == run_ahead.worker_threads(torch.get_num_threads(), 1)
     gc.collect()
     assert freed_on == ["MainThread"] * 4
 

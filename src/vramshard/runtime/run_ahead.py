@@ -269,9 +269,11 @@ class RunAhead:
         return spent
 
     def _take_parts(self) -> None:
-        """``last_parts``: the parts since the last drain, their count, their longest computing
-        and how much of their computing was the one-token expert pass's compiled call (seconds)."""
-        self.last_parts = {"parts": self._parts, "longest_s": self._longest_s, "expert_kernel_s": self._kernel_s}
+        """``last_parts``: the parts since the last drain, their count, their longest computing,
+        how much of their computing was the one-token expert pass's compiled call (seconds), and the
+        OpenMP team the last of them ran with."""
+        self.last_parts = {"parts": self._parts, "longest_s": self._longest_s, "expert_kernel_s": self._kernel_s,
+                           "team": self._threads}
         self._kernel_s = self._longest_s = 0.0
         self._parts = 0
 
