@@ -113,12 +113,14 @@ def compare(first: dict, second: dict) -> dict:
     for dtype, value in first.get("split_part_factor", {}).items():
         if dtype in second.get("split_part_factor", {}):
             out[f"split FFN part factor {dtype}"] = pct(value, second["split_part_factor"][dtype])
-    for key, what in (("host_experts_gb_s", "CPU experts pass"), ("host_experts_worker_gb_s", "CPU experts pass on the worker")):
+    for key, what, counted in (("host_experts_gb_s", "CPU experts pass", "rows"),
+                               ("host_experts_worker_gb_s", "CPU experts pass on the worker", "rows"),
+                               ("host_experts_worker_teams_gb_s", "CPU experts pass on the worker, 1 row", "threads")):
         for dtype, by_rows in first.get(key, {}).items():
             for rows, value in by_rows.items():
                 other = second.get(key, {}).get(dtype, {}).get(rows)
                 if other is not None:  # (a quick second run times fewer rows)
-                    out[f"{what} GB/s {dtype} {rows} rows"] = pct(value, other)
+                    out[f"{what} GB/s {dtype} {rows} {counted}"] = pct(value, other)
     if first.get("cpu_read_gb_s") and second.get("cpu_read_gb_s"):  # (profiles since 2026-12-04)
         out["host memory read GB/s"] = pct(first["cpu_read_gb_s"], second["cpu_read_gb_s"])
     return out

@@ -16,8 +16,10 @@ to a quarter of the cores), the median time of
 - a llama3-8b split FFN's CPU part (a quarter of the FFN's width) at 1 and 64 rows, through the
   engine's CPU path (the SwiGLU and projection paths chosen in place, on the worker as its parts are),
 alone on the main thread and on a worker beside a thread running Python (the run-ahead worker's
-0.1 ms GIL switch interval), each over weight copies that exceed the last-level cache. The CPU's
-read bandwidth in the same run bounds the one-token cases.
+0.1 ms GIL switch interval), each over weight copies that exceed the last-level cache; for the
+largest team also with the Python thread held to one core and the worker's team to the others
+(``sched_setaffinity``): does a team thread that shares the Python thread's core slow the team? The
+CPU's read bandwidth in the same run bounds the one-token cases.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import statistics
 import sys
 import threading
@@ -93,6 +96,28 @@ def median_part_s(h: torch.Tensor, parts: list[dict[str, torch.Tensor]], repeats
     return statistics.median(times)
 
 
+def beside_python_pinned(fn, interval_s: float, team: int):
+    """``beside_python(fn, ...)`` with this thread held to the first core and the worker (so its
+    OpenMP team, made on its first parallel region) to the others: no thread of the team can share
+    a core with the thread running Python. None where this system cannot set thread affinities."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return None
+    before = os.sched_getaffinity(0)
+
+    def pinned():
+        os.sched_setaffinity(threading.get_native_id(), set(cores[1:]))
+        return fn()
+
+    os.sched_setaffinity(threading.get_native_id(), {cores[0]})
+    try:
+        return beside_python(pinned, interval_s, team)
+    finally:
+        os.sched_setaffinity(threading.get_native_id(), before)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtype", default="bfloat16")
@@ -133,10 +158,15 @@ def main() -> None:
             for name, (fn, nbytes) in work.items():
                 alone = fn()
                 beside = beside_python(fn, interval, team)
-                cells.append({"work": name, "team": team, "alone_ms": alone * 1e3, "beside_python_ms": beside * 1e3,
-                              "beside_over_alone": beside / alone, "read_bound_ms": nbytes / read_bps * 1e3})
-                log.info("%-18s team %2d: alone %7.3f ms, beside Python %7.3f ms (%.2fx); read bound %.3f ms",
-                         name, team, alone * 1e3, beside * 1e3, beside / alone, nbytes / read_bps * 1e3)
+                cell = {"work": name, "team": team, "alone_ms": alone * 1e3, "beside_python_ms": beside * 1e3,
+                        "beside_over_alone": beside / alone, "read_bound_ms": nbytes / read_bps * 1e3}
+                pinned = beside_python_pinned(fn, interval, team) if team == largest else None
+                if pinned is not None:
+                    cell["beside_python_pinned_ms"] = pinned * 1e3
+                cells.append(cell)
+                log.info("%-18s team %2d: alone %7.3f ms, beside Python %7.3f ms (%.2fx)%s; read bound %.3f ms",
+                         name, team, alone * 1e3, beside * 1e3, beside / alone,
+                         f", pinned apart {pinned * 1e3:.3f} ms" if pinned is not None else "", nbytes / read_bps * 1e3)
     torch.set_num_threads(largest + 1)
     result = {"date": now(), "hardware": hardware(), "dtype": args.dtype, "host_experts": host_experts.ENABLED,
               "kernels_release_gil": releases, "switch_interval_s": interval, "largest_team": largest,
