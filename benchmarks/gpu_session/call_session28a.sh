@@ -17,7 +17,8 @@ grep -oE "$FIELDS" $OUT/moe_repeats.log | tr '\n' ' ' | sed 's/.placement/\n&/g'
 timeout 150 python3 -m benchmarks.worker_team --json $OUT/worker_team.json > $OUT/worker_team.log 2>&1; echo "team rc $?"
 grep -E "team +[0-9]+:" $OUT/worker_team.log | cut -c1-200
 TEAM=$(python3 -c "import json; c=[c for c in json.load(open('$OUT/worker_team.json'))['cells'] if c['work'].startswith('experts')]; print(min(c, key=lambda c: c['beside_python_ms'])['team'])" 2>/dev/null || echo 8)
-echo "fastest team beside Python: $TEAM"
+echo "fastest team beside Python for the expert pass: $TEAM"
+python3 -c "import json; c=[c for c in json.load(open('$OUT/worker_team.json'))['cells'] if c['work'] == 'dense part 64 rows']; print('for the dense part at 64 rows (TEAM for call_session28c.sh):', min(c, key=lambda c: c['beside_python_ms'])['team'])" 2>&1 | tail -1
 VRAMSHARD_WORKER_THREADS=$TEAM VRAMSHARD_RUN_AHEAD=on timeout 170 python3 -m benchmarks.moe_bench --budgets 8 --batches 1 \
   --time-limit 150 --no-skewed --placements planned,experts-zero-copy \
   --profile docs/profiles/h200-run26b.json --out $OUT/moe_team.json > $OUT/moe_team.log 2>&1; echo "moe team rc $?"
