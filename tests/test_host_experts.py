@@ -3,6 +3,7 @@ the expert-by-expert path in float32, shares of a step's assignments, where it d
 fallback when compiling fails, and a bfloat16 engine on the CPU that runs on it."""
 
 import logging
+import re
 
 import pytest
 import torch
@@ -292,3 +293,47 @@ def test_beside_a_busy_python_thread_a_token_s_experts_take_the_gil_back_far_les
     finally:
         sys.setswitchinterval(interval)
     assert seconds["one-token"] < 0.5 * seconds["several-token"], seconds
+
+
+def _parallel_loop_extents(code: str) -> list[str]:
+    """The trip counts of the OpenMP-parallel loops in inductor's C++ for a CPU graph."""
+    return re.findall(r"#pragma omp for[^\n]*\n\s*for\(int64_t x0=[^;]*; x0<static_cast<int64_t>\(([^;]*)\);", code)
+
+
+@pytest.mark.parametrize("kernel", ["one token", "several tokens"])
+def test_the_passes_parallel_loops_run_over_every_assignments_rows(kernel, monkeypatch):
+    """Inductor picks a loop nest's parallel depth from the sizes and thread count it compiles for,
+    and the compiled code then serves every size and team (its cache ignores the count when threads
+    are read at run time). Written as a reduction per (assignment, row), the pass compiled from a tiny
+    layer at 16 threads ran in parallel over the assignments alone: a real layer's 8 experts kept 8
+    threads busy, a share of 3 kept 3. Each product's parallel loop must run over the assignments'
+    rows together (A·2F, A·D): its trip count is a product of sizes."""
+    from torch._inductor.utils import run_and_get_code
+
+    from vramshard.layers.cpu_compiled import compile_settings
+
+    cpu_compiled.kernels_read_threads_at_run_time()
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)  # (compile here, not from the cache)
+    torch.manual_seed(0)
+    experts, inter, hidden = 16, 32, 48
+    gate_up = (torch.randn(experts, 2 * inter, hidden) * 0.02).to(torch.bfloat16)
+    down = (torch.randn(experts, hidden, inter) * 0.02).to(torch.bfloat16)
+    chosen = torch.tensor([3, 11])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(16)
+    try:
+        settings, _ = compile_settings()
+        with settings, torch.inference_mode():
+            if kernel == "one token":
+                fn = torch.compile(host_experts._one_token, dynamic=True)
+                args = (torch.randn(1, hidden), gate_up, down, chosen[None], torch.full((1, 2), 0.5, dtype=torch.bfloat16))
+            else:
+                fn = torch.compile(host_experts._assigned_swiglu, dynamic=True)
+                args = (torch.randn(2, hidden), gate_up, down, chosen)
+            _, codes = run_and_get_code(fn, *args)
+    finally:
+        torch.set_num_threads(threads)
+    extents = [e for code in codes for e in _parallel_loop_extents(code)]
+    if not extents:
+        pytest.skip("this torch's inductor writes its CPU loops in a form this test does not read")
+    assert sum("*" in e for e in extents) >= 2, f"parallel loops over {extents}: not over every assignment's rows"

@@ -7,17 +7,23 @@ matrix-vector products whose ATen paths run far from the memory bus (the H200 ma
 Xeon, fourteenth session: a Qwen3-30B-A3B layer's 8 experts of one token in 5.15 ms, 14.7 GB/s,
 against 1.09 ms to read them; 2.35 ms from oneDNN-prepacked weights).
 
-Here every assignment (token, expert) of the step is one row of two reductions that inductor
-compiles into a parallel C++ loop nest, reading each assigned expert where it lies in the layer's
-stacked weights (``gate_up`` [E, 2F, D], ``down`` [E, D, F]; no gather copy). On this project's
+Here every assignment (token, expert) of the step takes its rows of two reductions that inductor
+compiles into parallel C++ loops, reading each assigned expert where it lies in the layer's
+stacked weights (``gate_up`` [E, 2F, D], ``down`` [E, D, F]; no gather copy). Each loop runs over
+the rows of all the assignments at once (A·2F, then A·D). Written as a reduction per (assignment,
+row), inductor ran in parallel over the assignments alone wherever it compiled for sizes or threads
+that made that look enough: its parallel depth is chosen from the compile-time sizes and thread
+count, and the compiled code serves later calls (and, with the thread count read at run time, later
+processes through its on-disk cache) of any size and team. A Qwen3-30B-A3B token's 8 experts then
+kept 8 threads busy, a share of 3 kept 3, and the rest of the team waited (found in session 28:
+compiled at 16 threads from a tiny model's sizes, the loops ran over the experts only). On this project's
 2-core development machine (``benchmarks/cpu_experts``) that is 2-3x the per-expert path. An
 expert shared by several tokens is read once per assignment, so it pays off up to ``ROWS`` tokens
 (at 64 rows the grouped path, each expert once, is faster).
 
 Accumulation is in float32, rounded to the activation dtype once at the end (the per-expert path
 rounds after each projection). Half precision only (``DTYPES``): float32 tiny models keep the
-per-expert path. The compiled code keeps the OpenMP thread count of its compilation, so each
-thread count (and dtype) gets a compilation of its own. Compiling needs a C++ compiler; without one (or
+per-expert path. Compiling needs a C++ compiler; without one (or
 on any compile error) the first call says so in the log and every call returns None, for the
 caller's own path (:mod:`~vramshard.layers.cpu_compiled`). Where the compiled kernels keep the GIL
 (:func:`~vramshard.layers.cpu_compiled.kernels_release_gil` could not change their binding) it does
@@ -54,18 +60,28 @@ def _assigned_swiglu(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
     """``down_e(silu(gate_e(h_a)) * up_e(h_a))`` for each assignment a to expert e, in float32.
 
     h: [A, D] float32, each assignment's hidden state; gate_up: [E, 2F, D]; down: [E, D, F];
-    experts: [A] int64. Returns [A, D] float32."""
-    both = (gate_up[experts].float() * h[:, None, :]).sum(-1)  # [A, 2F]
+    experts: [A] int64. Returns [A, D] float32.
+
+    Each product is one reduction over the rows of every assignment's weight (A·2F rows, then A·D),
+    so the compiled loop that runs in parallel is over those rows, whatever the sizes and thread
+    count it was compiled for (see the module's notes)."""
+    assigned, both_rows, hidden = experts.shape[0], gate_up.shape[1], gate_up.shape[2]
+    rows = torch.arange(both_rows, device=experts.device).repeat(assigned)  # [A·2F]
+    both = (gate_up[experts.repeat_interleave(both_rows), rows].float()
+            * h.repeat_interleave(both_rows, dim=0)).sum(-1).view(assigned, both_rows)  # [A, 2F]
     gate, up = both.chunk(2, dim=-1)  # [A, F] each
     act = F.silu(gate) * up
-    return (down[experts].float() * act[:, None, :]).sum(-1)  # [A, D]
+    rows = torch.arange(hidden, device=experts.device).repeat(assigned)  # [A·D]
+    return (down[experts.repeat_interleave(hidden), rows].float()
+            * act.repeat_interleave(hidden, dim=0)).sum(-1).view(assigned, hidden)  # [A, D]
 
 
 def _one_token(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: torch.Tensor,
                weights: torch.Tensor) -> torch.Tensor:
     """One token's weighted sum over its routed experts, the whole of :func:`routed` in one compiled
     function. x: [1, D] float32; experts, weights: [1, k]. Returns [1, D] in the experts' dtype."""
-    y = _assigned_swiglu(x, gate_up, down, experts[0])  # [k, D] (x broadcast over the k assignments)
+    k = experts.shape[1]
+    y = _assigned_swiglu(x.expand(k, -1), gate_up, down, experts[0])  # [k, D]
     return (y * weights[0].float()[:, None]).sum(0, keepdim=True).to(gate_up.dtype)
 
 
