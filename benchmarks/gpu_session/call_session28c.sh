@@ -1,17 +1,10 @@
-# ~9 min (written 2026-12-05 in session 28). The Engine issue's last cell: llama3-8b batch 64 at 8 GiB
-# must reach 3x layers:max (2.41-2.98x so far; 2.49x in the eighteenth session). The planned step at
-# 64 rows is its CPU parts (~98 ms) beside its copies (~100 ms) plus ~26 ms of host time; run-ahead
-# takes the host time off the critical path but its worker's parts ran 1.5x slower (fourteenth
-# session). Run after call_session28a.sh, with TEAM set to the team worker_team found fastest for the
-# dense part at 64 rows beside Python (e.g. TEAM=8 bash ...): the same cell with run-ahead and prepacked
-# weights, with the worker's default team (one core fewer), then with TEAM, each beside layers:max.
+# ~8 min (written 2026-12-05 in session 28): the whole GPU suite (session 28 changed the run-ahead
+# worker's team, the plan's worker_threads and the host experts pass), then benchmarks.worker_team:
+# the expert pass and a dense part alone and beside Python by the worker's team (15/12/8/4 threads),
+# the largest team also with the Python thread and the team on separate cores.
 source benchmarks/gpu_session/setup.sh || exit 1
-TEAM=${TEAM:-8}
-for team in default $TEAM; do
-  if [ "$team" = default ]; then unset VRAMSHARD_WORKER_THREADS; else export VRAMSHARD_WORKER_THREADS=$team; fi
-  VRAMSHARD_RUN_AHEAD=on VRAMSHARD_CPU_PACKED=on timeout 260 python3 -m benchmarks.engine_bench --models llama3-8b \
-    --budgets 8 --batch-sizes 1,64 --deadline-s 200 --run-limit-s 20 --profile docs/profiles/h200-run26b.json \
-    --out $OUT/llama_b64_team_$team.json > $OUT/llama_b64_team_$team.log 2>&1; echo "team $team rc $?"
-  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(c.get('engine'), c.get('vram'), c.get('tg_tok_s'), {b: round(v['tok_s'], 1) for b, v in c.get('batched', {}).items()}, c.get('error', '')) for m in d['models'].values() for c in m['cells']]; [print(m.get('checks')) for m in d['models'].values()]" $OUT/llama_b64_team_$team.json 2>&1 | tail -8
-  grep -iE "error|Traceback" $OUT/llama_b64_team_$team.log | head -3
-done
+timeout 310 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --durations=10 > $OUT/pytest_gpu.txt 2>&1; tail -3 $OUT/pytest_gpu.txt
+grep -E "^(FAILED|ERROR)" $OUT/pytest_gpu.txt | cut -c1-250
+timeout 150 python3 -m benchmarks.worker_team --json $OUT/worker_team.json > $OUT/worker_team.log 2>&1; echo "team rc $?"
+grep -E "team +[0-9]+:" $OUT/worker_team.log | cut -c1-220
+python3 -c "import json; c=json.load(open('$OUT/worker_team.json'))['cells']; [print(w, 'fastest team beside Python:', min((x for x in c if x['work'] == w), key=lambda x: x['beside_python_ms'])['team']) for w in dict.fromkeys(x['work'] for x in c)]" 2>&1 | tail -3
