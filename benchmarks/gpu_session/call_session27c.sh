@@ -5,7 +5,7 @@
 source benchmarks/gpu_session/setup.sh || exit 1
 for ahead in on off; do
   VRAMSHARD_RUN_AHEAD=$ahead VRAMSHARD_CPU_PACKED=on timeout 270 python3 -m benchmarks.engine_bench --models nemo-8b \
-    --budgets 8,2 --batch-sizes 1 --deadline-s 200 --run-limit-s 15 --profile docs/profiles/h200-run26b.json \
+    --budgets 8,2 --batch-sizes 1 --deadline-s 200 --run-limit-s 15 --profile ${PROFILE:-docs/profiles/h200-run26b.json} \
     --out $OUT/nemo_decode_ahead_$ahead.json > $OUT/nemo_decode_ahead_$ahead.log 2>&1; echo "ahead=$ahead rc $?"
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(c.get('engine'), c.get('vram'), c.get('tg_tok_s'), c.get('ttft_s'), c.get('error','')) for m in d['models'].values() for c in m['cells']]" $OUT/nemo_decode_ahead_$ahead.json 2>&1 | tail -8
 done

@@ -10,7 +10,7 @@ TEAM=${TEAM:-8}
 for team in default $TEAM; do
   if [ "$team" = default ]; then unset VRAMSHARD_WORKER_THREADS; else export VRAMSHARD_WORKER_THREADS=$team; fi
   VRAMSHARD_RUN_AHEAD=on VRAMSHARD_CPU_PACKED=on timeout 260 python3 -m benchmarks.engine_bench --models llama3-8b \
-    --budgets 8 --batch-sizes 1,64 --deadline-s 200 --run-limit-s 20 --profile docs/profiles/h200-run26b.json \
+    --budgets 8 --batch-sizes 1,64 --deadline-s 200 --run-limit-s 20 --profile ${PROFILE:-docs/profiles/h200-run26b.json} \
     --out $OUT/llama_b64_team_$team.json > $OUT/llama_b64_team_$team.log 2>&1; echo "team $team rc $?"
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(c.get('engine'), c.get('vram'), c.get('tg_tok_s'), {b: round(v['tok_s'], 1) for b, v in c.get('batched', {}).items()}, c.get('error', '')) for m in d['models'].values() for c in m['cells']]; [print(m.get('checks')) for m in d['models'].values()]" $OUT/llama_b64_team_$team.json 2>&1 | tail -8
   grep -iE "error|Traceback" $OUT/llama_b64_team_$team.log | head -3
