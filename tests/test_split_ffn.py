@@ -85,8 +85,11 @@ def test_a_cpu_ffn_into_reused_buffers_equals_the_one_with_fresh_tensors(dtype, 
     for first, last in ((0, 7), (3, 12), (0, ffn.num_pieces), (0, 7)):
         part = ffn.pieces_of(whole, first, last) if last < ffn.num_pieces else whole
         work = buffers.work(ffn.work_elements(part, 40), dtype)
-        got = ffn.contribution_into(part, h, buffers.result(40, 48, dtype), work)
-        torch.testing.assert_close(got.float(), ffn.contribution(part, h).float(), rtol=tol, atol=tol)
+        got = ffn.contribution_into(part, h, buffers.result(40, 48, dtype), work).float()
+        expected = ffn.contribution(part, h).float()
+        # (bf16: the two may take different kernels, chosen by timing in place (layers/cpu_swiglu.py),
+        # one rounding the SiLU·up product to bf16 and one not: compared at the output's scale)
+        assert (got - expected).abs().max() <= tol * max(expected.abs().max(), 1.0), (first, last)
 
 
 def test_ffn_buffers_are_reused_grown_and_their_results_alternate():
