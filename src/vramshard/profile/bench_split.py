@@ -5,8 +5,9 @@ split layout (gate and up rows sliced, ``down_proj`` stored transposed so the GP
 as a few contiguous ranges). Those slices are not the contiguous weights the matmul tables
 time: on a 2-core machine the part took 1.2x (fp16) to 1.5x (bf16) the whole FFN's time per
 byte. This measures that factor with the executor's own code (:meth:`DenseFFN.pieces_of`,
-:meth:`DenseFFN.contribution`) for one token over cold weights; the estimator scales the CPU
-part's matmul time by it.
+:meth:`DenseFFN.contribution`, and since session 28 the row-major copy of the part's down where the
+executor would make one: :mod:`~vramshard.runtime.cpu_down`) for one token over cold weights; the
+estimator scales the CPU part's matmul time by it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 
 from ..layers.mlp import DenseFFN
 from ..models import build_model
+from ..runtime.cpu_down import DownCopies
 from ..runtime.host_weights import pack_sublayer
 from .bench_matmul import cold_bytes, cycling, settled
 from .progress import ProgressSink
@@ -54,9 +56,11 @@ def measure_split_part(dtype: str, hidden: int, intermediate: int, budget_s: flo
     with torch.inference_mode():
         t_whole = time_cpu(settled(cycling(layers, lambda i: ffn.contribution(whole[i], h))), budget_s)
         ratios = []
+        copies = DownCopies()  # the part's down row-major, as the executor reads it (where allowed)
         for k in SHARES:
-            t_part = time_cpu(settled(cycling(layers, lambda i: ffn.contribution(ffn.pieces_of(split[i], 0, k), h))),
-                              budget_s)
+            parts = [copies.part(f"layer {i}", k, ffn.pieces_of(split[i], 0, k)) for i in range(layers)]
+            t_part = time_cpu(settled(cycling(layers, lambda i: ffn.contribution(parts[i], h))), budget_s)
             ratios.append(t_part / (t_whole * k / ffn.num_pieces))
+            copies.keep(set())
     progress.advance(weight)
     return sum(ratios) / len(ratios)

@@ -52,6 +52,7 @@ from .host_weights import PackedWeights
 from .kv_cache import KVCache
 from .kv_staging import KVStaging
 from . import run_ahead, zero_copy_experts
+from .cpu_down import DownCopies
 from .cpu_packed import PackedParts
 from .ffn_buffers import FFNBuffers
 from .step_logits import StepLogits
@@ -215,6 +216,7 @@ class Executor:
         # Dense FFNs on the CPU at many rows; results pinned where they may be copied to a GPU.
         self._ffn_buffers = FFNBuffers(pinned=self._device.type == "cuda" and torch.cuda.is_available())
         self._packed = PackedParts()  # CPU FFN parts prepacked for oneDNN (opt-in)
+        self._down_copies = DownCopies()  # row-major copies of CPU parts' down projections
         self._host_moe: dict[str, DictExperts] = {}  # MoE sub-layer -> its host buffer's experts, stacked
         self._run_ahead: run_ahead.RunAhead | None = None  # split FFNs' CPU parts on a worker (opt-in)
         self._run_ahead_tried = False
@@ -260,7 +262,9 @@ class Executor:
         self.expert_cache_bytes = config.expert_cache_bytes
         self.uses_gpu = config.plans.uses_gpu
         self.need: VramNeed = config.need
-        self._packed.keep(self._cpu_ffn_parts(config.plans))
+        cpu_parts = self._cpu_ffn_parts(config.plans)
+        self._packed.keep(cpu_parts)
+        self._down_copies.keep(cpu_parts)
         self._warm_cpu_kernels(config.plans)
 
     def _warm_cpu_kernels(self, plans: TieredPlacement) -> None:
@@ -1017,9 +1021,7 @@ class Executor:
         contributions, on ``x``'s device. The normalized activation crosses to the other device once,
         the other device's contribution comes back once. Returns (x, crossings)."""
         host = self.host[sublayer.name].views
-        cpu_part = self._cpu_parts.get((sublayer.name, cpu_pieces))
-        if cpu_part is None:
-            cpu_part = self._cpu_parts[sublayer.name, cpu_pieces] = sublayer.pieces_of(host, 0, cpu_pieces)
+        cpu_part = self._cpu_part(sublayer, cpu_pieces)
         gpu_part = self.ring.acquire((sublayer.name, cpu_pieces), compute)
         if x.device.type == "cpu":
             crossed = torch.cuda.Event()
@@ -1089,8 +1091,10 @@ class Executor:
     def _on_cpu(self, sublayer, x: torch.Tensor, step) -> torch.Tensor:
         """``sublayer`` on the CPU from host memory (a dense FFN at many rows in the reused buffers)."""
         weights = self.host[sublayer.name].views
-        if isinstance(sublayer, DenseFFN) and (FFNBuffers.wanted(x.shape[0]) or self._packed.enabled):
-            return x + self._cpu_contribution(sublayer, weights, sublayer.norm(weights, x), sublayer.num_pieces)
+        if isinstance(sublayer, DenseFFN):
+            part = self._down_copies.part(sublayer.name, sublayer.num_pieces, weights)
+            if part is not weights or FFNBuffers.wanted(x.shape[0]) or self._packed.enabled:
+                return x + self._cpu_contribution(sublayer, part, sublayer.norm(weights, x), sublayer.num_pieces)
         if isinstance(sublayer, MoEFFN):
             return sublayer.forward(self._host_experts_of(sublayer), x, step)
         return sublayer.forward(weights, x, step)
@@ -1136,8 +1140,16 @@ class Executor:
         part.fill(self._sim_slot, packed.buffer, non_blocking=False)
         h = sublayer.norm(packed.views, x)
         y_gpu = sublayer.contribution(part.views(self._sim_slot), h)
-        cpu_part = sublayer.pieces_of(packed.views, 0, cpu_pieces)
-        return x + self._cpu_contribution(sublayer, cpu_part, h, cpu_pieces) + y_gpu
+        return x + self._cpu_contribution(sublayer, self._cpu_part(sublayer, cpu_pieces), h, cpu_pieces) + y_gpu
+
+    def _cpu_part(self, sublayer: DenseFFN, cpu_pieces: int) -> dict[str, torch.Tensor]:
+        """The views of a split FFN's first ``cpu_pieces`` pieces in its host buffer (made once), down
+        row-major where a copy is allowed (:mod:`~vramshard.runtime.cpu_down`)."""
+        cpu_part = self._cpu_parts.get((sublayer.name, cpu_pieces))
+        if cpu_part is None:
+            cpu_part = self._cpu_parts[sublayer.name, cpu_pieces] = sublayer.pieces_of(
+                self.host[sublayer.name].views, 0, cpu_pieces)
+        return self._down_copies.part(sublayer.name, cpu_pieces, cpu_part)
 
     # ------------------------------------------------------------------ reporting
     def peak_vram(self) -> int:
