@@ -189,11 +189,13 @@ def warm_up(dtype: torch.dtype) -> None:
     # Torch compiles anew for another view structure or stride pattern: the weights as the engine's
     # host buffers hold them (views into one byte buffer), made outside inference mode, activations
     # inside it. A whole FFN (gate and up apart, or chunks of gate_up) with its down [D, F], and a
-    # split part: rows of gate and up, columns of a down stored transposed ([F, D]).
+    # split part: rows of gate and up, columns of a down stored transposed ([F, D]), or its row-major
+    # copy (runtime/cpu_down.py: a tensor of its own).
     hidden, width = 80, 48
     gate, up, down, gate_up, stored_down = _host_views(dtype, (width, hidden), (width, hidden), (hidden, width),
                                                        (2 * width, hidden), (width, hidden))
-    layouts = [(gate, up, down), (*gate_up.chunk(2, dim=0), down), (gate[:24], up[:24], stored_down[:24].t())]
+    layouts = [(gate, up, down), (*gate_up.chunk(2, dim=0), down), (gate[:24], up[:24], stored_down[:24].t()),
+               (gate[:24], up[:24], stored_down[:24].t().contiguous())]
     with torch.inference_mode():
         for rows in (1, 2):
             h = torch.zeros(rows, hidden, dtype=dtype)
