@@ -173,19 +173,26 @@ def test_a_thread_that_keeps_the_gil_free_computes_expert_by_expert_where_kernel
     torch.testing.assert_close(on_worker, compiled)
 
 
-def test_each_dtype_and_thread_count_gets_a_compilation_of_its_own():
-    """torch runs a function eagerly past 8 compilations of its code: every (dtype, threads) pair
-    compiles its own copy, so a profile's sweep of them never falls back."""
-    kernel = CompiledKernel(lambda x: (x.float() * 2).sum(-1), "test sums", "run eagerly")
+def test_each_dtype_gets_a_compilation_of_its_own_and_thread_counts_share_it(monkeypatch):
+    """torch runs a function eagerly past 8 compilations of its code: every dtype compiles its own
+    copy, so a profile's sweep never falls back. Kernels that read the thread count when they run
+    serve every count from one compilation; where they keep the count they were compiled for, each
+    (dtype, threads) pair has its own."""
     before = torch.get_num_threads()
-    try:
-        for threads in sorted({1, before}):
-            torch.set_num_threads(threads)
-            for dtype in host_experts.DTYPES:
-                assert torch.equal(kernel(torch.ones(3, 4, dtype=dtype)), torch.full((3,), 8.0))
-    finally:
-        torch.set_num_threads(before)
-    assert len(kernel._compiled) == 2 * len(sorted({1, before})) and kernel.failed is None
+    counts = sorted({1, 2, before})
+    for reads_at_run_time in (True, False):
+        monkeypatch.setattr(cpu_compiled, "kernels_read_threads_at_run_time", lambda: reads_at_run_time)
+        kernel = CompiledKernel(lambda x: (x.float() * 2).sum(-1), "test sums", "run eagerly")
+        try:
+            for threads in counts:
+                torch.set_num_threads(threads)
+                for dtype in host_experts.DTYPES:
+                    assert torch.equal(kernel(torch.ones(3, 4, dtype=dtype)), torch.full((3,), 8.0))
+        finally:
+            torch.set_num_threads(before)
+        per_dtype = len(host_experts.DTYPES)
+        assert len(kernel._compiled) == (per_dtype if reads_at_run_time else per_dtype * len(counts))
+        assert kernel.failed is None
 
 
 def _stacked_layer(experts=16, hidden=256, inter=128, dtype=torch.bfloat16):

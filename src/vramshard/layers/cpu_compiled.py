@@ -193,10 +193,14 @@ def _distrust_isa_flags() -> None:
 class CompiledKernel:
     """``fn`` through ``torch.compile`` (shapes symbolic), or None from its first failure on.
 
-    One compiled function per (dtype of the first argument, thread count), each over its own copy
-    of ``fn``'s code: torch keeps at most ``recompile_limit`` (8) compilations per code object and
-    runs the function eagerly beyond them, and eagerly these few lines make float32 copies of the
-    weights. A profile alone times 10 (dtype, thread count) pairs.
+    One compiled function per dtype of the first argument, each over its own copy of ``fn``'s code:
+    torch keeps at most ``recompile_limit`` (8) compilations per code object and runs the function
+    eagerly beyond them, and eagerly these few lines make float32 copies of the weights. Where the
+    kernels take the thread count when they run (:func:`kernels_read_threads_at_run_time`), one
+    compilation serves every count; else each (dtype, thread count) pair has its own (a profile alone
+    times 10 such pairs). Compiled for one count and called at another, a loop nest runs in parallel
+    as deep as inductor chose for the first: the kernels written here keep their work in one outer
+    loop over rows, which that choice cannot narrow (see :mod:`.host_experts`).
 
     ``distinct_sizes``: sizes that happen to be equal when torch compiles are not taken to be equal
     ever after (torch's "duck sizing": a compilation whose guards other layers' shapes then fail)."""
@@ -207,12 +211,15 @@ class CompiledKernel:
         self.what, self.fallback = what, fallback  # for the log: "routed experts", "run expert by expert"
         self._compiled: dict[tuple, Callable[..., torch.Tensor]] = {}
         self.failed: str | None = None
+        self._per_thread_count: bool | None = None  # each thread count its own compilation (set on the first call)
 
     def __call__(self, *args) -> torch.Tensor | None:
         if self.failed is not None:
             return None
         try:
-            key = (args[0].dtype, torch.get_num_threads())
+            if self._per_thread_count is None:
+                self._per_thread_count = not kernels_read_threads_at_run_time()
+            key = (args[0].dtype, torch.get_num_threads()) if self._per_thread_count else (args[0].dtype,)
             compiled = self._compiled.get(key)
             if compiled is None:
                 return self._compile_and_call(key, args)
