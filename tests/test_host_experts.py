@@ -111,8 +111,8 @@ def test_a_failed_compile_falls_back_to_the_expert_by_expert_path(tiny_model_dir
     # (each expert's SwiGLU then on the projections alone: the dense choice's trials alternate ways,
     # whose roundings differ, and the two calls below are compared bit for bit)
     monkeypatch.setattr(cpu_swiglu, "COMPILED", False)
-    broken = CompiledKernel(no_compiler, "routed experts", "run expert by expert")
-    monkeypatch.setattr(host_experts, "_kernel", broken)
+    for form in ("_kernel", "_kernel_by_assignment"):  # (either may run, as the assignments share out)
+        monkeypatch.setattr(host_experts, form, CompiledKernel(no_compiler, "routed experts", "run expert by expert"))
     x = torch.randn(2, ffn.hidden).to(torch.bfloat16)
     h, routing = ffn.prepare(views, x)
     with caplog.at_level(logging.WARNING, logger="vramshard.layers.cpu_compiled"):
@@ -202,12 +202,18 @@ def _stacked_layer(experts=16, hidden=256, inter=128, dtype=torch.bfloat16):
     return gate_up, down
 
 
-def test_one_token_is_one_compiled_call_with_the_several_token_passes_result(monkeypatch):
+ONE_TOKEN_FORMS = {False: "_one_token_kernel", True: "_one_token_kernel_by_assignment"}
+
+
+@pytest.mark.parametrize("by_assignment", [False, True])
+def test_one_token_is_one_compiled_call_with_the_several_token_passes_result(monkeypatch, by_assignment):
     """A decode step's routed experts: the whole weighted sum in one compiled function (its glue
-    around the kernel was a dozen torch calls, each taking the GIL back on the run-ahead worker)."""
+    around the kernel was a dozen torch calls, each taking the GIL back on the run-ahead worker), in
+    either form (row-parallel, or by assignment where the assignments share out evenly)."""
     gate_up, down = _stacked_layer()
     one_token_calls = []
-    real = host_experts._one_token_kernel
+    monkeypatch.setattr(host_experts, "by_assignment", lambda assignments, threads=None: by_assignment)
+    real = getattr(host_experts, ONE_TOKEN_FORMS[by_assignment])
 
     class Spy:
         failed = None
@@ -216,7 +222,7 @@ def test_one_token_is_one_compiled_call_with_the_several_token_passes_result(mon
             one_token_calls.append(args[0].shape)
             return real(*args)
 
-    monkeypatch.setattr(host_experts, "_one_token_kernel", Spy())
+    monkeypatch.setattr(host_experts, ONE_TOKEN_FORMS[by_assignment], Spy())
     with torch.inference_mode():
         h = torch.randn(1, 256).bfloat16()
         experts, weights = torch.tensor([[3, 11, 0, 7]]), torch.tensor([[0.4, 0.3, 0.2, 0.1]]).bfloat16()
@@ -235,6 +241,7 @@ def test_each_thread_counts_its_own_time_in_the_one_token_call(monkeypatch):
     import time
 
     gate_up, down = _stacked_layer()
+    monkeypatch.setattr(host_experts, "by_assignment", lambda assignments, threads=None: False)
     real = host_experts._one_token_kernel
 
     class Slow:
@@ -344,3 +351,11 @@ def test_the_passes_parallel_loops_run_over_every_assignments_rows(kernel, monke
     if not extents:
         pytest.skip("this torch's inductor writes its CPU loops in a form this test does not read")
     assert sum("*" in e for e in extents) >= 2, f"parallel loops over {extents}: not over every assignment's rows"
+
+
+def test_the_form_by_assignment_only_where_the_assignments_share_out_evenly():
+    assert host_experts.by_assignment(8, 2) and host_experts.by_assignment(128, 16)  # 4 each; 8 of 8.0
+    assert not host_experts.by_assignment(8, 15)  # 7 threads idle
+    assert not host_experts.by_assignment(3, 2)  # one thread does two, the other one
+    assert not host_experts.by_assignment(32, 15)  # 3 on the busiest against 2.13 on average
+    assert host_experts.by_assignment(1, 1)

@@ -64,7 +64,9 @@ def _assigned_swiglu(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
 
     Each product is one reduction over the rows of every assignment's weight (A·2F rows, then A·D),
     so the compiled loop that runs in parallel is over those rows, whatever the sizes and thread
-    count it was compiled for (see the module's notes)."""
+    count it was compiled for (see the module's notes). Its inner loop divides to find each row's
+    expert (8-10% slower than :func:`_assigned_swiglu_by_assignment` where that one's loop over the
+    assignments alone keeps every thread busy, on the development machine)."""
     assigned, both_rows, hidden = experts.shape[0], gate_up.shape[1], gate_up.shape[2]
     rows = torch.arange(both_rows, device=experts.device).repeat(assigned)  # [A·2F]
     both = (gate_up[experts.repeat_interleave(both_rows), rows].float()
@@ -76,6 +78,16 @@ def _assigned_swiglu(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
             * act.repeat_interleave(hidden, dim=0)).sum(-1).view(assigned, hidden)  # [A, D]
 
 
+def _assigned_swiglu_by_assignment(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                                   experts: torch.Tensor) -> torch.Tensor:
+    """:func:`_assigned_swiglu` as a reduction per (assignment, row): the compiled loop that runs in
+    parallel may be over the assignments alone (see the module's notes)."""
+    both = (gate_up[experts].float() * h[:, None, :]).sum(-1)  # [A, 2F]
+    gate, up = both.chunk(2, dim=-1)  # [A, F] each
+    act = F.silu(gate) * up
+    return (down[experts].float() * act[:, None, :]).sum(-1)  # [A, D]
+
+
 def _one_token(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: torch.Tensor,
                weights: torch.Tensor) -> torch.Tensor:
     """One token's weighted sum over its routed experts, the whole of :func:`routed` in one compiled
@@ -85,8 +97,31 @@ def _one_token(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, exper
     return (y * weights[0].float()[:, None]).sum(0, keepdim=True).to(gate_up.dtype)
 
 
+def _one_token_by_assignment(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: torch.Tensor,
+                             weights: torch.Tensor) -> torch.Tensor:
+    """:func:`_one_token` over :func:`_assigned_swiglu_by_assignment`."""
+    y = _assigned_swiglu_by_assignment(x, gate_up, down, experts[0])  # [k, D]
+    return (y * weights[0].float()[:, None]).sum(0, keepdim=True).to(gate_up.dtype)
+
+
+# (the row-parallel form, and the form by assignment, which computes as fast where the assignments
+# alone share out evenly over the threads: by_assignment)
 _kernel = CompiledKernel(_assigned_swiglu, "routed experts", "run expert by expert")
+_kernel_by_assignment = CompiledKernel(_assigned_swiglu_by_assignment, "routed experts", "run expert by expert")
 _one_token_kernel = CompiledKernel(_one_token, "a token's routed experts", "run them through the several-token pass")
+_one_token_kernel_by_assignment = CompiledKernel(_one_token_by_assignment, "a token's routed experts",
+                                                 "run them through the several-token pass")
+EVEN_SHARE = 1.1  # assignments share out evenly: the busiest thread has at most this much the mean
+
+
+def by_assignment(assignments: int, threads: int | None = None) -> bool:
+    """Whether a pass of ``assignments`` on ``threads`` (default: this thread's count) takes the form by
+    assignment: a static share of the assignments alone leaves the busiest thread at most
+    :data:`EVEN_SHARE` times the mean (else the row-parallel form, which shares out every row)."""
+    threads = threads or torch.get_num_threads()
+    return assignments >= threads and -(-assignments // threads) * threads <= EVEN_SHARE * assignments
+
+
 _timing = threading.local()  # .seconds: this thread's time in the one-token compiled call
 
 
@@ -100,7 +135,7 @@ def eligible(h: torch.Tensor, gate_up: torch.Tensor) -> bool:
     """Whether a step of ``h`` [T, D] over experts ``gate_up`` [E, 2F, D] is computed here."""
     return (ENABLED and h.device.type == "cpu" and gate_up.device.type == "cpu" and h.dtype in DTYPES
             and gate_up.dtype == h.dtype and 1 <= h.shape[0] <= ROWS and not h.requires_grad
-            and _kernel.failed is None and cpu_compiled.allowed())
+            and _kernel.failed is None and _kernel_by_assignment.failed is None and cpu_compiled.allowed())
 
 
 def routed(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: torch.Tensor,
@@ -116,7 +151,8 @@ def routed(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: 
     if keep is None and h.shape[0] == 1:  # a decode step: one compiled call (see the module's notes)
         x = h.float()
         began = time.perf_counter()
-        y = _one_token_kernel(x, gate_up, down, experts, weights)
+        kernel = _one_token_kernel_by_assignment if by_assignment(experts.shape[1]) else _one_token_kernel
+        y = kernel(x, gate_up, down, experts, weights)
         _timing.seconds = kernel_seconds() + time.perf_counter() - began
         if y is not None:
             return y
@@ -128,7 +164,8 @@ def routed(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: 
         tokens, flat, scale = tokens[chosen], flat[chosen], scale[chosen]
     out = torch.zeros(T, h.shape[-1], dtype=torch.float32)
     if flat.numel():
-        y = _kernel(h.float().index_select(0, tokens), gate_up, down, flat)  # [A, D]
+        kernel = _kernel_by_assignment if by_assignment(flat.numel()) else _kernel
+        y = kernel(h.float().index_select(0, tokens), gate_up, down, flat)  # [A, D]
         if y is None:
             return None
         out.index_add_(0, tokens, y.mul_(scale[:, None]))
@@ -136,12 +173,15 @@ def routed(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: 
 
 
 def warm_up(gate_up: torch.Tensor, down: torch.Tensor) -> None:
-    """Compile the pass for these stacked experts' dtype, layout and the process's thread count now
-    (seconds the first time: 4-6 s on the 2-core development machine), not in the first step that
-    needs it; quick once compiled."""
-    if gate_up.shape[0] < 2:
+    """Compile the pass, in both its forms, for these stacked experts' dtype and layout now (seconds
+    the first time: 4-6 s a form on the 2-core development machine), not in the first step that needs
+    it; quick once compiled."""
+    if gate_up.shape[0] < 2 or not eligible(torch.zeros(1, gate_up.shape[-1], dtype=gate_up.dtype), gate_up):
         return
     with torch.inference_mode():
-        for rows in (1, 2):  # one token: one compiled call; more: the several-token pass
-            h = torch.zeros(rows, gate_up.shape[-1], dtype=gate_up.dtype)
-            routed(h, gate_up, down, torch.tensor([[0, 1]] * rows), torch.zeros(rows, 2, dtype=gate_up.dtype))
+        x = torch.zeros(1, gate_up.shape[-1])
+        experts, weights = torch.tensor([[0, 1]]), torch.zeros(1, 2, dtype=gate_up.dtype)
+        for one_token in (_one_token_kernel, _one_token_kernel_by_assignment):  # a decode step: one call
+            one_token(x, gate_up, down, experts, weights)
+        for several in (_kernel, _kernel_by_assignment):  # more tokens (and a share of a token's experts)
+            several(x.expand(2, -1).contiguous(), gate_up, down, experts[0])
