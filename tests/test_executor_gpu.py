@@ -176,7 +176,8 @@ def _split_ffn_placement(model) -> Placement:
 def test_split_ffn_placement_matches_cpu_float32(arch, tiny_model_dir, cpu_reference):
     """Split FFNs (GPU part streamed, CPU part from host memory, added where the input lives) compute
     the CPU reference's logits and greedy tokens; the ring streams only the GPU parts; peak VRAM
-    stays within the budget."""
+    stays within the budget. The model is float32: its CPU parts' down projections are copied
+    row-major as half-precision ones are (the copy does not depend on the dtype)."""
     path = tiny_model_dir(arch)
     cpu_engine, expected = cpu_reference(path, "float32")
     budget = 200 * 2**20
@@ -196,6 +197,9 @@ def test_split_ffn_placement_matches_cpu_float32(arch, tiny_model_dir, cpu_refer
     assert executor.report.bytes_streamed == per_step
     assert executor.report.crossings >= 2 * len(executor.placement.split_names())
     assert 0 < executor.peak_vram() <= budget, (executor.peak_vram(), executor.need.breakdown())
+    # The CPU parts read row-major copies of their down projections (runtime/cpu_down.py; auto by default).
+    if executor._down_copies.mode != "off":
+        assert executor._down_copies.nbytes > 0
 
 
 LONG_PROMPT = [(7 * i + 3) % 97 for i in range(40)]  # rows above cpu_linear.MAX_TOKENS
