@@ -111,7 +111,11 @@ def beside_python_pinned(fn, interval_s: float, team: int):
         os.sched_setaffinity(threading.get_native_id(), set(cores[1:]))
         return fn()
 
-    os.sched_setaffinity(threading.get_native_id(), {cores[0]})
+    try:
+        os.sched_setaffinity(threading.get_native_id(), {cores[0]})
+    except OSError as exc:  # (a container may refuse it)
+        log.warning("cannot hold threads to cores here (%s): no pinned timing", exc)
+        return None
     try:
         return beside_python(pinned, interval_s, team)
     finally:
