@@ -344,12 +344,14 @@ def test_the_passes_parallel_loops_run_over_every_assignments_rows(kernel, monke
             else:
                 fn = torch.compile(host_experts._assigned_swiglu, dynamic=True)
                 args = (torch.randn(2, hidden), gate_up, down, chosen)
-            _, codes = run_and_get_code(fn, *args)
+            try:
+                _, codes = run_and_get_code(fn, *args)
+            except Exception as exc:  # noqa: BLE001 - no C++ compiler here: nothing is compiled to read
+                pytest.skip(f"the pass does not compile here: {type(exc).__name__}")
     finally:
         torch.set_num_threads(threads)
     extents = [e for code in codes for e in _parallel_loop_extents(code)]
-    if not extents:
-        pytest.skip("this torch's inductor writes its CPU loops in a form this test does not read")
+    assert extents, "no OpenMP-parallel loop found in the pass's C++ (or a form this test no longer reads)"
     assert sum("*" in e for e in extents) >= 2, f"parallel loops over {extents}: not over every assignment's rows"
 
 
