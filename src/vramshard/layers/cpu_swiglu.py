@@ -6,8 +6,8 @@ path :mod:`~vramshard.layers.cpu_linear` chose for its shape), SiLU, the product
 projection. Here the whole SwiGLU is one function compiled by inductor: for one token the gate and
 up products are row sums in one loop nest over both weights (float32 accumulation), then the down
 projection, as row sums too where down's rows are contiguous (since session 28: on the development
-machine a llama3-8b quarter part's down took 0.97 ms as row sums against 1.46 ms through ATen, its
-weights' read time being 0.98 ms); for more rows, three matrix products through ATen with the SiLU·up product fused
+machine a llama3-8b quarter part's down took 0.77 ms as row sums against 1.87 ms through ATen, its
+weights' read time being 0.55 ms, ``python -m benchmarks.cpu_layouts``); for more rows, three matrix products through ATen with the SiLU·up product fused
 between them. Every view and product is inside the function: each torch call made from Python
 gives the GIL up and takes it back, and beside a thread running Python each take waits for the
 switch interval. On the 2-core development machine (session 25, ``python -m benchmarks.cpu_swiglu``,

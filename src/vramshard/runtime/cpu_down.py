@@ -3,10 +3,11 @@
 A dense FFN packed so plans may split it stores ``down_proj`` transposed ([F, D]), so that the GPU
 part of a split streams as a few contiguous ranges (:mod:`~vramshard.runtime.host_weights`). The CPU
 then reads down as a transposed view ([D, r], its rows strided), and its products read that layout
-slowly: on the 2-core development machine (session 28) a llama3-8b quarter part's down of one token
-took 2.24 ms through ATen from the transposed view, 1.46 ms from a row-major copy and 0.97 ms as the
-compiled row sums a row-major copy allows (:mod:`~vramshard.layers.cpu_swiglu`), its weights' read
-time being 0.98 ms; at 4, 16 and 64 rows the copy was 1.7x, 1.5x and 1.2x faster through ATen.
+slowly: on the 2-core development machine (session 28, ``python -m benchmarks.cpu_layouts``) a
+llama3-8b quarter part's down of one token took 2.47 ms through ATen from the transposed view, 1.87 ms
+from a row-major copy and 0.77 ms as the compiled row sums a row-major copy allows
+(:mod:`~vramshard.layers.cpu_swiglu`), its weights' read time being 0.55 ms; at 4, 16 and 64 rows the
+copy was 1.55x, 1.38x and 1.16x faster through ATen.
 
 Here a CPU part's down (a split FFN's first pieces, or a whole FFN the CPU computes) gets a row-major
 copy, made on its first use per (FFN, pieces on the CPU) and kept while the plans in force compute
