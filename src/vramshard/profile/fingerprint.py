@@ -16,6 +16,8 @@ import re
 import subprocess
 from pathlib import Path
 
+from ..host_memory import meminfo_bytes
+
 log = logging.getLogger(__name__)
 
 
@@ -31,12 +33,9 @@ def _cpu_model() -> str:
 
 def _memory_gib() -> int:
     """Total host memory rounded to whole GiB (rounding keeps the hash stable)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return round(int(line.split()[1]) * 1024 / 2**30)
-    except (OSError, ValueError, IndexError):
-        pass
+    total = meminfo_bytes("MemTotal")
+    if total is not None:
+        return round(total / 2**30)
     try:
         return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30)
     except (ValueError, OSError, AttributeError):

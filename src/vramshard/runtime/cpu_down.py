@@ -25,6 +25,8 @@ from typing import Mapping
 
 import torch
 
+from ..host_memory import meminfo_bytes
+
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "on", "off")
@@ -37,14 +39,7 @@ AVAILABLE_SHARE = 0.25  # auto: the copies' total, at most this share of the hos
 
 def available_host_bytes() -> int | None:
     """The host memory available to new allocations (Linux ``MemAvailable``), None where unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    return meminfo_bytes("MemAvailable")
 
 
 def transposed(down: torch.Tensor) -> bool:
