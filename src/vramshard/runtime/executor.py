@@ -1092,9 +1092,9 @@ class Executor:
         """``sublayer`` on the CPU from host memory (a dense FFN at many rows in the reused buffers)."""
         weights = self.host[sublayer.name].views
         if isinstance(sublayer, DenseFFN):
-            part = self._down_copies.part(sublayer.name, sublayer.num_pieces, weights)
-            if part is not weights or FFNBuffers.wanted(x.shape[0]) or self._packed.enabled:
-                return x + self._cpu_contribution(sublayer, part, sublayer.norm(weights, x), sublayer.num_pieces)
+            weights = self._down_copies.part(sublayer.name, sublayer.num_pieces, weights)  # (down row-major)
+            if FFNBuffers.wanted(x.shape[0]) or self._packed.enabled:
+                return x + self._cpu_contribution(sublayer, weights, sublayer.norm(weights, x), sublayer.num_pieces)
         if isinstance(sublayer, MoEFFN):
             return sublayer.forward(self._host_experts_of(sublayer), x, step)
         return sublayer.forward(weights, x, step)
