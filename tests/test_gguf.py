@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from vramshard.cli.main import main as cli_main  # noqa: E402
 from vramshard.config import RopeArgs  # noqa: E402
 from vramshard.errors import ModelLoadError, UnsupportedArchitectureError  # noqa: E402
 from vramshard.loading import gguf_names  # noqa: E402
-from vramshard.loading.checkpoint import open_checkpoint  # noqa: E402
+from vramshard.loading.checkpoint import TensorInfo, TensorSource, open_checkpoint  # noqa: E402
 from vramshard.loading.gguf_io import read_gguf, write_gguf, write_hf_dir  # noqa: E402
 from vramshard.models import model_args  # noqa: E402
 
@@ -44,6 +45,10 @@ MODELS = {
     "mixtral": ("MixtralConfig", "MixtralForCausalLM",
                 dict(SMALL, num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
                      num_experts_per_tok=2)),
+    "qwen2_moe_shared": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                         dict(SMALL, num_attention_heads=4, num_key_value_heads=2, num_experts=4,
+                              num_experts_per_tok=2, moe_intermediate_size=12, shared_expert_intermediate_size=20,
+                              mlp_only_layers=[1])),
 }
 LLAMA_FAMILY = ("llama_llama3_tied_gqa", "llama_odd_heads_mqa", "mistral_head_dim", "mixtral")
 
@@ -115,6 +120,12 @@ def test_hf_to_gguf_round_trip(name, model_dir, tmp_path):
         assert shapes["blk.0.ffn_gate_exps.weight"] == (hidden, ff, n_exp)
         assert shapes["blk.0.ffn_down_exps.weight"] == (ff, hidden, n_exp)
         assert shapes["blk.0.ffn_gate_inp.weight"] == (hidden, n_exp)
+    if name == "qwen2_moe_shared":  # llama.cpp's names for the shared expert and its gate
+        shared = src.config["shared_expert_intermediate_size"]
+        assert shapes["blk.0.ffn_gate_shexp.weight"] == (hidden, shared)
+        assert shapes["blk.0.ffn_down_shexp.weight"] == (shared, hidden)
+        assert shapes["blk.0.ffn_gate_inp_shexp.weight"] == (hidden, 1)
+        assert "blk.1.ffn_gate.weight" in shapes and "blk.1.ffn_gate_exps.weight" not in shapes  # mlp_only_layers
     if name == "qwen2_bias_tied":
         assert "blk.0.attn_q.bias" in shapes and back.config["attention_bias"] is True
     if name == "qwen3_qknorm_mqa":
@@ -153,7 +164,7 @@ def test_qk_permutation_matches_llama_cpp(name, model_dir, tmp_path):
             assert torch.equal(got, hf), proj
 
 
-@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe", "qwen2_bias_tied"])
+@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe", "qwen2_bias_tied", "qwen2_moe_shared"])
 def test_gguf_to_hf_to_gguf_is_identical(name, model_dir, tmp_path):
     first = tmp_path / "a.gguf"
     write_gguf(first, open_checkpoint(model_dir(name)), dtype=torch.bfloat16)
@@ -188,7 +199,7 @@ def test_experts_are_zero_copy_views(model_dir, tmp_path):
 def test_foreign_gguf_without_vramshard_metadata(model_dir, tmp_path, monkeypatch):
     """A file as llama.cpp writes it (no vramshard.hf_config): config rebuilt from GGUF keys alone."""
     monkeypatch.setattr(gguf_names, "config_extras", lambda config: "{}")
-    for name in ("llama_llama3_tied_gqa", "mixtral", "qwen3_moe"):
+    for name in ("llama_llama3_tied_gqa", "mixtral", "qwen3_moe", "qwen2_moe_shared"):
         src = open_checkpoint(model_dir(name))
         write_gguf(tmp_path / f"{name}.gguf", src)
         back = read_gguf(tmp_path / f"{name}.gguf")
@@ -202,6 +213,20 @@ def test_foreign_gguf_without_vramshard_metadata(model_dir, tmp_path, monkeypatc
             torch.testing.assert_close(
                 gguf_names.llama3_rope_factors(back.config["rope_parameters"], got_rope.theta, 8),
                 gguf_names.llama3_rope_factors(src.config["rope_parameters"], want_rope.theta, 8))
+
+
+def test_a_one_dimensional_shared_expert_gate_loads_as_hf_one_row(model_dir, tmp_path):
+    """llama.cpp reads ``ffn_gate_inp_shexp`` as ``[n_embd]``; a file that stores it so loads as HF's [1, D]."""
+    src = open_checkpoint(model_dir("qwen2_moe_shared"))
+    gate = "model.layers.0.mlp.shared_expert_gate.weight"
+    infos = {n: src.tensors[n] for n in src.tensors}
+    infos[gate] = TensorInfo((infos[gate].shape[1],), infos[gate].dtype)
+    flat = TensorSource(infos, lambda n: src.tensors.load(n).reshape(-1) if n == gate else src.tensors.load(n))
+    write_gguf(tmp_path / "m.gguf", dataclasses.replace(src, tensors=flat))
+    shapes = {t.name: tuple(int(d) for d in t.shape) for t in gguf.GGUFReader(tmp_path / "m.gguf").tensors}
+    assert shapes["blk.0.ffn_gate_inp_shexp.weight"] == (src.config["hidden_size"],)
+    back = read_gguf(tmp_path / "m.gguf")
+    assert torch.equal(back.tensors.load(gate), src.tensors.load(gate))  # [1, D]
 
 
 @pytest.mark.parametrize("params", [

@@ -7,7 +7,7 @@ import torch
 
 from tiny_models import make_hf_model
 from vramshard import Engine
-from vramshard.errors import InvalidInputError
+from vramshard.errors import BudgetError, InvalidInputError
 from vramshard.layers.moe import DictExperts, ExpertTensors, MoEFFN, Routing, stack_experts
 from vramshard.layers.step import Step
 from vramshard.loading.checkpoint import open_checkpoint
@@ -29,7 +29,7 @@ from vramshard.shapes import shape_model
 
 from placement_helpers import PROMPT, trace_logits
 
-MOE_ARCHS = ["qwen3_moe", "mixtral"]
+MOE_ARCHS = ["qwen3_moe", "mixtral", "qwen2_moe"]
 gpu = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
@@ -419,6 +419,47 @@ def test_planner_moe_streaming_wins_when_pcie_is_fast():
     assert result.tiered().expert_cache == result.expert_cache
     need = tiered_vram_need(QWEN30, result.tiered(), 1, 2048, 512, expert_cache=result.expert_cache)
     assert need.experts == result.need.experts and result.need.total <= 8 * GiB
+
+
+QWEN15 = shape_model("qwen1.5-moe-a2.7b")  # a gated shared expert of 5632 beside 60 experts of 1408
+
+
+def test_a_shared_expert_counts_in_the_main_piece_its_cost_and_its_matmuls():
+    ffn = QWEN15["ffn[0]"]
+    shared = 3 * 2048 * 5632 * 2 + 2048 * 2  # gate, up, down and the one-row gate, bf16
+    assert ffn.main_bytes == 2048 * 2 + 60 * 2048 * 2 + shared
+    assert main_piece_bytes(QWEN15, "ffn[0]") >= ffn.main_bytes
+    assert (1, 2048, 2 * 5632) in ffn.main_matmuls(1) and (1, 5632, 2048) in ffn.main_matmuls(1)
+    plain = QWEN30["ffn[0]"]
+    assert plain.main_matmuls(1) == [(1, 2048, 128)] and plain.main_bytes == 2048 * 2 + 128 * 2048 * 2
+    cost = ffn.cost(1, 1024)
+    assert cost.weight_bytes == ffn.main_bytes + ffn.expected_experts_touched(1) * ffn.expert_bytes
+    assert cost.flops >= 2 * (3 * 2048 * 5632 + 4 * 3 * 2048 * 1408)
+
+
+def plan_qwen15(budget):
+    peaks = dict(cpu_gflops=1500, gpu_gflops=200_000, h2d_gbps=50, cpu_mem_gbps=80, gpu_mem_gbps=1500)
+    return Planner(QWEN15, synthetic(**peaks), budget, context=1024, tiers=Tiers((1, 512))).plan()
+
+
+def test_planner_splits_at_the_experts_with_the_shared_experts_in_vram_where_they_fit():
+    result = plan_qwen15(8 * GiB)
+    split = result.tiers[1].placement.expert_names()
+    assert split and result.need.experts >= sum(main_piece_bytes(QWEN15, n) for n in split)
+    assert result.need.total <= 8 * GiB
+
+
+def test_planner_runs_moe_layers_whole_where_their_shared_experts_do_not_fit():
+    """1.55 GiB of main pieces (routers and shared experts) cannot sit in 2 GiB beside the workspace
+    and slots: the plan splits no layer at its experts instead of refusing the budget."""
+    result = plan_qwen15(2 * GiB)
+    for tier in result.tiers.values():
+        assert not tier.placement.expert_names()
+        assert "experts-cpu" not in tier.placements and tier.candidates["experts-cpu"] == float("inf")
+    assert result.need.experts == 0 and result.need.total <= 2 * GiB
+    assert any("do not fit" in note and "shared expert" in note for note in result.notes)
+    with pytest.raises(BudgetError, match=r"below the minimum of .*MoE layers on the CPU"):
+        plan_qwen15(64 * 2**20)
 
 
 def plan_qwen30_with_kernels(monkeypatch, run_ahead_on: bool, budget=8 * GiB, **profile):

@@ -3,7 +3,7 @@
 Shared by the tests: ``make_tiny(name, tmp_path)`` saves one with ``save_pretrained``
 and returns its directory. Shapes are small but keep the features that matter:
 GQA / MQA / odd head counts, explicit head_dim, qkv bias, q/k norm, llama3 rope
-scaling, tied and untied embeddings, MoE routing.
+scaling, tied and untied embeddings, MoE routing, a shared expert.
 """
 
 from __future__ import annotations
@@ -42,10 +42,15 @@ def _configs():
             moe_intermediate_size=24, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1])),
         "mixtral": (tf.MixtralConfig, tf.MixtralForCausalLM, dict(
             num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)),
+        # qkv bias, a gated shared expert beside 6 routed ones, top-k weights not renormalised.
+        "qwen2_moe": (tf.Qwen2MoeConfig, tf.Qwen2MoeForCausalLM, dict(
+            num_attention_heads=3, num_key_value_heads=1, num_experts=6, num_experts_per_tok=2,
+            moe_intermediate_size=24, shared_expert_intermediate_size=40, norm_topk_prob=False,
+            decoder_sparse_step=1, mlp_only_layers=[])),
     }
 
 
-ARCHS = ("llama", "llama_mqa_tied", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral")
+ARCHS = ("llama", "llama_mqa_tied", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe")
 
 
 def make_hf_model(name: str, seed: int = 0, dtype: torch.dtype = torch.float32):

@@ -77,6 +77,8 @@ class MoEArgs:
     norm_topk_prob: bool = True  # renormalise the top-k routing weights to sum to one
     sparse_step: int = 1  # every sparse_step-th layer is MoE (Qwen3-MoE decoder_sparse_step)
     dense_layers: tuple[int, ...] = ()  # layers that keep a dense MLP (Qwen3-MoE mlp_only_layers)
+    shared_intermediate_size: int = 0  # a shared expert every token goes through (Qwen2-MoE); 0: none
+    shared_gated: bool = False  # the shared expert's output scaled by sigmoid(its own one-row gate)
 
     def is_moe_layer(self, layer: int) -> bool:
         return layer not in self.dense_layers and (layer + 1) % self.sparse_step == 0
@@ -149,6 +151,16 @@ class ModelArgs:
         for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim", "vocab_size"):
             if getattr(self, name) <= 0:
                 raise ModelLoadError(f"config.json: {name} must be positive, got {getattr(self, name)}")
+        if self.moe is not None:
+            moe = self.moe
+            if not 0 < moe.top_k <= moe.num_experts or moe.intermediate_size <= 0:
+                raise ModelLoadError(
+                    f"config.json: a MoE model routes each token to 1..num_experts experts of positive size, got "
+                    f"num_experts_per_tok={moe.top_k}, num_experts={moe.num_experts}, "
+                    f"expert intermediate size={moe.intermediate_size}")
+            if moe.shared_intermediate_size < 0:
+                raise ModelLoadError(f"config.json: shared_expert_intermediate_size must be >= 0, got "
+                                     f"{moe.shared_intermediate_size}")
 
     def replace(self, **changes) -> "ModelArgs":
         return dataclasses.replace(self, **changes)

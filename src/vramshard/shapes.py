@@ -1,7 +1,7 @@
 """Real model shapes with random weights, built in memory (no downloads).
 
 Speed does not depend on weight values, so benchmarks run the real shapes of
-Mistral-NeMo-Minitron-8B, Llama-3.1-8B and Qwen3-30B-A3B with random weights.
+Mistral-NeMo-Minitron-8B, Llama-3.1-8B, Qwen3-30B-A3B and Qwen1.5-MoE-A2.7B with random weights.
 """
 
 from __future__ import annotations
@@ -34,6 +34,13 @@ SHAPES: dict[str, dict] = {
                           num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
                           vocab_size=151936, max_position_embeddings=40960, rms_norm_eps=1e-6,
                           tie_word_embeddings=False, dtype="bfloat16", **_DENSE_ROPE),
+    # Qwen1.5-MoE-A2.7B (bf16): 60 experts, 4 routed, expert FFN 1408, a gated shared expert of 5632.
+    "qwen1.5-moe-a2.7b": dict(architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe", hidden_size=2048,
+                              intermediate_size=5632, moe_intermediate_size=1408, shared_expert_intermediate_size=5632,
+                              num_experts=60, num_experts_per_tok=4, norm_topk_prob=False, decoder_sparse_step=1,
+                              mlp_only_layers=[], num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=16,
+                              vocab_size=151936, max_position_embeddings=8192, rms_norm_eps=1e-6,
+                              tie_word_embeddings=False, dtype="bfloat16", **_DENSE_ROPE),
     # Tiny shapes for tests and quick CPU runs (seconds, not minutes).
     "tiny-llama": dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64,
                        intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -3,6 +3,11 @@
 Every expert is its own placement piece (``expert.E``). The forward computes only the
 experts that received tokens, grouping the tokens of each expert (no per-token loop).
 
+Some architectures (Qwen2-MoE) add a shared expert that every token goes through, its
+output scaled by the sigmoid of a one-row gate. It belongs to the ``main`` piece with the
+norm and the router: every step reads it, so where a plan splits the layer at its experts
+it stays in VRAM with the router (as llama.cpp's ``--cpu-moe`` keeps ``*_shexp`` on the GPU).
+
 Expert weights reach the math through a small protocol, :class:`ExpertWeights`: a mapping
 of the sub-layer's own weights (norm, router) with ``experts(ids)``, which yields the
 weights of the asked experts, possibly lazily (copied into VRAM as they are asked for),
@@ -39,6 +44,8 @@ class ExpertNames:
     gate: str  # "gate_proj" or "w1"
     up: str  # "up_proj" or "w3"
     down: str  # "down_proj" or "w2"
+    shared: str = "shared_expert"  # the shared expert's module in the block (its projections named as above)
+    shared_gate: str = "shared_expert_gate"  # its one-row gate
 
 
 QWEN_EXPERTS = ExpertNames("mlp", "gate_proj", "up_proj", "down_proj")
@@ -195,6 +202,17 @@ class MoEFFN(SubLayer):
             WeightSpec("post_attention_layernorm", f"{prefix}.post_attention_layernorm.weight", (d,), dtype),
             WeightSpec("router", f"{block}.gate.weight", (moe.num_experts, d), dtype),
         ]
+        self.shared_intermediate = s = moe.shared_intermediate_size  # 0: no shared expert
+        if s:  # in the main piece, right after the router (a piece's tensors lie together)
+            shared = f"{block}.{names.shared}"
+            specs += [
+                WeightSpec("shared.gate", f"{shared}.{names.gate}.weight", (s, d), dtype),
+                WeightSpec("shared.up", f"{shared}.{names.up}.weight", (s, d), dtype),
+                WeightSpec("shared.down", f"{shared}.{names.down}.weight", (d, s), dtype),
+            ]
+        self.shared_gated = bool(s and moe.shared_gated)
+        if self.shared_gated:
+            specs.append(WeightSpec("shared.router", f"{block}.{names.shared_gate}.weight", (1, d), dtype))
         for e in range(moe.num_experts):
             piece = f"expert.{e}"
             specs += [
@@ -206,6 +224,9 @@ class MoEFFN(SubLayer):
         # Gate and up of each expert lie back to back in a packed buffer: one fused matmul.
         self.fusable = {f"experts.{e}.gate_up": (f"experts.{e}.gate", f"experts.{e}.up")
                         for e in range(moe.num_experts)}
+        if s:
+            self.fusable["shared.gate_up"] = ("shared.gate", "shared.up")
+        self.launches = 14 + (6 if s else 0)  # plus about 8 per expert that receives tokens (see matmuls)
 
     @property
     def expert_bytes(self) -> int:
@@ -213,7 +234,7 @@ class MoEFFN(SubLayer):
 
     @property
     def main_bytes(self) -> int:
-        """Bytes of the sub-layer without its experts (norm and router)."""
+        """Bytes of the sub-layer without its routed experts (norm, router, shared expert)."""
         return self.nbytes - self.num_experts * self.expert_bytes
 
     def expected_experts_touched(self, n_tokens: int) -> float:
@@ -221,10 +242,15 @@ class MoEFFN(SubLayer):
         miss = (1 - self.top_k / self.num_experts) ** n_tokens
         return self.num_experts * (1 - miss)
 
-    launches = 14  # plus about 8 per expert that receives tokens (see matmuls)
-
-    def router_matmuls(self, n_tokens: int) -> list[tuple[float, int, int]]:
-        return [(n_tokens, self.hidden, self.num_experts)]
+    def main_matmuls(self, n_tokens: int) -> list[tuple[float, int, int]]:
+        """The matmuls of the main piece: the router, and the shared expert where there is one."""
+        out = [(n_tokens, self.hidden, self.num_experts)]
+        if self.shared_intermediate:
+            s = self.shared_intermediate
+            out += [(n_tokens, self.hidden, 2 * s), (n_tokens, s, self.hidden)]
+            if self.shared_gated:
+                out.append((n_tokens, self.hidden, 1))
+        return out
 
     def expert_matmuls(self, n_tokens: int) -> list[tuple[float, int, int]]:
         """The matmuls of the routed experts: two per expert hit, at its expected token count."""
@@ -236,14 +262,14 @@ class MoEFFN(SubLayer):
         return out
 
     def matmuls(self, n_tokens: int) -> list[tuple[float, int, int]]:
-        return self.router_matmuls(n_tokens) + self.expert_matmuls(n_tokens)
+        return self.main_matmuls(n_tokens) + self.expert_matmuls(n_tokens)
 
     def cost(self, n_tokens: int, context: int) -> Cost:
         itemsize = self.weights[0].dtype.itemsize
-        router_bytes = self.num_experts * self.hidden * itemsize + self.hidden * itemsize
+        main_flops = sum(2 * m * k * n for m, k, n in self.main_matmuls(n_tokens))
         return Cost(
-            flops=2 * n_tokens * (self.num_experts * self.hidden + self.top_k * 3 * self.hidden * self.intermediate),
-            weight_bytes=router_bytes + self.expected_experts_touched(n_tokens) * self.expert_bytes,
+            flops=main_flops + 2 * n_tokens * self.top_k * 3 * self.hidden * self.intermediate,
+            weight_bytes=self.main_bytes + self.expected_experts_touched(n_tokens) * self.expert_bytes,
             act_bytes=2 * n_tokens * self.hidden * itemsize,
         )
 
@@ -262,10 +288,24 @@ class MoEFFN(SubLayer):
         h = rms_norm(x, w["post_attention_layernorm"], self.eps)
         return h, self.route(w, h)
 
+    def with_shared(self, w: Mapping[str, torch.Tensor], x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """``x`` plus the shared expert's output for the normed ``h`` [T, D] (``x`` itself without
+        one): its SwiGLU, scaled by the sigmoid of its gate where the architecture has one (as
+        transformers' Qwen2-MoE). Needs the main piece only."""
+        if not self.shared_intermediate:
+            return x
+        if "shared.gate_up" in w:
+            y = swiglu_fused(h, w["shared.gate_up"], w["shared.down"])
+        else:
+            y = swiglu(h, w["shared.gate"], w["shared.up"], w["shared.down"])
+        if "shared.router" in w:
+            y = torch.sigmoid(linear(h, w["shared.router"])) * y  # [T, 1] * [T, D]
+        return x + y
+
     def forward(self, w: Mapping[str, torch.Tensor], x: torch.Tensor, step: Step) -> torch.Tensor:
         source = w if isinstance(w, ExpertWeights) else DictExperts(w, self.num_experts)
         h, routing = self.prepare(source, x)
-        return x + self.run_experts(source, h, routing)
+        return self.with_shared(source, x, h) + self.run_experts(source, h, routing)
 
     def run_experts(self, source: ExpertWeights, h: torch.Tensor, routing: Routing,
                     only: set[int] | None = None) -> torch.Tensor:

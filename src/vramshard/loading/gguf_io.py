@@ -95,6 +95,8 @@ def read_gguf(path: str | Path) -> Checkpoint:
                 infos[hf_name] = TensorInfo(tuple(data.shape[1:]), data.dtype)
                 loaders[hf_name] = lambda data=data, e=e: data[e]
             continue
+        if gguf_name.endswith(f"{names.SHARED_GATE}.weight") and data.dim() == 1:
+            data = data.view(1, -1)  # HF's one-row [1, D] (llama.cpp reads it as [D] either way)
         infos[hf_names[0]] = TensorInfo(tuple(data.shape), data.dtype)
         loaders[hf_names[0]] = lambda data=data: data
     config = names.metadata_to_config(meta, spec, extras, set(infos), rope_freqs)
@@ -221,7 +223,7 @@ def write_gguf(path: str | Path, checkpoint: Checkpoint, dtype: torch.dtype | No
         rope_freqs = names.llama3_rope_factors(params, rope.theta, names.head_dim(config))
 
     def out_dtype(gguf_name: str, source: torch.dtype, ndim: int) -> torch.dtype:
-        if ndim <= 1 or gguf_name.endswith("ffn_gate_inp.weight"):
+        if ndim <= 1 or gguf_name.endswith(("ffn_gate_inp.weight", f"{names.SHARED_GATE}.weight")):
             return torch.float32  # llama.cpp keeps norms, biases and routers in F32
         target = dtype or source
         return target if target in _TORCH_TO_GGML else torch.float32

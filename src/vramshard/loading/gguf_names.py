@@ -6,7 +6,8 @@ Three mappings, each in both directions:
   ``llama`` in GGUF, Mixtral recognised by ``llama.expert_count > 0``);
 - tensor names: ``model.layers.3.self_attn.q_proj.weight`` ↔ ``blk.3.attn_q.weight``; the
   experts of one MoE layer are one 3-D GGUF tensor ``blk.N.ffn_gate_exps.weight``
-  ``[n_expert, n_ff, n_embd]`` (torch order; GGUF lists dims reversed);
+  ``[n_expert, n_ff, n_embd]`` (torch order; GGUF lists dims reversed); a shared expert
+  (Qwen2-MoE) is ``ffn_{gate,up,down}_shexp`` and its one-row gate ``ffn_gate_inp_shexp``;
 - hyper-parameters: config.json keys ↔ ``{arch}.embedding_length`` etc. Config values GGUF has
   no key for (the HF class name, Llama 3 rope parameters, sliding_window) travel in the
   vramshard-only key :data:`HF_EXTRAS_KEY` as JSON; llama.cpp ignores it.
@@ -45,6 +46,8 @@ class ExpertLayout:
     gate: str
     up: str
     down: str
+    shared: str = "shared_expert"  # a shared expert's module (Qwen2-MoE), projections named as above
+    shared_gate: str = "shared_expert_gate"
 
 
 QWEN_MOE = ExpertLayout("mlp", "gate_proj", "up_proj", "down_proj")
@@ -69,8 +72,9 @@ ARCHS: dict[str, ArchSpec] = {s.model_type: s for s in (
     ArchSpec("qwen2", "Qwen2ForCausalLM", "qwen2", False),
     ArchSpec("qwen3", "Qwen3ForCausalLM", "qwen3", False),
     ArchSpec("qwen3_moe", "Qwen3MoeForCausalLM", "qwen3moe", False, QWEN_MOE),
+    ArchSpec("qwen2_moe", "Qwen2MoeForCausalLM", "qwen2moe", False, QWEN_MOE),
 )}
-SUPPORTED_GGUF_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe")
+SUPPORTED_GGUF_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe")
 
 
 def spec_for_config(config: dict) -> ArchSpec:
@@ -114,6 +118,9 @@ _LAYER = {
 _GLOBAL_INV = {v: k for k, v in _GLOBAL.items()}
 _LAYER_INV = {v: k for k, v in _LAYER.items()}
 _EXPERT_KINDS = ("gate", "up", "down")
+# A shared expert's tensors (llama.cpp's ``*_shexp``), by GGUF name and by the HF projection kind.
+_SHARED = {f"ffn_{part}_shexp": part for part in _EXPERT_KINDS}
+SHARED_GATE = "ffn_gate_inp_shexp"
 _HF_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)")
 _GGUF_LAYER = re.compile(r"blk\.(\d+)\.([a-z_]+)(?:\.(\d+))?\.(weight|bias)")
 
@@ -135,6 +142,11 @@ def hf_to_gguf(name: str, experts: ExpertLayout | None) -> tuple[str, int | None
         return None
     if inner == f"{experts.block}.gate" and kind == "weight":
         return f"blk.{layer}.ffn_gate_inp.weight", None
+    if inner == f"{experts.block}.{experts.shared_gate}" and kind == "weight":
+        return f"blk.{layer}.{SHARED_GATE}.weight", None
+    for gguf_inner, part in _SHARED.items():
+        if inner == f"{experts.block}.{experts.shared}.{getattr(experts, part)}" and kind == "weight":
+            return f"blk.{layer}.{gguf_inner}.weight", None
     prefix = f"{experts.block}.experts."
     if inner.startswith(prefix) and kind == "weight":
         index, _, proj = inner[len(prefix):].partition(".")
@@ -162,6 +174,10 @@ def gguf_to_hf(name: str, experts: ExpertLayout | None, n_experts: int) -> list[
         return None
     if inner == "ffn_gate_inp" and expert is None:
         return [f"{base}.{experts.block}.gate.weight"]
+    if inner == SHARED_GATE and expert is None:
+        return [f"{base}.{experts.block}.{experts.shared_gate}.weight"]
+    if inner in _SHARED and expert is None:
+        return [f"{base}.{experts.block}.{experts.shared}.{getattr(experts, _SHARED[inner])}.weight"]
     part = inner.removeprefix("ffn_").removesuffix("_exps")
     if part not in _EXPERT_KINDS:
         return None
@@ -226,9 +242,11 @@ def config_to_metadata(config: dict, spec: ArchSpec) -> dict[str, object]:
     if spec.experts is not None:
         meta[f"{a}.expert_count"] = int(config.get("num_experts") or config["num_local_experts"])
         meta[f"{a}.expert_used_count"] = int(config["num_experts_per_tok"])
-    if spec.model_type == "qwen3_moe":
+    if spec.model_type in ("qwen3_moe", "qwen2_moe"):
         meta[f"{a}.expert_feed_forward_length"] = int(config["moe_intermediate_size"])
         meta[f"{a}.expert_weights_norm"] = bool(config.get("norm_topk_prob", False))
+    if spec.model_type == "qwen2_moe" and config.get("shared_expert_intermediate_size"):
+        meta[f"{a}.expert_shared_feed_forward_length"] = int(config["shared_expert_intermediate_size"])
     return meta
 
 
@@ -292,13 +310,16 @@ def metadata_to_config(meta: dict, spec: ArchSpec, extras: dict, tensor_names: s
         n_experts = int(get("expert_count", required=True))
         config["num_local_experts"] = n_experts
         config["num_experts_per_tok"] = int(get("expert_used_count", required=True))
-    if spec.model_type == "qwen3_moe":
+    if spec.model_type in ("qwen3_moe", "qwen2_moe"):
         config["num_experts"] = n_experts
         config["moe_intermediate_size"] = int(get("expert_feed_forward_length", required=True))
-        # llama.cpp always renormalises qwen3moe's top-k weights, so that is the default here.
-        config["norm_topk_prob"] = bool(get("expert_weights_norm", True))
+        # llama.cpp always renormalises qwen3moe's top-k weights and never qwen2moe's: the defaults here.
+        config["norm_topk_prob"] = bool(get("expert_weights_norm", spec.model_type == "qwen3_moe"))
         dense = sorted(int(n.split(".")[2]) for n in tensor_names if n.endswith(".mlp.gate_proj.weight"))
         config["mlp_only_layers"] = dense
+    if spec.model_type == "qwen2_moe":
+        config["shared_expert_intermediate_size"] = int(get("expert_shared_feed_forward_length") or 0)
+        config["qkv_bias"] = config["attention_bias"]
     config.update(extras)
     config["rope_theta"] = float(config["rope_parameters"].get("rope_theta", theta))
     return config

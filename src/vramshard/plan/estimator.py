@@ -226,7 +226,7 @@ class Estimator:
         passed = host_pass_s(self.profile, sublayer, n_tokens, contended, threads=self.threads) \
             if device == "cpu" and isinstance(sublayer, MoEFFN) else None
         if passed is not None:  # its experts in the compiled pass
-            seconds = passed + sum(self._matmul(m, k, n, device, contended) for m, k, n in sublayer.router_matmuls(rows))
+            seconds = passed + sum(self._matmul(m, k, n, device, contended) for m, k, n in sublayer.main_matmuls(rows))
         if isinstance(sublayer, Attention):
             seconds += self.profile.attention_s(n_tokens, context, sublayer.num_heads, sublayer.num_kv_heads,
                                                 sublayer.head_dim, self.dtype, device,
@@ -308,11 +308,12 @@ class Estimator:
 
     # ------------------------------------------------------------------ MoE split at its experts
     def router_s(self, sublayer: MoEFFN, n_tokens: int) -> float:
-        """GPU time of norm and router, launches included."""
-        key = ("router", sublayer.hidden, sublayer.num_experts, n_tokens)
+        """GPU time of the main piece (norm, router, shared expert), launches included."""
+        key = ("router", sublayer.hidden, sublayer.num_experts, sublayer.shared_intermediate, n_tokens)
         if key not in self._cache:
-            kernels = sum(self._matmul(m, k, n, "cuda", False) for m, k, n in sublayer.router_matmuls(n_tokens))
-            self._cache[key] = kernels + self.dispatch_s("cuda") * 6 / DISPATCH_LAUNCHES
+            kernels = sum(self._matmul(m, k, n, "cuda", False) for m, k, n in sublayer.main_matmuls(n_tokens))
+            launches = 6 + (6 if sublayer.shared_intermediate else 0)
+            self._cache[key] = kernels + self.dispatch_s("cuda") * launches / DISPATCH_LAUNCHES
         return self._cache[key]
 
     def experts_s(self, sublayer: MoEFFN, device: str, n_tokens: int, contended: bool = False,

@@ -14,7 +14,9 @@ Families (over the sub-layers not pinned):
   search    a per-sub-layer local search started from the best family (it also moves split
             FFNs one piece at a time).
 
-MoE models add (their FFN split at the experts, norm and router in VRAM):
+MoE models add (their FFN split at the experts, the main piece in VRAM: norm, router and any
+shared expert; where every MoE layer's main piece does not fit, no layer splits and MoE FFNs
+stream whole or run on the CPU):
   experts-cpu     routed experts computed on the CPU (llama.cpp --cpu-moe);
   experts-stream  routed experts copied into the VRAM expert cache (only those it lacks);
   experts-mix     MoE layers split between the two so the CPU and PCIe finish together;
@@ -171,6 +173,9 @@ class Planner:
         self.stage_attention = False
         self.staging = kv_staging_bytes(model, kv_slots, context)
         self.moe_fixed = split_router_bytes(model, self.moe)  # routers of split layers (one buffer)
+        # Whether MoE FFNs split at their experts (main pieces in VRAM); off only where those do not
+        # fit (large shared experts), and MoE FFNs then run whole: streamed or on the CPU.
+        self.split_experts = True
 
     def _stream_whole_moe(self, whole: bool) -> None:
         """Whether MoE FFNs may stream whole (slots sized for them) or only split at their experts."""
@@ -312,7 +317,7 @@ class Planner:
         return plan
 
     def _moe_reserved(self) -> int:
-        return self.moe_fixed + self.expert_cache if self.moe else 0
+        return self.moe_fixed + self.expert_cache if self.moe and self.split_experts else 0
 
     # ------------------------------------------------------------------ MoE
     def _plan_moe(self) -> PlanSet:
@@ -340,14 +345,21 @@ class Planner:
                     sizes = sorted({*sizes, least_cache + int(room - dense) // expert * expert})
                 for cache in sizes:
                     options.append((whole, kv_on_gpu, cache))
+        if not options:  # no room for every MoE layer's main piece (a large shared expert): run them whole
+            self.split_experts = False
+            for whole in (True, False):
+                self._stream_whole_moe(whole)
+                minimum = workspace + self.num_slots * self.slot_bytes
+                options += [(whole, kv_on_gpu, 0) for kv_on_gpu in self._kv_choices()
+                            if budget - minimum - (kv if kv_on_gpu else 0) >= 0]
         if not options:
             self._stream_whole_moe(False)
-            minimum = workspace + self.num_slots * self.slot_bytes + self.moe_fixed + least_cache
+            minimum = workspace + self.num_slots * self.slot_bytes
             raise BudgetError(
                 f"a VRAM budget of {format_bytes(self.budget)} is below the minimum of {format_bytes(minimum)} "
-                f"for this MoE model (workspace {format_bytes(workspace)}, {self.num_slots} streaming slots, routers "
-                f"{format_bytes(self.moe_fixed)}, an expert cache of {format_bytes(least_cache)}); raise --vram to "
-                f"at least {format_bytes(minimum)}, lower the largest tier, or plan for the CPU only (--device cpu)")
+                f"for this MoE model (workspace {format_bytes(workspace)}, {self.num_slots} streaming slots for "
+                f"attention, MoE layers on the CPU); raise --vram to at least {format_bytes(minimum)}, lower the "
+                "largest tier, or plan for the CPU only (--device cpu)")
         scored = []
         self.tiers = quick_tiers
         try:
@@ -365,6 +377,11 @@ class Planner:
             f"KV cache on the {'GPU' if kv_on_gpu else 'CPU'}, expert cache {format_bytes(cache)} "
             f"(assumed hit rate {self.estimator.expert_hit_rate:.0%}, uniform routing); "
             f"{len(scored)} variants tried")
+        if not self.split_experts:
+            best.notes.append(
+                f"MoE: the main pieces of the MoE layers (norm, router, shared expert: "
+                f"{format_bytes(self.moe_fixed)} in all) do not fit beside the workspace and slots, so no layer "
+                "splits at its experts: each MoE layer streams whole or runs on the CPU")
         top_k = min(self.model[n].top_k for n in self.moe)
         for tier, tier_plan in sorted(best.tiers.items()):
             if tier_plan.zero_copy_cpu_share:
@@ -505,7 +522,7 @@ class Planner:
         on the host thread every share made decode slower on the H200 machine (fourteenth and
         sixteenth GPU sessions), and the estimator does not see why."""
         est = self.estimator
-        if not (self.moe and est.zero_copy and est.run_ahead and tier <= est.zero_copy_rows):
+        if not (self.moe and self.split_experts and est.zero_copy and est.run_ahead and tier <= est.zero_copy_rows):
             return 0.0
         host = self._family("experts-cpu", pinned, kv_on_gpu,
                             lambda s: "experts-host" if s.name in self.moe else "stream")
@@ -530,7 +547,7 @@ class Planner:
             "cpu": self._family("cpu", pinned, kv_on_gpu, lambda s: "cpu"),
             "dynamic": self._dynamic(tier, pinned, kv_on_gpu),
         }
-        if self.moe:
+        if self.moe and self.split_experts:
             families["experts-cpu"] = self._family("experts-cpu", pinned, kv_on_gpu,
                                                    lambda s: "experts-host" if s.name in self.moe else "stream")
             if self.expert_cache:

@@ -857,8 +857,11 @@ class Executor:
     def _run_split(self, sublayer: MoEFFN, here: Where, x: torch.Tensor) -> tuple[torch.Tensor, int]:
         """A MoE FFN split at its experts: norm and router on the GPU, then the routed experts on
         the CPU (hidden states there and back), read by the GPU from pinned host memory (a few
-        rows, ``VRAMSHARD_EXPERTS_ZERO_COPY``) or from the VRAM expert cache. Returns (x, crossings)."""
-        h, routing = sublayer.prepare(self.split_weights[sublayer.name], x)
+        rows, ``VRAMSHARD_EXPERTS_ZERO_COPY``) or from the VRAM expert cache. A shared expert, in
+        the main piece, runs on the GPU with the router. Returns (x, crossings)."""
+        main = self.split_weights[sublayer.name]
+        h, routing = sublayer.prepare(main, x)
+        x = sublayer.with_shared(main, x, h)  # queued before the routed experts' crossings (a few kernels)
         if here.experts == "host":
             stacked = self._host_stacked.get(sublayer.name)
             if stacked is not None and h.shape[0] <= zero_copy_experts.ROWS:  # read by the GPU from host memory
