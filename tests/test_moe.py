@@ -12,8 +12,8 @@ from vramshard.layers.moe import DictExperts, ExpertTensors, MoEFFN, Routing, st
 from vramshard.layers.step import Step
 from vramshard.loading.checkpoint import open_checkpoint
 from vramshard.models import build_model
-from vramshard.plan.memory import (expert_slot_bytes, main_piece_bytes, moe_layers, sublayer_triples, tiered_vram_need,
-                                   vram_need)
+from vramshard.plan.memory import (expert_slot_bytes, main_piece_bytes, moe_layers, split_router_bytes,
+                                   sublayer_triples, tiered_vram_need, vram_need)
 from vramshard.plan.placement import (EXPERTS_CACHED, EXPERTS_CPU, Placement, TieredPlacement, Where,
                                       named_placement)
 from vramshard.plan.planner import MOE_FAMILIES, Planner
@@ -449,15 +449,24 @@ def test_planner_splits_at_the_experts_with_the_shared_experts_in_vram_where_the
     assert result.need.total <= 8 * GiB
 
 
-def test_planner_runs_moe_layers_whole_where_their_shared_experts_do_not_fit():
-    """1.55 GiB of main pieces (routers and shared experts) cannot sit in 2 GiB beside the workspace
-    and slots: the plan splits no layer at its experts instead of refusing the budget."""
-    result = plan_qwen15(2 * GiB)
-    for tier in result.tiers.values():
-        assert not tier.placement.expert_names()
-        assert "experts-cpu" not in tier.placements and tier.candidates["experts-cpu"] == float("inf")
-    assert result.need.experts == 0 and result.need.total <= 2 * GiB
-    assert any("do not fit" in note and "shared expert" in note for note in result.notes)
+def test_planner_splits_as_many_moe_layers_as_their_shared_experts_fit_and_runs_the_rest_whole():
+    """1.55 GiB of main pieces (routers and shared experts) cannot all sit in 2 GiB beside the workspace
+    and slots: the first layers split at their experts as far as theirs fit, the rest run whole; with
+    no room for even one, none splits; below the workspace and slots, the budget is refused."""
+    in_order = sorted((s.name for s in QWEN15 if s.kind == "ffn"), key=lambda n: QWEN15[n].layer)
+    for budget, least, most in ((2 * GiB, 1, len(in_order) - 1), (800 * 2**20, 0, 0)):
+        result = plan_qwen15(budget)
+        split = result.tiers[1].placement.expert_names()
+        assert least <= len(split) <= most, (budget, len(split))
+        assert set(split) == set(in_order[:len(split)])
+        for tier in result.tiers.values():
+            assert set(tier.placement.expert_names()) <= set(split)
+            unsplit = [w for n, w in tier.placement.where if n in in_order and n not in split]
+            assert all(w.home in ("host", "stream", "vram") for w in unsplit)
+        cache = result.expert_cache
+        assert result.need.experts == (split_router_bytes(QWEN15, split) + cache if split else 0)
+        assert result.need.total <= budget
+        assert any("do not fit" in note and "shared expert" in note for note in result.notes)
     with pytest.raises(BudgetError, match=r"below the minimum of .*MoE layers on the CPU"):
         plan_qwen15(64 * 2**20)
 

@@ -15,8 +15,8 @@ Families (over the sub-layers not pinned):
             FFNs one piece at a time).
 
 MoE models add (their FFN split at the experts, the main piece in VRAM: norm, router and any
-shared expert; where every MoE layer's main piece does not fit, no layer splits and MoE FFNs
-stream whole or run on the CPU):
+shared expert; where not every MoE layer's main piece fits, the first layers split as far as
+theirs fit and the others stream whole or run on the CPU):
   experts-cpu     routed experts computed on the CPU (llama.cpp --cpu-moe);
   experts-stream  routed experts copied into the VRAM expert cache (only those it lacks);
   experts-mix     MoE layers split between the two so the CPU and PCIe finish together;
@@ -172,10 +172,11 @@ class Planner:
         # staging cache fits), for the variant being planned.
         self.stage_attention = False
         self.staging = kv_staging_bytes(model, kv_slots, context)
-        self.moe_fixed = split_router_bytes(model, self.moe)  # routers of split layers (one buffer)
-        # Whether MoE FFNs split at their experts (main pieces in VRAM); off only where those do not
-        # fit (large shared experts), and MoE FFNs then run whole: streamed or on the CPU.
-        self.split_experts = True
+        # The MoE FFNs that split at their experts (main pieces in VRAM), for the variant being planned:
+        # all, but where their main pieces do not fit (large shared experts) as many as fit, the
+        # others running whole (streamed or on the CPU).
+        self.moe_split = set(self.moe)
+        self.moe_fixed = split_router_bytes(model, self.moe)  # main pieces of every MoE layer (one buffer)
 
     def _stream_whole_moe(self, whole: bool) -> None:
         """Whether MoE FFNs may stream whole (slots sized for them) or only split at their experts."""
@@ -317,7 +318,7 @@ class Planner:
         return plan
 
     def _moe_reserved(self) -> int:
-        return self.moe_fixed + self.expert_cache if self.moe and self.split_experts else 0
+        return split_router_bytes(self.model, self.moe_split) + self.expert_cache if self.moe_split else 0
 
     # ------------------------------------------------------------------ MoE
     def _plan_moe(self) -> PlanSet:
@@ -345,13 +346,9 @@ class Planner:
                     sizes = sorted({*sizes, least_cache + int(room - dense) // expert * expert})
                 for cache in sizes:
                     options.append((whole, kv_on_gpu, cache))
-        if not options:  # no room for every MoE layer's main piece (a large shared expert): run them whole
-            self.split_experts = False
-            for whole in (True, False):
-                self._stream_whole_moe(whole)
-                minimum = workspace + self.num_slots * self.slot_bytes
-                options += [(whole, kv_on_gpu, 0) for kv_on_gpu in self._kv_choices()
-                            if budget - minimum - (kv if kv_on_gpu else 0) >= 0]
+        options = [(len(self.moe), *option) for option in options]
+        if not options:  # no room for every MoE layer's main piece (large shared experts)
+            options = self._partial_split_options(workspace, kv, least_cache)
         if not options:
             self._stream_whole_moe(False)
             minimum = workspace + self.num_slots * self.slot_bytes
@@ -363,25 +360,26 @@ class Planner:
         scored = []
         self.tiers = quick_tiers
         try:
-            for whole, kv_on_gpu, cache in options:
-                self._use(whole, cache)
+            for split, whole, kv_on_gpu, cache in options:
+                self._use(whole, cache, split)
                 quick = self._plan_variant(kv_on_gpu, workspace, kv if kv_on_gpu else 0, search=False)
-                scored.append((self._score(quick), whole, kv_on_gpu, cache))
+                scored.append((self._score(quick), split, whole, kv_on_gpu, cache))
         finally:
             self.tiers = full_tiers
-        _, whole, kv_on_gpu, cache = min(scored, key=lambda item: item[0])
-        self._use(whole, cache)
+        _, split, whole, kv_on_gpu, cache = min(scored, key=lambda item: item[0])
+        self._use(whole, cache, split)
         best = self._plan_variant(kv_on_gpu, workspace, kv if kv_on_gpu else 0, search=self.search)
         best.notes.append(
             f"MoE: {'slots sized for whole MoE layers' if whole else 'no whole-layer streaming of MoE layers'}, "
             f"KV cache on the {'GPU' if kv_on_gpu else 'CPU'}, expert cache {format_bytes(cache)} "
             f"(assumed hit rate {self.estimator.expert_hit_rate:.0%}, uniform routing); "
             f"{len(scored)} variants tried")
-        if not self.split_experts:
+        if split < len(self.moe):
             best.notes.append(
-                f"MoE: the main pieces of the MoE layers (norm, router, shared expert: "
-                f"{format_bytes(self.moe_fixed)} in all) do not fit beside the workspace and slots, so no layer "
-                "splits at its experts: each MoE layer streams whole or runs on the CPU")
+                f"MoE: the main pieces of the {len(self.moe)} MoE layers (norm, router, shared expert: "
+                f"{format_bytes(self.moe_fixed)} in all) do not fit beside the workspace and slots: "
+                + (f"{split} split at their experts, the others" if split else "none splits at its experts: they")
+                + " stream whole or run on the CPU")
         top_k = min(self.model[n].top_k for n in self.moe)
         for tier, tier_plan in sorted(best.tiers.items()):
             if tier_plan.zero_copy_cpu_share:
@@ -391,7 +389,34 @@ class Planner:
                     "from pinned memory")
         return best
 
-    def _use(self, whole: bool, cache: int) -> None:
+    def _partial_split_options(self, workspace: int, kv: int, least_cache: int) -> list[tuple[int, bool, bool, int]]:
+        """``(split, whole, kv_on_gpu, cache)`` variants where not every MoE layer's main piece fits:
+        the first ``split`` MoE layers (as many as fit beside the least expert cache) split at their
+        experts, the others run whole; and none split, without an expert cache."""
+        budget = math.inf if self.budget is None else self.budget
+        in_order = sorted(self.moe, key=lambda n: self.model[n].layer)
+        options = []
+        for whole in (True, False):
+            self._stream_whole_moe(whole)
+            minimum = workspace + self.num_slots * self.slot_bytes
+            for kv_on_gpu in self._kv_choices():
+                room = budget - minimum - (kv if kv_on_gpu else 0)
+                if room < 0:
+                    continue
+                options.append((0, whole, kv_on_gpu, 0))
+                split = 0
+                while split < len(in_order) and \
+                        split_router_bytes(self.model, in_order[:split + 1]) + least_cache <= room:
+                    split += 1
+                if split:
+                    options.append((split, whole, kv_on_gpu, least_cache))
+        return options
+
+    def _use(self, whole: bool, cache: int, split: int | None = None) -> None:
+        """Plan the variant: whole-layer slots or not, the expert cache's bytes, and the first ``split``
+        MoE layers split at their experts (None: all)."""
+        in_order = sorted(self.moe, key=lambda n: self.model[n].layer)
+        self.moe_split = set(in_order if split is None else in_order[:split])
         self._stream_whole_moe(whole)
         self.expert_cache = cache
         slots = cache // max(expert_slot_bytes(self.model), 1)
@@ -403,7 +428,7 @@ class Planner:
         """MoE layers split between experts on the CPU and cached experts so both finish together."""
         est = self.estimator
         choice, cpu_total, copy_total = {}, 0.0, 0.0
-        for name in sorted(self.moe - pinned, key=lambda n: self.model[n].layer):
+        for name in sorted(self.moe_split - pinned, key=lambda n: self.model[n].layer):
             sublayer = self.model[name]
             cpu_s = est.experts_s(sublayer, "cpu", tier, contended=True)
             copy_s = self.profile.transfer_s(est.expert_miss_bytes(sublayer, tier), "h2d", True)
@@ -522,10 +547,10 @@ class Planner:
         on the host thread every share made decode slower on the H200 machine (fourteenth and
         sixteenth GPU sessions), and the estimator does not see why."""
         est = self.estimator
-        if not (self.moe and self.split_experts and est.zero_copy and est.run_ahead and tier <= est.zero_copy_rows):
+        if not (self.moe_split and est.zero_copy and est.run_ahead and tier <= est.zero_copy_rows):
             return 0.0
         host = self._family("experts-cpu", pinned, kv_on_gpu,
-                            lambda s: "experts-host" if s.name in self.moe else "stream")
+                            lambda s: "experts-host" if s.name in self.moe_split else "stream")
         top_k = min(self.model[n].top_k for n in self.moe)
         saved, seconds = est.zero_copy_cpu_share, {}
         try:
@@ -547,12 +572,12 @@ class Planner:
             "cpu": self._family("cpu", pinned, kv_on_gpu, lambda s: "cpu"),
             "dynamic": self._dynamic(tier, pinned, kv_on_gpu),
         }
-        if self.moe and self.split_experts:
+        if self.moe_split:
             families["experts-cpu"] = self._family("experts-cpu", pinned, kv_on_gpu,
-                                                   lambda s: "experts-host" if s.name in self.moe else "stream")
+                                                   lambda s: "experts-host" if s.name in self.moe_split else "stream")
             if self.expert_cache:
                 families["experts-stream"] = self._family("experts-stream", pinned, kv_on_gpu,
-                                                          lambda s: "experts-cache" if s.name in self.moe else "stream")
+                                                          lambda s: "experts-cache" if s.name in self.moe_split else "stream")
                 families["experts-mix"] = self._experts_mix(tier, pinned, kv_on_gpu)
         times = {name: self._time(p, tier) for name, p in families.items()}
         # The balance's greedy assignment can miss its own end points (everything on one side).
@@ -589,9 +614,9 @@ class Planner:
                 return GPU_STREAMED
             # KV cache in host memory: attention on the CPU beside it, or on the GPU over it (staged).
             return GPU_STREAMED_HOST_KV if choice == "stream" and self.stage_attention else CPU
-        if choice == "experts-host" and sublayer.name in self.moe:
+        if choice == "experts-host" and sublayer.name in self.moe_split:
             return EXPERTS_CPU
-        if choice == "experts-cache" and sublayer.name in self.moe:
+        if choice == "experts-cache" and sublayer.name in self.moe_split:
             return EXPERTS_CACHED
         if choice == "stream" and sublayer.name in self.streamable:
             return GPU_STREAMED
