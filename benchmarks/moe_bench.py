@@ -207,7 +207,8 @@ def in_order(cells: list, placements: str | None) -> list:
 
 
 def routed_bound(model, executor, bw) -> dict:
-    """Decode bound from routed-expert bytes not in VRAM (uniform routing) plus other non-resident bytes."""
+    """Decode bound from routed-expert bytes not in VRAM (uniform routing) plus other non-resident bytes
+    (MoE layers' main pieces included where they are neither resident nor split)."""
     moe = [s for s in model if isinstance(s, MoEFFN)]
     slot = expert_slot_bytes(model)
     routed = sum(s.top_k * slot for s in moe)
@@ -219,6 +220,10 @@ def routed_bound(model, executor, bw) -> dict:
     missed = routed * (1 - cached_fraction)
     non_expert = sum(s.nbytes for s in model if not isinstance(s, MoEFFN) and s.name not in executor.resident
                      and s.kind != "embed")
+    # The main pieces (norm, router, a shared expert) of MoE layers neither resident nor split at their
+    # experts (a split layer keeps its main piece in VRAM).
+    non_expert += sum(s.main_bytes for s in moe if s.name not in executor.resident
+                      and s.name not in executor.split_weights)
     total = missed + non_expert
     bandwidth = min(bw["h2d"] + bw["cpu_read"], bw["shared_total"])  # the memory bus may be the limit
     return {"routed_bytes_per_token": routed, "missed_routed_bytes": missed, "other_nonresident_bytes": non_expert,

@@ -845,3 +845,19 @@ def test_moe_bench_runs_the_cells_in_the_order_asked():
         "experts-zero-copy-cpu@0.375", "experts-zero-copy", "planned", "experts-zero-copy-cpu@0.5"]
     assert labels(in_order(cells, "experts-zero-copy,no-such-cell")) == [
         "experts-zero-copy", "experts-zero-copy-cpu@0.5", "experts-zero-copy-cpu@0.375"]
+
+
+def test_moe_bench_bound_counts_the_main_pieces_of_moe_layers_neither_split_nor_resident():
+    """A shared expert is read from outside VRAM each step where its layer runs whole from host memory
+    or a slot; a split layer keeps it in VRAM with the router."""
+    from types import SimpleNamespace
+
+    from benchmarks.moe_bench import routed_bound
+
+    bw = {"h2d": 50e9, "cpu_read": 80e9, "shared_total": 100e9}
+    names = [s.name for s in QWEN15 if isinstance(s, MoEFFN)]
+    split = SimpleNamespace(resident={}, split_weights=dict.fromkeys(names), expert_cache=None)
+    whole = SimpleNamespace(resident={}, split_weights={}, expert_cache=None)
+    extra = routed_bound(QWEN15, whole, bw)["other_nonresident_bytes"] - \
+        routed_bound(QWEN15, split, bw)["other_nonresident_bytes"]
+    assert extra == sum(QWEN15[n].main_bytes for n in names) > 24 * 60e6
