@@ -49,6 +49,9 @@ MODELS = {
                          dict(SMALL, num_attention_heads=4, num_key_value_heads=2, num_experts=4,
                               num_experts_per_tok=2, moe_intermediate_size=12, shared_expert_intermediate_size=20,
                               mlp_only_layers=[1])),
+    "olmoe_clip": ("OlmoeConfig", "OlmoeForCausalLM",
+                   dict(SMALL, num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+                        clip_qkv=4.0)),
 }
 LLAMA_FAMILY = ("llama_llama3_tied_gqa", "llama_odd_heads_mqa", "mistral_head_dim", "mixtral")
 
@@ -130,6 +133,9 @@ def test_hf_to_gguf_round_trip(name, model_dir, tmp_path):
         assert "blk.0.attn_q.bias" in shapes and back.config["attention_bias"] is True
     if name == "qwen3_qknorm_mqa":
         assert "blk.0.attn_q_norm.weight" in shapes
+    if name == "olmoe_clip":  # q/k norms over the whole projections; the clamp as llama.cpp names it
+        assert shapes["blk.0.attn_q_norm.weight"] == (hidden,)
+        assert back.config["clip_qkv"] == 4.0 and "olmoe.attention.clamp_kqv" in reader.fields
     if name == "llama_llama3_tied_gqa":  # llama.cpp's form of Llama 3 rope scaling
         expected = gguf_names.llama3_rope_factors(LLAMA3_ROPE, 500000.0, 8)
         freqs = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
@@ -164,7 +170,7 @@ def test_qk_permutation_matches_llama_cpp(name, model_dir, tmp_path):
             assert torch.equal(got, hf), proj
 
 
-@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe", "qwen2_bias_tied", "qwen2_moe_shared"])
+@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe", "qwen2_bias_tied", "qwen2_moe_shared", "olmoe_clip"])
 def test_gguf_to_hf_to_gguf_is_identical(name, model_dir, tmp_path):
     first = tmp_path / "a.gguf"
     write_gguf(first, open_checkpoint(model_dir(name)), dtype=torch.bfloat16)
@@ -199,7 +205,7 @@ def test_experts_are_zero_copy_views(model_dir, tmp_path):
 def test_foreign_gguf_without_vramshard_metadata(model_dir, tmp_path, monkeypatch):
     """A file as llama.cpp writes it (no vramshard.hf_config): config rebuilt from GGUF keys alone."""
     monkeypatch.setattr(gguf_names, "config_extras", lambda config: "{}")
-    for name in ("llama_llama3_tied_gqa", "mixtral", "qwen3_moe", "qwen2_moe_shared"):
+    for name in ("llama_llama3_tied_gqa", "mixtral", "qwen3_moe", "qwen2_moe_shared", "olmoe_clip"):
         src = open_checkpoint(model_dir(name))
         write_gguf(tmp_path / f"{name}.gguf", src)
         back = read_gguf(tmp_path / f"{name}.gguf")

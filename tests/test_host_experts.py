@@ -19,7 +19,7 @@ from vramshard.runtime.weights import load_weights
 
 from placement_helpers import PROMPT
 
-MOE_ARCHS = ["qwen3_moe", "mixtral", "qwen2_moe"]
+MOE_ARCHS = ["qwen3_moe", "mixtral", "qwen2_moe", "olmoe"]
 
 
 def bf16_layer(tiny_model_dir, arch):

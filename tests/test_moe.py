@@ -29,7 +29,7 @@ from vramshard.shapes import shape_model
 
 from placement_helpers import PROMPT, trace_logits
 
-MOE_ARCHS = ["qwen3_moe", "mixtral", "qwen2_moe"]
+MOE_ARCHS = ["qwen3_moe", "mixtral", "qwen2_moe", "olmoe"]
 gpu = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 

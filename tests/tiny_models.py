@@ -47,10 +47,14 @@ def _configs():
             num_attention_heads=3, num_key_value_heads=1, num_experts=6, num_experts_per_tok=2,
             moe_intermediate_size=24, shared_expert_intermediate_size=40, norm_topk_prob=False,
             decoder_sparse_step=1, mlp_only_layers=[])),
+        # q/k norm over the whole projections, a clamp of q, k, v, GQA, experts of intermediate_size.
+        "olmoe": (tf.OlmoeConfig, tf.OlmoeForCausalLM, dict(
+            num_attention_heads=4, num_key_value_heads=2, num_experts=6, num_experts_per_tok=2,
+            intermediate_size=24, norm_topk_prob=False, clip_qkv=2.0)),
     }
 
 
-ARCHS = ("llama", "llama_mqa_tied", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe")
+ARCHS = ("llama", "llama_mqa_tied", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe", "olmoe")
 
 
 def make_hf_model(name: str, seed: int = 0, dtype: torch.dtype = torch.float32):

@@ -102,7 +102,9 @@ class ModelArgs:
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # bias on q/k/v projections (Qwen2)
-    qk_norm: bool = False  # RMSNorm on each head of q and k (Qwen3)
+    qk_norm: bool = False  # RMSNorm on q and k (Qwen3, OLMoE)
+    qk_norm_per_head: bool = True  # over each head (Qwen3), else over the whole projection (OLMoE)
+    clip_qkv: float | None = None  # q, k and v clamped to [-clip, clip] after their projections (OLMoE)
     moe: MoEArgs | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()

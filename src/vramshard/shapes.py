@@ -1,7 +1,8 @@
 """Real model shapes with random weights, built in memory (no downloads).
 
 Speed does not depend on weight values, so benchmarks run the real shapes of
-Mistral-NeMo-Minitron-8B, Llama-3.1-8B, Qwen3-30B-A3B and Qwen1.5-MoE-A2.7B with random weights.
+Mistral-NeMo-Minitron-8B, Llama-3.1-8B, Qwen3-30B-A3B, Qwen1.5-MoE-A2.7B and OLMoE-1B-7B with random
+weights.
 """
 
 from __future__ import annotations
@@ -41,6 +42,12 @@ SHAPES: dict[str, dict] = {
                               mlp_only_layers=[], num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=16,
                               vocab_size=151936, max_position_embeddings=8192, rms_norm_eps=1e-6,
                               tie_word_embeddings=False, dtype="bfloat16", **_DENSE_ROPE),
+    # OLMoE-1B-7B (bf16): 64 experts of 1024, 8 routed; q/k norms over the whole projections.
+    "olmoe-1b-7b": dict(architectures=["OlmoeForCausalLM"], model_type="olmoe", hidden_size=2048,
+                        intermediate_size=1024, num_experts=64, num_experts_per_tok=8, norm_topk_prob=False,
+                        num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=16, vocab_size=50304,
+                        max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0, clip_qkv=None,
+                        tie_word_embeddings=False, dtype="bfloat16"),
     # Tiny shapes for tests and quick CPU runs (seconds, not minutes).
     "tiny-llama": dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64,
                        intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

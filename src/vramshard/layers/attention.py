@@ -16,7 +16,7 @@ from .sublayer import Cost, SubLayer, WeightSpec, linear
 
 
 class Attention(SubLayer):
-    """Grouped-query self-attention block (Llama / Mistral / Qwen2 / Qwen3 family)."""
+    """Grouped-query self-attention block (Llama / Mistral / Qwen2 / Qwen3 / OLMoE family)."""
 
     kind = "attn"
     fusable = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "qkv_bias": ("q_bias", "k_bias", "v_bias")}
@@ -47,10 +47,13 @@ class Attention(SubLayer):
                 WeightSpec("k_bias", f"{prefix}.self_attn.k_proj.bias", (hkv,), dtype),
                 WeightSpec("v_bias", f"{prefix}.self_attn.v_proj.bias", (hkv,), dtype),
             ]
+        # q/k norm over each head (Qwen3) or over the whole projection (OLMoE), and a clamp of q, k, v.
+        self.norm_per_head, self.clip = args.qk_norm_per_head, args.clip_qkv
         if args.qk_norm:
+            q_width, k_width = (self.head_dim, self.head_dim) if self.norm_per_head else (hq, hkv)
             specs += [
-                WeightSpec("q_norm", f"{prefix}.self_attn.q_norm.weight", (self.head_dim,), dtype),
-                WeightSpec("k_norm", f"{prefix}.self_attn.k_norm.weight", (self.head_dim,), dtype),
+                WeightSpec("q_norm", f"{prefix}.self_attn.q_norm.weight", (q_width,), dtype),
+                WeightSpec("k_norm", f"{prefix}.self_attn.k_norm.weight", (k_width,), dtype),
             ]
         super().__init__(f"attn[{layer}]", layer, specs)
 
@@ -95,6 +98,8 @@ class Attention(SubLayer):
             hq, hkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
             qkv = linear(h, w["qkv_proj"], w.get("qkv_bias"))  # [T, hq + 2 hkv]
             if "q_norm" not in w:  # q and k lie side by side: one rotary for both (half the kernels)
+                if self.clip is not None:
+                    qkv = qkv.clamp(-self.clip, self.clip)
                 qk = apply_rotary(qkv[:, : hq + hkv].view(T, self.num_heads + self.num_kv_heads, self.head_dim),
                                   cos, sin)
                 q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
@@ -104,10 +109,15 @@ class Attention(SubLayer):
             q = linear(h, w["q_proj"], w.get("q_bias"))
             k = linear(h, w["k_proj"], w.get("k_bias"))
             v = linear(h, w["v_proj"], w.get("v_bias"))
+        if "q_norm" in w and not self.norm_per_head:  # over the whole projection [T, hq] / [T, hkv]
+            q = rms_norm(q, w["q_norm"], self.eps)
+            k = rms_norm(k, w["k_norm"], self.eps)
+        if self.clip is not None:  # after a projection norm, as transformers' OLMoE
+            q, k, v = (t.clamp(-self.clip, self.clip) for t in (q, k, v))
         q = q.view(T, self.num_heads, self.head_dim)
         k = k.view(T, self.num_kv_heads, self.head_dim)
         v = v.view(T, self.num_kv_heads, self.head_dim)
-        if "q_norm" in w:
+        if "q_norm" in w and self.norm_per_head:
             q = rms_norm(q, w["q_norm"], self.eps)
             k = rms_norm(k, w["k_norm"], self.eps)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v

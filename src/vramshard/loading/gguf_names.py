@@ -73,8 +73,9 @@ ARCHS: dict[str, ArchSpec] = {s.model_type: s for s in (
     ArchSpec("qwen3", "Qwen3ForCausalLM", "qwen3", False),
     ArchSpec("qwen3_moe", "Qwen3MoeForCausalLM", "qwen3moe", False, QWEN_MOE),
     ArchSpec("qwen2_moe", "Qwen2MoeForCausalLM", "qwen2moe", False, QWEN_MOE),
+    ArchSpec("olmoe", "OlmoeForCausalLM", "olmoe", False, QWEN_MOE),
 )}
-SUPPORTED_GGUF_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe")
+SUPPORTED_GGUF_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe", "olmoe")
 
 
 def spec_for_config(config: dict) -> ArchSpec:
@@ -247,6 +248,10 @@ def config_to_metadata(config: dict, spec: ArchSpec) -> dict[str, object]:
         meta[f"{a}.expert_weights_norm"] = bool(config.get("norm_topk_prob", False))
     if spec.model_type == "qwen2_moe" and config.get("shared_expert_intermediate_size"):
         meta[f"{a}.expert_shared_feed_forward_length"] = int(config["shared_expert_intermediate_size"])
+    if spec.model_type == "olmoe":  # experts of feed_forward_length, as llama.cpp reads them
+        meta[f"{a}.expert_weights_norm"] = bool(config.get("norm_topk_prob", False))
+    if config.get("clip_qkv") is not None:
+        meta[f"{a}.attention.clamp_kqv"] = float(config["clip_qkv"])
     return meta
 
 
@@ -320,6 +325,11 @@ def metadata_to_config(meta: dict, spec: ArchSpec, extras: dict, tensor_names: s
     if spec.model_type == "qwen2_moe":
         config["shared_expert_intermediate_size"] = int(get("expert_shared_feed_forward_length") or 0)
         config["qkv_bias"] = config["attention_bias"]
+    if spec.model_type == "olmoe":
+        config["num_experts"] = n_experts
+        config["norm_topk_prob"] = bool(get("expert_weights_norm", False))  # llama.cpp never renormalises
+    if get("attention.clamp_kqv") is not None:
+        config["clip_qkv"] = _f32(get("attention.clamp_kqv"))
     config.update(extras)
     config["rope_theta"] = float(config["rope_parameters"].get("rope_theta", theta))
     return config

@@ -12,10 +12,10 @@ import torch
 
 from ..config import ModelArgs
 from ..errors import UnsupportedArchitectureError
-from . import llama, mistral, mixtral, qwen2, qwen2_5_vl, qwen2_moe, qwen3, qwen3_moe
+from . import llama, mistral, mixtral, olmoe, qwen2, qwen2_5_vl, qwen2_moe, qwen3, qwen3_moe
 from .base import Model
 
-_MODULES: tuple[ModuleType, ...] = (llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe, mixtral, qwen2_5_vl)
+_MODULES: tuple[ModuleType, ...] = (llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe, mixtral, olmoe, qwen2_5_vl)
 ARCHITECTURES: dict[str, ModuleType] = {name: m for m in _MODULES for name in m.ARCHITECTURES}
 
 
