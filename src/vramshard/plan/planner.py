@@ -323,7 +323,8 @@ class Planner:
     # ------------------------------------------------------------------ MoE
     def _plan_moe(self) -> PlanSet:
         """Try whole-layer slots or not, KV on either side, and a few expert-cache sizes, on a
-        quick plan (no search, the smallest and largest tier); then plan the best fully."""
+        quick plan (no search, the smallest and largest tier); then plan the best fully. Where not
+        every MoE layer's main piece fits, the variants split only some layers (or none)."""
         workspace = workspace_bytes(self.model, self.tiers.largest, self.context, kv_slots=self.kv_slots)
         kv = self.kv_bytes()
         expert = expert_slot_bytes(self.model)
