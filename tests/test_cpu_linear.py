@@ -169,11 +169,19 @@ def test_one_token_over_a_contiguous_weight_may_take_the_compiled_row_sums(monke
 
 
 @pytest.mark.with_compiled
-def test_after_the_warm_up_a_steps_projections_compile_nothing():
+def test_after_the_warm_up_a_steps_projections_compile_nothing(monkeypatch):
     """The warm-up makes its tensors as a step has them (weights outside inference mode, activations
     inside), for whole weights and column slices: the first step's calls compile nothing more."""
     from torch._dynamo.utils import counters
 
+    from vramshard.layers.cpu_compiled import CompiledKernel
+
+    # As in a fresh process: no warm-up done, no kernel compiled (an earlier test's dynamo reset would
+    # have dropped the compilations that the warm-up's record still counts).
+    monkeypatch.setattr(cpu_linear, "_warmed", set())
+    for name in ("_GEMV", "_GEMV_SLICED"):
+        kernel = getattr(cpu_linear, name)
+        monkeypatch.setattr(cpu_linear, name, CompiledKernel(kernel.fn, kernel.what, kernel.fallback))
     cpu_linear.warm_up(torch.bfloat16)
     weight = torch.randn(96, 5000).bfloat16()  # a model's weight: made outside inference mode
     compiled = counters["stats"]["unique_graphs"]

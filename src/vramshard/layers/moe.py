@@ -38,7 +38,8 @@ GATHER_BYTES = 96 * 2**20
 
 @dataclass(frozen=True)
 class ExpertNames:
-    """How a checkpoint names the router and the three projections of expert E."""
+    """How a checkpoint names the router, the three projections of expert E and a shared expert
+    (the model files build their weights from it, the GGUF mapping its tensor names)."""
 
     block: str  # "mlp" (Qwen3-MoE) or "block_sparse_moe" (Mixtral)
     gate: str  # "gate_proj" or "w1"

@@ -28,6 +28,7 @@ import torch
 
 from ..config import RopeArgs
 from ..errors import ModelLoadError, UnsupportedArchitectureError
+from ..layers.moe import MIXTRAL_EXPERTS, QWEN_EXPERTS, ExpertNames
 
 log = logging.getLogger(__name__)
 
@@ -39,22 +40,6 @@ _EXTRA_KEYS = ("architectures", "model_type", "sliding_window", "rope_parameters
 
 
 @dataclass(frozen=True)
-class ExpertLayout:
-    """How HF names the router and expert projections of one MoE block."""
-
-    block: str  # "mlp" (Qwen3-MoE) or "block_sparse_moe" (Mixtral)
-    gate: str
-    up: str
-    down: str
-    shared: str = "shared_expert"  # a shared expert's module (Qwen2-MoE), projections named as above
-    shared_gate: str = "shared_expert_gate"
-
-
-QWEN_MOE = ExpertLayout("mlp", "gate_proj", "up_proj", "down_proj")
-MIXTRAL_MOE = ExpertLayout("block_sparse_moe", "w1", "w3", "w2")
-
-
-@dataclass(frozen=True)
 class ArchSpec:
     """One supported architecture, in both namings."""
 
@@ -62,18 +47,18 @@ class ArchSpec:
     hf_class: str  # HF architectures[0]
     gguf_arch: str  # GGUF general.architecture
     permute_qk: bool  # llama.cpp permutes attn_q/attn_k rows for this family
-    experts: ExpertLayout | None = None
+    experts: ExpertNames | None = None
 
 
 ARCHS: dict[str, ArchSpec] = {s.model_type: s for s in (
     ArchSpec("llama", "LlamaForCausalLM", "llama", True),
     ArchSpec("mistral", "MistralForCausalLM", "llama", True),
-    ArchSpec("mixtral", "MixtralForCausalLM", "llama", True, MIXTRAL_MOE),
+    ArchSpec("mixtral", "MixtralForCausalLM", "llama", True, MIXTRAL_EXPERTS),
     ArchSpec("qwen2", "Qwen2ForCausalLM", "qwen2", False),
     ArchSpec("qwen3", "Qwen3ForCausalLM", "qwen3", False),
-    ArchSpec("qwen3_moe", "Qwen3MoeForCausalLM", "qwen3moe", False, QWEN_MOE),
-    ArchSpec("qwen2_moe", "Qwen2MoeForCausalLM", "qwen2moe", False, QWEN_MOE),
-    ArchSpec("olmoe", "OlmoeForCausalLM", "olmoe", False, QWEN_MOE),
+    ArchSpec("qwen3_moe", "Qwen3MoeForCausalLM", "qwen3moe", False, QWEN_EXPERTS),
+    ArchSpec("qwen2_moe", "Qwen2MoeForCausalLM", "qwen2moe", False, QWEN_EXPERTS),
+    ArchSpec("olmoe", "OlmoeForCausalLM", "olmoe", False, QWEN_EXPERTS),
 )}
 SUPPORTED_GGUF_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe", "olmoe")
 
@@ -126,7 +111,7 @@ _HF_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)")
 _GGUF_LAYER = re.compile(r"blk\.(\d+)\.([a-z_]+)(?:\.(\d+))?\.(weight|bias)")
 
 
-def hf_to_gguf(name: str, experts: ExpertLayout | None) -> tuple[str, int | None] | None:
+def hf_to_gguf(name: str, experts: ExpertNames | None) -> tuple[str, int | None] | None:
     """GGUF name of an HF tensor, and the expert index if it goes into a merged expert tensor.
 
     None for a tensor GGUF has no place for.
@@ -157,7 +142,7 @@ def hf_to_gguf(name: str, experts: ExpertLayout | None) -> tuple[str, int | None
     return None
 
 
-def gguf_to_hf(name: str, experts: ExpertLayout | None, n_experts: int) -> list[str] | None:
+def gguf_to_hf(name: str, experts: ExpertNames | None, n_experts: int) -> list[str] | None:
     """HF names of a GGUF tensor: one name, or one per expert for a merged ``*_exps`` tensor.
 
     Also accepts the older per-expert layout ``blk.N.ffn_gate.E.weight``. None if unknown.
