@@ -1,0 +1,84 @@
+"""What the planner decides, as plain data: per token tier the winning placement with every
+family's prediction, the pinned set with the reasons for it, and the VRAM it needs."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .memory import VramNeed
+from .placement import Placement, TieredPlacement
+
+# Tiers up to which the run-ahead worker computes with the profile's fastest team (Profile.worker_team,
+# timed at one token); at more rows a dense part's products are compute-bound and take every core.
+WORKER_TEAM_ROWS = 16
+
+
+@dataclass
+class PinReason:
+    name: str
+    nbytes: int
+    saved_s: dict[int, float]  # tier -> seconds per step saved by keeping it in VRAM
+    score: float  # relative step time saved per GiB, summed over tiers
+
+
+@dataclass
+class TierPlan:
+    tier: int
+    family: str
+    placement: Placement
+    threads: int | None
+    predicted_s: float
+    candidates: dict[str, float]  # family -> predicted seconds per step (inf: not possible)
+    placements: dict[str, Placement] = field(default_factory=dict, repr=False)  # family -> its placement
+    # Of a decode step's host experts read by the GPU's zero-copy kernels, the CPU's share (0: none).
+    zero_copy_cpu_share: float = 0.0
+
+
+@dataclass
+class PlanSet:
+    """Everything the planner decided, as plain data."""
+
+    model_name: str
+    budget: int | None
+    context: int
+    kv_on_gpu: bool
+    num_slots: int
+    need: VramNeed
+    pinned: list[str]
+    reasons: list[PinReason]
+    tiers: dict[int, TierPlan]
+    notes: list[str] = field(default_factory=list)
+    expert_cache: int = 0  # bytes of the VRAM expert cache (MoE placements that cache experts)
+    expert_hit_rate: float = 0.0  # the hit rate the estimator assumed for it
+    # The run-ahead worker's OpenMP team in tiers of up to WORKER_TEAM_ROWS tokens (None: the default).
+    worker_team: int | None = None
+
+    def tiered(self) -> TieredPlacement:
+        sizes = tuple(sorted(self.tiers))
+        named = tuple(Placement(f"{self.tiers[s].family}@{s}", self.tiers[s].placement.where) for s in sizes)
+        shares = tuple(self.tiers[s].zero_copy_cpu_share for s in sizes)
+        teams = tuple(self.worker_team if s <= WORKER_TEAM_ROWS else None for s in sizes) if self.worker_team else ()
+        return TieredPlacement(sizes, named, tuple(self.tiers[s].threads for s in sizes), self.expert_cache,
+                               shares if any(shares) else (), teams)
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model_name, "budget": self.budget, "context": self.context, "kv_on_gpu": self.kv_on_gpu,
+            "num_slots": self.num_slots,
+            "vram": {"resident": self.need.resident, "slots": self.need.slots, "kv": self.need.kv,
+                     "workspace": self.need.workspace, "experts": self.need.experts,
+                     "kv_staging": self.need.kv_staging, "total": self.need.total},
+            "expert_cache": self.expert_cache, "expert_hit_rate": self.expert_hit_rate,
+            "worker_team": self.worker_team,
+            "pinned": [{"name": r.name, "bytes": r.nbytes, "score": r.score,
+                        "saved_ms": {str(t): s * 1e3 for t, s in r.saved_s.items()}} for r in self.reasons],
+            "tiers": {str(t): {"family": p.family, "threads": p.threads, "predicted_ms": p.predicted_s * 1e3,
+                               "zero_copy_cpu_share": p.zero_copy_cpu_share,
+                               "tok_s": t / p.predicted_s if p.predicted_s else None,
+                               "candidates_ms": {k: (v * 1e3 if math.isfinite(v) else None)
+                                                 for k, v in p.candidates.items()},
+                               "placement": [[n, *w.to_list()] for n, w in p.placement.where]}
+                      for t, p in self.tiers.items()},
+            "notes": self.notes,
+        }
