@@ -9,7 +9,8 @@ fills ahead of the compute.
 MoE ``ffn[i]`` split at their experts (home ``experts``) keep norm and router in VRAM;
 after the router ran, their experts run on the CPU (the routed hidden states cross to
 the host and back) or come through the VRAM expert cache
-(:mod:`~vramshard.runtime.expert_cache`), which copies only the routed experts it lacks.
+(:mod:`~vramshard.runtime.expert_cache`), which copies only the routed experts it lacks
+(:mod:`~vramshard.runtime.expert_split`).
 
 Attention placed on the GPU with ``kv="host"`` keeps its KV cache in host memory: each step
 stages that layer's KV through one small VRAM cache (:mod:`~vramshard.runtime.kv_staging`),
@@ -20,7 +21,8 @@ A dense FFN split between the CPU and the GPU (``Where.cpu_pieces``) streams onl
 part (its last pieces) through the ring; the step queues that part on the compute stream,
 computes the first pieces on the CPU meanwhile (the copy engine already filling the next
 streamed item), and adds the two where the FFN's input lives: the normalized activation
-crosses to the other device once and its contribution comes back once.
+crosses to the other device once and its contribution comes back once
+(:mod:`~vramshard.runtime.ffn_split`).
 """
 
 from __future__ import annotations
@@ -40,14 +42,15 @@ import torch
 from ..errors import BudgetError, InvalidInputError
 from ..layers import cpu_linear, cpu_swiglu, host_experts
 from ..layers.mlp import DenseFFN
-from ..layers.moe import GATHER_BYTES, DictExperts, MoEFFN, Routing, StackedExperts
+from ..layers.moe import DictExperts, MoEFFN, StackedExperts
 from ..layers.step import Step
 from ..models.base import Model
-from ..plan.memory import ALLOCATOR_SLACK, VramNeed, align, expert_slot_bytes, kv_positions, tiered_vram_need
-from ..plan.placement import Placement, TieredPlacement, Where
+from ..plan.memory import ALLOCATOR_SLACK, VramNeed, kv_positions, tiered_vram_need
+from ..plan.placement import Placement, TieredPlacement
 from ..units import format_bytes
 from .graphs import DecodeGraphs
-from .expert_cache import CachedExperts, CacheStats, ExpertCache, cache_slots
+from .expert_cache import CachedExperts, CacheStats, ExpertCache
+from .expert_split import ExpertSplitSteps
 from .host_weights import PackedWeights
 from .kv_cache import KVCache
 from .kv_staging import KVStaging
@@ -55,8 +58,9 @@ from . import run_ahead, zero_copy_experts
 from .cpu_down import DownCopies
 from .cpu_packed import PackedParts
 from .ffn_buffers import FFNBuffers
+from .ffn_split import FFNSplitSteps
 from .step_logits import StepLogits
-from .streaming import ExpertSlots, SlotRing, StreamItem, item_bytes
+from .streaming import SlotRing, StreamItem, item_bytes
 from .streams import process_stream
 
 log = logging.getLogger(__name__)
@@ -137,7 +141,7 @@ class ReconfigureReport:
     release_parts: dict = field(default_factory=dict)
 
 
-class Executor:
+class Executor(ExpertSplitSteps, FFNSplitSteps):
     """Runs ``model`` under ``placement``.
 
     host: the host copy of the weights, packed per sub-layer (:func:`pack_model`); pinned
@@ -303,20 +307,6 @@ class Executor:
                                                          stacked.gate_up):
             host_experts.warm_up(*stacked)
 
-    def _cpu_ffn_parts(self, plans: TieredPlacement) -> set[tuple[str, int]]:
-        """(dense FFN, pieces on the CPU) of every CPU part the plans compute: split FFNs' first
-        pieces, and FFNs on the CPU whole."""
-        parts = set()
-        for placement in plans.placements:
-            for name, where in placement.as_dict().items():
-                sublayer = self.model[name]
-                if not isinstance(sublayer, DenseFFN):
-                    continue
-                if where.cpu_pieces:
-                    parts.add((name, where.cpu_pieces))
-                elif where.compute == "cpu":
-                    parts.add((name, sublayer.num_pieces))
-        return parts
 
     def _start_gpu(self) -> None:
         """Once, when the GPU is first used: streams, peak statistics (a simulated GPU is the CPU)."""
@@ -484,78 +474,6 @@ class Executor:
                 if isinstance(sublayer, MoEFFN) else views
             cursor += packed.layout.nbytes
 
-    def _check_ffn_splits(self, plans: TieredPlacement) -> None:
-        """Split FFNs are dense FFNs packed in pieces, with 1 <= cpu_pieces < their pieces."""
-        for p in plans.placements:
-            for name in p.split_names():
-                sublayer, k = self.model[name], p[name].cpu_pieces
-                if not isinstance(sublayer, DenseFFN):
-                    raise InvalidInputError(f"placement {p.name} splits {name} between the CPU and the GPU, but only "
-                                            "dense FFN sub-layers split into pieces")
-                if not k < sublayer.num_pieces:
-                    raise InvalidInputError(f"placement {p.name} puts {k} pieces of {name} on the CPU, but it has "
-                                            f"{sublayer.num_pieces}; use fewer, or place it on the CPU whole")
-                if not self.host[name].layout.splittable:
-                    raise InvalidInputError(f"placement {p.name} splits {name}, but its host weights were not packed "
-                                            "in pieces; pack them with pack_model (dense FFNs are split-ready)")
-
-    def _expert_split(self, plans: TieredPlacement) -> set[str]:
-        names = {n for p in plans.placements for n in p.expert_names()}
-        wrong = sorted(n for n in names if not isinstance(self.model[n], MoEFFN))
-        if wrong:
-            raise InvalidInputError(f"placement {plans.name} splits {', '.join(wrong[:3])} at its experts, "
-                                    "but only Mixture-of-Experts FFN sub-layers have experts")
-        return names
-
-    def _expert_cache_bytes(self, plans: TieredPlacement, split: set[str], asked: int | None) -> int:
-        if not any(p.expert_names("cache") for p in plans.placements):
-            return 0
-        slot = expert_slot_bytes(self.model)
-        if asked is None:
-            asked = plans.expert_cache or 2 * max(self.model[n].top_k for n in split) * slot
-        if asked < slot:
-            raise BudgetError(f"an expert cache of {format_bytes(asked)} holds no expert of "
-                              f"{format_bytes(slot)}; give it at least {format_bytes(slot)}")
-        return cache_slots(asked, slot) * slot
-
-    def _load_split(self) -> None:
-        """Routers (main pieces) of split MoE sub-layers into VRAM; host expert sources; the cache.
-
-        The routers share one VRAM buffer (as counted by ``split_router_bytes``): each is about
-        half a MiB, and separate allocations that small would each take a slice of a 2 MiB segment."""
-        if not self.split:
-            return
-        cached = {n for p in self.plans.placements for n in p.expert_names("cache")}
-        on_host = {n for p in self.plans.placements for n in p.expert_names("host")}  # experts computed from host memory
-        if cached:
-            slot = expert_slot_bytes(self.model)
-            copier = ExpertSlots(self.expert_cache_bytes // slot, slot, self.host, self.gpu, self.copy_stream)
-            self.expert_cache = ExpertCache(self.expert_cache_bytes // slot, copier)
-        names = sorted(self.split, key=lambda n: self.model[n].layer)
-        in_order = [n for n in names if n in cached]
-        if self.expert_cache is not None and in_order:  # copied beside the routers; _load_vram waits for both
-            warmed = self.expert_cache.warm(in_order, max(self.model[n].num_experts for n in in_order))
-            self.expert_cache.stats.bytes_copied = 0  # the load's copies, not a step's
-            log.info("expert cache: %d of %d slots filled at load", warmed, self.expert_cache.capacity)
-        self._next_cached = dict(zip(in_order, in_order[1:]))
-        ranges = {name: self.host[name].layout.piece_range("main") for name in names}
-        total = sum(align(end - begin) for begin, end in ranges.values())
-        self._router_buffer = torch.empty(total, dtype=torch.uint8, device=self.gpu)
-        cursor = 0
-        for name in names:
-            packed = self.host[name]
-            begin, end = ranges[name]
-            block = self._router_buffer[cursor : cursor + end - begin]
-            block.copy_(packed.buffer[begin:end], non_blocking=True)
-            cursor += align(end - begin)
-            main = packed.layout.views(block, piece="main")
-            self.split_weights[name] = CachedExperts(main, name, self.expert_cache) if name in cached else main
-            self.host_experts[name] = self._host_experts_of(self.model[name])
-            if name in on_host | cached and self.experts_zero_copy and zero_copy_experts.supported() \
-                    and not self.simulated and packed.buffer.is_pinned():
-                stacked = self.host_experts[name].stacked()
-                if stacked is not None:
-                    self._host_stacked[name] = stacked
 
     def _kv_layers_on_gpu(self, plans: TieredPlacement) -> set[int]:
         """Attention layers whose KV cache lives in VRAM: those computed on the GPU beside it.
@@ -854,242 +772,6 @@ class Executor:
             self._run_ahead.team = self._worker_team
         return self._run_ahead
 
-    def _run_split(self, sublayer: MoEFFN, here: Where, x: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """A MoE FFN split at its experts: norm and router on the GPU, then the routed experts on
-        the CPU (hidden states there and back), read by the GPU from pinned host memory (a few
-        rows, ``VRAMSHARD_EXPERTS_ZERO_COPY``) or from the VRAM expert cache. A shared expert, in
-        the main piece, runs on the GPU with the router. Returns (x, crossings)."""
-        main = self.split_weights[sublayer.name]
-        h, routing = sublayer.prepare(main, x)
-        x = sublayer.with_shared(main, x, h)  # queued before the routed experts' crossings (a few kernels)
-        if here.experts == "host":
-            stacked = self._host_stacked.get(sublayer.name)
-            if stacked is not None and h.shape[0] <= zero_copy_experts.ROWS:  # read by the GPU from host memory
-                share = self.zero_copy_share(h.shape[0])
-                if share:
-                    return self._run_zero_copy(sublayer, stacked, h, routing, x, share)
-                return x + zero_copy_experts.routed_experts(stacked, h, routing), 0
-            ahead = self._ahead()
-            if ahead is not None:
-                return x + self._experts_ahead(ahead, sublayer, h, routing), 2
-            began = time.perf_counter()
-            h_host, routing_host = h.cpu(), routing.to(torch.device("cpu"))  # waits for the router
-            computing = time.perf_counter()
-            y = sublayer.run_experts(self.host_experts[sublayer.name], h_host, routing_host)
-            self._on_host(began, computing)
-            return x + y.to(self.gpu, non_blocking=True), 2
-        stacked = self._host_stacked.get(sublayer.name)
-        refresh = self._gpu_steps % zero_copy_experts.REFRESH_STEPS == 0  # this step copies its misses in
-        if stacked is not None and h.shape[0] <= zero_copy_experts.ROWS and self.expert_cache is not None \
-                and not refresh:
-            cache = self._cache_source(sublayer)  # hits from their slots, misses from host memory
-            if cache is not None:
-                y = zero_copy_experts.routed_experts(stacked, h, routing, cache)
-                self.expert_cache.copier.read_by_table()
-                return x + y, 0
-        small = routing.experts.numel() * sublayer.expert_bytes <= GATHER_BYTES
-        if self.expert_cpu_share and self.expert_cache is not None and small:
-            return self._run_hybrid(sublayer, h, routing, x)
-        if self.expert_prefetch and self.expert_cache is not None and small:
-            return self._run_cached(sublayer, h, routing, x)
-        source = self.split_weights[sublayer.name]
-        if stacked is not None and isinstance(source, CachedExperts) and h.shape[0] <= zero_copy_experts.CACHED_ROWS:
-            y = zero_copy_experts.routed_through_cache(stacked, h, routing, source.gather)
-            if y is not None:  # (None: more experts than the cache holds at once)
-                return x + y, 0
-        return x + sublayer.run_experts(self.split_weights[sublayer.name], h, routing), 0
-
-    def zero_copy_share(self, n_tokens: int) -> float:
-        """The CPU's share of a step's zero-copy experts: the executor's own, else the plan's tier's."""
-        if self.zero_copy_cpu_share is not None:
-            return self.zero_copy_cpu_share
-        return self.plans.zero_copy_cpu_share(n_tokens)
-
-    def _run_zero_copy(self, sublayer: MoEFFN, stacked: StackedExperts, h: torch.Tensor, routing,
-                       x: torch.Tensor, share: float) -> tuple[torch.Tensor, int]:
-        """A decode-sized step's host experts shared: the GPU's kernels read some from pinned memory
-        while the CPU computes the others: each token's first ``cpu_expert_count(share, top_k)``
-        experts (in routing order) go to the CPU, the rest to the kernels.
-
-        The split is by position, so the GPU marks the CPU's assignments -1 itself and the kernels
-        over the rest are queued before the host waits for the router: the GPU reads its share while
-        the routing and hidden states come over and the CPU computes its own. The CPU's sum goes
-        back to be added. (Splitting by expert, as first built, needed the routing on the host
-        before the kernels could be queued: the GPU sat idle through every layer's round trip, and
-        the fourteenth GPU session measured the share slower than the kernels alone.)
-
-        With the run-ahead worker (``VRAMSHARD_RUN_AHEAD``) the host does not wait at all: the
-        worker computes the CPU's share once its inputs have landed, and the GPU's stream waits for
-        its result before adding it, the next layers already queued behind. (The sixteenth GPU
-        session's step profile of the host-thread way: 6.0 ms of the CPU's share and 3.3 ms of
-        waiting for the router in an 18.4 ms step whose kernels took 9.8: the GPU sat idle while
-        the host computed, the next layer not yet queued. On the worker the same 8-layer step took
-        13.49 ms against 14.38 for the kernels alone; the worker's share took 9.0 ms, against 5.9
-        on the host thread.)"""
-        began = time.perf_counter()
-        top_k = routing.experts.shape[1]
-        on_cpu = zero_copy_experts.cpu_expert_count(share, top_k)
-        ahead = self._ahead() if on_cpu else None
-        if on_cpu:  # the CPU's inputs cross first: its wait below covers the router and them only
-            mine = Routing(routing.experts[:, :on_cpu], routing.weights[:, :on_cpu])
-            h_host, routing_host = h.to("cpu", non_blocking=True), mine.to(torch.device("cpu"), non_blocking=True)
-            if ahead is not None:
-                number = ahead.copied()  # the worker starts as soon as these have landed
-            else:
-                crossed = torch.cuda.Event()
-                crossed.record()
-        if on_cpu < top_k:  # the kernels' share, queued before the host waits
-            marked = routing.experts.clone()
-            marked[:, :on_cpu] = -1
-            x = x + zero_copy_experts.routed_experts(stacked, h, Routing(marked, routing.weights))
-        if not on_cpu:
-            return x, 0
-        if ahead is not None:
-            source = self.host_experts[sublayer.name]
-            y = ahead.result_on(self.gpu, number, h_host,
-                                lambda out: out.copy_(sublayer.run_experts(source, h_host, routing_host)))
-            return x + y, 2
-        crossed.synchronize()  # the router and the copies (the kernels run on meanwhile)
-        computing = time.perf_counter()
-        y = sublayer.run_experts(self.host_experts[sublayer.name], h_host, routing_host)
-        self._on_host(began, computing)
-        return x + y.to(self.gpu, non_blocking=True), 2
-
-    def _cache_source(self, sublayer: MoEFFN) -> zero_copy_experts.CachedSource | None:
-        """The expert cache as the zero-copy kernels read it for ``sublayer``: its slots and the
-        layer's slot table on the GPU, rebuilt when the cache has changed (steps too large for the
-        kernels fill it); None where the copier does not lay its slots out at one stride."""
-        cache = self.expert_cache
-        slots = cache.copier.stacked(sublayer.name)
-        if slots is None:
-            return None
-        version, table = self._slot_tables.get(sublayer.name, (-1, None))
-        if version != cache.version:
-            ids = cache.slots_of(sublayer.name, sublayer.num_experts)
-            table = torch.tensor(ids, dtype=torch.int32).to(self.gpu)  # (a few hundred bytes, now and then)
-            for slot in ids:
-                if slot >= 0:
-                    cache.copier.ready(slot)  # the stream waits for the slot's fill, once per fill
-            self._slot_tables[sublayer.name] = (cache.version, table)
-        return zero_copy_experts.CachedSource(slots, table)
-
-    def _run_cached(self, sublayer: MoEFFN, h: torch.Tensor, routing, x: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """A decode-sized MoE step over the expert cache that also prefetches for the next one.
-
-        The next cached MoE layer's norm and router, applied to this layer's input ``x``, guess
-        its experts (the residual stream changes little in one layer). The guess comes to the
-        host with this layer's routing, in the host sync that the step has anyway. The guessed
-        experts not cached start copying once this layer's experts are queued, so the copies run
-        beside this layer's compute and the next attention instead of after the next router.
-        Returns (x, crossings)."""
-        following = self._next_cached.get(sublayer.name)
-        guess = arrived = None
-        if following is not None:
-            _, predicted = self.model[following].prepare(self.split_weights[following], x)
-            guess = predicted.experts.to("cpu", non_blocking=True)  # queued before this layer's experts
-            arrived = torch.cuda.Event()
-            arrived.record()
-        y = sublayer.run_experts(self.split_weights[sublayer.name], h, routing)  # reads its routing: a sync
-        if guess is not None:
-            arrived.synchronize()  # already done: the routing's sync came after it
-            self.expert_cache.prefetch(following, sorted(set(guess.reshape(-1).tolist())))
-        return x + y, 0
-
-    def _run_hybrid(self, sublayer: MoEFFN, h: torch.Tensor, routing, x: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """A decode-sized MoE step over the expert cache: of the experts not cached, the share
-        ``expert_cpu_share`` (the least used ones) is computed on the CPU from host memory while the
-        others are copied in and computed on the GPU with the cached ones, so PCIe and the CPU work
-        at once. Returns (x, crossings)."""
-        name, cache = sublayer.name, self.expert_cache
-        ids = sorted(set(routing.experts.reshape(-1).tolist()))  # host sync: the router is done
-        misses = [e for e in ids if (name, e) not in cache]
-        on_cpu = set(cache.least_used(name, misses, round(self.expert_cpu_share * len(misses))))
-        if not on_cpu:
-            return x + sublayer.run_experts(self.split_weights[name], h, routing), 0
-        cpu = torch.device("cpu")
-        began = time.perf_counter()
-        h_host, routing_host = h.cpu(), routing.to(cpu)  # before the GPU share is queued: no wait on its copies
-        self._host_wait_s += time.perf_counter() - began
-        y = sublayer.run_experts(self.split_weights[name], h, routing, only=set(ids) - on_cpu)  # queued
-        cache.note_computed_elsewhere(name, sorted(on_cpu))
-        computing = time.perf_counter()
-        y_host = sublayer.run_experts(self.host_experts[name], h_host, routing_host, only=on_cpu)
-        self._host_compute_s += time.perf_counter() - computing
-        return x + y + y_host.to(self.gpu, non_blocking=True), 2
-
-    def _run_ffn_split(self, sublayer: DenseFFN, cpu_pieces: int, x: torch.Tensor,
-                       compute: torch.cuda.Stream) -> tuple[torch.Tensor, int]:
-        """A dense FFN split: pieces ``cpu_pieces..P-1`` from their stream slot on the GPU, queued first,
-        pieces ``0..cpu_pieces-1`` on the CPU from host memory meanwhile; the output is ``x`` plus both
-        contributions, on ``x``'s device. The normalized activation crosses to the other device once,
-        the other device's contribution comes back once. Returns (x, crossings)."""
-        host = self.host[sublayer.name].views
-        cpu_part = self._cpu_part(sublayer, cpu_pieces)
-        gpu_part = self.ring.acquire((sublayer.name, cpu_pieces), compute)
-        if x.device.type == "cpu":
-            crossed = torch.cuda.Event()
-            computing = time.perf_counter()
-            h = sublayer.norm(host, x)  # [T, D]
-            y_gpu = sublayer.contribution(gpu_part, h.to(self.gpu, non_blocking=True))
-            self.ring.release(compute)
-            y_back = y_gpu.to("cpu", non_blocking=True)  # lands once the GPU part is done
-            crossed.record(compute)
-            parting = time.perf_counter()
-            y = x + self._cpu_contribution(sublayer, cpu_part, h, cpu_pieces)  # while the GPU computes its part
-            waiting = time.perf_counter()
-            crossed.synchronize()
-            self._host_compute_s += waiting - computing
-            self._host_split_s += waiting - parting
-            self._host_wait_s += time.perf_counter() - waiting
-            return y + y_back, 2
-        h = sublayer.norm(gpu_part, x)  # [T, D] on the GPU
-        h_host = h.to("cpu", non_blocking=True)  # queued before the GPU part: it does not wait for it
-        ahead = self._ahead()
-        if ahead is not None:
-            number = ahead.copied()  # the worker starts once h_host has landed
-            y = x + sublayer.contribution(gpu_part, h)
-            self.ring.release(compute)
-            return y + self._cpu_part_ahead(ahead, number, sublayer, cpu_pieces, cpu_part, h_host), 2
-        crossed = torch.cuda.Event()
-        crossed.record(compute)
-        y = x + sublayer.contribution(gpu_part, h)
-        self.ring.release(compute)
-        waiting = time.perf_counter()
-        crossed.synchronize()
-        computing = time.perf_counter()
-        y_cpu = self._cpu_contribution(sublayer, cpu_part, h_host, cpu_pieces)
-        self._on_host(waiting, computing)
-        self._host_split_s += time.perf_counter() - computing
-        y_cpu = y_cpu.to(self.gpu, non_blocking=True)
-        if FFNBuffers.wanted(h_host.shape[0]):
-            self._ffn_buffers.copying()  # the buffer is not reused before this copy is done
-        return y + y_cpu, 2
-
-    def _cpu_part_ahead(self, ahead: run_ahead.RunAhead, number: int, sublayer: DenseFFN, cpu_pieces: int,
-                        cpu_part: dict[str, torch.Tensor], h_host: torch.Tensor) -> torch.Tensor:
-        """A split FFN's CPU part ``number`` on the run-ahead worker, once the activation's copy to
-        ``h_host`` has landed; returns its result's copy on the GPU (nothing here waits)."""
-        rows = h_host.shape[0]
-        packed = self._packed.get(sublayer.name, cpu_pieces, cpu_part, rows)  # (packed here, on first use)
-        if packed is not None:
-            return ahead.result_on(self.gpu, number, h_host, lambda out: out.copy_(packed.contribution(h_host)))
-        if FFNBuffers.wanted(rows):
-            work = ahead.buffers.work(sublayer.work_elements(cpu_part, rows), h_host.dtype)
-            return ahead.result_on(self.gpu, number, h_host,
-                                   lambda out: sublayer.contribution_into(cpu_part, h_host, out, work))
-        # Few rows: the projections tuned per shape, then into the pinned buffer.
-        return ahead.result_on(self.gpu, number, h_host, lambda out: out.copy_(sublayer.contribution(cpu_part, h_host)))
-
-    def _experts_ahead(self, ahead: run_ahead.RunAhead, sublayer: MoEFFN, h: torch.Tensor, routing) -> torch.Tensor:
-        """A MoE layer's routed experts on the run-ahead worker, from host memory: the hidden
-        states and the routing go to the host, the worker computes once they have landed; returns
-        the result's copy on the GPU (nothing here waits)."""
-        h_host = h.to("cpu", non_blocking=True)
-        routing_host = routing.to(torch.device("cpu"), non_blocking=True)
-        number = ahead.copied()
-        source = self.host_experts[sublayer.name]
-        return ahead.result_on(self.gpu, number, h_host,
-                               lambda out: out.copy_(sublayer.run_experts(source, h_host, routing_host)))
 
     def _on_cpu(self, sublayer, x: torch.Tensor, step) -> torch.Tensor:
         """``sublayer`` on the CPU from host memory (a dense FFN at many rows in the reused buffers)."""
@@ -1102,30 +784,6 @@ class Executor:
             return sublayer.forward(self._host_experts_of(sublayer), x, step)
         return sublayer.forward(weights, x, step)
 
-    def _host_experts_of(self, sublayer: MoEFFN) -> DictExperts:
-        """A MoE sub-layer's experts in its host buffer, stacked where they lie at one stride (made once)."""
-        source = self._host_moe.get(sublayer.name)
-        if source is None:
-            source = DictExperts(self.host[sublayer.name].views, sublayer.num_experts, stack=True)
-            self._host_moe[sublayer.name] = source
-        return source
-
-    def _cpu_contribution(self, sublayer: DenseFFN, weights: dict[str, torch.Tensor], h: torch.Tensor,
-                          cpu_pieces: int) -> torch.Tensor:
-        """The contribution of the FFN's first ``cpu_pieces`` pieces (``weights``: their views, or the
-        whole FFN's) for the normalized ``h`` [T, D] on the CPU. At many rows it is computed in, or
-        copied into, the reused buffers (:mod:`~vramshard.runtime.ffn_buffers`) and stays valid
-        until the next call but one. From prepacked weights where ``VRAMSHARD_CPU_PACKED`` is on."""
-        rows = h.shape[0]
-        packed = self._packed.get(sublayer.name, cpu_pieces, weights, rows)
-        if packed is not None:
-            y = packed.contribution(h)
-            return self._ffn_buffers.result(rows, h.shape[-1], h.dtype).copy_(y) if FFNBuffers.wanted(rows) else y
-        if not FFNBuffers.wanted(rows):
-            return sublayer.contribution(weights, h)
-        buffers = self._ffn_buffers
-        return sublayer.contribution_into(weights, h, buffers.result(rows, h.shape[-1], h.dtype),
-                                          buffers.work(sublayer.work_elements(weights, rows), h.dtype))
 
     def _on_host(self, waiting: float, computing: float) -> None:
         """Count the host's time in CPU work (StepReport): blocked on the GPU from ``waiting`` until
@@ -1133,26 +791,6 @@ class Executor:
         self._host_wait_s += computing - waiting
         self._host_compute_s += time.perf_counter() - computing
 
-    def _simulate_ffn_split(self, sublayer: DenseFFN, cpu_pieces: int, x: torch.Tensor) -> torch.Tensor:
-        """The split of a simulated GPU: the GPU part is copied from the host buffer into a CPU
-        "slot" by the same ranges the ring copies, and computed from its views there."""
-        packed = self.host[sublayer.name]
-        part = packed.layout.split_part(cpu_pieces)
-        if self._sim_slot is None or self._sim_slot.numel() < part.nbytes:
-            self._sim_slot = torch.empty(part.nbytes, dtype=torch.uint8)
-        part.fill(self._sim_slot, packed.buffer, non_blocking=False)
-        h = sublayer.norm(packed.views, x)
-        y_gpu = sublayer.contribution(part.views(self._sim_slot), h)
-        return x + self._cpu_contribution(sublayer, self._cpu_part(sublayer, cpu_pieces), h, cpu_pieces) + y_gpu
-
-    def _cpu_part(self, sublayer: DenseFFN, cpu_pieces: int) -> dict[str, torch.Tensor]:
-        """The views of a split FFN's first ``cpu_pieces`` pieces in its host buffer (made once), down
-        row-major where a copy is allowed (:mod:`~vramshard.runtime.cpu_down`)."""
-        cpu_part = self._cpu_parts.get((sublayer.name, cpu_pieces))
-        if cpu_part is None:
-            cpu_part = self._cpu_parts[sublayer.name, cpu_pieces] = sublayer.pieces_of(
-                self.host[sublayer.name].views, 0, cpu_pieces)
-        return self._down_copies.part(sublayer.name, cpu_pieces, cpu_part)
 
     # ------------------------------------------------------------------ reporting
     def peak_vram(self) -> int:

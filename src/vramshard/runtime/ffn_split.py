@@ -1,0 +1,156 @@
+"""The executor's dense FFNs split between the CPU and the GPU (a mixin of :class:`~.executor.Executor`).
+
+A split FFN (``Where.cpu_pieces``) streams only its GPU part (its last pieces) through the ring;
+the step queues that part on the compute stream, computes the first pieces on the CPU meanwhile
+(on the host thread or the run-ahead worker, from a row-major copy of their down projection,
+:mod:`~vramshard.runtime.cpu_down`), and adds the two where the FFN's input lives: the normalized
+activation crosses to the other device once and its contribution comes back once. The state
+(``ring``, ``host``, ``_down_copies``, ``_packed``, ``_ffn_buffers`` ...) is the executor's own.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..errors import InvalidInputError
+from ..layers.mlp import DenseFFN
+from ..plan.placement import TieredPlacement
+from . import run_ahead
+from .ffn_buffers import FFNBuffers
+
+
+class FFNSplitSteps:
+    """Dense FFNs split between the CPU and the GPU: checking the splits and running their steps."""
+
+    def _cpu_ffn_parts(self, plans: TieredPlacement) -> set[tuple[str, int]]:
+        """(dense FFN, pieces on the CPU) of every CPU part the plans compute: split FFNs' first
+        pieces, and FFNs on the CPU whole."""
+        parts = set()
+        for placement in plans.placements:
+            for name, where in placement.as_dict().items():
+                sublayer = self.model[name]
+                if not isinstance(sublayer, DenseFFN):
+                    continue
+                if where.cpu_pieces:
+                    parts.add((name, where.cpu_pieces))
+                elif where.compute == "cpu":
+                    parts.add((name, sublayer.num_pieces))
+        return parts
+
+    def _check_ffn_splits(self, plans: TieredPlacement) -> None:
+        """Split FFNs are dense FFNs packed in pieces, with 1 <= cpu_pieces < their pieces."""
+        for p in plans.placements:
+            for name in p.split_names():
+                sublayer, k = self.model[name], p[name].cpu_pieces
+                if not isinstance(sublayer, DenseFFN):
+                    raise InvalidInputError(f"placement {p.name} splits {name} between the CPU and the GPU, but only "
+                                            "dense FFN sub-layers split into pieces")
+                if not k < sublayer.num_pieces:
+                    raise InvalidInputError(f"placement {p.name} puts {k} pieces of {name} on the CPU, but it has "
+                                            f"{sublayer.num_pieces}; use fewer, or place it on the CPU whole")
+                if not self.host[name].layout.splittable:
+                    raise InvalidInputError(f"placement {p.name} splits {name}, but its host weights were not packed "
+                                            "in pieces; pack them with pack_model (dense FFNs are split-ready)")
+
+    def _run_ffn_split(self, sublayer: DenseFFN, cpu_pieces: int, x: torch.Tensor,
+                       compute: torch.cuda.Stream) -> tuple[torch.Tensor, int]:
+        """A dense FFN split: pieces ``cpu_pieces..P-1`` from their stream slot on the GPU, queued first,
+        pieces ``0..cpu_pieces-1`` on the CPU from host memory meanwhile; the output is ``x`` plus both
+        contributions, on ``x``'s device. The normalized activation crosses to the other device once,
+        the other device's contribution comes back once. Returns (x, crossings)."""
+        host = self.host[sublayer.name].views
+        cpu_part = self._cpu_part(sublayer, cpu_pieces)
+        gpu_part = self.ring.acquire((sublayer.name, cpu_pieces), compute)
+        if x.device.type == "cpu":
+            crossed = torch.cuda.Event()
+            computing = time.perf_counter()
+            h = sublayer.norm(host, x)  # [T, D]
+            y_gpu = sublayer.contribution(gpu_part, h.to(self.gpu, non_blocking=True))
+            self.ring.release(compute)
+            y_back = y_gpu.to("cpu", non_blocking=True)  # lands once the GPU part is done
+            crossed.record(compute)
+            parting = time.perf_counter()
+            y = x + self._cpu_contribution(sublayer, cpu_part, h, cpu_pieces)  # while the GPU computes its part
+            waiting = time.perf_counter()
+            crossed.synchronize()
+            self._host_compute_s += waiting - computing
+            self._host_split_s += waiting - parting
+            self._host_wait_s += time.perf_counter() - waiting
+            return y + y_back, 2
+        h = sublayer.norm(gpu_part, x)  # [T, D] on the GPU
+        h_host = h.to("cpu", non_blocking=True)  # queued before the GPU part: it does not wait for it
+        ahead = self._ahead()
+        if ahead is not None:
+            number = ahead.copied()  # the worker starts once h_host has landed
+            y = x + sublayer.contribution(gpu_part, h)
+            self.ring.release(compute)
+            return y + self._cpu_part_ahead(ahead, number, sublayer, cpu_pieces, cpu_part, h_host), 2
+        crossed = torch.cuda.Event()
+        crossed.record(compute)
+        y = x + sublayer.contribution(gpu_part, h)
+        self.ring.release(compute)
+        waiting = time.perf_counter()
+        crossed.synchronize()
+        computing = time.perf_counter()
+        y_cpu = self._cpu_contribution(sublayer, cpu_part, h_host, cpu_pieces)
+        self._on_host(waiting, computing)
+        self._host_split_s += time.perf_counter() - computing
+        y_cpu = y_cpu.to(self.gpu, non_blocking=True)
+        if FFNBuffers.wanted(h_host.shape[0]):
+            self._ffn_buffers.copying()  # the buffer is not reused before this copy is done
+        return y + y_cpu, 2
+
+    def _cpu_part_ahead(self, ahead: run_ahead.RunAhead, number: int, sublayer: DenseFFN, cpu_pieces: int,
+                        cpu_part: dict[str, torch.Tensor], h_host: torch.Tensor) -> torch.Tensor:
+        """A split FFN's CPU part ``number`` on the run-ahead worker, once the activation's copy to
+        ``h_host`` has landed; returns its result's copy on the GPU (nothing here waits)."""
+        rows = h_host.shape[0]
+        packed = self._packed.get(sublayer.name, cpu_pieces, cpu_part, rows)  # (packed here, on first use)
+        if packed is not None:
+            return ahead.result_on(self.gpu, number, h_host, lambda out: out.copy_(packed.contribution(h_host)))
+        if FFNBuffers.wanted(rows):
+            work = ahead.buffers.work(sublayer.work_elements(cpu_part, rows), h_host.dtype)
+            return ahead.result_on(self.gpu, number, h_host,
+                                   lambda out: sublayer.contribution_into(cpu_part, h_host, out, work))
+        # Few rows: the projections tuned per shape, then into the pinned buffer.
+        return ahead.result_on(self.gpu, number, h_host, lambda out: out.copy_(sublayer.contribution(cpu_part, h_host)))
+
+    def _cpu_contribution(self, sublayer: DenseFFN, weights: dict[str, torch.Tensor], h: torch.Tensor,
+                          cpu_pieces: int) -> torch.Tensor:
+        """The contribution of the FFN's first ``cpu_pieces`` pieces (``weights``: their views, or the
+        whole FFN's) for the normalized ``h`` [T, D] on the CPU. At many rows it is computed in, or
+        copied into, the reused buffers (:mod:`~vramshard.runtime.ffn_buffers`) and stays valid
+        until the next call but one. From prepacked weights where ``VRAMSHARD_CPU_PACKED`` is on."""
+        rows = h.shape[0]
+        packed = self._packed.get(sublayer.name, cpu_pieces, weights, rows)
+        if packed is not None:
+            y = packed.contribution(h)
+            return self._ffn_buffers.result(rows, h.shape[-1], h.dtype).copy_(y) if FFNBuffers.wanted(rows) else y
+        if not FFNBuffers.wanted(rows):
+            return sublayer.contribution(weights, h)
+        buffers = self._ffn_buffers
+        return sublayer.contribution_into(weights, h, buffers.result(rows, h.shape[-1], h.dtype),
+                                          buffers.work(sublayer.work_elements(weights, rows), h.dtype))
+
+    def _simulate_ffn_split(self, sublayer: DenseFFN, cpu_pieces: int, x: torch.Tensor) -> torch.Tensor:
+        """The split of a simulated GPU: the GPU part is copied from the host buffer into a CPU
+        "slot" by the same ranges the ring copies, and computed from its views there."""
+        packed = self.host[sublayer.name]
+        part = packed.layout.split_part(cpu_pieces)
+        if self._sim_slot is None or self._sim_slot.numel() < part.nbytes:
+            self._sim_slot = torch.empty(part.nbytes, dtype=torch.uint8)
+        part.fill(self._sim_slot, packed.buffer, non_blocking=False)
+        h = sublayer.norm(packed.views, x)
+        y_gpu = sublayer.contribution(part.views(self._sim_slot), h)
+        return x + self._cpu_contribution(sublayer, self._cpu_part(sublayer, cpu_pieces), h, cpu_pieces) + y_gpu
+
+    def _cpu_part(self, sublayer: DenseFFN, cpu_pieces: int) -> dict[str, torch.Tensor]:
+        """The views of a split FFN's first ``cpu_pieces`` pieces in its host buffer (made once), down
+        row-major where a copy is allowed (:mod:`~vramshard.runtime.cpu_down`)."""
+        cpu_part = self._cpu_parts.get((sublayer.name, cpu_pieces))
+        if cpu_part is None:
+            cpu_part = self._cpu_parts[sublayer.name, cpu_pieces] = sublayer.pieces_of(
+                self.host[sublayer.name].views, 0, cpu_pieces)
+        return self._down_copies.part(sublayer.name, cpu_pieces, cpu_part)
