@@ -52,10 +52,12 @@ class ExpertSplitSteps:
         return cache_slots(asked, slot) * slot
 
     def _load_split(self) -> None:
-        """Routers (main pieces) of split MoE sub-layers into VRAM; host expert sources; the cache.
+        """Main pieces (norm, router, any shared expert) of split MoE sub-layers into VRAM; host
+        expert sources; the cache.
 
-        The routers share one VRAM buffer (as counted by ``split_router_bytes``): each is about
-        half a MiB, and separate allocations that small would each take a slice of a 2 MiB segment."""
+        The main pieces share one VRAM buffer (as counted by ``split_router_bytes``): a router alone
+        is about half a MiB (Qwen3-MoE), and separate allocations that small would each take a slice
+        of a 2 MiB segment."""
         if not self.split:
             return
         cached = {n for p in self.plans.placements for n in p.expert_names("cache")}
