@@ -865,3 +865,15 @@ def test_moe_bench_bound_counts_the_main_pieces_of_moe_layers_neither_split_nor_
     extra = routed_bound(QWEN15, whole, bw)["other_nonresident_bytes"] - \
         routed_bound(QWEN15, split, bw)["other_nonresident_bytes"]
     assert extra == sum(QWEN15[n].main_bytes for n in names) > 24 * 60e6
+
+
+def test_the_estimator_prices_a_shared_expert_with_the_router_on_the_gpu_and_in_the_cpus_layer():
+    from vramshard.plan.estimator import Estimator
+
+    profile = synthetic(cpu_gflops=1500, gpu_gflops=200_000, h2d_gbps=50, cpu_mem_gbps=80, gpu_mem_gbps=1500)
+    est = Estimator(QWEN15, profile)
+    ffn = QWEN15["ffn[0]"]
+    shared = est._matmul(1, 2048, 2 * 5632, "cuda", False) + est._matmul(1, 5632, 2048, "cuda", False)
+    assert est.router_s(ffn, 1) >= est._matmul(1, 2048, 60, "cuda", False) + shared
+    # A whole MoE layer on the CPU reads its shared expert too (69 MB at 80 GB/s: over 0.8 ms).
+    assert est.compute_s(ffn, "cpu", 1, 1024) - est.experts_s(ffn, "cpu", 1, launches=False) > 0.8e-3
