@@ -1,6 +1,7 @@
 """`vramshard run`, `demo` and `chat` on the demo model, compared with the engine's own output."""
 
 import io
+import re
 import shutil
 import sys
 
@@ -111,6 +112,8 @@ def test_chat_keeps_history_and_survives_ctrl_c(capsys, model_dir, engine, monke
     assert code == 0
     assert len(seen) == 3  # "never" came after /exit
     assert "interrupted" in err
+    # One scheduler for the conversation: the second turn took what the first had read from the cache.
+    assert re.search(r"prompt \d+ tokens \(\d+ cached\)", err), err
     tok = engine.tokenizer
     system = {"role": "system", "content": "Be brief."}
     assert seen[0] == tok.encode_chat([system, {"role": "user", "content": "first question"}])

@@ -286,10 +286,15 @@ class Engine:
         return [list(r.output_ids) for r in requests] if requests else [[] for _ in prompts]
 
     def stream(self, prompt_ids: Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0,
-               top_k: int = 0, top_p: float = 1.0, seed: int | None = None, **adjust) -> Iterator[int]:
-        """Yield the new token ids of one prompt as they are generated (``adjust``: as :meth:`generate`)."""
+               top_k: int = 0, top_p: float = 1.0, seed: int | None = None, scheduler=None,
+               **adjust) -> Iterator[int]:
+        """Yield the new token ids of one prompt as they are generated (``adjust``: as :meth:`generate`).
+
+        ``scheduler``: one of this engine's (:meth:`scheduler`) to run in, kept by the caller between
+        calls: its KV pool and prefix cache then serve the next prompt (a chat's next turn reads only
+        what its history does not share with the last one). Default: a scheduler of its own."""
         params = [SamplingParams(temperature, top_k, top_p, seed, **adjust)]
-        for _, token in self._run([prompt_ids], max_new_tokens, params, None):
+        for _, token in self._run([prompt_ids], max_new_tokens, params, None, scheduler=scheduler):
             yield token
 
     def step_shape(self) -> tuple[int, tuple[int, ...] | None]:
@@ -303,14 +308,16 @@ class Engine:
 
     def scheduler(self, max_seqs: int = 8, max_context: int | None = None, max_step_tokens: int | None = None,
                   chunk_sizes: Sequence[int] | None = None, kv_tokens: int | None = None, ignore_eos: bool = False,
-                  overlap: bool | None = None):
+                  overlap: bool | None = None, prefix_cache: bool | None = None):
         """A continuous-batching :class:`~vramshard.runtime.scheduler.Scheduler` over this engine's
         executor, with a paged KV pool of ``kv_tokens`` positions (default ``max_seqs`` x
         ``max_context``, on the GPU at most what was reserved at load) allocated now, shared by
         up to ``max_seqs`` sequences of at most ``max_context`` tokens (default: the engine's
         context). Step size and chunk sizes default to :meth:`step_shape`. ``ignore_eos``: generate
         ``max_new_tokens`` whatever comes (benchmarks). ``overlap``: queue a greedy GPU step's
-        successor before reading it (None: ``VRAMSHARD_OVERLAP``; see the scheduler's docstring)."""
+        successor before reading it (None: ``VRAMSHARD_OVERLAP``; see the scheduler's docstring).
+        ``prefix_cache``: reuse the KV blocks of prompt prefixes read before (None:
+        ``VRAMSHARD_PREFIX_CACHE``, on by default)."""
         from .runtime.scheduler import Scheduler
 
         max_context = max_context or self.max_context
@@ -328,7 +335,7 @@ class Engine:
                          max_logit_rows=LOGIT_ROWS if self.executor.uses_gpu else None,
                          before_step=self.poll_budget,
                          after_step=self._measured,
-                         overlap=self.overlap if overlap is None else overlap)
+                         overlap=self.overlap if overlap is None else overlap, prefix_cache=prefix_cache)
 
     def _measured(self, stats) -> None:
         """A step's measurements, against the plan in force (the scheduler calls this after each)."""
@@ -410,7 +417,9 @@ class Engine:
         stats.extra.update(extra or {})
         if max_new_tokens == 0:
             return
+        kept = scheduler is not None
         scheduler = scheduler or self._scheduler_for(prompts, max_new_tokens)
+        before = _counters(scheduler)
         news: list[tuple[int, int]] = []
         mine = [] if requests is None else requests
         multimodal = multimodal or [None] * len(prompts)
@@ -425,7 +434,12 @@ class Engine:
                 yield from news
                 news.clear()
         finally:
-            _fill_stats(stats, scheduler, mine, start)
+            if kept:  # closed early (Ctrl-C): the caller's scheduler retires what is left before its next use
+                for request in mine:
+                    request.cancel()
+                while scheduler.has_work:
+                    scheduler.step()
+            _fill_stats(stats, scheduler, mine, start, before)
 
     def _scheduler_for(self, prompts: list[list[int]], max_new_tokens: int):
         """A scheduler whose paged KV pool holds all ``prompts`` at once (on the GPU, at most the
@@ -547,20 +561,30 @@ def choose_placement(model: Model, placement: str | Placement | TieredPlacement 
                            max_resident_layers(model, budget, 1, kv_tokens, max_step_tokens))
 
 
-def _fill_stats(stats: GenerationStats, scheduler, requests: list[Request], start: float) -> None:
-    """Timings of one ``_run`` from its scheduler's counters and the requests' timestamps."""
+def _counters(scheduler) -> tuple[int, int, float, float]:
+    """A scheduler's running totals: generated tokens, steps, forward and step seconds."""
+    return (scheduler.total_generated_tokens, scheduler.total_steps, scheduler.total_forward_s,
+            scheduler.total_step_s)
+
+
+def _fill_stats(stats: GenerationStats, scheduler, requests: list[Request], start: float,
+                before: tuple[int, int, float, float] = (0, 0, 0.0, 0.0)) -> None:
+    """Timings of one ``_run`` from its scheduler's counters (less ``before``, their values when it
+    began: a kept scheduler ran earlier calls too) and the requests' timestamps."""
     end = time.perf_counter()
     firsts = [r.first_token_s for r in requests if r.first_token_s is not None]
     prefill_end = max(firsts) if len(firsts) == len(requests) and firsts else end
     stats.prefill_s = prefill_end - start
     stats.decode_s = end - prefill_end
-    stats.generated_tokens = scheduler.total_generated_tokens
-    stats.steps = scheduler.total_steps
+    generated, steps, forward_s, step_s = (now - then for now, then in zip(_counters(scheduler), before))
+    stats.generated_tokens = generated
+    stats.steps = steps
     stats.extra.update(
         ttft_s=(min(firsts) - start) if firsts else None,
-        forward_s=scheduler.total_forward_s,
-        scheduling_s=scheduler.total_step_s - scheduler.total_forward_s,
+        forward_s=forward_s,
+        scheduling_s=step_s - forward_s,
         max_running=max((s.running for s in scheduler.history), default=0),
+        cached_prompt_tokens=sum(r.cached_prompt_tokens for r in requests),
     )
 
 

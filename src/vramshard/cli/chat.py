@@ -40,6 +40,9 @@ def main(args: argparse.Namespace) -> int:
     system = [{"role": "system", "content": args.system}] if args.system else []
     tokenizer.apply_chat_template(system + [{"role": "user", "content": "hi"}])  # fail now if no template
     history = list(system)
+    # One scheduler for the whole conversation: its prefix cache keeps the KV of the turns read so
+    # far, so each answer starts after reading only the new message (and the last answer's tail).
+    conversation = engine.scheduler(max_seqs=1)
     console.print(f"[bold]{engine.model_name}[/bold] [dim]({HELP})[/dim]")
     while True:
         try:
@@ -64,7 +67,7 @@ def main(args: argparse.Namespace) -> int:
             history.pop()
             continue
         budget = min(args.max_new_tokens, engine.max_context - len(prompt_ids))
-        result = stream(engine, prompt_ids, args, max_new_tokens=budget, interruptible=True)
+        result = stream(engine, prompt_ids, args, max_new_tokens=budget, interruptible=True, scheduler=conversation)
         console.print()
         history.append({"role": "assistant", "content": result.text})
         print_stats(console, result)

@@ -119,6 +119,7 @@ class StreamResult:
     generate_s: float = 0.0  # from the first new token to the last
     stopped_at: str | None = None  # the stop string that ended it, if any
     interrupted: bool = False
+    cached_tokens: int = 0  # of the prompt, tokens taken from the prefix cache (not computed)
 
     @property
     def total_s(self) -> float:
@@ -135,12 +136,14 @@ class StreamResult:
 
 
 def stream(engine, prompt_ids: list[int], args: argparse.Namespace, write: Callable[[str], None] = write_stdout,
-           *, as_text: bool = True, max_new_tokens: int | None = None, interruptible: bool = False) -> StreamResult:
+           *, as_text: bool = True, max_new_tokens: int | None = None, interruptible: bool = False,
+           scheduler=None) -> StreamResult:
     """Generate from ``prompt_ids`` with the sampling flags in ``args``, writing output as it comes.
 
     as_text: write decoded text (cut before any ``--stop`` string, which is held back until it is
     certain), else write the token ids. interruptible: Ctrl-C ends this answer and returns what
-    was made so far instead of propagating.
+    was made so far instead of propagating. scheduler: the engine's scheduler to run in, kept
+    between calls (a chat: its prefix cache holds the conversation read so far).
     """
     from ..loading.tokenizer import StopStringFilter, StreamDecoder
 
@@ -151,7 +154,8 @@ def stream(engine, prompt_ids: list[int], args: argparse.Namespace, write: Calla
     tokens = engine.stream(prompt_ids, args.max_new_tokens if max_new_tokens is None else max_new_tokens,
                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                            repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
-                           frequency_penalty=args.frequency_penalty)
+                           frequency_penalty=args.frequency_penalty,
+                           **({} if scheduler is None else {"scheduler": scheduler}))
     start = time.perf_counter()
     first = None
     try:
@@ -182,14 +186,16 @@ def stream(engine, prompt_ids: list[int], args: argparse.Namespace, write: Calla
     end = time.perf_counter()
     result.prompt_s = (first or end) - start
     result.generate_s = end - first if first is not None else 0.0
+    result.cached_tokens = engine.last_stats.extra.get("cached_prompt_tokens", 0) if engine.last_stats else 0
     return result
 
 
 def print_stats(console: Console, result: StreamResult) -> None:
     """One dim line: tokens, prompt and generation speed, total time."""
     end = " (interrupted)" if result.interrupted else f" (stopped at {result.stopped_at!r})" if result.stopped_at else ""
+    cached = f" ({result.cached_tokens} cached)" if result.cached_tokens else ""
     console.print(
-        f"[dim]prompt {result.prompt_tokens} tokens, {result.prompt_tok_s:.1f} tok/s · "
+        f"[dim]prompt {result.prompt_tokens} tokens{cached}, {result.prompt_tok_s:.1f} tok/s · "
         f"generated {len(result.ids)} tokens, {result.generate_tok_s:.1f} tok/s · "
         f"total {result.total_s:.2f} s{end}[/dim]"
     )

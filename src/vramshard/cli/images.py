@@ -54,6 +54,10 @@ class _PromptEngine:
     def __init__(self, engine, prompt):
         self.engine, self.prompt, self.tokenizer = engine, prompt, engine.tokenizer
 
+    @property
+    def last_stats(self):
+        return self.engine.last_stats
+
     def stream(self, prompt_ids, max_new_tokens, temperature=0.0, top_k=0, top_p=1.0, seed=None, **adjust):
         from .. import vlm
 

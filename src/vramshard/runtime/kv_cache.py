@@ -10,6 +10,15 @@ No sequence can be stranded half-way: a sequence *reserves* the blocks it may ev
 (prompt plus answer) when it is admitted, and only then takes physical blocks as it grows.
 When the unreserved blocks run out, a new sequence waits; a running one never loses its cache.
 
+Prefix caching: a full block whose keys and values a sequence has written can be registered
+under its contents (the token ids of every position up to its end, :func:`prefix_keys`). A later
+sequence whose prompt starts with the same tokens takes those blocks into its table instead of
+computing them again (blocks shared by several sequences are only read: a sequence writes from
+its first uncached position on, always in a block of its own). A registered block nobody holds
+stays cached until a growing sequence needs a block and none is free: the least recently
+released goes first. Reservations count shared blocks in full for every sequence holding them,
+so sharing saves compute, never the no-stranding guarantee.
+
 Callers that never pass block tables (``Step.block_tables`` None) see the old row layout:
 slot s owns blocks ``s * blocks_per_slot ...``, contiguous, so a single sequence reads a view.
 """
@@ -17,6 +26,8 @@ slot s owns blocks ``s * blocks_per_slot ...``, contiguous, so a single sequence
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable
 
@@ -43,13 +54,26 @@ class LayerCache:
         return self.k.shape[0]
 
 
+def prefix_keys(tokens: Sequence[int], block_size: int) -> list[tuple]:
+    """The content key of each full block of ``tokens``: block i's key holds the token ids of
+    positions ``0 .. (i + 1) * block_size - 1`` (a chain of (parent key, this block's ids), so
+    equal keys mean equal prefixes; dict lookups compare them in full, no hash is trusted alone)."""
+    keys, parent = [], None
+    for begin in range(0, len(tokens) - block_size + 1, block_size):
+        parent = (parent, tuple(tokens[begin : begin + block_size]))
+        keys.append(parent)
+    return keys
+
+
 class BlockAllocator:
     """Hands out the blocks of a pool to sequences (keyed by any hashable id).
 
-    :meth:`admit` reserves the blocks a sequence may ever need; :meth:`grow` gives it physical
-    blocks up to a length (never failing within the reservation); :meth:`release` frees both.
-    A growing sequence gets the block after its last one when that is free, so a sequence that
-    runs alone keeps a contiguous cache (attention then reads a view, no gather).
+    :meth:`admit` reserves the blocks a sequence may ever need (and gives it the cached blocks of
+    its prefix, :meth:`cached_prefix`); :meth:`grow` gives it physical blocks up to a length (never
+    failing within the reservation); :meth:`register` files its full written blocks under their
+    contents; :meth:`release` frees the blocks and the reservation (registered blocks stay cached
+    until their room is needed). A growing sequence gets the block after its last one when that is
+    free, so a sequence that runs alone keeps a contiguous cache (attention then reads a view).
     """
 
     def __init__(self, num_blocks: int, block_size: int):
@@ -61,6 +85,10 @@ class BlockAllocator:
         self._tables: dict[object, list[int]] = {}
         self._reserved: dict[object, int] = {}
         self.reserved_blocks = 0
+        self._holders: dict[int, int] = {}  # block -> sequences holding it (held blocks only)
+        self._by_key: dict[tuple, int] = {}  # prefix cache: content key -> block
+        self._key_of: dict[int, tuple] = {}  # and back
+        self._idle: OrderedDict[int, None] = OrderedDict()  # cached blocks nobody holds, least recent first
 
     # ------------------------------------------------------------------ queries
     def blocks_for(self, tokens: int) -> int:
@@ -69,12 +97,17 @@ class BlockAllocator:
 
     @property
     def free_blocks(self) -> int:
-        """Blocks nobody holds now."""
-        return len(self._free)
+        """Blocks nobody holds now (cached ones among them: they give way when needed)."""
+        return len(self._free) + len(self._idle)
 
     @property
     def used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - self.free_blocks
+
+    @property
+    def cached_blocks(self) -> int:
+        """Blocks filed in the prefix cache (held or not)."""
+        return len(self._key_of)
 
     @property
     def unreserved_blocks(self) -> int:
@@ -91,15 +124,32 @@ class BlockAllocator:
     def __contains__(self, seq) -> bool:
         return seq in self._tables
 
+    def cached_prefix(self, keys: Sequence[tuple]) -> list[int]:
+        """The cached blocks of the longest run of ``keys`` (from :func:`prefix_keys`) from the start."""
+        blocks = []
+        for key in keys:
+            block = self._by_key.get(key)
+            if block is None:
+                break
+            blocks.append(block)
+        return blocks
+
     # ------------------------------------------------------------------ changes
-    def admit(self, seq, tokens: int) -> None:
-        """Reserve room for ``tokens`` positions of a new sequence (no physical block yet)."""
+    def admit(self, seq, tokens: int, prefix: Sequence[int] = ()) -> None:
+        """Reserve room for ``tokens`` positions of a new sequence; its table starts with the cached
+        blocks ``prefix`` (:meth:`cached_prefix`), which it then shares, and has no other block yet."""
         if seq in self._tables:
             raise ValueError(f"sequence {seq!r} already holds blocks")
         need = self.blocks_for(tokens)
         if need > self.unreserved_blocks:
             raise ValueError(f"sequence {seq!r} needs {need} blocks, only {self.unreserved_blocks} are unreserved")
-        self._tables[seq] = []
+        if len(prefix) > need or any(block not in self._key_of for block in prefix):
+            raise ValueError(f"sequence {seq!r}: a prefix of {len(prefix)} blocks that are not all cached, or "
+                             f"more than the {need} it reserves")
+        self._tables[seq] = list(prefix)
+        for block in prefix:
+            self._holders[block] = self._holders.get(block, 0) + 1
+            self._idle.pop(block, None)
         self._reserved[seq] = need
         self.reserved_blocks += need
 
@@ -111,19 +161,54 @@ class BlockAllocator:
             raise ValueError(f"sequence {seq!r} grows to {tokens} positions, beyond the "
                              f"{self._reserved[seq] * self.block_size} it reserved")
         while len(table) < need:
-            after = table[-1] + 1 if table else None
-            block = after if after in self._free else min(self._free)
-            self._free.remove(block)
+            block = self._take(table[-1] + 1 if table else None)
+            self._holders[block] = 1
             table.append(block)
         return table
+
+    def register(self, seq, keys: Sequence[tuple]) -> None:
+        """File the first ``len(keys)`` blocks of ``seq`` under their content keys (their keys and
+        values written: the caller's promise). A key already filed keeps its block."""
+        for block, key in zip(self._tables[seq], keys):
+            if key not in self._by_key and block not in self._key_of:
+                self._by_key[key] = block
+                self._key_of[block] = key
 
     def release(self, seq) -> None:
         """Give back the blocks and the reservation of ``seq`` (a no-op for an unknown one)."""
         table = self._tables.pop(seq, None)
         if table is None:
             return
-        self._free.update(table)
+        for block in table:
+            left = self._holders.pop(block) - 1
+            if left:
+                self._holders[block] = left
+            elif block in self._key_of:
+                self._idle[block] = None  # cached, most recently released last
+            else:
+                self._free.add(block)
         self.reserved_blocks -= self._reserved.pop(seq)
+
+    def forget_cached(self) -> None:
+        """Empty the prefix cache (blocks nobody holds become free)."""
+        self._free.update(self._idle)
+        self._idle.clear()
+        self._by_key.clear()
+        self._key_of.clear()
+
+    def _take(self, after: int | None) -> int:
+        """A block for a growing sequence: ``after`` if free, else the lowest free one, else the least
+        recently released cached one (there is one: held blocks never exceed the reservations)."""
+        if after in self._free:
+            self._free.remove(after)
+            return after
+        if self._free:
+            block = min(self._free)
+            self._free.remove(block)
+            return block
+        block, _ = self._idle.popitem(last=False)
+        del self._by_key[self._key_of.pop(block)]
+        return block
 
 
 class KVCache:

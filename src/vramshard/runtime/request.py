@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ..loading.tokenizer import StopStringFilter, StreamDecoder
+from .kv_cache import prefix_keys
 from .sampler import Sampler, SamplingParams
 
 _ids = itertools.count(1)
@@ -80,6 +81,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     slot: int | None = None  # sequence slot while running; keys its block table in the paged KV cache
     num_cached: int = 0  # tokens whose keys and values are in the cache
+    cached_prompt_tokens: int = 0  # of the prompt, tokens taken from the prefix cache (not computed)
     output_ids: list[int] = field(default_factory=list)
     text: str = ""  # text released so far (cut before any stop string)
     finish_reason: str | None = None
@@ -97,6 +99,7 @@ class Request:
         self._cancel = threading.Event()
         self._decoder: StreamDecoder | None = None
         self._stop_filter = StopStringFilter(self.stop)
+        self._prompt_keys: tuple[int, list[tuple]] | None = None  # (block size, keys): see prompt_keys
 
     # ------------------------------------------------------------------ derived values
     @property
@@ -130,6 +133,12 @@ class Request:
     @property
     def cancelled(self) -> bool:
         return self._cancel.is_set()
+
+    def prompt_keys(self, block_size: int) -> list[tuple]:
+        """The prefix-cache keys of the prompt's full blocks (made once)."""
+        if self._prompt_keys is None or self._prompt_keys[0] != block_size:
+            self._prompt_keys = (block_size, prefix_keys(self.prompt_ids, block_size))
+        return self._prompt_keys[1]
 
     def next_input(self, n: int) -> list[int]:
         """The next ``n`` uncached token ids (prompt tokens, or the last sampled token)."""

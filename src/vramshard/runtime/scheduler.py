@@ -15,6 +15,14 @@ grows: a new request that does not fit waits, and a running sequence is never ev
 of different lengths share the pool, so short ones do not hold a whole ``max_context`` row.
 Cancelled requests are dropped at the next step boundary.
 
+Prefix caching (``prefix_cache``, ``VRAMSHARD_PREFIX_CACHE``, on by default): the full KV blocks of
+a prompt are filed under their token ids once computed, and a finished request's blocks (prompt
+and answer) when it ends. A request admitted later whose prompt starts with the same full blocks
+takes them and reads only the rest: a chat turn re-sent with its history, or prompts that share a
+system prompt, skip the prefill of what was read before. Prompts with images are left out (the
+same token ids may stand for other pictures). Cached blocks nobody holds give way to new ones when
+the pool runs out of free blocks (the least recently released first).
+
 Overlap: when a step's sampled tokens are all plain greedy argmaxes taken on the GPU, none is a
 request's first token, and the next step only queues GPU work (no CPU sub-layer the host would
 compute before it could read this step, see ``Executor.queues_without_waiting``), the next step
@@ -41,8 +49,10 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
+from ..env import switch
 from ..errors import InvalidInputError
 from ..layers.step import Step
+from .kv_cache import prefix_keys
 from .request import MultimodalInput, Request, RequestOutput, RequestStatus, cut_at_stop
 from .sampler import SamplingParams
 from .step_logits import TokenIds
@@ -137,6 +147,8 @@ class Scheduler:
     against its plan's prediction). overlap: queue a greedy GPU step's successor before reading
     it (see the module docstring); None: ``VRAMSHARD_OVERLAP`` decides, for GPU steps only; True:
     for every greedy step, also on the CPU (where nothing runs meanwhile: tests of the mechanism).
+    prefix_cache: reuse the KV blocks of prompt prefixes read before (see the module docstring);
+    None: ``VRAMSHARD_PREFIX_CACHE`` decides (on unless set off).
     """
 
     def __init__(self, executor, max_seqs: int = 8, max_context: int = 4096, max_step_tokens: int = 2048,
@@ -144,7 +156,8 @@ class Scheduler:
                  eos_ids: Iterable[int] = (), tokenizer=None, vocab_size: int | None = None,
                  stats_window: int = 512, max_logit_rows: int | None = None,
                  before_step: Callable[[], object] | None = None,
-                 after_step: Callable[[StepStats], object] | None = None, overlap: bool | None = None):
+                 after_step: Callable[[StepStats], object] | None = None, overlap: bool | None = None,
+                 prefix_cache: bool | None = None):
         if max_seqs < 1 or max_context < 1 or max_step_tokens < 1:
             raise InvalidInputError(f"max_seqs, max_context and max_step_tokens must be >= 1, got "
                                     f"{max_seqs}, {max_context}, {max_step_tokens}")
@@ -163,6 +176,7 @@ class Scheduler:
         if overlap is None:
             overlap = None if OVERLAP == "auto" else False
         self.overlap = overlap
+        self.prefix_cache = switch("VRAMSHARD_PREFIX_CACHE", True) if prefix_cache is None else bool(prefix_cache)
         self._pending: _Launched | None = None  # queued, not read yet
         self._last_end = 0.0  # when the last step was read (perf_counter)
         if self.kv_tokens < 1:
@@ -177,6 +191,7 @@ class Scheduler:
         self.history: collections.deque[StepStats] = collections.deque(maxlen=stats_window)
         self.total_steps = 0
         self.total_prompt_tokens = 0
+        self.total_cached_prompt_tokens = 0  # prompt tokens taken from the prefix cache, not computed
         self.total_generated_tokens = 0
         self.total_step_s = 0.0
         self.total_forward_s = 0.0
@@ -309,7 +324,12 @@ class Scheduler:
         # first (maybe a new CUDA graph to capture) would hold its time to first token back.
         firsts = any(not request.output_ids for request in sampling)
         for chunk in chunks:
-            chunk.request.num_cached += chunk.length
+            request = chunk.request
+            request.num_cached += chunk.length
+            if self.prefix_cache and request.multimodal is None and request.num_cached <= request.prompt_len:
+                # The prompt's full blocks this step writes: filed now (later steps read after it).
+                keys = request.prompt_keys(self.blocks.block_size)
+                self.blocks.register(request.slot, keys[: request.num_cached // self.blocks.block_size])
         chainable = not need and not firsts and (
             self.overlap is True or (self.overlap is None and logits.device.type == "cuda"))
         return _Launched(chunks, tokens, host, {row: i for i, row in enumerate(need)}, prefill, decode, running,
@@ -384,10 +404,21 @@ class Scheduler:
                 break
             self.waiting.popleft()
             request.slot = self.free_slots.pop(0)
-            self.blocks.admit(request.slot, request.context_needed)
+            prefix = self._cached_prefix(request)
+            self.blocks.admit(request.slot, request.context_needed, prefix)
+            request.num_cached = request.cached_prompt_tokens = len(prefix) * self.blocks.block_size
+            self.total_cached_prompt_tokens += request.cached_prompt_tokens
             request.status = RequestStatus.RUNNING
             self.kv_reserved += request.context_needed
             self.running.append(request)
+
+    def _cached_prefix(self, request: Request) -> list[int]:
+        """The prefix cache's blocks for the start of ``request``'s prompt: whole blocks before its
+        last token (that one is always computed: its logits give the first new token)."""
+        if not self.prefix_cache or request.multimodal is not None or request.prompt_len <= self.blocks.block_size:
+            return []
+        usable = (request.prompt_len - 1) // self.blocks.block_size
+        return self.blocks.cached_prefix(request.prompt_keys(self.blocks.block_size)[:usable])
 
     def _schedule(self, after: _Launched | None) -> list[_Chunk]:
         """Decode tokens of generating sequences first (they never starve), then prompt chunks.
@@ -447,6 +478,10 @@ class Scheduler:
             request.output_ids = cut_at_stop(self.tokenizer, request.output_ids, request.stop)
             del request.logprobs[len(request.output_ids):]
         if request.slot is not None:
+            if self.prefix_cache and request.multimodal is None and reason != "error":
+                # Every full block of what was fed (prompt and answer): a next turn starts with it.
+                fed = (request.prompt_ids + request.output_ids)[: request.num_cached]
+                self.blocks.register(request.slot, prefix_keys(fed, self.blocks.block_size))
             self.blocks.release(request.slot)
             self.free_slots.append(request.slot)
             self.free_slots.sort()
@@ -482,6 +517,8 @@ class Scheduler:
             "steps": self.total_steps,
             "overlapped_steps": self.total_overlapped,
             "prompt_tokens": self.total_prompt_tokens,
+            "prompt_tokens_cached": self.total_cached_prompt_tokens,
+            "kv_blocks_cached": self.blocks.cached_blocks,
             "generated_tokens": self.total_generated_tokens,
             "busy_s": round(self.total_step_s, 4),
             "scheduling_s": round(self.total_step_s - self.total_forward_s, 4),

@@ -1,0 +1,164 @@
+"""Prefix caching: full KV blocks filed under their token ids and taken by later prompts that start
+with them (a chat's next turn, a shared system prompt), with the same tokens as computing them."""
+
+import pytest
+import torch
+
+from vramshard.runtime.kv_cache import BlockAllocator, prefix_keys
+from vramshard.runtime.request import MultimodalInput, Request
+
+from scheduling_helpers import add_staggered, random_prompts
+
+BLOCK = 16  # the scheduler's block size (kv_cache.DEFAULT_BLOCK_SIZE)
+
+
+@pytest.fixture(scope="module")
+def engine(cpu_qwen3):
+    return cpu_qwen3
+
+
+# ---------------------------------------------------------------------------- the allocator
+def test_equal_keys_mean_equal_prefixes():
+    a = prefix_keys([1, 2, 3, 4, 5, 6, 7, 8, 9], 4)  # two full blocks; the ninth token is no block
+    assert len(a) == 2 and a == prefix_keys([1, 2, 3, 4, 5, 6, 7, 8], 4)
+    b = prefix_keys([0, 2, 3, 4, 5, 6, 7, 8], 4)
+    assert a[0] != b[0] and a[1] != b[1]  # the second block's ids are equal, what came before is not
+    assert prefix_keys([1, 2, 3], 4) == []
+
+
+def test_blocks_of_a_prefix_are_shared_then_cached_then_give_way_least_recent_first():
+    blocks = BlockAllocator(num_blocks=6, block_size=4)
+    keys = prefix_keys(list(range(12)), 4)
+    blocks.admit("a", 12)
+    blocks.grow("a", 12)
+    blocks.register("a", keys)
+    assert blocks.cached_prefix(keys) == blocks.table("a") == [0, 1, 2] and blocks.cached_blocks == 3
+    assert blocks.cached_prefix(prefix_keys([0, 1, 2, 3, 9, 9, 9, 9], 4)) == [0]  # the first block only
+    blocks.admit("b", 9, blocks.cached_prefix(keys)[:2])
+    assert blocks.table("b") == [0, 1] and blocks.grow("b", 9) == [0, 1, 3]  # its own block for position 8
+    blocks.release("a")  # b holds 0 and 1 still; 2 is cached and held by nobody
+    assert blocks.free_blocks == 3 and blocks.reserved_blocks == 3 and blocks.cached_prefix(keys) == [0, 1, 2]
+    blocks.release("b")  # 3 was never filed: free; 0, 1 cached
+    assert blocks.free_blocks == 6 and blocks.used_blocks == 0 and blocks.cached_blocks == 3
+    blocks.admit("c", 24)
+    table = blocks.grow("c", 24)  # the free blocks first, then the cached ones, least recently released first
+    assert table == [3, 4, 5, 2, 0, 1]
+    assert blocks.cached_blocks == 0 and blocks.cached_prefix(keys) == []
+
+
+def test_a_prefix_must_be_cached_blocks_within_the_reservation():
+    blocks = BlockAllocator(num_blocks=4, block_size=4)
+    blocks.admit("a", 8)
+    blocks.grow("a", 8)
+    with pytest.raises(ValueError, match="not all cached"):
+        blocks.admit("b", 8, [0])  # held by a, never filed
+    blocks.register("a", prefix_keys(list(range(8)), 4))
+    with pytest.raises(ValueError, match="not all cached"):
+        blocks.admit("b", 4, [0, 1])  # more blocks than 4 positions reserve
+    blocks.forget_cached()
+    assert blocks.cached_blocks == 0 and blocks.table("a") == [0, 1]
+
+
+def test_a_full_pool_of_reservations_still_grows_through_cached_blocks():
+    """Held blocks never exceed the reservations, so a growing sequence always finds a free or a
+    cached block: sharing saves compute, never the guarantee that a sequence is not stranded."""
+    blocks = BlockAllocator(num_blocks=4, block_size=2)
+    for name, tokens in (("a", [1, 2, 3, 4]), ("b", [5, 6, 7, 8])):
+        blocks.admit(name, 4)
+        blocks.grow(name, 4)
+        blocks.register(name, prefix_keys(tokens, 2))
+        blocks.release(name)
+    assert blocks.free_blocks == 4 and blocks.cached_blocks == 4
+    blocks.admit("c", 4, blocks.cached_prefix(prefix_keys([1, 2, 3, 4], 2)))
+    blocks.admit("d", 4)
+    assert not blocks.can_admit(1)
+    assert len(blocks.grow("d", 4)) == 2 and blocks.cached_prefix(prefix_keys([1, 2], 2)) == blocks.table("c")[:1]
+
+
+# ---------------------------------------------------------------------------- the scheduler
+def test_a_chats_next_turn_reads_only_what_it_does_not_share_with_the_last(engine):
+    first = random_prompts([45], seed=3)[0]
+    conversation = engine.scheduler(max_seqs=1, max_context=160, prefix_cache=True)
+    answer = list(engine.stream(first, 12, scheduler=conversation))
+    assert answer == engine.generate([first], 12)[0]
+    computed = conversation.total_prompt_tokens
+    second = first + answer + [5, 6, 7]
+    again = list(engine.stream(second, 12, scheduler=conversation))
+    assert again == engine.generate([second], 12)[0]  # a scheduler of its own: nothing cached
+    fed = len(first) + len(answer) - 1  # the last answer token was sampled, never read
+    cached = min(fed // BLOCK, (len(second) - 1) // BLOCK) * BLOCK
+    assert cached == 48
+    assert conversation.total_cached_prompt_tokens == cached
+    assert conversation.total_prompt_tokens - computed == len(second) - cached
+    assert engine.last_stats.extra["cached_prompt_tokens"] == 0  # (the generate call's)
+
+
+@pytest.mark.parametrize("kv_tokens", [None, 96], ids=["room", "cached-blocks-give-way"])
+def test_prompts_sharing_a_prefix_give_the_tokens_of_computing_it(engine, kv_tokens):
+    """A system prompt shared by prompts arriving while others read and decode; with a small pool the
+    cached blocks give way to growing sequences. Every output equals its generation alone."""
+    system = random_prompts([37], seed=5)[0]
+    tails = random_prompts([3, 20, 9, 1, 30, 14], seed=6)
+    prompts = [system + tail for tail in tails] + [system[:20]]
+    new_tokens = [6, 4, 9, 3, 5, 7, 2]
+    alone = [engine.generate([p], n)[0] for p, n in zip(prompts, new_tokens)]
+    for cache in (True, False):
+        scheduler = engine.scheduler(max_seqs=2, max_context=80, max_step_tokens=24, chunk_sizes=(4, 16),
+                                     kv_tokens=kv_tokens, prefix_cache=cache)
+        requests = add_staggered(scheduler, prompts, new_tokens)
+        scheduler.run_until_idle()
+        assert [r.output_ids for r in requests] == alone, f"prefix_cache={cache}"
+        assert scheduler.kv_reserved == 0 and scheduler.blocks.reserved_blocks == 0
+        if cache:
+            assert scheduler.total_cached_prompt_tokens >= 2 * BLOCK
+            assert sum(r.cached_prompt_tokens for r in requests) == scheduler.total_cached_prompt_tokens
+        else:
+            assert scheduler.total_cached_prompt_tokens == 0 and scheduler.blocks.cached_blocks == 0
+
+
+def test_a_block_is_shared_only_once_a_step_has_written_it(engine):
+    """A prompt read in chunks files each block as the step that writes it is launched; a request
+    admitted after the first chunk takes that block only, not the one still to be read."""
+    prompt = random_prompts([70], seed=9)[0]
+    twin = prompt + [3, 4]
+    alone = engine.generate([twin], 5)[0]
+    scheduler = engine.scheduler(max_seqs=2, max_context=96, max_step_tokens=16, chunk_sizes=(16,), prefix_cache=True)
+    first = scheduler.add(prompt, max_new_tokens=2)
+    scheduler.step()  # positions 0-15 of the first prompt
+    second = scheduler.add(twin, max_new_tokens=5)
+    scheduler.run_until_idle()
+    assert second.cached_prompt_tokens == BLOCK and first.cached_prompt_tokens == 0
+    assert second.output_ids == alone
+
+
+def test_prompts_with_images_are_left_out(engine):
+    scheduler = engine.scheduler(max_seqs=1, max_context=96, prefix_cache=True)
+    prompt = random_prompts([40], seed=7)[0]
+    list(engine.stream(prompt, 4, scheduler=scheduler))
+    plain = Request(prompt + [1])
+    pictured = Request(prompt + [1], multimodal=MultimodalInput(torch.zeros(3, 41, dtype=torch.long), 0,
+                                                                torch.zeros(0, dtype=torch.long)))
+    assert len(scheduler._cached_prefix(plain)) == 2 and scheduler._cached_prefix(pictured) == []
+
+
+def test_the_prefix_cache_can_be_turned_off(engine, monkeypatch):
+    monkeypatch.setenv("VRAMSHARD_PREFIX_CACHE", "off")
+    assert not engine.scheduler(max_seqs=1, max_context=64).prefix_cache
+    monkeypatch.delenv("VRAMSHARD_PREFIX_CACHE")
+    assert engine.scheduler(max_seqs=1, max_context=64).prefix_cache
+
+
+def test_the_benchmark_gives_the_same_tokens_both_ways_and_takes_the_history_from_the_cache(tmp_path, monkeypatch):
+    import json
+    import sys
+
+    from benchmarks import prefix_cache
+
+    out = tmp_path / "prefix.json"
+    monkeypatch.setattr(sys, "argv", ["prefix_cache", "--shape", "tiny-llama", "--device", "cpu", "--turns", "3",
+                                      "--system", "40", "--message", "8", "--answer", "4", "--ctx", "128",
+                                      "--json", str(out)])
+    prefix_cache.main()
+    cells = json.loads(out.read_text())["cells"]
+    assert [c["same_tokens"] for c in cells] == [True] * 3
+    assert cells[0]["cached_tokens"] == 0 and cells[1]["cached_tokens"] == 32 and cells[2]["cached_tokens"] == 48
