@@ -162,3 +162,20 @@ def test_the_benchmark_gives_the_same_tokens_both_ways_and_takes_the_history_fro
     cells = json.loads(out.read_text())["cells"]
     assert [c["same_tokens"] for c in cells] == [True] * 3
     assert cells[0]["cached_tokens"] == 0 and cells[1]["cached_tokens"] == 32 and cells[2]["cached_tokens"] == 48
+
+
+@pytest.mark.parametrize("placement", ["gpu", "stream", "static"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_a_chats_next_turn_from_the_cache_gives_the_tokens_of_computing_it(placement, tiny_model_dir):
+    """On the GPU (graphs, the paged Triton kernel, overlapped steps), with weights resident, streamed
+    or on the CPU beside GPU attention: the next turn over cached blocks equals a fresh generation."""
+    from vramshard import Engine
+
+    engine = Engine.load(tiny_model_dir("qwen3"), device="cuda", placement=placement, max_context=256)
+    first = random_prompts([45], seed=3)[0]
+    conversation = engine.scheduler(max_seqs=1, max_context=160, prefix_cache=True)
+    answer = list(engine.stream(first, 12, scheduler=conversation))
+    second = first + answer + [5, 6, 7]
+    assert list(engine.stream(second, 12, scheduler=conversation)) == engine.generate([second], 12)[0]
+    assert conversation.total_cached_prompt_tokens == 48
