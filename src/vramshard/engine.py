@@ -433,12 +433,14 @@ class Engine:
                 scheduler.step()
                 yield from news
                 news.clear()
-        finally:
+        except GeneratorExit:
             if kept:  # closed early (Ctrl-C): the caller's scheduler retires what is left before its next use
                 for request in mine:
                     request.cancel()
                 while scheduler.has_work:
                     scheduler.step()
+            raise
+        finally:
             _fill_stats(stats, scheduler, mine, start, before)
 
     def _scheduler_for(self, prompts: list[list[int]], max_new_tokens: int):
