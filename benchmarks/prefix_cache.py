@@ -19,6 +19,7 @@ import logging
 import time
 
 from vramshard.engine import Engine
+from vramshard.profile import load as load_profile
 from vramshard.shapes import random_weights, shape_config
 from vramshard.models import build_model
 
@@ -58,7 +59,7 @@ def main() -> None:
     if args.layers:
         config["num_hidden_layers"] = args.layers
     model = build_model(config)
-    options = {"profile": args.profile} if args.profile else {}
+    options = {"profile": load_profile(args.profile, check_fingerprint=False)} if args.profile else {}
     engine = Engine.from_weights(model, random_weights(model), name=args.shape, device=args.device,
                                  vram=f"{args.vram}GiB" if args.vram else None, max_context=args.ctx, **options)
     import torch
