@@ -157,8 +157,19 @@ def test_the_benchmark_gives_the_same_tokens_both_ways_and_takes_the_history_fro
     out = tmp_path / "prefix.json"
     monkeypatch.setattr(sys, "argv", ["prefix_cache", "--shape", "tiny-llama", "--device", "cpu", "--turns", "3",
                                       "--system", "40", "--message", "8", "--answer", "4", "--ctx", "128",
-                                      "--json", str(out)])
+                                      "--profile", "docs/profiles/h200-run26b.json", "--json", str(out)])
+    given = {}
+    build = prefix_cache.Engine.from_weights
+
+    def from_weights(*args, **kwargs):  # (the planner needs a Profile, not its path: only a GPU plans)
+        given.update(kwargs)
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(prefix_cache.Engine, "from_weights", from_weights)
     prefix_cache.main()
+    from vramshard.profile.query import Profile
+
+    assert isinstance(given["profile"], Profile)
     cells = json.loads(out.read_text())["cells"]
     assert [c["same_tokens"] for c in cells] == [True] * 3
     assert cells[0]["cached_tokens"] == 0 and cells[1]["cached_tokens"] == 32 and cells[2]["cached_tokens"] == 48
