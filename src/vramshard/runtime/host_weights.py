@@ -184,8 +184,17 @@ def pack_sublayer(sublayer: SubLayer, weights: dict[str, torch.Tensor], pin: boo
     buffer = _empty_host(layout.nbytes, pin)
     views = layout.views(buffer)
     for spec in sublayer.weights:
-        views[spec.key].copy_(weights[spec.source])
+        _fill(views[spec.key], weights[spec.source])
     return PackedWeights(layout, buffer, views)
+
+
+def _fill(view: torch.Tensor, source: torch.Tensor) -> None:
+    """``view.copy_(source)``, writing in storage order where ``view`` is a transposed view (a split
+    layout's down projection): the strided writes of a plain copy took 4.7x the time on the CPU."""
+    if view.dim() == 2 and not view.is_contiguous() and view.t().is_contiguous():
+        view.t().copy_(source.t())
+    else:
+        view.copy_(source)
 
 
 def pack_model(sublayers: list[SubLayer], weights: dict[str, torch.Tensor], pin: bool,
