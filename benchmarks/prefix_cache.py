@@ -10,6 +10,12 @@ other gives each turn a scheduler of its own (every turn reads its whole history
 cache). Both generate ``--answer`` greedy tokens a turn, and both must give the same tokens. Per turn:
 the prompt's length, the tokens taken from the cache, and the time to first token of each way, whose
 floor is the prefill of the tokens not cached.
+
+With ``--batch N``, also N prompts added at once that share the first prompt (``--system`` tokens)
+and differ after it (``--message`` tokens each), each answered with ``--answer`` tokens: the prompt
+tokens computed and the seconds until all have answered, with the prefix cache and without (a
+scheduler of N sequences each way). With it, the first prompt reads the shared part and the others
+wait until it is written, then take it.
 """
 
 from __future__ import annotations
@@ -39,6 +45,23 @@ def first_token_s(engine: Engine, prompt: list[int], answer: int, scheduler=None
     return first - start, tokens
 
 
+def shared_batch(engine: Engine, prompts: list[list[int]], answer: int, cache: bool) -> dict:
+    """``prompts`` added at once to a scheduler of their own, run until all have answered."""
+    scheduler = engine.scheduler(max_seqs=len(prompts), prefix_cache=cache)
+    start = time.perf_counter()
+    requests = [scheduler.add(prompt, max_new_tokens=answer) for prompt in prompts]
+    scheduler.run_until_idle()
+    seconds = time.perf_counter() - start
+    cell = {"prefix_cache": cache, "prompts": len(prompts), "prompt_tokens": sum(map(len, prompts)),
+            "computed_prompt_tokens": scheduler.total_prompt_tokens,
+            "cached_prompt_tokens": scheduler.total_cached_prompt_tokens, "seconds": seconds,
+            "steps": scheduler.total_steps, "same_tokens": True, "outputs": [r.output_ids for r in requests]}
+    log.info("%d prompts at once (%d tokens), prefix cache %s: %d prompt tokens computed, %d cached, %.2f s "
+             "until all answered", len(prompts), cell["prompt_tokens"], "on" if cache else "off",
+             cell["computed_prompt_tokens"], cell["cached_prompt_tokens"], seconds)
+    return cell
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="llama3-8b")
@@ -50,6 +73,7 @@ def main() -> None:
     parser.add_argument("--message", type=int, default=64, help="new tokens each later turn adds")
     parser.add_argument("--answer", type=int, default=16)
     parser.add_argument("--ctx", type=int, default=2048)
+    parser.add_argument("--batch", type=int, default=0, help="also this many prompts at once sharing the first")
     parser.add_argument("--profile", default=None)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
@@ -79,8 +103,14 @@ def main() -> None:
         log.info("turn %d: %d prompt tokens, %d cached; TTFT %.1f ms without the cache, %.1f with", turn + 1,
                  len(prompt), cells[-1]["cached_tokens"], cold_s * 1e3, warm_s * 1e3)
         prompt = prompt + warm + words(args.message)
+    system = words(args.system)
+    batch = [system + words(args.message) for _ in range(args.batch)]
+    batch_cells = [shared_batch(engine, batch, args.answer, cache) for cache in (False, True)] if batch else []
+    if batch_cells and batch_cells[0].pop("outputs") != batch_cells[1].pop("outputs"):
+        log.error("the batch gave different tokens with the prefix cache")
+        batch_cells[1]["same_tokens"] = False
     result = {"date": now(), "hardware": hardware(), "args": vars(args), "model_gib": model.nbytes / GiB,
-              "device": str(engine.executor.gpu or "cpu"), "cells": cells}
+              "device": str(engine.executor.gpu or "cpu"), "cells": cells, "batch": batch_cells}
     if not all(c["same_tokens"] for c in cells):
         log.error("the two ways gave different tokens")
     if args.json:

@@ -116,9 +116,10 @@ def test_prompts_sharing_a_prefix_give_the_tokens_of_computing_it(engine, kv_tok
             assert scheduler.total_cached_prompt_tokens == 0 and scheduler.blocks.cached_blocks == 0
 
 
-def test_a_block_is_shared_only_once_a_step_has_written_it(engine):
-    """A prompt read in chunks files each block as the step that writes it is launched; a request
-    admitted after the first chunk takes that block only, not the one still to be read."""
+def test_a_request_waits_for_the_blocks_a_running_prompt_is_writing_then_takes_them(engine):
+    """A prompt read in chunks files each block as the step that writes it is launched. A request
+    arriving after the first chunk whose prompt starts with the same blocks is not admitted until
+    they are all written, then takes them all instead of computing them again."""
     prompt = random_prompts([70], seed=9)[0]
     twin = prompt + [3, 4]
     alone = engine.generate([twin], 5)[0]
@@ -126,9 +127,37 @@ def test_a_block_is_shared_only_once_a_step_has_written_it(engine):
     first = scheduler.add(prompt, max_new_tokens=2)
     scheduler.step()  # positions 0-15 of the first prompt
     second = scheduler.add(twin, max_new_tokens=5)
+    waited = 0
+    while second.slot is None:
+        assert first.in_prefill, "the second request waited after the first had written its prompt"
+        scheduler.step()
+        waited += 1
+    assert waited == 4  # steps writing positions 16-31, 32-47, 48-63 and 64-69
     scheduler.run_until_idle()
-    assert second.cached_prompt_tokens == BLOCK and first.cached_prompt_tokens == 0
+    assert second.cached_prompt_tokens == 4 * BLOCK and first.cached_prompt_tokens == 0
+    assert scheduler.total_prompt_tokens == len(prompt) + len(twin) - 4 * BLOCK
     assert second.output_ids == alone
+
+
+def test_prompts_added_together_read_their_shared_system_prompt_once(engine):
+    system = random_prompts([50], seed=11)[0]
+    prompts = [system + tail for tail in random_prompts([5, 9, 2, 7], seed=12)]
+    alone = [engine.generate([p], 4)[0] for p in prompts]
+    scheduler = engine.scheduler(max_seqs=4, max_context=96, max_step_tokens=64, chunk_sizes=(16, 64), prefix_cache=True)
+    requests = [scheduler.add(p, max_new_tokens=4) for p in prompts]
+    scheduler.run_until_idle()
+    assert [r.output_ids for r in requests] == alone
+    shared = 3 * BLOCK  # the system prompt's full blocks
+    assert [r.cached_prompt_tokens for r in requests] == [0, shared, shared, shared]
+    assert scheduler.total_prompt_tokens == sum(map(len, prompts)) - 3 * shared
+
+
+def test_prompts_sharing_nothing_are_admitted_together(engine):
+    prompts = random_prompts([40, 40, 40], seed=13)
+    scheduler = engine.scheduler(max_seqs=3, max_context=64, max_step_tokens=128, prefix_cache=True)
+    requests = [scheduler.add(p, max_new_tokens=2) for p in prompts]
+    scheduler.step()
+    assert all(r.slot is not None for r in requests)
 
 
 def test_prompts_with_images_are_left_out(engine):
@@ -157,7 +186,7 @@ def test_the_benchmark_gives_the_same_tokens_both_ways_and_takes_the_history_fro
     out = tmp_path / "prefix.json"
     monkeypatch.setattr(sys, "argv", ["prefix_cache", "--shape", "tiny-llama", "--device", "cpu", "--turns", "3",
                                       "--system", "40", "--message", "8", "--answer", "4", "--ctx", "128",
-                                      "--profile", "docs/profiles/h200-run26b.json", "--json", str(out)])
+                                      "--batch", "3", "--profile", "docs/profiles/h200-run26b.json", "--json", str(out)])
     given = {}
     build = prefix_cache.Engine.from_weights
 
@@ -173,6 +202,10 @@ def test_the_benchmark_gives_the_same_tokens_both_ways_and_takes_the_history_fro
     cells = json.loads(out.read_text())["cells"]
     assert [c["same_tokens"] for c in cells] == [True] * 3
     assert cells[0]["cached_tokens"] == 0 and cells[1]["cached_tokens"] == 32 and cells[2]["cached_tokens"] == 48
+    without, with_cache = json.loads(out.read_text())["batch"]
+    assert with_cache["same_tokens"] and without["prompt_tokens"] == with_cache["prompt_tokens"] == 3 * 48
+    assert without["computed_prompt_tokens"] == 3 * 48 and without["cached_prompt_tokens"] == 0
+    assert with_cache["cached_prompt_tokens"] == 2 * 32  # the 40 shared tokens' two full blocks, twice
 
 
 @pytest.mark.parametrize("placement", ["gpu", "stream", "static"])

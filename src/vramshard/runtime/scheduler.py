@@ -19,7 +19,9 @@ Prefix caching (``prefix_cache``, ``VRAMSHARD_PREFIX_CACHE``, on by default): th
 a prompt are filed under their token ids once computed, and a finished request's blocks (prompt
 and answer) when it ends. A request admitted later whose prompt starts with the same full blocks
 takes them and reads only the rest: a chat turn re-sent with its history, or prompts that share a
-system prompt, skip the prefill of what was read before. Prompts with images are left out (the
+system prompt, skip the prefill of what was read before. A request whose next uncached blocks a
+running request is still to write waits until they are written (prompts added together that share a
+system prompt read it once, the first of them). Prompts with images are left out (the
 same token ids may stand for other pictures). Cached blocks nobody holds give way to new ones when
 the pool runs out of free blocks (the least recently released first).
 
@@ -396,21 +398,43 @@ class Scheduler:
     def _admit(self) -> None:
         """First come, first served: the oldest waiting request goes first, and later ones wait behind it.
         A request is admitted when a sequence slot is free and the unreserved KV blocks hold its
-        prompt and answer."""
+        prompt and answer, and not while a running request is still to write the next blocks of its
+        prompt that the prefix cache lacks (it takes them once written: prompts admitted together
+        that share a system prompt read it once, not once each)."""
+        being_written = {key for r in self.running for key in self._blocks_to_write(r)}
         while self.waiting and self.free_slots:
             request = self.waiting[0]
             if (self.kv_reserved + request.context_needed > self.kv_tokens
                     or not self.blocks.can_admit(request.context_needed)):
                 break
+            prefix = self._cached_prefix(request)
+            if self._next_block_key(request, len(prefix)) in being_written:
+                break
             self.waiting.popleft()
             request.slot = self.free_slots.pop(0)
-            prefix = self._cached_prefix(request)
             self.blocks.admit(request.slot, request.context_needed, prefix)
             request.num_cached = request.cached_prompt_tokens = len(prefix) * self.blocks.block_size
             self.total_cached_prompt_tokens += request.cached_prompt_tokens
             request.status = RequestStatus.RUNNING
             self.kv_reserved += request.context_needed
             self.running.append(request)
+            being_written.update(self._blocks_to_write(request))
+
+    def _blocks_to_write(self, request: Request) -> list[tuple]:
+        """The prefix-cache keys of the full prompt blocks ``request`` has yet to write (each is filed
+        when the step that writes it is launched)."""
+        if not self.prefix_cache or request.multimodal is not None or not request.in_prefill:
+            return []
+        size = self.blocks.block_size
+        return request.prompt_keys(size)[request.num_cached // size:]
+
+    def _next_block_key(self, request: Request, cached: int) -> tuple | None:
+        """The key of the first block of ``request``'s prompt the cache could give but lacks, after its
+        ``cached`` cached blocks; None where there is none (see :meth:`_cached_prefix`)."""
+        if not self.prefix_cache or request.multimodal is not None:
+            return None
+        usable = (request.prompt_len - 1) // self.blocks.block_size
+        return request.prompt_keys(self.blocks.block_size)[cached] if cached < usable else None
 
     def _cached_prefix(self, request: Request) -> list[int]:
         """The prefix cache's blocks for the start of ``request``'s prompt: whole blocks before its
