@@ -75,6 +75,60 @@ def test_a_full_pool_of_reservations_still_grows_through_cached_blocks():
     assert len(blocks.grow("d", 4)) == 2 and blocks.cached_prefix(prefix_keys([1, 2], 2)) == blocks.table("c")[:1]
 
 
+def test_sequences_sharing_a_prefix_are_charged_for_it_once():
+    blocks = BlockAllocator(num_blocks=5, block_size=4)
+    keys = prefix_keys(list(range(12)), 4)
+    blocks.admit("a", 12)
+    blocks.grow("a", 12)
+    blocks.register("a", keys)
+    shared = blocks.cached_prefix(keys[:2])
+    assert blocks.charge(12, shared) == 1 and blocks.unreserved_blocks == 2
+    blocks.admit("b", 12, shared)
+    blocks.admit("c", 12, shared)  # reservations of 9 blocks in a pool of 5
+    assert blocks.committed_blocks == 5 and not blocks.can_admit(4)
+    blocks.release("a")  # its first two blocks stay held by b and c, its third is cached
+    assert blocks.committed_blocks == 4 and blocks.can_admit(4) and not blocks.can_admit(8)
+    assert blocks.charge(4, [2]) == 1  # a cached block nobody holds is charged to the sequence taking it
+    assert blocks.grow("b", 12)[:2] == blocks.grow("c", 12)[:2] == shared
+    blocks.release("b"), blocks.release("c")
+    assert blocks.committed_blocks == 0 and blocks.free_blocks == 5
+
+
+def test_growth_never_fails_however_sequences_share_release_and_take_cached_blocks():
+    """Random admissions (prompts from a few shared prefixes), growth, filing and releases: every
+    admitted sequence can grow to its reservation, and what the pool promised never exceeds it."""
+    import random
+
+    rng = random.Random(0)
+    blocks = BlockAllocator(num_blocks=12, block_size=2)
+    stems = [[rng.randrange(5) for _ in range(8)] for _ in range(3)]
+    running: dict[int, tuple[list[int], int]] = {}  # seq -> (its tokens, reserved positions)
+    shared_admissions = 0
+    for seq in range(600):
+        if running and rng.random() < 0.4:  # a running sequence ends, its written blocks filed
+            done = rng.choice(list(running))
+            tokens, _ = running.pop(done)
+            written = len(blocks.table(done)) * 2
+            blocks.register(done, prefix_keys(tokens[:written], 2))
+            blocks.release(done)
+        tokens = rng.choice(stems)[: rng.randrange(2, 9)] + [rng.randrange(5) for _ in range(rng.randrange(4))]
+        reserve = len(tokens) + rng.randrange(1, 6)
+        prefix = blocks.cached_prefix(prefix_keys(tokens, 2)[: (len(tokens) - 1) // 2])
+        if blocks.can_admit(reserve, prefix):
+            shared_admissions += any(block in blocks._holders for block in prefix)
+            blocks.admit(seq, reserve, prefix)
+            running[seq] = (tokens, reserve)
+        for other, (other_tokens, other_reserve) in running.items():  # each grows some (never fails)
+            grown = min(other_reserve, len(blocks.table(other)) * 2 + rng.randrange(0, 4))
+            blocks.grow(other, grown)
+            blocks.register(other, prefix_keys(other_tokens[: min(grown, len(other_tokens))], 2))
+        assert blocks.committed_blocks <= blocks.num_blocks
+        assert blocks.free_blocks == blocks.num_blocks - len({b for s in running for b in blocks.table(s)})
+    for seq, (_, reserve) in running.items():
+        blocks.grow(seq, reserve)
+    assert shared_admissions > 20
+
+
 # ---------------------------------------------------------------------------- the scheduler
 def test_a_chats_next_turn_reads_only_what_it_does_not_share_with_the_last(engine):
     first = random_prompts([45], seed=3)[0]
@@ -150,6 +204,24 @@ def test_prompts_added_together_read_their_shared_system_prompt_once(engine):
     shared = 3 * BLOCK  # the system prompt's full blocks
     assert [r.cached_prompt_tokens for r in requests] == [0, shared, shared, shared]
     assert scheduler.total_prompt_tokens == sum(map(len, prompts)) - 3 * shared
+
+
+def test_a_shared_system_prompt_lets_more_requests_run_at_once_in_a_small_pool(engine):
+    """A pool of 10 blocks; each request reserves 5 (64 shared tokens, 8 of its own, 8 to answer).
+    Charged once, the shared 4 blocks leave room for 6 requests at once, where full charges allow 2."""
+    system = random_prompts([64], seed=14)[0]
+    prompts = [system + tail for tail in random_prompts([8] * 6, seed=15)]
+    alone = [engine.generate([p], 8)[0] for p in prompts]
+    for cache, most in ((True, 6), (False, 2)):
+        scheduler = engine.scheduler(max_seqs=6, max_context=80, kv_tokens=160, prefix_cache=cache)
+        requests = [scheduler.add(p, max_new_tokens=8) for p in prompts]
+        running = steps = 0
+        while scheduler.has_work and steps < 200:
+            scheduler.step()
+            running, steps = max(running, len(scheduler.running)), steps + 1
+        assert running == most, f"prefix_cache={cache}"
+        assert [r.output_ids for r in requests] == alone
+        assert scheduler.kv_reserved == 0
 
 
 def test_prompts_sharing_nothing_are_admitted_together(engine):

@@ -74,6 +74,11 @@ class BlockAllocator:
     contents; :meth:`release` frees the blocks and the reservation (registered blocks stay cached
     until their room is needed). A growing sequence gets the block after its last one when that is
     free, so a sequence that runs alone keeps a contiguous cache (attention then reads a view).
+
+    What the pool has promised (:attr:`committed_blocks`) is the blocks held now, each counted once
+    however many sequences share it, plus the blocks each sequence may still take to reach its
+    reservation. It never exceeds the pool, so the blocks nobody holds (free or cached) always cover
+    every sequence's growth; and sequences that share a prefix are charged for it once.
     """
 
     def __init__(self, num_blocks: int, block_size: int):
@@ -85,6 +90,7 @@ class BlockAllocator:
         self._tables: dict[object, list[int]] = {}
         self._reserved: dict[object, int] = {}
         self.reserved_blocks = 0
+        self._to_take = 0  # the blocks sequences may still take: their reservations less their tables
         self._holders: dict[int, int] = {}  # block -> sequences holding it (held blocks only)
         self._by_key: dict[tuple, int] = {}  # prefix cache: content key -> block
         self._key_of: dict[int, tuple] = {}  # and back
@@ -110,12 +116,22 @@ class BlockAllocator:
         return len(self._key_of)
 
     @property
+    def committed_blocks(self) -> int:
+        """The blocks held now (a shared one once) and those sequences may still take."""
+        return len(self._holders) + self._to_take
+
+    @property
     def unreserved_blocks(self) -> int:
         """Blocks a new sequence may still reserve."""
-        return self.num_blocks - self.reserved_blocks
+        return self.num_blocks - self.committed_blocks
 
-    def can_admit(self, tokens: int) -> bool:
-        return self.blocks_for(tokens) <= self.unreserved_blocks
+    def charge(self, tokens: int, prefix: Sequence[int] = ()) -> int:
+        """The blocks admitting a sequence of ``tokens`` positions with the cached blocks ``prefix``
+        commits: the blocks it will take, and the prefix blocks no other sequence holds."""
+        return self.blocks_for(tokens) - len(prefix) + sum(block not in self._holders for block in prefix)
+
+    def can_admit(self, tokens: int, prefix: Sequence[int] = ()) -> bool:
+        return self.charge(tokens, prefix) <= self.unreserved_blocks
 
     def table(self, seq) -> list[int]:
         """The block table of ``seq`` (its blocks in position order); the live list, do not change it."""
@@ -141,17 +157,19 @@ class BlockAllocator:
         if seq in self._tables:
             raise ValueError(f"sequence {seq!r} already holds blocks")
         need = self.blocks_for(tokens)
-        if need > self.unreserved_blocks:
-            raise ValueError(f"sequence {seq!r} needs {need} blocks, only {self.unreserved_blocks} are unreserved")
         if len(prefix) > need or any(block not in self._key_of for block in prefix):
             raise ValueError(f"sequence {seq!r}: a prefix of {len(prefix)} blocks that are not all cached, or "
                              f"more than the {need} it reserves")
+        if self.charge(tokens, prefix) > self.unreserved_blocks:
+            raise ValueError(f"sequence {seq!r} needs {self.charge(tokens, prefix)} more blocks, only "
+                             f"{self.unreserved_blocks} are unreserved")
         self._tables[seq] = list(prefix)
         for block in prefix:
             self._holders[block] = self._holders.get(block, 0) + 1
             self._idle.pop(block, None)
         self._reserved[seq] = need
         self.reserved_blocks += need
+        self._to_take += need - len(prefix)
 
     def grow(self, seq, tokens: int) -> list[int]:
         """Make the table of ``seq`` cover ``tokens`` positions; returns the table."""
@@ -164,6 +182,7 @@ class BlockAllocator:
             block = self._take(table[-1] + 1 if table else None)
             self._holders[block] = 1
             table.append(block)
+            self._to_take -= 1
         return table
 
     def register(self, seq, keys: Sequence[tuple]) -> None:
@@ -179,6 +198,7 @@ class BlockAllocator:
         table = self._tables.pop(seq, None)
         if table is None:
             return
+        self._to_take -= self._reserved[seq] - len(table)
         for block in table:
             left = self._holders.pop(block) - 1
             if left:

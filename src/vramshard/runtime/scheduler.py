@@ -10,8 +10,9 @@ freeing their KV blocks at once.
 
 The KV cache is a paged pool of ``kv_tokens`` positions in fixed-size blocks
 (:mod:`~vramshard.runtime.kv_cache`), allocated when the scheduler is built. A request reserves
-the blocks of ``prompt + max_new_tokens`` positions when admitted and takes physical blocks as it
-grows: a new request that does not fit waits, and a running sequence is never evicted. Sequences
+the blocks of ``prompt + max_new_tokens`` positions when admitted (cached prefix blocks that running
+requests hold are counted once for all who share them) and takes physical blocks as it grows: a new
+request that does not fit waits, and a running sequence is never evicted. Sequences
 of different lengths share the pool, so short ones do not hold a whole ``max_context`` row.
 Cancelled requests are dropped at the next step boundary.
 
@@ -186,7 +187,6 @@ class Scheduler:
         self.kv = executor.new_kv_cache(slots=1, max_ctx=self.kv_tokens)
         self.blocks = self.kv.allocator
         self.free_slots: list[int] = list(range(max_seqs))
-        self.kv_reserved = 0  # positions reserved by running requests
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []
         self._incoming: collections.deque[Request] = collections.deque()  # append/popleft: thread-safe
@@ -244,6 +244,12 @@ class Scheduler:
                 f"prompt ({prompt_len} tokens) plus max_new_tokens ({max_new_tokens}) is {need} tokens, "
                 f"more than the context of {limit}; shorten the prompt or ask for fewer tokens"
             )
+
+    @property
+    def kv_reserved(self) -> int:
+        """KV positions the running requests hold or may still take (whole blocks; a prefix they share
+        counted once)."""
+        return self.blocks.committed_blocks * self.blocks.block_size
 
     @property
     def has_work(self) -> bool:
@@ -404,10 +410,9 @@ class Scheduler:
         being_written = {key for r in self.running for key in self._blocks_to_write(r)}
         while self.waiting and self.free_slots:
             request = self.waiting[0]
-            if (self.kv_reserved + request.context_needed > self.kv_tokens
-                    or not self.blocks.can_admit(request.context_needed)):
-                break
             prefix = self._cached_prefix(request)
+            if not self.blocks.can_admit(request.context_needed, prefix):
+                break
             if self._next_block_key(request, len(prefix)) in being_written:
                 break
             self.waiting.popleft()
@@ -416,7 +421,6 @@ class Scheduler:
             request.num_cached = request.cached_prompt_tokens = len(prefix) * self.blocks.block_size
             self.total_cached_prompt_tokens += request.cached_prompt_tokens
             request.status = RequestStatus.RUNNING
-            self.kv_reserved += request.context_needed
             self.running.append(request)
             being_written.update(self._blocks_to_write(request))
 
@@ -509,7 +513,6 @@ class Scheduler:
             self.blocks.release(request.slot)
             self.free_slots.append(request.slot)
             self.free_slots.sort()
-            self.kv_reserved -= request.context_needed
             request.slot = None
         if request in self.running:  # before the output goes out: a reader may look at the stats at once
             self.running.remove(request)
