@@ -15,7 +15,6 @@ same tensors as before.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -23,8 +22,7 @@ import torch
 from ..layers.mlp import DenseFFN
 from ..layers.sublayer import SubLayer, WeightSpec
 from ..plan.memory import align
-
-log = logging.getLogger(__name__)
+from .pinned_host import pinned_empty
 
 
 @dataclass
@@ -216,20 +214,10 @@ def pack_model(sublayers: list[SubLayer], weights: dict[str, torch.Tensor], pin:
     return packed
 
 
-_pin_warned = False
-
-
 def _empty_host(nbytes: int, pin: bool) -> torch.Tensor:
-    global _pin_warned
-    if pin:
-        try:
-            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-        except RuntimeError as exc:
-            if not _pin_warned:
-                log.warning("cannot pin host memory (%s); streaming falls back to pageable memory, "
-                            "which is slower", exc)
-                _pin_warned = True
-    return torch.empty(nbytes, dtype=torch.uint8)
+    """A uint8 host buffer of ``nbytes``: pinned at exactly that size where ``pin`` and CUDA allow
+    (:func:`~vramshard.runtime.pinned_host.pinned_empty`), plain memory otherwise."""
+    return pinned_empty(nbytes) if pin else torch.empty(nbytes, dtype=torch.uint8)
 
 
 def splits_ffns(sublayers, host: dict[str, PackedWeights]) -> bool:

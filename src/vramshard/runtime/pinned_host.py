@@ -1,0 +1,181 @@
+"""Page-locked (pinned) host buffers of exactly the size asked for.
+
+The problem: ``torch.empty(n, pin_memory=True)`` goes through PyTorch's CachingHostAllocator,
+which rounds every request up to the next power of two (pytorch/pytorch PR #171662; vLLM issue
+#56410, "--cpu-offload-gb uses ~1.9x the host memory it asks for"; sglang PR #36562 fixed the
+same with mmap + cudaHostRegister). The host weights are one pinned buffer per sub-layer
+(:mod:`~vramshard.runtime.host_weights`): for Llama-3-8B in bfloat16 a dense FFN's 352 MB pins
+512 MB and an attention block's 84 MB pins 128 MB, so the whole model pins about 1.47x its bytes
+of host RAM, gigabytes that nothing uses on the 16-32 GB desktops this engine is for.
+
+The mechanism: :func:`pinned_empty` maps anonymous memory (``mmap``: page-aligned by
+construction, its size rounded up to a page only), wraps it with ``torch.frombuffer`` and
+page-locks it with ``cudaHostRegister`` (flags Portable | Mapped: pinned for every CUDA context,
+and mapped into the GPU's address space, where with unified addressing the device pointer is the
+host pointer; :mod:`~vramshard.runtime.zero_copy_experts` has Triton kernels read host experts
+that way). The tensor returned is that buffer sliced to the bytes asked for. Where registration
+fails, torch's pinned allocator is the fallback, then pageable memory, each with one warning.
+
+The lifetime: ``torch.frombuffer`` takes a reference to the map object, which the tensor's
+storage drops when the storage is freed; every view and slice of the tensor shares that one
+storage, so the storage (and with it the reference) goes only after the last view is gone. The map
+is referenced by nothing else, so its ``__del__`` runs exactly once, then, and unregisters the
+memory before the base class unmaps it: no view can outlive the registration, and the pointer is
+never unregistered twice. (``frombuffer`` holds no buffer export, so ``close()`` would unmap under
+a live tensor; the map is never handed out, so nothing calls it.) Unlike torch's allocator, no
+CUDA event keeps a freed buffer alive until copies queued from it have run: holders keep the
+tensor until their copies are done (the host weights live as long as their engine).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import mmap
+import os
+
+import torch
+
+from ..env import switch
+
+log = logging.getLogger(__name__)
+
+EXACT = switch("VRAMSHARD_EXACT_PIN", default=True)  # off: torch's (power-of-two) pinned allocator
+
+PAGE = mmap.PAGESIZE
+REGISTER_PORTABLE = 1  # cudaHostRegisterPortable: pinned for every CUDA context, not only the current one
+REGISTER_MAPPED = 2  # cudaHostRegisterMapped: GPU kernels may read it in place (zero-copy experts)
+REGISTER_FLAGS = REGISTER_PORTABLE | REGISTER_MAPPED
+
+_register_warned = False
+_pin_warned = False
+
+
+class _RegisteredMap(mmap.mmap):
+    """Anonymous memory that, once registered with CUDA, unregisters itself before it is unmapped."""
+
+    _cudart = None  # the bindings that registered it (None: not registered)
+    _ptr = 0
+
+    def __del__(self):
+        if self._cudart is not None:
+            cudart, self._cudart = self._cudart, None
+            try:
+                cudart.cudaHostUnregister(self._ptr)
+            except Exception:  # interpreter shutdown: the CUDA bindings may be torn down already
+                pass
+
+
+def pinned_empty(nbytes: int) -> torch.Tensor:
+    """An uninitialised uint8 CPU tensor of exactly ``nbytes``, page-locked without torch's
+    power-of-two rounding (see the module docstring).
+
+    Plain (pageable) memory where there is nothing to pin for: ``nbytes == 0`` or no CUDA. With
+    ``VRAMSHARD_EXACT_PIN=off``, or where ``cudaHostRegister`` fails (warned once, with the size
+    and the CUDA error), torch's pinned allocator; where that fails too, pageable memory (warned
+    once: copies from it to the GPU are slower).
+    """
+    if nbytes < 0:
+        raise ValueError(f"cannot allocate {nbytes} bytes of host memory: the size must be at least 0")
+    if nbytes == 0 or not torch.cuda.is_available():
+        return torch.empty(nbytes, dtype=torch.uint8)
+    if EXACT:
+        tensor = _registered(nbytes)
+        if tensor is not None:
+            return tensor
+    return _torch_pinned(nbytes)
+
+
+def _registered(nbytes: int) -> torch.Tensor | None:
+    """``nbytes`` of mapped memory registered with CUDA, or None (warned once) where that failed."""
+    global _register_warned
+    size = -(-nbytes // PAGE) * PAGE
+    memory = _RegisteredMap(-1, size)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        # Before the first touch (registration faults every page in): 2 MiB pages where the kernel
+        # has them, fewer TLB misses when the CPU computes from these weights; harmless without.
+        try:
+            memory.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass
+    whole = torch.frombuffer(memory, dtype=torch.uint8)  # holds a reference to `memory`
+    ptr = whole.data_ptr()
+    try:
+        cudart = torch.cuda.cudart()
+        error = cudart.cudaHostRegister(ptr, size, REGISTER_FLAGS)
+    except (AssertionError, AttributeError, RuntimeError) as exc:  # no runtime bindings in this build
+        cudart, error = None, exc
+    code = _code(error)
+    if code == 0:
+        memory._ptr, memory._cudart = ptr, cudart
+        return whole[:nbytes]
+    if cudart is not None:
+        _clear_cuda_error()
+    if not _register_warned:
+        log.warning("cudaHostRegister of %d bytes failed (%s); pinning with torch's allocator instead, "
+                    "which rounds each buffer up to a power of two (VRAMSHARD_EXACT_PIN=off skips trying)",
+                    size, _describe(cudart, error))
+        _register_warned = True
+    return None
+
+
+def _torch_pinned(nbytes: int) -> torch.Tensor:
+    """``nbytes`` from torch's pinned allocator, or pageable memory (warned once) where pinning fails."""
+    global _pin_warned
+    try:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    except RuntimeError as exc:
+        if not _pin_warned:
+            log.warning("cannot pin host memory (%s); streaming falls back to pageable memory, "
+                        "which is slower", exc)
+            _pin_warned = True
+    return torch.empty(nbytes, dtype=torch.uint8)
+
+
+def _code(error) -> int | None:
+    """A CUDA error as an int (torch's binding returns a pybind11 enum, with ``.value``); None
+    where the call raised instead of returning one."""
+    if isinstance(error, BaseException):
+        return None
+    return int(getattr(error, "value", error))
+
+
+def _describe(cudart, error) -> str:
+    if isinstance(error, BaseException):
+        return f"no CUDA runtime bindings: {error}"
+    code = _code(error)
+    try:
+        return f"CUDA error {code}: {cudart.cudaGetErrorString(error)}"
+    except Exception:  # an error code that the bindings' enum cannot name
+        return f"CUDA error {code}"
+
+
+def _clear_cuda_error() -> None:
+    """Reset the CUDA runtime's last error after a failed registration. Torch's binding returns the
+    error but leaves it latched, and the next checked kernel launch (``cudaGetLastError``) would
+    raise it as its own. Torch binds no ``cudaGetLastError``, so it is called in each libcudart
+    mapped into the process (the last error is kept per runtime instance)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = cudart_paths(maps.read())
+    except OSError:  # not Linux
+        paths = []
+    for path in paths:
+        try:
+            ctypes.CDLL(path).cudaGetLastError()  # already loaded: dlopen gives that instance
+        except (OSError, AttributeError) as exc:
+            log.debug("cannot reset the last CUDA error in %s: %s", path, exc)
+
+
+def cudart_paths(maps: str) -> list[str]:
+    """The distinct CUDA runtime libraries in a ``/proc/self/maps`` text, in order of appearance:
+    ``libcudart.so.13``, or a wheel's bundled ``libcudart-<hash>.so.12``."""
+    paths = []
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6:
+            continue
+        path = fields[5].removesuffix(" (deleted)")
+        if os.path.basename(path).startswith("libcudart") and path not in paths:
+            paths.append(path)
+    return paths
