@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vramshard import Engine
-from vramshard.errors import InvalidInputError, ModelLoadError, UnsupportedArchitectureError
+from vramshard.errors import HostMemoryError, InvalidInputError, ModelLoadError, UnsupportedArchitectureError
 from vramshard.units import parse_size
 
 
@@ -100,3 +100,22 @@ def test_bad_sizes_and_options(tiny_model_dir):
         Engine.load(tiny_model_dir("llama"), device="tpu")
     with pytest.raises(InvalidInputError, match="dtype"):
         Engine.load(tiny_model_dir("llama"), dtype="int3")
+
+
+def test_too_little_host_memory_is_said_before_loading(tiny_model_dir, monkeypatch):
+    """The weights' host copy is pinned: a model larger than the memory available is refused with
+    both sizes, before anything is read."""
+    from vramshard import host_memory
+    from vramshard.models import build_model
+    from vramshard.loading.checkpoint import open_checkpoint
+
+    model = build_model(open_checkpoint(tiny_model_dir("llama")).config)
+    need = model.nbytes + max(s.nbytes for s in model)
+    monkeypatch.setattr(host_memory, "meminfo_bytes", lambda field: need - 1 if field == "MemAvailable" else None)
+    from vramshard.units import format_bytes
+
+    with pytest.raises(HostMemoryError, match=rf"weights need {format_bytes(need)} of host memory; "
+                                              rf"{format_bytes(need - 1)} is available"):
+        Engine.load(tiny_model_dir("llama"), device="cpu")
+    monkeypatch.setattr(host_memory, "meminfo_bytes", lambda field: need if field == "MemAvailable" else None)
+    Engine.load(tiny_model_dir("llama"), device="cpu")

@@ -22,6 +22,7 @@ from . import budget_follower
 from .budget_follower import BudgetFollower
 from .config import parse_dtype
 from .errors import BudgetError, InvalidInputError
+from .host_memory import check_available
 from .layers.step import Step
 from .loading.checkpoint import Checkpoint, open_checkpoint
 from .models import Model, build_model
@@ -156,6 +157,9 @@ class Engine:
                         max_context=None, progress=None, **options) -> "Engine":
         """Build an engine from an opened (or in-memory) :class:`Checkpoint`; see :meth:`load`."""
         model = build_model(checkpoint.config, parse_dtype(dtype))
+        # Loaded, then packed one sub-layer at a time (each source dropped once packed): the peak is
+        # the model and its largest sub-layer.
+        check_available(model.nbytes + max(s.nbytes for s in model), f"{checkpoint.path.name}'s weights")
         weights = load_weights(model, checkpoint, progress)
         tokenizer = _load_tokenizer(checkpoint)
         return cls.from_weights(model, weights, tokenizer, name=checkpoint.path.name, vram=vram, device=device,

@@ -33,6 +33,11 @@ class BudgetError(VramshardError):
     exit_code = 4
 
 
+class HostMemoryError(BudgetError):
+    """The host has too little memory available for the model's weights; the message says how much
+    is needed and how much there is."""
+
+
 class ProfileError(VramshardError):
     """A profile file is corrupt, foreign to this machine, or missing."""
 
