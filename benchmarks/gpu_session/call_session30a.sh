@@ -10,5 +10,5 @@ for copy in off auto; do
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d.get('bandwidth_gb_s')); [print(c.get('engine'), c.get('vram'), c.get('tg_tok_s'), c.get('decode_host_compute_ms_median'), c.get('error','')) for m in d['models'].values() for c in m['cells']]" $OUT/nemo_decode_copy_$copy.json 2>&1 | tail -5
 done
 timeout 130 python3 -m benchmarks.prefix_cache --shape llama3-8b --vram 8 --turns 3 --system 2048 --message 128 \
-  --answer 16 --ctx 4096 --profile docs/profiles/h200-run26b.json --json $OUT/prefix_cache_8gib.json > $OUT/prefix_cache_8gib.log 2>&1
-echo "prefix cache rc $?"; grep -E "^turn|different|Error" $OUT/prefix_cache_8gib.log | cut -c1-200
+  --answer 16 --ctx 4096 --batch 4 --profile docs/profiles/h200-run26b.json --json $OUT/prefix_cache_8gib.json > $OUT/prefix_cache_8gib.log 2>&1
+echo "prefix cache rc $?"; grep -E "^turn|prompts at once|different|Error" $OUT/prefix_cache_8gib.log | cut -c1-200
