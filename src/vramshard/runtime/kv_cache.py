@@ -89,7 +89,7 @@ class BlockAllocator:
         self._free: set[int] = set(range(num_blocks))
         self._tables: dict[object, list[int]] = {}
         self._reserved: dict[object, int] = {}
-        self.reserved_blocks = 0
+        self.reserved_blocks = 0  # the sequences' reservations summed (a shared prefix once per sharer)
         self._to_take = 0  # the blocks sequences may still take: their reservations less their tables
         self._holders: dict[int, int] = {}  # block -> sequences holding it (held blocks only)
         self._by_key: dict[tuple, int] = {}  # prefix cache: content key -> block

@@ -538,7 +538,7 @@ class Scheduler:
             "kv_block_size": self.blocks.block_size,
             "kv_blocks": self.blocks.num_blocks,
             "kv_blocks_used": self.blocks.used_blocks,
-            "kv_blocks_reserved": self.blocks.reserved_blocks,
+            "kv_blocks_reserved": self.blocks.committed_blocks,
             "max_seqs": self.max_seqs,
             "max_context": self.max_context,
             "steps": self.total_steps,
