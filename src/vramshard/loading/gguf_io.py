@@ -214,8 +214,6 @@ def write_gguf(path: str | Path, checkpoint: Checkpoint, dtype: torch.dtype | No
     config = checkpoint.config
     spec = names.spec_for_config(config)
     plan = _gguf_plan(checkpoint, spec)  # GGUF name → (HF names, torch shape)
-    n_heads = (int(config["num_attention_heads"]),
-               int(config.get("num_key_value_heads") or config["num_attention_heads"]))
     rope = RopeArgs.from_config(config)
     rope_freqs = None
     if rope.type == "llama3":

@@ -16,11 +16,14 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..loading.tokenizer import StopStringFilter, StreamDecoder
 from .kv_cache import prefix_keys
 from .sampler import Sampler, SamplingParams
+
+if TYPE_CHECKING:
+    import torch
 
 _ids = itertools.count(1)
 
