@@ -26,12 +26,18 @@ def test_equal_keys_mean_equal_prefixes():
     assert prefix_keys([1, 2, 3], 4) == []
 
 
-def test_blocks_of_a_prefix_are_shared_then_cached_then_give_way_least_recent_first():
-    blocks = BlockAllocator(num_blocks=6, block_size=4)
+def _pool_with_a_filed(num_blocks: int) -> tuple[BlockAllocator, list[tuple]]:
+    """A pool of 4-position blocks where sequence "a" holds 12 positions, all filed; and their keys."""
+    blocks = BlockAllocator(num_blocks=num_blocks, block_size=4)
     keys = prefix_keys(list(range(12)), 4)
     blocks.admit("a", 12)
     blocks.grow("a", 12)
     blocks.register("a", keys)
+    return blocks, keys
+
+
+def test_blocks_of_a_prefix_are_shared_then_cached_then_give_way_least_recent_first():
+    blocks, keys = _pool_with_a_filed(num_blocks=6)
     assert blocks.cached_prefix(keys) == blocks.table("a") == [0, 1, 2] and blocks.cached_blocks == 3
     assert blocks.cached_prefix(prefix_keys([0, 1, 2, 3, 9, 9, 9, 9], 4)) == [0]  # the first block only
     blocks.admit("b", 9, blocks.cached_prefix(keys)[:2])
@@ -76,11 +82,7 @@ def test_a_full_pool_of_reservations_still_grows_through_cached_blocks():
 
 
 def test_sequences_sharing_a_prefix_are_charged_for_it_once():
-    blocks = BlockAllocator(num_blocks=5, block_size=4)
-    keys = prefix_keys(list(range(12)), 4)
-    blocks.admit("a", 12)
-    blocks.grow("a", 12)
-    blocks.register("a", keys)
+    blocks, keys = _pool_with_a_filed(num_blocks=5)
     shared = blocks.cached_prefix(keys[:2])
     assert blocks.charge(12, shared) == 1 and blocks.unreserved_blocks == 2
     blocks.admit("b", 12, shared)

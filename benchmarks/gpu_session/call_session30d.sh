@@ -1,5 +1,5 @@
-# ~3.5 min (written 2026-12-05 in session 30, with 11 minutes of device time left): the first half of
-# call_session30c.sh alone. The GPU tests of the exact-size pinned host buffers (and of what reads
+# ~3.5 min (written 2026-12-05 in session 30, with 11 minutes of device time left; ran in the twenty-seventh
+# GPU session). The GPU tests of the exact-size pinned host buffers (and of what reads
 # them: the zero-copy experts, the prefix cache, split FFNs), then benchmarks.pinned_host.
 source benchmarks/gpu_session/setup.sh || exit 1
 timeout 170 python3 -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_pinned_host.py tests/test_prefix_cache.py \
