@@ -119,3 +119,22 @@ def test_too_little_host_memory_is_said_before_loading(tiny_model_dir, monkeypat
         Engine.load(tiny_model_dir("llama"), device="cpu")
     monkeypatch.setattr(host_memory, "meminfo_bytes", lambda field: need if field == "MemAvailable" else None)
     Engine.load(tiny_model_dir("llama"), device="cpu")
+
+
+def test_vramshard_plan_says_what_loading_takes_of_host_memory(monkeypatch, capsys):
+    import json as json_module
+
+    from vramshard import host_memory
+    from vramshard.cli.main import main
+    from vramshard.engine import host_bytes_to_load
+    from vramshard.shapes import shape_model
+    from vramshard.units import format_bytes
+
+    need = host_bytes_to_load(shape_model("llama3-8b"))
+    for available, refused in ((need, False), (need - 1, True)):
+        monkeypatch.setattr(host_memory, "meminfo_bytes", lambda field: available if field == "MemAvailable" else None)
+        assert main(["plan", "--shape", "llama3-8b", "--vram", "4GiB", "--ctx", "1024", "--tiers", "1",
+                     "--profile", "docs/profiles/h200-run26b.json", "--json"]) == 0
+        note = next(n for n in json_module.loads(capsys.readouterr().out)["notes"] if n.startswith("host memory"))
+        assert f"loading takes {format_bytes(need)}" in note and f"{format_bytes(available)} available" in note
+        assert ("loading would be refused" in note) == refused

@@ -157,9 +157,7 @@ class Engine:
                         max_context=None, progress=None, **options) -> "Engine":
         """Build an engine from an opened (or in-memory) :class:`Checkpoint`; see :meth:`load`."""
         model = build_model(checkpoint.config, parse_dtype(dtype))
-        # Loaded, then packed one sub-layer at a time (each source dropped once packed): the peak is
-        # the model and its largest sub-layer.
-        check_available(model.nbytes + max(s.nbytes for s in model), f"{checkpoint.path.name}'s weights")
+        check_available(host_bytes_to_load(model), f"{checkpoint.path.name}'s weights")
         weights = load_weights(model, checkpoint, progress)
         tokenizer = _load_tokenizer(checkpoint)
         return cls.from_weights(model, weights, tokenizer, name=checkpoint.path.name, vram=vram, device=device,
@@ -530,6 +528,13 @@ def _resolve_device(device: str | None) -> str:
 def _splits_ffns(placement: Placement | TieredPlacement) -> bool:
     placements = placement.placements if isinstance(placement, TieredPlacement) else (placement,)
     return any(p.split_names() for p in placements)
+
+
+def host_bytes_to_load(model: Model) -> int:
+    """Host memory that loading ``model`` takes at its peak: its weights are read, then packed into
+    their pinned host copy one sub-layer at a time (each source dropped once packed), so the model
+    and its largest sub-layer."""
+    return model.nbytes + max(s.nbytes for s in model)
 
 
 def planning_profile(profile, dtype):

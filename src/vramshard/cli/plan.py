@@ -55,6 +55,7 @@ def main(args) -> int:
                           "(VRAMSHARD_DRIFT_CHECK=off: as measured)")
     if profile.cpu_rows or profile.split_rows or profile.dispatch_scale != 1.0:
         plan.notes.append("with the factors engines fitted on this profile (`vramshard profile --show` lists them)")
+    plan.notes.append(host_memory_note(model))
     if args.json:
         print(json.dumps(plan.to_dict(), indent=1))
     else:
@@ -62,3 +63,17 @@ def main(args) -> int:
     if args.plot:
         plot_plan(plan, args.plot)
     return 0
+
+
+def host_memory_note(model) -> str:
+    """What loading ``model`` takes of the host's memory, against what is available now."""
+    from ..engine import host_bytes_to_load
+    from ..host_memory import meminfo_bytes
+    from ..units import format_bytes
+
+    need, available = host_bytes_to_load(model), meminfo_bytes("MemAvailable")
+    note = f"host memory: loading takes {format_bytes(need)} (the weights' pinned copy {format_bytes(model.nbytes)})"
+    if available is None:
+        return note
+    return note + f"; {format_bytes(available)} available now" + (
+        " — too little: loading would be refused" if need > available else "")
