@@ -39,10 +39,12 @@ def test_split_and_cpu_ffns_from_packed_weights_match_the_plain_ones(tiny_model_
     split = Engine.load(path, placement=_split_placement(reference.model, [3, 15]), simulate_gpu=True, max_context=64)
     torch.testing.assert_close(trace_logits(split, prompt=prompt), expected, rtol=1e-5, atol=1e-5)
     assert {key for key in split.executor._packed._parts} == {("ffn[0]", 3), ("ffn[1]", 15)}
+    assert split.executor._down_copies.nbytes == 0  # the packed parts are copies enough
     on_cpu = Engine.load(path, device="cpu")
     torch.testing.assert_close(trace_logits(on_cpu, prompt=prompt), expected, rtol=1e-5, atol=1e-5)
     pieces = on_cpu.model["ffn[0]"].num_pieces
     assert {key for key in on_cpu.executor._packed._parts} == {("ffn[0]", pieces), ("ffn[1]", pieces)}
+    assert on_cpu.executor._down_copies.nbytes == 0
 
 
 def test_packing_is_off_unless_asked_for_and_a_cpu_that_cannot_pack_runs_plain(monkeypatch, caplog):
@@ -81,3 +83,27 @@ def test_a_new_plan_drops_the_packed_parts_it_no_longer_computes(tiny_model_dir,
     assert packed.nbytes == sum(p.nbytes for p in packed._parts.values())
     torch.testing.assert_close(trace_logits(split), trace_logits(reference), rtol=1e-5, atol=1e-5)
     assert set(packed._parts) == {("ffn[0]", 5), ("ffn[1]", 15)}
+
+
+@needs_mkldnn
+def test_packed_parts_take_no_row_major_down_copies_beside_them(tiny_model_dir, monkeypatch):
+    """A split FFN's CPU part and an FFN wholly on the CPU, in the split layout (down stored
+    transposed): packed, neither gets a row-major down copy, which it would never read."""
+    from vramshard.plan.placement import CPU, Placement, split_ffn
+
+    path = tiny_model_dir("llama")
+    reference = Engine.load(path, device="cpu")
+    expected = trace_logits(reference)
+    mixed = Placement("mixed", tuple((s.name, split_ffn(3) if s.name == "ffn[0]" else CPU if s.kind == "ffn"
+                                      else _split_placement(reference.model, [3]).as_dict()[s.name])
+                                     for s in reference.model))
+    for packed in (False, True):
+        monkeypatch.setattr(cpu_packed, "ENABLED", packed)
+        engine = Engine.load(path, placement=mixed, simulate_gpu=True, max_context=64)
+        torch.testing.assert_close(trace_logits(engine), expected, rtol=1e-5, atol=1e-5)
+        pieces = engine.model["ffn[1]"].num_pieces
+        copies, parts = set(engine.executor._down_copies._parts), set(engine.executor._packed._parts)
+        if packed:
+            assert copies == set() and parts == {("ffn[0]", 3), ("ffn[1]", pieces)}
+        else:
+            assert copies == {("ffn[0]", 3), ("ffn[1]", pieces)} and parts == set()

@@ -777,7 +777,8 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         """``sublayer`` on the CPU from host memory (a dense FFN at many rows in the reused buffers)."""
         weights = self.host[sublayer.name].views
         if isinstance(sublayer, DenseFFN):
-            weights = self._down_copies.part(sublayer.name, sublayer.num_pieces, weights)  # (down row-major)
+            if not self._packed.enabled:  # (a packed part is a copy of its own)
+                weights = self._down_copies.part(sublayer.name, sublayer.num_pieces, weights)  # (down row-major)
             if FFNBuffers.wanted(x.shape[0]) or self._packed.enabled:
                 return x + self._cpu_contribution(sublayer, weights, sublayer.norm(weights, x), sublayer.num_pieces)
         if isinstance(sublayer, MoEFFN):

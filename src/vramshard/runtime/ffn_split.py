@@ -148,9 +148,12 @@ class FFNSplitSteps:
 
     def _cpu_part(self, sublayer: DenseFFN, cpu_pieces: int) -> dict[str, torch.Tensor]:
         """The views of a split FFN's first ``cpu_pieces`` pieces in its host buffer (made once), down
-        row-major where a copy is allowed (:mod:`~vramshard.runtime.cpu_down`)."""
+        row-major where a copy is allowed (:mod:`~vramshard.runtime.cpu_down`). Not where parts are
+        prepacked: the packed part is a copy of its own, and a row-major one beside it would go unread."""
         cpu_part = self._cpu_parts.get((sublayer.name, cpu_pieces))
         if cpu_part is None:
             cpu_part = self._cpu_parts[sublayer.name, cpu_pieces] = sublayer.pieces_of(
                 self.host[sublayer.name].views, 0, cpu_pieces)
+        if self._packed.enabled:
+            return cpu_part
         return self._down_copies.part(sublayer.name, cpu_pieces, cpu_part)
