@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .errors import HostMemoryError
+from .units import format_bytes
+
 
 def meminfo_bytes(field: str) -> int | None:
     """``field`` of ``/proc/meminfo`` (``"MemTotal"``, ``"MemAvailable"``, …) in bytes; None where
@@ -23,9 +26,6 @@ def check_available(nbytes: int, what: str) -> None:
 
     The weights' host copy is pinned (page-locked): it cannot be swapped out, and a process that
     pins more than the host has is killed by the kernel, mid-load, with nothing said."""
-    from .errors import HostMemoryError
-    from .units import format_bytes
-
     available = meminfo_bytes("MemAvailable")
     if available is not None and nbytes > available:
         raise HostMemoryError(f"{what} need {format_bytes(nbytes)} of host memory; {format_bytes(available)} "

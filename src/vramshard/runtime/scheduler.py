@@ -432,21 +432,24 @@ class Scheduler:
         size = self.blocks.block_size
         return request.prompt_keys(size)[request.num_cached // size:]
 
-    def _next_block_key(self, request: Request, cached: int) -> tuple | None:
-        """The key of the first block of ``request``'s prompt the cache could give but lacks, after its
-        ``cached`` cached blocks; None where there is none (see :meth:`_cached_prefix`)."""
+    def _shareable_keys(self, request: Request) -> list[tuple]:
+        """The prefix-cache keys of the prompt blocks ``request`` may take from the cache: whole blocks
+        before its last token (that one is always computed: its logits give the first new token);
+        none where the cache is off or the prompt has images."""
         if not self.prefix_cache or request.multimodal is not None:
-            return None
-        usable = (request.prompt_len - 1) // self.blocks.block_size
-        return request.prompt_keys(self.blocks.block_size)[cached] if cached < usable else None
-
-    def _cached_prefix(self, request: Request) -> list[int]:
-        """The prefix cache's blocks for the start of ``request``'s prompt: whole blocks before its
-        last token (that one is always computed: its logits give the first new token)."""
-        if not self.prefix_cache or request.multimodal is not None or request.prompt_len <= self.blocks.block_size:
             return []
         usable = (request.prompt_len - 1) // self.blocks.block_size
-        return self.blocks.cached_prefix(request.prompt_keys(self.blocks.block_size)[:usable])
+        return request.prompt_keys(self.blocks.block_size)[:usable]
+
+    def _next_block_key(self, request: Request, cached: int) -> tuple | None:
+        """The key of the first block of ``request``'s prompt the cache could give but lacks, after its
+        ``cached`` cached blocks; None where there is none."""
+        keys = self._shareable_keys(request)
+        return keys[cached] if cached < len(keys) else None
+
+    def _cached_prefix(self, request: Request) -> list[int]:
+        """The prefix cache's blocks for the start of ``request``'s prompt (:meth:`_shareable_keys`)."""
+        return self.blocks.cached_prefix(self._shareable_keys(request))
 
     def _schedule(self, after: _Launched | None) -> list[_Chunk]:
         """Decode tokens of generating sequences first (they never starve), then prompt chunks.
