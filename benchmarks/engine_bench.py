@@ -215,7 +215,7 @@ def main() -> None:
             cell["cell_s"] = time.perf_counter() - t0
             cells.append(cell)
             log.info("%s %s %s: %s", name, spec.label, spec.vram,
-                     cell.get("error") or {k: cell.get(k) for k in ("placement", "ttft_s", "tg_tok_s", "peak_vram_bytes")})
+                     cell.get("error") or {k: cell.get(k) for k in ("placement", "ttft_s", "tg_tok_s", "peak_vram_bytes", "load_seconds")})
             entry["checks"] = derived(cells, model.nbytes, decode_read_bytes(model, args.pp + args.tg // 2), bandwidth)
             results["elapsed_s"] = time.perf_counter() - t_start
             write_json(target, results)

@@ -39,6 +39,7 @@ from .runtime.kv_cache import DEFAULT_BLOCK_SIZE
 from .runtime.plan_check import CpuCheck, DecodeCheck
 from .runtime.request import Request
 from .runtime.sampler import SamplingParams
+from .runtime.timeline import Timeline
 from .runtime.weights import load_weights
 from .units import auto_vram_budget, format_bytes, is_auto, parse_size
 
@@ -90,6 +91,9 @@ class Engine:
         # KV positions reserved at load (on the GPU, the paged pools of all sequences must fit in them).
         self.kv_tokens = kv_tokens or self.max_context
         self.plan = None  # the planner's PlanSet when the placement was planned
+        # Wall seconds of loading by phase ("read weights", "plan", "host layout", "CPU parts", "CPU kernels",
+        # "VRAM"; set by the loaders).
+        self.load_seconds: dict[str, float] = {}
         self.overlap: bool | None = None  # schedulers' default (None: VRAMSHARD_OVERLAP, see the scheduler)
         self.vision = None  # vlm.VisionSetup of a vision-language model (set by vlm.configure)
         self.last_stats = GenerationStats()
@@ -158,10 +162,12 @@ class Engine:
         """Build an engine from an opened (or in-memory) :class:`Checkpoint`; see :meth:`load`."""
         model = build_model(checkpoint.config, parse_dtype(dtype))
         check_available(host_bytes_to_load(model), f"{checkpoint.path.name}'s weights")
-        weights = load_weights(model, checkpoint, progress)
-        tokenizer = _load_tokenizer(checkpoint)
+        reading = Timeline()
+        with reading.phase("read weights"):
+            weights = load_weights(model, checkpoint, progress)
+            tokenizer = _load_tokenizer(checkpoint)
         return cls.from_weights(model, weights, tokenizer, name=checkpoint.path.name, vram=vram, device=device,
-                                placement=placement, max_context=max_context, **options)
+                                placement=placement, max_context=max_context, timeline=reading, **options)
 
     @classmethod
     def from_weights(cls, model: Model, weights: dict[str, torch.Tensor], tokenizer=None, name: str = "model",
@@ -193,7 +199,9 @@ class Engine:
                max_step_tokens: int = 2048, threads: int | None = None, num_slots: int = 2,
                tiers: Tiers | None = None, profile=None, kv_tokens: int | None = None,
                simulate_gpu: bool = False, decode_graphs: bool = True,
-               decode_compile: str | None = None, overlap: bool | None = None) -> "Engine":
+               decode_compile: str | None = None, overlap: bool | None = None,
+               timeline: Timeline | None = None) -> "Engine":
+        timeline = timeline or Timeline()  # (from_checkpoint's, with its reading already in it)
         limit = model.args.max_position_embeddings
         if max_context is not None and max_context > limit:
             raise InvalidInputError(f"max_context {max_context} exceeds the model's limit of {limit} positions")
@@ -209,17 +217,19 @@ class Engine:
         if gpu_side:
             profile = planning_profile(profile, model.dtype)
             settings = budgets.PlanSettings(profile, tiers, kv_tokens, num_slots, name)
-        if placement is None and gpu_side and budget is not None:
-            plan_set = Planner(model, settings.profile, budget, context=kv_tokens, tiers=tiers,
-                               num_slots=num_slots, name=name, split_ffns=can_split).plan()
-            placement = plan_set.tiered()
-        else:
-            placement = choose_placement(model, placement, "cuda" if simulate_gpu else device, budget, kv_tokens,
-                                         max_step_tokens)
+        with timeline.phase("plan"):
+            if placement is None and gpu_side and budget is not None:
+                plan_set = Planner(model, settings.profile, budget, context=kv_tokens, tiers=tiers,
+                                   num_slots=num_slots, name=name, split_ffns=can_split).plan()
+                placement = plan_set.tiered()
+            else:
+                placement = choose_placement(model, placement, "cuda" if simulate_gpu else device, budget,
+                                             kv_tokens, max_step_tokens)
         # Pinned whenever a GPU is in use: a budget that grows later streams from it at full speed.
         # Dense FFNs are laid out in pieces only when the plan splits them: the layout transposes
         # down_proj, which the CPU reads more slowly in half precision (measured on a 2-core box).
-        host = pack(device != "cpu", _splits_ffns(placement))
+        with timeline.phase("host layout"):
+            host = pack(device != "cpu", _splits_ffns(placement))
         if settings is not None:  # later plans (a changed budget) may split only what the packing allows
             settings = dataclasses.replace(settings, split_ffns=splits_ffns(list(model), host))
         executor = Executor(model, host, placement, budget=budget, max_tokens=max_step_tokens,
@@ -227,10 +237,13 @@ class Engine:
                             device=device if device != "cpu" else "cuda", simulate_gpu=simulate_gpu,
                             decode_graphs=decode_graphs and device != "cpu" and not simulate_gpu,
                             decode_compile=decode_compile)
+        timeline.merge(executor.setup)
         log.info("%s", executor.describe())
+        log.info("loaded %s in %s", name, timeline.describe())
         engine = cls(model, executor, tokenizer, name=name, max_context=context, vram_budget=budget,
                      max_step_tokens=max_step_tokens, kv_tokens=kv_tokens)
         engine.plan = plan_set
+        engine.load_seconds = dict(timeline.seconds)
         engine.overlap = overlap
         engine.budget.settings = settings
         engine.device = "cuda" if simulate_gpu else device

@@ -31,6 +31,7 @@ import torch
 
 from ..errors import InvalidInputError, VramshardError
 from ..runtime.kv_cache import DEFAULT_BLOCK_SIZE
+from ..runtime.timeline import Timeline
 from ..units import format_bytes
 
 log = logging.getLogger(__name__)
@@ -224,15 +225,17 @@ def bench_engine(model, host, spec: EngineSpec, settings: BenchSettings, device:
     from ..engine import Engine
     from ..runtime.host_weights import HostLayouts
 
+    loading = Timeline()
     if isinstance(host, HostLayouts):
         gpu = device != "cpu" and torch.cuda.is_available()
-        host = host.split if spec.placement is None and gpu else host.plain
+        with loading.phase("split layout"):  # (made on the first planned engine's need, then shared)
+            host = host.split if spec.placement is None and gpu else host.plain
 
     row = {"engine": spec.label, "placement_asked": spec.placement, "vram": spec.vram}
     try:
         engine = Engine.from_host(model, host, vram=spec.vram, device=device, placement=spec.placement,
                                   max_context=settings.max_context, kv_tokens=settings.kv_tokens, profile=profile,
-                                  **spec.options)
+                                  timeline=loading, **spec.options)
     except VramshardError as exc:
         log.warning("%s: %s", spec.label, exc)
         return {**row, "error": str(exc)}
@@ -240,7 +243,8 @@ def bench_engine(model, host, spec: EngineSpec, settings: BenchSettings, device:
         executor = engine.executor
         row.update(placement=executor.plans.name, budget=engine.vram_budget, uses_gpu=executor.uses_gpu,
                    resident_bytes=executor.need.resident, vram_plan_bytes=executor.need.total,
-                   planned=engine.plan is not None)
+                   planned=engine.plan is not None, load_seconds=engine.load_seconds,
+                   load_s=sum(engine.load_seconds.values()))
         row.update(measure(engine, settings))
         row["decode_vs_plan"] = engine.plan_check().summary()  # single-sequence decode steps vs prediction
         row["calibrations"] = list(engine.budget.calibrations)  # the profile fitted to the steps, re-planned

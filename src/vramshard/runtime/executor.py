@@ -62,6 +62,7 @@ from .ffn_split import FFNSplitSteps
 from .step_logits import StepLogits
 from .streaming import SlotRing, StreamItem, item_bytes
 from .streams import process_stream
+from .timeline import Timeline
 
 log = logging.getLogger(__name__)
 
@@ -229,10 +230,13 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         self._vram_before = 0
         self._reserved_after_step = 0  # VRAM reserved after the last step, less _vram_before
         self._clear_vram()
-        self._apply(self._configure(placement, budget, expert_cache))
+        # Wall seconds of this executor's setup by phase (Engine.load_seconds reports them).
+        self.setup = Timeline()
+        self._apply(self._configure(placement, budget, expert_cache), self.setup)
         if self.uses_gpu:
-            self._start_gpu()
-            self._load_vram()
+            with self.setup.phase("VRAM"):
+                self._start_gpu()
+                self._load_vram()
 
     # ------------------------------------------------------------------ setup
     def _configure(self, placement: Placement | TieredPlacement, budget: int | None,
@@ -256,7 +260,10 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         staged = any(p.staged_kv_names() for p in plans.placements)
         return _Config(plans, budget, frozenset(kv_gpu), staged, frozenset(split), cache_bytes, need)
 
-    def _apply(self, config: _Config) -> None:
+    def _apply(self, config: _Config, timeline: Timeline | None = None) -> None:
+        """Make ``config`` current, with the host-side work it needs (``timeline``: where that work's
+        seconds go)."""
+        timeline = timeline or Timeline()
         self.plans = config.plans
         self.placement = config.plans.placements[0]
         self.budget = config.budget
@@ -266,10 +273,12 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         self.expert_cache_bytes = config.expert_cache_bytes
         self.uses_gpu = config.plans.uses_gpu
         self.need: VramNeed = config.need
-        cpu_parts = self._cpu_ffn_parts(config.plans)
-        self._packed.keep(cpu_parts)
-        self._down_copies.keep(cpu_parts)
-        self._warm_cpu_kernels(config.plans)
+        with timeline.phase("CPU parts"):  # prepacked parts and down copies the CPU reads
+            cpu_parts = self._cpu_ffn_parts(config.plans)
+            self._packed.keep(cpu_parts)
+            self._down_copies.keep(cpu_parts)
+        with timeline.phase("CPU kernels"):
+            self._warm_cpu_kernels(config.plans)
 
     def _warm_cpu_kernels(self, plans: TieredPlacement) -> None:
         """Compile the CPU's decode-sized kernels (one-token projections, :mod:`~vramshard.layers.cpu_linear`;
