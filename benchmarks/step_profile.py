@@ -135,7 +135,7 @@ def profile_placement(model, host: HostLayouts, spec: str, args) -> dict:
     # CPU FFN parts from prepacked weights (VRAMSHARD_CPU_PACKED); NAME+zerocopy: host-memory experts
     # read by the GPU's kernels (VRAMSHARD_EXPERTS_ZERO_COPY).
     run_ahead.ENABLED = "+ahead" in spec
-    cpu_packed.ENABLED = "+packed" in spec
+    cpu_packed.MODE = "on" if "+packed" in spec else "off"
     zero_copy_experts.ENABLED = "+zerocopy" in spec
     spec, _, share = spec.partition("+share")  # NAME+zerocopy+share[=S]: the CPU's share beside the kernels
     for switch in ("+ahead", "+packed", "+zerocopy"):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vramshard import Engine
-from vramshard.runtime import cpu_down
+from vramshard.runtime import cpu_down, host_allowance
 from vramshard.runtime.host_weights import pack_sublayer
 
 from placement_helpers import PROMPT, trace_logits
@@ -51,9 +51,9 @@ def test_plain_layouts_and_off_leave_the_views_as_they_are():
 def test_auto_copies_up_to_a_quarter_of_the_available_memory(monkeypatch, caplog):
     ffn, views = split_views()
     one = ffn.pieces_of(views, 0, 4)["down_proj"].nbytes
-    monkeypatch.setattr(cpu_down, "available_host_bytes", lambda: int(4 * 2.5 * one))  # room for two parts
+    monkeypatch.setattr(host_allowance, "available_host_bytes", lambda: int(4 * 2.5 * one))  # room for two parts
     copies = cpu_down.DownCopies("auto")
-    with caplog.at_level(logging.INFO, logger="vramshard.runtime.cpu_down"):
+    with caplog.at_level(logging.INFO, logger="vramshard.runtime.host_allowance"):
         made = [copies.part(f"ffn[{i}]", 4, ffn.pieces_of(views, 0, 4)) for i in range(3)]
     assert [not cpu_down.transposed(p["down_proj"]) for p in made] == [True, True, False]
     assert copies.nbytes == 2 * one
@@ -61,7 +61,7 @@ def test_auto_copies_up_to_a_quarter_of_the_available_memory(monkeypatch, caplog
     copies.keep({("ffn[0]", 4)})
     assert copies.nbytes == one
     assert not cpu_down.transposed(copies.part("ffn[2]", 4, ffn.pieces_of(views, 0, 4))["down_proj"])  # room again
-    monkeypatch.setattr(cpu_down, "available_host_bytes", lambda: None)  # unknown: no copies
+    monkeypatch.setattr(host_allowance, "available_host_bytes", lambda: None)  # unknown: no copies
     assert cpu_down.DownCopies("auto").part("ffn[0]", 4, ffn.pieces_of(views, 0, 4))["down_proj"].stride(0) == 1
 
 

@@ -1,6 +1,8 @@
 """CPU FFN parts from oneDNN-prepacked weights (runtime/cpu_packed.py, VRAMSHARD_CPU_PACKED): the
 same products as the plain weights, in a split FFN's CPU part (a simulated GPU) and in FFNs placed
-on the CPU, at few and many rows; off unless asked for; a CPU that cannot pack falls back."""
+on the CPU, at few and many rows; by default (auto) only beside a GPU and within a share of the
+host's available memory, the parts beyond it plain (with their down copies); a CPU that cannot
+pack falls back."""
 
 import pytest
 import torch
@@ -35,7 +37,7 @@ def test_split_and_cpu_ffns_from_packed_weights_match_the_plain_ones(tiny_model_
     path = tiny_model_dir("llama")
     reference = Engine.load(path, device="cpu")
     expected = trace_logits(reference, prompt=prompt)
-    monkeypatch.setattr(cpu_packed, "ENABLED", True)
+    monkeypatch.setattr(cpu_packed, "MODE", "on")
     split = Engine.load(path, placement=_split_placement(reference.model, [3, 15]), simulate_gpu=True, max_context=64)
     torch.testing.assert_close(trace_logits(split, prompt=prompt), expected, rtol=1e-5, atol=1e-5)
     assert {key for key in split.executor._packed._parts} == {("ffn[0]", 3), ("ffn[1]", 15)}
@@ -47,11 +49,16 @@ def test_split_and_cpu_ffns_from_packed_weights_match_the_plain_ones(tiny_model_
     assert on_cpu.executor._down_copies.nbytes == 0
 
 
-def test_packing_is_off_unless_asked_for_and_a_cpu_that_cannot_pack_runs_plain(monkeypatch, caplog):
+def test_packing_is_off_without_a_gpu_unless_asked_for_and_a_cpu_that_cannot_pack_runs_plain(monkeypatch, caplog):
     ffn, weights = _ffn(torch.bfloat16)
     part = ffn.pieces_of(_whole(ffn, weights), 0, 4)
-    assert cpu_packed.PackedParts().get("ffn[0]", 4, part, 8) is None and not cpu_packed.PackedParts().enabled
-    monkeypatch.setattr(cpu_packed, "ENABLED", True)
+    for mode in ("auto", "off"):
+        parts = cpu_packed.PackedParts(mode, gpu=False)
+        assert parts.get("ffn[0]", 4, part, 8) is None and not parts.enabled
+    assert not cpu_packed.PackedParts("off", gpu=True).enabled
+    if torch.backends.mkldnn.is_available():
+        assert cpu_packed.PackedParts("auto", gpu=True).enabled and cpu_packed.PackedParts("on", gpu=False).enabled
+    monkeypatch.setattr(cpu_packed, "MODE", "on")
 
     def cannot(*args, **kwargs):
         raise RuntimeError("mkldnn bf16 path needs the cpu support avx512bw, avx512vl and avx512dq")
@@ -69,7 +76,7 @@ def test_a_new_plan_drops_the_packed_parts_it_no_longer_computes(tiny_model_dir,
     """Each plan splits FFNs anew: the parts of the plan before are dropped when the executor
     switches (their memory with them), and the time spent packing is counted once, apart."""
     path = tiny_model_dir("llama")
-    monkeypatch.setattr(cpu_packed, "ENABLED", True)
+    monkeypatch.setattr(cpu_packed, "MODE", "on")
     reference = Engine.load(path, device="cpu")
     split = Engine.load(path, placement=_split_placement(reference.model, [3, 15]), simulate_gpu=True, max_context=64)
     trace_logits(split)
@@ -98,7 +105,7 @@ def test_packed_parts_take_no_row_major_down_copies_beside_them(tiny_model_dir, 
                                       else _split_placement(reference.model, [3]).as_dict()[s.name])
                                      for s in reference.model))
     for packed in (False, True):
-        monkeypatch.setattr(cpu_packed, "ENABLED", packed)
+        monkeypatch.setattr(cpu_packed, "MODE", "on" if packed else "off")
         engine = Engine.load(path, placement=mixed, simulate_gpu=True, max_context=64)
         torch.testing.assert_close(trace_logits(engine), expected, rtol=1e-5, atol=1e-5)
         pieces = engine.model["ffn[1]"].num_pieces
@@ -107,3 +114,28 @@ def test_packed_parts_take_no_row_major_down_copies_beside_them(tiny_model_dir, 
             assert copies == set() and parts == {("ffn[0]", 3), ("ffn[1]", pieces)}
         else:
             assert copies == {("ffn[0]", 3), ("ffn[1]", pieces)} and parts == set()
+
+
+@needs_mkldnn
+def test_auto_packs_up_to_its_allowance_and_the_parts_beyond_run_plain_with_down_copies(tiny_model_dir,
+                                                                                          monkeypatch, caplog):
+    """auto (beside a GPU) packs parts while they fit a quarter of the available memory; the part
+    that does not fit is computed from the plain weights, its down row-major, and the logits are
+    those of the CPU placement either way."""
+    import logging
+
+    from vramshard.runtime import host_allowance
+
+    path = tiny_model_dir("llama")
+    reference = Engine.load(path, device="cpu")
+    expected = trace_logits(reference)
+    engine = Engine.load(path, placement=_split_placement(reference.model, [5, 5]), simulate_gpu=True, max_context=64)
+    part = engine.model["ffn[0]"].pieces_of(engine.executor.host["ffn[0]"].views, 0, 5)
+    one = sum(t.nbytes for t in part.values())
+    monkeypatch.setattr(host_allowance, "available_host_bytes", lambda: int(4 * 1.5 * one))  # room for one part
+    engine.executor._packed = cpu_packed.PackedParts("auto", gpu=True)  # (as beside a real GPU)
+    with caplog.at_level(logging.INFO, logger="vramshard.runtime.host_allowance"):
+        torch.testing.assert_close(trace_logits(engine), expected, rtol=1e-5, atol=1e-5)
+    assert set(engine.executor._packed._parts) == {("ffn[0]", 5)}
+    assert set(engine.executor._down_copies._parts) == {("ffn[1]", 5)}
+    assert "prepacked for oneDNN: the copies' " in caplog.text and "VRAMSHARD_CPU_PACKED=on lifts" in caplog.text

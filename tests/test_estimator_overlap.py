@@ -232,6 +232,7 @@ def test_prepacked_cpu_ffns_take_the_profiles_packed_factor_not_the_split_slices
 
     from vramshard.layers.mlp import DenseFFN
     from vramshard.profile.query import Profile
+    from vramshard.runtime import cpu_packed as cpu_packed_mod
 
     base = synthetic(**CLIENT)
     data = copy.deepcopy(base.data)
@@ -251,7 +252,7 @@ def test_prepacked_cpu_ffns_take_the_profiles_packed_factor_not_the_split_slices
         part_packed = packed.part_s(ffn, "cpu", rows, 0, half) - launches
         part_plain = plain.part_s(ffn, "cpu", rows, 0, half) - launches
         assert part_packed == pytest.approx(part_plain / 1.5 * factor, rel=0.02)
-    assert Estimator(model, profile).cpu_packed is False  # as the executor runs by default (off)
+    assert Estimator(model, profile).cpu_packed is cpu_packed_mod.packs()  # as the executor runs by default
 
 
 def test_zero_copy_reads_a_cached_layers_misses_over_the_link_and_its_hits_from_vram():

@@ -40,11 +40,16 @@ def test_a_phase_that_raises_is_still_counted():
     assert timeline.seconds["failing"] >= 0.01
 
 
-def test_an_engines_load_seconds_cover_its_phases_and_its_wall_time(tiny_model_dir):
+def test_an_engines_load_seconds_cover_its_phases_and_its_wall_time(tiny_model_dir, monkeypatch):
     """A checkpoint loaded with a split placement on a simulated GPU: reading, planning, the host
-    layout, the CPU parts and kernels and the (simulated) VRAM are each timed, and together take no more than the load."""
+    layout, the CPU parts and kernels and the (simulated) VRAM are each timed, together no more than
+    the load; a slow kernel warm-up shows in its own phase."""
+    from vramshard.runtime.executor import Executor
+
     path = tiny_model_dir("llama", torch.bfloat16)
     reference = Engine.load(path, device="cpu", dtype="float32")
+    warm = Executor._warm_cpu_kernels
+    monkeypatch.setattr(Executor, "_warm_cpu_kernels", lambda self, plans: (time.sleep(0.3), warm(self, plans)))
     start = time.perf_counter()
     engine = Engine.load(path, placement=_split_placement(reference.model, [3, 15]), simulate_gpu=True,
                          max_context=64)
@@ -52,5 +57,5 @@ def test_an_engines_load_seconds_cover_its_phases_and_its_wall_time(tiny_model_d
     seconds = engine.load_seconds
     assert list(seconds) == ["read weights", "plan", "host layout", "CPU parts", "CPU kernels", "VRAM"]
     assert all(s >= 0 for s in seconds.values()) and sum(seconds.values()) <= wall
-    assert sum(seconds.values()) > 0.5 * wall  # the phases are most of the load, not a sliver of it
+    assert seconds["CPU kernels"] >= 0.3 and all(s < 0.3 for name, s in seconds.items() if name != "CPU kernels")
     assert "VRAM" not in reference.load_seconds and list(reference.load_seconds)[:1] == ["read weights"]

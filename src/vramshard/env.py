@@ -22,3 +22,17 @@ def switch(name: str, default: bool) -> bool:
         return value in ON
     log.warning("%s=%r is neither on nor off: using %s", name, value, "on" if default else "off")
     return default
+
+
+def choice(name: str, choices: tuple[str, ...], default: str) -> str:
+    """``$name`` as one of ``choices`` (in any case; on/off spelled as :func:`switch` takes them);
+    ``default`` when unset, or when set to anything else (with a warning that names the variable)."""
+    value = (os.environ.get(name) or "").strip().lower()
+    if not value:
+        return default
+    if value not in choices and "on" in choices and "off" in choices and (value in ON or value in OFF):
+        value = "on" if value in ON else "off"
+    if value in choices:
+        return value
+    log.warning("%s=%r is none of %s: using %s", name, value, ", ".join(choices), default)
+    return default

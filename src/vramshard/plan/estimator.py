@@ -116,12 +116,10 @@ def run_ahead_enabled() -> bool:
 
 def cpu_packed_enabled() -> bool:
     """Whether the executor will compute dense FFNs on the CPU from prepacked weights
-    (``VRAMSHARD_CPU_PACKED``, where oneDNN is there)."""
-    import torch
-
+    (``VRAMSHARD_CPU_PACKED``: on, or auto beside a CUDA GPU; where oneDNN is there)."""
     from ..runtime import cpu_packed  # (the mechanism's own switch)
 
-    return cpu_packed.ENABLED and torch.backends.mkldnn.is_available()
+    return cpu_packed.packs()
 
 
 def host_pass_s(profile: Profile, moe: MoEFFN, rows: int, contended: bool = False,

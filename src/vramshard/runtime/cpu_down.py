@@ -20,28 +20,17 @@ of the memory the host has available at the first one (``MemAvailable``), ``on``
 from __future__ import annotations
 
 import logging
-import os
 from typing import Mapping
 
 import torch
 
-from ..host_memory import meminfo_bytes
+from ..env import choice
+from .host_allowance import HostAllowance
 
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "on", "off")
-MODE = os.environ.get("VRAMSHARD_CPU_DOWN_COPY", "auto").strip().lower() or "auto"
-if MODE not in MODES:
-    log.warning("VRAMSHARD_CPU_DOWN_COPY=%r is none of %s: using auto", MODE, ", ".join(MODES))
-    MODE = "auto"
-AVAILABLE_SHARE = 0.25  # auto: the copies' total, at most this share of the host's available memory
-
-
-def available_host_bytes() -> int | None:
-    """The host memory available to new allocations (Linux ``MemAvailable``), None where unknown."""
-    return meminfo_bytes("MemAvailable")
-
-
+MODE = choice("VRAMSHARD_CPU_DOWN_COPY", MODES, "auto")
 def transposed(down: torch.Tensor) -> bool:
     """Whether ``down`` [D, r] is a view of transposed storage (its rows strided, its columns contiguous)."""
     return down.dim() == 2 and down.stride(-1) != 1 and down.stride(0) == 1
@@ -54,8 +43,8 @@ class DownCopies:
         self.mode = mode or MODE
         self._parts: dict[tuple[str, int], dict[str, torch.Tensor]] = {}  # the parts' views, down copied
         self.nbytes = 0
-        self._allowance: int | None = None  # auto: bytes the copies may take (fixed at the first one)
-        self._said_full = False
+        self.allowance = HostAllowance("CPU parts' down projections (row-major)", "VRAMSHARD_CPU_DOWN_COPY=on",
+                                       limited=self.mode != "on")
 
     def keep(self, wanted: set[tuple[str, int]]) -> None:
         """Drop the copies of parts not in ``wanted`` ((FFN name, pieces on the CPU) of the plans in force)."""
@@ -76,17 +65,4 @@ class DownCopies:
         return copied
 
     def _room_for(self, nbytes: int) -> bool:
-        if self.mode == "on":
-            return True
-        if self._allowance is None:
-            available = available_host_bytes()
-            self._allowance = int(available * AVAILABLE_SHARE) if available is not None else 0
-            log.info("CPU parts' down projections: row-major copies of up to %.2f GiB (a quarter of the host's "
-                     "available memory)", self._allowance / 2**30)
-        if self.nbytes + nbytes <= self._allowance:
-            return True
-        if not self._said_full:
-            self._said_full = True
-            log.info("CPU parts' down projections: the copies' %.2f GiB are full; further parts read down "
-                     "transposed (VRAMSHARD_CPU_DOWN_COPY=on lifts the limit)", self.nbytes / 2**30)
-        return False
+        return self.allowance.room_for(self.nbytes, nbytes)

@@ -1,4 +1,4 @@
-"""Split FFNs' CPU parts from weights that oneDNN has prepacked once (opt-in, ``VRAMSHARD_CPU_PACKED``).
+"""Dense FFNs' CPU parts from weights that oneDNN has prepacked once (``VRAMSHARD_CPU_PACKED``).
 
 On the H200 machine a dense FFN on the CPU at 64 rows took 2.4× its weights' read time (twelfth GPU
 session, ``benchmarks/ffn_buffers``). One suspect: oneDNN's half-precision kernels want the weight in
@@ -12,6 +12,13 @@ source of every copy to the GPU. Parts are packed on first use, per (FFN, pieces
 packing is made for the rows of the step that first needs it (oneDNN's blocking may depend on them)
 and serves every row count. Where oneDNN cannot pack or run the dtype on this CPU (fp16 without
 AVX-512 FP16, say), the first part says so in the log and every part runs plain.
+
+``VRAMSHARD_CPU_PACKED``: ``auto`` (the default) packs where a CUDA GPU is there (the executor
+computes beside it), up to a quarter of the host's available memory
+(:mod:`~vramshard.runtime.host_allowance`; parts beyond it run plain); ``on`` packs every part, on any
+machine, without a limit; ``off`` packs none. On an H100 machine, nemo-8b decoded at 8 GiB at 9.01
+tok/s prepacked against 7.25 plain, one run after the other (docs/BENCHMARKS.md, twenty-seventh GPU
+session); the thirteenth session's llama3-8b steps at 8 GiB were 14% (1 row) and 6% (64 rows) shorter.
 """
 
 from __future__ import annotations
@@ -23,11 +30,22 @@ from typing import Mapping
 import torch
 import torch.nn.functional as F
 
-from ..env import switch
+from ..env import choice
+from .host_allowance import HostAllowance
 
 log = logging.getLogger(__name__)
 
-ENABLED = switch("VRAMSHARD_CPU_PACKED", default=False)
+MODES = ("auto", "on", "off")
+MODE = choice("VRAMSHARD_CPU_PACKED", MODES, "auto")
+
+
+def packs(mode: str | None = None, gpu: bool | None = None) -> bool:
+    """Whether parts are packed in ``mode`` (None: :data:`MODE`) on this machine: asked for (``on``),
+    or ``auto`` beside a CUDA GPU (``gpu``; None: whether torch sees one), where oneDNN is there."""
+    mode = mode or MODE
+    if mode == "off" or not torch.backends.mkldnn.is_available():
+        return False
+    return mode == "on" or (torch.cuda.is_available() if gpu is None else gpu)
 
 
 class PackedPart:
@@ -51,12 +69,17 @@ class PackedPart:
 
 
 class PackedParts:
-    """One executor's packed CPU parts by (FFN name, pieces on the CPU); None where packing is off
-    or failed on this CPU (then the plain part is used)."""
+    """One executor's packed CPU parts by (FFN name, pieces on the CPU); None where packing is off,
+    failed on this CPU or (``auto``) past the allowance (then the plain part is used). ``mode``:
+    as ``VRAMSHARD_CPU_PACKED`` (None: its value); ``gpu``: whether the executor computes beside a
+    GPU, for ``auto`` (None: whether torch sees one)."""
 
-    def __init__(self):
+    def __init__(self, mode: str | None = None, gpu: bool | None = None):
+        mode = mode or MODE
         self._parts: dict[tuple[str, int], PackedPart] = {}
-        self._failed: str | None = None if ENABLED and torch.backends.mkldnn.is_available() else "off"
+        self._failed: str | None = None if packs(mode, gpu) else "off"
+        self.allowance = HostAllowance("CPU FFN parts prepacked for oneDNN", "VRAMSHARD_CPU_PACKED=on",
+                                       limited=mode != "on")
         self.nbytes = 0
         # Seconds spent packing so far: one-time work, not a step's CPU work (the engine fits its
         # profile to the latter; a 1024-row chunk that packed 7 GiB once read as 5.9x its prediction).
@@ -64,7 +87,8 @@ class PackedParts:
 
     @property
     def enabled(self) -> bool:
-        """Whether parts are (still) packed: asked for, and oneDNN has not failed at it here."""
+        """Whether parts are (still) packed, those within the allowance: asked for (or ``auto`` beside a
+        GPU), and oneDNN has not failed at it here."""
         return self._failed is None
 
     def keep(self, wanted: set[tuple[str, int]]) -> None:
@@ -80,10 +104,13 @@ class PackedParts:
             return None
         packed = self._parts.get((name, cpu_pieces))
         if packed is None:
+            nbytes = sum(t.nbytes for key, t in part.items() if key.endswith("_proj"))
+            if not self.allowance.room_for(self.nbytes, nbytes):
+                return None
+            weight = part["gate_up_proj"] if "gate_up_proj" in part else part["gate_proj"]  # [r, D]
             began = time.perf_counter()
             try:
                 packed = PackedPart(part, rows)
-                weight = part["gate_up_proj"] if "gate_up_proj" in part else part["gate_proj"]  # [r, D]
                 packed.contribution(torch.zeros(rows, weight.shape[1], dtype=weight.dtype))
             except RuntimeError as exc:
                 self._failed = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

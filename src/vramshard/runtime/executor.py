@@ -220,7 +220,8 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         self._device = torch.device("cpu") if simulate_gpu else torch.device(device)
         # Dense FFNs on the CPU at many rows; results pinned where they may be copied to a GPU.
         self._ffn_buffers = FFNBuffers(pinned=self._device.type == "cuda" and torch.cuda.is_available())
-        self._packed = PackedParts()  # CPU FFN parts prepacked for oneDNN (opt-in)
+        # CPU FFN parts prepacked for oneDNN (VRAMSHARD_CPU_PACKED; auto: beside a real GPU).
+        self._packed = PackedParts(gpu=False if simulate_gpu else None)
         self._down_copies = DownCopies()  # row-major copies of CPU parts' down projections
         self._host_moe: dict[str, DictExperts] = {}  # MoE sub-layer -> its host buffer's experts, stacked
         self._run_ahead: run_ahead.RunAhead | None = None  # split FFNs' CPU parts on a worker (opt-in)
@@ -786,10 +787,9 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         """``sublayer`` on the CPU from host memory (a dense FFN at many rows in the reused buffers)."""
         weights = self.host[sublayer.name].views
         if isinstance(sublayer, DenseFFN):
-            if not self._packed.enabled:  # (a packed part is a copy of its own)
-                weights = self._down_copies.part(sublayer.name, sublayer.num_pieces, weights)  # (down row-major)
             if FFNBuffers.wanted(x.shape[0]) or self._packed.enabled:
                 return x + self._cpu_contribution(sublayer, weights, sublayer.norm(weights, x), sublayer.num_pieces)
+            weights = self._down_copies.part(sublayer.name, sublayer.num_pieces, weights)  # (down row-major)
         if isinstance(sublayer, MoEFFN):
             return sublayer.forward(self._host_experts_of(sublayer), x, step)
         return sublayer.forward(weights, x, step)

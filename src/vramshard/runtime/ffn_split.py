@@ -110,6 +110,7 @@ class FFNSplitSteps:
         packed = self._packed.get(sublayer.name, cpu_pieces, cpu_part, rows)  # (packed here, on first use)
         if packed is not None:
             return ahead.result_on(self.gpu, number, h_host, lambda out: out.copy_(packed.contribution(h_host)))
+        cpu_part = self._down_copies.part(sublayer.name, cpu_pieces, cpu_part)  # (down row-major)
         if FFNBuffers.wanted(rows):
             work = ahead.buffers.work(sublayer.work_elements(cpu_part, rows), h_host.dtype)
             return ahead.result_on(self.gpu, number, h_host,
@@ -122,12 +123,15 @@ class FFNSplitSteps:
         """The contribution of the FFN's first ``cpu_pieces`` pieces (``weights``: their views, or the
         whole FFN's) for the normalized ``h`` [T, D] on the CPU. At many rows it is computed in, or
         copied into, the reused buffers (:mod:`~vramshard.runtime.ffn_buffers`) and stays valid
-        until the next call but one. From prepacked weights where ``VRAMSHARD_CPU_PACKED`` is on."""
+        until the next call but one. From prepacked weights where the part is packed
+        (:mod:`~vramshard.runtime.cpu_packed`), else from ``weights`` with down row-major where a copy
+        is allowed (:mod:`~vramshard.runtime.cpu_down`)."""
         rows = h.shape[0]
         packed = self._packed.get(sublayer.name, cpu_pieces, weights, rows)
         if packed is not None:
             y = packed.contribution(h)
             return self._ffn_buffers.result(rows, h.shape[-1], h.dtype).copy_(y) if FFNBuffers.wanted(rows) else y
+        weights = self._down_copies.part(sublayer.name, cpu_pieces, weights)  # (a packed part is a copy of its own)
         if not FFNBuffers.wanted(rows):
             return sublayer.contribution(weights, h)
         buffers = self._ffn_buffers
@@ -147,13 +151,12 @@ class FFNSplitSteps:
         return x + self._cpu_contribution(sublayer, self._cpu_part(sublayer, cpu_pieces), h, cpu_pieces) + y_gpu
 
     def _cpu_part(self, sublayer: DenseFFN, cpu_pieces: int) -> dict[str, torch.Tensor]:
-        """The views of a split FFN's first ``cpu_pieces`` pieces in its host buffer (made once), down
-        row-major where a copy is allowed (:mod:`~vramshard.runtime.cpu_down`). Not where parts are
-        prepacked: the packed part is a copy of its own, and a row-major one beside it would go unread."""
+        """The views of a split FFN's first ``cpu_pieces`` pieces in its host buffer (made once). Their
+        down projection gets a row-major copy only where the part is computed from them, not packed
+        (:meth:`_cpu_contribution`): a packed part is a copy of its own, and a row-major one beside it
+        would go unread."""
         cpu_part = self._cpu_parts.get((sublayer.name, cpu_pieces))
         if cpu_part is None:
             cpu_part = self._cpu_parts[sublayer.name, cpu_pieces] = sublayer.pieces_of(
                 self.host[sublayer.name].views, 0, cpu_pieces)
-        if self._packed.enabled:
-            return cpu_part
-        return self._down_copies.part(sublayer.name, cpu_pieces, cpu_part)
+        return cpu_part
