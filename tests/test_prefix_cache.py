@@ -195,6 +195,27 @@ def test_a_request_waits_for_the_blocks_a_running_prompt_is_writing_then_takes_t
     assert second.output_ids == alone
 
 
+def test_a_later_request_goes_past_one_waiting_for_blocks_but_not_into_its_slot(engine):
+    """While a request waits for the prompt blocks a running request is writing, a later request that
+    shares nothing is admitted past it where a slot is left for both; where only one slot is free,
+    it stays behind the waiting one, which then takes the blocks."""
+    prompt = random_prompts([70], seed=9)[0]
+    twin, other = prompt + [3, 4], random_prompts([20], seed=10)[0]
+    alone = [engine.generate([p], 4)[0] for p in (twin, other)]
+    for slots, passes in ((3, True), (2, False)):
+        scheduler = engine.scheduler(max_seqs=slots, max_context=96, max_step_tokens=16, chunk_sizes=(16,),
+                                     prefix_cache=True)
+        first = scheduler.add(prompt, max_new_tokens=2)
+        scheduler.step()  # positions 0-15 of the first prompt
+        second, third = scheduler.add(twin, max_new_tokens=4), scheduler.add(other, max_new_tokens=4)
+        scheduler.step()
+        assert second.slot is None and first.in_prefill
+        assert (third.slot is not None) is passes, f"{slots} slots"
+        scheduler.run_until_idle()
+        assert second.cached_prompt_tokens == 4 * BLOCK
+        assert [second.output_ids, third.output_ids] == alone
+
+
 def test_prompts_added_together_read_their_shared_system_prompt_once(engine):
     system = random_prompts([50], seed=11)[0]
     prompts = [system + tail for tail in random_prompts([5, 9, 2, 7], seed=12)]

@@ -402,20 +402,26 @@ class Scheduler:
             self._finish(request, "cancelled", [], "")
 
     def _admit(self) -> None:
-        """First come, first served: the oldest waiting request goes first, and later ones wait behind it.
-        A request is admitted when a sequence slot is free and the unreserved KV blocks hold its
-        prompt and answer, and not while a running request is still to write the next blocks of its
-        prompt that the prefix cache lacks (it takes them once written: prompts admitted together
-        that share a system prompt read it once, not once each)."""
+        """First come, first served: the oldest waiting request goes first. A request is admitted when
+        a sequence slot is free and the unreserved KV blocks hold its prompt and answer; where they do
+        not, it and every later request wait. A request whose next uncached prompt blocks a running
+        request is still to write waits for them (it takes them once written: prompts admitted together
+        that share a system prompt read it once, not once each); later requests may go past it meanwhile,
+        but only into the slots and blocks left once it has its own (its full charge, the blocks it
+        will share counted too), so waiting for blocks never costs it its turn."""
         being_written = {key for r in self.running for key in self._blocks_to_write(r)}
-        while self.waiting and self.free_slots:
-            request = self.waiting[0]
+        held_slots = held_blocks = 0  # kept for the requests passed over while their blocks are written
+        index = 0
+        while index < len(self.waiting) and len(self.free_slots) > held_slots:
+            request = self.waiting[index]
             prefix = self._cached_prefix(request)
-            if not self.blocks.can_admit(request.context_needed, prefix):
+            charge = self.blocks.charge(request.context_needed, prefix)
+            if charge + held_blocks > self.blocks.unreserved_blocks:
                 break
             if self._next_block_key(request, len(prefix)) in being_written:
-                break
-            self.waiting.popleft()
+                held_slots, held_blocks, index = held_slots + 1, held_blocks + charge, index + 1
+                continue
+            del self.waiting[index]
             request.slot = self.free_slots.pop(0)
             self.blocks.admit(request.slot, request.context_needed, prefix)
             request.num_cached = request.cached_prompt_tokens = len(prefix) * self.blocks.block_size
