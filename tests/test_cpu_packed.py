@@ -139,3 +139,21 @@ def test_auto_packs_up_to_its_allowance_and_the_parts_beyond_run_plain_with_down
     assert set(engine.executor._packed._parts) == {("ffn[0]", 5)}
     assert set(engine.executor._down_copies._parts) == {("ffn[1]", 5)}
     assert "prepacked for oneDNN: the copies' " in caplog.text and "VRAMSHARD_CPU_PACKED=on lifts" in caplog.text
+
+
+@needs_mkldnn
+def test_the_few_rows_kernels_of_plain_parts_are_not_compiled_at_load_where_parts_are_packed(tiny_model_dir,
+                                                                                              monkeypatch):
+    """Prepacked parts do not run the compiled SwiGLU of a few rows: an executor that packs does not
+    compile it at load (seconds to a minute per thread count where the compile cache is cold)."""
+    from vramshard.layers import cpu_swiglu
+
+    path = tiny_model_dir("llama", torch.bfloat16)
+    reference = Engine.load(path, device="cpu", dtype="float32")
+    warmed = []
+    monkeypatch.setattr(cpu_swiglu, "warm_up", lambda dtype: warmed.append(dtype))
+    for mode, compiles in (("off", True), ("on", False)):
+        monkeypatch.setattr(cpu_packed, "MODE", mode)
+        warmed.clear()
+        Engine.load(path, placement=_split_placement(reference.model, [3, 15]), simulate_gpu=True, max_context=64)
+        assert bool(warmed) is compiles, mode

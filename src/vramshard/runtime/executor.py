@@ -284,7 +284,8 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
     def _warm_cpu_kernels(self, plans: TieredPlacement) -> None:
         """Compile the CPU's decode-sized kernels (one-token projections, :mod:`~vramshard.layers.cpu_linear`;
         a few tokens' routed experts, :mod:`~vramshard.layers.host_experts`; dense FFNs of a few rows
-        in one call, :mod:`~vramshard.layers.cpu_swiglu`) before the first step that needs them, where
+        in one call, :mod:`~vramshard.layers.cpu_swiglu`, where parts are not prepacked) before the first
+        step that needs them, where
         a decode-sized tier computes on the CPU, at that tier's thread count, and at the run-ahead
         worker's where it will compute split parts or experts."""
         smallest = (1,) + tuple(t + 1 for t in plans.tiers[:-1])  # the fewest tokens of each tier's steps
@@ -304,7 +305,10 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
                 counts.append(run_ahead.worker_threads(counts[0], team))  # (as submit gives the worker)
             for count in dict.fromkeys(counts):  # (in order, once each)
                 use_cpu_threads(count)
-                if any(isinstance(s, DenseFFN) for s in on_cpu) and fewest <= cpu_swiglu.MAX_ROWS:
+                # (prepacked parts do not use these kernels: a part past the packing allowance compiles
+                # them on first use)
+                if (any(isinstance(s, DenseFFN) for s in on_cpu) and fewest <= cpu_swiglu.MAX_ROWS
+                        and not self._packed.enabled):
                     cpu_swiglu.warm_up(self.model.dtype)
                 if fewest <= cpu_linear.MAX_TOKENS:
                     self._warm_projections_and_experts(on_cpu)
