@@ -285,9 +285,8 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         """Compile the CPU's decode-sized kernels (one-token projections, :mod:`~vramshard.layers.cpu_linear`;
         a few tokens' routed experts, :mod:`~vramshard.layers.host_experts`; dense FFNs of a few rows
         in one call, :mod:`~vramshard.layers.cpu_swiglu`, where parts are not prepacked) before the first
-        step that needs them, where
-        a decode-sized tier computes on the CPU, at that tier's thread count, and at the run-ahead
-        worker's where it will compute split parts or experts."""
+        step that needs them, where a decode-sized tier computes on the CPU, at that tier's thread
+        count, and at the run-ahead worker's where it will compute split parts or experts."""
         smallest = (1,) + tuple(t + 1 for t in plans.tiers[:-1])  # the fewest tokens of each tier's steps
         ahead = run_ahead.available() and not self.simulated
         for fewest, placement, threads, team in zip(smallest, plans.placements, plans.threads,
