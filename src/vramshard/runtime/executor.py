@@ -304,6 +304,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
                 counts.append(run_ahead.worker_threads(counts[0], team))  # (as submit gives the worker)
             for count in dict.fromkeys(counts):  # (in order, once each)
                 use_cpu_threads(count)
+                began = time.perf_counter()
                 # (prepacked parts do not use these kernels: a part past the packing allowance compiles
                 # them on first use)
                 if (any(isinstance(s, DenseFFN) for s in on_cpu) and fewest <= cpu_swiglu.MAX_ROWS
@@ -311,6 +312,9 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
                     cpu_swiglu.warm_up(self.model.dtype)
                 if fewest <= cpu_linear.MAX_TOKENS:
                     self._warm_projections_and_experts(on_cpu)
+                if time.perf_counter() - began > 0.5:  # (compiled now, not found compiled)
+                    log.info("CPU kernels for %d thread(s) (tier %d): %.1f s", count, fewest,
+                             time.perf_counter() - began)
 
     def _warm_projections_and_experts(self, on_cpu: list) -> None:
         cpu_linear.warm_up(self.model.dtype)
