@@ -192,3 +192,15 @@ def test_the_users_own_thread_settings_stay(monkeypatch):
     monkeypatch.delenv("TORCHINDUCTOR_CPP_DYNAMIC_THREADS")
     monkeypatch.setattr(config.cpp, "threads", 3)
     assert not cpu_compiled.kernels_read_threads_at_run_time() and not config.cpp.dynamic_threads
+
+
+def test_compiled_kernels_are_kept_in_vramshards_cache_unless_a_directory_is_set(monkeypatch, tmp_path):
+    """Inductor's default cache is under /tmp (emptied at boot on many systems): the kernels go under
+    vramshard's cache directory instead; a directory the user (or inductor) set stays."""
+    monkeypatch.setenv("VRAMSHARD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    assert cpu_compiled.keep_compiled_in_user_cache() == str(tmp_path / "cache" / "inductor")
+    cache_dir_utils = pytest.importorskip("torch._inductor.runtime.cache_dir_utils")
+    assert cache_dir_utils.cache_dir() == str(tmp_path / "cache" / "inductor")  # inductor's own lookup agrees
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert cpu_compiled.keep_compiled_in_user_cache() == str(tmp_path / "mine")

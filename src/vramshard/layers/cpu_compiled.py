@@ -154,6 +154,20 @@ def kernels_read_threads_at_run_time() -> bool:
     return bool(cpp.dynamic_threads)
 
 
+def keep_compiled_in_user_cache() -> str:
+    """Have inductor keep what it compiles (C++ kernels, graphs) under vramshard's cache directory
+    (:func:`~vramshard.paths.cache_dir`, ``inductor/``) rather than its default under ``/tmp``, which many
+    systems empty at each boot: a planned engine's first load compiles its CPU kernels for a minute or
+    more (25 s on the 2-core development machine, against 5 s from the cache), and the next boot's load
+    should not again. Left alone where ``TORCHINDUCTOR_CACHE_DIR`` is set (by the user, or by inductor
+    at its first compilation in this process). Returns the directory in use."""
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        from ..paths import cache_dir
+
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir() / "inductor")
+    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+
 _trust_isa_flags = True  # until a compilation under the instruction set the CPU's flags name fails
 
 
@@ -236,6 +250,7 @@ class CompiledKernel:
         """Compile a fresh copy of ``fn`` for ``key`` and call it (torch compiles on the first call),
         under :func:`compile_settings`; once more with probed instruction sets if the trusted one failed,
         and once more with inductor's own binding if the one that leaves the GIL failed."""
+        keep_compiled_in_user_cache()
         kernels_release_gil()
         kernels_read_threads_at_run_time()
         suspect_binding = False  # whether inductor's own binding is being tried after the releasing one failed

@@ -157,6 +157,9 @@ class CompiledOrEager:
     one compiled function instead of one each (each CUDA graph still captures its own shapes)."""
 
     def __init__(self, fn: Callable, backend: str):
+        from ..layers.cpu_compiled import keep_compiled_in_user_cache
+
+        keep_compiled_in_user_cache()
         self.fn = fn
         self.compiled = torch.compile(fn, backend=backend, fullgraph=True)
         self.failed: str | None = None
