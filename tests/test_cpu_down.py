@@ -68,14 +68,15 @@ def test_auto_copies_up_to_a_quarter_of_the_available_memory(monkeypatch, caplog
 @pytest.mark.parametrize("prompt", [PROMPT, LONG_PROMPT])
 def test_split_ffns_with_row_major_down_copies_match_the_cpu_placement(tiny_model_dir, monkeypatch, prompt):
     """A simulated GPU's split FFNs (CPU parts from the copies) against the CPU placement, one token
-    and many; the executor made a copy for each split FFN's CPU part."""
+    and many; the executor made a copy for each split FFN's CPU part when it loaded."""
     path = tiny_model_dir("llama", torch.bfloat16)
     reference = Engine.load(path, device="cpu", dtype="float32")
     expected = trace_logits(reference, prompt=prompt)
     monkeypatch.setattr(cpu_down, "MODE", "on")
     split = Engine.load(path, placement=_split_placement(reference.model, [3, 15]), simulate_gpu=True, max_context=64)
-    got = trace_logits(split, prompt=prompt)
     parts = split.executor._down_copies
+    assert {key for key in parts._parts} == {("ffn[0]", 3), ("ffn[1]", 15)}  # made at load, not in a step
+    got = trace_logits(split, prompt=prompt)
     assert parts.nbytes > 0 and {key for key in parts._parts} == {("ffn[0]", 3), ("ffn[1]", 15)}
     torch.testing.assert_close(got, expected, rtol=0.05, atol=0.05 * expected.abs().max().item())
     monkeypatch.setattr(cpu_down, "MODE", "off")

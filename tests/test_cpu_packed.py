@@ -73,20 +73,20 @@ def test_packing_is_off_without_a_gpu_unless_asked_for_and_a_cpu_that_cannot_pac
 
 @needs_mkldnn
 def test_a_new_plan_drops_the_packed_parts_it_no_longer_computes(tiny_model_dir, monkeypatch):
-    """Each plan splits FFNs anew: the parts of the plan before are dropped when the executor
-    switches (their memory with them), and the time spent packing is counted once, apart."""
+    """Parts are packed when the plans are made (at load, at a switch), not in a step. Each plan
+    splits FFNs anew: the parts of the plan before are dropped when the executor switches (their
+    memory with them), and the time spent packing is counted once, apart."""
     path = tiny_model_dir("llama")
     monkeypatch.setattr(cpu_packed, "MODE", "on")
     reference = Engine.load(path, device="cpu")
     split = Engine.load(path, placement=_split_placement(reference.model, [3, 15]), simulate_gpu=True, max_context=64)
-    trace_logits(split)
     packed = split.executor._packed
     assert set(packed._parts) == {("ffn[0]", 3), ("ffn[1]", 15)} and packed.nbytes > 0 and packed.packing_s > 0
     spent = packed.packing_s
     trace_logits(split)
-    assert packed.packing_s == spent  # nothing packed again
+    assert packed.packing_s == spent  # nothing packed in the steps
     split.executor.reconfigure(_split_placement(reference.model, [5, 15]), None)
-    assert set(packed._parts) == {("ffn[1]", 15)}
+    assert set(packed._parts) == {("ffn[0]", 5), ("ffn[1]", 15)} and packed.packing_s > spent
     assert packed.nbytes == sum(p.nbytes for p in packed._parts.values())
     torch.testing.assert_close(trace_logits(split), trace_logits(reference), rtol=1e-5, atol=1e-5)
     assert set(packed._parts) == {("ffn[0]", 5), ("ffn[1]", 15)}
@@ -126,15 +126,18 @@ def test_auto_packs_up_to_its_allowance_and_the_parts_beyond_run_plain_with_down
 
     from vramshard.runtime import host_allowance
 
+    from vramshard.runtime import executor
+
     path = tiny_model_dir("llama")
     reference = Engine.load(path, device="cpu")
     expected = trace_logits(reference)
-    engine = Engine.load(path, placement=_split_placement(reference.model, [5, 5]), simulate_gpu=True, max_context=64)
-    part = engine.model["ffn[0]"].pieces_of(engine.executor.host["ffn[0]"].views, 0, 5)
-    one = sum(t.nbytes for t in part.values())
+    ffn = reference.model["ffn[0]"]
+    one = sum(t.nbytes for t in ffn.pieces_of(reference.executor.host["ffn[0]"].views, 0, 5).values())
     monkeypatch.setattr(host_allowance, "available_host_bytes", lambda: int(4 * 1.5 * one))  # room for one part
-    engine.executor._packed = cpu_packed.PackedParts("auto", gpu=True)  # (as beside a real GPU)
+    monkeypatch.setattr(executor, "PackedParts", lambda gpu: cpu_packed.PackedParts("auto", gpu=True))  # (a real GPU)
     with caplog.at_level(logging.INFO, logger="vramshard.runtime.host_allowance"):
+        engine = Engine.load(path, placement=_split_placement(reference.model, [5, 5]), simulate_gpu=True,
+                             max_context=64)
         torch.testing.assert_close(trace_logits(engine), expected, rtol=1e-5, atol=1e-5)
     assert set(engine.executor._packed._parts) == {("ffn[0]", 5)}
     assert set(engine.executor._down_copies._parts) == {("ffn[1]", 5)}

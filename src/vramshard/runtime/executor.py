@@ -278,6 +278,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
             cpu_parts = self._cpu_ffn_parts(config.plans)
             self._packed.keep(cpu_parts)
             self._down_copies.keep(cpu_parts)
+            self._prepare_cpu_parts(config.plans)
         with timeline.phase("CPU kernels"):
             self._warm_cpu_kernels(config.plans)
 
