@@ -197,8 +197,11 @@ def test_split_ffn_placement_matches_cpu_float32(arch, tiny_model_dir, cpu_refer
     assert executor.report.bytes_streamed == per_step
     assert executor.report.crossings >= 2 * len(executor.placement.split_names())
     assert 0 < executor.peak_vram() <= budget, (executor.peak_vram(), executor.need.breakdown())
-    # The CPU parts read row-major copies of their down projections (runtime/cpu_down.py; auto by default).
-    if executor._down_copies.mode != "off":
+    # Beside a GPU the CPU parts are prepacked by default (runtime/cpu_packed.py), else they read row-major
+    # copies of their down projections (runtime/cpu_down.py; auto by default); never both.
+    if executor._packed.enabled:
+        assert executor._packed.nbytes > 0 and executor._down_copies.nbytes == 0
+    elif executor._down_copies.mode != "off":
         assert executor._down_copies.nbytes > 0
 
 
@@ -219,14 +222,21 @@ def _split_engine_matching_cpu_at_many_rows(tiny_model_dir, cpu_reference):
     return engine, expected
 
 
-def test_split_ffn_cpu_parts_at_many_rows_reuse_their_buffers_and_match_cpu_float32(tiny_model_dir, cpu_reference):
+@pytest.mark.parametrize("packed", ["on", "off"])
+def test_split_ffn_cpu_parts_at_many_rows_reuse_their_buffers_and_match_cpu_float32(tiny_model_dir, cpu_reference,
+                                                                                    monkeypatch, packed):
     """A split FFN's CPU part at 40 rows writes into the executor's reused buffers (its result in
-    pinned memory, copied to the GPU while the next layer's CPU part overwrites the other one):
-    two prefills in chunks of 20 and 40 rows and the decode after them compute the CPU
-    reference's logits."""
+    pinned memory, copied to the GPU while the next layer's CPU part overwrites the other one; from
+    plain weights its gate and up products in the work buffer too): two prefills in chunks of 20 and
+    40 rows and the decode after them compute the CPU reference's logits, prepacked or not."""
+    from vramshard.runtime import cpu_packed
+
+    monkeypatch.setattr(cpu_packed, "MODE", packed)
     engine, _ = _split_engine_matching_cpu_at_many_rows(tiny_model_dir, cpu_reference)
     buffers = engine.executor._ffn_buffers
-    assert buffers._work is not None and all(r is not None and r.is_pinned() for r in buffers._results)
+    assert engine.executor._packed.enabled is (packed == "on")
+    assert all(r is not None and r.is_pinned() for r in buffers._results)
+    assert (buffers._work is not None) is (packed == "off")
 
 
 def test_run_ahead_split_steps_match_cpu_float32_and_a_failed_cpu_part_fails_its_step(tiny_model_dir, cpu_reference,
@@ -243,17 +253,25 @@ def test_run_ahead_split_steps_match_cpu_float32_and_a_failed_cpu_part_fails_its
     ahead = engine.executor._run_ahead
     assert ahead is not None and ahead._issued > 0 and engine.executor.report.host_compute_s > 0
 
-    real = DenseFFN.contribution_into
+    from vramshard.runtime.cpu_packed import PackedPart
 
-    def broken(*args, **kwargs):  # on the worker only: the CPU-input layers compute theirs on the host thread
-        if threading.current_thread().name == "vramshard-cpu-parts":
-            raise ValueError("a CPU part that fails")
-        return real(*args, **kwargs)
+    # The worker computes a part from plain weights or from prepacked ones (the default beside a GPU).
+    computing = [(DenseFFN, "contribution_into"), (DenseFFN, "contribution"), (PackedPart, "contribution")]
+    real = {(owner, name): getattr(owner, name) for owner, name in computing}
 
-    monkeypatch.setattr(DenseFFN, "contribution_into", broken)
+    def broken(owner, name):
+        def fails(*args, **kwargs):  # on the worker only: the CPU-input layers compute theirs on the host thread
+            if threading.current_thread().name == "vramshard-cpu-parts":
+                raise ValueError("a CPU part that fails")
+            return real[owner, name](*args, **kwargs)
+        return fails
+
+    for owner, name in computing:
+        monkeypatch.setattr(owner, name, broken(owner, name))
     with pytest.raises(RuntimeError, match="a CPU part that fails"):
         trace_logits(engine, prompt=LONG_PROMPT)
-    monkeypatch.setattr(DenseFFN, "contribution_into", real)
+    for owner, name in computing:
+        monkeypatch.setattr(owner, name, real[owner, name])
     torch.testing.assert_close(trace_logits(engine, prompt=LONG_PROMPT), expected, rtol=1e-3, atol=1e-3)
 
 
