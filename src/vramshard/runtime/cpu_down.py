@@ -10,8 +10,9 @@ from a row-major copy and 0.77 ms as the compiled row sums a row-major copy allo
 copy was 1.55x, 1.38x and 1.16x faster through ATen.
 
 Here a CPU part's down (a split FFN's first pieces, or a whole FFN the CPU computes) gets a row-major
-copy, per (FFN, pieces on the CPU), made when the executor takes the plans that compute it (at load,
-at a switch) and kept while the plans in force compute that part (:meth:`DownCopies.keep`). The plain weights stay the source of every copy to the GPU. A copy
+copy, per (FFN, pieces on the CPU): the first tier's parts' when the executor takes its plans (at
+load, at a switch), the others' in their first step; each is kept while the plans in force compute that
+part (:meth:`DownCopies.keep`). The plain weights stay the source of every copy to the GPU. A copy
 costs host memory, a third of the part's weights: ``auto`` (the default) makes copies up to a quarter
 of the memory the host has available at the first one (``MemAvailable``), ``on`` without a limit,
 ``off`` none. Not yet run on a GPU machine.

@@ -8,10 +8,10 @@ inductor's CPU freezing does) and computed with ``mkldnn._linear_pointwise``. ``
 measures both ways per projection, and ``step_profile``'s ``+packed`` the step.
 
 A packed weight is a second, opaque copy of the part in host memory: the plain one is still the
-source of every copy to the GPU. Parts are packed per (FFN, pieces on the CPU) when the executor takes
-its plans (at load, at a switch), each for the fewest rows of the first tier that computes it
-(oneDNN's blocking may depend on them; on the development machine the hint changed no time), and
-serve every row count. Where oneDNN cannot pack or run the dtype on this CPU (fp16 without
+source of every copy to the GPU. Parts are packed per (FFN, pieces on the CPU): the first tier's when
+the executor takes its plans (at load, at a switch), the others' in the first step that computes
+them, each for the rows of that step (oneDNN's blocking may depend on them; on the development
+machine the hint changed no time); a packed part serves every row count. Where oneDNN cannot pack or run the dtype on this CPU (fp16 without
 AVX-512 FP16, say), the first part says so in the log and every part runs plain.
 
 ``VRAMSHARD_CPU_PACKED``: ``auto`` (the default) packs where a CUDA GPU is there (the executor
