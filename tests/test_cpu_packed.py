@@ -73,9 +73,9 @@ def test_packing_is_off_without_a_gpu_unless_asked_for_and_a_cpu_that_cannot_pac
 
 @needs_mkldnn
 def test_a_new_plan_drops_the_packed_parts_it_no_longer_computes(tiny_model_dir, monkeypatch):
-    """The first tier's parts are packed when the plans are made (at load, at a switch), not in a step. Each plan
-    splits FFNs anew: the parts of the plan before are dropped when the executor switches (their
-    memory with them), and the time spent packing is counted once, apart."""
+    """The first tier's parts are packed when the plans are made (at load, at a switch), not in a
+    step. Each plan splits FFNs anew: the parts of the plan before are dropped when the executor
+    switches (their memory with them), and the time spent packing is counted once, apart."""
     path = tiny_model_dir("llama")
     monkeypatch.setattr(cpu_packed, "MODE", "on")
     reference = Engine.load(path, device="cpu")

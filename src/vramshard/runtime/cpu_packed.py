@@ -11,8 +11,9 @@ A packed weight is a second, opaque copy of the part in host memory: the plain o
 source of every copy to the GPU. Parts are packed per (FFN, pieces on the CPU): the first tier's when
 the executor takes its plans (at load, at a switch), the others' in the first step that computes
 them, each for the rows of that step (oneDNN's blocking may depend on them; on the development
-machine the hint changed no time); a packed part serves every row count. Where oneDNN cannot pack or run the dtype on this CPU (fp16 without
-AVX-512 FP16, say), the first part says so in the log and every part runs plain.
+machine the hint changed no time); a packed part serves every row count. Where oneDNN cannot pack or
+run the dtype on this CPU (fp16 without AVX-512 FP16, say), the first part says so in the log and
+every part runs plain.
 
 ``VRAMSHARD_CPU_PACKED``: ``auto`` (the default) packs where a CUDA GPU is there (the executor
 computes beside it), up to a quarter of the host's available memory
