@@ -149,7 +149,7 @@ class FFNSplitSteps:
         if packed is not None:
             y = packed.contribution(h)
             return self._ffn_buffers.result(rows, h.shape[-1], h.dtype).copy_(y) if FFNBuffers.wanted(rows) else y
-        weights = self._down_copies.part(sublayer.name, cpu_pieces, weights)  # (a packed part is a copy of its own)
+        weights = self._down_copies.part(sublayer.name, cpu_pieces, weights)  # (not packed: down row-major)
         if not FFNBuffers.wanted(rows):
             return sublayer.contribution(weights, h)
         buffers = self._ffn_buffers
