@@ -39,6 +39,8 @@ def test_bench_shape_end_to_end(tmp_path, capsys):
         assert 0 < row["decode_prepare_ms"] < row["decode_sched_ms"]
         assert 0 < row["decode_forward_ms_median"] < row["decode_step_ms_median"]
         assert row["calibrations"] == [] and row["placement_at_end"] == "cpu"  # no GPU: nothing to fit
+        assert {"plan", "host layout", "CPU kernels"} <= set(row["load_seconds"])  # where its load went
+        assert row["load_s"] == pytest.approx(sum(row["load_seconds"].values()))
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -329,6 +329,7 @@ def results_table(rows: list[dict], settings: BenchSettings, title: str = "vrams
     for size in settings.batch_sizes:
         table.add_column(f"b{size} tok/s", justify="right")
     table.add_column("sched ms/step", justify="right")
+    table.add_column("load s", justify="right")
     table.add_column("peak VRAM", justify="right")
     for row in rows:
         if "error" in row:
@@ -337,7 +338,7 @@ def results_table(rows: list[dict], settings: BenchSettings, title: str = "vrams
         batched = [_num(row["batched"][str(s)]["tok_s"]) for s in settings.batch_sizes]
         table.add_row(row["engine"], _short(row["placement"]), _num(row["pp_tok_s"]), _num(row["tg_tok_s"]),
                       _num(row["ttft_s"] * 1e3), _num(row["e2e_s"]), *batched, _num(row["sched_ms_per_step"], 2),
-                      format_bytes(row["peak_vram_bytes"]) if row["uses_gpu"] else "-")
+                      _num(row.get("load_s")), format_bytes(row["peak_vram_bytes"]) if row["uses_gpu"] else "-")
     return table
 
 
