@@ -1,8 +1,8 @@
-"""On/off switches from the environment (vramshard/env.py)."""
+"""On/off switches and three-way settings from the environment (vramshard/env.py)."""
 
 import logging
 
-from vramshard.env import switch
+from vramshard.env import choice, switch
 
 
 def test_switches_read_on_and_off_words_and_keep_the_default_otherwise(monkeypatch, caplog):
@@ -19,3 +19,18 @@ def test_switches_read_on_and_off_words_and_keep_the_default_otherwise(monkeypat
     with caplog.at_level(logging.WARNING):
         assert switch(name, default=True)
     assert name in caplog.text and "maybe" in caplog.text
+
+
+def test_three_way_settings_take_their_words_on_off_spellings_and_keep_the_default_otherwise(monkeypatch, caplog):
+    name, modes = "VRAMSHARD_TEST_CHOICE", ("auto", "on", "off")
+    monkeypatch.delenv(name, raising=False)
+    assert choice(name, modes, "auto") == "auto"
+    for word, meant in (("AUTO", "auto"), (" on ", "on"), ("1", "on"), ("yes", "on"), ("false", "off"), ("0", "off")):
+        monkeypatch.setenv(name, word)
+        assert choice(name, modes, "auto") == meant, word
+    monkeypatch.setenv(name, "fast")
+    with caplog.at_level(logging.WARNING):
+        assert choice(name, modes, "auto") == "auto"
+    assert name in caplog.text and "fast" in caplog.text and "auto, on, off" in caplog.text
+    monkeypatch.setenv(name, "1")  # on/off spellings only where the choices are on and off
+    assert choice(name, ("mask", "bias"), "bias") == "bias"
