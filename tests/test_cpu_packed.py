@@ -140,6 +140,11 @@ def test_auto_packs_up_to_its_allowance_and_the_parts_beyond_run_plain_with_down
                              max_context=64)
         torch.testing.assert_close(trace_logits(engine), expected, rtol=1e-5, atol=1e-5)
     assert set(engine.executor._packed._parts) == {("ffn[0]", 5)}
+    packed = engine.executor._packed
+    assert packed._refused == {("ffn[1]", 5)}  # asked again each step, refused without the sums
+    packed.keep({("ffn[1]", 5)})  # a plan without ffn[0]'s part: room again for ffn[1]'s
+    ffn1 = engine.executor._cpu_part(engine.model["ffn[1]"], 5)
+    assert packed._refused == set() and packed.get("ffn[1]", 5, ffn1, 1) is not None
     assert set(engine.executor._down_copies._parts) == {("ffn[1]", 5)}
     assert "prepacked for oneDNN: the copies' " in caplog.text and "VRAMSHARD_CPU_PACKED=on lifts" in caplog.text
 

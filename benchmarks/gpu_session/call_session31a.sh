@@ -9,6 +9,5 @@ tail -3 $OUT/pytest_gpu.txt; grep -E "^(FAILED|ERROR)" $OUT/pytest_gpu.txt | cut
 timeout 175 python3 -m benchmarks.engine_bench --models nemo-8b --budgets 8 --batch-sizes 1 \
   --deadline-s 100 --run-limit-s 12 --profile ${PROFILE:-docs/profiles/h200-run26b.json} \
   --out $OUT/nemo_decode_packed.json > $OUT/nemo_decode_packed.log 2>&1; echo "nemo rc $?"
-SUMMARY="import json,sys; d=json.load(open(sys.argv[1])); print(d.get('bandwidth_gb_s')); [print(c.get('engine'), c.get('vram'), c.get('tg_tok_s'), {b: round(x.get('tok_s', 0), 1) for b, x in (c.get('batched') or {}).items()}, c.get('cell_s'), {k: round(v, 1) for k, v in (c.get('load_seconds') or {}).items()}, (c.get('decode_vs_plan') or {}).get('measured_over_predicted'), c.get('error','')) for m in d['models'].values() for c in m['cells']]; print(d['models'][next(iter(d['models']))].get('checks'))"
-python3 -c "$SUMMARY" $OUT/nemo_decode_packed.json 2>&1 | tail -4
+python3 benchmarks/gpu_session/engine_summary.py $OUT/nemo_decode_packed.json 2>&1 | tail -4
 grep -E "took \{1:|loaded " $OUT/nemo_decode_packed.log | cut -c1-330 | head -4

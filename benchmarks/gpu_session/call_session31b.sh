@@ -4,12 +4,11 @@
 # fourteenth session); compare with 31a's default. 2. llama3-8b at 8 GiB, batch 1 and 64 against
 # layers:max (the Engine issue's 3x cell), the default.
 source benchmarks/gpu_session/setup.sh || exit 1
-SUMMARY="import json,sys; d=json.load(open(sys.argv[1])); print(d.get('bandwidth_gb_s')); [print(c.get('engine'), c.get('vram'), c.get('tg_tok_s'), {b: round(x.get('tok_s', 0), 1) for b, x in (c.get('batched') or {}).items()}, c.get('cell_s'), {k: round(v, 1) for k, v in (c.get('load_seconds') or {}).items()}, (c.get('decode_vs_plan') or {}).get('measured_over_predicted'), c.get('error','')) for m in d['models'].values() for c in m['cells']]; print(d['models'][next(iter(d['models']))].get('checks'))"
 VRAMSHARD_RUN_AHEAD=on timeout 175 python3 -m benchmarks.engine_bench --models nemo-8b --budgets 8 --batch-sizes 1 \
   --deadline-s 100 --run-limit-s 12 --profile ${PROFILE:-docs/profiles/h200-run26b.json} \
   --out $OUT/nemo_decode_ahead.json > $OUT/nemo_decode_ahead.log 2>&1; echo "nemo ahead rc $?"
-python3 -c "$SUMMARY" $OUT/nemo_decode_ahead.json 2>&1 | tail -4
+python3 benchmarks/gpu_session/engine_summary.py $OUT/nemo_decode_ahead.json 2>&1 | tail -4
 timeout 340 python3 -m benchmarks.engine_bench --models llama3-8b --budgets 8 --batch-sizes 1,64 \
   --deadline-s 250 --run-limit-s 12 --profile ${PROFILE:-docs/profiles/h200-run26b.json} \
   --out $OUT/llama_b64.json > $OUT/llama_b64.log 2>&1; echo "llama rc $?"
-python3 -c "$SUMMARY" $OUT/llama_b64.json 2>&1 | tail -5
+python3 benchmarks/gpu_session/engine_summary.py $OUT/llama_b64.json 2>&1 | tail -5

@@ -79,6 +79,7 @@ class PackedParts:
     def __init__(self, mode: str | None = None, gpu: bool | None = None):
         mode = mode or MODE
         self._parts: dict[tuple[str, int], PackedPart] = {}
+        self._refused: set[tuple[str, int]] = set()  # parts past the allowance (asked again after keep)
         self._failed: str | None = None if packs(mode, gpu) else "off"
         self.allowance = HostAllowance("CPU FFN parts prepacked for oneDNN", "VRAMSHARD_CPU_PACKED=on",
                                        limited=mode != "on")
@@ -100,14 +101,18 @@ class PackedParts:
         parts, 11.8 GiB beside a 16 GB model)."""
         for key in [k for k in self._parts if k not in wanted]:
             self.nbytes -= self._parts.pop(key).nbytes
+        self._refused.clear()  # (room may have come back)
 
     def get(self, name: str, cpu_pieces: int, part: Mapping[str, torch.Tensor], rows: int) -> PackedPart | None:
         if self._failed is not None:
             return None
         packed = self._parts.get((name, cpu_pieces))
         if packed is None:
+            if (name, cpu_pieces) in self._refused:  # (each step asks again: answered without the sums)
+                return None
             nbytes = sum(t.nbytes for key, t in part.items() if key.endswith("_proj"))
             if not self.allowance.room_for(self.nbytes, nbytes):
+                self._refused.add((name, cpu_pieces))
                 return None
             weight = part["gate_up_proj"] if "gate_up_proj" in part else part["gate_proj"]  # [r, D]
             began = time.perf_counter()

@@ -314,9 +314,9 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
                     cpu_swiglu.warm_up(self.model.dtype)
                 if fewest <= cpu_linear.MAX_TOKENS:
                     self._warm_projections_and_experts(on_cpu)
-                if time.perf_counter() - began > 0.5:  # (compiled now, not found compiled)
-                    log.info("CPU kernels for %d thread(s) (tier %d): %.1f s", count, fewest,
-                             time.perf_counter() - began)
+                took = time.perf_counter() - began
+                if took > 0.5:  # (compiled now, not found compiled)
+                    log.info("CPU kernels for %d thread(s) (tier %d): %.1f s", count, fewest, took)
 
     def _warm_projections_and_experts(self, on_cpu: list) -> None:
         # Not for sub-layers that project nothing through cpu_linear on the CPU: the embedding (a

@@ -1,0 +1,25 @@
+"""One line per cell of an ``engine_bench`` JSON, for a GPU call's output: engine, budget, decode
+tok/s, batched tok/s, the cell's seconds, its load phases, decode measured over predicted, any error;
+then the model's checks.
+
+    python3 benchmarks/gpu_session/engine_summary.py $OUT/nemo_decode.json
+"""
+
+import json
+import sys
+
+
+def main(path: str) -> None:
+    data = json.load(open(path))
+    print(data.get("bandwidth_gb_s"))
+    for model in data["models"].values():
+        for cell in model["cells"]:
+            batched = {size: round(run.get("tok_s", 0), 1) for size, run in (cell.get("batched") or {}).items()}
+            load = {phase: round(s, 1) for phase, s in (cell.get("load_seconds") or {}).items()}
+            print(cell.get("engine"), cell.get("vram"), cell.get("tg_tok_s"), batched, cell.get("cell_s"), load,
+                  (cell.get("decode_vs_plan") or {}).get("measured_over_predicted"), cell.get("error", ""))
+        print(model.get("checks"))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
