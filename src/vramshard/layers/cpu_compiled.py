@@ -156,11 +156,12 @@ def kernels_read_threads_at_run_time() -> bool:
 
 def keep_compiled_in_user_cache() -> str:
     """Have inductor keep what it compiles (C++ kernels, graphs) under vramshard's cache directory
-    (:func:`~vramshard.paths.cache_dir`, ``inductor/``) rather than its default under ``/tmp``, which many
-    systems empty at each boot: a planned engine's first load compiles its CPU kernels for a minute or
-    more (17.9 s on the 2-core development machine, against 5.5 s from the cache: benchmarks/load_time.py), and the next boot's load
-    should not again. Left alone where ``TORCHINDUCTOR_CACHE_DIR`` is set (by the user, or by inductor
-    at its first compilation in this process). Returns the directory in use."""
+    (:func:`~vramshard.paths.cache_dir`, ``inductor/``) rather than its default under ``/tmp``, which
+    many systems empty at each boot: a planned engine's first load compiles its CPU kernels (17.9 s on
+    the 2-core development machine against 5.5 s from the cache, ``benchmarks/load_time.py``; 43 s on
+    an H100 machine), and the next boot's load should not again. Left alone where
+    ``TORCHINDUCTOR_CACHE_DIR`` is set (by the user, or by inductor at its first compilation in this
+    process). Returns the directory in use."""
     if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
         from ..paths import cache_dir
 
