@@ -24,8 +24,10 @@ spent, and the JSON is rewritten after every cell, so a cut-short run still repo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import logging
+import os
 import time
 
 import torch
@@ -136,6 +138,23 @@ def derived(cells: list[dict], weights: int, decode_bytes: int, bandwidth: dict)
     return out
 
 
+
+@contextlib.contextmanager
+def _gemv_off(off: bool):
+    """Within: the C decode kernel off (layers/cpu_gemv.py reads VRAMSHARD_CPU_GEMV at each call)."""
+    if not off:
+        yield
+        return
+    before = os.environ.get("VRAMSHARD_CPU_GEMV")
+    os.environ["VRAMSHARD_CPU_GEMV"] = "off"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("VRAMSHARD_CPU_GEMV", None)
+        else:
+            os.environ["VRAMSHARD_CPU_GEMV"] = before
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS))
@@ -150,6 +169,9 @@ def main() -> None:
                         help="runs of each test (TTFT/tg and each batch size); the median is kept")
     parser.add_argument("--deadline-s", type=float, default=400.0, help="start no new cell after this")
     parser.add_argument("--baseline", default="layers:max")
+    parser.add_argument("--without-gemv", action="store_true",
+                        help="also run the planned engine of each budget with the C decode kernel off "
+                             "(label vramshard+no-gemv; VRAMSHARD_CPU_GEMV=off for that cell)")
     parser.add_argument("--profile", default=None, help="machine profile for the planner")
     parser.add_argument("--layers", type=int, default=None, help="cut every model to N layers")
     parser.add_argument("--quick", action="store_true", help="smoke test: 2 layers, small token counts")
@@ -202,6 +224,7 @@ def main() -> None:
             vram = int(float(budget) * GiB)
             specs += [EngineSpec("vramshard", None, vram)]
             specs += [EngineSpec("vramshard+eager", None, vram, eager)] if args.eager else []
+            specs += [EngineSpec("vramshard+no-gemv", None, vram)] if args.without_gemv else []
             specs += [EngineSpec(args.baseline, args.baseline, vram)]
         cells: list[dict] = []
         entry = results["models"][name] = {"bytes": model.nbytes, "dtype": str(model.dtype), "cells": cells}
@@ -211,7 +234,8 @@ def main() -> None:
                 log.warning("deadline: skipping %s %s %s", name, spec.label, spec.vram)
                 continue
             t0 = time.perf_counter()
-            cell = bench_engine(model, host, spec, settings, device="cuda", profile=profile)
+            with _gemv_off(spec.label.endswith("+no-gemv")):
+                cell = bench_engine(model, host, spec, settings, device="cuda", profile=profile)
             cell["cell_s"] = time.perf_counter() - t0
             cells.append(cell)
             log.info("%s %s %s: %s", name, spec.label, spec.vram,

@@ -275,6 +275,35 @@ def test_run_ahead_split_steps_match_cpu_float32_and_a_failed_cpu_part_fails_its
     torch.testing.assert_close(trace_logits(engine, prompt=LONG_PROMPT), expected, rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.parametrize("ahead", [False, True])
+def test_split_ffn_one_row_parts_by_the_c_kernel_match_cpu_float32(tiny_model_dir, cpu_reference, monkeypatch, ahead):
+    """bf16 split FFNs whose one-row CPU parts run through the C kernel (layers/cpu_gemv.py, on by default
+    beside a GPU), on the host thread or the run-ahead worker: the CPU float32 reference's logits within
+    bf16's rounding, and no prepacked copy made for a decode step."""
+    from vramshard.layers import cpu_gemv
+    from vramshard.runtime import run_ahead
+
+    if cpu_gemv.library() is None:
+        pytest.skip(f"the C kernel does not build here ({cpu_gemv.failure()})")
+    monkeypatch.setenv("VRAMSHARD_CPU_GEMV", "on")
+    monkeypatch.setattr(run_ahead, "ENABLED", ahead)
+    path = tiny_model_dir("llama")
+    cpu_engine, _ = cpu_reference(path, "float32")
+    expected = trace_logits(cpu_engine)
+    threads = []
+    real = cpu_gemv.swiglu
+    monkeypatch.setattr(cpu_gemv, "swiglu", lambda *a: threads.append(threading.current_thread().name) or real(*a))
+    engine = Engine.load(path, device="cuda", dtype="bfloat16", placement=_split_ffn_placement(cpu_engine.model),
+                         vram=200 * 2**20, max_context=64)
+    prompt_parts = set(engine.executor._packed._parts)
+    got = trace_logits(engine)
+    torch.testing.assert_close(got.float(), expected, rtol=0, atol=0.06 * expected.abs().max().item())
+    decode_steps = len(got) - len(PROMPT)
+    assert len(threads) >= decode_steps * len(engine.executor.placement.split_names())
+    assert ("vramshard-cpu-parts" in threads) is ahead
+    assert engine.executor._down_copies.nbytes == 0 and set(engine.executor._packed._parts) >= prompt_parts
+
+
 def test_engines_made_one_after_another_leave_no_vram_behind(tiny_model_dir):
     """Each executor's matmuls used to run on a stream of its own, and cuBLAS keeps a workspace
     per stream for the life of the process: 32 MiB left reserved per executor (0.5 GiB after 16

@@ -39,7 +39,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from . import cpu_compiled
+from . import cpu_compiled, cpu_gemv
 from .cpu_compiled import CompiledKernel
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,14 @@ def _compiled(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> to
     return y if bias is None else y + bias
 
 
-KERNELS: dict[str, Kernel] = {"linear": _linear, "mv": _mv, "weight_mm": _weight_mm, "compiled": _compiled}
+def _gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """One token by the C kernel (:mod:`.cpu_gemv`), float32 sums rounded to ``x``'s dtype."""
+    y = cpu_gemv.rows_times_weight(x, w).to(x.dtype)
+    return y if bias is None else y + bias
+
+
+KERNELS: dict[str, Kernel] = {"linear": _linear, "mv": _mv, "weight_mm": _weight_mm, "compiled": _compiled,
+                              "gemv": _gemv}
 COMPILED = True  # whether one-token projections may take the compiled row sums (tests turn it off)
 _choice: dict[tuple, str] = {}
 _trials: dict[tuple, dict[str, list[float]]] = {}  # shape key -> candidate -> seconds of its timed calls
@@ -163,6 +170,8 @@ def _candidates(x: torch.Tensor, w: torch.Tensor) -> tuple[str, ...]:
     kernels close that gap has not been measured on that machine yet."""
     if x.shape[0] > 1:
         return ("linear", "weight_mm")
+    if cpu_gemv.serves(x, w):  # (in its place the compiled row sums, which cost a compile at load)
+        return ("linear", "mv", "gemv")
     if w.stride(-1) == 1 and compiled_allowed():
         return ("linear", "mv", "compiled")
     return ("linear", "mv")
@@ -174,7 +183,7 @@ def warm_up(dtype: torch.dtype) -> None:
     projections meet is a compilation of its own: a whole weight, and column slices at the start
     of a weight and inside it (split FFN parts), whatever their sizes (shapes are symbolic)."""
     key = (dtype, torch.get_num_threads())
-    if not (enabled() and compiled_allowed() and dtype in TUNED_DTYPES) or key in _warmed:
+    if not (enabled() and compiled_allowed() and dtype in TUNED_DTYPES) or key in _warmed or gemv_serves(dtype):
         return
     # As in a step: weights made outside inference mode, activations inside it (torch compiles
     # anew for another kind of tensor, and for K above and below 4096).
@@ -186,6 +195,12 @@ def warm_up(dtype: torch.dtype) -> None:
                           (_GEMV_SLICED, weight[:, 2048:])):
             kernel(torch.zeros(1, w.shape[1], dtype=dtype), w)
     _warmed.add(key)
+
+
+def gemv_serves(dtype: torch.dtype) -> bool:
+    """Whether one-token projections of ``dtype`` take the C kernel here instead of the compiled row
+    sums (then nothing is compiled for them)."""
+    return cpu_gemv.serves(torch.zeros(1, 8, dtype=dtype), torch.zeros(8, 8, dtype=dtype))
 
 
 def chosen() -> dict[tuple, str]:

@@ -59,7 +59,7 @@ from . import run_ahead, zero_copy_experts
 from .cpu_down import DownCopies
 from .cpu_packed import PackedParts
 from .ffn_buffers import FFNBuffers
-from .ffn_split import FFNSplitSteps
+from .ffn_split import FFNSplitSteps, by_gemv
 from .step_logits import StepLogits
 from .streaming import SlotRing, StreamItem, item_bytes
 from .streams import process_stream
@@ -291,8 +291,8 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         count, and at the run-ahead worker's where it will compute split parts or experts."""
         smallest = (1,) + tuple(t + 1 for t in plans.tiers[:-1])  # the fewest tokens of each tier's steps
         ahead = run_ahead.available() and not self.simulated
-        for fewest, placement, threads, team in zip(smallest, plans.placements, plans.threads,
-                                                    plans.worker_threads or (None,) * len(plans.tiers)):
+        for tier, fewest, placement, threads, team in zip(plans.tiers, smallest, plans.placements, plans.threads,
+                                                          plans.worker_threads or (None,) * len(plans.tiers)):
             if fewest > max(cpu_linear.MAX_TOKENS, cpu_swiglu.MAX_ROWS):
                 continue
             where = placement.as_dict()
@@ -310,7 +310,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
                 # (prepacked parts do not use these kernels: a part past the packing allowance compiles
                 # them on first use)
                 if (any(isinstance(s, DenseFFN) for s in on_cpu) and fewest <= cpu_swiglu.MAX_ROWS
-                        and not self._packed.enabled):
+                        and not self._packed.enabled and not (tier == 1 and by_gemv(1))):
                     cpu_swiglu.warm_up(self.model.dtype)
                 if fewest <= cpu_linear.MAX_TOKENS:
                     self._warm_projections_and_experts(on_cpu)
@@ -801,7 +801,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         """``sublayer`` on the CPU from host memory (a dense FFN at many rows in the reused buffers)."""
         weights = self.host[sublayer.name].views
         if isinstance(sublayer, DenseFFN):
-            if FFNBuffers.wanted(x.shape[0]) or self._packed.enabled:
+            if FFNBuffers.wanted(x.shape[0]) or self._packed.enabled or by_gemv(x.shape[0]):
                 return x + self._cpu_contribution(sublayer, weights, sublayer.norm(weights, x), sublayer.num_pieces)
             weights = self._down_copies.part(sublayer.name, sublayer.num_pieces, weights)  # (down row-major)
         if isinstance(sublayer, MoEFFN):

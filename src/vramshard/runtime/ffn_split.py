@@ -2,8 +2,9 @@
 
 A split FFN (``Where.cpu_pieces``) streams only its GPU part (its last pieces) through the ring;
 the step queues that part on the compute stream, computes the first pieces on the CPU meanwhile
-(on the host thread or the run-ahead worker, from a row-major copy of their down projection,
-:mod:`~vramshard.runtime.cpu_down`), and adds the two where the FFN's input lives: the normalized
+(on the host thread or the run-ahead worker: at one row by the C kernel from the plain weights,
+:mod:`~vramshard.layers.cpu_gemv`; else from prepacked weights, :mod:`~vramshard.runtime.cpu_packed`, or
+a row-major copy of their down projection, :mod:`~vramshard.runtime.cpu_down`), and adds the two where the FFN's input lives: the normalized
 activation crosses to the other device once and its contribution comes back once. The state
 (``ring``, ``host``, ``_down_copies``, ``_packed``, ``_ffn_buffers`` ...) is the executor's own.
 """
@@ -15,10 +16,18 @@ import time
 import torch
 
 from ..errors import InvalidInputError
+from ..layers import cpu_gemv
 from ..layers.mlp import DenseFFN
 from ..plan.placement import TieredPlacement
 from . import run_ahead
 from .ffn_buffers import FFNBuffers
+
+
+def by_gemv(rows: int) -> bool:
+    """Whether CPU parts of ``rows`` rows are computed by the C kernel from the plain weights
+    (:mod:`~vramshard.layers.cpu_gemv`): one row, where it is wanted and built. Then they need no
+    prepacked or row-major copy."""
+    return rows == 1 and cpu_gemv.wanted() and cpu_gemv.library() is not None
 
 
 class FFNSplitSteps:
@@ -47,6 +56,8 @@ class FFNSplitSteps:
         H100 machine. The other tiers' parts are made in their first steps, so a chat does not keep
         copies for batch sizes it never runs (all eight tiers' parts of that plan took 9.16 GiB beside
         the plain weights, the first tier's 31 about 3.6)."""
+        if plans.tiers[0] == 1 and by_gemv(1):
+            return  # its one-row parts read the plain weights as they lie
         placement = plans.placements[0]
         for name, where in placement.as_dict().items():
             sublayer = self.model[name]
@@ -125,15 +136,16 @@ class FFNSplitSteps:
         """A split FFN's CPU part ``number`` on the run-ahead worker, once the activation's copy to
         ``h_host`` has landed; returns its result's copy on the GPU (nothing here waits)."""
         rows = h_host.shape[0]
-        packed = self._packed.get(sublayer.name, cpu_pieces, cpu_part, rows)  # (packed here, on first use)
-        if packed is not None:
-            return ahead.result_on(self.gpu, number, h_host, lambda out: out.copy_(packed.contribution(h_host)))
-        cpu_part = self._down_copies.part(sublayer.name, cpu_pieces, cpu_part)  # (down row-major)
-        if FFNBuffers.wanted(rows):
-            work = ahead.buffers.work(sublayer.work_elements(cpu_part, rows), h_host.dtype)
-            return ahead.result_on(self.gpu, number, h_host,
-                                   lambda out: sublayer.contribution_into(cpu_part, h_host, out, work))
-        # Few rows: the projections tuned per shape, then into the pinned buffer.
+        if not by_gemv(rows):
+            packed = self._packed.get(sublayer.name, cpu_pieces, cpu_part, rows)  # (packed here, on first use)
+            if packed is not None:
+                return ahead.result_on(self.gpu, number, h_host, lambda out: out.copy_(packed.contribution(h_host)))
+            cpu_part = self._down_copies.part(sublayer.name, cpu_pieces, cpu_part)  # (down row-major)
+            if FFNBuffers.wanted(rows):
+                work = ahead.buffers.work(sublayer.work_elements(cpu_part, rows), h_host.dtype)
+                return ahead.result_on(self.gpu, number, h_host,
+                                       lambda out: sublayer.contribution_into(cpu_part, h_host, out, work))
+        # Few rows: the C kernel at one row, else the projections tuned per shape; into the pinned buffer.
         return ahead.result_on(self.gpu, number, h_host, lambda out: out.copy_(sublayer.contribution(cpu_part, h_host)))
 
     def _cpu_contribution(self, sublayer: DenseFFN, weights: dict[str, torch.Tensor], h: torch.Tensor,
@@ -143,8 +155,11 @@ class FFNSplitSteps:
         copied into, the reused buffers (:mod:`~vramshard.runtime.ffn_buffers`) and stays valid
         until the next call but one. From prepacked weights where the part is packed
         (:mod:`~vramshard.runtime.cpu_packed`), else from ``weights`` with down row-major where a copy
-        is allowed (:mod:`~vramshard.runtime.cpu_down`)."""
+        is allowed (:mod:`~vramshard.runtime.cpu_down`). One row, where the C kernel serves
+        (:mod:`~vramshard.layers.cpu_gemv`): from ``weights`` as they lie, no copy."""
         rows = h.shape[0]
+        if by_gemv(rows):
+            return sublayer.contribution(weights, h)
         packed = self._packed.get(sublayer.name, cpu_pieces, weights, rows)
         if packed is not None:
             y = packed.contribution(h)

@@ -1,0 +1,290 @@
+/* Few-row half-precision products on the CPU that read each weight row once: y = x @ W^T.
+ *
+ * Built by vramshard/layers/cpu_gemv.py with this machine's C compiler (-O3 -march=native -fopenmp)
+ * and called through ctypes (the call leaves the GIL free). OpenMP is the one torch loaded
+ * (libgomp.so.1 by soname), so its threads are torch's.
+ *
+ *   vs_rows_times_weight: y[T, N] = x[T, K] @ W[N, K]^T
+ *     W  [N, K] bf16 or fp16, row n at W + n * ldw (ldw >= K: a column slice of a wider weight)
+ *     x  [T, K] the same dtype, rows contiguous
+ *     y  [T, N] float32, rows contiguous
+ *   Each weight row is read once and dotted with every row of x (T <= VS_MAX_ROWS), in float32.
+ *
+ *   vs_row_times_columns: y[1, N] = x[1, K] @ V[K, N], V stored by rows (row k at V + k * ldv): a
+ *   weight kept transposed, as split FFNs' down projections are in host memory. Each thread sums
+ *   its own run of V's rows into scratch[thread, N] (every byte of V read once, in order), then the
+ *   threads add the partial sums up.
+ * Three ways to the same sums, chosen when compiled: AVX-512 (with AVX512-BF16's pairwise dot
+ * products for bf16 where the CPU has them), AVX2 + F16C, and plain C.
+ */
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#define VS_MAX_ROWS 16
+#define VS_BF16 0
+#define VS_FP16 1
+
+static inline float vs_scalar(int dtype, uint16_t h) {
+  if (dtype == VS_BF16) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+  }
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+  if (exp == 0x1f) bits = sign | 0x7f800000u | (man << 13);
+  else if (exp != 0) bits = sign | ((exp + 112) << 23) | (man << 13);
+  else if (man == 0) bits = sign;
+  else {  /* subnormal: normalize */
+    exp = 113;
+    while (!(man & 0x400)) { man <<= 1; exp--; }
+    bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
+  }
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+#endif
+}
+
+/* The tail of one row (k from `from` to K) dotted with row t of x, in plain C. */
+static inline float vs_tail(int dtype, const uint16_t *w, const uint16_t *x, long from, long K) {
+  float s = 0.0f;
+  for (long k = from; k < K; k++) s += vs_scalar(dtype, w[k]) * vs_scalar(dtype, x[k]);
+  return s;
+}
+
+#if defined(__AVX512F__)
+static inline __m512 vs_load16(int dtype, const uint16_t *p) {
+  __m256i h = _mm256_loadu_si256((const __m256i *)p);
+  if (dtype == VS_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  return _mm512_cvtph_ps(h);
+}
+
+/* Row n of W dotted with up to four rows of x (`rows`, row stride K); sums into out[t]. Fixed
+ * accumulators stay in registers; T rows take ceil(T / 4) passes over the row, all but the first
+ * from the core's cache. */
+static void vs_row4(int dtype, const uint16_t *w, const uint16_t *x, long rows, long K, float *out) {
+  const uint16_t *x1 = x + (rows > 1 ? K : 0), *x2 = x + (rows > 2 ? 2 * K : 0), *x3 = x + (rows > 3 ? 3 * K : 0);
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  long k = 0;
+#if defined(__AVX512BF16__)
+  if (dtype == VS_BF16) {
+    for (; k + 32 <= K; k += 32) {
+      __m512bh wv = (__m512bh)_mm512_loadu_si512((const void *)(w + k));
+      a0 = _mm512_dpbf16_ps(a0, wv, (__m512bh)_mm512_loadu_si512((const void *)(x + k)));
+      a1 = _mm512_dpbf16_ps(a1, wv, (__m512bh)_mm512_loadu_si512((const void *)(x1 + k)));
+      a2 = _mm512_dpbf16_ps(a2, wv, (__m512bh)_mm512_loadu_si512((const void *)(x2 + k)));
+      a3 = _mm512_dpbf16_ps(a3, wv, (__m512bh)_mm512_loadu_si512((const void *)(x3 + k)));
+    }
+  }
+#endif
+  for (; k + 16 <= K; k += 16) {
+    __m512 wv = vs_load16(dtype, w + k);
+    a0 = _mm512_fmadd_ps(wv, vs_load16(dtype, x + k), a0);
+    a1 = _mm512_fmadd_ps(wv, vs_load16(dtype, x1 + k), a1);
+    a2 = _mm512_fmadd_ps(wv, vs_load16(dtype, x2 + k), a2);
+    a3 = _mm512_fmadd_ps(wv, vs_load16(dtype, x3 + k), a3);
+  }
+  __m512 acc[4] = {a0, a1, a2, a3};
+  const uint16_t *xs[4] = {x, x1, x2, x3};
+  for (long t = 0; t < rows; t++) out[t] = _mm512_reduce_add_ps(acc[t]) + vs_tail(dtype, w, xs[t], k, K);
+}
+
+static void vs_row(int dtype, const uint16_t *w, const uint16_t *x, long T, long K, float *out) {
+  for (long t = 0; t < T; t += 4) vs_row4(dtype, w, x + t * K, T - t < 4 ? T - t : 4, K, out + t);
+}
+
+/* One row of x against four weight rows at once (decode: more loads in flight per core). */
+static void vs_four(int dtype, const uint16_t *w, long ldw, const uint16_t *x, long K, float *out) {
+  const uint16_t *w1 = w + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  long k = 0;
+#if defined(__AVX512BF16__)
+  if (dtype == VS_BF16) {
+    for (; k + 32 <= K; k += 32) {
+      __m512bh xv = (__m512bh)_mm512_loadu_si512((const void *)(x + k));
+      a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512((const void *)(w + k)), xv);
+      a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512((const void *)(w1 + k)), xv);
+      a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512((const void *)(w2 + k)), xv);
+      a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512((const void *)(w3 + k)), xv);
+    }
+  }
+#endif
+  for (; k + 16 <= K; k += 16) {
+    __m512 xv = vs_load16(dtype, x + k);
+    a0 = _mm512_fmadd_ps(vs_load16(dtype, w + k), xv, a0);
+    a1 = _mm512_fmadd_ps(vs_load16(dtype, w1 + k), xv, a1);
+    a2 = _mm512_fmadd_ps(vs_load16(dtype, w2 + k), xv, a2);
+    a3 = _mm512_fmadd_ps(vs_load16(dtype, w3 + k), xv, a3);
+  }
+  out[0] = _mm512_reduce_add_ps(a0) + vs_tail(dtype, w, x, k, K);
+  out[1] = _mm512_reduce_add_ps(a1) + vs_tail(dtype, w1, x, k, K);
+  out[2] = _mm512_reduce_add_ps(a2) + vs_tail(dtype, w2, x, k, K);
+  out[3] = _mm512_reduce_add_ps(a3) + vs_tail(dtype, w3, x, k, K);
+}
+#define VS_FOUR 1
+
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+static inline __m256 vs_load8(int dtype, const uint16_t *p) {
+  __m128i h = _mm_loadu_si128((const __m128i *)p);
+  if (dtype == VS_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  return _mm256_cvtph_ps(h);
+}
+
+static inline float vs_sum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+static void vs_row4(int dtype, const uint16_t *w, const uint16_t *x, long rows, long K, float *out) {
+  const uint16_t *x1 = x + (rows > 1 ? K : 0), *x2 = x + (rows > 2 ? 2 * K : 0), *x3 = x + (rows > 3 ? 3 * K : 0);
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  long k = 0;
+  for (; k + 8 <= K; k += 8) {
+    __m256 wv = vs_load8(dtype, w + k);
+    a0 = _mm256_fmadd_ps(wv, vs_load8(dtype, x + k), a0);
+    a1 = _mm256_fmadd_ps(wv, vs_load8(dtype, x1 + k), a1);
+    a2 = _mm256_fmadd_ps(wv, vs_load8(dtype, x2 + k), a2);
+    a3 = _mm256_fmadd_ps(wv, vs_load8(dtype, x3 + k), a3);
+  }
+  __m256 acc[4] = {a0, a1, a2, a3};
+  const uint16_t *xs[4] = {x, x1, x2, x3};
+  for (long t = 0; t < rows; t++) out[t] = vs_sum8(acc[t]) + vs_tail(dtype, w, xs[t], k, K);
+}
+
+static void vs_row(int dtype, const uint16_t *w, const uint16_t *x, long T, long K, float *out) {
+  for (long t = 0; t < T; t += 4) vs_row4(dtype, w, x + t * K, T - t < 4 ? T - t : 4, K, out + t);
+}
+
+#else
+static void vs_row(int dtype, const uint16_t *w, const uint16_t *x, long T, long K, float *out) {
+  for (long t = 0; t < T; t++) out[t] = vs_tail(dtype, w, x + t * K, 0, K);
+}
+#endif
+
+/* Which of the three ways this build took: 2 AVX-512 (3 with AVX512-BF16), 1 AVX2 + F16C, 0 plain C. */
+int vs_isa(void) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+  return 3;
+#elif defined(__AVX512F__)
+  return 2;
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+/* y[T, N] = x[T, K] @ W[N, K]^T over `threads` OpenMP threads. Returns 0, or -1 for arguments it
+ * does not take (the caller checks them first; this is the last guard). */
+int vs_rows_times_weight(int dtype, const uint16_t *W, long ldw, const uint16_t *x, float *y, long T, long N,
+                         long K, int threads) {
+  if ((dtype != VS_BF16 && dtype != VS_FP16) || T < 1 || T > VS_MAX_ROWS || N < 0 || K < 1 || ldw < K ||
+      threads < 1)
+    return -1;
+#if defined(VS_FOUR)
+  if (T == 1) {
+    long blocks = N / 4;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (long b = 0; b < blocks; b++) vs_four(dtype, W + 4 * b * ldw, ldw, x, K, y + 4 * b);
+    for (long n = 4 * blocks; n < N; n++) vs_row(dtype, W + n * ldw, x, 1, K, y + n);
+    return 0;
+  }
+#endif
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (long n = 0; n < N; n++) {
+    float out[VS_MAX_ROWS];
+    vs_row(dtype, W + n * ldw, x, T, K, out);
+    for (long t = 0; t < T; t++) y[t * N + n] = out[t];
+  }
+  return 0;
+}
+
+#if defined(__AVX512F__)
+#define VS_LANES 16
+typedef __m512 vs_vec;
+#define vs_zero() _mm512_setzero_ps()
+#define vs_set1(v) _mm512_set1_ps(v)
+#define vs_fma(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define vs_ld(p) _mm512_loadu_ps(p)
+#define vs_st(p, v) _mm512_storeu_ps(p, v)
+#define vs_add(a, b) _mm512_add_ps(a, b)
+#define vs_wide(d, p) vs_load16(d, p)
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#define VS_LANES 8
+typedef __m256 vs_vec;
+#define vs_zero() _mm256_setzero_ps()
+#define vs_set1(v) _mm256_set1_ps(v)
+#define vs_fma(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define vs_ld(p) _mm256_loadu_ps(p)
+#define vs_st(p, v) _mm256_storeu_ps(p, v)
+#define vs_add(a, b) _mm256_add_ps(a, b)
+#define vs_wide(d, p) vs_load8(d, p)
+#else
+#define VS_LANES 0
+#endif
+
+/* acc[0:N] += x0 * v0[0:N] + x1 * v1 + x2 * v2 + x3 * v3 (rows of V; unused ones have x = 0). */
+static void vs_axpy4(int dtype, const uint16_t *v0, const uint16_t *v1, const uint16_t *v2, const uint16_t *v3,
+                     float x0, float x1, float x2, float x3, long N, float *acc) {
+  long n = 0;
+#if VS_LANES
+  vs_vec b0 = vs_set1(x0), b1 = vs_set1(x1), b2 = vs_set1(x2), b3 = vs_set1(x3);
+  for (; n + VS_LANES <= N; n += VS_LANES) {
+    vs_vec a = vs_ld(acc + n);
+    a = vs_fma(vs_wide(dtype, v0 + n), b0, a);
+    a = vs_fma(vs_wide(dtype, v1 + n), b1, a);
+    a = vs_fma(vs_wide(dtype, v2 + n), b2, a);
+    a = vs_fma(vs_wide(dtype, v3 + n), b3, a);
+    vs_st(acc + n, a);
+  }
+#endif
+  for (; n < N; n++)
+    acc[n] += x0 * vs_scalar(dtype, v0[n]) + x1 * vs_scalar(dtype, v1[n]) + x2 * vs_scalar(dtype, v2[n]) +
+              x3 * vs_scalar(dtype, v3[n]);
+}
+
+/* y[1, N] = x[1, K] @ V[K, N] (V's rows at stride ldv >= N); scratch holds threads * N floats. Returns
+ * 0, or -1 for arguments it does not take. */
+int vs_row_times_columns(int dtype, const uint16_t *V, long ldv, const uint16_t *x, float *y, long K, long N,
+                         int threads, float *scratch) {
+  if ((dtype != VS_BF16 && dtype != VS_FP16) || K < 1 || N < 1 || ldv < N || threads < 1) return -1;
+#pragma omp parallel num_threads(threads)
+  {
+    int t = 0, team = 1;
+#ifdef _OPENMP
+    t = omp_get_thread_num();
+    team = omp_get_num_threads();
+#endif
+    float *acc = scratch + (long)t * N;
+    long per = (K + team - 1) / team, first = t * per, last = first + per < K ? first + per : K;
+    for (long n = 0; n < N; n++) acc[n] = 0.0f;
+    for (long k = first; k < last; k += 4) {
+      long left = last - k;
+      const uint16_t *v0 = V + k * ldv;
+      const uint16_t *v1 = left > 1 ? v0 + ldv : v0, *v2 = left > 2 ? v0 + 2 * ldv : v0, *v3 = left > 3 ? v0 + 3 * ldv : v0;
+      float x0 = vs_scalar(dtype, x[k]), x1 = left > 1 ? vs_scalar(dtype, x[k + 1]) : 0.0f;
+      float x2 = left > 2 ? vs_scalar(dtype, x[k + 2]) : 0.0f, x3 = left > 3 ? vs_scalar(dtype, x[k + 3]) : 0.0f;
+      vs_axpy4(dtype, v0, v1, v2, v3, x0, x1, x2, x3, N, acc);
+    }
+#pragma omp barrier
+#pragma omp for schedule(static)
+    for (long n = 0; n < N; n++) {
+      float sum = 0.0f;
+      for (int u = 0; u < team; u++) sum += scratch[(long)u * N + n];
+      y[n] = sum;
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,228 @@
+"""Decode-sized half-precision products on the CPU by a small C kernel built on this machine.
+
+A split FFN's CPU part at one token is three matrix-vector products over weights read from memory
+once per step: it can go no faster than the host reads them. On the GPU machines' 16-core Xeons
+oneDNN and ATen ran those products at 56-68 GB/s where the host read 107-137 GB/s (the profile's
+CPU tables; docs/BENCHMARKS.md), and a decode step waits on that CPU work. ``cpu_gemv.c`` reads each
+weight row once, dots it with every row of ``x`` (up to :data:`MAX_ROWS`) in float32, and splits the
+rows over torch's OpenMP threads: AVX-512 (AVX512-BF16 dot products for bf16 where the CPU has
+them), else AVX2 + F16C, else plain C, as this machine's compiler builds it (``-march=native``).
+It reads the plain weights (a column slice of ``down`` included), so nothing is copied or packed.
+
+The library is built once per machine, source and compiler into the cache directory
+(:func:`~vramshard.paths.cache_dir` ``/cpu_gemv``, written atomically) and loaded with ``ctypes``,
+whose calls leave the GIL free. Where there is no C compiler, OpenMP or a 64-bit little-endian
+machine, :func:`library` says why once in the log and returns None; callers keep their torch path.
+``VRAMSHARD_CPU_GEMV``: ``auto`` (the default) uses it beside a CUDA GPU, where split FFNs' CPU parts
+run (as prepacking, :mod:`~vramshard.runtime.cpu_packed`), ``on`` everywhere, ``off`` never.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+from ..env import choice
+
+log = logging.getLogger(__name__)
+
+MAX_ROWS = 16  # rows of x one call takes (VS_MAX_ROWS in the C source)
+MODES = ("auto", "on", "off")
+DTYPES = {torch.bfloat16: 0, torch.float16: 1}  # the C source's VS_BF16 / VS_FP16
+ISA_NAMES = {0: "plain C", 1: "AVX2 + F16C", 2: "AVX-512", 3: "AVX-512 with AVX512-BF16"}
+SOURCE = Path(__file__).with_name("cpu_gemv.c")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+
+_lock = threading.Lock()
+_library: list = []  # [the loaded library or None], once tried
+_failure: list[str] = []  # why it is not there, once tried
+
+
+def mode() -> str:
+    return choice("VRAMSHARD_CPU_GEMV", MODES, "auto")
+
+
+def wanted() -> bool:
+    """Whether one-token products take this kernel here: ``on``, or ``auto`` where torch sees a CUDA
+    GPU. Whether it builds is :func:`library`'s to say; :func:`serves` asks both."""
+    asked = mode()
+    if asked == "off":
+        return False
+    return asked == "on" or torch.cuda.is_available()
+
+
+def serves(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether ``x[1, K] @ w[N, K].T`` is this kernel's: one row (at 4 and 16 rows oneDNN's prepacked
+    weights were faster on the development machine), wanted here, the library built, shapes it takes."""
+    return x.dim() == 2 and x.shape[0] == 1 and wanted() and takes(x, w) and library() is not None
+
+
+def swiglu(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """``down(silu(gate(h)) * up(h))`` for one row ``h`` [1, D] from the plain weights (gate/up [r, D],
+    down [D, r], a column slice of a wider one included), the activation in float32 rounded once to
+    ``h``'s dtype before ``down``. Returns [1, D] in ``h``'s dtype."""
+    act = (torch.nn.functional.silu(rows_times_weight(h, gate)) * rows_times_weight(h, up)).to(h.dtype)
+    return rows_times_weight(act, down).to(h.dtype)
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _version(compiler: str) -> str:
+    try:
+        return subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags (Linux), so a cache shared between machines keys on what -march=native saw."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return ""
+
+
+def _build(compiler: str, target: Path, flags: tuple[str, ...]) -> None:
+    """Compile the source into ``target`` atomically (a half-written library is never loaded)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run([compiler, *flags, str(SOURCE), "-o", partial], capture_output=True, text=True,
+                              timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"{Path(compiler).name} failed: {done.stderr.strip()[-400:]}")
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+
+
+def library():
+    """The loaded kernel library (built the first time on this machine), or None where it cannot be
+    (said once in the log)."""
+    if _library:
+        return _library[0]
+    with _lock:
+        if _library:
+            return _library[0]
+        lib = None
+        try:
+            lib = _load()
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+            _failure.append(str(exc))
+            log.info("CPU decode products run through torch: the C kernel is not available here (%s)", exc)
+        _library.append(lib)
+        return lib
+
+
+def failure() -> str | None:
+    """Why :func:`library` is None (None before it was tried or where it loaded)."""
+    return _failure[0] if _failure else None
+
+
+def _load(flags: tuple[str, ...] = FLAGS):
+    """Build (once per key) and load the library with ``flags`` (tests add ``-mno-...`` to reach the
+    narrower instruction sets)."""
+    from ..paths import cache_dir
+
+    if sys.byteorder != "little" or ctypes.sizeof(ctypes.c_void_p) != 8 or ctypes.sizeof(ctypes.c_long) != 8:
+        raise RuntimeError("it needs a 64-bit little-endian machine with 64-bit longs")
+    compiler = _compiler()
+    if compiler is None:
+        raise RuntimeError("no C compiler (cc, gcc or clang; or $CC)")
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), compiler, _version(compiler), " ".join(flags),
+                                    _cpu_flags()]).encode()).hexdigest()[:20]
+    target = cache_dir() / "cpu_gemv" / f"cpu_gemv-{key}.so"
+    if not target.exists():
+        _build(compiler, target, flags)
+        log.info("built the CPU decode kernel (%s)", target)
+    lib = ctypes.CDLL(str(target))
+    lib.vs_rows_times_weight.restype = ctypes.c_int
+    lib.vs_rows_times_weight.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
+                                         ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_int]
+    lib.vs_row_times_columns.restype = ctypes.c_int
+    lib.vs_row_times_columns.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
+                                         ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_int, ctypes.c_void_p]
+    lib.vs_isa.restype = ctypes.c_int
+    log.info("CPU decode kernel: %s", ISA_NAMES.get(lib.vs_isa(), "?"))
+    return lib
+
+
+def isa() -> str | None:
+    """The instruction set the library was built for, None where there is none."""
+    lib = library()
+    return None if lib is None else ISA_NAMES.get(lib.vs_isa(), "?")
+
+
+def _by_rows(w: torch.Tensor) -> bool:
+    """Whether ``w`` [N, K] has unit column stride (its rows contiguous, at any row stride)."""
+    return (w.stride(1) == 1 or w.shape[1] == 1) and w.stride(0) >= w.shape[1]
+
+
+def _by_columns(w: torch.Tensor) -> bool:
+    """Whether ``w`` [N, K] is stored transposed: ``w.T`` [K, N] with contiguous rows."""
+    return (w.stride(0) == 1 or w.shape[0] == 1) and w.stride(1) >= w.shape[0]
+
+
+def takes(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether :func:`rows_times_weight` computes ``x @ w.T`` (else use torch): CPU tensors of one
+    half-precision dtype, ``x`` [T <= MAX_ROWS, K], ``w`` [N, K] with unit column stride (a column
+    slice of a wider weight included), or, for one row, ``w`` stored transposed (``w.T`` [K, N] by
+    rows, as split FFNs' down projections lie in host memory)."""
+    if not (x.device.type == "cpu" and w.device.type == "cpu" and x.dtype in DTYPES and w.dtype == x.dtype
+            and x.dim() == 2 and w.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and x.shape[1] == w.shape[1]
+            and w.shape[0] > 0 and w.shape[1] > 0 and not x.requires_grad and not w.requires_grad):
+        return False
+    return _by_rows(w) or (x.shape[0] == 1 and _by_columns(w))
+
+
+def rows_times_weight(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, lib=None) -> torch.Tensor:
+    """``x[T, K] @ w[N, K].T`` in float32 ([T, N]) by the C kernel on torch's thread count: dot products
+    over ``w``'s rows (a column slice of a wider weight included), or, for ``w`` stored transposed, a
+    sum of ``w.T``'s rows scaled by ``x``. The caller checks :func:`takes` and that :func:`library` is
+    there (``lib``: another build of it, for tests)."""
+    lib = lib or library()
+    x = x.contiguous()
+    rows, n, k = x.shape[0], w.shape[0], w.shape[1]
+    if out is None:
+        out = torch.empty(rows, n, dtype=torch.float32)
+    threads = torch.get_num_threads()
+    if _by_rows(w):
+        status = lib.vs_rows_times_weight(DTYPES[x.dtype], w.data_ptr(), w.stride(0), x.data_ptr(), out.data_ptr(),
+                                          rows, n, k, threads)
+    else:
+        scratch = _scratch(threads * n)
+        status = -1 if rows != 1 else lib.vs_row_times_columns(DTYPES[x.dtype], w.data_ptr(), w.stride(1), x.data_ptr(),
+                                                               out.data_ptr(), k, n, threads, scratch.data_ptr())
+    if status != 0:
+        raise ValueError(f"the CPU decode kernel refused x {tuple(x.shape)} @ w {tuple(w.shape)} "
+                         f"(strides {w.stride()}, {x.dtype})")
+    return out
+
+
+_scratches = threading.local()  # per calling thread: the host thread and the run-ahead worker
+
+
+def _scratch(elements: int) -> torch.Tensor:
+    """This thread's float32 scratch of at least ``elements`` (the threads' partial sums)."""
+    buffer = getattr(_scratches, "buffer", None)
+    if buffer is None or buffer.numel() < elements:
+        buffer = _scratches.buffer = torch.empty(elements, dtype=torch.float32)
+    return buffer

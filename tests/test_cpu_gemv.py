@@ -1,0 +1,165 @@
+"""The C kernel for one-row half-precision products (layers/cpu_gemv.py, VRAMSHARD_CPU_GEMV): every build
+of it (AVX-512, AVX2 + F16C, plain C) computes x @ W.T as float64 does, column slices of a wider weight
+included; it is used only where asked (auto: beside a GPU) and where it builds, else torch's paths; one-row
+FFNs, split parts and projections through it give an engine the logits of the float32 CPU reference, with
+no prepacked or row-major copies of the parts."""
+
+import pytest
+import torch
+
+from vramshard import Engine
+from vramshard.layers import cpu_gemv, cpu_linear
+from vramshard.layers.mlp import swiglu
+from vramshard.runtime import cpu_packed
+
+from placement_helpers import PROMPT, trace_logits
+from test_split_ffn import _ffn, _split_placement, _whole
+
+needs_kernel = pytest.mark.skipif(cpu_gemv.library() is None, reason=f"the C kernel does not build here "
+                                                                        f"({cpu_gemv.failure()})")
+NARROWER = {"avx2": ("-mno-avx512f",), "plain": ("-mno-avx512f", "-mno-avx2", "-mno-f16c", "-mno-fma")}
+
+
+def _build(isa: str):
+    if isa == "native":
+        return cpu_gemv.library()
+    try:
+        return cpu_gemv._load(cpu_gemv.FLAGS + NARROWER[isa])
+    except RuntimeError as exc:  # (a compiler without these x86 flags: another architecture)
+        pytest.skip(f"no {isa} build here: {exc}")
+
+
+@needs_kernel
+@pytest.mark.parametrize("isa", ["native", "avx2", "plain"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_every_build_computes_the_rows_times_the_weight(isa, dtype):
+    lib = _build(isa)
+    g = torch.Generator().manual_seed(0)
+    for rows in (1, 3, 4, 5, 16):
+        # (N, K): blocks of four rows and a remainder; K past the vector widths and a tail; a short K
+        for n, k in ((37, 4101), (64, 32), (5, 7), (1, 1)):
+            wide = torch.randn(n, k + 13, generator=g).to(dtype)
+            for w in (wide[:, :k].contiguous(), wide[:, 5:5 + k]):  # a whole weight, a column slice
+                x = torch.randn(rows, k, generator=g).to(dtype)
+                y = cpu_gemv.rows_times_weight(x, w, lib=lib)
+                expected = x.double() @ w.double().T
+                assert y.dtype == torch.float32 and y.shape == (rows, n)
+                torch.testing.assert_close(y.double(), expected, rtol=0, atol=2e-5 * expected.abs().max().item() + 1e-6)
+            # Stored transposed (w.T [K, N] by rows, a run of rows of a longer one): one row of x.
+            stored = torch.randn(k + 9, n + 3, generator=g).to(dtype)
+            w = stored[4:4 + k, 2:2 + n].t()  # [N, K], unit row stride
+            x = torch.randn(1, k, generator=g).to(dtype)
+            expected = x.double() @ w.double().T
+            y = cpu_gemv.rows_times_weight(x, w, lib=lib)
+            torch.testing.assert_close(y.double(), expected, rtol=0, atol=2e-5 * expected.abs().max().item() + 1e-6)
+
+
+def test_what_the_kernel_takes_and_the_arguments_it_refuses():
+    w = torch.zeros(8, 16, dtype=torch.bfloat16)
+    x = torch.zeros(1, 16, dtype=torch.bfloat16)
+    assert cpu_gemv.takes(x, w) and cpu_gemv.takes(x, torch.zeros(8, 40, dtype=torch.bfloat16)[:, 3:19])
+    assert not cpu_gemv.takes(x.float(), w.float())  # float32: torch's paths
+    assert not cpu_gemv.takes(x, w.half())  # dtypes differ
+    stored_transposed = w.t().contiguous().t()  # w.T by rows, as split FFNs' down projections lie
+    assert cpu_gemv.takes(x, stored_transposed) and not cpu_gemv.takes(torch.zeros(2, 16, dtype=torch.bfloat16),
+                                                                          stored_transposed)  # (one row only)
+    assert not cpu_gemv.takes(x, torch.zeros(16, 32, dtype=torch.bfloat16)[::2, ::2])  # neither way contiguous
+    assert not cpu_gemv.takes(torch.zeros(17, 16, dtype=torch.bfloat16), w)  # more rows than it takes
+    assert not cpu_gemv.takes(torch.zeros(1, 15, dtype=torch.bfloat16), w)  # K differs
+    if cpu_gemv.library() is not None:
+        with pytest.raises(ValueError, match="refused"):  # the C side's own guard
+            cpu_gemv.rows_times_weight(torch.zeros(17, 16, dtype=torch.bfloat16), w)
+
+
+def test_it_is_used_where_asked_and_built(monkeypatch, caplog):
+    x, w = torch.ones(1, 16, dtype=torch.bfloat16), torch.ones(8, 16, dtype=torch.bfloat16)
+    monkeypatch.setenv("VRAMSHARD_CPU_GEMV", "off")
+    assert not cpu_gemv.wanted() and not cpu_gemv.serves(x, w)
+    monkeypatch.setenv("VRAMSHARD_CPU_GEMV", "auto")
+    assert cpu_gemv.wanted() == torch.cuda.is_available()
+    monkeypatch.setenv("VRAMSHARD_CPU_GEMV", "on")
+    assert cpu_gemv.wanted()
+    assert cpu_gemv.serves(x, w) == (cpu_gemv.library() is not None)
+    assert not cpu_gemv.serves(torch.ones(2, 16, dtype=torch.bfloat16), w)  # one row only
+    # No compiler: said once in the log, None, and torch's paths (one-token projections keep their candidates).
+    monkeypatch.setattr(cpu_gemv, "_library", [])
+    monkeypatch.setattr(cpu_gemv, "_failure", [])
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    monkeypatch.setattr(cpu_gemv.shutil, "which", lambda name: None)
+    with caplog.at_level("INFO"):
+        assert cpu_gemv.library() is None and cpu_gemv.library() is None
+    assert caplog.text.count("the C kernel is not available here (no C compiler") == 1
+    assert not cpu_gemv.serves(x, w) and "gemv" not in cpu_linear._candidates(x, w)
+
+
+def test_a_build_that_fails_says_why(monkeypatch, tmp_path):
+    monkeypatch.setenv("VRAMSHARD_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpu_gemv, "SOURCE", tmp_path / "broken.c")
+    (tmp_path / "broken.c").write_text("this is not C\n")
+    if cpu_gemv._compiler() is None:
+        pytest.skip("no C compiler here")
+    with pytest.raises(RuntimeError, match="failed"):
+        cpu_gemv._load()
+    assert not list((tmp_path / "cpu_gemv").glob("*.so"))  # no half-written library left
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 2e-2), (torch.float16, 2e-3)])
+def test_a_one_row_ffn_and_its_pieces_through_the_kernel(monkeypatch, dtype, tol):
+    monkeypatch.setenv("VRAMSHARD_CPU_GEMV", "on")
+    ffn, weights = _ffn(dtype, hidden=64, intermediate=96)
+    whole = _whole(ffn, weights)
+    h = torch.randn(1, ffn.hidden).to(dtype)
+    called = []
+    monkeypatch.setattr(cpu_gemv, "swiglu", lambda *a, _real=cpu_gemv.swiglu: called.append(1) or _real(*a))
+    for first, last in ((0, 5), (0, ffn.num_pieces)):
+        part = ffn.pieces_of(whole, first, last)  # down: a column slice of the whole down weight
+        expected = swiglu(h.float(), part["gate_proj"].float(), part["up_proj"].float(), part["down_proj"].float())
+        got = ffn.contribution(part, h)
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.float(), expected, rtol=tol, atol=tol * expected.abs().max().item())
+    assert len(called) == 2
+
+
+@needs_kernel
+def test_one_token_projections_may_choose_the_kernel(monkeypatch):
+    monkeypatch.setenv("VRAMSHARD_CPU_GEMV", "on")
+    monkeypatch.setattr(cpu_linear, "_choice", {})
+    monkeypatch.setattr(cpu_linear, "_trials", {})
+    w = torch.randn(96, 64).to(torch.bfloat16)
+    x = torch.randn(1, 64).to(torch.bfloat16)
+    assert cpu_linear._candidates(x, w) == ("linear", "mv", "gemv")  # no compiled row sums: nothing to compile
+    assert cpu_linear.gemv_serves(torch.bfloat16)
+    expected = x.float() @ w.float().T
+    for _ in range(3 * cpu_linear.TRIALS):  # every candidate's trials, then the choice
+        torch.testing.assert_close(cpu_linear.cpu_linear(x, w).float(), expected, rtol=2e-2, atol=2e-2)
+    assert len(cpu_linear._choice) == 1
+    torch.testing.assert_close(cpu_linear._gemv(x, w, torch.ones(96, dtype=torch.bfloat16)).float(), expected + 1,
+                               rtol=2e-2, atol=2e-2)
+
+
+@needs_kernel
+def test_split_and_cpu_ffns_by_the_kernel_match_the_cpu_reference(tiny_model_dir, monkeypatch):
+    """bf16 engine: decode steps' CPU parts and whole CPU FFNs run through the kernel, with no packed
+    or row-major copies (the prompt's rows take the other paths); the logits are the float32 CPU
+    reference's within bf16's rounding, and the plain (kernel off) split engine's."""
+    path = tiny_model_dir("llama")
+    expected = trace_logits(Engine.load(path, device="cpu", dtype="float32"))
+    monkeypatch.setattr(cpu_packed, "MODE", "on")  # packing asked for: one-row parts still skip it
+    monkeypatch.setenv("VRAMSHARD_CPU_GEMV", "off")
+    reference = Engine.load(path, device="cpu", dtype="bfloat16")
+    placement = _split_placement(reference.model, [3, 15])
+    plain = trace_logits(Engine.load(path, placement=placement, simulate_gpu=True, max_context=64, dtype="bfloat16"))
+    monkeypatch.setenv("VRAMSHARD_CPU_GEMV", "on")
+    called = []
+    monkeypatch.setattr(cpu_gemv, "swiglu", lambda *a, _real=cpu_gemv.swiglu: called.append(1) or _real(*a))
+    split = Engine.load(path, placement=placement, simulate_gpu=True, max_context=64, dtype="bfloat16")
+    got = trace_logits(split)
+    decode_steps = len(got) - len(PROMPT)
+    # Both layers' CPU parts each decode step, and their GPU parts (a simulated GPU computes them on the CPU)
+    assert len(called) == 4 * decode_steps
+    scale = expected.abs().max().item()
+    torch.testing.assert_close(got.float(), expected, rtol=0, atol=0.06 * scale)
+    torch.testing.assert_close(got[len(PROMPT):].float(), plain[len(PROMPT):].float(), rtol=0, atol=0.03 * scale)
+    assert split.executor._down_copies.nbytes == 0
+    assert {key for key in split.executor._packed._parts} == {("ffn[0]", 3), ("ffn[1]", 15)}  # the prompt's
