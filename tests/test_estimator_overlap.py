@@ -255,6 +255,33 @@ def test_prepacked_cpu_ffns_take_the_profiles_packed_factor_not_the_split_slices
     assert Estimator(model, profile).cpu_packed is cpu_packed_mod.packs()  # as the executor runs by default
 
 
+def test_one_row_ffns_by_the_c_kernel_take_no_packed_factor():
+    """cpu_gemv: where the C kernel computes one-row dense FFNs and split parts from the plain weights
+    (layers/cpu_gemv.py), a one-row step is priced as plain even with packing on; more rows stay packed."""
+    import copy
+
+    from vramshard.layers.mlp import DenseFFN
+    from vramshard.profile.query import Profile
+    from vramshard.plan.estimator import cpu_gemv_enabled
+    from vramshard.runtime.ffn_split import by_gemv
+
+    data = copy.deepcopy(synthetic(**CLIENT).data)
+    data["split_part"] = {"bf16": 1.5}
+    data["packed_ffn"] = {"bf16": {"1": 0.5, "64": 0.8}}
+    profile = Profile(data)
+    model = shape_model("llama3-8b")
+    ffn = next(s for s in model if isinstance(s, DenseFFN))
+    plain = Estimator(model, profile, cpu_packed=False, cpu_gemv=True)
+    both = Estimator(model, profile, cpu_packed=True, cpu_gemv=True)
+    packed = Estimator(model, profile, cpu_packed=True, cpu_gemv=False)
+    half = ffn.num_pieces // 2
+    assert both.compute_s(ffn, "cpu", 1, 1024) == pytest.approx(plain.compute_s(ffn, "cpu", 1, 1024))
+    assert both.part_s(ffn, "cpu", 1, 0, half) == pytest.approx(plain.part_s(ffn, "cpu", 1, 0, half))
+    assert packed.compute_s(ffn, "cpu", 1, 1024) == pytest.approx(0.5 * plain.compute_s(ffn, "cpu", 1, 1024))
+    assert both.compute_s(ffn, "cpu", 64, 1024) == pytest.approx(packed.compute_s(ffn, "cpu", 64, 1024))
+    assert cpu_gemv_enabled() is by_gemv(1) and Estimator(model, profile).cpu_gemv is by_gemv(1)
+
+
 def test_zero_copy_reads_a_cached_layers_misses_over_the_link_and_its_hits_from_vram():
     """``experts-stream`` with zero-copy kernels at decode: the link carries only the misses (the
     hit rate's complement of the routed bytes), no expert runs on the CPU, and a cache that holds

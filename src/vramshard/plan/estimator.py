@@ -122,6 +122,15 @@ def cpu_packed_enabled() -> bool:
     return cpu_packed.packs()
 
 
+def cpu_gemv_enabled() -> bool:
+    """Whether the executor will compute one-row dense FFNs and split parts on the CPU by the C kernel
+    from the plain weights (``VRAMSHARD_CPU_GEMV``: on, or auto beside a CUDA GPU; where it builds),
+    rather than from prepacked ones."""
+    from ..runtime.ffn_split import by_gemv  # (the mechanism's own switch)
+
+    return by_gemv(1)
+
+
 def host_pass_s(profile: Profile, moe: MoEFFN, rows: int, contended: bool = False,
                 on_worker: bool = False, threads: int | None = None) -> float | None:
     """Seconds of the CPU's compiled pass over a step's routed experts at ``rows`` tokens
@@ -177,16 +186,20 @@ class Estimator:
     on the GPU stream and the PCIe link, with no host round trip; by default as the executor will run.
     cpu_packed: dense FFNs on the CPU (whole or a split's CPU part) from oneDNN-prepacked weights
     (``VRAMSHARD_CPU_PACKED``), at the profile's :meth:`~Profile.packed_ffn_factor`; by default as
-    the executor will run. zero_copy_cpu_share: of such a step's host-memory experts, the share the
+    the executor will run. cpu_gemv: one-row dense FFNs and split parts by the C kernel from the plain
+    weights (``VRAMSHARD_CPU_GEMV``), not prepacked: at the profile's tables as they are (its one-row
+    products were timed through the same kernel where it served); by default as the executor will run.
+    zero_copy_cpu_share: of such a step's host-memory experts, the share the
     CPU computes beside the kernels (the executor's option of that name; the planner leaves it at 0).
     """
 
     def __init__(self, model: Model, profile: Profile, threads: int | None = None, expert_hit_rate: float = 0.0,
                  sizes: dict[str, int] | None = None, costs: dict | None = None, run_ahead: bool | None = None,
                  zero_copy: bool | None = None, cpu_packed: bool | None = None,
-                 zero_copy_cpu_share: float = 0.0):
+                 zero_copy_cpu_share: float = 0.0, cpu_gemv: bool | None = None):
         self.model = model
         self.cpu_packed = cpu_packed_enabled() if cpu_packed is None else cpu_packed
+        self.cpu_gemv = cpu_gemv_enabled() if cpu_gemv is None else cpu_gemv
         # Split FFNs' CPU parts on the executor's run-ahead worker (None: as the executor will run).
         self.run_ahead = run_ahead_enabled() if run_ahead is None else run_ahead
         available, self.zero_copy_rows = zero_copy_enabled()
@@ -204,6 +217,11 @@ class Estimator:
         self._dispatch: dict[str, float] = {}  # device -> dispatch seconds (a profile constant)
         self._crossings: dict[tuple, float] = {}  # (bytes, direction) -> seconds
 
+    def _packed_at(self, rows: int) -> bool:
+        """Whether dense FFNs on the CPU read prepacked weights at ``rows`` rows (one row: the C kernel
+        reads the plain ones where it serves)."""
+        return self.cpu_packed and not (self.cpu_gemv and rows == 1)
+
     # ------------------------------------------------------------------ one sub-layer
     def logit_rows(self, n_tokens: int) -> int:
         """Rows the head computes: one per decoded sequence, one per prompt chunk when prefilling."""
@@ -212,14 +230,14 @@ class Estimator:
     def compute_s(self, sublayer: SubLayer, device: str, n_tokens: int, context: int,
                   contended: bool = False) -> float:
         """Kernel time of one sub-layer (``device`` "cpu" or "cuda"), launch overhead excluded."""
-        key = (sublayer.name, device, n_tokens, context, contended, self.threads, self.cpu_packed)
+        key = (sublayer.name, device, n_tokens, context, contended, self.threads, self.cpu_packed, self.cpu_gemv)
         if key in self._cache:
             return self._cache[key]
         rows = self.logit_rows(n_tokens) if sublayer.kind == "head" else n_tokens
         seconds = 0.0
         for (m, k, n), count in Counter(sublayer.matmuls(rows)).items():  # MoE: many identical experts
             seconds += count * self._matmul(m, k, n, device, contended)
-        if device == "cpu" and self.cpu_packed and isinstance(sublayer, DenseFFN):
+        if device == "cpu" and self._packed_at(n_tokens) and isinstance(sublayer, DenseFFN):
             seconds *= self.profile.packed_ffn_factor(self.dtype, n_tokens)
         passed = host_pass_s(self.profile, sublayer, n_tokens, contended, threads=self.threads) \
             if device == "cpu" and isinstance(sublayer, MoEFFN) else None
@@ -288,11 +306,12 @@ class Estimator:
                contended: bool = False) -> float:
         """Time of pieces ``[first, last)`` of a dense FFN on ``device``, launches included (the CPU
         part also counts the norm and the residual add)."""
-        key = ("part", sublayer.name, device, n_tokens, first, last, contended, self.threads, self.cpu_packed)
+        key = ("part", sublayer.name, device, n_tokens, first, last, contended, self.threads, self.cpu_packed,
+               self.cpu_gemv)
         if key not in self._cache:
             kernels = sum(self._matmul(m, k, n, device, contended) for m, k, n in
                           sublayer.part_matmuls(n_tokens, first, last))
-            if device == "cpu" and self.cpu_packed:
+            if device == "cpu" and self._packed_at(n_tokens):
                 kernels *= self.profile.packed_ffn_factor(self.dtype, n_tokens)  # packed once: no slices
                 if last - first < sublayer.num_pieces:
                     kernels *= self.profile.split_part_scale  # as the engine fitted split parts in situ
