@@ -79,7 +79,7 @@ def test_the_profile_says_where_its_time_went_by_table(tiny_profile):
     assert 0.5 * tiny_profile.data["elapsed_s"] <= sum(by_table.values()) <= tiny_profile.data["elapsed_s"] + 0.05
 
 
-def test_a_table_clock_sums_each_points_time_under_its_table(monkeypatch):
+def test_a_table_clock_sums_each_points_time_under_its_table(monkeypatch, caplog):
     from vramshard.profile import progress as progress_module
 
     now = [0.0]
@@ -91,14 +91,20 @@ def test_a_table_clock_sums_each_points_time_under_its_table(monkeypatch):
             seen.append(label)
 
     clock = progress_module.TableClock(Inner())
-    for label, spent in (("cpu matmul bf16 threads=16 M=1 K=256 N=256", 1.0),
-                         ("cpu matmul bf16 threads=16 M=2 K=256 N=256", 2.0),
-                         ("h2d pinned 64 KiB", 0.5), ("h2d pinned 1024 KiB", 0.25),
-                         ("cpu attention bf16 new=1 context=512", 4.0)):
-        clock.step(label)
-        now[0] += spent
+    with caplog.at_level("INFO", logger="vramshard.profile.progress"):
+        for label, spent in (("cpu matmul bf16 threads=16 M=1 K=256 N=256", 1.0),
+                             ("cpu matmul bf16 threads=16 M=2 K=256 N=256", 2.0),
+                             ("h2d pinned 64 KiB", 0.5), ("h2d pinned 1024 KiB", 0.25),
+                             ("cpu attention bf16 new=1 context=512", 4.0)):
+            clock.step(label)
+            now[0] += spent
     assert clock.finish() == {"cpu matmul bf16 threads=16": 3.0, "h2d pinned": 0.75, "cpu attention bf16": 4.0}
     assert len(seen) == 5  # every step passed on
+    # Each table's start in the log, with the seconds since the clock was made (a profile cut short says
+    # where its time went).
+    started = [r.getMessage() for r in caplog.records if r.getMessage().startswith("profiling ")]
+    assert started == ["profiling cpu matmul bf16 threads=16 (0.0 s in)", "profiling h2d pinned (3.0 s in)",
+                       "profiling cpu attention bf16 (3.8 s in)"]
 
 
 def test_cpu_only_profile_has_no_gpu_data(tiny_profile):
@@ -711,3 +717,33 @@ def test_the_cpu_attention_benchmark_times_both_ways_and_every_layout(tmp_path, 
     assert [r["keys"] for r in result["hot_vs_cold"]] == [64] and result["hot_vs_cold"][0]["ratio"] > 0
     assert {(tuple(r["layout"]), r["new_tokens"]) for r in result["layouts"]} == \
         {(tuple(layout), n) for layout in cpu_attention.LAYOUTS for n in (1, 16)}
+
+
+def test_a_profile_says_whether_its_one_row_cpu_products_went_through_the_c_kernel(monkeypatch, caplog):
+    """``cpu_gemv``: the kernel's instruction set where it computed the profile's one-row CPU products
+    (layers/cpu_gemv.py), absent where torch's paths did. An engine that plans with a profile timed
+    without it while the kernel serves says so once (its CPU would be priced slower than it runs)."""
+    import copy
+
+    from vramshard import engine
+    from vramshard.layers import cpu_gemv
+
+    spec = tiny_spec(threads=[torch.get_num_threads()], dtypes=["bf16"])
+    monkeypatch.setenv("VRAMSHARD_CPU_GEMV", "off")
+    without = run_profile(spec)
+    assert without.cpu_gemv is None and "cpu_gemv" not in without.data
+    monkeypatch.setenv("VRAMSHARD_CPU_GEMV", "on")
+    with caplog.at_level("WARNING"):
+        engine._say_if_timed_without_gemv(without)
+        engine._say_if_timed_without_gemv(without)
+    said = caplog.text.count("timed one-token CPU products through torch")
+    assert said == (1 if cpu_gemv.library() is not None else 0)
+    if cpu_gemv.library() is None:
+        return
+    timed = run_profile(spec)
+    assert timed.cpu_gemv == cpu_gemv.isa()
+    assert Profile(copy.deepcopy(timed.data)).cpu_gemv == timed.cpu_gemv  # (the file keeps it)
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        engine._say_if_timed_without_gemv(timed)
+    assert "through torch" not in caplog.text

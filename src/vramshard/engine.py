@@ -555,9 +555,29 @@ def planning_profile(profile, dtype):
     the host's memory read now (:mod:`vramshard.profile.drift`), with the factors earlier engines
     fitted on it for ``dtype`` (:func:`vramshard.plan.calibrate.with_learned`)."""
     profile = drift.corrected(profile or machine_profile())
+    _say_if_timed_without_gemv(profile)
     if budget_follower.CALIBRATE:  # what an earlier engine measured on the same profile
         profile = calibrate.with_learned(profile, dtype)
     return profile
+
+
+_told_without_gemv: set[str] = set()  # profiles already named in the log
+
+
+def _say_if_timed_without_gemv(profile) -> None:
+    """Say once per profile when the C kernel computes one-row CPU products here but the profile timed
+    them through torch's paths: on the H100 machine the kernel read those weights 1.5-2.5x faster, so
+    plans put too little on the CPU until the engine has fitted its CPU factors to its own steps."""
+    from .runtime.ffn_split import by_gemv
+
+    if profile.data.get("synthetic") or profile.cpu_gemv or not by_gemv(1):
+        return
+    key = profile.data.get("created", "") + profile.data.get("fingerprint_hash", "")
+    if key not in _told_without_gemv:
+        _told_without_gemv.add(key)
+        log.warning("the machine profile timed one-token CPU products through torch, and the C kernel now computes "
+                    "them (faster): plans put too little on the CPU until the engine has fitted its steps; run "
+                    "`vramshard profile` again for a profile timed through it")
 
 
 def choose_placement(model: Model, placement: str | Placement | TieredPlacement | None, device: str,

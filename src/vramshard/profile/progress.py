@@ -35,19 +35,27 @@ class TableClock(ProgressSink):
     """Passes everything on to ``inner`` and adds up the wall time by table: from each point's
     ``step`` to the next one's, under the point's label less its coordinates (``"cpu matmul bf16
     threads=16"``). What a table prepares before its first point (weights, cold copies) counts to
-    the point before it. :meth:`finish` closes the last point; ``seconds`` holds the sums."""
+    the point before it. :meth:`finish` closes the last point; ``seconds`` holds the sums. Each table's
+    start is logged (INFO) with the seconds since the profile's, so a profile cut short (a time limit,
+    Ctrl-C) still says where its time went."""
 
     def __init__(self, inner: ProgressSink):
         self.inner = inner
         self.seconds: dict[str, float] = {}
         self._open: tuple[str, float] | None = None
+        self._began = time.perf_counter()
 
     def start(self, total_weight: float) -> None:
+        self._began = time.perf_counter()
+        log.info("profiling: about %.0f s of measurements expected", total_weight)
         self.inner.start(total_weight)
 
     def step(self, label: str) -> None:
+        table = _POINT.sub("", label)
+        if self._open is None or self._open[0] != table:
+            log.info("profiling %s (%.1f s in)", table, time.perf_counter() - self._began)
         self._close()
-        self._open = (_POINT.sub("", label), time.perf_counter())
+        self._open = (table, time.perf_counter())
         self.inner.step(label)
 
     def advance(self, weight: float) -> None:

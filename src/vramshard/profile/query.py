@@ -165,6 +165,11 @@ class Profile:
         return self._has_gpu
 
     @property
+    def cpu_gemv(self) -> str | None:
+        """The C kernel's instruction set where the one-row CPU tables were timed through it, else None."""
+        return self.data.get("cpu_gemv")
+
+    @property
     def fingerprint_hash(self) -> str:
         return self.data["fingerprint_hash"]
 

@@ -25,6 +25,9 @@ cores, GB/s, the mean of a timing before the CPU tables and one after), and the 
 - ``host_experts_worker_teams`` (optional): ``{dtype: {team size: bytes per second}}``, the one-token
   pass on that worker by the size of its OpenMP team (the planner gives the worker the fastest).
 
+- ``cpu_gemv`` (optional): the instruction set of the C kernel for one-row half-precision products
+  (:mod:`~vramshard.layers.cpu_gemv`) that the one-row CPU tables were timed through, where it served
+  (absent: timed through torch's paths, as every profile before 2026-12-05);
 - ``elapsed_by_table_s`` (optional): ``{table: seconds}``, where the profile's wall time went, by
   table (``"cpu matmul bf16 threads=16"``, ``"cuda attention fp16"``, …; see
   :class:`~vramshard.profile.progress.TableClock`).
