@@ -3,7 +3,7 @@ and the host's read bandwidth, in one process run.
 
     PYTHONPATH=src python -m benchmarks.cpu_gemv [--dtype bf16] [--threads N] [--out FILE.json]
 
-For each shape of an 8B model's FFN (gate/up 4096 -> 14336, down 14336 -> 4096 by rows and stored
+For each row count (``--rows``, default 1 and 4) and each shape of an 8B model's FFN (gate/up 4096 -> 14336, down 14336 -> 4096 by rows and stored
 transposed, as a split-ready FFN's down lies in host memory, and a split part's share of it) it times one row through: ``F.linear`` on the plain
 weight, oneDNN's prepacked weight (``mkldnn._linear_pointwise``, the split parts' path beside a GPU
 since session 31) and the C kernel on the plain weight; then a whole split part (SwiGLU of 6 of 16
@@ -55,18 +55,20 @@ def _read_gb_s() -> float:
 
 
 def _projection(name: str, n: int, k: int, width: int | None, transposed: bool, dtype: torch.dtype,
-                reps: int) -> dict:
+                reps: int, rows: int = 1) -> dict | None:
     if transposed:  # w.T [K, N] by rows; the part: its first ``width`` rows
         weights = [torch.randn(k, n).to(dtype)[:width or k].t() for _ in range(COPIES)]
     else:
         weights = [torch.randn(n, k).to(dtype)[:, :width or k] for _ in range(COPIES)]
     k = width or k
-    x = torch.randn(1, k).to(dtype)
+    x = torch.randn(rows, k).to(dtype)
+    if not cpu_gemv.takes(x, weights[0]):
+        return None  # (stored transposed: one row only)
     nbytes = COPIES * n * k * dtype.itemsize
-    row = {"shape": name, "n": n, "k": k, "part": bool(width), "stored_transposed": transposed}
+    row = {"shape": name, "rows": rows, "n": n, "k": k, "part": bool(width), "stored_transposed": transposed}
     row["linear_gb_s"] = nbytes / _median_s(lambda: [F.linear(x, w) for w in weights], reps) / 1e9
     try:
-        packed = [torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 1) for w in weights]
+        packed = [torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), rows) for w in weights]
         row["packed_gb_s"] = nbytes / _median_s(
             lambda: [torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "") for p in packed], reps) / 1e9
     except RuntimeError as exc:
@@ -106,6 +108,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--rows", default="1,4", help="rows of x for the projections (the kernel serves one row in "
+                                                      "the engine; more are measured to judge whether it should)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -119,9 +123,12 @@ def main() -> None:
     log.info("host read %.1f GB/s, %d threads, C kernel: %s", result["read_gb_s"], result["threads"],
              result["gemv_isa"])
     with torch.inference_mode():
-        for name, (n, k, width, transposed) in SHAPES.items():
-            result["rows"].append(_projection(name, n, k, width, transposed, dtype, args.reps))
-            log.info("%s", {key: round(v, 2) if isinstance(v, float) else v for key, v in result["rows"][-1].items()})
+        for rows in (int(r) for r in args.rows.split(",") if r):
+            for name, (n, k, width, transposed) in SHAPES.items():
+                row = _projection(name, n, k, width, transposed, dtype, args.reps, rows)
+                if row is not None:
+                    result["rows"].append(row)
+                    log.info("%s", {key: round(v, 2) if isinstance(v, float) else v for key, v in row.items()})
         result["rows"].append(_split_part(dtype, args.reps))
         log.info("%s", {key: round(v, 2) if isinstance(v, float) else v for key, v in result["rows"][-1].items()})
     if args.out:

@@ -8,7 +8,8 @@
  *     W  [N, K] bf16 or fp16, row n at W + n * ldw (ldw >= K: a column slice of a wider weight)
  *     x  [T, K] the same dtype, rows contiguous
  *     y  [T, N] float32, rows contiguous
- *   Each weight row is read once and dotted with every row of x (T <= VS_MAX_ROWS), in float32.
+ *   Each weight row is read once and dotted with every row of x (T <= VS_MAX_ROWS), in float32; with
+ *   AVX-512, four weight rows by four rows of x at a time (sixteen accumulators in registers).
  *
  *   vs_row_times_columns: y[1, N] = x[1, K] @ V[K, N], V stored by rows (row k at V + k * ldv): a
  *   weight kept transposed, as split FFNs' down projections are in host memory. Each thread sums
@@ -133,6 +134,41 @@ static void vs_four(int dtype, const uint16_t *w, long ldw, const uint16_t *x, l
 }
 #define VS_FOUR 1
 
+/* Four weight rows (stride ldw) by up to four rows of x (`rows`, stride K): out[t * N + j] for weight row j
+ * (out's row stride N). Sixteen accumulators in registers; each weight vector is loaded once for all
+ * rows of x. */
+static void vs_four_by_four(int dtype, const uint16_t *w, long ldw, const uint16_t *x, long rows, long K,
+                            float *out, long N) {
+  const uint16_t *wr[4] = {w, w + ldw, w + 2 * ldw, w + 3 * ldw};
+  const uint16_t *xr[4] = {x, x + (rows > 1 ? K : 0), x + (rows > 2 ? 2 * K : 0), x + (rows > 3 ? 3 * K : 0)};
+  __m512 acc[4][4];
+  for (int j = 0; j < 4; j++)
+    for (int t = 0; t < 4; t++) acc[j][t] = _mm512_setzero_ps();
+  long k = 0;
+#if defined(__AVX512BF16__)
+  if (dtype == VS_BF16) {
+    for (; k + 32 <= K; k += 32) {
+      __m512bh xv[4];
+      for (int t = 0; t < 4; t++) xv[t] = (__m512bh)_mm512_loadu_si512((const void *)(xr[t] + k));
+      for (int j = 0; j < 4; j++) {
+        __m512bh wv = (__m512bh)_mm512_loadu_si512((const void *)(wr[j] + k));
+        for (int t = 0; t < 4; t++) acc[j][t] = _mm512_dpbf16_ps(acc[j][t], wv, xv[t]);
+      }
+    }
+  }
+#endif
+  for (; k + 16 <= K; k += 16) {
+    __m512 xv[4];
+    for (int t = 0; t < 4; t++) xv[t] = vs_load16(dtype, xr[t] + k);
+    for (int j = 0; j < 4; j++) {
+      __m512 wv = vs_load16(dtype, wr[j] + k);
+      for (int t = 0; t < 4; t++) acc[j][t] = _mm512_fmadd_ps(wv, xv[t], acc[j][t]);
+    }
+  }
+  for (int j = 0; j < 4; j++)
+    for (long t = 0; t < rows; t++) out[t * N + j] = _mm512_reduce_add_ps(acc[j][t]) + vs_tail(dtype, wr[j], xr[t], k, K);
+}
+
 #elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 static inline __m256 vs_load8(int dtype, const uint16_t *p) {
   __m128i h = _mm_loadu_si128((const __m128i *)p);
@@ -199,6 +235,21 @@ int vs_rows_times_weight(int dtype, const uint16_t *W, long ldw, const uint16_t 
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (long b = 0; b < blocks; b++) vs_four(dtype, W + 4 * b * ldw, ldw, x, K, y + 4 * b);
     for (long n = 4 * blocks; n < N; n++) vs_row(dtype, W + n * ldw, x, 1, K, y + n);
+    return 0;
+  }
+#endif
+#if defined(VS_FOUR)
+  {
+    long blocks = N / 4;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (long b = 0; b < blocks; b++)
+      for (long t = 0; t < T; t += 4)
+        vs_four_by_four(dtype, W + 4 * b * ldw, ldw, x + t * K, T - t < 4 ? T - t : 4, K, y + t * N + 4 * b, N);
+    for (long n = 4 * blocks; n < N; n++) {
+      float out[VS_MAX_ROWS];
+      vs_row(dtype, W + n * ldw, x, T, K, out);
+      for (long t = 0; t < T; t++) y[t * N + n] = out[t];
+    }
     return 0;
   }
 #endif
