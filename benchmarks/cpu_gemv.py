@@ -3,8 +3,9 @@ and the host's read bandwidth, in one process run.
 
     PYTHONPATH=src python -m benchmarks.cpu_gemv [--dtype bf16] [--threads N] [--out FILE.json]
 
-For each row count (``--rows``, default 1 and 4) and each shape of an 8B model's FFN (gate/up 4096 -> 14336, down 14336 -> 4096 by rows and stored
-transposed, as a split-ready FFN's down lies in host memory, and a split part's share of it) it times one row through: ``F.linear`` on the plain
+For each row count (``--rows``, default 1 and 4) and each shape of an 8B model's FFN (gate/up 4096 ->
+14336, down 14336 -> 4096 by rows and stored transposed, as a split-ready FFN's down lies in host memory,
+and a split part's share of it) it times the rows through: ``F.linear`` on the plain
 weight, oneDNN's prepacked weight (``mkldnn._linear_pointwise``, the split parts' path beside a GPU
 since session 31) and the C kernel on the plain weight; then a whole split part (SwiGLU of 6 of 16
 pieces: gate, up, and down's share, stored transposed) by the prepacked part and by the C kernel. Every timing walks

@@ -186,11 +186,22 @@ def takes(x: torch.Tensor, w: torch.Tensor) -> bool:
     half-precision dtype, ``x`` [T <= MAX_ROWS, K], ``w`` [N, K] with unit column stride (a column
     slice of a wider weight included), or, for one row, ``w`` stored transposed (``w.T`` [K, N] by
     rows, as split FFNs' down projections lie in host memory)."""
-    if not (x.device.type == "cpu" and w.device.type == "cpu" and x.dtype in DTYPES and w.dtype == x.dtype
-            and x.dim() == 2 and w.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and x.shape[1] == w.shape[1]
-            and w.shape[0] > 0 and w.shape[1] > 0 and not x.requires_grad and not w.requires_grad):
+    return (x.device.type == "cpu" and x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and not x.requires_grad
+            and _takes_weight(w, x.dtype, x.shape[0], x.shape[1]))
+
+
+def _takes_weight(w: torch.Tensor, dtype: torch.dtype, rows: int, k: int) -> bool:
+    """The weight side of :func:`takes`, for ``rows`` rows of ``k`` elements in ``dtype``."""
+    if not (w.device.type == "cpu" and dtype in DTYPES and w.dtype == dtype and w.dim() == 2 and w.shape[1] == k
+            and w.shape[0] > 0 and k > 0 and not w.requires_grad):
         return False
-    return _by_rows(w) or (x.shape[0] == 1 and _by_columns(w))
+    return _by_rows(w) or (rows == 1 and _by_columns(w))
+
+
+def serves_swiglu(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> bool:
+    """Whether :func:`swiglu` computes this one-row SwiGLU (gate/up [r, D], down [D, r]) here."""
+    return serves(h, gate) and _takes_weight(up, h.dtype, 1, h.shape[1]) \
+        and _takes_weight(down, h.dtype, 1, gate.shape[0])
 
 
 def rows_times_weight(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, lib=None) -> torch.Tensor:

@@ -1,11 +1,11 @@
 """The executor's dense FFNs split between the CPU and the GPU (a mixin of :class:`~.executor.Executor`).
 
 A split FFN (``Where.cpu_pieces``) streams only its GPU part (its last pieces) through the ring;
-the step queues that part on the compute stream, computes the first pieces on the CPU meanwhile
-(on the host thread or the run-ahead worker: at one row by the C kernel from the plain weights,
-:mod:`~vramshard.layers.cpu_gemv`; else from prepacked weights, :mod:`~vramshard.runtime.cpu_packed`, or
-a row-major copy of their down projection, :mod:`~vramshard.runtime.cpu_down`), and adds the two where the FFN's input lives: the normalized
-activation crosses to the other device once and its contribution comes back once. The state
+the step queues that part on the compute stream, computes the first pieces on the CPU meanwhile (on
+the host thread or the run-ahead worker: at one row by the C kernel from the plain weights,
+:mod:`~vramshard.layers.cpu_gemv`; else from prepacked weights, :mod:`~vramshard.runtime.cpu_packed`,
+or with a row-major copy of their down projection, :mod:`~vramshard.runtime.cpu_down`), and adds the
+two where the FFN's input lives: the normalized activation crosses to the other device once and its contribution comes back once. The state
 (``ring``, ``host``, ``_down_copies``, ``_packed``, ``_ffn_buffers`` ...) is the executor's own.
 """
 
