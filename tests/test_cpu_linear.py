@@ -12,6 +12,13 @@ from vramshard.layers.sublayer import linear
 
 
 @pytest.fixture(autouse=True)
+def _torch_paths(monkeypatch):
+    """These paths serve one row where the C kernel does not (layers/cpu_gemv.py; VRAMSHARD_CPU_GEMV=off,
+    or no compiler): it is switched off here so they run."""
+    monkeypatch.setenv("VRAMSHARD_CPU_GEMV", "off")
+
+
+@pytest.fixture(autouse=True)
 def fresh_choices(monkeypatch, request):
     """No choices made; the compiled candidate left out except where a test asks for it."""
     if "with_compiled" not in request.keywords:

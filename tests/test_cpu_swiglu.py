@@ -14,6 +14,13 @@ from vramshard.runtime.host_weights import pack_sublayer
 
 
 @pytest.fixture(autouse=True)
+def _torch_paths(monkeypatch):
+    """These paths serve one row where the C kernel does not (layers/cpu_gemv.py; VRAMSHARD_CPU_GEMV=off,
+    or no compiler): it is switched off here so they run."""
+    monkeypatch.setenv("VRAMSHARD_CPU_GEMV", "off")
+
+
+@pytest.fixture(autouse=True)
 def fresh_choices(monkeypatch):
     monkeypatch.setattr(cpu_linear, "COMPILED", False)  # (the projections' own compiled path: test_cpu_linear)
     cpu_linear.forget()

@@ -13,8 +13,10 @@ The library is built once per machine, source and compiler into the cache direct
 (:func:`~vramshard.paths.cache_dir` ``/cpu_gemv``, written atomically) and loaded with ``ctypes``,
 whose calls leave the GIL free. Where there is no C compiler, OpenMP or a 64-bit little-endian
 machine, :func:`library` says why once in the log and returns None; callers keep their torch path.
-``VRAMSHARD_CPU_GEMV``: ``auto`` (the default) uses it beside a CUDA GPU, where split FFNs' CPU parts
-run (as prepacking, :mod:`~vramshard.runtime.cpu_packed`), ``on`` everywhere, ``off`` never.
+``VRAMSHARD_CPU_GEMV``: ``auto`` (the default) and ``on`` use it wherever it builds, ``off`` never. Beside
+a GPU it computes split FFNs' one-row CPU parts; on a CPU-only engine every one-token FFN and projection
+(the 2-core development machine: llama3-8b cut to 8 layers decoded at 7.09-7.23 tok/s with it against
+5.60-6.37 without, ``vramshard bench --shape llama3-8b --layers 8 --device cpu``, session 32).
 """
 
 from __future__ import annotations
@@ -53,12 +55,9 @@ def mode() -> str:
 
 
 def wanted() -> bool:
-    """Whether one-token products take this kernel here: ``on``, or ``auto`` where torch sees a CUDA
-    GPU. Whether it builds is :func:`library`'s to say; :func:`serves` asks both."""
-    asked = mode()
-    if asked == "off":
-        return False
-    return asked == "on" or torch.cuda.is_available()
+    """Whether one-token products take this kernel here (``on`` or ``auto``; not ``off``). Whether it
+    builds is :func:`library`'s to say; :func:`serves` asks both."""
+    return mode() != "off"
 
 
 def serves(x: torch.Tensor, w: torch.Tensor) -> bool:
