@@ -8,8 +8,8 @@
  *     W  [N, K] bf16 or fp16, row n at W + n * ldw (ldw >= K: a column slice of a wider weight)
  *     x  [T, K] the same dtype, rows contiguous
  *     y  [T, N] float32, rows contiguous
- *   Each weight row is read once and dotted with every row of x (T <= VS_MAX_ROWS), in float32; with
- *   AVX-512, four weight rows by four rows of x at a time (sixteen accumulators in registers).
+ *   Each weight row is read once and dotted with every row of x (T <= VS_MAX_ROWS), in float32, four
+ *   weight rows by up to four rows of x at a time.
  *
  *   vs_row_times_columns: y[1, N] = x[1, K] @ V[K, N], V stored by rows (row k at V + k * ldv): a
  *   weight kept transposed, as split FFNs' down projections are in host memory. Each thread sums
@@ -63,205 +63,8 @@ static inline float vs_tail(int dtype, const uint16_t *w, const uint16_t *x, lon
   return s;
 }
 
-#if defined(__AVX512F__)
-static inline __m512 vs_load16(int dtype, const uint16_t *p) {
-  __m256i h = _mm256_loadu_si256((const __m256i *)p);
-  if (dtype == VS_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  return _mm512_cvtph_ps(h);
-}
-
-/* Row n of W dotted with up to four rows of x (`rows`, row stride K); sums into out[t]. Fixed
- * accumulators stay in registers; T rows take ceil(T / 4) passes over the row, all but the first
- * from the core's cache. */
-static void vs_row4(int dtype, const uint16_t *w, const uint16_t *x, long rows, long K, float *out) {
-  const uint16_t *x1 = x + (rows > 1 ? K : 0), *x2 = x + (rows > 2 ? 2 * K : 0), *x3 = x + (rows > 3 ? 3 * K : 0);
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  long k = 0;
-#if defined(__AVX512BF16__)
-  if (dtype == VS_BF16) {
-    for (; k + 32 <= K; k += 32) {
-      __m512bh wv = (__m512bh)_mm512_loadu_si512((const void *)(w + k));
-      a0 = _mm512_dpbf16_ps(a0, wv, (__m512bh)_mm512_loadu_si512((const void *)(x + k)));
-      a1 = _mm512_dpbf16_ps(a1, wv, (__m512bh)_mm512_loadu_si512((const void *)(x1 + k)));
-      a2 = _mm512_dpbf16_ps(a2, wv, (__m512bh)_mm512_loadu_si512((const void *)(x2 + k)));
-      a3 = _mm512_dpbf16_ps(a3, wv, (__m512bh)_mm512_loadu_si512((const void *)(x3 + k)));
-    }
-  }
-#endif
-  for (; k + 16 <= K; k += 16) {
-    __m512 wv = vs_load16(dtype, w + k);
-    a0 = _mm512_fmadd_ps(wv, vs_load16(dtype, x + k), a0);
-    a1 = _mm512_fmadd_ps(wv, vs_load16(dtype, x1 + k), a1);
-    a2 = _mm512_fmadd_ps(wv, vs_load16(dtype, x2 + k), a2);
-    a3 = _mm512_fmadd_ps(wv, vs_load16(dtype, x3 + k), a3);
-  }
-  __m512 acc[4] = {a0, a1, a2, a3};
-  const uint16_t *xs[4] = {x, x1, x2, x3};
-  for (long t = 0; t < rows; t++) out[t] = _mm512_reduce_add_ps(acc[t]) + vs_tail(dtype, w, xs[t], k, K);
-}
-
-static void vs_row(int dtype, const uint16_t *w, const uint16_t *x, long T, long K, float *out) {
-  for (long t = 0; t < T; t += 4) vs_row4(dtype, w, x + t * K, T - t < 4 ? T - t : 4, K, out + t);
-}
-
-/* One row of x against four weight rows at once (decode: more loads in flight per core). */
-static void vs_four(int dtype, const uint16_t *w, long ldw, const uint16_t *x, long K, float *out) {
-  const uint16_t *w1 = w + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  long k = 0;
-#if defined(__AVX512BF16__)
-  if (dtype == VS_BF16) {
-    for (; k + 32 <= K; k += 32) {
-      __m512bh xv = (__m512bh)_mm512_loadu_si512((const void *)(x + k));
-      a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512((const void *)(w + k)), xv);
-      a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512((const void *)(w1 + k)), xv);
-      a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512((const void *)(w2 + k)), xv);
-      a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512((const void *)(w3 + k)), xv);
-    }
-  }
-#endif
-  for (; k + 16 <= K; k += 16) {
-    __m512 xv = vs_load16(dtype, x + k);
-    a0 = _mm512_fmadd_ps(vs_load16(dtype, w + k), xv, a0);
-    a1 = _mm512_fmadd_ps(vs_load16(dtype, w1 + k), xv, a1);
-    a2 = _mm512_fmadd_ps(vs_load16(dtype, w2 + k), xv, a2);
-    a3 = _mm512_fmadd_ps(vs_load16(dtype, w3 + k), xv, a3);
-  }
-  out[0] = _mm512_reduce_add_ps(a0) + vs_tail(dtype, w, x, k, K);
-  out[1] = _mm512_reduce_add_ps(a1) + vs_tail(dtype, w1, x, k, K);
-  out[2] = _mm512_reduce_add_ps(a2) + vs_tail(dtype, w2, x, k, K);
-  out[3] = _mm512_reduce_add_ps(a3) + vs_tail(dtype, w3, x, k, K);
-}
-#define VS_FOUR 1
-
-/* Four weight rows (stride ldw) by up to four rows of x (`rows`, stride K): out[t * N + j] for weight row j
- * (out's row stride N). Sixteen accumulators in registers; each weight vector is loaded once for all
- * rows of x. */
-static void vs_four_by_four(int dtype, const uint16_t *w, long ldw, const uint16_t *x, long rows, long K,
-                            float *out, long N) {
-  const uint16_t *wr[4] = {w, w + ldw, w + 2 * ldw, w + 3 * ldw};
-  const uint16_t *xr[4] = {x, x + (rows > 1 ? K : 0), x + (rows > 2 ? 2 * K : 0), x + (rows > 3 ? 3 * K : 0)};
-  __m512 acc[4][4];
-  for (int j = 0; j < 4; j++)
-    for (int t = 0; t < 4; t++) acc[j][t] = _mm512_setzero_ps();
-  long k = 0;
-#if defined(__AVX512BF16__)
-  if (dtype == VS_BF16) {
-    for (; k + 32 <= K; k += 32) {
-      __m512bh xv[4];
-      for (int t = 0; t < 4; t++) xv[t] = (__m512bh)_mm512_loadu_si512((const void *)(xr[t] + k));
-      for (int j = 0; j < 4; j++) {
-        __m512bh wv = (__m512bh)_mm512_loadu_si512((const void *)(wr[j] + k));
-        for (int t = 0; t < 4; t++) acc[j][t] = _mm512_dpbf16_ps(acc[j][t], wv, xv[t]);
-      }
-    }
-  }
-#endif
-  for (; k + 16 <= K; k += 16) {
-    __m512 xv[4];
-    for (int t = 0; t < 4; t++) xv[t] = vs_load16(dtype, xr[t] + k);
-    for (int j = 0; j < 4; j++) {
-      __m512 wv = vs_load16(dtype, wr[j] + k);
-      for (int t = 0; t < 4; t++) acc[j][t] = _mm512_fmadd_ps(wv, xv[t], acc[j][t]);
-    }
-  }
-  for (int j = 0; j < 4; j++)
-    for (long t = 0; t < rows; t++) out[t * N + j] = _mm512_reduce_add_ps(acc[j][t]) + vs_tail(dtype, wr[j], xr[t], k, K);
-}
-
-#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
-static inline __m256 vs_load8(int dtype, const uint16_t *p) {
-  __m128i h = _mm_loadu_si128((const __m128i *)p);
-  if (dtype == VS_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  return _mm256_cvtph_ps(h);
-}
-
-static inline float vs_sum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
-}
-
-static void vs_row4(int dtype, const uint16_t *w, const uint16_t *x, long rows, long K, float *out) {
-  const uint16_t *x1 = x + (rows > 1 ? K : 0), *x2 = x + (rows > 2 ? 2 * K : 0), *x3 = x + (rows > 3 ? 3 * K : 0);
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  long k = 0;
-  for (; k + 8 <= K; k += 8) {
-    __m256 wv = vs_load8(dtype, w + k);
-    a0 = _mm256_fmadd_ps(wv, vs_load8(dtype, x + k), a0);
-    a1 = _mm256_fmadd_ps(wv, vs_load8(dtype, x1 + k), a1);
-    a2 = _mm256_fmadd_ps(wv, vs_load8(dtype, x2 + k), a2);
-    a3 = _mm256_fmadd_ps(wv, vs_load8(dtype, x3 + k), a3);
-  }
-  __m256 acc[4] = {a0, a1, a2, a3};
-  const uint16_t *xs[4] = {x, x1, x2, x3};
-  for (long t = 0; t < rows; t++) out[t] = vs_sum8(acc[t]) + vs_tail(dtype, w, xs[t], k, K);
-}
-
-static void vs_row(int dtype, const uint16_t *w, const uint16_t *x, long T, long K, float *out) {
-  for (long t = 0; t < T; t += 4) vs_row4(dtype, w, x + t * K, T - t < 4 ? T - t : 4, K, out + t);
-}
-
-#else
-static void vs_row(int dtype, const uint16_t *w, const uint16_t *x, long T, long K, float *out) {
-  for (long t = 0; t < T; t++) out[t] = vs_tail(dtype, w, x + t * K, 0, K);
-}
-#endif
-
-/* Which of the three ways this build took: 2 AVX-512 (3 with AVX512-BF16), 1 AVX2 + F16C, 0 plain C. */
-int vs_isa(void) {
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
-  return 3;
-#elif defined(__AVX512F__)
-  return 2;
-#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
-  return 1;
-#else
-  return 0;
-#endif
-}
-
-/* y[T, N] = x[T, K] @ W[N, K]^T over `threads` OpenMP threads. Returns 0, or -1 for arguments it
- * does not take (the caller checks them first; this is the last guard). */
-int vs_rows_times_weight(int dtype, const uint16_t *W, long ldw, const uint16_t *x, float *y, long T, long N,
-                         long K, int threads) {
-  if ((dtype != VS_BF16 && dtype != VS_FP16) || T < 1 || T > VS_MAX_ROWS || N < 0 || K < 1 || ldw < K ||
-      threads < 1)
-    return -1;
-#if defined(VS_FOUR)
-  if (T == 1) {
-    long blocks = N / 4;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (long b = 0; b < blocks; b++) vs_four(dtype, W + 4 * b * ldw, ldw, x, K, y + 4 * b);
-    for (long n = 4 * blocks; n < N; n++) vs_row(dtype, W + n * ldw, x, 1, K, y + n);
-    return 0;
-  }
-#endif
-#if defined(VS_FOUR)
-  {
-    long blocks = N / 4;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (long b = 0; b < blocks; b++)
-      for (long t = 0; t < T; t += 4)
-        vs_four_by_four(dtype, W + 4 * b * ldw, ldw, x + t * K, T - t < 4 ? T - t : 4, K, y + t * N + 4 * b, N);
-    for (long n = 4 * blocks; n < N; n++) {
-      float out[VS_MAX_ROWS];
-      vs_row(dtype, W + n * ldw, x, T, K, out);
-      for (long t = 0; t < T; t++) y[t * N + n] = out[t];
-    }
-    return 0;
-  }
-#endif
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (long n = 0; n < N; n++) {
-    float out[VS_MAX_ROWS];
-    vs_row(dtype, W + n * ldw, x, T, K, out);
-    for (long t = 0; t < T; t++) y[t * N + n] = out[t];
-  }
-  return 0;
-}
-
+/* One vector layer for the three builds: VS_LANES floats a vector (0: plain C only). vs_wide loads
+ * VS_LANES half-precision values as floats; vs_hsum adds a vector's lanes. */
 #if defined(__AVX512F__)
 #define VS_LANES 16
 typedef __m512 vs_vec;
@@ -270,8 +73,12 @@ typedef __m512 vs_vec;
 #define vs_fma(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define vs_ld(p) _mm512_loadu_ps(p)
 #define vs_st(p, v) _mm512_storeu_ps(p, v)
-#define vs_add(a, b) _mm512_add_ps(a, b)
-#define vs_wide(d, p) vs_load16(d, p)
+#define vs_hsum(v) _mm512_reduce_add_ps(v)
+static inline __m512 vs_wide(int dtype, const uint16_t *p) {
+  __m256i h = _mm256_loadu_si256((const __m256i *)p);
+  if (dtype == VS_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  return _mm512_cvtph_ps(h);
+}
 #elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 #define VS_LANES 8
 typedef __m256 vs_vec;
@@ -280,11 +87,108 @@ typedef __m256 vs_vec;
 #define vs_fma(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define vs_ld(p) _mm256_loadu_ps(p)
 #define vs_st(p, v) _mm256_storeu_ps(p, v)
-#define vs_add(a, b) _mm256_add_ps(a, b)
-#define vs_wide(d, p) vs_load8(d, p)
+static inline __m256 vs_wide(int dtype, const uint16_t *p) {
+  __m128i h = _mm_loadu_si128((const __m128i *)p);
+  if (dtype == VS_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  return _mm256_cvtph_ps(h);
+}
+static inline float vs_hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
 #else
 #define VS_LANES 0
 #endif
+
+#if VS_LANES
+/* `rows` (up to four) rows of x, row stride K, against `weights` (up to four) weight rows at stride ldw:
+ * out[t * ldo + j] = W row j . x row t. Sixteen accumulators at most; each weight vector is loaded once
+ * for every row of x and each x vector once for every weight row. With AVX512-BF16, bf16 pairs go
+ * through its dot products. Inlined where called with constant counts (vs_block_of), so the loops over
+ * them unroll and the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void vs_block(int dtype, const uint16_t *w, long ldw, long weights,
+                                                           const uint16_t *x, long rows, long K, float *out,
+                                                           long ldo) {
+  const uint16_t *wr[4], *xr[4];
+  for (int j = 0; j < 4; j++) wr[j] = w + (j < weights ? j : 0) * ldw;
+  for (int t = 0; t < 4; t++) xr[t] = x + (t < rows ? t : 0) * K;
+  vs_vec acc[4][4];
+  for (int j = 0; j < 4; j++)
+    for (int t = 0; t < 4; t++) acc[j][t] = vs_zero();
+  long k = 0;
+#if defined(__AVX512BF16__)
+  if (dtype == VS_BF16) {
+    for (; k + 32 <= K; k += 32) {
+      __m512bh xv[4];
+      for (int t = 0; t < rows; t++) xv[t] = (__m512bh)_mm512_loadu_si512((const void *)(xr[t] + k));
+      for (int j = 0; j < weights; j++) {
+        __m512bh wv = (__m512bh)_mm512_loadu_si512((const void *)(wr[j] + k));
+        for (int t = 0; t < rows; t++) acc[j][t] = _mm512_dpbf16_ps(acc[j][t], wv, xv[t]);
+      }
+    }
+  }
+#endif
+  for (; k + VS_LANES <= K; k += VS_LANES) {
+    vs_vec xv[4];
+    for (int t = 0; t < rows; t++) xv[t] = vs_wide(dtype, xr[t] + k);
+    for (int j = 0; j < weights; j++) {
+      vs_vec wv = vs_wide(dtype, wr[j] + k);
+      for (int t = 0; t < rows; t++) acc[j][t] = vs_fma(wv, xv[t], acc[j][t]);
+    }
+  }
+  for (int j = 0; j < weights; j++)
+    for (int t = 0; t < rows; t++) out[t * ldo + j] = vs_hsum(acc[j][t]) + vs_tail(dtype, wr[j], xr[t], k, K);
+}
+#else
+static inline void vs_block(int dtype, const uint16_t *w, long ldw, long weights, const uint16_t *x, long rows, long K,
+                            float *out, long ldo) {
+  for (long j = 0; j < weights; j++)
+    for (long t = 0; t < rows; t++) out[t * ldo + j] = vs_tail(dtype, w + j * ldw, x + t * K, 0, K);
+}
+#endif
+
+/* vs_block with its counts as constants where it matters: four weight rows by one to four rows of x. */
+static void vs_block_of(int dtype, const uint16_t *w, long ldw, long weights, const uint16_t *x, long rows, long K,
+                        float *out, long ldo) {
+  if (weights == 4 && rows == 1) vs_block(dtype, w, ldw, 4, x, 1, K, out, ldo);
+  else if (weights == 4 && rows == 2) vs_block(dtype, w, ldw, 4, x, 2, K, out, ldo);
+  else if (weights == 4 && rows == 3) vs_block(dtype, w, ldw, 4, x, 3, K, out, ldo);
+  else if (weights == 4 && rows == 4) vs_block(dtype, w, ldw, 4, x, 4, K, out, ldo);
+  else vs_block(dtype, w, ldw, weights, x, rows, K, out, ldo);  /* the last block's remainder rows */
+}
+
+/* Which of the three ways this build took: 2 AVX-512 (3 with AVX512-BF16), 1 AVX2 + F16C, 0 plain C. */
+int vs_isa(void) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+  return 3;
+#elif defined(__AVX512F__)
+  return 2;
+#elif VS_LANES
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+/* y[T, N] = x[T, K] @ W[N, K]^T over `threads` OpenMP threads, four weight rows by up to four rows of x
+ * at a time. Returns 0, or -1 for arguments it does not take (the caller checks them first; this is the
+ * last guard). */
+int vs_rows_times_weight(int dtype, const uint16_t *W, long ldw, const uint16_t *x, float *y, long T, long N,
+                         long K, int threads) {
+  if ((dtype != VS_BF16 && dtype != VS_FP16) || T < 1 || T > VS_MAX_ROWS || N < 0 || K < 1 || ldw < K ||
+      threads < 1)
+    return -1;
+  long blocks = (N + 3) / 4;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (long b = 0; b < blocks; b++) {
+    long weights = N - 4 * b < 4 ? N - 4 * b : 4;
+    for (long t = 0; t < T; t += 4)
+      vs_block_of(dtype, W + 4 * b * ldw, ldw, weights, x + t * K, T - t < 4 ? T - t : 4, K, y + t * N + 4 * b, N);
+  }
+  return 0;
+}
 
 /* acc[0:N] += x0 * v0[0:N] + x1 * v1 + x2 * v2 + x3 * v3 (rows of V; unused ones have x = 0). */
 static void vs_axpy4(int dtype, const uint16_t *v0, const uint16_t *v1, const uint16_t *v2, const uint16_t *v3,
