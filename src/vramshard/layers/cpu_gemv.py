@@ -60,12 +60,6 @@ def wanted() -> bool:
     return mode() != "off"
 
 
-def offered(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether this kernel may compete for ``x @ w.T`` (a few rows; :mod:`.cpu_linear` times it against
-    torch's paths and keeps the fastest): wanted here, the library built, shapes it takes."""
-    return wanted() and takes(x, w) and library() is not None
-
-
 def serves(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether ``x[1, K] @ w[N, K].T`` is this kernel's: one row (at 4 and 16 rows oneDNN's prepacked
     weights were faster on the development machine), wanted here, the library built, shapes it takes."""

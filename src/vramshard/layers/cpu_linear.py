@@ -88,7 +88,7 @@ def _compiled(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> to
 
 
 def _gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """A few tokens by the C kernel (:mod:`.cpu_gemv`), float32 sums rounded to ``x``'s dtype."""
+    """One token by the C kernel (:mod:`.cpu_gemv`), float32 sums rounded to ``x``'s dtype."""
     y = cpu_gemv.rows_times_weight(x, w).to(x.dtype)
     return y if bias is None else y + bias
 
@@ -168,8 +168,10 @@ def _candidates(x: torch.Tensor, w: torch.Tensor) -> tuple[str, ...]:
     1.3-1.6x its prediction on the H200 machine (docs/BENCHMARKS.md, fifteenth session), and the
     profile times whole weights, which the compiled row sums alone served. Whether the slices'
     kernels close that gap has not been measured on that machine yet."""
-    if x.shape[0] > 1:  # (the C kernel timed against them: at 4 rows it was between F.linear and oneDNN)
-        return ("linear", "weight_mm", "gemv") if cpu_gemv.offered(x, w) else ("linear", "weight_mm")
+    if x.shape[0] > 1:
+        # (Not the C kernel: its sums round differently from these two, so a prompt's first calls, which
+        # take the candidates in turn, would give other tokens than later ones where logits nearly tie.)
+        return ("linear", "weight_mm")
     if cpu_gemv.serves(x, w):  # (in its place the compiled row sums, which cost a compile at load)
         return ("linear", "mv", "gemv")
     if w.stride(-1) == 1 and compiled_allowed():
