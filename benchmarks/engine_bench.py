@@ -135,6 +135,12 @@ def derived(cells: list[dict], weights: int, decode_bytes: int, bandwidth: dict)
             bound = (weights - ours["resident_bytes"]) / (bandwidth["h2d"] * 1e9) + free["ttft_s"]
             out[f"{key}_ttft_bound_s"] = bound
             out[f"{key}_ttft_over_bound"] = ours["ttft_s"] / bound
+        if ours and ours.get("tg_tok_s") and weights > ours["resident_bytes"]:
+            # Decode's bound at the budget: every byte not resident crosses PCIe or is read by the CPU,
+            # both at once at best (as docs/BENCHMARKS.md has reported it since the Report).
+            bound = (bandwidth["h2d"] + bandwidth["cpu_read"]) * 1e9 / (weights - ours["resident_bytes"])
+            out[f"{key}_decode_bound_tok_s"] = bound
+            out[f"{key}_decode_fraction_of_bound"] = ours["tg_tok_s"] / bound
     return out
 
 
