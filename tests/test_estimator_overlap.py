@@ -265,7 +265,7 @@ def test_one_row_ffns_by_the_c_kernel_take_no_packed_factor():
     from vramshard.layers.mlp import DenseFFN
     from vramshard.profile.query import Profile
     from vramshard.plan.estimator import cpu_gemv_enabled
-    from vramshard.runtime.ffn_split import by_gemv
+    from vramshard.layers import cpu_gemv
 
     data = copy.deepcopy(synthetic(**CLIENT).data)
     data["split_part"] = {"bf16": 1.5}
@@ -281,7 +281,7 @@ def test_one_row_ffns_by_the_c_kernel_take_no_packed_factor():
     assert both.part_s(ffn, "cpu", 1, 0, half) == pytest.approx(plain.part_s(ffn, "cpu", 1, 0, half))
     assert packed.compute_s(ffn, "cpu", 1, 1024) == pytest.approx(0.5 * plain.compute_s(ffn, "cpu", 1, 1024))
     assert both.compute_s(ffn, "cpu", 64, 1024) == pytest.approx(packed.compute_s(ffn, "cpu", 64, 1024))
-    assert cpu_gemv_enabled() is by_gemv(1) and Estimator(model, profile).cpu_gemv is by_gemv(1)
+    assert cpu_gemv_enabled() is cpu_gemv.computes(1) and Estimator(model, profile).cpu_gemv is cpu_gemv.computes(1)
 
 
 def test_zero_copy_reads_a_cached_layers_misses_over_the_link_and_its_hits_from_vram():

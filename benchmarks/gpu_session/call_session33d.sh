@@ -4,7 +4,5 @@
 # VRAMSHARD_RUN_AHEAD=on (10.83 against 10.95 tok/s off at 8 GiB in the twenty-eighth session, before the
 # kernel); compare with call_session33c.sh's figures on the same boot.
 source benchmarks/gpu_session/setup.sh || exit 1
-VRAMSHARD_RUN_AHEAD=on timeout 300 python3 -m benchmarks.engine_bench --models nemo-8b --budgets 8,2 --batch-sizes 1 \
-  --deadline-s 230 --run-limit-s 10 --profile ${PROFILE:-docs/profiles/h200-run26b.json} \
-  --out $OUT/nemo_ahead.json > $OUT/nemo_ahead.log 2>&1; echo "nemo ahead rc $?"
-python3 benchmarks/gpu_session/engine_summary.py $OUT/nemo_ahead.json 2>&1 | tail -6
+VRAMSHARD_RUN_AHEAD=on engine_step nemo_ahead 300 --models nemo-8b --budgets 8,2 --batch-sizes 1 --deadline-s 230 \
+  --run-limit-s 10

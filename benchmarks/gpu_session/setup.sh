@@ -1,4 +1,14 @@
 # Sourced by each call: the carried wheels (.whl, see benchmarks/README.md) and the paths.
+
+# engine_step NAME SECONDS ARGS...: benchmarks.engine_bench with ARGS and the profile ($PROFILE, else the
+# H200 one) under `timeout SECONDS`, its JSON and log as $OUT/NAME.json/.log; then its rc and summary.
+engine_step() {
+  local name=$1 seconds=$2; shift 2
+  timeout "$seconds" python3 -m benchmarks.engine_bench "$@" --profile "${PROFILE:-docs/profiles/h200-run26b.json}" \
+    --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1; echo "$name rc $?"
+  python3 benchmarks/gpu_session/engine_summary.py "$OUT/$name.json" 2>&1 | tail -6
+}
+
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
 export PYTHONPATH=/tmp/site:src:. PYTHONUNBUFFERED=1
 git log --oneline -1 > "$OUT/commit.txt" 2>/dev/null || true

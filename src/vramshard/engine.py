@@ -568,9 +568,9 @@ def _say_if_timed_without_gemv(profile) -> None:
     """Say once per profile when the C kernel computes one-row CPU products here but the profile timed
     them through torch's paths: on the H100 machine the kernel read those weights 1.5-2.5x faster, so
     plans put too little on the CPU until the engine has fitted its CPU factors to its own steps."""
-    from .runtime.ffn_split import by_gemv
+    from .layers import cpu_gemv
 
-    if profile.data.get("synthetic") or profile.cpu_gemv or not by_gemv(1):
+    if profile.data.get("synthetic") or profile.cpu_gemv or not cpu_gemv.computes(1):
         return
     key = profile.data.get("created", "") + profile.data.get("fingerprint_hash", "")
     if key not in _told_without_gemv:

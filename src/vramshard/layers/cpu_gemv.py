@@ -60,6 +60,12 @@ def wanted() -> bool:
     return mode() != "off"
 
 
+def computes(rows: int) -> bool:
+    """Whether dense FFN work of ``rows`` rows on the CPU goes through this kernel here, from the plain
+    weights (so split parts need no prepacked or row-major copy): one row, wanted, the library built."""
+    return rows == 1 and wanted() and library() is not None
+
+
 def serves(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether ``x[1, K] @ w[N, K].T`` is this kernel's: one row (at 4 and 16 rows oneDNN's prepacked
     weights were faster on the development machine), wanted here, the library built, shapes it takes."""

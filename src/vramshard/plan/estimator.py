@@ -126,9 +126,9 @@ def cpu_gemv_enabled() -> bool:
     """Whether the executor will compute one-row dense FFNs and split parts on the CPU by the C kernel
     from the plain weights (``VRAMSHARD_CPU_GEMV``: on, or auto beside a CUDA GPU; where it builds),
     rather than from prepacked ones."""
-    from ..runtime.ffn_split import by_gemv  # (the mechanism's own switch)
+    from ..layers import cpu_gemv  # (the kernel's own switch)
 
-    return by_gemv(1)
+    return cpu_gemv.computes(1)
 
 
 def host_pass_s(profile: Profile, moe: MoEFFN, rows: int, contended: bool = False,

@@ -23,7 +23,6 @@ from .bench_transfer import measure_transfers
 from .contention import cpu_load, pcie_load
 from .fingerprint import fingerprint_hash, machine_fingerprint
 from ..layers import cpu_gemv
-from ..runtime.ffn_split import by_gemv
 from .progress import ProgressSink, TableClock
 from .query import Profile
 from .schema import SCHEMA, VERSION
@@ -161,7 +160,7 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
         "matmul": matmul, "transfer": transfer, "attention": attention, "dispatch": dispatch,
         "elapsed_by_table_s": clock.finish(),
     }
-    if by_gemv(1):  # its one-row CPU products went through the C kernel (layers/cpu_gemv.py)
+    if cpu_gemv.computes(1):  # its one-row CPU products went through the C kernel (layers/cpu_gemv.py)
         data["cpu_gemv"] = cpu_gemv.isa()
     if split_part:
         data["split_part"] = split_part

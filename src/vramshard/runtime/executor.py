@@ -40,7 +40,7 @@ from typing import Callable
 import torch
 
 from ..errors import BudgetError, InvalidInputError
-from ..layers import cpu_linear, cpu_swiglu, host_experts
+from ..layers import cpu_gemv, cpu_linear, cpu_swiglu, host_experts
 from ..layers.mlp import DenseFFN
 from ..layers.embedding import Embedding
 from ..layers.moe import DictExperts, MoEFFN, StackedExperts
@@ -59,7 +59,7 @@ from . import run_ahead, zero_copy_experts
 from .cpu_down import DownCopies
 from .cpu_packed import PackedParts
 from .ffn_buffers import FFNBuffers
-from .ffn_split import FFNSplitSteps, by_gemv
+from .ffn_split import FFNSplitSteps
 from .step_logits import StepLogits
 from .streaming import SlotRing, StreamItem, item_bytes
 from .streams import process_stream
@@ -310,7 +310,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
                 # (prepacked parts do not use these kernels: a part past the packing allowance compiles
                 # them on first use)
                 if (any(isinstance(s, DenseFFN) for s in on_cpu) and fewest <= cpu_swiglu.MAX_ROWS
-                        and not self._packed.enabled and not (tier == 1 and by_gemv(1))):
+                        and not self._packed.enabled and not (tier == 1 and cpu_gemv.computes(1))):
                     cpu_swiglu.warm_up(self.model.dtype)
                 if fewest <= cpu_linear.MAX_TOKENS:
                     self._warm_projections_and_experts(on_cpu)
@@ -801,7 +801,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         """``sublayer`` on the CPU from host memory (a dense FFN at many rows in the reused buffers)."""
         weights = self.host[sublayer.name].views
         if isinstance(sublayer, DenseFFN):
-            if FFNBuffers.wanted(x.shape[0]) or self._packed.enabled or by_gemv(x.shape[0]):
+            if FFNBuffers.wanted(x.shape[0]) or self._packed.enabled or cpu_gemv.computes(x.shape[0]):
                 return x + self._cpu_contribution(sublayer, weights, sublayer.norm(weights, x), sublayer.num_pieces)
             weights = self._down_copies.part(sublayer.name, sublayer.num_pieces, weights)  # (down row-major)
         if isinstance(sublayer, MoEFFN):

@@ -23,13 +23,6 @@ from . import run_ahead
 from .ffn_buffers import FFNBuffers
 
 
-def by_gemv(rows: int) -> bool:
-    """Whether CPU parts of ``rows`` rows are computed by the C kernel from the plain weights
-    (:mod:`~vramshard.layers.cpu_gemv`): one row, where it is wanted and built. Then they need no
-    prepacked or row-major copy."""
-    return rows == 1 and cpu_gemv.wanted() and cpu_gemv.library() is not None
-
-
 class FFNSplitSteps:
     """Dense FFNs split between the CPU and the GPU: checking the splits and running their steps."""
 
@@ -56,7 +49,7 @@ class FFNSplitSteps:
         H100 machine. The other tiers' parts are made in their first steps, so a chat does not keep
         copies for batch sizes it never runs (all eight tiers' parts of that plan took 9.16 GiB beside
         the plain weights, the first tier's 31 about 3.6)."""
-        if plans.tiers[0] == 1 and by_gemv(1):
+        if plans.tiers[0] == 1 and cpu_gemv.computes(1):
             return  # its one-row parts read the plain weights as they lie
         placement = plans.placements[0]
         for name, where in placement.as_dict().items():
@@ -136,7 +129,7 @@ class FFNSplitSteps:
         """A split FFN's CPU part ``number`` on the run-ahead worker, once the activation's copy to
         ``h_host`` has landed; returns its result's copy on the GPU (nothing here waits)."""
         rows = h_host.shape[0]
-        if not by_gemv(rows):
+        if not cpu_gemv.computes(rows):
             packed = self._packed.get(sublayer.name, cpu_pieces, cpu_part, rows)  # (packed here, on first use)
             if packed is not None:
                 return ahead.result_on(self.gpu, number, h_host, lambda out: out.copy_(packed.contribution(h_host)))
@@ -158,7 +151,7 @@ class FFNSplitSteps:
         is allowed (:mod:`~vramshard.runtime.cpu_down`). One row, where the C kernel serves
         (:mod:`~vramshard.layers.cpu_gemv`): from ``weights`` as they lie, no copy."""
         rows = h.shape[0]
-        if by_gemv(rows):
+        if cpu_gemv.computes(rows):
             return sublayer.contribution(weights, h)
         packed = self._packed.get(sublayer.name, cpu_pieces, weights, rows)
         if packed is not None:
