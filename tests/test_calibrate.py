@@ -247,7 +247,7 @@ def test_cpu_factors_by_rows_interpolate_in_log_rows_and_compose(h200):
     assert h200.cpu_row_factor(7) == 1.0 and h200.cpu_rows == ()  # the original is kept
     assert fitted.cpu_row_factor(1) == 1.5 and fitted.cpu_row_factor(64) == 3.0
     assert fitted.cpu_row_factor(8) == pytest.approx(2.25)  # halfway in log rows
-    assert fitted.cpu_row_factor(1024) == 3.0  # the nearest measured beyond the ends
+    assert fitted.cpu_row_factor(64) == 3.0 and fitted.cpu_row_factor(4096) == 1.0  # no decode factor on prompts
     assert fitted.matmul_s(8, 4096, 14336, "bf16", "cpu") == pytest.approx(2.25 * h200.matmul_s(8, 4096, 14336, "bf16", "cpu"))
     assert fitted.attention_s(64, 4096, 32, 8, 128, "bf16", "cpu") == \
         pytest.approx(3.0 * h200.attention_s(64, 4096, 32, 8, 128, "bf16", "cpu"))
@@ -256,6 +256,22 @@ def test_cpu_factors_by_rows_interpolate_in_log_rows_and_compose(h200):
     for bad in ({1: 0.0}, {0: 1.2}, {1: float("inf")}):
         with pytest.raises(InvalidInputError):
             h200.calibrated(cpu_rows=bad)
+
+
+def test_factors_fitted_at_decode_rows_and_at_prompt_rows_stay_on_their_side(h200):
+    """Decode steps (up to DECODE_ROWS rows) and prompt chunks run other code on the CPU: a factor
+    fitted on one side is not carried to the other (a 64-row factor of 0.5 made the planner split a
+    1024-row tier whose CPU work then took 3.6x its prediction), within a side the nearest applies."""
+    from vramshard.profile.query import DECODE_ROWS
+
+    decode = h200.calibrated(cpu_rows={1: 1.5, DECODE_ROWS: 0.5}, split_rows={DECODE_ROWS: 0.5})
+    for rows in (DECODE_ROWS + 1, 256, 1024):
+        assert decode.cpu_row_factor(rows) == 1.0 and decode.split_row_factor(rows) == 1.0
+        assert decode.matmul_s(rows, 4096, 14336, "bf16", "cpu") == h200.matmul_s(rows, 4096, 14336, "bf16", "cpu")
+    assert decode.split_row_factor(16) == 0.5 and decode.cpu_row_factor(DECODE_ROWS) == 0.5
+    both = decode.calibrated(cpu_rows={1024: 1.8})
+    assert both.cpu_row_factor(256) == both.cpu_row_factor(2048) == 1.8 and both.cpu_row_factor(DECODE_ROWS) == 0.5
+    assert both.cpu_row_factor(8) == pytest.approx(1.0)  # halfway in log rows from 1.5 to 0.5
 
 
 def test_measured_cpu_work_fits_a_factor_at_its_tier_rows(nemo_2gib, h200):
