@@ -222,3 +222,14 @@ def decode_read_bytes(model, context: int = 0) -> int:
             for spec in sublayer.weights:
                 specs.setdefault(spec.source, spec)
     return sum(spec.nbytes for spec in specs.values()) + model.kv_bytes_per_token() * context
+
+
+def median_seconds(fn, reps: int) -> float:
+    """Median wall seconds of ``reps`` calls of ``fn`` after one untimed call."""
+    fn()
+    times = []
+    for _ in range(reps):
+        began = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - began)
+    return statistics.median(times)

@@ -21,14 +21,14 @@ import datetime
 import json
 import logging
 import platform
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
 from vramshard.layers import cpu_gemv
 from vramshard.runtime.cpu_packed import PackedPart
+
+from .common import median_seconds
 
 log = logging.getLogger("cpu_gemv")
 
@@ -40,19 +40,9 @@ SHAPES = {"gate/up 4096->14336": (14336, 4096, None, False), "down 14336->4096":
           "down part 5376 of 14336, stored transposed": (4096, 14336, 5376, True)}
 
 
-def _median_s(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        began = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - began)
-    return statistics.median(times)
-
-
 def _read_gb_s() -> float:
     buffer = torch.ones(2**30 // 4, dtype=torch.float32)
-    return buffer.nbytes / _median_s(buffer.sum, 10) / 1e9
+    return buffer.nbytes / median_seconds(buffer.sum, 10) / 1e9
 
 
 def _projection(name: str, n: int, k: int, width: int | None, transposed: bool, dtype: torch.dtype,
@@ -67,15 +57,15 @@ def _projection(name: str, n: int, k: int, width: int | None, transposed: bool, 
         return None  # (stored transposed: one row only)
     nbytes = COPIES * n * k * dtype.itemsize
     row = {"shape": name, "rows": rows, "n": n, "k": k, "part": bool(width), "stored_transposed": transposed}
-    row["linear_gb_s"] = nbytes / _median_s(lambda: [F.linear(x, w) for w in weights], reps) / 1e9
+    row["linear_gb_s"] = nbytes / median_seconds(lambda: [F.linear(x, w) for w in weights], reps) / 1e9
     try:
         packed = [torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), rows) for w in weights]
-        row["packed_gb_s"] = nbytes / _median_s(
+        row["packed_gb_s"] = nbytes / median_seconds(
             lambda: [torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "") for p in packed], reps) / 1e9
     except RuntimeError as exc:
         row["packed_gb_s"], row["packed_error"] = None, str(exc).splitlines()[0]
     if cpu_gemv.library() is not None:
-        row["gemv_gb_s"] = nbytes / _median_s(lambda: [cpu_gemv.rows_times_weight(x, w) for w in weights], reps) / 1e9
+        row["gemv_gb_s"] = nbytes / median_seconds(lambda: [cpu_gemv.rows_times_weight(x, w) for w in weights], reps) / 1e9
         ref = F.linear(x.float(), weights[0].float())
         row["gemv_max_rel_err"] = ((cpu_gemv.rows_times_weight(x, weights[0]) - ref).abs().max()
                                    / ref.abs().max()).item()
@@ -95,11 +85,11 @@ def _split_part(dtype: torch.dtype, reps: int) -> dict:
     row = {"shape": f"split part: {on_cpu} of {pieces} pieces (r={r})", "rows": 1}
     try:
         packed = [PackedPart(p, 1) for p in parts]
-        row["packed_gb_s"] = nbytes / _median_s(lambda: [p.contribution(h) for p in packed], reps) / 1e9
+        row["packed_gb_s"] = nbytes / median_seconds(lambda: [p.contribution(h) for p in packed], reps) / 1e9
     except RuntimeError as exc:
         row["packed_gb_s"], row["packed_error"] = None, str(exc).splitlines()[0]
     if cpu_gemv.library() is not None:
-        row["gemv_gb_s"] = nbytes / _median_s(
+        row["gemv_gb_s"] = nbytes / median_seconds(
             lambda: [cpu_gemv.swiglu(h, p["gate_proj"], p["up_proj"], p["down_proj"]) for p in parts], reps) / 1e9
     return row
 

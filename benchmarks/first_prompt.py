@@ -1,11 +1,11 @@
-"""The first prompt chunk after a new plan: its split FFNs' CPU parts packed in the step (as before
-session 33) against packed by the background thread while the step computes them plain, and the
-chunk once its parts are packed (the steady state), in one process.
+"""Prompt chunks through split FFNs on the CPU: their parts from oneDNN-prepacked weights against the
+plain ones (with row-major down copies), part by part, with the time packing them takes; and a whole
+chunk, the first after a new plan (its down copies made in the step) and the next, in one process.
 
-A named shape with random weights, cut to a few layers, every FFN split between the CPU and a
-GPU (simulated without one: the GPU's share is computed on the CPU too, so only the differences
-between the rows matter); parts prepacked for oneDNN (``VRAMSHARD_CPU_PACKED=on``). Each repetition
-drops the packed parts first, as a re-plan that splits FFNs anew does.
+Since session 33 prompt chunks compute their parts plain (``runtime/cpu_packed.py``); this measures
+why. A named shape with random weights, cut to a few layers, every FFN split between the CPU and a
+GPU (simulated without one: the GPU's share is computed on the CPU too, so only the part timings
+compare like with like).
 
     PYTHONPATH=src python -m benchmarks.first_prompt --shape llama3-8b --layers 2 --rows 128 --json first_prompt.json
 """
@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import statistics
 import time
 
-from .common import hardware, now, write_json
+from .common import hardware, median_seconds, now, write_json
 
 log = logging.getLogger("first_prompt")
 
@@ -39,7 +38,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="llama3-8b")
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--rows", type=int, default=128, help="prompt chunk (more than cpu_swiglu.MAX_ROWS)")
+    parser.add_argument("--rows", type=int, default=128, help="prompt chunk (more than DECODE_ROWS)")
     parser.add_argument("--cpu-pieces", type=int, default=8, help="of each FFN's pieces, on the CPU")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--json", default=None)
@@ -49,12 +48,12 @@ def main() -> None:
     import torch
 
     from vramshard import Engine
+    from vramshard.layers.mlp import DenseFFN
     from vramshard.models import build_model
     from vramshard.plan.placement import CPU, GPU_STREAMED, Placement, split_ffn
-    from vramshard.runtime import cpu_packed
+    from vramshard.runtime.cpu_packed import PackedPart
     from vramshard.shapes import random_weights, shape_config
 
-    cpu_packed.MODE = "on"  # (read when the executor makes its PackedParts)
     config = shape_config(args.shape)
     config["num_hidden_layers"] = args.layers
     model = build_model(config, torch.bfloat16)
@@ -63,26 +62,30 @@ def main() -> None:
         for s in model))
     engine = Engine.from_weights(model, random_weights(model), None, name=args.shape, placement=placement,
                                  simulate_gpu=True, max_context=args.rows)
-    packed = engine.executor.packed_parts
+    executor = engine.executor
+    parts = {"plain (down copied)": 0.0, "packed": 0.0, "packing": 0.0, "down copies": 0.0}
     with torch.inference_mode():
         chunk_seconds(engine, args.rows)  # (first-call allocations, off the record)
-        results: dict[str, list[float]] = {"first, packed in the step": [], "first, packed in the background": [],
-                                           "after packing (steady)": []}
-        for _ in range(args.reps):
-            for background, label in ((False, "first, packed in the step"), (True, "first, packed in the background")):
-                packed.keep(set())  # a new plan's parts: none packed yet
-                packed.background = background
-                results[label].append(chunk_seconds(engine, args.rows))
-                packed.wait()
-                results["after packing (steady)"].append(chunk_seconds(engine, args.rows))
-    medians = {label: statistics.median(values) for label, values in results.items()}
-    for label, value in medians.items():
-        log.info("%-34s %.3f s (median of %d: %s)", label, value, len(results[label]),
-                 ", ".join(f"{v:.3f}" for v in results[label]))
-    log.info("packed parts: %.2f GiB; background packing took %.2f s in all", packed.nbytes / 2**30,
-             packed.background_s)
-    out = {"date": now(), "hardware": hardware(), "args": vars(args), "seconds": results, "median_s": medians,
-           "packed_gib": packed.nbytes / 2**30}
+        executor._down_copies.keep(set())  # a new plan's parts: no copies yet
+        first = chunk_seconds(engine, args.rows)
+        steady = median_seconds(lambda: chunk_seconds(engine, args.rows), args.reps)
+        for sublayer in (s for s in model if isinstance(s, DenseFFN)):
+            views = executor._cpu_part(sublayer, args.cpu_pieces)
+            began = time.perf_counter()
+            plain = {**views, "down_proj": views["down_proj"].contiguous()}
+            parts["down copies"] += time.perf_counter() - began
+            began = time.perf_counter()
+            packed = PackedPart(views, args.rows)
+            parts["packing"] += time.perf_counter() - began
+            h = torch.randn(args.rows, sublayer.hidden).to(model.dtype)
+            parts["plain (down copied)"] += median_seconds(lambda: sublayer.contribution(plain, h), args.reps)
+            parts["packed"] += median_seconds(lambda: packed.contribution(h), args.reps)
+    log.info("a %d-row chunk: %.3f s the first after a new plan (down copies made in it), %.3f s after "
+             "(median of %d)", args.rows, first, steady, args.reps)
+    for label, value in parts.items():
+        log.info("the CPU parts, %-20s %.3f s (summed over %d FFNs)", label, value, args.layers)
+    out = {"date": now(), "hardware": hardware(), "args": vars(args), "first_chunk_s": first, "chunk_s": steady,
+           "parts_s": parts}
     if args.json:
         write_json(args.json, out)
 

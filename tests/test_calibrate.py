@@ -404,25 +404,6 @@ def test_steps_beside_a_background_plan_are_not_samples_of_the_cpu_work(tiny_mod
     assert list(engine.cpu_check().samples[1]) == [0.05]
 
 
-def test_steps_beside_background_packing_are_samples_of_neither_the_step_nor_the_cpu_work(tiny_model_dir):
-    """While prompt chunks' CPU parts are packed in the background (runtime/cpu_packed.py), the
-    step shares the host's memory with the packer: neither the whole-step check (dispatch fits,
-    reverts) nor the CPU-work check counts it."""
-    engine, _ = simulated_engine(tiny_model_dir("qwen3"))
-
-    def step(ended: float, seconds: float = 0.1):
-        return StepStats(1, 0, 1, 1, 1, seconds, 0, 1, ended, seconds, 0.0, 0.05, 0.0)
-
-    packer = engine.executor.packed_parts
-    packer.finished_at = time.time()
-    for _ in range(2):
-        engine._measured(step(time.time() + 0.05))  # began before the packer had finished
-    assert list(engine.plan_check().measured) == [] and engine.cpu_check().samples == {}
-    engine._measured(step(time.time() + 0.5))
-    engine._measured(step(time.time() + 0.5))
-    assert len(engine.plan_check().measured) == 2 and list(engine.cpu_check().samples[1]) == [0.05]
-
-
 def test_a_dispatch_factor_scales_the_hosts_gpu_dispatch_and_explains_a_host_bound_step(nemo_2gib, h200):
     fitted = h200.calibrated(dispatch_scale=2.0)
     assert fitted.dispatch_s("cuda") == pytest.approx(2 * h200.dispatch_s("cuda"))

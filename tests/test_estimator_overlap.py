@@ -231,7 +231,7 @@ def test_prepacked_cpu_ffns_take_the_profiles_packed_factor_not_the_split_slices
     import copy
 
     from vramshard.layers.mlp import DenseFFN
-    from vramshard.profile.query import Profile
+    from vramshard.profile.query import DECODE_ROWS, Profile
     from vramshard.runtime import cpu_packed as cpu_packed_mod
 
     base = synthetic(**CLIENT)
@@ -255,6 +255,9 @@ def test_prepacked_cpu_ffns_take_the_profiles_packed_factor_not_the_split_slices
         part_plain = plain.part_s(ffn, "cpu", rows, 0, half) - launches
         assert part_packed == pytest.approx(part_plain / 1.5 * factor, rel=0.02)
     assert Estimator(model, profile).cpu_packed is cpu_packed_mod.packs()  # as the executor runs by default
+    for rows in (DECODE_ROWS + 1, 1024):  # prompt chunks compute plain parts (runtime/cpu_packed.py)
+        assert packed.compute_s(ffn, "cpu", rows, 1024) == pytest.approx(plain.compute_s(ffn, "cpu", rows, 1024))
+        assert packed.part_s(ffn, "cpu", rows, 0, 8) == pytest.approx(plain.part_s(ffn, "cpu", rows, 0, 8))
 
 
 def test_one_row_ffns_by_the_c_kernel_take_no_packed_factor():

@@ -354,13 +354,9 @@ class Engine:
 
     def _measured(self, stats) -> None:
         """A step's measurements, against the plan in force (the scheduler calls this after each)."""
-        began = stats.end_time - stats.seconds
-        packer = self.executor.packed_parts
-        if packer.busy or began < packer.finished_at:
-            return  # prompt chunks' CPU parts were being packed beside the step, on the host's memory
         self.plan_check().add(stats.tokens, stats.sequences, stats.forward_s)
         background = self.budget.background
-        if background.busy or began < background.finished_at:
+        if background.busy or stats.end_time - stats.seconds < background.finished_at:
             return  # the background planner's Python held the GIL during the step: not a fair sample
         plans = self.executor.plans
         self.cpu_check().add(plans.tiers[plans.index_for(stats.tokens)], stats.host_compute_s, stats.host_split_s)

@@ -28,7 +28,7 @@ from ..layers.mlp import DenseFFN
 from ..layers.moe import GATHER_BYTES, MoEFFN
 from ..layers.sublayer import SubLayer
 from ..models.base import Model
-from ..profile.query import Profile
+from ..profile.query import DECODE_ROWS, Profile
 from .memory import expert_slot_bytes, streamed_bytes, sublayer_packed_bytes
 from .placement import Placement
 
@@ -218,9 +218,10 @@ class Estimator:
         self._crossings: dict[tuple, float] = {}  # (bytes, direction) -> seconds
 
     def _packed_at(self, rows: int) -> bool:
-        """Whether dense FFNs on the CPU read prepacked weights at ``rows`` rows (one row: the C kernel
-        reads the plain ones where it serves)."""
-        return self.cpu_packed and not (self.cpu_gemv and rows == 1)
+        """Whether dense FFNs on the CPU read prepacked weights at ``rows`` rows: decode-sized steps
+        only (prompt chunks compute plain parts, ``cpu_packed.DECODE_ROWS``), and at one row not where
+        the C kernel serves (it reads the plain ones)."""
+        return self.cpu_packed and rows <= DECODE_ROWS and not (self.cpu_gemv and rows == 1)
 
     # ------------------------------------------------------------------ one sub-layer
     def logit_rows(self, n_tokens: int) -> int:

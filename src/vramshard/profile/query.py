@@ -453,7 +453,7 @@ def synthetic(**peaks) -> Profile:
 
 # The most rows of a decode-sized step: the default tiers' largest decode tier, and the most rows the
 # CPU computes through its few-row paths (the C kernel at one row, the compiled few-row SwiGLU, parts
-# packed in the step); prompt chunks run matrix products into reused buffers instead.
+# prepacked for oneDNN: runtime/cpu_packed.py); prompt chunks run plain matrix products into reused buffers.
 DECODE_ROWS = 64
 
 
@@ -461,10 +461,10 @@ def _by_rows(table: tuple[tuple[int, float], ...], rows: int) -> float:
     """A factor from ``table`` ((rows, factor), sorted) at ``rows``: linear in log rows between the
     row counts in it, the nearest one's beyond them, 1 for an empty table. Only row counts on the
     same side of DECODE_ROWS as ``rows`` count: decode steps and prompt chunks run other code on the
-    CPU. In the thirty-third session's GPU calls, llama3-8b's split parts ran 0.49-0.54x their
+    CPU. In the thirtieth GPU session (session 33) llama3-8b's split parts ran 0.29-0.54x their
     prediction at 64 rows (prepacked); carried to 1024 rows, that factor made the planner split the
     prompt tier's FFNs, whose CPU work then took up to 3.6x its prediction there, and a 1K prompt
-    1.4-2.3 s to its first token against a 0.2 s bound (docs/BENCHMARKS.md, thirtieth GPU session)."""
+    1.4-2.3 s to its first token against a 0.2 s bound (docs/BENCHMARKS.md)."""
     table = tuple((m, f) for m, f in table if (m <= DECODE_ROWS) == (rows <= DECODE_ROWS))
     if not table:
         return 1.0

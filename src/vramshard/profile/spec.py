@@ -113,7 +113,8 @@ class BenchmarkSpec:
     split_ffn: tuple[int, int] | None = (4096, 14336)
     # Rows at which that FFN is timed from oneDNN-prepacked weights against plain ones (see
     # bench_packed.py; the estimator's factor where VRAMSHARD_CPU_PACKED is on); empty: not measured.
-    packed_rows: list[int] = field(default_factory=lambda: [1, 16, 64, 256])
+    # Decode-sized rows only: prompt chunks compute plain parts (runtime/cpu_packed.py).
+    packed_rows: list[int] = field(default_factory=lambda: [1, 16, 64])
     # (hidden, intermediate, top_k) of the MoE layer whose routed experts are timed in the compiled
     # pass against the expert-by-expert path (see bench_experts.py), at these rows; None: not measured.
     host_experts: tuple[int, int, int] | None = (2048, 768, 8)

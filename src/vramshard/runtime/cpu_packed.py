@@ -22,40 +22,37 @@ machine, without a limit; ``off`` packs none. On an H100 machine, nemo-8b decode
 tok/s prepacked against 7.25 plain, one run after the other (docs/BENCHMARKS.md, twenty-seventh GPU
 session); the thirteenth session's llama3-8b steps at 8 GiB were 14% (1 row) and 6% (64 rows) shorter.
 
-Packing takes time: the copies and oneDNN's reorder ran at about 2-3 GB/s on the H200 machine's host,
-and a new plan splits FFNs anew, so its parts are packed again. Parts of decode-sized steps (up to
-``cpu_swiglu.MAX_ROWS`` rows, many steps each) are packed in the step that first needs them: plain,
-their few-row products would compile kernels there instead. Parts of prompt chunks are packed by a
-background thread (``VRAMSHARD_CPU_PACK_BACKGROUND``, on by default) on a quarter of the cores: the
-step that asks first, and any before the part is ready, computes it from the plain weights through
-torch's own matrix products, which need no compile. In the thirty-third GPU session (H200 machine)
-a 1K prompt of llama3-8b at 8 GiB, the first after a re-plan made its 1024-row tier split, took
-2.31 s to its first token against 0.20 s for the (PCIe + compute) bound, most of it packing in the
-step. oneDNN is asked to compute once, with one row, after the first part is packed (a CPU that
-cannot run the dtype fails there); the parts after it are not run before their first step.
+Only decode-sized steps (up to ``DECODE_ROWS`` rows) read packed parts; prompt chunks compute their
+parts plain, with the row-major down copies of :mod:`.cpu_down`. Packing costs time in the step that
+first needs a part (the copies and oneDNN's reorder ran at about 2-3 GB/s on the GPU machines'
+hosts), again after each re-plan, since a plan splits FFNs anew, and host memory per tier. In the
+thirtieth GPU session a 1K prompt of llama3-8b at 8 GiB, the first on a new plan's split 1024-row
+tier, packed its parts in the step and took 2.31 s to its first token against a 0.20 s bound; on
+its H100 call llama3-8b at 2 GiB held 17.5 GiB of packed parts. Packing buys prompt chunks too
+little to pay for that: the H200 machine's five full profiles (sessions 15-33) timed packed FFNs at
+256 rows at 0.91-1.47x the plain ones in bf16 and 0.94-1.04x in fp16; on the development machine two
+llama3-8b split parts at 128 rows took 0.103 s packed against 0.115 s plain, and packing them 0.996
+s against 0.104 s for their down copies, a cost some 70 chunks would pay back (``python -m
+benchmarks.first_prompt``; docs/BENCHMARKS.md, session 33).
 """
 
 from __future__ import annotations
 
-import collections
 import logging
-import threading
 import time
 from typing import Mapping
 
 import torch
 import torch.nn.functional as F
 
-from ..env import choice, switch
-from ..layers import cpu_swiglu
+from ..env import choice
+from ..profile.query import DECODE_ROWS  # the most rows whose parts are read packed (decode steps)
 from .host_allowance import HostAllowance
 
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "on", "off")
 MODE = choice("VRAMSHARD_CPU_PACKED", MODES, "auto")
-BACKGROUND = switch("VRAMSHARD_CPU_PACK_BACKGROUND", default=True)
-BACKGROUND_SHARE = 4  # the background packer's OpenMP team: this share of the cores (at least one)
 
 
 def packs(mode: str | None = None, gpu: bool | None = None) -> bool:
@@ -91,10 +88,9 @@ class PackedParts:
     """One executor's packed CPU parts by (FFN name, pieces on the CPU); None where packing is off,
     failed on this CPU or (``auto``) past the allowance (then the plain part is used). ``mode``:
     as ``VRAMSHARD_CPU_PACKED`` (None: its value); ``gpu``: whether the executor computes beside a
-    GPU, for ``auto`` (None: whether torch sees one); ``background``: whether prompt chunks' parts
-    are packed by a background thread (None: ``VRAMSHARD_CPU_PACK_BACKGROUND``)."""
+    GPU, for ``auto`` (None: whether torch sees one)."""
 
-    def __init__(self, mode: str | None = None, gpu: bool | None = None, background: bool | None = None):
+    def __init__(self, mode: str | None = None, gpu: bool | None = None):
         mode = mode or MODE
         self._parts: dict[tuple[str, int], PackedPart] = {}
         self._refused: set[tuple[str, int]] = set()  # parts past the allowance (asked again after keep)
@@ -103,16 +99,9 @@ class PackedParts:
         self.allowance = HostAllowance("CPU FFN parts prepacked for oneDNN", "VRAMSHARD_CPU_PACKED=on",
                                        limited=mode != "on")
         self.nbytes = 0
-        # Seconds spent packing in steps so far: one-time work, not a step's CPU work (the engine fits
-        # its profile to the latter; a 1024-row chunk that packed 7 GiB once read as 5.9x its prediction).
+        # Seconds spent packing so far: one-time work, not a step's CPU work (the engine fits its
+        # profile to the latter; a 1024-row chunk that packed 7 GiB once read as 5.9x its prediction).
         self.packing_s = 0.0
-        self.background = BACKGROUND if background is None else background
-        self.background_s = 0.0  # seconds the background thread spent packing
-        self._lock = threading.Lock()  # _parts, _pending, _queue, nbytes between the step and the thread
-        self._pending: dict[tuple[str, int], int] = {}  # parts queued or being packed -> their bytes
-        self._queue: collections.deque = collections.deque()  # (key, part, rows) for the thread
-        self._thread: threading.Thread | None = None
-        self.finished_at = 0.0  # time.time() when the thread last ran out of work
 
     @property
     def enabled(self) -> bool:
@@ -120,112 +109,44 @@ class PackedParts:
         GPU), and oneDNN has not failed at it here."""
         return self._failed is None
 
-    @property
-    def busy(self) -> bool:
-        """Whether the background thread is packing now (a step beside it shares the host's memory)."""
-        return self._thread is not None
-
-    def pending(self, name: str, cpu_pieces: int) -> bool:
-        """Whether that part is being packed in the background (its steps meanwhile run plain)."""
-        return (name, cpu_pieces) in self._pending
-
-    def wait(self, timeout: float | None = None) -> None:
-        """Until the background thread has packed every part asked for (tests, benchmarks)."""
-        thread = self._thread
-        if thread is not None:
-            thread.join(timeout)
-
     def keep(self, wanted: set[tuple[str, int]]) -> None:
         """Drop the packed parts not in ``wanted`` ((FFN name, pieces on the CPU) of the plans in
         force): each plan of another budget or calibration splits FFNs anew, and a packed copy of
         every split ever used would grow past the plain weights (the thirteenth GPU session: 144
-        parts, 11.8 GiB beside a 16 GB model). Parts queued for the background thread and no
-        longer wanted are not packed (one being packed is dropped when done)."""
-        with self._lock:
-            for key in [k for k in self._parts if k not in wanted]:
-                self.nbytes -= self._parts.pop(key).nbytes
-            for key in [k for k in self._pending if k not in wanted]:
-                del self._pending[key]
-            self._queue = collections.deque(job for job in self._queue if job[0] in self._pending)
-            self._refused.clear()  # (room may have come back)
+        parts, 11.8 GiB beside a 16 GB model)."""
+        for key in [k for k in self._parts if k not in wanted]:
+            self.nbytes -= self._parts.pop(key).nbytes
+        self._refused.clear()  # (room may have come back)
 
     def get(self, name: str, cpu_pieces: int, part: Mapping[str, torch.Tensor], rows: int) -> PackedPart | None:
-        """The packed part, packed here on first use for a decode-sized ``rows``; for a prompt chunk's
-        (more than ``cpu_swiglu.MAX_ROWS``) handed to the background thread where that is on, None
-        until it is ready. None too where packing is off, failed, or the part is past the allowance."""
-        if self._failed is not None:
+        """The packed part for a step of ``rows`` rows, packed here on first use; None for a prompt
+        chunk's (more than DECODE_ROWS rows), where packing is off or failed, or past the allowance."""
+        if self._failed is not None or rows > DECODE_ROWS:
             return None
-        key = (name, cpu_pieces)
-        with self._lock:
-            packed = self._parts.get(key)
-            if packed is not None or key in self._pending or key in self._refused:
-                return packed  # (refused ones are asked again each step: answered without the sums)
-            nbytes = sum(t.nbytes for k, t in part.items() if k.endswith("_proj"))
-            if not self.allowance.room_for(self.nbytes + sum(self._pending.values()), nbytes):
-                self._refused.add(key)
+        packed = self._parts.get((name, cpu_pieces))
+        if packed is None:
+            if (name, cpu_pieces) in self._refused:  # (each step asks again: answered without the sums)
                 return None
-            if self.background and rows > cpu_swiglu.MAX_ROWS:
-                self._pending[key] = nbytes
-                self._queue.append((key, part, rows))
-                if self._thread is None:
-                    threads = max(1, torch.get_num_threads() // BACKGROUND_SHARE)
-                    self._thread = threading.Thread(target=self._run, args=(threads,), name="vramshard-pack",
-                                                    daemon=True)
-                    self._thread.start()
+            nbytes = sum(t.nbytes for key, t in part.items() if key.endswith("_proj"))
+            if not self.allowance.room_for(self.nbytes, nbytes):
+                self._refused.add((name, cpu_pieces))
                 return None
-        began = time.perf_counter()
-        packed = self._pack(part, rows)
-        self.packing_s += time.perf_counter() - began
-        if packed is not None:
-            with self._lock:
-                self._store(key, packed)
-        return packed
-
-    def _pack(self, part: Mapping[str, torch.Tensor], rows: int) -> PackedPart | None:
-        """``part`` packed (for ``rows``), oneDNN asked to compute with it once per executor; None
-        where it cannot here (said once; every part then runs plain)."""
-        weight = part["gate_up_proj"] if "gate_up_proj" in part else part["gate_proj"]  # [r, D]
-        try:
-            with torch.no_grad():
-                packed = PackedPart(part, rows)
-                if not self._probed:
-                    packed.contribution(torch.zeros(1, weight.shape[1], dtype=weight.dtype))
-                    self._probed = True
-        except RuntimeError as exc:
-            self._failed = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            log.warning("split FFNs' CPU parts run from plain weights: oneDNN cannot pack them here (%s)",
-                        self._failed)
-            return None
-        return packed
-
-    def _store(self, key: tuple[str, int], packed: PackedPart) -> None:
-        """Keep a packed part (caller holds the lock)."""
-        self._parts[key] = packed
-        self.nbytes += packed.nbytes
-        if len(self._parts) == 1 or len(self._parts) % 16 == 0:
-            log.info("packed %d split FFN CPU part(s) for oneDNN (%.2f GiB beside the plain weights)",
-                     len(self._parts), self.nbytes / 2**30)
-
-    def _run(self, threads: int) -> None:
-        """The background thread: pack the queued parts in turn on ``threads`` OpenMP threads (this
-        thread's own count), then end."""
-        torch.set_num_threads(threads)
-        while True:
-            with self._lock:
-                if not self._queue or self._failed is not None:
-                    self._queue.clear()
-                    self._pending.clear()
-                    self._thread = None
-                    self.finished_at = time.time()
-                    return
-                key, part, rows = self._queue.popleft()
+            weight = part["gate_up_proj"] if "gate_up_proj" in part else part["gate_proj"]  # [r, D]
             began = time.perf_counter()
             try:
-                packed = self._pack(part, rows)
-            except Exception:  # (the step computes the part plain meanwhile, and after)
-                log.exception("packing %s's CPU part in the background failed", key[0])
-                packed = None
-            with self._lock:
-                self.background_s += time.perf_counter() - began
-                if self._pending.pop(key, None) is not None and packed is not None:  # (still wanted)
-                    self._store(key, packed)
+                packed = PackedPart(part, rows)
+                if not self._probed:  # (a CPU that cannot run the dtype fails here, once; one row suffices)
+                    packed.contribution(torch.zeros(1, weight.shape[1], dtype=weight.dtype))
+                    self._probed = True
+            except RuntimeError as exc:
+                self._failed = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                log.warning("split FFNs' CPU parts run from plain weights: oneDNN cannot pack them here (%s)",
+                            self._failed)
+                return None
+            self._parts[name, cpu_pieces] = packed
+            self.nbytes += packed.nbytes
+            self.packing_s += time.perf_counter() - began
+            if len(self._parts) == 1 or len(self._parts) % 16 == 0:
+                log.info("packed %d split FFN CPU part(s) for oneDNN (%.2f GiB beside the plain weights)",
+                         len(self._parts), self.nbytes / 2**30)
+        return packed

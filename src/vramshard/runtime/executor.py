@@ -817,12 +817,6 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
 
 
     # ------------------------------------------------------------------ reporting
-    @property
-    def packed_parts(self) -> PackedParts:
-        """The CPU parts prepacked for oneDNN (:mod:`.cpu_packed`): whether and since when the
-        background packer ran, for the engine's judgement of its steps' timings."""
-        return self._packed
-
     def peak_vram(self) -> int:
         """Peak ``torch.cuda.max_memory_reserved`` since load, less what the process already
         held before (other engines), i.e. this engine's peak VRAM (0 without a GPU)."""

@@ -133,8 +133,7 @@ class FFNSplitSteps:
             packed = self._packed.get(sublayer.name, cpu_pieces, cpu_part, rows)  # (packed here, on first use)
             if packed is not None:
                 return ahead.result_on(self.gpu, number, h_host, lambda out: out.copy_(packed.contribution(h_host)))
-            if not self._packed.pending(sublayer.name, cpu_pieces):  # (soon packed: no copy beside it)
-                cpu_part = self._down_copies.part(sublayer.name, cpu_pieces, cpu_part)  # (down row-major)
+            cpu_part = self._down_copies.part(sublayer.name, cpu_pieces, cpu_part)  # (down row-major)
             if FFNBuffers.wanted(rows):
                 work = ahead.buffers.work(sublayer.work_elements(cpu_part, rows), h_host.dtype)
                 return ahead.result_on(self.gpu, number, h_host,
@@ -149,8 +148,7 @@ class FFNSplitSteps:
         copied into, the reused buffers (:mod:`~vramshard.runtime.ffn_buffers`) and stays valid
         until the next call but one. From prepacked weights where the part is packed
         (:mod:`~vramshard.runtime.cpu_packed`), else from ``weights`` with down row-major where a copy
-        is allowed (:mod:`~vramshard.runtime.cpu_down`) and the part is not being packed in the
-        background (a prompt chunk's, until it is ready: ``weights`` as they lie). One row, where the C kernel serves
+        is allowed (:mod:`~vramshard.runtime.cpu_down`). One row, where the C kernel serves
         (:mod:`~vramshard.layers.cpu_gemv`): from ``weights`` as they lie, no copy."""
         rows = h.shape[0]
         if cpu_gemv.computes(rows):
@@ -159,8 +157,7 @@ class FFNSplitSteps:
         if packed is not None:
             y = packed.contribution(h)
             return self._ffn_buffers.result(rows, h.shape[-1], h.dtype).copy_(y) if FFNBuffers.wanted(rows) else y
-        if not self._packed.pending(sublayer.name, cpu_pieces):  # (being packed: no copy beside it)
-            weights = self._down_copies.part(sublayer.name, cpu_pieces, weights)  # (not packed: down row-major)
+        weights = self._down_copies.part(sublayer.name, cpu_pieces, weights)  # (not packed: down row-major)
         if not FFNBuffers.wanted(rows):
             return sublayer.contribution(weights, h)
         buffers = self._ffn_buffers
