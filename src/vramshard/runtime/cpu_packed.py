@@ -31,8 +31,8 @@ tier, packed its parts in the step and took 2.31 s to its first token against a 
 its H100 call llama3-8b at 2 GiB held 17.5 GiB of packed parts. Packing buys prompt chunks too
 little to pay for that: the H200 machine's five full profiles (sessions 15-33) timed packed FFNs at
 256 rows at 0.91-1.47x the plain ones in bf16 and 0.94-1.04x in fp16; on the development machine two
-llama3-8b split parts at 128 rows took 0.103 s packed against 0.115 s plain, and packing them 0.996
-s against 0.104 s for their down copies, a cost some 70 chunks would pay back (``python -m
+llama3-8b split parts at 128 rows took 0.103 s packed against 0.115 s plain, and packing them 0.53-1.0
+s against 0.10 s for their down copies, a cost some 35-75 chunks would pay back (``python -m
 benchmarks.first_prompt``; docs/BENCHMARKS.md, session 33).
 """
 
