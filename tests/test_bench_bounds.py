@@ -38,3 +38,24 @@ def test_cpu_read_method_times_every_method_and_its_steps(tmp_path):
     assert json.loads(out.read_text())["shape"] == [256, 512]
     with pytest.raises(SystemExit, match="unknown dtype"):
         cpu_read_method.main(["--dtypes", "int4", "--gib", "0.001", "--shape", "8,8"])
+
+
+def test_engine_bench_bounds_decode_by_the_smaller_of_the_two_readers_alone_and_host_memory_shared():
+    """engine_bench's decode bound at a budget: the bytes outside VRAM at PCIe + CPU read, each
+    alone, or at what host memory gives both at once, whichever is smaller (kept apart too)."""
+    from benchmarks.engine_bench import derived
+
+    GiB = 2**30
+    cells = [{"engine": "unconstrained", "vram": None, "tg_tok_s": 100.0, "ttft_s": 0.03, "resident_bytes": 16e9},
+             {"engine": "vramshard", "vram": 8 * GiB, "tg_tok_s": 10.0, "ttft_s": 0.2, "resident_bytes": 6e9,
+              "batched": {}}]
+    alone = {"h2d": 50.0, "cpu_read": 100.0, "device": 4000.0}
+    checks = derived(cells, 16e9, 15e9, alone)
+    assert checks["8GiB_decode_bound_tok_s"] == pytest.approx(15.0)  # 150 GB/s over 10 GB
+    assert checks["8GiB_decode_fraction_of_bound"] == pytest.approx(10 / 15)
+    shared = derived(cells, 16e9, 15e9, dict(alone, shared_total=120.0))
+    assert shared["8GiB_decode_bound_tok_s"] == pytest.approx(12.0)
+    assert shared["8GiB_decode_additive_bound_tok_s"] == pytest.approx(15.0)
+    assert shared["8GiB_decode_fraction_of_bound"] == pytest.approx(10 / 12)
+    roomy = derived(cells, 16e9, 15e9, dict(alone, shared_total=200.0))
+    assert roomy["8GiB_decode_bound_tok_s"] == pytest.approx(15.0)
