@@ -164,3 +164,7 @@ def test_the_benchmarks_plan_from_the_profile_scaled_as_an_engine_would(tmp_path
     other = save(this_machines(None), tmp_path / "old.json")  # a profile from before the read figure
     profile, source = planner_profile(str(other), {}, set())
     assert profile.cpu_scale == 1.0 and source == str(other)
+    data = dict(this_machines(30.0).data, fingerprint_hash="0" * 16)  # measured on another machine
+    foreign = save(Profile(data), tmp_path / "foreign.json")
+    profile, source = planner_profile(str(foreign), {}, set())
+    assert profile.cpu_scale == 1.0 and "another machine's" in source
