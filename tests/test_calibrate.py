@@ -247,7 +247,7 @@ def test_cpu_factors_by_rows_interpolate_in_log_rows_and_compose(h200):
     assert h200.cpu_row_factor(7) == 1.0 and h200.cpu_rows == ()  # the original is kept
     assert fitted.cpu_row_factor(1) == 1.5 and fitted.cpu_row_factor(64) == 3.0
     assert fitted.cpu_row_factor(8) == pytest.approx(2.25)  # halfway in log rows
-    assert fitted.cpu_row_factor(64) == 3.0 and fitted.cpu_row_factor(4096) == 1.0  # no decode factor on prompts
+    assert fitted.cpu_row_factor(4096) == 1.0  # no decode rows' factor on prompt chunks (the next test)
     assert fitted.matmul_s(8, 4096, 14336, "bf16", "cpu") == pytest.approx(2.25 * h200.matmul_s(8, 4096, 14336, "bf16", "cpu"))
     assert fitted.attention_s(64, 4096, 32, 8, 128, "bf16", "cpu") == \
         pytest.approx(3.0 * h200.attention_s(64, 4096, 32, 8, 128, "bf16", "cpu"))

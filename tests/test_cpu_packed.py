@@ -175,7 +175,6 @@ def test_the_few_rows_kernels_of_plain_parts_are_not_compiled_at_load_where_part
         assert set(warmed) == compiled, (mode, placement.name)
 
 
-
 @needs_mkldnn
 def test_only_decode_sized_steps_read_packed_parts_and_onednn_is_asked_to_compute_once(monkeypatch):
     """A part asked for at more than DECODE_ROWS rows (a prompt chunk) is not packed: None, nothing
