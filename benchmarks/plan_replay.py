@@ -11,6 +11,8 @@ sixth session" come from it.
     PYTHONPATH=src python -m benchmarks.plan_replay cache          # the expert cache's Python bookkeeping
     PYTHONPATH=src python -m benchmarks.plan_replay calibrate --result docs/results-planner-nemo-run7.json \
         --profile docs/profiles/h200-queued.json                       # in-situ CPU calibration, replayed
+    PYTHONPATH=src python -m benchmarks.plan_replay baselines --result docs/results-nemo-decode-run33.json \
+        --profile docs/profiles/h200-run33.json                        # the layers:N cells' steps, predicted
 
 ``--profile`` (default docs/profiles/h200-cold.json, the fifth session's H200 profile).
 """
@@ -247,18 +249,53 @@ def calibrate(args) -> None:
     print(f"other families within 15%: {within['before']}/{within['of']} before, {within['after']}/{within['of']} after")
 
 
+def baselines(args) -> None:
+    """The estimator's decode step for each named-placement cell (``layers:N``) of an ``engine_bench``
+    JSON against the step the cell measured, with ``--profile`` scaled as the run scaled it (the
+    ``xN.NN`` its profile source names). On the profile of the machine that ran the cell this tells
+    whether the planner priced the baseline it had to beat, apart from its own plan."""
+    import json
+    import re
+
+    from vramshard.plan.estimator import Estimator
+    from vramshard.plan.memory import sublayer_triples
+    from vramshard.plan.placement import named_placement
+    from vramshard.shapes import shape_model
+
+    result = json.loads(Path(args.result).read_text())
+    profile = load_profile(args.profile)
+    scale = re.search(r"CPU times x([0-9.]+)", result.get("profile") or "")
+    if scale:
+        profile = profile.calibrated(float(scale.group(1)))
+    context = result["args"]["pp"] + result["args"]["tg"] // 2
+    for name, entry in result["models"].items():
+        model = shape_model(name)
+        layers = sum(1 for s in model if s.kind == "attn")
+        for cell in entry["cells"]:
+            placement = cell.get("placement") or ""
+            if not placement.startswith("layers:") or not cell.get("decode_step_ms_median"):
+                continue
+            named = named_placement(placement, sublayer_triples(model), layers)
+            predicted = Estimator(model, profile).simulate(named, 1, context, 2).seconds * 1e3
+            measured = cell["decode_step_ms_median"]
+            print(f"{name} {placement} at {cell['vram'] / GiB:g} GiB: predicted {predicted:.1f} ms, measured "
+                  f"{measured:.1f} ms ({predicted / measured - 1:+.0%})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("dense", "tiers", "vlm", "moe", "cache", "calibrate"))
+    parser.add_argument("what", choices=("dense", "tiers", "vlm", "moe", "cache", "calibrate", "baselines"))
     parser.add_argument("--profile", default=str(DEFAULT_PROFILE))
     parser.add_argument("--contended-factor", type=float, default=1.0,
                         help="scale the profile's contended CPU matmul times (a what-if)")
     parser.add_argument("--hit-rate", type=float, default=0.42, help="the measured expert-cache hit rate")
-    parser.add_argument("--result", default=None, help="calibrate: a planner_bench JSON")
+    parser.add_argument("--result", default=None,
+                        help="calibrate: a planner_bench JSON; baselines: an engine_bench JSON")
     args = parser.parse_args()
-    if args.what == "calibrate" and not args.result:
-        parser.error("calibrate needs --result: a planner_bench JSON (docs/results-planner-*.json)")
-    {"dense": dense, "tiers": tiers, "vlm": vlm, "moe": moe, "cache": cache, "calibrate": calibrate}[args.what](args)
+    if args.what in ("calibrate", "baselines") and not args.result:
+        parser.error(f"{args.what} needs --result: a planner_bench JSON (calibrate) or an engine_bench one (baselines)")
+    {"dense": dense, "tiers": tiers, "vlm": vlm, "moe": moe, "cache": cache, "calibrate": calibrate,
+     "baselines": baselines}[args.what](args)
 
 
 if __name__ == "__main__":

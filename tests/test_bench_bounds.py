@@ -59,3 +59,31 @@ def test_engine_bench_bounds_decode_by_the_smaller_of_the_two_readers_alone_and_
     assert shared["8GiB_decode_fraction_of_bound"] == pytest.approx(10 / 12)
     roomy = derived(cells, 16e9, 15e9, dict(alone, shared_total=200.0))
     assert roomy["8GiB_decode_bound_tok_s"] == pytest.approx(15.0)
+
+
+def test_plan_replay_predicts_the_baselines_of_an_engine_bench_run(tmp_path, capsys):
+    """plan_replay baselines: each layers:N cell's decode step as the estimator predicts it from the
+    profile (scaled as the run's profile source says), against the step the cell measured."""
+    import types
+    from pathlib import Path
+
+    from benchmarks.plan_replay import baselines
+
+    GiB = 2**30
+    result = {"profile": "docs/profiles/h200-run33.json (CPU times x1.50: the host's memory read now)",
+              "args": {"pp": 1024, "tg": 32},
+              "models": {"llama3-8b": {"cells": [
+                  {"engine": "layers:max", "placement": "layers:17", "vram": 8 * GiB, "decode_step_ms_median": 100.0},
+                  {"engine": "vramshard", "placement": "planned(...)", "vram": 8 * GiB, "decode_step_ms_median": 90.0}]}}}
+    path = tmp_path / "engine.json"
+    path.write_text(json.dumps(result))
+    profile = str(Path(__file__).resolve().parent.parent / "docs" / "profiles" / "h200-run33.json")
+    baselines(types.SimpleNamespace(result=str(path), profile=profile))
+    scaled = capsys.readouterr().out.strip().splitlines()
+    result["profile"] = "docs/profiles/h200-run33.json"
+    path.write_text(json.dumps(result))
+    baselines(types.SimpleNamespace(result=str(path), profile=profile))
+    plain = capsys.readouterr().out.strip().splitlines()
+    assert len(scaled) == len(plain) == 1 and plain[0].startswith("llama3-8b layers:17 at 8 GiB: predicted ")
+    ms = [float(line.split("predicted ")[1].split(" ms")[0]) for line in (scaled[0], plain[0])]
+    assert 50 < ms[1] < 200 and ms[0] > 1.2 * ms[1]  # the CPU's 15 layers priced 1.5x slower
