@@ -91,7 +91,7 @@ def planner_profile(path: str | None, bandwidth: dict, dtypes) -> tuple[object, 
     measured = load(path, check_fingerprint=False) if path else load_or_none()
     if measured is not None:
         source = path or "stored"
-        if not drift.is_this_machines(measured):  # (the planned cells then price this host by another)
+        if not measured.data.get("synthetic") and not drift.is_this_machines(measured):  # (priced by another host)
             source += " (another machine's: its fingerprint differs from this one's)"
             log.warning("the profile %s was measured on another machine; the planned engines price this one by it",
                         source)
