@@ -200,9 +200,14 @@ def main() -> None:
     parser.add_argument("--overlap-off", action="store_true",
                         help="also run the unconstrained engine reading every step before the next "
                              "(label +no-overlap)")
+    parser.add_argument("--log-steps", action="store_true",
+                        help="log every step's times and each row-major down copy made (DEBUG)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if args.log_steps:
+        for name in ("vramshard.runtime.scheduler", "vramshard.runtime.cpu_down"):
+            logging.getLogger(name).setLevel(logging.DEBUG)
     if args.quick:
         args.layers, args.pp, args.tg, args.batch_prompt, args.batch_gen = 2, 64, 8, 8, 4
     t_start = time.perf_counter()

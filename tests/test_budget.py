@@ -215,11 +215,13 @@ def test_a_shrinking_budget_gets_a_quick_plan_then_the_full_one(model_dir, refer
     growing budget is planned fully in the background while the placement in force goes on, and
     comes into force the same way."""
     import vramshard.budget_follower as follower
+    from vramshard.runtime import plan_process
 
     points = budget_points(sizes)
     batch = prompts()
     want = [reference.generate([p], 12)[0] for p in batch]
     engine = simulated(model_dir, points["all"])
+    made_there = plan_process.shared().plans
     scheduler = engine.scheduler(max_seqs=4, max_context=64)
     requests = [scheduler.add(p, max_new_tokens=12) for p in batch]
     step = 0
@@ -245,6 +247,8 @@ def test_a_shrinking_budget_gets_a_quick_plan_then_the_full_one(model_dir, refer
     assert engine.budget_events[-1]["why"] == "refine"  # the full plan for the grown budget
     full = budgets.plan_for_budget(reference.model, engine.budget.plan_settings(), points["all"])
     assert follower.same_placements(engine.plan, full)
+    if plan_process.ENABLED:  # both full plans were made in the planning process, not beside the steps
+        assert plan_process.shared().plans >= made_there + 2
 
 
 def test_background_planner_plans_the_latest_budget_asked_for():

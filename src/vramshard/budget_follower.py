@@ -52,6 +52,7 @@ from .plan.placement import TieredPlacement
 from .plan.planner import machine_profile
 from .plan.tiers import Tiers
 from .runtime import budget as budgets
+from .runtime import plan_process
 from .runtime.executor import ReconfigureReport
 from .runtime.plan_check import MIN_STEPS
 from .units import format_bytes
@@ -261,8 +262,10 @@ class BudgetFollower:
         return self.plan_cache.peek((budgets.budget_key(budget), kv_forced, True)) is not None
 
     def _plan_fully(self, budget: int | None, kv_forced: bool | None) -> None:
-        """The full plan for ``budget`` into the plan cache (on the background thread)."""
-        budgets.plan_for_budget(self.engine.model, self.plan_settings(), budget, kv_forced, self.plan_cache)
+        """The full plan for ``budget`` into the plan cache (on the background thread; made in the
+        planning process, :mod:`~vramshard.runtime.plan_process`, so the steps beside it keep the GIL)."""
+        budgets.plan_for_budget(self.engine.model, self.plan_settings(), budget, kv_forced, self.plan_cache,
+                                make=plan_process.make_plan_off_thread)
 
     def state(self) -> dict:
         """The budget in force and the VRAM in use, for ``GET /v1/budget`` and logs."""

@@ -20,6 +20,7 @@ CPU work runs at the profile's contended pace only while the copy engine is busy
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -106,9 +107,43 @@ class CopyEngineSpans:
         return now + left * alone_s
 
 
+@dataclass(frozen=True)
+class Mechanisms:
+    """How the executor of this process will run the work an estimator prices: each read from the
+    mechanism's own switch (``VRAMSHARD_*``, and whether there is a GPU beside it), unless fixed by
+    :func:`fixed_mechanisms` (a planning process prices the engine's process's, see
+    :mod:`~vramshard.runtime.plan_process`)."""
+
+    run_ahead: bool
+    cpu_packed: bool
+    cpu_gemv: bool
+    zero_copy: tuple[bool, int]
+
+    @classmethod
+    def here(cls) -> "Mechanisms":
+        """This process's (or the fixed ones)."""
+        return cls(run_ahead_enabled(), cpu_packed_enabled(), cpu_gemv_enabled(), zero_copy_enabled())
+
+
+_fixed: Mechanisms | None = None
+
+
+@contextlib.contextmanager
+def fixed_mechanisms(mechanisms: Mechanisms):
+    """Estimators made inside price ``mechanisms``, not this process's switches."""
+    global _fixed
+    before, _fixed = _fixed, mechanisms
+    try:
+        yield
+    finally:
+        _fixed = before
+
+
 def run_ahead_enabled() -> bool:
     """Whether the executor will hand split FFNs' CPU parts to its run-ahead worker (read when an
     estimator is made: the benchmarks switch it per placement)."""
+    if _fixed is not None:
+        return _fixed.run_ahead
     from ..runtime import run_ahead  # (the mechanism's own switch; nothing else of it is used here)
 
     return run_ahead.available()
@@ -117,6 +152,8 @@ def run_ahead_enabled() -> bool:
 def cpu_packed_enabled() -> bool:
     """Whether the executor will compute dense FFNs on the CPU from prepacked weights
     (``VRAMSHARD_CPU_PACKED``: on, or auto beside a CUDA GPU; where oneDNN is there)."""
+    if _fixed is not None:
+        return _fixed.cpu_packed
     from ..runtime import cpu_packed  # (the mechanism's own switch)
 
     return cpu_packed.packs()
@@ -126,6 +163,8 @@ def cpu_gemv_enabled() -> bool:
     """Whether the executor will compute one-row dense FFNs and split parts on the CPU by the C kernel
     from the plain weights (``VRAMSHARD_CPU_GEMV``: on, or auto beside a CUDA GPU; where it builds),
     rather than from prepacked ones."""
+    if _fixed is not None:
+        return _fixed.cpu_gemv
     from ..layers import cpu_gemv  # (the kernel's own switch)
 
     return cpu_gemv.computes(1)
@@ -163,6 +202,8 @@ def _cpu_expert_count(share: float, experts: int) -> int:
 def zero_copy_enabled() -> tuple[bool, int]:
     """Whether the executor's GPU kernels will read host-memory experts themselves
     (``VRAMSHARD_EXPERTS_ZERO_COPY``), and up to how many tokens a step."""
+    if _fixed is not None:
+        return _fixed.zero_copy
     from ..runtime import zero_copy_experts  # (the mechanism's own switch and limit)
 
     return zero_copy_experts.available(), zero_copy_experts.ROWS

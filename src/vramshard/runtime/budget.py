@@ -400,23 +400,33 @@ def cpu_plan_set(model: Model, settings: PlanSettings, budget: int | None, note:
     return PlanSet(settings.name, budget, settings.context, False, 0, VramNeed(0, 0, 0, 0), [], [], tiers, [note])
 
 
+def make_plan(model: Model, settings: PlanSettings, budget: int | None, kv_on_gpu: bool | None = None,
+              search: bool = True) -> PlanSet:
+    """The planner's plan under ``budget`` bytes as they are (see :func:`plan_for_budget`), made here."""
+    try:
+        return Planner(model, settings.profile, budget, context=settings.context, tiers=settings.tiers,
+                       num_slots=settings.num_slots, name=settings.name, kv_on_gpu=kv_on_gpu,
+                       split_ffns=settings.split_ffns, search=search).plan()
+    except BudgetError as exc:
+        if kv_on_gpu:
+            raise
+        return cpu_plan_set(model, settings, budget, f"nothing fits the budget on the GPU ({exc}); all on the CPU")
+
+
+MakePlan = Callable[[Model, PlanSettings, "int | None", "bool | None", bool], PlanSet]
+
+
 def plan_for_budget(model: Model, settings: PlanSettings, budget: int | None, kv_on_gpu: bool | None = None,
-                    cache: PlanCache | None = None, search: bool = True) -> PlanSet:
+                    cache: PlanCache | None = None, search: bool = True, make: MakePlan = make_plan) -> PlanSet:
     """The plan to run under ``budget`` (rounded by :func:`budget_key`); all on the CPU when not
     even the planner's minimum fits. ``kv_on_gpu``: force the KV cache's side (None: planner's choice).
     ``search=False``: the planner's quick plan (no per-sub-layer search), unless the full plan
-    for this budget is cached already."""
+    for this budget is cached already. ``make``: what makes a plan not cached (:func:`make_plan`, or
+    :meth:`~vramshard.runtime.plan_process.PlanProcess.make_plan` in a child process)."""
     key = budget_key(budget)
 
     def build() -> PlanSet:
-        try:
-            return Planner(model, settings.profile, key, context=settings.context, tiers=settings.tiers,
-                           num_slots=settings.num_slots, name=settings.name, kv_on_gpu=kv_on_gpu,
-                           split_ffns=settings.split_ffns, search=search).plan()
-        except BudgetError as exc:
-            if kv_on_gpu:
-                raise
-            return cpu_plan_set(model, settings, key, f"nothing fits the budget on the GPU ({exc}); all on the CPU")
+        return make(model, settings, key, kv_on_gpu, search)
 
     if cache is None:
         return build()

@@ -23,6 +23,7 @@ against 9.01 prepacked (docs/BENCHMARKS.md, twenty-seventh GPU session).
 from __future__ import annotations
 
 import logging
+import time
 from typing import Mapping
 
 import torch
@@ -65,8 +66,11 @@ class DownCopies:
         down = weights.get("down_proj")
         if self.mode == "off" or down is None or not transposed(down) or not self._room_for(down.nbytes):
             return weights
+        start = time.perf_counter()
         copied = self._parts[name, cpu_pieces] = {**weights, "down_proj": down.contiguous()}
         self.nbytes += down.nbytes
+        log.debug("copied %s's CPU down projection row-major (%d piece(s), %.1f MiB) in %.1f ms", name, cpu_pieces,
+                  down.nbytes / 2**20, 1e3 * (time.perf_counter() - start))
         return copied
 
     def _room_for(self, nbytes: int) -> bool:

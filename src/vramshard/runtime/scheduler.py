@@ -365,6 +365,11 @@ class Scheduler:
                           read - forward_begin, forward_begin - begin, launched.host_compute_s,
                           launched.host_wait_s, launched.host_split_s)
         self.history.append(stats)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("step: %d token(s) (%d of prompts), %.1f ms: forward %.1f ms (host computing %.1f, of it "
+                      "split parts %.1f; waiting on the GPU %.1f), before it %.1f ms", stats.tokens,
+                      stats.prefill_tokens, 1e3 * seconds, 1e3 * stats.forward_s, 1e3 * stats.host_compute_s,
+                      1e3 * stats.host_split_s, 1e3 * stats.host_wait_s, 1e3 * stats.prepare_s)
         self.total_steps += 1
         self.total_prompt_tokens += launched.prefill
         self.total_generated_tokens += sampled

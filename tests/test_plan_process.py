@@ -1,0 +1,101 @@
+"""Plans made in the planning process (vramshard.runtime.plan_process) are the plans made here."""
+
+import time
+
+import pytest
+import torch
+
+from vramshard.errors import BudgetError
+from vramshard.models import build_model
+from vramshard.plan.estimator import Mechanisms, fixed_mechanisms
+from vramshard.plan.tiers import Tiers
+from vramshard.profile.query import synthetic
+from vramshard.runtime import budget as budgets
+from vramshard.runtime import plan_process
+from vramshard.shapes import shape_config
+
+GiB = 2**30
+
+
+@pytest.fixture(scope="module")
+def planned():
+    """A real shape's plan inputs (no weights: the planner reads shapes) and one child for the module."""
+    model = build_model(shape_config("llama3-8b"), torch.bfloat16)
+    profile = synthetic(cpu_gflops=400, gpu_gflops=200_000, h2d_gbps=50, cpu_threads=16)
+    settings = budgets.PlanSettings(profile, Tiers((1, 64, 1024)), 2048, 2, "llama3-8b")
+    child = plan_process.PlanProcess()
+    yield model, settings, child
+    child.close()
+
+
+def test_a_plan_made_in_the_process_is_the_plan_made_here(planned):
+    model, settings, child = planned
+    there = child.make_plan(model, settings, 2 * GiB)
+    here = budgets.make_plan(model, settings, 2 * GiB)
+    assert there.to_dict() == here.to_dict()
+    assert child.running and child.started == 1
+
+
+def test_the_process_prices_the_callers_mechanisms(planned):
+    """The child plans with how this process's executor runs its CPU work, not its own switches."""
+    model, settings, child = planned
+    ahead = Mechanisms(run_ahead=True, cpu_packed=False, cpu_gemv=False, zero_copy=(False, 0))
+    plain = Mechanisms(run_ahead=False, cpu_packed=False, cpu_gemv=False, zero_copy=(False, 0))
+    with fixed_mechanisms(ahead):
+        assert Mechanisms.here() == ahead
+        there = child.make_plan(model, settings, 4 * GiB)
+        here = budgets.make_plan(model, settings, 4 * GiB)
+    with fixed_mechanisms(plain):
+        other = budgets.make_plan(model, settings, 4 * GiB)
+    assert there.to_dict() == here.to_dict()
+    assert here.to_dict() != other.to_dict()  # (the mechanisms change the estimates: the check can fail)
+
+
+def test_a_planner_error_is_raised_here_as_it_was_there(planned):
+    model, settings, child = planned
+    with pytest.raises(BudgetError) as there:
+        child.make_plan(model, settings, 2**20, kv_on_gpu=True)
+    with pytest.raises(BudgetError) as here:
+        budgets.make_plan(model, settings, 2**20, kv_on_gpu=True)
+    assert str(there.value) == str(here.value) and "minimum" in str(there.value)
+    assert child.running  # the child goes on serving
+
+
+def test_an_idle_child_stops_and_the_next_plan_starts_another(planned):
+    model, settings, _ = planned
+    child = plan_process.PlanProcess(idle_exit_s=0.2)
+    try:
+        child.make_plan(model, settings, 8 * GiB, search=False)
+        deadline = time.monotonic() + 20
+        while child.running and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not child.running
+        child.make_plan(model, settings, 8 * GiB, search=False)
+        assert child.started == 2 and child.plans == 2
+    finally:
+        child.close()
+
+
+def test_a_dead_child_is_replaced_once_then_plans_are_made_here(planned, monkeypatch, caplog):
+    model, settings, _ = planned
+    child = plan_process.PlanProcess()
+    try:
+        child.make_plan(model, settings, 8 * GiB, search=False)
+        child._child.kill()
+        child._child.wait()
+        assert child.make_plan(model, settings, 8 * GiB, search=False) is not None  # a new child
+        assert child.started == 2
+    finally:
+        child.close()
+
+    class Broken(plan_process.PlanProcess):
+        def _start(self):
+            raise OSError("no interpreter here")
+
+    monkeypatch.setattr(plan_process, "_shared", Broken())
+    monkeypatch.setattr(plan_process, "_failed", None)
+    monkeypatch.setattr(plan_process, "ENABLED", True)
+    with caplog.at_level("WARNING"):
+        plan = plan_process.make_plan_off_thread(model, settings, 8 * GiB, search=False)
+    assert plan.to_dict() == budgets.make_plan(model, settings, 8 * GiB, search=False).to_dict()
+    assert "no interpreter here" in caplog.text and plan_process._failed is not None
