@@ -226,3 +226,32 @@ def test_a_prompt_chunk_computes_its_parts_plain_with_down_copies_where_decode_s
     torch.testing.assert_close(trace_logits(split, prompt=prompt), expected, rtol=1e-5, atol=1e-5)
     assert len(prompt) not in used and 1 in used
     assert set(split.executor._down_copies._parts) == {("ffn[0]", 3), ("ffn[1]", 15)}
+
+
+@needs_mkldnn
+def test_a_plan_packs_only_at_the_tiers_it_says_and_computes_the_others_plain(tiny_model_dir, monkeypatch):
+    """A tiered plan that packs at some decode-sized tiers and not at others: the tier the plan packs
+    at reads packed parts, the tier it does not computes plain parts with their row-major down copies
+    (nothing packed in its steps); both give the CPU placement's logits."""
+    from vramshard.layers import cpu_gemv
+    from vramshard.plan.placement import TieredPlacement
+
+    path = tiny_model_dir("llama")
+    reference = Engine.load(path, device="cpu")
+    expected = trace_logits(reference)  # (a prompt of up to 16 rows, then one-row steps)
+    monkeypatch.setattr(cpu_packed, "MODE", "on")
+    monkeypatch.setattr(cpu_gemv, "computes", lambda rows: False)  # one row through packed or plain parts
+    split = _split_placement(reference.model, [3, 15])
+    for packed, kept in (((False, True), {("ffn[0]", 3), ("ffn[1]", 15)}), ((False, False), set())):
+        plans = TieredPlacement((1, 16), (split, split), (None, None), packed=packed)
+        engine = Engine.load(path, placement=plans, simulate_gpu=True, max_context=64)
+        used = []
+        real_contribution = cpu_packed.PackedPart.contribution
+        monkeypatch.setattr(cpu_packed.PackedPart, "contribution",
+                            lambda self, h: used.append(h.shape[0]) or real_contribution(self, h))
+        torch.testing.assert_close(trace_logits(engine), expected, rtol=1e-5, atol=1e-5)
+        monkeypatch.setattr(cpu_packed.PackedPart, "contribution", real_contribution)
+        assert set(engine.executor._packed._parts) == kept
+        # The one-row steps never read them (one row once: oneDNN's probe after the first packing).
+        assert used.count(1) == (1 if kept else 0) and (len(PROMPT) in used) == packed[1]
+        assert set(engine.executor._down_copies._parts) == {("ffn[0]", 3), ("ffn[1]", 15)}

@@ -194,3 +194,33 @@ def test_cpu_attention_of_a_decode_batch_counts_gathering_its_keys():
     assert extra(16, 8192) == pytest.approx(2 * extra(16, 4096), rel=1e-6)
     assert extra(1, 4096) == pytest.approx(0, abs=1e-9) and extra(512, 4096) == pytest.approx(0, abs=1e-9)
     assert estimator.compute_s(attn, "cuda", 16, 4096) < estimator.compute_s(attn, "cpu", 16, 4096)
+
+
+def test_tiers_pack_the_cpu_work_only_where_the_profile_finds_packed_weights_faster():
+    """Each tier's plan says whether its dense FFNs' CPU work reads weights prepacked for oneDNN: only
+    decode-sized tiers where the profile's packed factor is below PACK_GAIN (at one row not where the
+    C kernel serves); the estimator prices the tier as it says, and the flags reach the placement."""
+    from vramshard.plan.estimator import PACK_GAIN, Estimator, Mechanisms, fixed_mechanisms
+    from vramshard.plan.placement import TieredPlacement
+    from vramshard.profile.query import Profile
+    from vramshard.profile.synthetic import synthetic_data
+
+    data = synthetic_data(**CLIENT)
+    data["packed_ffn"] = {"fp16": {"1": 0.7, "16": 0.8, "64": 1.05}}  # (nemo-8b is fp16)
+    profile = Profile(data)
+    gemv = Mechanisms(run_ahead=False, cpu_packed=True, cpu_gemv=True, zero_copy=(False, 0))
+    with fixed_mechanisms(gemv):
+        est = Estimator(NEMO, profile)
+        assert [est.packs_at(rows) for rows in (1, 4, 16, 64, 256)] == [False, True, True, False, False]
+        assert profile.packed_ffn_factor(NEMO.dtype, 64) >= PACK_GAIN
+        plan = Planner(NEMO, profile, 4 * GiB, context=1024, tiers=Tiers((1, 16, 64, 512))).plan()
+    assert [plan.tiers[t].cpu_packed for t in (1, 16, 64, 512)] == [False, True, False, False]
+    tiered = plan.tiered()
+    assert tiered.packed == (False, True, False, False) and [tiered.packs(n) for n in (1, 9, 40, 300)] == \
+        [False, True, False, False]
+    assert TieredPlacement.from_json(tiered.to_json()).packed == tiered.packed
+    with fixed_mechanisms(Mechanisms(run_ahead=False, cpu_packed=False, cpu_gemv=True, zero_copy=(False, 0))):
+        unpacked = Planner(NEMO, profile, 4 * GiB, context=1024, tiers=Tiers((1, 16, 64, 512))).plan()
+    assert not any(t.cpu_packed for t in unpacked.tiers.values())  # (the executor packs nothing: none planned)
+    with pytest.raises(InvalidInputError, match="packed flags"):
+        TieredPlacement(tiered.tiers, tiered.placements, tiered.threads, packed=(True,))

@@ -212,6 +212,9 @@ def zero_copy_enabled() -> tuple[bool, int]:
 # What the zero-copy kernels read of pinned host memory against the copy engine's rate (the H200
 # machine, thirteenth session: 50.5 against 55.1 GB/s over 96-384 MiB; benchmarks/zero_copy).
 ZERO_COPY_EFFICIENCY = 0.92
+# Packed weights must take at most this share of the plain ones' time to be worth their copy: the
+# copy costs host memory (a split part's weights again) and seconds to make in a tier's first steps.
+PACK_GAIN = 0.95
 ZERO_COPY_LAUNCHES = 4  # the kernels, the routing's casts, the sum over a token's experts
 
 
@@ -258,11 +261,17 @@ class Estimator:
         self._dispatch: dict[str, float] = {}  # device -> dispatch seconds (a profile constant)
         self._crossings: dict[tuple, float] = {}  # (bytes, direction) -> seconds
 
-    def _packed_at(self, rows: int) -> bool:
-        """Whether dense FFNs on the CPU read prepacked weights at ``rows`` rows: decode-sized steps
-        only (prompt chunks compute plain parts, ``cpu_packed.DECODE_ROWS``), and at one row not where
-        the C kernel serves (it reads the plain ones)."""
-        return self.cpu_packed and rows <= DECODE_ROWS and not (self.cpu_gemv and rows == 1)
+    def packs_at(self, rows: int) -> bool:
+        """Whether dense FFNs on the CPU read prepacked weights at ``rows`` rows, as planned: where the
+        executor packs (decode-sized steps only, ``cpu_packed.DECODE_ROWS``: prompt chunks compute
+        plain parts; at one row not where the C kernel serves, reading the plain ones), and the
+        profile finds packed weights at least PACK_GAIN faster there. On the H100 and H200 hosts
+        bf16 FFNs took 1.04-1.15x as long packed as plain at 16 and 64 rows
+        (docs/profiles/h100-run34.json, h200-run33.json), and packing them in the first steps of a
+        tier stalled those steps 2.2-3.6 s (docs/BENCHMARKS.md, thirty-first GPU session)."""
+        return (self.cpu_packed and rows <= DECODE_ROWS and not (self.cpu_gemv and rows == 1)
+                and self.profile.packed_ffn_factor(self.dtype, rows) < PACK_GAIN)
+
 
     # ------------------------------------------------------------------ one sub-layer
     def logit_rows(self, n_tokens: int) -> int:
@@ -279,7 +288,7 @@ class Estimator:
         seconds = 0.0
         for (m, k, n), count in Counter(sublayer.matmuls(rows)).items():  # MoE: many identical experts
             seconds += count * self._matmul(m, k, n, device, contended)
-        if device == "cpu" and self._packed_at(n_tokens) and isinstance(sublayer, DenseFFN):
+        if device == "cpu" and self.packs_at(n_tokens) and isinstance(sublayer, DenseFFN):
             seconds *= self.profile.packed_ffn_factor(self.dtype, n_tokens)
         passed = host_pass_s(self.profile, sublayer, n_tokens, contended, threads=self.threads) \
             if device == "cpu" and isinstance(sublayer, MoEFFN) else None
@@ -353,7 +362,7 @@ class Estimator:
         if key not in self._cache:
             kernels = sum(self._matmul(m, k, n, device, contended) for m, k, n in
                           sublayer.part_matmuls(n_tokens, first, last))
-            if device == "cpu" and self._packed_at(n_tokens):
+            if device == "cpu" and self.packs_at(n_tokens):
                 kernels *= self.profile.packed_ffn_factor(self.dtype, n_tokens)  # packed once: no slices
                 if last - first < sublayer.num_pieces:
                     kernels *= self.profile.split_part_scale  # as the engine fitted split parts in situ

@@ -294,7 +294,10 @@ class TieredPlacement:
     host-memory experts read by the GPU's zero-copy kernels, the share the CPU computes meanwhile
     (the executor's ``zero_copy_cpu_share``; empty: none in any tier). ``worker_threads``: per tier,
     the OpenMP team of the executor's run-ahead worker (None, or empty for every tier: one core fewer
-    than the tier's threads, :func:`~vramshard.runtime.run_ahead.worker_threads`).
+    than the tier's threads, :func:`~vramshard.runtime.run_ahead.worker_threads`). ``packed``: per
+    tier, whether dense FFNs' CPU work reads weights prepacked for oneDNN where the executor packs
+    (:mod:`~vramshard.runtime.cpu_packed`; the planner packs only where the profile finds it faster;
+    empty: every tier the executor packs at, as named placements run).
     """
 
     tiers: tuple[int, ...]
@@ -303,6 +306,7 @@ class TieredPlacement:
     expert_cache: int = 0
     zero_copy_cpu_shares: tuple[float, ...] = ()
     worker_threads: tuple[int | None, ...] = ()
+    packed: tuple[bool, ...] = ()
 
     def __post_init__(self):
         if not (len(self.tiers) == len(self.placements) == len(self.threads)) or not self.tiers:
@@ -315,6 +319,9 @@ class TieredPlacement:
                 t is None or (isinstance(t, int) and t >= 1) for t in self.worker_threads)):
             raise InvalidInputError("a tiered placement's worker threads need one count ≥ 1 (or null) per tier, "
                                     f"got {self.worker_threads} for {len(self.tiers)} tiers")
+        if self.packed and (len(self.packed) != len(self.tiers) or not all(isinstance(p, bool) for p in self.packed)):
+            raise InvalidInputError("a tiered placement's packed flags need one true/false per tier, "
+                                    f"got {self.packed} for {len(self.tiers)} tiers")
         resident = {frozenset(p.names(home="vram")) for p in self.placements}
         if len(resident) != 1:
             raise InvalidInputError("every tier must keep the same sub-layers resident in VRAM")
@@ -341,6 +348,10 @@ class TieredPlacement:
         """The run-ahead worker's team in a step of ``n_tokens`` (None: the default)."""
         return self.worker_threads[self.index_for(n_tokens)] if self.worker_threads else None
 
+    def packs(self, n_tokens: int) -> bool:
+        """Whether a step of ``n_tokens`` may read dense FFNs' CPU work from prepacked weights."""
+        return self.packed[self.index_for(n_tokens)] if self.packed else True
+
     @property
     def name(self) -> str:
         if len(self.placements) == 1:
@@ -360,6 +371,8 @@ class TieredPlacement:
             data["zero_copy_cpu_shares"] = list(self.zero_copy_cpu_shares)
         if any(self.worker_threads):
             data["worker_threads"] = list(self.worker_threads)
+        if self.packed:
+            data["packed"] = list(self.packed)
         return json.dumps(data)
 
     @classmethod
@@ -369,6 +382,6 @@ class TieredPlacement:
             return cls(tuple(data["tiers"]), tuple(Placement.from_json(json.dumps(p)) for p in data["placements"]),
                        tuple(data["threads"]), int(data.get("expert_cache", 0)),
                        tuple(float(s) for s in data.get("zero_copy_cpu_shares", ())),
-                       tuple(data.get("worker_threads", ())))
+                       tuple(data.get("worker_threads", ())), tuple(data.get("packed", ())))
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidInputError(f"not a tiered placement JSON document: {exc}") from None

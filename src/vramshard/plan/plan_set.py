@@ -33,6 +33,8 @@ class TierPlan:
     placements: dict[str, Placement] = field(default_factory=dict, repr=False)  # family -> its placement
     # Of a decode step's host experts read by the GPU's zero-copy kernels, the CPU's share (0: none).
     zero_copy_cpu_share: float = 0.0
+    # Dense FFNs' CPU work from weights prepacked for oneDNN (where the profile finds that faster).
+    cpu_packed: bool = False
 
 
 @dataclass
@@ -60,7 +62,7 @@ class PlanSet:
         shares = tuple(self.tiers[s].zero_copy_cpu_share for s in sizes)
         teams = tuple(self.worker_team if s <= WORKER_TEAM_ROWS else None for s in sizes) if self.worker_team else ()
         return TieredPlacement(sizes, named, tuple(self.tiers[s].threads for s in sizes), self.expert_cache,
-                               shares if any(shares) else (), teams)
+                               shares if any(shares) else (), teams, tuple(self.tiers[s].cpu_packed for s in sizes))
 
     def to_dict(self) -> dict:
         return {
@@ -74,7 +76,7 @@ class PlanSet:
             "pinned": [{"name": r.name, "bytes": r.nbytes, "score": r.score,
                         "saved_ms": {str(t): s * 1e3 for t, s in r.saved_s.items()}} for r in self.reasons],
             "tiers": {str(t): {"family": p.family, "threads": p.threads, "predicted_ms": p.predicted_s * 1e3,
-                               "zero_copy_cpu_share": p.zero_copy_cpu_share,
+                               "zero_copy_cpu_share": p.zero_copy_cpu_share, "cpu_packed": p.cpu_packed,
                                "tok_s": t / p.predicted_s if p.predicted_s else None,
                                "candidates_ms": {k: (v * 1e3 if math.isfinite(v) else None)
                                                  for k, v in p.candidates.items()},

@@ -330,7 +330,8 @@ class Planner(MoEVariants):
             times = dict.fromkeys(FAMILIES, math.inf)  # (MoE plans always stream: see _unstreamed_variant)
             times["cpu"] = self._time(cpu, tier)
             threads = self._best_threads(cpu, tier) if search else None
-            return TierPlan(tier, "cpu", cpu, threads, times["cpu"], times, {"cpu": cpu})
+            return TierPlan(tier, "cpu", cpu, threads, times["cpu"], times, {"cpu": cpu},
+                            cpu_packed=self.estimator.packs_at(tier))
         share = self._zero_copy_share(tier, pinned, kv_on_gpu)
         saved, self.estimator.zero_copy_cpu_share = self.estimator.zero_copy_cpu_share, share
         try:
@@ -339,6 +340,7 @@ class Planner(MoEVariants):
             self.estimator.zero_copy_cpu_share = saved
         if plan.placement.expert_names("host"):
             plan.zero_copy_cpu_share = share
+        plan.cpu_packed = self.estimator.packs_at(tier)  # (as the estimator priced the tier)
         return plan
 
 
@@ -545,7 +547,7 @@ class Planner(MoEVariants):
         for t in self.tiers.sizes:
             seconds = self._time(placement, t)
             tiers[t] = TierPlan(t, "cpu", placement, self._best_threads(placement, t), seconds, {"cpu": seconds},
-                                {"cpu": placement})
+                                {"cpu": placement}, cpu_packed=self.estimator.packs_at(t))
         return PlanSet(self.name, self.budget, self.context, False, 0, VramNeed(0, 0, 0, 0), [], [], tiers, [note])
 
 

@@ -34,13 +34,19 @@ little to pay for that: the H200 machine's five full profiles (sessions 15-33) t
 llama3-8b split parts at 128 rows took 0.103 s packed against 0.115 s plain, and packing them 0.53-1.0
 s against 0.10 s for their down copies, a cost some 35-75 chunks would pay back (``python -m
 benchmarks.first_prompt``; docs/BENCHMARKS.md, session 33).
+
+A planned engine packs only at the tiers its plan says (``TieredPlacement.packed``): where the
+profile times packed weights at least ``PACK_GAIN`` faster than plain ones at the tier's rows
+(:meth:`~vramshard.plan.estimator.Estimator.packs_at`). The H100 and H200 hosts' profiles time bf16
+FFNs packed at 1.04-1.15x plain at 16 and 64 rows, and fp16 ones at 0.85-1.00x; the thirty-first GPU
+session's llama3-8b engines spent 2.2-3.6 s packing in each tier's first steps.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Mapping
+from typing import Callable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -102,6 +108,8 @@ class PackedParts:
         # Seconds spent packing so far: one-time work, not a step's CPU work (the engine fits its
         # profile to the latter; a 1024-row chunk that packed 7 GiB once read as 5.9x its prediction).
         self.packing_s = 0.0
+        # Whether the plans in force pack at a step's rows (TieredPlacement.packs; the executor sets it).
+        self.packs_rows: Callable[[int], bool] = lambda rows: True
 
     @property
     def enabled(self) -> bool:
@@ -120,8 +128,9 @@ class PackedParts:
 
     def get(self, name: str, cpu_pieces: int, part: Mapping[str, torch.Tensor], rows: int) -> PackedPart | None:
         """The packed part for a step of ``rows`` rows, packed here on first use; None for a prompt
-        chunk's (more than DECODE_ROWS rows), where packing is off or failed, or past the allowance."""
-        if self._failed is not None or rows > DECODE_ROWS:
+        chunk's (more than DECODE_ROWS rows), a tier the plans in force do not pack at, where packing
+        is off or failed, or past the allowance."""
+        if self._failed is not None or rows > DECODE_ROWS or not self.packs_rows(rows):
             return None
         packed = self._parts.get((name, cpu_pieces))
         if packed is None:

@@ -276,6 +276,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         self.uses_gpu = config.plans.uses_gpu
         self.need: VramNeed = config.need
         with timeline.phase("CPU parts"):  # prepacked parts and down copies the CPU reads
+            self._packed.packs_rows = config.plans.packs  # (the tiers the plan packs)
             cpu_parts = self._cpu_ffn_parts(config.plans)
             self._packed.keep(cpu_parts)
             self._down_copies.keep(cpu_parts)
@@ -304,26 +305,26 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
             counts = [torch.get_num_threads()]
             if ahead and any(where[s.name].cpu_pieces or where[s.name].experts == "host" for s in on_cpu):
                 counts.append(run_ahead.worker_threads(counts[0], team))  # (as submit gives the worker)
+            packed = self._packed.enabled and plans.packs(tier)
             for count in dict.fromkeys(counts):  # (in order, once each)
                 use_cpu_threads(count)
                 began = time.perf_counter()
                 # (prepacked parts do not use these kernels: a part past the packing allowance compiles
                 # them on first use)
                 if (any(isinstance(s, DenseFFN) for s in on_cpu) and fewest <= cpu_swiglu.MAX_ROWS
-                        and not self._packed.enabled and not (tier == 1 and cpu_gemv.computes(1))):
+                        and not packed and not (tier == 1 and cpu_gemv.computes(1))):
                     cpu_swiglu.warm_up(self.model.dtype)
                 if fewest <= cpu_linear.MAX_TOKENS:
-                    self._warm_projections_and_experts(on_cpu)
+                    self._warm_projections_and_experts(on_cpu, packed)
                 took = time.perf_counter() - began
                 if took > 0.5:  # (compiled now, not found compiled)
                     log.info("CPU kernels for %d thread(s) (tier %d): %.1f s", count, fewest, took)
 
-    def _warm_projections_and_experts(self, on_cpu: list) -> None:
+    def _warm_projections_and_experts(self, on_cpu: list, packed: bool) -> None:
         # Not for sub-layers that project nothing through cpu_linear on the CPU: the embedding (a
-        # lookup), and dense FFNs whose parts are prepacked (oneDNN's products). On the H100 machine
-        # this compile took 43 s of nemo-8b's 66 s load at 8 GiB, where the CPU computed only those.
-        if any(not isinstance(s, Embedding) and not (isinstance(s, DenseFFN) and self._packed.enabled)
-               for s in on_cpu):
+        # lookup), and dense FFNs whose parts are prepacked (``packed``: oneDNN's products). On the H100
+        # machine this compile took 43 s of nemo-8b's 66 s load at 8 GiB, where the CPU computed only those.
+        if any(not isinstance(s, Embedding) and not (isinstance(s, DenseFFN) and packed) for s in on_cpu):
             cpu_linear.warm_up(self.model.dtype)
         moe = next((s for s in on_cpu if isinstance(s, MoEFFN)), None)
         stacked = self._host_experts_of(moe).stacked() if moe is not None else None
