@@ -548,7 +548,8 @@ def test_split_part_factor_is_measured_validated_and_scales_the_cpu_part(tmp_pat
     from vramshard.profile.query import Profile, synthetic
     from vramshard.profile.store import load
 
-    factor = bench_split.measure_split_part("fp32", 256, 1024, 0.02, ProgressSink(), 1.0)
+    # The median of three short measurements (one of 0.02 s read 7.95 once on the loaded 2-core CI machine).
+    factor = sorted(bench_split.measure_split_part("fp32", 256, 1024, 0.02, ProgressSink(), 1.0) for _ in range(3))[1]
     assert 0.2 < factor < 5
     base = synthetic(cpu_gflops=50, gpu_gflops=20_000, h2d_gbps=25, cpu_threads=2)
     assert base.split_part_factor("fp32") == 1.0  # not measured: no penalty
