@@ -479,5 +479,6 @@ def same_placements(a, b) -> bool:
     """Whether two plan sets place every sub-layer alike in every tier (families' names aside)."""
     ta, tb = a.tiered(), b.tiered()
     return (ta.tiers == tb.tiers and ta.threads == tb.threads and ta.expert_cache == tb.expert_cache
-            and ta.zero_copy_cpu_shares == tb.zero_copy_cpu_shares and ta.worker_threads == tb.worker_threads and ta.packed == tb.packed
+            and ta.zero_copy_cpu_shares == tb.zero_copy_cpu_shares and ta.worker_threads == tb.worker_threads
+            and ta.packed == tb.packed
             and a.kv_on_gpu == b.kv_on_gpu and [p.where for p in ta.placements] == [p.where for p in tb.placements])

@@ -212,10 +212,10 @@ def zero_copy_enabled() -> tuple[bool, int]:
 # What the zero-copy kernels read of pinned host memory against the copy engine's rate (the H200
 # machine, thirteenth session: 50.5 against 55.1 GB/s over 96-384 MiB; benchmarks/zero_copy).
 ZERO_COPY_EFFICIENCY = 0.92
+ZERO_COPY_LAUNCHES = 4  # the kernels, the routing's casts, the sum over a token's experts
 # Packed weights must take at most this share of the plain ones' time to be worth their copy: the
 # copy costs host memory (a split part's weights again) and seconds to make in a tier's first steps.
 PACK_GAIN = 0.95
-ZERO_COPY_LAUNCHES = 4  # the kernels, the routing's casts, the sum over a token's experts
 
 
 class Estimator:
@@ -271,7 +271,6 @@ class Estimator:
         tier stalled those steps 2.2-3.6 s (docs/BENCHMARKS.md, thirty-first GPU session)."""
         return (self.cpu_packed and rows <= DECODE_ROWS and not (self.cpu_gemv and rows == 1)
                 and self.profile.packed_ffn_factor(self.dtype, rows) < PACK_GAIN)
-
 
     # ------------------------------------------------------------------ one sub-layer
     def logit_rows(self, n_tokens: int) -> int:

@@ -413,7 +413,7 @@ def make_plan(model: Model, settings: PlanSettings, budget: int | None, kv_on_gp
         return cpu_plan_set(model, settings, budget, f"nothing fits the budget on the GPU ({exc}); all on the CPU")
 
 
-MakePlan = Callable[[Model, PlanSettings, "int | None", "bool | None", bool], PlanSet]
+MakePlan = Callable[..., PlanSet]  # (model, settings, budget, kv_on_gpu, search), as make_plan
 
 
 def plan_for_budget(model: Model, settings: PlanSettings, budget: int | None, kv_on_gpu: bool | None = None,
