@@ -38,6 +38,9 @@ def test_bench_shape_end_to_end(tmp_path, capsys):
         # A decode step: its preparation and its forward pass are parts of it.
         assert 0 < row["decode_prepare_ms"] < row["decode_sched_ms"]
         assert 0 < row["decode_forward_ms_median"] < row["decode_step_ms_median"]
+        # Stalls: the slowest decode step is no faster than the median, the count of slow ones fits the steps.
+        assert row["decode_step_ms_max"] >= row["decode_step_ms_median"] and row["prompt_step_ms_max"] > 0
+        assert 0 <= row["decode_steps_over_2x_median"] < 6
         assert row["calibrations"] == [] and row["placement_at_end"] == "cpu"  # no GPU: nothing to fit
         assert {"plan", "host layout", "CPU kernels"} <= set(row["load_seconds"])  # where its load went
         assert row["load_s"] == pytest.approx(sum(row["load_seconds"].values()))
@@ -68,3 +71,15 @@ def test_tiny_shapes_are_small_and_build():
         assert name in SHAPES and shape_model(name).nbytes < 2**20
     settings = BenchSettings(pp=100, tg=28, batch_sizes=(1, 8), batch_prompt=10, batch_gen=6)
     assert settings.max_context == 128 and settings.kv_tokens == 128  # 8 x 16-token blocks vs one 128 sequence
+
+
+def test_runs_keep_their_slowest_step_and_all_their_slow_steps():
+    from vramshard.cli.bench import _median_runs, _over_twice_median
+
+    assert _over_twice_median([0.1, 0.1, 0.1, 0.5, 0.25]) == 2 and _over_twice_median([]) is None
+    runs = [{"ttft_s": 1.0, "decode_step_ms_max": 90.0, "decode_steps_over_2x_median": 1, "prompt_step_ms_max": 5.0},
+            {"ttft_s": 3.0, "decode_step_ms_max": 3100.0, "decode_steps_over_2x_median": 2, "prompt_step_ms_max": 9.0},
+            {"ttft_s": 2.0, "decode_step_ms_max": 80.0, "decode_steps_over_2x_median": 0, "prompt_step_ms_max": None}]
+    merged = _median_runs(runs)
+    assert merged["ttft_s"] == 2.0 and merged["decode_step_ms_max"] == 3100.0
+    assert merged["decode_steps_over_2x_median"] == 3 and merged["prompt_step_ms_max"] == 9.0

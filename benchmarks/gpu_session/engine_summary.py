@@ -1,5 +1,6 @@
 """One line per cell of an ``engine_bench`` JSON, for a GPU call's output: engine, budget, decode
-tok/s, batched tok/s, the cell's seconds, its load phases, decode measured over predicted, any error;
+tok/s, batched tok/s, the cell's seconds, its load phases, decode measured over predicted, its TTFT runs
+and stalls (slowest decode step ms, decode steps over twice the median, slowest prompt step ms), any error;
 then the model's checks.
 
     python3 benchmarks/gpu_session/engine_summary.py $OUT/nemo_decode.json
@@ -16,8 +17,12 @@ def main(path: str) -> None:
         for cell in model["cells"]:
             batched = {size: round(run.get("tok_s", 0), 1) for size, run in (cell.get("batched") or {}).items()}
             load = {phase: round(s, 1) for phase, s in (cell.get("load_seconds") or {}).items()}
+            ttft = [round(t, 3) for t in cell.get("ttft_runs_s") or []]
+            stalls = [cell.get(k) and round(cell[k], 1) for k in
+                      ("decode_step_ms_max", "decode_steps_over_2x_median", "prompt_step_ms_max")]
             print(cell.get("engine"), cell.get("vram"), cell.get("tg_tok_s"), batched, cell.get("cell_s"), load,
-                  (cell.get("decode_vs_plan") or {}).get("measured_over_predicted"), cell.get("error", ""))
+                  (cell.get("decode_vs_plan") or {}).get("measured_over_predicted"), ttft, stalls,
+                  cell.get("error", ""))
         print(model.get("checks"))
 
 

@@ -120,6 +120,11 @@ def run_requests(engine, prompts: list[list[int]], new_tokens: int, settings: Be
         "sched_ms_per_step": 1e3 * statistics.fmean(s.overhead_s for s in steps),
         "decode_step_ms": 1e3 * statistics.fmean(s.seconds for s in decode_steps) if decode_steps else None,
         "decode_step_ms_median": 1e3 * statistics.median(s.seconds for s in decode_steps) if decode_steps else None,
+        # Stalls: the slowest decode step, and how many took over twice the median (a plan made or
+        # weights packed beside them, a CUDA graph captured).
+        "decode_step_ms_max": 1e3 * max(s.seconds for s in decode_steps) if decode_steps else None,
+        "decode_steps_over_2x_median": _over_twice_median([s.seconds for s in decode_steps]),
+        "prompt_step_ms_max": 1e3 * max((s.seconds for s in steps if s.prefill_tokens), default=0.0) or None,
         "decode_sched_ms": 1e3 * statistics.fmean(s.overhead_s for s in decode_steps) if decode_steps else None,
         # Of a decode step, the host's time before the forward and in it (the rest: sampling, streaming).
         "decode_prepare_ms": 1e3 * statistics.fmean(s.prepare_s for s in decode_steps) if decode_steps else None,
@@ -129,6 +134,10 @@ def run_requests(engine, prompts: list[list[int]], new_tokens: int, settings: Be
         "decode_host_wait_ms_median": _median_ms(s.host_wait_s for s in decode_steps),
         "decode_host_split_ms_median": _median_ms(s.host_split_s for s in decode_steps),  # of the computing
     }
+
+
+def _over_twice_median(seconds: list[float]) -> int | None:
+    return sum(s > 2 * statistics.median(seconds) for s in seconds) if seconds else None
 
 
 def _median_ms(seconds) -> float | None:
@@ -145,11 +154,18 @@ def _over_limit(limit_s: float | None, start: float, read_all: float | None) -> 
     return now - start > 3 * limit_s or (read_all is not None and now - read_all > limit_s)
 
 
+STALL_KEYS = ("decode_step_ms_max", "decode_steps_over_2x_median", "prompt_step_ms_max")
+
+
 def _median_runs(runs: list[dict]) -> dict:
+    """The runs' medians; of the stall figures, the slowest step of any run and the slow steps of all."""
     out = dict(runs[0])
     for key, value in out.items():
-        if isinstance(value, float):
+        if isinstance(value, float) and key not in STALL_KEYS:
             out[key] = statistics.median(r[key] for r in runs)
+    for key in STALL_KEYS:
+        values = [r[key] for r in runs if r.get(key) is not None]
+        out[key] = (sum(values) if key == "decode_steps_over_2x_median" else max(values)) if values else None
     return out
 
 
@@ -202,6 +218,7 @@ def measure(engine, settings: BenchSettings) -> dict:
         "decode_forward_ms_median": single["decode_forward_ms_median"],
         "decode_host_compute_ms_median": single["decode_host_compute_ms_median"],
         "decode_host_wait_ms_median": single["decode_host_wait_ms_median"],
+        **{key: single[key] for key in STALL_KEYS},
         "complete": single["complete"],
         "batched": {},
     }
