@@ -219,6 +219,13 @@ def test_tiers_pack_the_cpu_work_only_where_the_profile_finds_packed_weights_fas
     assert tiered.packed == (False, True, False, False) and [tiered.packs(n) for n in (1, 9, 40, 300)] == \
         [False, True, False, False]
     assert TieredPlacement.from_json(tiered.to_json()).packed == tiered.packed
+    from rich.console import Console
+
+    from vramshard.plan.report import print_plan
+
+    console = Console(record=True, width=200)
+    print_plan(plan, console)
+    assert "prepacked for oneDNN at tier(s) 16 (" in console.export_text()
     with fixed_mechanisms(Mechanisms(run_ahead=False, cpu_packed=False, cpu_gemv=True, zero_copy=(False, 0))):
         unpacked = Planner(NEMO, profile, 4 * GiB, context=1024, tiers=Tiers((1, 16, 64, 512))).plan()
     assert not any(t.cpu_packed for t in unpacked.tiers.values())  # (the executor packs nothing: none planned)

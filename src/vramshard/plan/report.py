@@ -55,6 +55,10 @@ def print_plan(plan: PlanSet, console=None) -> None:
             cells.append(f"[bold green]{text}*[/]" if family == tp.family else text)
         table.add_row(str(tier), *cells, str(tp.threads or "-"))
     console.print(table)
+    packed = [str(tier) for tier, tp in sorted(plan.tiers.items()) if tp.cpu_packed]
+    if packed:
+        console.print(f"dense FFNs' CPU work from weights prepacked for oneDNN at tier(s) {', '.join(packed)} "
+                      "(where the profile times them faster than the plain ones)")
     if plan.reasons:
         pins = Table(title="pinned in VRAM, by step time saved per GiB (summed over tiers, relative)")
         pins.add_column("sub-layer")
