@@ -189,9 +189,9 @@ class BudgetFollower:
             best.median_s = median  # its latest steps; the profile stays the one it ran under first
             return False
         # A plan that runs the measured tier's steps as the best did is no slower for its own doing: it
-        # takes the record. (nemo-8b's steps at 2 GiB measured 137 ms in a warm-up at short context, then
-        # 159 ms at 1K under a re-plan that changed only its 512-token tier, and the engine went back to
-        # the first plan for nothing; docs/BENCHMARKS.md, thirty-first GPU session.)
+        # takes the record. (nemo-8b's one-token steps at 2 GiB measured 137 ms in early warm-up runs, then
+        # 159 ms under a re-plan that changed only its 512-token tier, and the engine went back to the
+        # first plan, whose steps then took 159 ms too; docs/BENCHMARKS.md, thirty-first GPU session.)
         if best is None or median < best.median_s or same_tier_steps(best.plan, check.plan, check.tier):
             self.fastest[key] = MeasuredPlan(check.plan, check.plan_name, median, self.plan_settings().profile)
             return False
