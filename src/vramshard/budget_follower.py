@@ -191,7 +191,8 @@ class BudgetFollower:
         # A plan that runs the measured tier's steps as the best did is no slower for its own doing: it
         # takes the record. (nemo-8b's one-token steps at 2 GiB measured 137 ms in early warm-up runs, then
         # 159 ms under a re-plan that changed only its 512-token tier, and the engine went back to the
-        # first plan, whose steps then took 159 ms too; docs/BENCHMARKS.md, thirty-first GPU session.)
+        # first plan, whose steps at 1K context then took about as long; docs/BENCHMARKS.md, thirty-first
+        # GPU session.)
         if best is None or median < best.median_s or same_tier_steps(best.plan, check.plan, check.tier):
             self.fastest[key] = MeasuredPlan(check.plan, check.plan_name, median, self.plan_settings().profile)
             return False
