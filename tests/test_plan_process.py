@@ -99,3 +99,26 @@ def test_a_dead_child_is_replaced_once_then_plans_are_made_here(planned, monkeyp
         plan = plan_process.make_plan_off_thread(model, settings, 8 * GiB, search=False)
     assert plan.to_dict() == budgets.make_plan(model, settings, 8 * GiB, search=False).to_dict()
     assert "no interpreter here" in caplog.text and plan_process._failed is not None
+
+
+def test_a_child_that_does_not_answer_is_killed_and_the_caller_told(planned):
+    model, settings, _ = planned
+
+    class Mute(plan_process.PlanProcess):
+        def _start(self):
+            import subprocess
+            import sys
+
+            self._child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            self.started += 1
+            return self._child
+
+    child = Mute(answer_s=0.5)
+    began = time.monotonic()
+    try:
+        with pytest.raises(plan_process.PlanProcessError, match="the planning process failed"):
+            child.make_plan(model, settings, 8 * GiB, search=False)
+        assert time.monotonic() - began < 30 and not child.running and child.started == 1
+    finally:
+        child.close()

@@ -18,8 +18,9 @@ its fitted factors), the budget and how this process's executor runs its CPU wor
 (:class:`~vramshard.plan.estimator.Mechanisms`), so the child prices exactly what this process's
 own planner would: the plan is the same. Requests and answers cross the child's stdin and stdout
 as pickles, each after its length: only between this process and the child it started, nothing
-read from a file. When the child cannot be started or dies, plans are made on the calling thread
-again, with a warning, for the rest of the process (``VRAMSHARD_PLAN_PROCESS=off``: always).
+read from a file. A child that has not answered in ``ANSWER_S`` is killed. A child that fails is
+replaced once; when none can be started or the replacement fails too, plans are made on the calling
+thread again, with a warning, for the rest of the process (``VRAMSHARD_PLAN_PROCESS=off``: always).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 
 ENABLED = switch("VRAMSHARD_PLAN_PROCESS", default=True)
 IDLE_EXIT_S = 300.0  # a child without requests this long is stopped
+ANSWER_S = 300.0  # a child that has not answered a request in this long is killed (a full plan takes seconds)
 _LENGTH = struct.Struct("<Q")
 
 
@@ -73,8 +75,9 @@ class PlanProcess:
     """A child process that makes plans (see the module docstring). Thread-safe: requests from
     several threads are served one at a time."""
 
-    def __init__(self, idle_exit_s: float = IDLE_EXIT_S):
+    def __init__(self, idle_exit_s: float = IDLE_EXIT_S, answer_s: float = ANSWER_S):
         self.idle_exit_s = idle_exit_s
+        self.answer_s = answer_s
         self._lock = threading.Lock()
         self._child: subprocess.Popen | None = None
         self._idle: threading.Timer | None = None
@@ -100,12 +103,19 @@ class PlanProcess:
         return value
 
     def _ask(self, request, retry: bool):
-        """(ok, plan or exception) from the child (started here if none runs); a child that was
-        running and fails (it may have been killed) is replaced once (caller holds the lock)."""
+        """(ok, plan or exception) from the child (started here if none runs; killed when it has not
+        answered in ``answer_s``); a child that was running and fails (it may have been killed) is
+        replaced once (caller holds the lock)."""
         try:
             child = self._child or self._start()
-            _send(child.stdin, request)
-            return _receive(child.stdout)
+            hung = threading.Timer(self.answer_s, child.kill)  # (the pipes then break: OSError or EOFError)
+            hung.daemon = True
+            hung.start()
+            try:
+                _send(child.stdin, request)
+                return _receive(child.stdout)
+            finally:
+                hung.cancel()
         except (OSError, EOFError, pickle.PickleError, AttributeError, ImportError, TypeError) as exc:
             self._stop_locked()
             if retry:
