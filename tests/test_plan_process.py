@@ -7,11 +7,12 @@ import torch
 
 from vramshard.errors import BudgetError
 from vramshard.models import build_model
+from vramshard.models.base import Model
 from vramshard.plan.estimator import Mechanisms, fixed_mechanisms
 from vramshard.plan.tiers import Tiers
 from vramshard.profile.query import synthetic
 from vramshard.runtime import budget as budgets
-from vramshard.runtime import plan_process
+from vramshard.runtime import plan_process, plan_wire
 from vramshard.shapes import shape_config
 
 GiB = 2**30
@@ -32,8 +33,60 @@ def test_a_plan_made_in_the_process_is_the_plan_made_here(planned):
     model, settings, child = planned
     there = child.make_plan(model, settings, 2 * GiB)
     here = budgets.make_plan(model, settings, 2 * GiB)
-    assert there.to_dict() == here.to_dict()
+    assert there == here  # every field, each tier's placements of every family too
     assert child.running and child.started == 1
+
+
+def test_the_fitted_factors_travel_with_the_profile(planned):
+    """A calibrated profile (factors fitted in the engine's steps) plans in the child as here."""
+    model, settings, child = planned
+    fitted = budgets.PlanSettings(settings.profile.calibrated(cpu_scale=1.3, cpu_rows={1: 0.5, 64: 2.0},
+                                                              split_rows={64: 1.5}, dispatch_scale=2.0),
+                                  settings.tiers, settings.context, settings.num_slots, settings.name)
+    there = child.make_plan(model, fitted, 4 * GiB)
+    assert there == budgets.make_plan(model, fitted, 4 * GiB)
+    assert there != budgets.make_plan(model, settings, 4 * GiB)  # (the factors change the plan: the check can fail)
+
+
+def test_an_moe_plan_crosses_the_wire_whole():
+    """Every field of a plan with an expert cache and zero-copy shares, through JSON and back."""
+    model = build_model(shape_config("qwen3-30b-a3b"), torch.bfloat16)
+    profile = synthetic(cpu_gflops=400, gpu_gflops=200_000, h2d_gbps=50, cpu_threads=16)
+    settings = budgets.PlanSettings(profile, Tiers((1, 16, 512)), 2048, 2, "qwen3-30b-a3b")
+    plan = budgets.make_plan(model, settings, 8 * GiB)
+    assert plan.expert_cache > 0 and plan.reasons
+    line = plan_wire.dumps({"plan": plan_wire.plan_to_wire(plan)})
+    assert b"\n" not in line[:-1]
+    assert plan_wire.plan_from_wire(plan_wire.loads(line)["plan"]) == plan
+    request = plan_wire.request(plan_wire.model_recipe(model), settings, 8 * GiB, None, True, Mechanisms.here())
+    rebuilt, *_ = plan_wire.read_request(plan_wire.loads(plan_wire.dumps(request)))
+    assert plan_wire.fingerprint(rebuilt) == plan_wire.fingerprint(model)
+
+
+def test_a_model_the_child_would_build_otherwise_is_refused():
+    model = build_model(shape_config("llama3-8b"), torch.bfloat16)
+    recipe = plan_wire.model_recipe(model)
+    for changed in ({**recipe, "dtype": "float16"}, {**recipe, "config": {**recipe["config"], "rms_norm_eps": 1e-3}}):
+        with pytest.raises(plan_wire.WireError, match="differs"):
+            plan_wire.build_from_recipe(changed)
+    with pytest.raises(plan_wire.WireError, match="no sub-layer"):
+        plan_wire.build_from_recipe({**recipe, "sublayers": recipe["sublayers"] + ["ffn[99]"]})
+
+
+def test_a_model_not_built_from_a_config_is_planned_here(planned, monkeypatch):
+    model, settings, _ = planned
+    bare = Model(model.args, list(model), model.dtype)  # (no config.json dict to build it from)
+
+    class Unused(plan_process.PlanProcess):
+        def make_plan(self, *args, **kwargs):
+            raise AssertionError("asked the planning process")
+
+    monkeypatch.setattr(plan_process, "_shared", Unused())
+    monkeypatch.setattr(plan_process, "_failed", None)
+    monkeypatch.setattr(plan_process, "ENABLED", True)
+    assert plan_process.make_plan_off_thread(bare, settings, 8 * GiB, search=False) == \
+        budgets.make_plan(model, settings, 8 * GiB, search=False)
+    assert plan_process._failed is None  # (the process still plans for other models)
 
 
 def test_the_process_prices_the_callers_mechanisms(planned):
@@ -47,8 +100,8 @@ def test_the_process_prices_the_callers_mechanisms(planned):
         here = budgets.make_plan(model, settings, 4 * GiB)
     with fixed_mechanisms(plain):
         other = budgets.make_plan(model, settings, 4 * GiB)
-    assert there.to_dict() == here.to_dict()
-    assert here.to_dict() != other.to_dict()  # (the mechanisms change the estimates: the check can fail)
+    assert there == here
+    assert here != other  # (the mechanisms change the estimates: the check can fail)
 
 
 def test_a_planner_error_is_raised_here_as_it_was_there(planned):

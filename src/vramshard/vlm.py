@@ -155,7 +155,7 @@ def _vision_plans(engine, vision: VisionOptions, patches: int, profile, budget: 
     from .plan.planner import Planner
 
     model, executor = engine.model, engine.executor
-    text = Model(model.args, [s for s in model if s.kind != "vision"], model.dtype)
+    text = Model(model.args, [s for s in model if s.kind != "vision"], model.dtype, model.config)
     slots, ctx = executor.kv_plan
     settings = engine.budget.plan_settings()
     limit, chosen, least_over = budget, None, None

@@ -38,7 +38,9 @@ def build_model(config: dict, dtype: torch.dtype | None = None) -> Model:
     """The sub-layer list for a config.json dict, weights in ``dtype`` (default: the checkpoint's)."""
     module = architecture_module(config)
     args = module.model_args(config)
-    return module.build(args, dtype or args.dtype)
+    model = module.build(args, dtype or args.dtype)
+    model.config = config
+    return model
 
 
 __all__ = ["ARCHITECTURES", "Model", "build_model", "model_args", "architecture_module"]

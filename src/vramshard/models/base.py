@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,6 +22,9 @@ class Model:
     args: ModelArgs
     sublayers: list[SubLayer]
     dtype: torch.dtype
+    # The config.json dict it was built from (build_model), where there is one: a planning process
+    # builds the model again from it (vramshard.runtime.plan_wire).
+    config: dict | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         self._by_name = {s.name: s for s in self.sublayers}

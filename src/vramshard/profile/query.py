@@ -148,6 +148,22 @@ class Profile:
             clone.split_rows = tuple(sorted(table.items()))
         return clone
 
+    def fitted_factors(self) -> dict:
+        """The factors fitted while the engine runs (:meth:`calibrated`), as JSON; the profile is
+        this dict's :meth:`with_fitted_factors` over :meth:`to_dict`."""
+        return {"cpu_scale": self.cpu_scale, "split_part_scale": self.split_part_scale,
+                "dispatch_scale": self.dispatch_scale, "cpu_rows": [list(r) for r in self.cpu_rows],
+                "split_rows": [list(r) for r in self.split_rows]}
+
+    def with_fitted_factors(self, factors: dict) -> "Profile":
+        """This profile with the factors of :meth:`fitted_factors` in place of its own."""
+        clone = copy.copy(self)
+        clone.cpu_scale, clone.split_part_scale = float(factors["cpu_scale"]), float(factors["split_part_scale"])
+        clone.dispatch_scale = float(factors["dispatch_scale"])
+        clone.cpu_rows = tuple((int(m), float(f)) for m, f in factors["cpu_rows"])
+        clone.split_rows = tuple((int(m), float(f)) for m, f in factors["split_rows"])
+        return clone
+
     def cpu_row_factor(self, rows: int) -> float:
         """The in-situ factor on CPU compute of ``rows`` rows: interpolated in log rows between the
         row counts measured (:meth:`calibrated`), the nearest one's beyond them, 1 without any."""

@@ -17,8 +17,9 @@ about 2 s). Each request carries the model's shapes, the plan settings (the mach
 its fitted factors), the budget and how this process's executor runs its CPU work
 (:class:`~vramshard.plan.estimator.Mechanisms`), so the child prices exactly what this process's
 own planner would: the plan is the same. Requests and answers cross the child's stdin and stdout
-as pickles, each after its length: only between this process and the child it started, nothing
-read from a file. A child that has not answered in ``ANSWER_S`` is killed. A child that fails is
+as lines of JSON (:mod:`~vramshard.runtime.plan_wire`: no pickles); the child builds the model again
+from the config.json dict it was built from, and a model without one is planned on the calling
+thread. A child that has not answered in ``ANSWER_S`` is killed. A child that fails is
 replaced once; when none can be started or the replacement fails too, plans are made on the calling
 thread again, with a warning, for the rest of the process (``VRAMSHARD_PLAN_PROCESS=off``: always).
 """
@@ -27,8 +28,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
-import struct
 import subprocess
 import sys
 import threading
@@ -39,36 +38,32 @@ from ..errors import VramshardError
 from ..models.base import Model
 from ..plan.estimator import Mechanisms, fixed_mechanisms
 from ..plan.planner import PlanSet
+from . import plan_wire
 from .budget import PlanSettings, make_plan
+from .plan_wire import WireError
 
 log = logging.getLogger(__name__)
 
 ENABLED = switch("VRAMSHARD_PLAN_PROCESS", default=True)
 IDLE_EXIT_S = 300.0  # a child without requests this long is stopped
 ANSWER_S = 300.0  # a child that has not answered a request in this long is killed (a full plan takes seconds)
-_LENGTH = struct.Struct("<Q")
 
 
 class PlanProcessError(VramshardError):
     """The planning process could not be started, or failed outside the planner."""
 
 
-def _send(stream, value) -> None:
-    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(_LENGTH.pack(len(data)) + data)
+def _send(stream, message: dict) -> None:
+    stream.write(plan_wire.dumps(message))
     stream.flush()
 
 
-def _receive(stream):
+def _receive(stream) -> dict:
     """The next message on ``stream``; EOFError at its end."""
-    head = stream.read(_LENGTH.size)
-    if len(head) < _LENGTH.size:
-        raise EOFError("the stream ended")
-    (length,) = _LENGTH.unpack(head)
-    data = stream.read(length)
-    if len(data) < length:
-        raise EOFError("the stream ended inside a message")
-    return pickle.loads(data)
+    line = stream.readline()
+    if not line.endswith(b"\n"):
+        raise EOFError("the stream ended" + (" inside a message" if line else ""))
+    return plan_wire.loads(line)
 
 
 class PlanProcess:
@@ -89,21 +84,25 @@ class PlanProcess:
         """:func:`~vramshard.runtime.budget.make_plan` in the child, pricing this process's mechanisms.
         A planner's error (a BudgetError) is raised here as it was there; PlanProcessError when the
         child cannot be started or does not answer."""
-        request = (model, settings, budget, kv_on_gpu, search, Mechanisms.here())
+        recipe = plan_wire.model_recipe(model)
+        if recipe is None:
+            raise PlanProcessError("the model was not built from a config.json dict: the planning process cannot build it")
+        request = plan_wire.request(recipe, settings, budget, kv_on_gpu, search, Mechanisms.here())
         with self._lock:
             if self._idle is not None:
                 self._idle.cancel()
-            ok, value = self._ask(request, retry=self._child is not None)
+            answer = self._ask(request, retry=self._child is not None)
             self._idle = threading.Timer(self.idle_exit_s, self._stop_if_idle)
             self._idle.daemon = True
             self._idle.start()
-        if not ok:
-            raise value
+        if not answer.get("ok"):
+            raise plan_wire.error_from_wire(answer)
+        plan = plan_wire.plan_from_wire(answer["plan"])
         self.plans += 1
-        return value
+        return plan
 
-    def _ask(self, request, retry: bool):
-        """(ok, plan or exception) from the child (started here if none runs; killed when it has not
+    def _ask(self, request: dict, retry: bool) -> dict:
+        """The child's answer (a plan or an error) (started here if none runs; killed when it has not
         answered in ``answer_s``); a child that was running and fails (it may have been killed) is
         replaced once (caller holds the lock)."""
         try:
@@ -116,7 +115,7 @@ class PlanProcess:
                 return _receive(child.stdout)
             finally:
                 hung.cancel()
-        except (OSError, EOFError, pickle.PickleError, AttributeError, ImportError, TypeError) as exc:
+        except (OSError, EOFError, WireError) as exc:
             self._stop_locked()
             if retry:
                 log.info("the planning process failed (%s: %s): starting another", type(exc).__name__, exc)
@@ -180,9 +179,12 @@ def make_plan_off_thread(model: Model, settings: PlanSettings, budget: int | Non
     """A plan made in the shared planning process where it is on and works; else on this thread."""
     global _failed
     if ENABLED and _failed is None:
+        if plan_wire.model_recipe(model) is None:
+            log.debug("%s: planned on this thread (not built from a config.json dict)", settings.name)
+            return make_plan(model, settings, budget, kv_on_gpu, search)
         try:
             return shared().make_plan(model, settings, budget, kv_on_gpu, search)
-        except PlanProcessError as exc:
+        except (PlanProcessError, WireError) as exc:
             _failed = str(exc)
             log.warning("%s; plans are made in this process from now on (steps run slower while one is made)",
                         exc)
@@ -197,18 +199,17 @@ def _serve() -> None:
     requests = sys.stdin.buffer
     while True:
         try:
-            model, settings, budget, kv_on_gpu, search, mechanisms = _receive(requests)
+            message = _receive(requests)
         except EOFError:
             return
         try:
+            model, settings, budget, kv_on_gpu, search, mechanisms = plan_wire.read_request(message)
             with fixed_mechanisms(mechanisms):
-                reply = (True, make_plan(model, settings, budget, kv_on_gpu, search))
+                reply = {"ok": True, "plan": plan_wire.plan_to_wire(make_plan(model, settings, budget, kv_on_gpu,
+                                                                               search))}
         except Exception as exc:  # the planner's errors go back to be raised there
-            reply = (False, exc)
-        try:
-            _send(replies, reply)
-        except (pickle.PickleError, TypeError, AttributeError) as exc:  # (an exception that does not pickle)
-            _send(replies, (False, PlanProcessError(f"the planner failed: {reply[1]!r} ({exc})")))
+            reply = {"ok": False, **plan_wire.error_to_wire(exc)}
+        _send(replies, reply)
 
 
 if __name__ == "__main__":
