@@ -19,7 +19,8 @@ from vramshard.plan.planner import Planner
 from vramshard.plan.tiers import Tiers
 from vramshard.profile import load
 from vramshard.profile.query import synthetic
-from vramshard.runtime.plan_check import MIN_STEPS, CpuCheck, cpu_samples_needed
+from vramshard.runtime.plan_check import (MIN_STEPS, CpuCheck, DecodeCheck, context_scale,
+                                        cpu_samples_needed, scale_points)
 from vramshard.runtime.scheduler import StepStats
 from vramshard.shapes import shape_model
 
@@ -567,3 +568,34 @@ def test_a_re_plan_that_runs_the_measured_tier_alike_takes_the_record_and_is_not
         tier_one, family=moved, placement=tier_one.placements[moved])})
     assert follower._revert_if_slower(Steps(different, 1.3 * 0.116))
     assert engine.plan is elsewhere and engine.budget.events[-1]["why"] == "revert"
+
+
+def test_decode_steps_are_taken_to_the_plans_context_before_they_are_judged(h200):
+    """The plan predicts its step at the context it reserves (32K here, its KV cache in host
+    memory); a step at a shorter context is scaled by how the estimator has the step grow with its
+    context, so the check's median stands for a step at the plan's context, as its prediction does."""
+    model = shape_model("nemo-8b")
+    static = only(Planner(model, h200, 2 * GiB, context=32768, tiers=Tiers((1,)), search=False).plan(), "static")
+
+    def estimated(context):
+        return calibrate.step_estimate(model, h200, static, 1, context=context).seconds
+
+    assert estimated(static.context) > 3 * estimated(1)  # (the context matters here)
+    check = DecodeCheck("static", static.tiers[1].predicted_s, 1, static,
+                        context_scale({c: estimated(c) for c in scale_points(static.context)}, static.context))
+    for context in (9, 1000, 8000, static.context, 40000):
+        check.add(1, 1, estimated(context), context)
+        assert check.measured[-1] == pytest.approx(estimated(static.context), rel=0.02)
+        assert check.raw[-1] == estimated(context)
+    check.add(1, 1, 0.5)  # (a context not known: taken as the plan's)
+    assert check.measured[-1] == 0.5
+
+
+def test_an_engine_says_each_decode_steps_context_to_its_check(tiny_model_dir):
+    engine, _ = simulated_engine(tiny_model_dir("qwen3"))
+    check = engine.plan_check()
+    assert check.to_planned is not None and check.to_planned(engine.plan.context) == pytest.approx(1.0)
+    seen = []
+    check.to_planned = lambda context: seen.append(context) or 1.0
+    engine.generate([[5, 9, 11, 13]], 4)
+    assert seen == [5, 6, 7]  # (decode steps after the prompt's, which sampled the first token)

@@ -175,3 +175,14 @@ def test_gpu_overlapped_steps_equal_reading_every_step(tiny_model_dir, graphs):
         assert (scheduler.total_overlapped > 0) == (overlap is None)
         assert scheduler.blocks.used_blocks == 0 and scheduler.kv_reserved == 0
     assert outputs[None] == outputs[False] == [out[: out.index(eos) + 1] if eos in out else out for out in plain]
+
+
+def test_a_step_says_the_longest_context_it_attends_over(engine):
+    """Each step's context is its sequences' cached tokens plus its new ones, the longest of them:
+    a lone sequence's prompt, then one more with each decode step."""
+    prompt = _prompts((13,))[0]
+    scheduler = engine.scheduler(max_seqs=1, max_context=64)
+    scheduler.add(prompt, max_new_tokens=5)
+    scheduler.run_until_idle()
+    history = list(scheduler.history)
+    assert [s.context for s in history] == [13, 14, 15, 16, 17]

@@ -36,7 +36,7 @@ from .runtime import budget as budgets
 from .runtime.executor import Executor
 from .runtime.host_weights import PackedWeights, pack_model, splits_ffns
 from .runtime.kv_cache import DEFAULT_BLOCK_SIZE
-from .runtime.plan_check import CpuCheck, DecodeCheck
+from .runtime.plan_check import CpuCheck, DecodeCheck, context_scale, scale_points
 from .runtime.request import Request
 from .runtime.sampler import SamplingParams
 from .runtime.timeline import Timeline
@@ -354,7 +354,7 @@ class Engine:
 
     def _measured(self, stats) -> None:
         """A step's measurements, against the plan in force (the scheduler calls this after each)."""
-        self.plan_check().add(stats.tokens, stats.sequences, stats.forward_s)
+        self.plan_check().add(stats.tokens, stats.sequences, stats.forward_s, stats.context)
         background = self.budget.background
         if background.busy or stats.end_time - stats.seconds < background.finished_at:
             return  # the background planner's Python held the GIL during the step: not a fair sample
@@ -374,8 +374,16 @@ class Engine:
         if self._decode_check is None or self._decode_check.plan is not plan:
             tier = min(plan.tiers) if plan is not None else 1
             predicted = plan.tiers[tier].predicted_s if plan is not None and tier == 1 else None
-            self._decode_check = DecodeCheck(self.executor.plans.name, predicted, tier, plan)
+            to_planned = self._context_scale(plan, tier) if predicted is not None else None
+            self._decode_check = DecodeCheck(self.executor.plans.name, predicted, tier, plan, to_planned)
         return self._decode_check
+
+    def _context_scale(self, plan, tier: int):
+        """How the plan's ``tier`` step grows with its context, by the estimator (see
+        :func:`~vramshard.runtime.plan_check.context_scale`)."""
+        profile = self.budget.plan_settings().profile
+        return context_scale({c: calibrate.step_estimate(self.model, profile, plan, tier, context=c).seconds
+                              for c in scale_points(plan.context)}, plan.context)
 
     # ------------------------------------------------------------------ the VRAM budget while running
     def set_vram(self, vram: str | int | None) -> None:

@@ -70,12 +70,14 @@ def has_cpu_work(plan: PlanSet, tier: int) -> bool:
     return bool(placement.names(compute="cpu") or placement.split_names() or placement.expert_names("host"))
 
 
-def step_estimate(model: Model, profile: Profile, plan: PlanSet, tier: int) -> StepEstimate:
-    """The estimator's account of one step of ``tier`` of ``plan`` with ``profile`` (the planner's call)."""
+def step_estimate(model: Model, profile: Profile, plan: PlanSet, tier: int, context: int | None = None) -> StepEstimate:
+    """The estimator's account of one step of ``tier`` of ``plan`` with ``profile`` (the planner's
+    call), at ``context`` positions (None: the plan's)."""
     tier_plan = plan.tiers[tier]
     estimator = Estimator(model, profile, tier_plan.threads, plan.expert_hit_rate,
                           zero_copy_cpu_share=tier_plan.zero_copy_cpu_share)
-    return estimator.simulate(tier_plan.placement, tier, plan.context, plan.num_slots or 2)
+    return estimator.simulate(tier_plan.placement, tier, plan.context if context is None else context,
+                              plan.num_slots or 2)
 
 
 def step_seconds(model: Model, profile: Profile, plan: PlanSet, tier: int) -> float:

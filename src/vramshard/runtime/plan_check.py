@@ -3,9 +3,15 @@
 The planner chooses placements from the machine profile's predicted step times. A profile from
 another machine, or one measured while the machine was busy, predicts wrongly, and the plans it
 picks are then not the fastest. A single sequence's decode step is the one step whose predicted
-time (the plan's smallest tier) can be compared with the measured one as is, so a
+time (the plan's smallest tier) can be compared with the measured one, so a
 :class:`DecodeCheck` collects those steps' forward times for the plan in force and says, once,
 when their median is far from the prediction.
+
+The plan predicts its step at the context it reserves, and steps run at every context from a
+prompt's end on: each step's time is taken to that context first, by the estimator's account of how
+the step grows with its context (``to_planned``). Without that, medians of steps at a few hundred
+tokens were compared with predictions at thousands, and two plans' medians from different
+contexts with each other (docs/BENCHMARKS.md, thirty-first GPU session).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import logging
 import statistics
 from collections import deque
+from typing import Callable
 
 log = logging.getLogger(__name__)
 
@@ -23,22 +30,29 @@ OFF_BY = 1.5  # measured / predicted beyond this factor (either way) is worth a 
 
 class DecodeCheck:
     """Single-sequence decode steps of the plan ``plan_name``, predicted at ``predicted_s`` each
-    (None: no prediction to check against). ``plan``: the plan object checked (the caller's key)."""
+    (None: no prediction to check against). ``plan``: the plan object checked (the caller's key).
+    ``to_planned``: context -> the factor that takes a step at that context to the plan's (None:
+    steps are taken as they are)."""
 
-    def __init__(self, plan_name: str, predicted_s: float | None, tier: int = 1, plan: object = None):
+    def __init__(self, plan_name: str, predicted_s: float | None, tier: int = 1, plan: object = None,
+                 to_planned: Callable[[int], float] | None = None):
         self.plan_name = plan_name
         self.plan = plan
         self.predicted_s = predicted_s
         self.tier = tier
-        self.measured: deque[float] = deque(maxlen=WINDOW)  # forward seconds of the steps
+        self.to_planned = to_planned
+        self.measured: deque[float] = deque(maxlen=WINDOW)  # forward seconds of the steps, at the plan's context
+        self.raw: deque[float] = deque(maxlen=WINDOW)  # the same steps' forward seconds as measured
         self.warned = False
         self.calibrated = False  # the profile was fitted to this plan's steps (budget_follower)
 
-    def add(self, tokens: int, sequences: int, forward_s: float) -> None:
-        """One step of ``tokens`` new tokens over ``sequences`` sequences, ``forward_s`` in the model."""
+    def add(self, tokens: int, sequences: int, forward_s: float, context: int = 0) -> None:
+        """One step of ``tokens`` new tokens over ``sequences`` sequences, ``forward_s`` in the model,
+        attending over ``context`` positions (0: unknown, taken as the plan's)."""
         if tokens != 1 or sequences != 1 or self.predicted_s is None:
             return
-        self.measured.append(forward_s)
+        self.raw.append(forward_s)
+        self.measured.append(forward_s * (self.to_planned(context) if context and self.to_planned else 1.0))
         if not self.warned and len(self.measured) >= MIN_STEPS:
             ratio = self.ratio()
             if ratio > OFF_BY or ratio < 1 / OFF_BY:
@@ -58,9 +72,33 @@ class DecodeCheck:
 
     def summary(self) -> dict:
         median, ratio = self.median_s(), self.ratio()
+        raw = statistics.median(self.raw) if self.raw else None
         return {"plan": self.plan_name, "tier": self.tier, "steps": len(self.measured),
                 "predicted_ms": None if self.predicted_s is None else self.predicted_s * 1e3,
-                "measured_median_ms": None if median is None else median * 1e3, "measured_over_predicted": ratio}
+                "measured_median_ms": None if raw is None else raw * 1e3,
+                "at_planned_context_ms": None if median is None else median * 1e3, "measured_over_predicted": ratio}
+
+
+def scale_points(planned: int) -> list[int]:
+    """The contexts at which :func:`context_scale` wants the estimator's step."""
+    return sorted({1, max(1, planned // 8), max(1, planned // 2), planned})
+
+
+def context_scale(steps: dict[int, float], planned: int) -> Callable[[int], float] | None:
+    """context -> the factor taking a step at that context to the ``planned`` one, from the
+    estimator's step seconds at the contexts of :func:`scale_points` (``steps``: {context: seconds}),
+    linear in between and beyond the last two. None when the estimates cannot say."""
+    points = sorted(steps.items())
+    if planned not in steps or len(points) < 2 or any(not seconds > 0 for _, seconds in points):
+        return None
+    at_planned = steps[planned]
+
+    def to_planned(context: int) -> float:
+        i = next((k for k in range(1, len(points) - 1) if context <= points[k][0]), len(points) - 1)
+        (c0, s0), (c1, s1) = points[i - 1], points[i]
+        return at_planned / max(s0 + (s1 - s0) * (context - c0) / (c1 - c0), points[0][1])
+
+    return to_planned
 
 
 def cpu_samples_needed(tier: int) -> int:

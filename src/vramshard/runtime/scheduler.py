@@ -87,6 +87,7 @@ class StepStats:
     host_compute_s: float = 0.0  # of ``forward_s``, the host computing CPU work (StepReport.host_compute_s)
     host_wait_s: float = 0.0  # of ``forward_s``, the host blocked on GPU results that CPU work needs
     host_split_s: float = 0.0  # of ``host_compute_s``, split dense FFNs' CPU parts (StepReport.host_split_s)
+    context: int = 0  # the longest context a sequence of the step attends over (its cached tokens and the new ones)
 
     @property
     def overhead_s(self) -> float:
@@ -119,6 +120,7 @@ class _Launched:
     host_compute_s: float = 0.0  # the executor's StepReport of the forward: host computing CPU work
     host_wait_s: float = 0.0  # and blocked on the GPU results that work needed
     host_split_s: float = 0.0  # of host_compute_s, in split dense FFNs' CPU parts
+    context: int = 0  # the longest context a sequence of the step attends over
 
     def sampled_rows(self) -> dict[Request, int]:
         """Request -> its logit row, for the requests this step samples."""
@@ -341,7 +343,8 @@ class Scheduler:
         chainable = not need and not firsts and (
             self.overlap is True or (self.overlap is None and logits.device.type == "cuda"))
         return _Launched(chunks, tokens, host, {row: i for i, row in enumerate(need)}, prefill, decode, running,
-                         prepare_start, forward_start, chainable, *_host_times(self.executor))
+                         prepare_start, forward_start, chainable, *_host_times(self.executor),
+                         context=max(s + n for s, n in zip(starts, lengths)))
 
     def _complete(self, launched: _Launched) -> StepStats:
         """Read the samples of a launched step: stream them out, retire what ended, count the step.
@@ -363,7 +366,7 @@ class Scheduler:
         stats = StepStats(sum(c.length for c in launched.chunks), launched.prefill, launched.decode,
                           len(launched.chunks), sampled, seconds, self.queue_length, launched.running, time.time(),
                           read - forward_begin, forward_begin - begin, launched.host_compute_s,
-                          launched.host_wait_s, launched.host_split_s)
+                          launched.host_wait_s, launched.host_split_s, launched.context)
         self.history.append(stats)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("step: %d token(s) (%d of prompts), %.1f ms: forward %.1f ms (host computing %.1f, of it "
