@@ -599,3 +599,16 @@ def test_an_engine_says_each_decode_steps_context_to_its_check(tiny_model_dir):
     check.to_planned = lambda context: seen.append(context) or 1.0
     engine.generate([[5, 9, 11, 13]], 4)
     assert seen == [5, 6, 7]  # (decode steps after the prompt's, which sampled the first token)
+    cpu = engine.cpu_check()
+    assert cpu.to_planned(1, engine.plan.context) == pytest.approx(1.0)
+
+
+def test_a_tiers_cpu_work_is_taken_to_the_plans_context_but_its_split_parts_are_not():
+    """Split FFN parts read no context; the rest of the CPU work (attention on the CPU) does."""
+    check = CpuCheck("plan", to_planned=lambda tier, context: 2.0 if context < 100 else 1.0)
+    for _ in range(3):
+        check.add(4, 0.010, 0.004, context=50)  # (the first is not kept)
+        check.add(4, 0.010, 0.004, context=500)
+        check.add(4, 0.010, 0.004)
+    assert sorted(set(check.samples[4])) == [pytest.approx(0.010), pytest.approx(0.016)]
+    assert set(check.split_samples[4]) == {0.004}

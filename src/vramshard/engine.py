@@ -359,12 +359,14 @@ class Engine:
         if background.busy or stats.end_time - stats.seconds < background.finished_at:
             return  # the background planner's Python held the GIL during the step: not a fair sample
         plans = self.executor.plans
-        self.cpu_check().add(plans.tiers[plans.index_for(stats.tokens)], stats.host_compute_s, stats.host_split_s)
+        self.cpu_check().add(plans.tiers[plans.index_for(stats.tokens)], stats.host_compute_s, stats.host_split_s,
+                             stats.context)
 
     def cpu_check(self) -> CpuCheck:
         """The host's time in each tier's CPU work, in the steps of the plan in force."""
         if self._cpu_check is None or self._cpu_check.plan is not self.plan:
-            self._cpu_check = CpuCheck(self.plan, self.budget.cpu_judged)
+            to_planned = self._cpu_context_scale(self.plan) if self.plan is not None else None
+            self._cpu_check = CpuCheck(self.plan, self.budget.cpu_judged, to_planned)
         return self._cpu_check
 
     def plan_check(self) -> DecodeCheck:
@@ -383,7 +385,24 @@ class Engine:
         :func:`~vramshard.runtime.plan_check.context_scale`)."""
         profile = self.budget.plan_settings().profile
         return context_scale({c: calibrate.step_estimate(self.model, profile, plan, tier, context=c).seconds
-                              for c in scale_points(plan.context)}, plan.context)
+                              for c in scale_points(plan.context, tier)}, plan.context)
+
+    def _cpu_context_scale(self, plan):
+        """(tier, context) -> how the CPU work of the plan's tier other than split FFN parts grows
+        with its context, by the estimator (each tier's estimates made when its first step is kept)."""
+        profile, scales = self.budget.plan_settings().profile, {}
+
+        def to_planned(tier: int, context: int) -> float:
+            if tier not in plan.tiers:  # (a tier the executor's plans have beside the planner's: the vision phase)
+                return 1.0
+            if tier not in scales:
+                estimates = {c: calibrate.step_estimate(self.model, profile, plan, tier, context=c)
+                             for c in scale_points(plan.context, tier)}
+                scales[tier] = context_scale({c: e.cpu_busy - e.cpu_split_busy for c, e in estimates.items()},
+                                             plan.context)
+            return scales[tier](context) if scales[tier] is not None else 1.0
+
+        return to_planned
 
     # ------------------------------------------------------------------ the VRAM budget while running
     def set_vram(self, vram: str | int | None) -> None:

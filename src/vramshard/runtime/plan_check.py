@@ -79,9 +79,10 @@ class DecodeCheck:
                 "at_planned_context_ms": None if median is None else median * 1e3, "measured_over_predicted": ratio}
 
 
-def scale_points(planned: int) -> list[int]:
-    """The contexts at which :func:`context_scale` wants the estimator's step."""
-    return sorted({1, max(1, planned // 8), max(1, planned // 2), planned})
+def scale_points(planned: int, least: int = 1) -> list[int]:
+    """The contexts at which :func:`context_scale` wants the estimator's step (of ``least`` new
+    tokens: its context is at least that)."""
+    return sorted({min(max(least, c), planned) for c in (1, planned // 8, planned // 2, planned)})
 
 
 def context_scale(steps: dict[int, float], planned: int) -> Callable[[int], float] | None:
@@ -115,17 +116,23 @@ class CpuCheck:
     has run 1.25-1.4x longer at one token and more at prompt chunks on the H200 machine
     (docs/BENCHMARKS.md), so the engine fits the profile to it (budget_follower)."""
 
-    def __init__(self, plan: object, judged: set[int] | None = None):
+    def __init__(self, plan: object, judged: set[int] | None = None,
+                 to_planned: Callable[[int, int], float] | None = None):
         self.plan = plan
+        # (tier, context) -> the factor taking that tier's CPU work at that context to the plan's
+        # context (see DecodeCheck), or None: taken as they are
+        self.to_planned = to_planned
         self.samples: dict[int, deque[float]] = {}
         self.split_samples: dict[int, deque[float]] = {}  # of each sample, the split FFNs' CPU parts
         # Tiers already fitted (or found in tolerance), shared with the engine's earlier checks.
         self.judged: set[int] = judged if judged is not None else set()
         self.warmed: set[int] = set()  # tiers whose first step under this plan has run
 
-    def add(self, tier: int, host_compute_s: float, host_split_s: float = 0.0) -> None:
+    def add(self, tier: int, host_compute_s: float, host_split_s: float = 0.0, context: int = 0) -> None:
         """One step of ``tier`` whose CPU work took ``host_compute_s``, ``host_split_s`` of it in
-        split FFNs' CPU parts (steps without CPU work are not kept).
+        split FFNs' CPU parts (steps without CPU work are not kept), attending over ``context``
+        positions (0: unknown, taken as the plan's). The split parts do not read the context; the
+        rest is taken to the plan's context as :class:`DecodeCheck` takes its steps.
 
         A tier's first step under the plan is not kept either: it pays the plan's first calls
         (kernel choices, caches, first touches). On the H200 machine an engine's first 1024-token
@@ -136,8 +143,11 @@ class CpuCheck:
         if tier not in self.warmed:
             self.warmed.add(tier)
             return
+        split = min(host_split_s, host_compute_s)
+        if context and self.to_planned is not None:
+            host_compute_s = split + (host_compute_s - split) * self.to_planned(tier, context)
         self.samples.setdefault(tier, deque(maxlen=WINDOW)).append(host_compute_s)
-        self.split_samples.setdefault(tier, deque(maxlen=WINDOW)).append(min(host_split_s, host_compute_s))
+        self.split_samples.setdefault(tier, deque(maxlen=WINDOW)).append(split)
 
     def ready(self) -> dict[int, float]:
         """{tier: median seconds of its CPU work} of the tiers not judged yet with enough steps."""
