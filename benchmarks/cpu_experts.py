@@ -10,9 +10,12 @@ times, for one token and for ``--rows``, the routed experts of one layer:
 
 - ``layer``: the layer's expert-by-expert CPU path (``MoEFFN.run_experts`` over a source that
   does not stack its experts), all threads;
-- ``compiled``: the layer's path over its stacked host experts, the executor's since 2026-12-02:
-  every assignment in one compiled pass (:mod:`vramshard.layers.host_experts`; the first call,
-  which compiles, timed apart as ``compile_s``);
+- ``compiled``: the layer's path over its stacked host experts with the C kernel switched off
+  (``VRAMSHARD_CPU_GEMV=off``), the executor's from 2026-12-02 to session 35: every assignment in
+  one compiled pass (:mod:`vramshard.layers.host_experts`; the first call, which compiles, timed
+  apart as ``compile_s``);
+- ``gemv``: the same path as the executor takes it since session 35: at one token, one call of the
+  C kernel (:func:`vramshard.layers.cpu_gemv.experts_one_token`); at more rows the compiled pass;
 - ``packed``: each expert's gate+up and down reordered once by oneDNN (``mkldnn._reorder_linear_weight``)
   and computed by ``mkldnn._linear_pointwise`` (a second copy of the weights);
 - ``threads:K``: K Python threads, each computing its share of the experts with 1/K of the
@@ -27,13 +30,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import threading
 import time
 
 import torch
 import torch.nn.functional as F
 
-from vramshard.layers import host_experts
+from vramshard.layers import cpu_gemv, host_experts
 from vramshard.layers.moe import DictExperts, MoEFFN, Routing
 from vramshard.models import build_model
 from vramshard.shapes import shape_config
@@ -96,9 +100,10 @@ def main() -> None:
     source = DictExperts(expert_views(gate_up, down), E)
     stacked_source = DictExperts(expert_views(gate_up, down), E, stack=True)
     all_threads = torch.get_num_threads()
+    gemv_mode = os.environ.get("VRAMSHARD_CPU_GEMV", "auto")
     read_gb_s = cpu_read_bandwidth() / 1e9
     expert_bytes = (gate_up[0].numel() + down[0].numel()) * dtype.itemsize
-    result = {"date": now(), "hardware": hardware(), "shape": args.shape, "dtype": str(dtype), "threads": all_threads,
+    result = {"date": now(), "hardware": hardware(), "shape": args.shape, "cpu_gemv": cpu_gemv.isa(), "dtype": str(dtype), "threads": all_threads,
               "cpu_read_gb_s": read_gb_s, "expert_mb": expert_bytes / 1e6, "cells": []}
     packed = None
     generator = torch.Generator().manual_seed(0)
@@ -116,15 +121,19 @@ def main() -> None:
             torch.set_num_threads(all_threads)
             reference = ffn.run_experts(source, h, fixed := routing())
             cell["layer_ms"] = timed(lambda: ffn.run_experts(source, h, routing()), repeat=args.repeat) * 1e3
-            began = time.perf_counter()
-            compiled = ffn.run_experts(stacked_source, h, fixed)
-            cell["compile_s"] = time.perf_counter() - began
-            if host_experts.routed(h, gate_up, down, fixed.experts, fixed.weights) is None:
-                cell["compiled_error"] = "the compiled pass does not run here (see the log)"
-            else:
-                torch.testing.assert_close(compiled.float(), reference.float(), rtol=3e-2, atol=3e-3)
-                cell["compiled_ms"] = timed(lambda: ffn.run_experts(stacked_source, h, routing()),
-                                            repeat=args.repeat) * 1e3
+            for variant, gemv in (("compiled", "off"), ("gemv", "auto")):
+                os.environ["VRAMSHARD_CPU_GEMV"] = gemv  # (read at each call)
+                began = time.perf_counter()
+                compiled = ffn.run_experts(stacked_source, h, fixed)
+                if variant == "compiled":
+                    cell["compile_s"] = time.perf_counter() - began
+                if host_experts.routed(h, gate_up, down, fixed.experts, fixed.weights) is None:
+                    cell[f"{variant}_error"] = "the pass does not run here (see the log)"
+                else:
+                    torch.testing.assert_close(compiled.float(), reference.float(), rtol=3e-2, atol=3e-3)
+                    cell[f"{variant}_ms"] = timed(lambda: ffn.run_experts(stacked_source, h, routing()),
+                                                  repeat=args.repeat) * 1e3
+            os.environ["VRAMSHARD_CPU_GEMV"] = gemv_mode
             try:
                 if packed is None:
                     packed = [(torch.ops.mkldnn._reorder_linear_weight(gate_up[e].contiguous(), 1),

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vramshard import Engine
-from vramshard.layers import cpu_compiled, cpu_swiglu, host_experts
+from vramshard.layers import cpu_compiled, cpu_gemv, cpu_swiglu, host_experts
 from vramshard.layers.cpu_compiled import CompiledKernel
 from vramshard.layers.moe import DictExperts, MoEFFN, Routing
 from vramshard.loading.checkpoint import open_checkpoint
@@ -207,9 +207,11 @@ ONE_TOKEN_FORMS = {False: "_one_token_kernel", True: "_one_token_kernel_by_assig
 
 @pytest.mark.parametrize("by_assignment", [False, True])
 def test_one_token_is_one_compiled_call_with_the_several_token_passes_result(monkeypatch, by_assignment):
-    """A decode step's routed experts: the whole weighted sum in one compiled function (its glue
-    around the kernel was a dozen torch calls, each taking the GIL back on the run-ahead worker), in
-    either form (row-parallel, or by assignment where the assignments share out evenly)."""
+    """Without the C kernel, a decode step's routed experts: the whole weighted sum in one compiled
+    function (its glue around the kernel was a dozen torch calls, each taking the GIL back on the
+    run-ahead worker), in either form (row-parallel, or by assignment where the assignments share out
+    evenly)."""
+    monkeypatch.setenv("VRAMSHARD_CPU_GEMV", "off")
     gate_up, down = _stacked_layer()
     one_token_calls = []
     monkeypatch.setattr(host_experts, "by_assignment", lambda assignments, threads=None: by_assignment)
@@ -237,6 +239,7 @@ def test_each_thread_counts_its_own_time_in_the_one_token_call(monkeypatch):
     """``kernel_seconds``: this thread's time in the one-token compiled call (the run-ahead worker
     reports it per step beside its parts' whole computing); the several-token pass and other
     threads add nothing to it."""
+    monkeypatch.setenv("VRAMSHARD_CPU_GEMV", "off")
     import threading
     import time
 
@@ -271,10 +274,11 @@ def test_each_thread_counts_its_own_time_in_the_one_token_call(monkeypatch):
 
 def _torch_calls(run) -> list[str]:
     """The calls into torch's C++ that ``run()`` makes from Python and that may give the GIL up:
-    tensor operations and the compiled kernels' allocations and launches, not size or stride reads."""
+    tensor operations and the compiled kernels' allocations and launches, not reads of a tensor's
+    sizes, strides or address."""
     import sys
 
-    reads = {"Tensor.size", "Tensor.stride", "Tensor.numel", "Tensor.dim"}
+    reads = {"Tensor.size", "Tensor.stride", "Tensor.numel", "Tensor.dim", "Tensor.data_ptr"}
     calls: list[str] = []
 
     def profile(frame, event, arg):
@@ -291,21 +295,26 @@ def _torch_calls(run) -> list[str]:
     return calls
 
 
-def test_a_token_s_experts_make_far_fewer_calls_that_give_the_gil_up():
+@pytest.mark.parametrize("kernel", ["C", "compiled"])
+def test_a_token_s_experts_make_far_fewer_calls_that_give_the_gil_up(monkeypatch, kernel):
     """Each torch call gives the GIL up and must take it back, and beside a thread running Python
     (the host thread queuing a step) each take waits for the switch interval. The one-token pass
-    makes few such calls, the several-token pass a dozen or more (7 against 20 with torch 2.13)."""
+    makes few such calls, the several-token pass a dozen or more (with torch 2.13: the C kernel 1,
+    the compiled one-token call 7, the several-token pass of two tokens 15)."""
+    if kernel == "C" and cpu_gemv.library() is None:
+        pytest.skip(f"the C kernel does not build here: {cpu_gemv.failure()}")
+    monkeypatch.setenv("VRAMSHARD_CPU_GEMV", "on" if kernel == "C" else "off")
     gate_up, down = _stacked_layer()
     experts, weights = torch.tensor([[3, 11, 0, 7]]), torch.tensor([[0.4, 0.3, 0.2, 0.1]]).bfloat16()
-    every = torch.ones(1, 4, dtype=torch.bool)
     with torch.inference_mode():
         h = torch.randn(1, 256).bfloat16()
-        for keep in (None, every):
-            assert host_experts.routed(h, gate_up, down, experts, weights, keep) is not None  # (compiled now)
+        two = (h.expand(2, -1).contiguous(), gate_up, down, experts.expand(2, -1), weights.expand(2, -1))
+        assert host_experts.routed(h, gate_up, down, experts, weights) is not None  # (compiled now)
+        assert host_experts.routed(*two) is not None
         one = _torch_calls(lambda: host_experts.routed(h, gate_up, down, experts, weights))
-        several = _torch_calls(lambda: host_experts.routed(h, gate_up, down, experts, weights, every))
-    assert "kernel" in one and "kernel" in several  # (the compiled passes ran, and were counted)
-    assert len(one) < 0.5 * len(several), (one, several)
+        several = _torch_calls(lambda: host_experts.routed(*two))
+    assert "kernel" in several and ("kernel" in one) == (kernel == "compiled")  # (the passes ran, and were counted)
+    assert len(one) < (0.5 if kernel == "compiled" else 0.1) * len(several), (one, several)
 
 
 def _parallel_loop_extents(code: str) -> list[str]:
@@ -372,3 +381,29 @@ def test_the_form_by_assignment_only_where_the_assignments_share_out_evenly():
     assert not host_experts.by_assignment(3, 2)  # one thread does two, the other one
     assert not host_experts.by_assignment(32, 15)  # 3 on the busiest against 2.13 on average
     assert host_experts.by_assignment(1, 1)
+
+
+def test_a_tokens_experts_kept_or_not_go_through_the_c_kernel_as_the_several_token_pass(monkeypatch):
+    """One token, all its experts or a share (the CPU's beside the GPU's zero-copy kernels): one C call,
+    the several-token compiled pass's sums within one rounding, and its time counted as the kernel's."""
+    if cpu_gemv.library() is None:
+        pytest.skip(f"the C kernel does not build here: {cpu_gemv.failure()}")
+    gate_up, down = _stacked_layer()
+    calls = []
+    real = cpu_gemv.experts_one_token
+    monkeypatch.setattr(cpu_gemv, "experts_one_token", lambda *args: calls.append(len(args)) or real(*args))
+    experts, weights = torch.tensor([[3, 11, 0, 7]]), torch.tensor([[0.4, 0.3, 0.2, 0.1]]).bfloat16()
+    with torch.inference_mode():
+        h = torch.randn(1, 256).bfloat16()
+        for keep in (None, torch.tensor([[True, False, True, False]])):
+            before = host_experts.kernel_seconds()
+            ours = host_experts.routed(h, gate_up, down, experts, weights, keep)
+            assert host_experts.kernel_seconds() > before
+            monkeypatch.setenv("VRAMSHARD_CPU_GEMV", "off")
+            several = host_experts.routed(h.expand(2, -1).contiguous(), gate_up, down, experts.expand(2, -1),
+                                          weights.expand(2, -1), None if keep is None else keep.expand(2, -1))
+            monkeypatch.delenv("VRAMSHARD_CPU_GEMV")
+            torch.testing.assert_close(ours.float(), several[:1].float(), rtol=0,
+                                       atol=1e-2 * several.abs().max().item())
+    assert len(calls) == 2
+

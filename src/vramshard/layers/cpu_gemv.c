@@ -15,10 +15,19 @@
  *   weight kept transposed, as split FFNs' down projections are in host memory. Each thread sums
  *   its own run of V's rows into scratch[thread, N] (every byte of V read once, in order), then the
  *   threads add the partial sums up.
+ *
+ *   vs_experts_one_token: y[D] = sum over a < k of weights[a] * down_e (silu(gate_e x) * up_e x), e = experts[a]
+ *   one token's routed experts of a MoE layer, read where they lie in the layer's stacked weights
+ *   (gate_up [E, 2F, D], down [E, D, F], rows contiguous at any expert and row stride). Each thread
+ *   dots its share of every expert's gate/up rows with x, then (after the team has all of them) takes
+ *   the activation, rounded once to the weights' dtype, then its share of the output rows, each
+ *   summed over the experts in float32 and rounded once: one OpenMP team and one call for the layer.
  * Three ways to the same sums, chosen when compiled: AVX-512 (with AVX512-BF16's pairwise dot
  * products for bf16 where the CPU has them), AVX2 + F16C, and plain C.
  */
+#include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -30,6 +39,7 @@
 #define VS_MAX_ROWS 16
 #define VS_BF16 0
 #define VS_FP16 1
+#define VS_FP32 2  /* routing weights only */
 
 static inline float vs_scalar(int dtype, uint16_t h) {
   if (dtype == VS_BF16) {
@@ -241,5 +251,98 @@ int vs_row_times_columns(int dtype, const uint16_t *V, long ldv, const uint16_t 
       y[n] = sum;
     }
   }
+  return 0;
+}
+
+/* float to the half-precision dtype, rounded to nearest even (as torch rounds). */
+static inline uint16_t vs_half(int dtype, float f) {
+  uint32_t bits;
+  memcpy(&bits, &f, 4);
+  if (dtype == VS_BF16) {
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40);  /* NaN stays NaN */
+    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+  }
+#if defined(__F16C__)
+  return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+  uint32_t sign = (bits >> 16) & 0x8000u, abs = bits & 0x7fffffffu;
+  if (abs > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);  /* NaN */
+  if (abs >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);  /* rounds past 65504: infinity */
+  if (abs < 0x38800000u) {  /* below the smallest normal half: a subnormal (or zero) */
+    if (abs < 0x33000000u) return (uint16_t)sign;
+    uint32_t man = (abs & 0x7fffffu) | 0x800000u, shift = 126 - (abs >> 23);  /* 14..24 */
+    uint32_t half = man >> shift, rest = man & ((1u << shift) - 1), mid = 1u << (shift - 1);
+    if (rest > mid || (rest == mid && (half & 1u))) half++;
+    return (uint16_t)(sign | half);
+  }
+  uint32_t half = ((abs - 0x38000000u) >> 13), rest = abs & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) half++;
+  return (uint16_t)(sign | half);
+#endif
+}
+
+/* One token's routed experts (see the top of the file): x [D], the experts' weights and y [D] in `dtype`;
+ * experts [k] (each in [0, E)) and their routing weights [k] in `weights_dtype` (VS_BF16, VS_FP16 or
+ * VS_FP32), each at its stride; `keep` [k] (at its stride; NULL: all) the assignments computed, the
+ * others counting zero and their experts not read. Returns 0, -1 for arguments it does not take, -2
+ * where the scratch could not be allocated. */
+int vs_experts_one_token(int dtype, const uint16_t *GU, long gu_e, long gu_r, const uint16_t *DN, long dn_e,
+                         long dn_r, const uint16_t *x, const int64_t *chosen, long chosen_ld, const void *routing,
+                         int weights_dtype, long weights_ld, const uint8_t *keep, long keep_ld, long k, long D,
+                         long F, long E, uint16_t *y, int threads) {
+  if ((dtype != VS_BF16 && dtype != VS_FP16) || k < 1 || k > 1024 || D < 1 || F < 1 || gu_r < D || dn_r < F ||
+      threads < 1 || (weights_dtype != VS_BF16 && weights_dtype != VS_FP16 && weights_dtype != VS_FP32))
+    return -1;
+  float weights[1024];
+  int64_t experts[1024];
+  long kept = 0;
+  for (long a = 0; a < k; a++) {
+    if (chosen[a * chosen_ld] < 0 || chosen[a * chosen_ld] >= E) return -1;
+    if (keep && !keep[a * keep_ld]) continue;
+    experts[kept] = chosen[a * chosen_ld];
+    weights[kept++] = weights_dtype == VS_FP32 ? ((const float *)routing)[a * weights_ld]
+                                               : vs_scalar(weights_dtype, ((const uint16_t *)routing)[a * weights_ld]);
+  }
+  if (kept == 0) {
+    for (long d = 0; d < D; d++) y[d] = 0;  /* (+0.0 in both dtypes) */
+    return 0;
+  }
+  k = kept;
+  float *both = (float *)malloc(sizeof(float) * k * 2 * F);  /* [k, 2F]: gate then up of each expert */
+  uint16_t *act = (uint16_t *)malloc(sizeof(uint16_t) * k * F);  /* [k, F] */
+  if (!both || !act) {
+    free(both);
+    free(act);
+    return -2;
+  }
+  long gate_blocks = (2 * F + 3) / 4, down_blocks = (D + 3) / 4;
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(static)
+    for (long i = 0; i < k * gate_blocks; i++) {
+      long a = i / gate_blocks, b = i % gate_blocks, rows = 2 * F - 4 * b < 4 ? 2 * F - 4 * b : 4;
+      vs_block_of(dtype, GU + experts[a] * gu_e + 4 * b * gu_r, gu_r, rows, x, 1, D,
+                  both + a * 2 * F + 4 * b, 1);
+    }
+#pragma omp for schedule(static)
+    for (long i = 0; i < k * F; i++) {
+      long a = i / F, f = i % F;
+      float gate = both[a * 2 * F + f], up = both[a * 2 * F + F + f];
+      act[i] = vs_half(dtype, gate / (1.0f + expf(-gate)) * up);
+    }
+#pragma omp for schedule(static)
+    for (long b = 0; b < down_blocks; b++) {
+      long rows = D - 4 * b < 4 ? D - 4 * b : 4;
+      float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f}, part[4];
+      for (long a = 0; a < k; a++) {
+        vs_block_of(dtype, DN + experts[a] * dn_e + 4 * b * dn_r, dn_r, rows, act + a * F, 1, F, part,
+                    1);
+        for (long j = 0; j < rows; j++) sum[j] += weights[a] * part[j];
+      }
+      for (long j = 0; j < rows; j++) y[4 * b + j] = vs_half(dtype, sum[j]);
+    }
+  }
+  free(both);
+  free(act);
   return 0;
 }

@@ -41,9 +41,10 @@ log = logging.getLogger(__name__)
 MAX_ROWS = 16  # rows of x one call takes (VS_MAX_ROWS in the C source)
 MODES = ("auto", "on", "off")
 DTYPES = {torch.bfloat16: 0, torch.float16: 1}  # the C source's VS_BF16 / VS_FP16
+ROUTING_DTYPES = {**DTYPES, torch.float32: 2}  # routing weights may be float32 too (VS_FP32)
 ISA_NAMES = {0: "plain C", 1: "AVX2 + F16C", 2: "AVX-512", 3: "AVX-512 with AVX512-BF16"}
 SOURCE = Path(__file__).with_name("cpu_gemv.c")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-lm")
 
 _lock = threading.Lock()
 _library: list = []  # [the loaded library or None], once tried
@@ -165,6 +166,12 @@ def _load(flags: tuple[str, ...] = FLAGS):
     lib.vs_row_times_columns.restype = ctypes.c_int
     lib.vs_row_times_columns.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
                                          ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_int, ctypes.c_void_p]
+    lib.vs_experts_one_token.restype = ctypes.c_int
+    lib.vs_experts_one_token.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
+                                         ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long,
+                                         ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,
+                                         ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
+                                         ctypes.c_int]
     lib.vs_isa.restype = ctypes.c_int
     log.info("CPU decode kernel: %s", ISA_NAMES.get(lib.vs_isa(), "?"))
     return lib
@@ -230,6 +237,62 @@ def rows_times_weight(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None
     if status != 0:
         raise ValueError(f"the CPU decode kernel refused x {tuple(x.shape)} @ w {tuple(w.shape)} "
                          f"(strides {w.stride()}, {x.dtype})")
+    return out
+
+
+def serves_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: torch.Tensor | None = None,
+                   weights: torch.Tensor | None = None, keep: torch.Tensor | None = None) -> bool:
+    """Whether :func:`experts_one_token` computes one token ``x`` [1, D] (rows contiguous) over the
+    stacked experts ``gate_up`` [E, 2F, D] and ``down`` [E, D, F] (rows contiguous at any expert and
+    row stride, one half-precision dtype, on the CPU), routed by ``experts`` [1, k] int64 with
+    ``weights`` [1, k] half precision or float32 and ``keep`` [1, k] bool (where given), wanted
+    here, the library built."""
+    if keep is not None and not (keep.device.type == "cpu" and keep.dtype == torch.bool and experts is not None
+                                 and keep.shape == experts.shape):
+        return False
+    if not (x.device.type == "cpu" and x.dim() == 2 and x.shape[0] == 1 and x.dtype in DTYPES and not x.requires_grad
+            and x.stride(1) == 1 and gate_up.dim() == 3 and down.dim() == 3):
+        return False
+    if experts is not None and not (experts.device.type == "cpu" and experts.dtype == torch.int64
+                                    and experts.dim() == 2 and experts.shape[0] == 1 and 1 <= experts.shape[1] <= 1024):
+        return False
+    if weights is not None and not (weights.device.type == "cpu" and weights.dtype in ROUTING_DTYPES
+                                    and weights.shape == (1, experts.shape[1] if experts is not None else weights.shape[1])):
+        return False
+    experts, two_f, hidden = gate_up.shape
+    width = two_f // 2
+    return (two_f == 2 * width > 0 and hidden == x.shape[1] and down.shape == (experts, hidden, width)
+            and all(w.device.type == "cpu" and w.dtype == x.dtype and not w.requires_grad and w.stride(2) == 1
+                    and w.stride(1) >= w.shape[2] and w.stride(0) >= 0 for w in (gate_up, down))
+            and wanted() and library() is not None)
+
+
+def experts_one_token(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: torch.Tensor,
+                      weights: torch.Tensor, keep: torch.Tensor | None = None, lib=None) -> torch.Tensor:
+    """One token's weighted sum over its routed experts by the C kernel, in one call on torch's thread
+    count: x [1, D] (rows contiguous); gate_up [E, 2F, D] and down [E, D, F] as :func:`serves_experts`
+    takes them; experts [1, k] int64 and weights [1, k] (half precision or float32), read as they lie;
+    keep [1, k] bool: the assignments computed (the others count zero, their experts not read; None: all).
+    Each expert's gate and up products in float32, the activation rounded once to ``x``'s dtype, the
+    down products summed over the experts in float32 and rounded once. Returns [1, D] in ``x``'s dtype.
+    The only torch call is the output's allocation: each gives the GIL up and takes it back, which beside
+    a thread running Python waits for the switch interval. ValueError for an expert index outside the
+    layer's (the caller checks :func:`serves_experts` with the routing first)."""
+    lib = lib or library()
+    E, two_f, D = gate_up.shape
+    k = experts.shape[-1]
+    out = torch.empty(1, D, dtype=x.dtype)
+    status = lib.vs_experts_one_token(DTYPES[x.dtype], gate_up.data_ptr(), gate_up.stride(0), gate_up.stride(1),
+                                      down.data_ptr(), down.stride(0), down.stride(1), x.data_ptr(), experts.data_ptr(),
+                                      experts.stride(1), weights.data_ptr(), ROUTING_DTYPES[weights.dtype],
+                                      weights.stride(1), None if keep is None else keep.data_ptr(),
+                                      0 if keep is None else keep.stride(1), k, D, two_f // 2, E, out.data_ptr(),
+                                      torch.get_num_threads())
+    if status == -2:
+        raise MemoryError("the CPU decode kernel could not allocate its scratch for the routed experts")
+    if status != 0:
+        raise ValueError(f"the CPU decode kernel refused the routed experts {experts.tolist()} of {E} "
+                         f"(gate_up {tuple(gate_up.shape)}, down {tuple(down.shape)}, {x.dtype})")
     return out
 
 

@@ -30,12 +30,22 @@ caller's own path (:mod:`~vramshard.layers.cpu_compiled`). Where the compiled ke
 not run on a thread that keeps the GIL free (the run-ahead worker). ``VRAMSHARD_HOST_EXPERTS=off``
 turns this off.
 
-One token (a decode step, every assignment computed) is one compiled call, glue and weighted sum
-included. Each torch call gives the GIL up and takes it back, and on the run-ahead worker, beside
-the host thread running Python, every take waits for the switch interval: the several-token pass's
-dozen calls around its kernel waited 23-24 intervals a pass there, the one-token call 2-6 (the
+One token (a decode step) is one call of the C kernel where it builds
+(:func:`~vramshard.layers.cpu_gemv.experts_one_token`: each expert's rows dotted with the token, the
+activation rounded once to the dtype, nothing compiled, the GIL left free for the whole call),
+elsewhere one compiled call, glue and weighted sum included. The C kernel takes a share of the
+token's assignments too (``keep``: the CPU's share beside the GPU's zero-copy kernels, on the
+run-ahead worker) and reads only their experts; without it such a share goes through the
+several-token pass. On the 2-core development machine (host read 30 GB/s) a Qwen3-30B-A3B layer's 8
+routed experts took 3.29 ms in the C kernel, 4.60 ms compiled and 2.51 ms to read
+(``python -m benchmarks.cpu_experts``, session 35).
+
+Each torch call gives the GIL up and takes it back, and on the run-ahead worker, beside the host
+thread running Python, every take waits for the switch interval: the several-token pass's dozen
+calls around its kernel waited 23-24 intervals a pass there, the compiled one-token call 2-6 (the
 2-core development machine, session 25, ``python -m benchmarks.compiled_gil``, three runs), and the
 pass on the worker took 3.20-3.43 ms against 2.81-3.01 alone (6.2-6.8 against 3.0-3.4 in session 24).
+The C kernel's call makes one such torch call (its output's allocation).
 """
 
 from __future__ import annotations
@@ -47,7 +57,7 @@ import torch
 import torch.nn.functional as F
 
 from ..env import switch
-from . import cpu_compiled
+from . import cpu_compiled, cpu_gemv
 from .cpu_compiled import CompiledKernel
 
 ENABLED = switch("VRAMSHARD_HOST_EXPERTS", default=True)
@@ -128,8 +138,8 @@ _timing = threading.local()  # .seconds: this thread's time in the one-token com
 
 
 def kernel_seconds() -> float:
-    """Seconds this thread has spent so far in the one-token pass's compiled call (the rest of a
-    CPU part — its glue, its copies — is the caller's time less this)."""
+    """Seconds this thread has spent so far in the one-token pass's call (the C kernel's, or the
+    compiled one; the rest of a CPU part — its glue, its copies — is the caller's time less this)."""
     return getattr(_timing, "seconds", 0.0)
 
 
@@ -148,6 +158,11 @@ def routed(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: 
     h: [T, D]; gate_up: [E, 2F, D] and down: [E, D, F] (strided views over the host buffer);
     experts, weights: [T, k] (token-major); keep: [T, k] bool, the assignments to compute (the
     others count zero), or None for all."""
+    if ENABLED and cpu_gemv.serves_experts(h, gate_up, down, experts, weights, keep):  # a decode step: one C call
+        began = time.perf_counter()
+        y = cpu_gemv.experts_one_token(h, gate_up, down, experts, weights, keep)
+        _timing.seconds = kernel_seconds() + time.perf_counter() - began
+        return y
     if not eligible(h, gate_up):
         return None
     if keep is None and h.shape[0] == 1:  # a decode step: one compiled call (see the module's notes)
@@ -183,7 +198,8 @@ def warm_up(gate_up: torch.Tensor, down: torch.Tensor) -> None:
     with torch.inference_mode():
         x = torch.zeros(1, gate_up.shape[-1])
         experts, weights = torch.tensor([[0, 1]]), torch.zeros(1, 2, dtype=gate_up.dtype)
-        for one_token in (_one_token_kernel, _one_token_kernel_by_assignment):  # a decode step: one call
-            one_token(x, gate_up, down, experts, weights)
+        if not cpu_gemv.serves_experts(x.to(gate_up.dtype), gate_up, down):  # (else the C kernel: nothing to compile)
+            for one_token in (_one_token_kernel, _one_token_kernel_by_assignment):  # a decode step: one call
+                one_token(x, gate_up, down, experts, weights)
         for several in (_kernel, _kernel_by_assignment):  # more tokens (and a share of a token's experts)
             several(x.expand(2, -1).contiguous(), gate_up, down, experts[0])

@@ -316,7 +316,7 @@ class MoEFFN(SubLayer):
         experts of one step can be split between sources (e.g. CPU and GPU) and the parts summed.
         """
         stacked = source.stacked()
-        if stacked is not None and host_experts.eligible(h, stacked.gate_up):  # a few CPU tokens in one compiled pass
+        if stacked is not None and h.device.type == "cpu":  # a few CPU tokens in one C call or compiled pass
             keep = None if only is None else torch.isin(routing.experts, torch.tensor(sorted(only), dtype=torch.long))
             y = host_experts.routed(h, stacked.gate_up, stacked.down, routing.experts, routing.weights, keep)
             if y is not None:

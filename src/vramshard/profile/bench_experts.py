@@ -1,14 +1,16 @@
-"""A MoE layer's routed experts on the CPU in the compiled pass, by rows: its rate in bytes per second.
+"""A MoE layer's routed experts on the CPU in one pass, by rows: its rate in bytes per second.
 
 Up to :data:`~vramshard.layers.host_experts.ROWS` tokens, the executor computes a step's host
-experts in one compiled pass over the layer's stacked weights (:mod:`~vramshard.layers.host_experts`).
+experts in one pass over the layer's stacked weights (:mod:`~vramshard.layers.host_experts`): at one
+token the C kernel's call where it builds (since session 35), else one compiled pass.
 The matmul tables time one projection at a time, and at a decode step's tiny shapes they are off
 for the expert-by-expert path too (the fourteenth GPU session: its estimate 1.25-1.77x too fast).
 This times the pass with the layer's own code (:meth:`MoEFFN.run_experts` over a stacked source)
 over cold weights (experts picked at random among enough of them that the caches hold few), and
 records, per row count, the bytes of its assignments (each expert once per assignment, as the pass
 reads them) over its time, the call's fixed costs included. The first call compiles and is not
-timed (a few seconds on two cores).
+timed (a few seconds on two cores). Profiles measured before session 35 timed the compiled pass at
+one token too.
 
 The same pass is timed again as the executor's run-ahead worker runs it (``VRAMSHARD_RUN_AHEAD``):
 on a worker thread of one core fewer, while the profiling thread runs Python as the host thread
