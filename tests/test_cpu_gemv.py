@@ -62,43 +62,47 @@ def test_every_build_computes_the_rows_times_the_weight(isa, dtype):
 
 
 def _routed_reference(x, gate_up, down, experts, weights, keep=None):
-    """One token's routed experts in float64, the activation rounded once to the dtype as the kernel does."""
+    """A few tokens' routed experts in float64, the activation rounded once to the dtype as the kernel does."""
     width = gate_up.shape[1] // 2
-    y = torch.zeros(1, x.shape[1], dtype=torch.float64)
-    kept = [True] * experts.shape[1] if keep is None else keep[0].tolist()
-    for e, w, computed in zip(experts[0].tolist(), weights[0].double().tolist(), kept):
-        if not computed:
-            continue
-        both = x.double() @ gate_up[e].double().T
-        act = (torch.nn.functional.silu(both[:, :width]) * both[:, width:]).to(x.dtype)
-        y += w * (act.double() @ down[e].double().T)
+    y = torch.zeros(x.shape, dtype=torch.float64)
+    kept = torch.ones(experts.shape, dtype=torch.bool) if keep is None else keep
+    for t in range(x.shape[0]):
+        for e, w, computed in zip(experts[t].tolist(), weights[t].double().tolist(), kept[t].tolist()):
+            if computed:
+                both = x[t : t + 1].double() @ gate_up[e].double().T
+                act = (torch.nn.functional.silu(both[:, :width]) * both[:, width:]).to(x.dtype)
+                y[t] += (w * (act.double() @ down[e].double().T))[0]
     return y
 
 
 @needs_kernel
 @pytest.mark.parametrize("isa", ["native", "avx2", "plain"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_every_build_computes_a_tokens_routed_experts(isa, dtype):
+def test_every_build_computes_the_tokens_routed_experts(isa, dtype):
     """Over stacked experts as a host layout holds them (experts and rows at strides past their
-    sizes), routing weights in the dtype or float32, experts in any order, all or some of them kept:
-    the weighted sum of each kept routed expert's SwiGLU, rounded once."""
+    sizes), one to sixteen tokens sharing some experts, routing weights in the dtype or float32,
+    experts in any order, all or some of them kept: each token's weighted sum of its kept routed
+    experts' SwiGLUs, rounded once."""
     lib = _build(isa)
     g = torch.Generator().manual_seed(0)
     for E, width, hidden, k in ((9, 37, 101, 4), (128, 24, 64, 8), (3, 1, 5, 1), (6, 8, 33, 6)):
         gate_up = torch.randn(E + 1, 2 * width, hidden + 3, generator=g).to(dtype)[1:, :, 2:2 + hidden]
         down = torch.randn(E, hidden, width + 5, generator=g).to(dtype)[:, :, :width]
-        x = torch.randn(1, hidden, generator=g).to(dtype)
-        experts = torch.randperm(E, generator=g)[:k][None]
-        some = torch.arange(k)[None] % 2 == 0  # (a CPU share: the others computed elsewhere)
-        none = torch.zeros(1, k, dtype=torch.bool)
-        for weights, keep in ((torch.rand(1, k, generator=g).to(dtype), None), (torch.rand(1, k, generator=g), None),
-                              (torch.rand(1, k, generator=g).to(dtype), some), (torch.rand(1, k, generator=g), none)):
-            assert cpu_gemv.serves_experts(x, gate_up, down, experts, weights, keep)
-            y = cpu_gemv.experts_one_token(x, gate_up, down, experts, weights, keep, lib=lib)
-            expected = _routed_reference(x, gate_up, down, experts, weights, keep)
-            assert y.dtype == dtype and y.shape == (1, hidden)
-            torch.testing.assert_close(y.double(), expected.to(dtype).double(), rtol=0,
-                                       atol=1e-3 * expected.abs().max().item() + 1e-6)  # (one rounding apart at most)
+        for tokens in (1, 3, 16):
+            x = torch.randn(tokens, hidden, generator=g).to(dtype)
+            experts = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(tokens)])
+            some = torch.rand(tokens, k, generator=g) < 0.5  # (a CPU share: the others computed elsewhere)
+            none = torch.zeros(tokens, k, dtype=torch.bool)
+            for weights, keep in ((torch.rand(tokens, k, generator=g).to(dtype), None),
+                                  (torch.rand(tokens, k, generator=g), None),
+                                  (torch.rand(tokens, k, generator=g).to(dtype), some),
+                                  (torch.rand(tokens, k, generator=g), none)):
+                assert cpu_gemv.serves_experts(x, gate_up, down, experts, weights, keep)
+                y = cpu_gemv.routed_experts(x, gate_up, down, experts, weights, keep, lib=lib)
+                expected = _routed_reference(x, gate_up, down, experts, weights, keep)
+                assert y.dtype == dtype and y.shape == (tokens, hidden)
+                torch.testing.assert_close(y.double(), expected.to(dtype).double(), rtol=0,
+                                           atol=1e-3 * expected.abs().max().item() + 1e-6)  # (one rounding apart)
 
 
 def test_what_the_experts_kernel_takes_and_refuses():
@@ -107,7 +111,9 @@ def test_what_the_experts_kernel_takes_and_refuses():
     built = cpu_gemv.library() is not None
     assert cpu_gemv.serves_experts(x, gate_up, down, experts, weights) == built
     assert not cpu_gemv.serves_experts(x.float(), gate_up.float(), down.float())  # float32: torch's paths
-    assert not cpu_gemv.serves_experts(torch.zeros(2, 8, dtype=torch.bfloat16), gate_up, down)  # one token only
+    assert not cpu_gemv.serves_experts(torch.zeros(17, 8, dtype=torch.bfloat16), gate_up, down)  # 16 tokens at most
+    assert not cpu_gemv.serves_experts(torch.zeros(2, 8, dtype=torch.bfloat16), gate_up, down, experts)  # [T, k]
+    assert not cpu_gemv.serves_experts(torch.zeros(2, 16, dtype=torch.bfloat16)[:, ::2], gate_up, down)  # strided
     assert not cpu_gemv.serves_experts(x, gate_up, down.transpose(1, 2))  # rows not contiguous
     assert not cpu_gemv.serves_experts(x, gate_up, down[:, :, :4])  # down's width is not gate_up's half
     assert not cpu_gemv.serves_experts(x, gate_up, down, experts.int(), weights)  # int32 experts
@@ -117,7 +123,7 @@ def test_what_the_experts_kernel_takes_and_refuses():
     assert not cpu_gemv.serves_experts(x, gate_up, down, experts, weights, torch.ones(1, 3, dtype=torch.bool))
     if built:
         with pytest.raises(ValueError, match="refused the routed experts"):  # the C side's own guard
-            cpu_gemv.experts_one_token(x, gate_up, down, torch.tensor([[0, 4]]), weights)
+            cpu_gemv.routed_experts(x, gate_up, down, torch.tensor([[0, 4]]), weights)
 
 
 def test_what_the_kernel_takes_and_the_arguments_it_refuses():

@@ -16,12 +16,13 @@
  *   its own run of V's rows into scratch[thread, N] (every byte of V read once, in order), then the
  *   threads add the partial sums up.
  *
- *   vs_experts_one_token: y[D] = sum over a < k of weights[a] * down_e (silu(gate_e x) * up_e x), e = experts[a]
- *   one token's routed experts of a MoE layer, read where they lie in the layer's stacked weights
- *   (gate_up [E, 2F, D], down [E, D, F], rows contiguous at any expert and row stride). Each thread
- *   dots its share of every expert's gate/up rows with x, then (after the team has all of them) takes
- *   the activation, rounded once to the weights' dtype, then its share of the output rows, each
- *   summed over the experts in float32 and rounded once: one OpenMP team and one call for the layer.
+ *   vs_routed_experts: y[t] = sum over a < k of weights[t, a] * down_e (silu(gate_e x[t]) * up_e x[t]),
+ *   e = experts[t, a]: a few tokens' routed experts of a MoE layer, read where they lie in the layer's
+ *   stacked weights (gate_up [E, 2F, D], down [E, D, F], rows contiguous at any expert and row stride).
+ *   Grouped by expert, each thread dots its share of every routed expert's gate/up rows with the
+ *   tokens routed to it, then (after the team has all of them) takes the activation, rounded once to
+ *   the weights' dtype, then its share of the output rows, each summed over the experts in float32 and
+ *   rounded once: every routed expert read once, one OpenMP team and one call for the layer.
  * Three ways to the same sums, chosen when compiled: AVX-512 (with AVX512-BF16's pairwise dot
  * products for bf16 where the CPU has them), AVX2 + F16C, and plain C.
  */
@@ -281,68 +282,102 @@ static inline uint16_t vs_half(int dtype, float f) {
 #endif
 }
 
-/* One token's routed experts (see the top of the file): x [D], the experts' weights and y [D] in `dtype`;
- * experts [k] (each in [0, E)) and their routing weights [k] in `weights_dtype` (VS_BF16, VS_FP16 or
- * VS_FP32), each at its stride; `keep` [k] (at its stride; NULL: all) the assignments computed, the
- * others counting zero and their experts not read. Returns 0, -1 for arguments it does not take, -2
- * where the scratch could not be allocated. */
-int vs_experts_one_token(int dtype, const uint16_t *GU, long gu_e, long gu_r, const uint16_t *DN, long dn_e,
-                         long dn_r, const uint16_t *x, const int64_t *chosen, long chosen_ld, const void *routing,
-                         int weights_dtype, long weights_ld, const uint8_t *keep, long keep_ld, long k, long D,
-                         long F, long E, uint16_t *y, int threads) {
-  if ((dtype != VS_BF16 && dtype != VS_FP16) || k < 1 || k > 1024 || D < 1 || F < 1 || gu_r < D || dn_r < F ||
-      threads < 1 || (weights_dtype != VS_BF16 && weights_dtype != VS_FP16 && weights_dtype != VS_FP32))
+/* A few tokens' routed experts (see the top of the file): x [T, D] (rows contiguous), the experts' weights
+ * and y [T, D] (rows contiguous) in `dtype`; experts [T, k] (each in [0, E)) and their routing weights
+ * [T, k] in `weights_dtype` (VS_BF16, VS_FP16 or VS_FP32), each at its strides (token, assignment); `keep`
+ * [T, k] (at its strides; NULL: all) the assignments computed, the others counting zero and their experts
+ * not read. The assignments are grouped by expert, so each expert's rows are read once for all the tokens
+ * routed to it. Returns 0, -1 for arguments it does not take, -2 where the scratch could not be allocated. */
+int vs_routed_experts(int dtype, const uint16_t *GU, long gu_e, long gu_r, const uint16_t *DN, long dn_e, long dn_r,
+                      const uint16_t *x, long T, const int64_t *chosen, long chosen_t, long chosen_a,
+                      const void *routing, int weights_dtype, long weights_t, long weights_a, const uint8_t *keep,
+                      long keep_t, long keep_a, long k, long D, long F, long E, uint16_t *y, int threads) {
+  if ((dtype != VS_BF16 && dtype != VS_FP16) || T < 1 || T > VS_MAX_ROWS || k < 1 || T * k > 4096 || D < 1 ||
+      F < 1 || E < 1 || gu_r < D || dn_r < F || threads < 1 ||
+      (weights_dtype != VS_BF16 && weights_dtype != VS_FP16 && weights_dtype != VS_FP32))
     return -1;
-  float weights[1024];
-  int64_t experts[1024];
-  long kept = 0;
-  for (long a = 0; a < k; a++) {
-    if (chosen[a * chosen_ld] < 0 || chosen[a * chosen_ld] >= E) return -1;
-    if (keep && !keep[a * keep_ld]) continue;
-    experts[kept] = chosen[a * chosen_ld];
-    weights[kept++] = weights_dtype == VS_FP32 ? ((const float *)routing)[a * weights_ld]
-                                               : vs_scalar(weights_dtype, ((const uint16_t *)routing)[a * weights_ld]);
+  for (long t = 0; t < T; t++)
+    for (long a = 0; a < k; a++)
+      if (chosen[t * chosen_t + a * chosen_a] < 0 || chosen[t * chosen_t + a * chosen_a] >= E) return -1;
+  /* The kept assignments, grouped by expert (a counting sort): assignment i of group g is token[i]'s, with
+   * weight[i]; group g is expert[g]'s, its assignments from first[g] to first[g + 1]. */
+  long *count = (long *)calloc(E + 1, sizeof(long));
+  long *token = (long *)malloc(sizeof(long) * T * k), *first = (long *)malloc(sizeof(long) * (T * k + 1));
+  int64_t *expert = (int64_t *)malloc(sizeof(int64_t) * T * k);
+  float *weight = (float *)malloc(sizeof(float) * T * k);
+  uint16_t *xs = (uint16_t *)malloc(sizeof(uint16_t) * T * k * D);  /* [A, D]: each assignment's token */
+  float *both = (float *)malloc(sizeof(float) * T * k * 2 * F);  /* [A, 2F]: gate then up */
+  uint16_t *act = (uint16_t *)malloc(sizeof(uint16_t) * T * k * F);  /* [A, F] */
+  int status = 0;
+  if (!count || !token || !first || !expert || !weight || !xs || !both || !act) {
+    status = -2;
+    goto done;
   }
-  if (kept == 0) {
-    for (long d = 0; d < D; d++) y[d] = 0;  /* (+0.0 in both dtypes) */
-    return 0;
-  }
-  k = kept;
-  float *both = (float *)malloc(sizeof(float) * k * 2 * F);  /* [k, 2F]: gate then up of each expert */
-  uint16_t *act = (uint16_t *)malloc(sizeof(uint16_t) * k * F);  /* [k, F] */
-  if (!both || !act) {
-    free(both);
-    free(act);
-    return -2;
-  }
+  for (long t = 0; t < T; t++)
+    for (long a = 0; a < k; a++)
+      if (!keep || keep[t * keep_t + a * keep_a]) count[chosen[t * chosen_t + a * chosen_a] + 1]++;
+  for (long e = 0; e < E; e++) count[e + 1] += count[e];  /* count[e]: where expert e's assignments start */
+  long groups = 0, assignments = count[E];
+  for (long e = 0; e < E; e++)
+    if (count[e + 1] > count[e]) {
+      expert[groups] = e;
+      first[groups++] = count[e];
+    }
+  first[groups] = assignments;
+  for (long t = 0; t < T; t++)
+    for (long a = 0; a < k; a++) {
+      if (keep && !keep[t * keep_t + a * keep_a]) continue;
+      long i = count[chosen[t * chosen_t + a * chosen_a]]++;
+      long w = t * weights_t + a * weights_a;
+      token[i] = t;
+      weight[i] = weights_dtype == VS_FP32 ? ((const float *)routing)[w] : vs_scalar(weights_dtype, ((const uint16_t *)routing)[w]);
+      memcpy(xs + i * D, x + t * D, sizeof(uint16_t) * D);
+    }
   long gate_blocks = (2 * F + 3) / 4, down_blocks = (D + 3) / 4;
 #pragma omp parallel num_threads(threads)
   {
 #pragma omp for schedule(static)
-    for (long i = 0; i < k * gate_blocks; i++) {
-      long a = i / gate_blocks, b = i % gate_blocks, rows = 2 * F - 4 * b < 4 ? 2 * F - 4 * b : 4;
-      vs_block_of(dtype, GU + experts[a] * gu_e + 4 * b * gu_r, gu_r, rows, x, 1, D,
-                  both + a * 2 * F + 4 * b, 1);
+    for (long i = 0; i < groups * gate_blocks; i++) {  /* each expert's gate/up rows, once for its tokens */
+      long g = i / gate_blocks, b = i % gate_blocks, rows = 2 * F - 4 * b < 4 ? 2 * F - 4 * b : 4;
+      const uint16_t *w = GU + expert[g] * gu_e + 4 * b * gu_r;
+      for (long s = first[g]; s < first[g + 1]; s += 4) {
+        long n = first[g + 1] - s < 4 ? first[g + 1] - s : 4;
+        vs_block_of(dtype, w, gu_r, rows, xs + s * D, n, D, both + s * 2 * F + 4 * b, 2 * F);
+      }
     }
 #pragma omp for schedule(static)
-    for (long i = 0; i < k * F; i++) {
-      long a = i / F, f = i % F;
-      float gate = both[a * 2 * F + f], up = both[a * 2 * F + F + f];
+    for (long i = 0; i < assignments * F; i++) {
+      long s = i / F, f = i % F;
+      float gate = both[s * 2 * F + f], up = both[s * 2 * F + F + f];
       act[i] = vs_half(dtype, gate / (1.0f + expf(-gate)) * up);
     }
 #pragma omp for schedule(static)
-    for (long b = 0; b < down_blocks; b++) {
+    for (long b = 0; b < down_blocks; b++) {  /* each thread its output rows, every expert's down rows once */
       long rows = D - 4 * b < 4 ? D - 4 * b : 4;
-      float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f}, part[4];
-      for (long a = 0; a < k; a++) {
-        vs_block_of(dtype, DN + experts[a] * dn_e + 4 * b * dn_r, dn_r, rows, act + a * F, 1, F, part,
-                    1);
-        for (long j = 0; j < rows; j++) sum[j] += weights[a] * part[j];
+      float sum[VS_MAX_ROWS][4], part[4 * 4];
+      for (long t = 0; t < T; t++)
+        for (long j = 0; j < 4; j++) sum[t][j] = 0.0f;
+      for (long g = 0; g < groups; g++) {
+        const uint16_t *w = DN + expert[g] * dn_e + 4 * b * dn_r;
+        for (long s = first[g]; s < first[g + 1]; s += 4) {
+          long n = first[g + 1] - s < 4 ? first[g + 1] - s : 4;
+          vs_block_of(dtype, w, dn_r, rows, act + s * F, n, F, part, 4);
+          for (long u = 0; u < n; u++)
+            for (long j = 0; j < rows; j++) sum[token[s + u]][j] += weight[s + u] * part[u * 4 + j];
+        }
       }
-      for (long j = 0; j < rows; j++) y[4 * b + j] = vs_half(dtype, sum[j]);
+      for (long t = 0; t < T; t++)
+        for (long j = 0; j < rows; j++) y[t * D + 4 * b + j] = vs_half(dtype, sum[t][j]);
     }
   }
+done:
+  free(count);
+  free(token);
+  free(first);
+  free(expert);
+  free(weight);
+  free(xs);
   free(both);
   free(act);
-  return 0;
+  return status;
 }

@@ -166,12 +166,15 @@ def _load(flags: tuple[str, ...] = FLAGS):
     lib.vs_row_times_columns.restype = ctypes.c_int
     lib.vs_row_times_columns.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
                                          ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_int, ctypes.c_void_p]
-    lib.vs_experts_one_token.restype = ctypes.c_int
-    lib.vs_experts_one_token.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
-                                         ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long,
-                                         ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,
-                                         ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
-                                         ctypes.c_int]
+    lib.vs_routed_experts.restype = ctypes.c_int
+    lib.vs_routed_experts.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,  # gate_up
+                                      ctypes.c_void_p, ctypes.c_long, ctypes.c_long,  # down
+                                      ctypes.c_void_p, ctypes.c_long,  # x, T
+                                      ctypes.c_void_p, ctypes.c_long, ctypes.c_long,  # experts
+                                      ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_long,  # weights
+                                      ctypes.c_void_p, ctypes.c_long, ctypes.c_long,  # keep
+                                      ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_long,  # k, D, F, E
+                                      ctypes.c_void_p, ctypes.c_int]  # y, threads
     lib.vs_isa.restype = ctypes.c_int
     log.info("CPU decode kernel: %s", ISA_NAMES.get(lib.vs_isa(), "?"))
     return lib
@@ -240,24 +243,28 @@ def rows_times_weight(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None
     return out
 
 
+MAX_ASSIGNMENTS = 4096  # tokens x routed experts one call takes (the C source's guard)
+
+
 def serves_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: torch.Tensor | None = None,
                    weights: torch.Tensor | None = None, keep: torch.Tensor | None = None) -> bool:
-    """Whether :func:`experts_one_token` computes one token ``x`` [1, D] (rows contiguous) over the
-    stacked experts ``gate_up`` [E, 2F, D] and ``down`` [E, D, F] (rows contiguous at any expert and
-    row stride, one half-precision dtype, on the CPU), routed by ``experts`` [1, k] int64 with
-    ``weights`` [1, k] half precision or float32 and ``keep`` [1, k] bool (where given), wanted
+    """Whether :func:`routed_experts` computes ``x`` [T, D] (T <= :data:`MAX_ROWS`, rows contiguous)
+    over the stacked experts ``gate_up`` [E, 2F, D] and ``down`` [E, D, F] (rows contiguous at any
+    expert and row stride, one half-precision dtype, on the CPU), routed by ``experts`` [T, k] int64
+    with ``weights`` [T, k] half precision or float32 and ``keep`` [T, k] bool (where given), wanted
     here, the library built."""
-    if keep is not None and not (keep.device.type == "cpu" and keep.dtype == torch.bool and experts is not None
-                                 and keep.shape == experts.shape):
+    if not (x.device.type == "cpu" and x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and x.dtype in DTYPES
+            and not x.requires_grad and x.stride(1) == 1 and x.stride(0) == x.shape[1]
+            and gate_up.dim() == 3 and down.dim() == 3):
         return False
-    if not (x.device.type == "cpu" and x.dim() == 2 and x.shape[0] == 1 and x.dtype in DTYPES and not x.requires_grad
-            and x.stride(1) == 1 and gate_up.dim() == 3 and down.dim() == 3):
-        return False
+    routed = (x.shape[0], experts.shape[-1]) if experts is not None else None
     if experts is not None and not (experts.device.type == "cpu" and experts.dtype == torch.int64
-                                    and experts.dim() == 2 and experts.shape[0] == 1 and 1 <= experts.shape[1] <= 1024):
+                                    and experts.shape == routed and 1 <= experts.numel() <= MAX_ASSIGNMENTS):
         return False
     if weights is not None and not (weights.device.type == "cpu" and weights.dtype in ROUTING_DTYPES
-                                    and weights.shape == (1, experts.shape[1] if experts is not None else weights.shape[1])):
+                                    and weights.dim() == 2 and weights.shape == (routed or weights.shape)):
+        return False
+    if keep is not None and not (keep.device.type == "cpu" and keep.dtype == torch.bool and keep.shape == routed):
         return False
     experts, two_f, hidden = gate_up.shape
     width = two_f // 2
@@ -267,27 +274,29 @@ def serves_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, e
             and wanted() and library() is not None)
 
 
-def experts_one_token(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: torch.Tensor,
-                      weights: torch.Tensor, keep: torch.Tensor | None = None, lib=None) -> torch.Tensor:
-    """One token's weighted sum over its routed experts by the C kernel, in one call on torch's thread
-    count: x [1, D] (rows contiguous); gate_up [E, 2F, D] and down [E, D, F] as :func:`serves_experts`
-    takes them; experts [1, k] int64 and weights [1, k] (half precision or float32), read as they lie;
-    keep [1, k] bool: the assignments computed (the others count zero, their experts not read; None: all).
-    Each expert's gate and up products in float32, the activation rounded once to ``x``'s dtype, the
-    down products summed over the experts in float32 and rounded once. Returns [1, D] in ``x``'s dtype.
-    The only torch call is the output's allocation: each gives the GIL up and takes it back, which beside
-    a thread running Python waits for the switch interval. ValueError for an expert index outside the
-    layer's (the caller checks :func:`serves_experts` with the routing first)."""
+def routed_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: torch.Tensor,
+                   weights: torch.Tensor, keep: torch.Tensor | None = None, lib=None) -> torch.Tensor:
+    """A few tokens' weighted sums over their routed experts by the C kernel, in one call on torch's
+    thread count: x [T, D]; gate_up [E, 2F, D] and down [E, D, F] as :func:`serves_experts` takes them;
+    experts [T, k] int64 and weights [T, k] (half precision or float32), read as they lie; keep [T, k]
+    bool: the assignments computed (the others count zero, their experts not read; None: all). Grouped
+    by expert, each routed expert is read once for all its tokens; each gate and up product in
+    float32, the activation rounded once to ``x``'s dtype, the down products summed over the experts
+    in float32 and rounded once. Returns [T, D] in ``x``'s dtype. The only torch call is the output's
+    allocation: each gives the GIL up and takes it back, which beside a thread running Python waits
+    for the switch interval. ValueError for an expert index outside the layer's (the caller checks
+    :func:`serves_experts` with the routing first)."""
     lib = lib or library()
     E, two_f, D = gate_up.shape
-    k = experts.shape[-1]
-    out = torch.empty(1, D, dtype=x.dtype)
-    status = lib.vs_experts_one_token(DTYPES[x.dtype], gate_up.data_ptr(), gate_up.stride(0), gate_up.stride(1),
-                                      down.data_ptr(), down.stride(0), down.stride(1), x.data_ptr(), experts.data_ptr(),
-                                      experts.stride(1), weights.data_ptr(), ROUTING_DTYPES[weights.dtype],
-                                      weights.stride(1), None if keep is None else keep.data_ptr(),
-                                      0 if keep is None else keep.stride(1), k, D, two_f // 2, E, out.data_ptr(),
-                                      torch.get_num_threads())
+    T, k = experts.shape
+    out = torch.empty(T, D, dtype=x.dtype)
+    status = lib.vs_routed_experts(DTYPES[x.dtype], gate_up.data_ptr(), gate_up.stride(0), gate_up.stride(1),
+                                   down.data_ptr(), down.stride(0), down.stride(1), x.data_ptr(), T,
+                                   experts.data_ptr(), experts.stride(0), experts.stride(1),
+                                   weights.data_ptr(), ROUTING_DTYPES[weights.dtype], weights.stride(0), weights.stride(1),
+                                   None if keep is None else keep.data_ptr(), 0 if keep is None else keep.stride(0),
+                                   0 if keep is None else keep.stride(1), k, D, two_f // 2, E, out.data_ptr(),
+                                   torch.get_num_threads())
     if status == -2:
         raise MemoryError("the CPU decode kernel could not allocate its scratch for the routed experts")
     if status != 0:

@@ -30,14 +30,14 @@ caller's own path (:mod:`~vramshard.layers.cpu_compiled`). Where the compiled ke
 not run on a thread that keeps the GIL free (the run-ahead worker). ``VRAMSHARD_HOST_EXPERTS=off``
 turns this off.
 
-One token (a decode step) is one call of the C kernel where it builds
-(:func:`~vramshard.layers.cpu_gemv.experts_one_token`: each expert's rows dotted with the token, the
-activation rounded once to the dtype, nothing compiled, the GIL left free for the whole call),
-elsewhere one compiled call, glue and weighted sum included. The C kernel takes a share of the
-token's assignments too (``keep``: the CPU's share beside the GPU's zero-copy kernels, on the
-run-ahead worker) and reads only their experts; without it such a share goes through the
+Where the C kernel builds, the whole step is one call of it instead
+(:func:`~vramshard.layers.cpu_gemv.routed_experts`: the assignments grouped by expert, each routed
+expert read once for all its tokens, the activation rounded once to the dtype, nothing compiled,
+the GIL left free for the whole call), a share of the assignments too (``keep``: the CPU's share
+beside the GPU's zero-copy kernels, on the run-ahead worker), reading only their experts. Elsewhere
+one token is one compiled call, glue and weighted sum included, and more tokens, or a share, the
 several-token pass. On the 2-core development machine (host read 30 GB/s) a Qwen3-30B-A3B layer's 8
-routed experts took 3.29 ms in the C kernel, 4.60 ms compiled and 2.51 ms to read
+routed experts of one token took 3.29 ms in the C kernel, 4.60 ms compiled and 2.51 ms to read
 (``python -m benchmarks.cpu_experts``, session 35).
 
 Each torch call gives the GIL up and takes it back, and on the run-ahead worker, beside the host
@@ -138,8 +138,8 @@ _timing = threading.local()  # .seconds: this thread's time in the one-token com
 
 
 def kernel_seconds() -> float:
-    """Seconds this thread has spent so far in the one-token pass's call (the C kernel's, or the
-    compiled one; the rest of a CPU part — its glue, its copies — is the caller's time less this)."""
+    """Seconds this thread has spent so far in the pass's one call (the C kernel's, or the compiled
+    one-token one; the rest of a CPU part — its glue, its copies — is the caller's time less this)."""
     return getattr(_timing, "seconds", 0.0)
 
 
@@ -158,9 +158,9 @@ def routed(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: 
     h: [T, D]; gate_up: [E, 2F, D] and down: [E, D, F] (strided views over the host buffer);
     experts, weights: [T, k] (token-major); keep: [T, k] bool, the assignments to compute (the
     others count zero), or None for all."""
-    if ENABLED and cpu_gemv.serves_experts(h, gate_up, down, experts, weights, keep):  # a decode step: one C call
+    if ENABLED and cpu_gemv.serves_experts(h, gate_up, down, experts, weights, keep):  # one C call
         began = time.perf_counter()
-        y = cpu_gemv.experts_one_token(h, gate_up, down, experts, weights, keep)
+        y = cpu_gemv.routed_experts(h, gate_up, down, experts, weights, keep)
         _timing.seconds = kernel_seconds() + time.perf_counter() - began
         return y
     if not eligible(h, gate_up):
@@ -192,14 +192,15 @@ def routed(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: 
 def warm_up(gate_up: torch.Tensor, down: torch.Tensor) -> None:
     """Compile the pass, in both its forms, for these stacked experts' dtype and layout now (seconds
     the first time: 4-6 s a form on the 2-core development machine), not in the first step that needs
-    it; quick once compiled."""
+    it; quick once compiled. Nothing where the C kernel computes them."""
     if gate_up.shape[0] < 2 or not eligible(torch.zeros(1, gate_up.shape[-1], dtype=gate_up.dtype), gate_up):
         return
     with torch.inference_mode():
         x = torch.zeros(1, gate_up.shape[-1])
         experts, weights = torch.tensor([[0, 1]]), torch.zeros(1, 2, dtype=gate_up.dtype)
-        if not cpu_gemv.serves_experts(x.to(gate_up.dtype), gate_up, down):  # (else the C kernel: nothing to compile)
-            for one_token in (_one_token_kernel, _one_token_kernel_by_assignment):  # a decode step: one call
-                one_token(x, gate_up, down, experts, weights)
+        if cpu_gemv.serves_experts(x.to(gate_up.dtype), gate_up, down):
+            return  # the C kernel's: nothing to compile
+        for one_token in (_one_token_kernel, _one_token_kernel_by_assignment):  # a decode step: one call
+            one_token(x, gate_up, down, experts, weights)
         for several in (_kernel, _kernel_by_assignment):  # more tokens (and a share of a token's experts)
             several(x.expand(2, -1).contiguous(), gate_up, down, experts[0])
