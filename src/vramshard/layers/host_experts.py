@@ -36,9 +36,10 @@ expert read once for all its tokens, the activation rounded once to the dtype, n
 the GIL left free for the whole call), a share of the assignments too (``keep``: the CPU's share
 beside the GPU's zero-copy kernels, on the run-ahead worker), reading only their experts. Elsewhere
 one token is one compiled call, glue and weighted sum included, and more tokens, or a share, the
-several-token pass. On the 2-core development machine (host read 30 GB/s) a Qwen3-30B-A3B layer's 8
-routed experts of one token took 3.29 ms in the C kernel, 4.60 ms compiled and 2.51 ms to read
-(``python -m benchmarks.cpu_experts``, session 35).
+several-token pass. On the 2-core development machine (host read 32 GB/s) a Qwen3-30B-A3B layer's
+routed experts took 3.20 ms in the C kernel against 4.42 ms compiled and 2.36 ms to read at one
+token, 12.4 against 16.3 (8.6 to read) at 4 tokens and 39.2 against 71.2 (23.3) at 16
+(``python -m benchmarks.cpu_experts``, session 35; docs/BENCHMARKS.md).
 
 Each torch call gives the GIL up and takes it back, and on the run-ahead worker, beside the host
 thread running Python, every take waits for the switch interval: the several-token pass's dozen
