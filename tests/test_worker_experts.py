@@ -13,7 +13,8 @@ import torch
 
 from vramshard.errors import ProfileError
 from vramshard.layers import host_experts
-from vramshard.plan.estimator import Estimator
+from vramshard.layers.moe import MoEFFN
+from vramshard.plan.estimator import Estimator, host_pass_s
 from vramshard.plan.memory import moe_layers, sublayer_triples
 from vramshard.plan.placement import named_placement
 from vramshard.profile import load
@@ -167,3 +168,26 @@ def test_a_worker_slower_than_priced_gets_fewer_experts_once_the_engine_fits_it(
     assert fitted is not None and fitted.profile.cpu_row_factor(1) > 2
     again = plan(fitted.profile)
     assert round(again.tiers[1].zero_copy_cpu_share * top_k) < count
+
+
+def test_a_tokens_experts_by_the_c_kernel_are_priced_from_the_kernels_one_row_tables():
+    """A profile that timed the compiled pass (before session 35) but its one-row tables through the C
+    kernel: one token's experts, which the executor now computes by the kernel, are priced as the
+    kernel's products of their shapes (alone or on the worker: one torch call); more tokens, and an
+    executor without the kernel, keep the pass's rate; a profile that timed the experts through the
+    kernel keeps its own rate."""
+    h100 = load(Path(__file__).resolve().parents[1] / "docs" / "profiles" / "h100-run34.json", check_fingerprint=False)
+    assert h100.cpu_gemv and not h100.host_experts_cpu_gemv
+    moe = next(s for s in QWEN30 if isinstance(s, MoEFFN))
+    by_kernel = moe.top_k * (h100.matmul_s(1, moe.hidden, 2 * moe.intermediate, "bf16", "cpu")
+                             + h100.matmul_s(1, moe.intermediate, moe.hidden, "bf16", "cpu"))
+    by_rate = moe.top_k * moe.expert_bytes / h100.host_experts_rate("bf16", 1)
+    assert host_pass_s(h100, moe, 1, gemv=True) == pytest.approx(by_kernel)
+    assert host_pass_s(h100, moe, 1, on_worker=True, gemv=True) == pytest.approx(by_kernel)
+    assert host_pass_s(h100, moe, 1, gemv=False) == pytest.approx(by_rate)
+    assert by_kernel != pytest.approx(by_rate, rel=0.02)  # (the two ways differ: the check can fail)
+    assert host_pass_s(h100, moe, 4, gemv=True) == pytest.approx(host_pass_s(h100, moe, 4, gemv=False))
+    timed_by_kernel = Profile({**h100.data, "host_experts_cpu_gemv": h100.cpu_gemv})
+    assert host_pass_s(timed_by_kernel, moe, 1, gemv=True) == pytest.approx(by_rate)
+    fitted = h100.calibrated(cpu_rows={1: 1.5})  # (the engine's fits apply to it as to every CPU product)
+    assert host_pass_s(fitted, moe, 1, gemv=True) == pytest.approx(1.5 * by_kernel)

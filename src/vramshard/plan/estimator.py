@@ -171,18 +171,29 @@ def cpu_gemv_enabled() -> bool:
 
 
 def host_pass_s(profile: Profile, moe: MoEFFN, rows: int, contended: bool = False,
-                on_worker: bool = False, threads: int | None = None) -> float | None:
-    """Seconds of the CPU's compiled pass over a step's routed experts at ``rows`` tokens
+                on_worker: bool = False, threads: int | None = None, gemv: bool | None = None) -> float | None:
+    """Seconds of the CPU's one pass over a step's routed experts at ``rows`` tokens
     (:mod:`~vramshard.layers.host_experts`) at the profile's measured rate (``on_worker``: its rate
     on the run-ahead worker beside the host thread's Python), slowed as a projection of the experts'
     shape is under PCIe load when ``contended``, and on ``threads`` CPU threads as that projection
     is on them (None: the count the profile timed it at); None where the executor computes them
-    otherwise or the profile did not time the pass (then the matmul tables count)."""
+    otherwise or the profile did not time the pass (then the matmul tables count).
+
+    ``gemv``: whether the executor computes them by the C kernel (None: :func:`cpu_gemv_enabled`).
+    A profile made before the kernel took the pass over (no ``host_experts_cpu_gemv``) timed the
+    compiled pass; where its one-row tables were timed through the kernel, one token's experts are
+    priced as the kernel's products of their shapes from those tables, its call alone (one torch
+    call: beside the host thread's Python as alone). More rows keep the compiled pass's rate, which
+    prices them slower than the kernel computes them."""
     from ..layers import host_experts  # (the math's own switch and limits)
 
     dtype = moe.weights[0].dtype
     if not host_experts.ENABLED or dtype not in host_experts.DTYPES or not 1 <= rows <= host_experts.ROWS:
         return None
+    if rows == 1 and profile.cpu_gemv and not profile.host_experts_cpu_gemv \
+            and (cpu_gemv_enabled() if gemv is None else gemv):
+        return moe.top_k * (profile.matmul_s(1, moe.hidden, 2 * moe.intermediate, dtype, "cpu", threads, contended)
+                            + profile.matmul_s(1, moe.intermediate, moe.hidden, dtype, "cpu", threads, contended))
     rate = profile.host_experts_rate(dtype, rows, on_worker)
     if rate is None:
         return None
@@ -289,7 +300,7 @@ class Estimator:
             seconds += count * self._matmul(m, k, n, device, contended)
         if device == "cpu" and self.packs_at(n_tokens) and isinstance(sublayer, DenseFFN):
             seconds *= self.profile.packed_ffn_factor(self.dtype, n_tokens)
-        passed = host_pass_s(self.profile, sublayer, n_tokens, contended, threads=self.threads) \
+        passed = host_pass_s(self.profile, sublayer, n_tokens, contended, threads=self.threads, gemv=self.cpu_gemv) \
             if device == "cpu" and isinstance(sublayer, MoEFFN) else None
         if passed is not None:  # its experts in the compiled pass
             seconds = passed + sum(self._matmul(m, k, n, device, contended) for m, k, n in sublayer.main_matmuls(rows))
@@ -393,7 +404,7 @@ class Estimator:
         if key not in self._cache:
             self._cache[key] = sum(count * self._matmul(m, k, n, device, contended)
                                    for (m, k, n), count in Counter(sublayer.expert_matmuls(n_tokens)).items())
-        passed = host_pass_s(self.profile, sublayer, n_tokens, contended, on_worker, self.threads) \
+        passed = host_pass_s(self.profile, sublayer, n_tokens, contended, on_worker, self.threads, self.cpu_gemv) \
             if device == "cpu" else None
         if passed is not None:  # a few tokens on the CPU in the compiled pass, its call's costs included
             return passed

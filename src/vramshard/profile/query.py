@@ -186,6 +186,12 @@ class Profile:
         return self.data.get("cpu_gemv")
 
     @property
+    def host_experts_cpu_gemv(self) -> str | None:
+        """The C kernel's instruction set where the host-experts rates were timed through it, else None
+        (the compiled pass timed them)."""
+        return self.data.get("host_experts_cpu_gemv")
+
+    @property
     def fingerprint_hash(self) -> str:
         return self.data["fingerprint_hash"]
 

@@ -168,6 +168,8 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
         data["packed_ffn"] = packed_ffn
     if host_expert_factors:
         data["host_experts"] = host_expert_factors
+        if cpu_gemv.computes(1):  # (the same switch and build: routed experts went through it too)
+            data["host_experts_cpu_gemv"] = cpu_gemv.isa()
     if host_experts_on_worker:
         data["host_experts_worker"] = host_experts_on_worker
         data["host_experts_worker_teams"] = worker_teams

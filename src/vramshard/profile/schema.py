@@ -28,6 +28,10 @@ cores, GB/s, the mean of a timing before the CPU tables and one after), and the 
 - ``cpu_gemv`` (optional): the instruction set of the C kernel for one-row half-precision products
   (:mod:`~vramshard.layers.cpu_gemv`) that the one-row CPU tables were timed through, where it served
   (absent: timed through torch's paths, as every profile before 2026-12-05);
+- ``host_experts_cpu_gemv`` (optional): the instruction set of the C kernel that ``host_experts``
+  (and ``host_experts_worker``) were timed through (:func:`~vramshard.layers.cpu_gemv.routed_experts`,
+  since session 35; absent: the compiled pass timed them, and the estimator prices a token's experts
+  by the C kernel from the one-row tables where those were timed through it);
 - ``elapsed_by_table_s`` (optional): ``{table: seconds}``, where the profile's wall time went, by
   table (``"cpu matmul bf16 threads=16"``, ``"cuda attention fp16"``, …; see
   :class:`~vramshard.profile.progress.TableClock`).
