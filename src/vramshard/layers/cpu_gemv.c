@@ -330,7 +330,8 @@ int vs_routed_experts(int dtype, const uint16_t *GU, long gu_e, long gu_r, const
       long i = count[chosen[t * chosen_t + a * chosen_a]]++;
       long w = t * weights_t + a * weights_a;
       token[i] = t;
-      weight[i] = weights_dtype == VS_FP32 ? ((const float *)routing)[w] : vs_scalar(weights_dtype, ((const uint16_t *)routing)[w]);
+      weight[i] = weights_dtype == VS_FP32 ? ((const float *)routing)[w]
+                                           : vs_scalar(weights_dtype, ((const uint16_t *)routing)[w]);
       memcpy(xs + i * D, x + t * D, sizeof(uint16_t) * D);
     }
   long gate_blocks = (2 * F + 3) / 4, down_blocks = (D + 3) / 4;

@@ -293,7 +293,8 @@ def routed_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, e
     status = lib.vs_routed_experts(DTYPES[x.dtype], gate_up.data_ptr(), gate_up.stride(0), gate_up.stride(1),
                                    down.data_ptr(), down.stride(0), down.stride(1), x.data_ptr(), T,
                                    experts.data_ptr(), experts.stride(0), experts.stride(1),
-                                   weights.data_ptr(), ROUTING_DTYPES[weights.dtype], weights.stride(0), weights.stride(1),
+                                   weights.data_ptr(), ROUTING_DTYPES[weights.dtype], weights.stride(0),
+                                   weights.stride(1),
                                    None if keep is None else keep.data_ptr(), 0 if keep is None else keep.stride(0),
                                    0 if keep is None else keep.stride(1), k, D, two_f // 2, E, out.data_ptr(),
                                    torch.get_num_threads())

@@ -86,7 +86,8 @@ class PlanProcess:
         child cannot be started or does not answer."""
         recipe = plan_wire.model_recipe(model)
         if recipe is None:
-            raise PlanProcessError("the model was not built from a config.json dict: the planning process cannot build it")
+            raise PlanProcessError("the model was not built from a config.json dict: the planning process "
+                                   "cannot build it")
         request = plan_wire.request(recipe, settings, budget, kv_on_gpu, search, Mechanisms.here())
         with self._lock:
             if self._idle is not None:
