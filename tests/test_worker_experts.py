@@ -173,7 +173,7 @@ def test_a_worker_slower_than_priced_gets_fewer_experts_once_the_engine_fits_it(
 def test_a_tokens_experts_by_the_c_kernel_are_priced_from_the_kernels_one_row_tables():
     """A profile that timed the compiled pass (before session 35) but its one-row tables through the C
     kernel: one token's experts, which the executor now computes by the kernel, are priced as the
-    kernel's products of their shapes (alone or on the worker: one torch call); more tokens, and an
+    kernel's products of their shapes (alone or on the worker: two GIL takes a pass); more tokens, and an
     executor without the kernel, keep the pass's rate; a profile that timed the experts through the
     kernel keeps its own rate."""
     h100 = load(Path(__file__).resolve().parents[1] / "docs" / "profiles" / "h100-run34.json", check_fingerprint=False)

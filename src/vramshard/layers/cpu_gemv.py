@@ -282,9 +282,9 @@ def routed_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, e
     bool: the assignments computed (the others count zero, their experts not read; None: all). Grouped
     by expert, each routed expert is read once for all its tokens; each gate and up product in
     float32, the activation rounded once to ``x``'s dtype, the down products summed over the experts
-    in float32 and rounded once. Returns [T, D] in ``x``'s dtype. The only torch call is the output's
-    allocation: each gives the GIL up and takes it back, which beside a thread running Python waits
-    for the switch interval. ValueError for an expert index outside the layer's (the caller checks
+    in float32 and rounded once. Returns [T, D] in ``x``'s dtype. The GIL is given up twice, in the
+    output's allocation (the only torch call) and the kernel's call, and taken back after each: beside
+    a thread running Python each take waits for the switch interval. ValueError for an expert index outside the layer's (the caller checks
     :func:`serves_experts` with the routing first)."""
     lib = lib or library()
     E, two_f, D = gate_up.shape
