@@ -2,6 +2,10 @@
 
     PYTHONPATH=src python -m benchmarks.compiled_gil --json out.json
     VRAMSHARD_CPU_KERNELS_RELEASE_GIL=off PYTHONPATH=src python -m benchmarks.compiled_gil --json off.json
+    VRAMSHARD_CPU_GEMV=off PYTHONPATH=src python -m benchmarks.compiled_gil --json compiled.json
+
+It times whatever ``host_experts.routed`` runs: since session 35 the C kernel's one call where it
+builds (``layers/cpu_gemv.py``), whatever the mask; ``VRAMSHARD_CPU_GEMV=off`` times the compiled passes.
 
 The run-ahead worker (``runtime/run_ahead.py``) computes CPU work while the host thread queues the
 step's GPU work in Python. Inductor's compiled CPU kernels held the GIL while they ran, so the
