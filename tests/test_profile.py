@@ -610,8 +610,8 @@ def test_the_profile_times_dense_ffns_from_prepacked_weights_by_rows():
         Profile(data)
 
 
-def test_the_profile_times_routed_experts_in_the_compiled_pass_by_rows(tmp_path, capsys):
-    """host_experts: the pass's rate per row count (its assignments' bytes per second, the layer's
+def test_the_profile_times_routed_experts_in_the_pass_by_rows(tmp_path, capsys):
+    """host_experts: the pass's rate per row count (the C kernel's where it builds, saying so) (its assignments' bytes per second, the layer's
     own code) for the half-precision dtypes only; the estimator times a MoE layer's CPU experts
     from it up to the pass's rows and from the matmul tables beyond, the router from the tables
     always; a bad section is refused."""
@@ -628,8 +628,13 @@ def test_the_profile_times_routed_experts_in_the_compiled_pass_by_rows(tmp_path,
     assert set(rates) == {"1", "4"} and all(1e7 < r < 1e13 for r in rates.values())
     assert profile.host_experts_rate("bf16", 2) == pytest.approx((rates["1"] + rates["4"]) / 2)
     assert profile.host_experts_rate("fp16", 2) is None
+    from vramshard.layers import cpu_gemv
+
+    kernel = cpu_gemv.isa() if cpu_gemv.computes(1) else None  # (the pass the profile timed: the C kernel's here)
+    assert profile.host_experts_cpu_gemv == kernel
     assert main(["profile", "--show", "--out", str(save(profile, tmp_path / "p.json"))]) == 0
-    assert f"compiled pass: bf16 1 rows {rates['1'] / 1e9:.2f} GB/s" in " ".join(capsys.readouterr().out.split())
+    by = f"C kernel ({kernel})" if kernel else "compiled pass"
+    assert f"{by}: bf16 1 rows {rates['1'] / 1e9:.2f} GB/s" in " ".join(capsys.readouterr().out.split())
     data = copy.deepcopy(profile.data)
     data["host_experts"]["bf16"] = {"1": -1.0}
     with pytest.raises(ProfileError, match="compiled pass rate"):

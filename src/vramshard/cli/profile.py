@@ -144,8 +144,9 @@ def print_summary(console, profile, path) -> None:
     if summary["split_part_factor"]:
         factors = ", ".join(f"{dtype} {f:.2f}x" for dtype, f in summary["split_part_factor"].items())
         console.print(f"  split FFN, CPU part's time per byte over the whole FFN's: {factors}")
+    experts_by = f"C kernel ({profile.host_experts_cpu_gemv})" if profile.host_experts_cpu_gemv else "compiled pass"
     for key, what, unit in (("packed_ffn_factor", "dense FFN on the CPU, oneDNN-prepacked over plain", "x"),
-                            ("host_experts_gb_s", "MoE experts on the CPU, compiled pass", " GB/s"),
+                            ("host_experts_gb_s", f"MoE experts on the CPU, {experts_by}", " GB/s"),
                             ("host_experts_worker_gb_s", "the same on the run-ahead worker beside Python", " GB/s")):
         if summary.get(key):
             values = "; ".join(f"{dtype} " + ", ".join(f"{rows} rows {float(v):.2f}{unit}" for rows, v in by_rows.items())

@@ -299,8 +299,9 @@ class Profile:
         return self._factor_by_rows("packed_ffn", dtype, rows)
 
     def host_experts_rate(self, dtype, rows: int, on_worker: bool = False) -> float | None:
-        """Bytes per second of the CPU's compiled pass over a step's routed experts at ``rows``
-        (its assignments' expert bytes over its time; between the measured counts as
+        """Bytes per second of the CPU's one pass over a step's routed experts at ``rows`` (the C
+        kernel's where :attr:`host_experts_cpu_gemv`, else the compiled one: its assignments' expert
+        bytes over its time; between the measured counts as
         :meth:`packed_ffn_factor`), or None when the profile did not measure it. ``on_worker``: as
         the run-ahead worker computes it, beside the host thread's Python (where the profile
         measured that; else the rate alone). Slowed, as every CPU compute time, by the in-situ
