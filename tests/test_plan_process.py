@@ -13,7 +13,7 @@ from vramshard.plan.tiers import Tiers
 from vramshard.profile.query import synthetic
 from vramshard.runtime import budget as budgets
 from vramshard.runtime import plan_process, plan_wire
-from vramshard.shapes import shape_config
+from vramshard.shapes import SHAPES, shape_config
 
 GiB = 2**30
 
@@ -175,3 +175,18 @@ def test_a_child_that_does_not_answer_is_killed_and_the_caller_told(planned):
         assert time.monotonic() - began < 30 and not child.running and child.started == 1
     finally:
         child.close()
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_every_shape_is_built_again_from_its_recipe(name):
+    """Every architecture the shapes cover, and a vision-language model's language part (the
+    sub-layers its plans place), built again in the child as here."""
+    model = build_model(shape_config(name))
+    models = [model]
+    if any(s.kind == "vision" for s in model):
+        models.append(Model(model.args, [s for s in model if s.kind != "vision"], model.dtype, model.config))
+    for original in models:
+        message = plan_wire.loads(plan_wire.dumps(plan_wire.model_recipe(original)))
+        rebuilt = plan_wire.build_from_recipe(message)
+        assert [s.name for s in rebuilt] == [s.name for s in original]
+        assert plan_wire.fingerprint(rebuilt) == plan_wire.fingerprint(original)
