@@ -2,10 +2,10 @@
 
     PYTHONPATH=src python -m benchmarks.compiled_gil --json out.json
     VRAMSHARD_CPU_KERNELS_RELEASE_GIL=off PYTHONPATH=src python -m benchmarks.compiled_gil --json off.json
-    VRAMSHARD_CPU_GEMV=off PYTHONPATH=src python -m benchmarks.compiled_gil --json compiled.json
 
-It times whatever ``host_experts.routed`` runs: since session 35 the C kernel's one call where it
-builds (``layers/cpu_gemv.py``), whatever the mask; ``VRAMSHARD_CPU_GEMV=off`` times the compiled passes.
+It times the compiled passes (``VRAMSHARD_CPU_GEMV=off``) and then, in the same run, what
+``host_experts.routed`` runs by default since session 35: the C kernel's one call where it builds
+(``layers/cpu_gemv.py``), whatever the mask; with the host's read time of the experts as the bound.
 
 The run-ahead worker (``runtime/run_ahead.py``) computes CPU work while the host thread queues the
 step's GPU work in Python. Inductor's compiled CPU kernels held the GIL while they ran, so the
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import statistics
 import sys
 import threading
@@ -37,12 +38,12 @@ import time
 
 import torch
 
-from vramshard.layers import cpu_compiled, host_experts
+from vramshard.layers import cpu_compiled, cpu_gemv, host_experts
 from vramshard.profile.bench_matmul import cold_bytes
 from vramshard.runtime import run_ahead
 from vramshard.shapes import shape_config
 
-from .common import beside_python, hardware, now, write_json
+from .common import beside_python, cpu_read_bandwidth, hardware, now, write_json
 
 log = logging.getLogger("compiled_gil")
 
@@ -90,6 +91,39 @@ def python_pace(seconds: float) -> float:
     return count / seconds
 
 
+def measure(h, layers, routing, top_k: int, threads: int, repeats: int) -> dict:
+    """The pass alone, on a worker beside a Python thread, the several-token pass alone, and the GIL
+    waits of both, as ``host_experts.routed`` runs them now."""
+    pass_seconds(h, layers, routing, 2)  # compiles (where the compiled pass runs)
+    alone = pass_seconds(h, layers, routing, repeats)
+    pace_alone = python_pace(0.5)
+    on_worker: list[float] = []
+    done = threading.Event()
+
+    def worker():
+        with torch.inference_mode():
+            torch.set_num_threads(threads)
+            on_worker.extend(pass_seconds(h, layers, routing, repeats))
+        done.set()
+
+    thread = threading.Thread(target=worker, name="compiled-gil-worker")
+    start = time.perf_counter()
+    thread.start()
+    counted = 0
+    while not done.is_set():
+        counted += 1
+    wall = time.perf_counter() - start
+    thread.join()
+    every = torch.ones(1, top_k, dtype=torch.bool)
+    pass_seconds(h, layers, routing, 2, every)  # compiles the several-token pass
+    several_alone = pass_seconds(h, layers, routing, repeats, every)
+    return {"pass_alone_ms": 1e3 * statistics.median(alone), "pass_on_worker_ms": 1e3 * statistics.median(on_worker),
+            "python_pace_beside_over_alone": (counted / wall) / pace_alone,
+            "several_token_pass_alone_ms": 1e3 * statistics.median(several_alone),
+            "gil_waits_at_50ms": {"one_token_pass": gil_waits(h, layers, routing, None, threads),
+                                  "several_token_pass": gil_waits(h, layers, routing, every, threads)}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="qwen3-30b-a3b")
@@ -106,52 +140,36 @@ def main() -> None:
     sys.setswitchinterval(run_ahead.SWITCH_INTERVAL_S)  # as the run-ahead worker sets it
     threads = max(1, torch.get_num_threads() - 1)
     torch.set_num_threads(threads)
+    bytes_read = top_k * 3 * inter * hidden * dtype.itemsize
+    read = cpu_read_bandwidth()
+    result = {
+        "date": now(), "hardware": hardware(), "shape": args.shape, "dtype": args.dtype,
+        "kernels_release_gil": releases, "worker_threads": threads, "switch_interval_s": sys.getswitchinterval(),
+        "cpu_read_gb_s": read / 1e9, "pass_bound_ms": 1e3 * bytes_read / read, "cpu_gemv": cpu_gemv.isa(),
+        "kernels": {},
+    }
+    before = os.environ.get("VRAMSHARD_CPU_GEMV")
     with torch.inference_mode():
         layers = layer_copies(hidden, inter, count, dtype)
         h = torch.randn(1, hidden, dtype=dtype)
         routing = (torch.randperm(count)[:top_k][None], torch.full((1, top_k), 1.0 / top_k, dtype=dtype))
-        pass_seconds(h, layers, routing, 2)  # compiles
-        alone = pass_seconds(h, layers, routing, args.repeats)
-        pace_alone = python_pace(0.5)
-        on_worker: list[float] = []
-        done = threading.Event()
-
-        def worker():
-            with torch.inference_mode():
-                torch.set_num_threads(threads)
-                on_worker.extend(pass_seconds(h, layers, routing, args.repeats))
-            done.set()
-
-        thread = threading.Thread(target=worker, name="compiled-gil-worker")
-        start = time.perf_counter()
-        thread.start()
-        counted = 0
-        while not done.is_set():
-            counted += 1
-        wall = time.perf_counter() - start
-        thread.join()
-        every = torch.ones(1, top_k, dtype=torch.bool)
-        pass_seconds(h, layers, routing, 2, every)  # compiles the several-token pass
-        several_alone = pass_seconds(h, layers, routing, args.repeats, every)
-        waits = {"one_token_pass": gil_waits(h, layers, routing, None, threads),
-                 "several_token_pass": gil_waits(h, layers, routing, every, threads)}
-    bytes_read = top_k * 3 * inter * hidden * dtype.itemsize
-    result = {
-        "date": now(), "hardware": hardware(), "shape": args.shape, "dtype": args.dtype,
-        "kernels_release_gil": releases, "worker_threads": threads, "switch_interval_s": sys.getswitchinterval(),
-        "pass_alone_ms": 1e3 * statistics.median(alone),
-        "pass_on_worker_ms": 1e3 * statistics.median(on_worker),
-        "pass_gb_s_alone": bytes_read / statistics.median(alone) / 1e9,
-        "python_pace_beside_over_alone": (counted / wall) / pace_alone,
-        "several_token_pass_alone_ms": 1e3 * statistics.median(several_alone),
-        "gil_waits_at_50ms": waits,
-    }
-    log.info("compiled kernels release the GIL: %s; pass alone %.2f ms, on the worker beside a Python thread "
-             "%.2f ms; the Python thread ran at %.2f of its pace alone", releases, result["pass_alone_ms"],
-             result["pass_on_worker_ms"], result["python_pace_beside_over_alone"])
-    log.info("the several-token pass alone %.2f ms; GIL waits a pass beside Python: one-token pass %.1f, "
-             "several-token pass %.1f", result["several_token_pass_alone_ms"], waits["one_token_pass"],
-             waits["several_token_pass"])
+        try:
+            for label, mode in (("compiled", "off"), ("C kernel", "auto")):
+                os.environ["VRAMSHARD_CPU_GEMV"] = mode  # (host_experts reads it at each call)
+                cell = result["kernels"][label] = measure(h, layers, routing, top_k, threads, args.repeats)
+                cell["pass_gb_s_alone"] = bytes_read / (cell["pass_alone_ms"] / 1e3) / 1e9
+                log.info("%s (compiled kernels release the GIL: %s): pass alone %.2f ms (bound %.2f), on the worker "
+                         "beside a Python thread %.2f ms; the Python thread ran at %.2f of its pace alone; the "
+                         "several-token pass alone %.2f ms; GIL waits a pass beside Python: one-token %.1f, "
+                         "several-token %.1f", label, releases, cell["pass_alone_ms"], result["pass_bound_ms"],
+                         cell["pass_on_worker_ms"], cell["python_pace_beside_over_alone"],
+                         cell["several_token_pass_alone_ms"], cell["gil_waits_at_50ms"]["one_token_pass"],
+                         cell["gil_waits_at_50ms"]["several_token_pass"])
+        finally:
+            if before is None:
+                os.environ.pop("VRAMSHARD_CPU_GEMV", None)
+            else:
+                os.environ["VRAMSHARD_CPU_GEMV"] = before
     if args.json:
         write_json(args.json, result)
 

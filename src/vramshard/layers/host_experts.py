@@ -47,8 +47,8 @@ calls around its kernel waited 23-24 intervals a pass there, the compiled one-to
 2-core development machine, session 25, ``python -m benchmarks.compiled_gil``, three runs), and the
 pass on the worker took 3.20-3.43 ms against 2.81-3.01 alone (6.2-6.8 against 3.0-3.4 in session 24).
 The C kernel's pass takes the GIL back twice (its output's allocation and its call): on the
-development machine beside Python, 2.0 intervals a pass at 50 ms against 5.0 for the compiled
-one-token call and 29.2 for the several-token pass of a share (``compiled_gil``, session 35).
+development machine beside Python, 1.0-2.0 intervals a pass at 50 ms against 3.0 for the compiled
+one-token call and 27.2 for the several-token pass of a share (``compiled_gil``, session 35).
 """
 
 from __future__ import annotations
