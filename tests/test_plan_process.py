@@ -78,8 +78,8 @@ def test_a_model_not_built_from_a_config_is_planned_here(planned, monkeypatch):
     bare = Model(model.args, list(model), model.dtype)  # (no config.json dict to build it from)
 
     class Unused(plan_process.PlanProcess):
-        def make_plan(self, *args, **kwargs):
-            raise AssertionError("asked the planning process")
+        def _start(self):
+            raise AssertionError("a planning process was started for it")
 
     monkeypatch.setattr(plan_process, "_shared", Unused())
     monkeypatch.setattr(plan_process, "_failed", None)

@@ -175,16 +175,28 @@ class Placement:
         """MoE sub-layers split at their experts (home ``experts``), optionally of one expert home."""
         return [n for n, w in self.where if w.home == "experts" and (experts is None or w.experts == experts)]
 
+    def to_data(self) -> dict:
+        """The JSON-ready dict of :meth:`to_json`."""
+        return {"name": self.name, "where": [[n, *w.to_list()] for n, w in self.where]}
+
+    @classmethod
+    def from_data(cls, data: dict) -> "Placement":
+        """Inverse of :meth:`to_data` (InvalidInputError for anything else)."""
+        try:
+            return cls(data["name"], tuple((n, Where.from_list(rest)) for n, *rest in data["where"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidInputError(f"not a placement JSON document: {exc}") from None
+
     def to_json(self) -> str:
-        return json.dumps({"name": self.name, "where": [[n, *w.to_list()] for n, w in self.where]})
+        return json.dumps(self.to_data())
 
     @classmethod
     def from_json(cls, text: str) -> "Placement":
         try:
             data = json.loads(text)
-            return cls(data["name"], tuple((n, Where.from_list(rest)) for n, *rest in data["where"]))
-        except (KeyError, TypeError, ValueError) as exc:
+        except ValueError as exc:
             raise InvalidInputError(f"not a placement JSON document: {exc}") from None
+        return cls.from_data(data)
 
     def __str__(self) -> str:
         lines = [f"placement {self.name}:"]

@@ -53,6 +53,11 @@ class PlanProcessError(VramshardError):
     """The planning process could not be started, or failed outside the planner."""
 
 
+class NotBuildable(PlanProcessError):
+    """A model the planning process cannot build again (not built from a config.json dict): its
+    plans are made on the calling thread, and the process stays on for other models."""
+
+
 def _send(stream, message: dict) -> None:
     stream.write(plan_wire.dumps(message))
     stream.flush()
@@ -86,8 +91,8 @@ class PlanProcess:
         child cannot be started or does not answer."""
         recipe = plan_wire.model_recipe(model)
         if recipe is None:
-            raise PlanProcessError("the model was not built from a config.json dict: the planning process "
-                                   "cannot build it")
+            raise NotBuildable("the model was not built from a config.json dict: the planning process "
+                               "cannot build it")
         request = plan_wire.request(recipe, settings, budget, kv_on_gpu, search, Mechanisms.here())
         with self._lock:
             if self._idle is not None:
@@ -180,11 +185,11 @@ def make_plan_off_thread(model: Model, settings: PlanSettings, budget: int | Non
     """A plan made in the shared planning process where it is on and works; else on this thread."""
     global _failed
     if ENABLED and _failed is None:
-        if plan_wire.model_recipe(model) is None:
-            log.debug("%s: planned on this thread (not built from a config.json dict)", settings.name)
-            return make_plan(model, settings, budget, kv_on_gpu, search)
         try:
             return shared().make_plan(model, settings, budget, kv_on_gpu, search)
+        except NotBuildable:
+            log.debug("%s: planned on this thread (not built from a config.json dict)", settings.name)
+            return make_plan(model, settings, budget, kv_on_gpu, search)
         except (PlanProcessError, WireError) as exc:
             _failed = str(exc)
             log.warning("%s; plans are made in this process from now on (steps run slower while one is made)",

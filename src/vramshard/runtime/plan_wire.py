@@ -19,7 +19,7 @@ from ..models import build_model
 from ..models.base import Model
 from ..plan.estimator import Mechanisms
 from ..plan.memory import VramNeed
-from ..plan.placement import Placement, Where
+from ..plan.placement import Placement
 from ..plan.plan_set import PinReason, PlanSet, TierPlan
 from ..plan.tiers import Tiers
 from ..profile.query import Profile
@@ -125,15 +125,6 @@ def read_request(message: dict) -> tuple[Model, PlanSettings, int | None, bool |
 
 # --- the answer -----------------------------------------------------------------------------
 
-def _placement(p: Placement) -> list:
-    return [p.name, [[n, *w.to_list()] for n, w in p.where]]
-
-
-def _read_placement(data: list) -> Placement:
-    name, where = data
-    return Placement(name, tuple((n, Where.from_list(rest)) for n, *rest in where))
-
-
 def plan_to_wire(plan: PlanSet) -> dict:
     """Every field of ``plan`` (its ``to_dict`` is a report: rounded, and without the placements)."""
     need = plan.need
@@ -143,9 +134,9 @@ def plan_to_wire(plan: PlanSet) -> dict:
         "need": [need.resident, need.slots, need.kv, need.workspace, need.experts, need.kv_staging],
         "pinned": list(plan.pinned),
         "reasons": [[r.name, r.nbytes, [[t, s] for t, s in r.saved_s.items()], r.score] for r in plan.reasons],
-        "tiers": [{"tier": t.tier, "family": t.family, "placement": _placement(t.placement), "threads": t.threads,
+        "tiers": [{"tier": t.tier, "family": t.family, "placement": t.placement.to_data(), "threads": t.threads,
                    "predicted_s": t.predicted_s, "candidates": t.candidates,
-                   "placements": {f: _placement(p) for f, p in t.placements.items()},
+                   "placements": {f: p.to_data() for f, p in t.placements.items()},
                    "zero_copy_cpu_share": t.zero_copy_cpu_share, "cpu_packed": t.cpu_packed}
                   for t in plan.tiers.values()],
         "notes": list(plan.notes), "expert_cache": plan.expert_cache, "expert_hit_rate": plan.expert_hit_rate,
@@ -158,9 +149,9 @@ def plan_from_wire(data: dict) -> PlanSet:
         tiers = {}
         for t in data["tiers"]:
             tiers[int(t["tier"])] = TierPlan(
-                int(t["tier"]), t["family"], _read_placement(t["placement"]), t["threads"], float(t["predicted_s"]),
+                int(t["tier"]), t["family"], Placement.from_data(t["placement"]), t["threads"], float(t["predicted_s"]),
                 {f: float(s) for f, s in t["candidates"].items()},
-                {f: _read_placement(p) for f, p in t["placements"].items()},
+                {f: Placement.from_data(p) for f, p in t["placements"].items()},
                 float(t["zero_copy_cpu_share"]), bool(t["cpu_packed"]))
         return PlanSet(
             data["model_name"], data["budget"], int(data["context"]), bool(data["kv_on_gpu"]), int(data["num_slots"]),
