@@ -19,8 +19,8 @@ from vramshard.plan.planner import Planner
 from vramshard.plan.tiers import Tiers
 from vramshard.profile import load
 from vramshard.profile.query import synthetic
-from vramshard.runtime.plan_check import (MIN_STEPS, CpuCheck, DecodeCheck, context_scale,
-                                        cpu_samples_needed, scale_points)
+from vramshard.plan.calibrate import context_scale, scale_points
+from vramshard.runtime.plan_check import MIN_STEPS, CpuCheck, DecodeCheck, cpu_samples_needed
 from vramshard.runtime.scheduler import StepStats
 from vramshard.shapes import shape_model
 

@@ -36,7 +36,7 @@ from .runtime import budget as budgets
 from .runtime.executor import Executor
 from .runtime.host_weights import PackedWeights, pack_model, splits_ffns
 from .runtime.kv_cache import DEFAULT_BLOCK_SIZE
-from .runtime.plan_check import CpuCheck, DecodeCheck, context_scale, scale_points
+from .runtime.plan_check import CpuCheck, DecodeCheck
 from .runtime.request import Request
 from .runtime.sampler import SamplingParams
 from .runtime.timeline import Timeline
@@ -376,30 +376,19 @@ class Engine:
         if self._decode_check is None or self._decode_check.plan is not plan:
             tier = min(plan.tiers) if plan is not None else 1
             predicted = plan.tiers[tier].predicted_s if plan is not None and tier == 1 else None
-            to_planned = self._context_scale(plan, tier) if predicted is not None else None
+            to_planned = calibrate.by_context(self.model, self.budget.plan_settings().profile, plan, tier) \
+                if predicted is not None else None
             self._decode_check = DecodeCheck(self.executor.plans.name, predicted, tier, plan, to_planned)
         return self._decode_check
 
-    def _context_scale(self, plan, tier: int):
-        """How the plan's ``tier`` step grows with its context, by the estimator (see
-        :func:`~vramshard.runtime.plan_check.context_scale`)."""
-        profile = self.budget.plan_settings().profile
-        return context_scale({c: calibrate.step_estimate(self.model, profile, plan, tier, context=c).seconds
-                              for c in scale_points(plan.context, tier)}, plan.context)
-
     def _cpu_context_scale(self, plan):
-        """(tier, context) -> how the CPU work of the plan's tier other than split FFN parts grows
-        with its context, by the estimator (each tier's estimates made when its first step is kept)."""
+        """(tier, context) -> :func:`~vramshard.plan.calibrate.by_context` of the plan's tier's CPU work
+        other than split FFN parts (each tier's made when its first step is kept; 1 where it cannot say)."""
         profile, scales = self.budget.plan_settings().profile, {}
 
         def to_planned(tier: int, context: int) -> float:
-            if tier not in plan.tiers:  # (a tier the executor's plans have beside the planner's: the vision phase)
-                return 1.0
             if tier not in scales:
-                estimates = {c: calibrate.step_estimate(self.model, profile, plan, tier, context=c)
-                             for c in scale_points(plan.context, tier)}
-                scales[tier] = context_scale({c: e.cpu_busy - e.cpu_split_busy for c, e in estimates.items()},
-                                             plan.context)
+                scales[tier] = calibrate.by_context(self.model, profile, plan, tier, cpu_rest=True)
             return scales[tier](context) if scales[tier] is not None else 1.0
 
         return to_planned

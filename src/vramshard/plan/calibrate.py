@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from ..models.base import Model
 from ..profile import learned as learned_store
@@ -118,6 +119,40 @@ def _bisect(model: Model, plan: PlanSet, tier: int, measured_s: float, scaled) -
 # ---------------------------------------------------------------------------- CPU work as measured
 CPU_OFF_BY = 1.15  # measured / predicted CPU work of a tier beyond which it is fitted
 MIN_CPU_S = 0.002  # a tier's predicted CPU work below this is launch overhead, not fitted
+
+
+def scale_points(planned: int, least: int = 1) -> list[int]:
+    """The contexts at which :func:`context_scale` wants the estimator's step (of ``least`` new
+    tokens: its context is at least that)."""
+    return sorted({min(max(least, c), planned) for c in (1, planned // 8, planned // 2, planned)})
+
+
+def context_scale(steps: dict[int, float], planned: int) -> Callable[[int], float] | None:
+    """context -> the factor taking a step at that context to the ``planned`` one, from the
+    estimator's step seconds at the contexts of :func:`scale_points` (``steps``: {context: seconds}),
+    linear in between and beyond the last two. None when the estimates cannot say."""
+    points = sorted(steps.items())
+    if planned not in steps or len(points) < 2 or any(not seconds > 0 for _, seconds in points):
+        return None
+    at_planned = steps[planned]
+
+    def to_planned(context: int) -> float:
+        i = next((k for k in range(1, len(points) - 1) if context <= points[k][0]), len(points) - 1)
+        (c0, s0), (c1, s1) = points[i - 1], points[i]
+        return at_planned / max(s0 + (s1 - s0) * (context - c0) / (c1 - c0), points[0][1])
+
+    return to_planned
+
+
+def by_context(model: Model, profile: Profile, plan: PlanSet, tier: int,
+               cpu_rest: bool = False) -> Callable[[int], float] | None:
+    """:func:`context_scale` of ``plan``'s ``tier`` step by the estimator: its whole step, or
+    (``cpu_rest``) its CPU work other than split FFN parts (which read no context)."""
+    if tier not in plan.tiers:
+        return None
+    estimates = {c: step_estimate(model, profile, plan, tier, context=c) for c in scale_points(plan.context, tier)}
+    return context_scale({c: e.cpu_busy - e.cpu_split_busy if cpu_rest else e.seconds for c, e in estimates.items()},
+                         plan.context)
 
 
 def cpu_seconds(model: Model, profile: Profile, plan: PlanSet, tier: int) -> float:

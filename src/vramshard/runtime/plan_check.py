@@ -9,7 +9,8 @@ when their median is far from the prediction.
 
 The plan predicts its step at the context it reserves, and steps run at every context from a
 prompt's end on: each step's time is taken to that context first, by the estimator's account of how
-the step grows with its context (``to_planned``). Without that, medians of steps at a few hundred
+the step grows with its context (``to_planned``, from
+:func:`~vramshard.plan.calibrate.by_context`). Without that, medians of steps at a few hundred
 tokens were compared with predictions at thousands, and two plans' medians from different
 contexts with each other (docs/BENCHMARKS.md, thirty-first GPU session).
 """
@@ -77,29 +78,6 @@ class DecodeCheck:
                 "predicted_ms": None if self.predicted_s is None else self.predicted_s * 1e3,
                 "measured_median_ms": None if raw is None else raw * 1e3,
                 "at_planned_context_ms": None if median is None else median * 1e3, "measured_over_predicted": ratio}
-
-
-def scale_points(planned: int, least: int = 1) -> list[int]:
-    """The contexts at which :func:`context_scale` wants the estimator's step (of ``least`` new
-    tokens: its context is at least that)."""
-    return sorted({min(max(least, c), planned) for c in (1, planned // 8, planned // 2, planned)})
-
-
-def context_scale(steps: dict[int, float], planned: int) -> Callable[[int], float] | None:
-    """context -> the factor taking a step at that context to the ``planned`` one, from the
-    estimator's step seconds at the contexts of :func:`scale_points` (``steps``: {context: seconds}),
-    linear in between and beyond the last two. None when the estimates cannot say."""
-    points = sorted(steps.items())
-    if planned not in steps or len(points) < 2 or any(not seconds > 0 for _, seconds in points):
-        return None
-    at_planned = steps[planned]
-
-    def to_planned(context: int) -> float:
-        i = next((k for k in range(1, len(points) - 1) if context <= points[k][0]), len(points) - 1)
-        (c0, s0), (c1, s1) = points[i - 1], points[i]
-        return at_planned / max(s0 + (s1 - s0) * (context - c0) / (c1 - c0), points[0][1])
-
-    return to_planned
 
 
 def cpu_samples_needed(tier: int) -> int:
