@@ -9,7 +9,9 @@
  *     x  [T, K] the same dtype, rows contiguous
  *     y  [T, N] float32, rows contiguous
  *   Each weight row is read once and dotted with every row of x (T <= VS_MAX_ROWS), in float32, four
- *   weight rows by up to four rows of x at a time.
+ *   weight rows by up to four rows of x at a time, asking for the next four rows' cache lines while it
+ *   reads (on the development machine that took a one-row product from 85-91% of the host's read rate
+ *   to 97-101%: benchmarks/kernel_revisions.py).
  *
  *   vs_row_times_columns: y[1, N] = x[1, K] @ V[K, N], V stored by rows (row k at V + k * ldv): a
  *   weight kept transposed, as split FFNs' down projections are in host memory. Each thread sums
@@ -21,8 +23,9 @@
  *   stacked weights (gate_up [E, 2F, D], down [E, D, F], rows contiguous at any expert and row stride).
  *   Grouped by expert, each thread dots its share of every routed expert's gate/up rows with the
  *   tokens routed to it, then (after the team has all of them) takes the activation, rounded once to
- *   the weights' dtype, then its share of the output rows, each summed over the experts in float32 and
- *   rounded once: every routed expert read once, one OpenMP team and one call for the layer.
+ *   the weights' dtype, then its runs of output rows (each expert's rows of a run read in one pass),
+ *   each row summed over the experts in float32 and rounded once: every routed expert read once, one
+ *   OpenMP team and one call for the layer.
  * Three ways to the same sums, chosen when compiled: AVX-512 (with AVX512-BF16's pairwise dot
  * products for bf16 where the CPU has them), AVX2 + F16C, and plain C.
  */
@@ -38,6 +41,8 @@
 #endif
 
 #define VS_MAX_ROWS 16
+#define VS_TILE 64           /* output rows of the routed experts' down products a thread sums at a time, at most */
+#define VS_PREFETCH_ROWS 4   /* weight rows ahead that a block asks for while it reads its own: the next block */
 #define VS_BF16 0
 #define VS_FP16 1
 #define VS_FP32 2  /* routing weights only */
@@ -65,6 +70,13 @@ static inline float vs_scalar(int dtype, uint16_t h) {
   memcpy(&f, &bits, 4);
   return f;
 #endif
+}
+
+/* Ask for the cache line VS_PREFETCH_ROWS rows of stride ld below p. Blocks of weight rows are read one after
+ * another, so that is where the next block reads; hardware prefetchers do not cross the 4 KB pages a row
+ * of a few thousand elements spans. An address past the weight is never read (a prefetch does not fault). */
+static inline void vs_prefetch(const uint16_t *p, long ld) {
+  __builtin_prefetch((const void *)((uintptr_t)p + (uintptr_t)(VS_PREFETCH_ROWS * ld) * sizeof(uint16_t)), 0, 3);
 }
 
 /* The tail of one row (k from `from` to K) dotted with row t of x, in plain C. */
@@ -135,6 +147,7 @@ static inline __attribute__((always_inline)) void vs_block(int dtype, const uint
       __m512bh xv[4];
       for (int t = 0; t < rows; t++) xv[t] = (__m512bh)_mm512_loadu_si512((const void *)(xr[t] + k));
       for (int j = 0; j < weights; j++) {
+        vs_prefetch(wr[j] + k, ldw);
         __m512bh wv = (__m512bh)_mm512_loadu_si512((const void *)(wr[j] + k));
         for (int t = 0; t < rows; t++) acc[j][t] = _mm512_dpbf16_ps(acc[j][t], wv, xv[t]);
       }
@@ -145,6 +158,7 @@ static inline __attribute__((always_inline)) void vs_block(int dtype, const uint
     vs_vec xv[4];
     for (int t = 0; t < rows; t++) xv[t] = vs_wide(dtype, xr[t] + k);
     for (int j = 0; j < weights; j++) {
+      if ((k * (long)sizeof(uint16_t)) % 64 == 0) vs_prefetch(wr[j] + k, ldw);  /* once a 64-byte line */
       vs_vec wv = vs_wide(dtype, wr[j] + k);
       for (int t = 0; t < rows; t++) acc[j][t] = vs_fma(wv, xv[t], acc[j][t]);
     }
@@ -334,7 +348,10 @@ int vs_routed_experts(int dtype, const uint16_t *GU, long gu_e, long gu_r, const
                                            : vs_scalar(weights_dtype, ((const uint16_t *)routing)[w]);
       memcpy(xs + i * D, x + t * D, sizeof(uint16_t) * D);
     }
-  long gate_blocks = (2 * F + 3) / 4, down_blocks = (D + 3) / 4;
+  long gate_blocks = (2 * F + 3) / 4;
+  long tile = (D / (4 * threads)) & ~3L;  /* a multiple of four rows; four runs a thread where D allows */
+  tile = tile < 4 ? 4 : tile > VS_TILE ? VS_TILE : tile;
+  long tiles = (D + tile - 1) / tile;
 #pragma omp parallel num_threads(threads)
   {
 #pragma omp for schedule(static)
@@ -353,22 +370,25 @@ int vs_routed_experts(int dtype, const uint16_t *GU, long gu_e, long gu_r, const
       act[i] = vs_half(dtype, gate / (1.0f + expf(-gate)) * up);
     }
 #pragma omp for schedule(static)
-    for (long b = 0; b < down_blocks; b++) {  /* each thread its output rows, every expert's down rows once */
-      long rows = D - 4 * b < 4 ? D - 4 * b : 4;
-      float sum[VS_MAX_ROWS][4], part[4 * 4];
+    for (long c = 0; c < tiles; c++) {  /* each thread its runs of output rows, every expert's down rows once */
+      long r0 = c * tile, span = D - r0 < tile ? D - r0 : tile;
+      float sum[VS_MAX_ROWS][VS_TILE], part[4 * 4];
       for (long t = 0; t < T; t++)
-        for (long j = 0; j < 4; j++) sum[t][j] = 0.0f;
-      for (long g = 0; g < groups; g++) {
-        const uint16_t *w = DN + expert[g] * dn_e + 4 * b * dn_r;
-        for (long s = first[g]; s < first[g + 1]; s += 4) {
-          long n = first[g + 1] - s < 4 ? first[g + 1] - s : 4;
-          vs_block_of(dtype, w, dn_r, rows, act + s * F, n, F, part, 4);
-          for (long u = 0; u < n; u++)
-            for (long j = 0; j < rows; j++) sum[token[s + u]][j] += weight[s + u] * part[u * 4 + j];
+        for (long j = 0; j < span; j++) sum[t][j] = 0.0f;
+      for (long g = 0; g < groups; g++) {  /* the expert's `span` rows in one run: the next block prefetched */
+        const uint16_t *w = DN + expert[g] * dn_e + r0 * dn_r;
+        for (long b = 0; b < span; b += 4) {
+          long rows = span - b < 4 ? span - b : 4;
+          for (long s = first[g]; s < first[g + 1]; s += 4) {
+            long n = first[g + 1] - s < 4 ? first[g + 1] - s : 4;
+            vs_block_of(dtype, w + b * dn_r, dn_r, rows, act + s * F, n, F, part, 4);
+            for (long u = 0; u < n; u++)
+              for (long j = 0; j < rows; j++) sum[token[s + u]][b + j] += weight[s + u] * part[u * 4 + j];
+          }
         }
       }
       for (long t = 0; t < T; t++)
-        for (long j = 0; j < rows; j++) y[t * D + 4 * b + j] = vs_half(dtype, sum[t][j]);
+        for (long j = 0; j < span; j++) y[t * D + r0 + j] = vs_half(dtype, sum[t][j]);
     }
   }
 done:
