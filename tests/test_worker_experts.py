@@ -170,12 +170,12 @@ def test_a_worker_slower_than_priced_gets_fewer_experts_once_the_engine_fits_it(
     assert round(again.tiers[1].zero_copy_cpu_share * top_k) < count
 
 
-def test_a_tokens_experts_by_the_c_kernel_are_priced_from_the_kernels_one_row_tables():
+def test_a_few_tokens_experts_by_the_c_kernel_are_priced_from_the_kernels_one_row_tables():
     """A profile that timed the compiled pass (before session 35) but its one-row tables through the C
-    kernel: one token's experts, which the executor now computes by the kernel, are priced as the
-    kernel's products of their shapes (alone or on the worker: two GIL takes a pass); more tokens, and an
-    executor without the kernel, keep the pass's rate; a profile that timed the experts through the
-    kernel keeps its own rate."""
+    kernel: a few tokens' experts, which the executor now computes by the kernel, are priced as the
+    kernel's one-row products of the distinct experts they route to (alone or on the worker: two GIL
+    takes a pass); an executor without the kernel keeps the pass's rate; a profile that timed the
+    experts through the kernel keeps its own rate; the engine's fit at a tier's rows applies to it."""
     h100 = load(Path(__file__).resolve().parents[1] / "docs" / "profiles" / "h100-run34.json", check_fingerprint=False)
     assert h100.cpu_gemv and not h100.host_experts_cpu_gemv
     moe = next(s for s in QWEN30 if isinstance(s, MoEFFN))
@@ -186,7 +186,14 @@ def test_a_tokens_experts_by_the_c_kernel_are_priced_from_the_kernels_one_row_ta
     assert host_pass_s(h100, moe, 1, on_worker=True, gemv=True) == pytest.approx(by_kernel)
     assert host_pass_s(h100, moe, 1, gemv=False) == pytest.approx(by_rate)
     assert by_kernel != pytest.approx(by_rate, rel=0.02)  # (the two ways differ: the check can fail)
-    assert host_pass_s(h100, moe, 4, gemv=True) == pytest.approx(host_pass_s(h100, moe, 4, gemv=False))
+    one = by_kernel / moe.top_k
+    for rows in (4, 16):  # each distinct expert read once for its tokens
+        assert moe.expected_experts_touched(rows) < rows * moe.top_k
+        assert host_pass_s(h100, moe, rows, gemv=True) == pytest.approx(moe.expected_experts_touched(rows) * one)
+    assert host_pass_s(h100, moe, 16, gemv=True) < 0.9 * host_pass_s(h100, moe, 16, gemv=False)  # (the pass's rate)
+    assert host_pass_s(h100, moe, 32, gemv=True) is None  # (more tokens than the pass takes: the tables count)
+    tier = h100.calibrated(cpu_rows={1: 1.25, 16: 2.0})
+    assert host_pass_s(tier, moe, 16, gemv=True) == pytest.approx(2.0 * host_pass_s(h100, moe, 16, gemv=True))
     timed_by_kernel = Profile({**h100.data, "host_experts_cpu_gemv": h100.cpu_gemv})
     assert host_pass_s(timed_by_kernel, moe, 1, gemv=True) == pytest.approx(by_rate)
     fitted = h100.calibrated(cpu_rows={1: 1.5})  # (the engine's fits apply to it as to every CPU product)

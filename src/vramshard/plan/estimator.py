@@ -181,19 +181,16 @@ def host_pass_s(profile: Profile, moe: MoEFFN, rows: int, contended: bool = Fals
 
     ``gemv``: whether the executor computes them by the C kernel (None: :func:`cpu_gemv_enabled`).
     A profile made before the kernel took the pass over (no ``host_experts_cpu_gemv``) timed the
-    compiled pass; where its one-row tables were timed through the kernel, one token's experts are
-    priced as the kernel's products of their shapes from those tables, its call alone (one torch
-    call: beside the host thread's Python as alone). More rows keep the compiled pass's rate, which
-    prices them slower than the kernel computes them."""
+    compiled pass; where its one-row tables were timed through the kernel, the kernel's call is priced
+    from those tables instead (:func:`_kernel_pass_s`), alone (one torch call: beside the host thread's
+    Python as alone)."""
     from ..layers import host_experts  # (the math's own switch and limits)
 
     dtype = moe.weights[0].dtype
     if not host_experts.ENABLED or dtype not in host_experts.DTYPES or not 1 <= rows <= host_experts.ROWS:
         return None
-    if rows == 1 and profile.cpu_gemv and not profile.host_experts_cpu_gemv \
-            and (cpu_gemv_enabled() if gemv is None else gemv):
-        return moe.top_k * (profile.matmul_s(1, moe.hidden, 2 * moe.intermediate, dtype, "cpu", threads, contended)
-                            + profile.matmul_s(1, moe.intermediate, moe.hidden, dtype, "cpu", threads, contended))
+    if profile.cpu_gemv and not profile.host_experts_cpu_gemv and (cpu_gemv_enabled() if gemv is None else gemv):
+        return _kernel_pass_s(profile, moe, rows, contended, threads)
     rate = profile.host_experts_rate(dtype, rows, on_worker)
     if rate is None:
         return None
@@ -202,6 +199,20 @@ def host_pass_s(profile: Profile, moe: MoEFFN, rows: int, contended: bool = Fals
     if contended:
         seconds *= profile.matmul_s(*shape, dtype, "cpu", contended=True) / profile.matmul_s(*shape, dtype, "cpu")
     return seconds * profile.cpu_thread_factor(dtype, threads, *shape)
+
+
+def _kernel_pass_s(profile: Profile, moe: MoEFFN, rows: int, contended: bool, threads: int | None) -> float:
+    """The C kernel's call over ``rows`` tokens' routed experts, from a profile's one-row tables: it
+    reads each routed expert once for all its tokens (grouped by expert) and stays bound by that read,
+    so it takes the expected distinct experts' one-row gate/up and down products. On the development
+    machine (session 36, ``benchmarks.kernel_revisions``) that was 3-5% under the call at 4 and 16
+    tokens; the compiled pass's rate it replaced priced them 1.6x and 2.4x slow."""
+    dtype = moe.weights[0].dtype
+    one = (profile.matmul_s(1, moe.hidden, 2 * moe.intermediate, dtype, "cpu", threads, contended)
+           + profile.matmul_s(1, moe.intermediate, moe.hidden, dtype, "cpu", threads, contended))
+    if rows > 1 and profile.cpu_rows:  # (the tables are one row's: the engine's fit at these rows instead)
+        one *= profile.cpu_row_factor(rows) / profile.cpu_row_factor(1)
+    return moe.expected_experts_touched(rows) * one
 
 
 def _cpu_expert_count(share: float, experts: int) -> int:
