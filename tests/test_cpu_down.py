@@ -10,6 +10,7 @@ import torch
 
 from vramshard import Engine
 from vramshard.runtime import cpu_down, host_allowance
+from vramshard.plan.placement import TieredPlacement
 from vramshard.runtime.host_weights import pack_sublayer
 
 from placement_helpers import PROMPT, trace_logits
@@ -73,7 +74,9 @@ def test_split_ffns_with_row_major_down_copies_match_the_cpu_placement(tiny_mode
     reference = Engine.load(path, device="cpu", dtype="float32")
     expected = trace_logits(reference, prompt=prompt)
     monkeypatch.setattr(cpu_down, "MODE", "on")
-    split = Engine.load(path, placement=_split_placement(reference.model, [3, 15]), simulate_gpu=True, max_context=64)
+    # (one plan for every step size: its first tier is not one-token decoding, which reads the plain weights)
+    split = Engine.load(path, placement=TieredPlacement.single(_split_placement(reference.model, [3, 15])),
+                        simulate_gpu=True, max_context=64)
     parts = split.executor._down_copies
     assert {key for key in parts._parts} == {("ffn[0]", 3), ("ffn[1]", 15)}  # made at load, not in a step
     got = trace_logits(split, prompt=prompt)

@@ -9,6 +9,7 @@ import torch
 
 from vramshard import Engine
 from vramshard.layers.mlp import swiglu
+from vramshard.plan.placement import TieredPlacement
 from vramshard.runtime import cpu_packed
 
 from placement_helpers import PROMPT, trace_logits
@@ -76,8 +77,11 @@ def test_a_new_plan_drops_the_packed_parts_it_no_longer_computes(tiny_model_dir,
     """The first tier's parts are packed when the plans are made (at load, at a switch), not in a
     step. Each plan splits FFNs anew: the parts of the plan before are dropped when the executor
     switches (their memory with them), and the time spent packing is counted once, apart."""
+    from vramshard.layers import cpu_gemv
+
     path = tiny_model_dir("llama")
     monkeypatch.setattr(cpu_packed, "MODE", "on")
+    monkeypatch.setattr(cpu_gemv, "computes", lambda rows: False)  # (the kernel's one-row steps read no packed part)
     reference = Engine.load(path, device="cpu")
     split = Engine.load(path, placement=_split_placement(reference.model, [3, 15]), simulate_gpu=True, max_context=64)
     packed = split.executor._packed
@@ -136,8 +140,9 @@ def test_auto_packs_up_to_its_allowance_and_the_parts_beyond_run_plain_with_down
     monkeypatch.setattr(host_allowance, "available_host_bytes", lambda: int(4 * 1.5 * one))  # room for one part
     monkeypatch.setattr(executor, "PackedParts", lambda gpu: cpu_packed.PackedParts("auto", gpu=True))  # (a real GPU)
     with caplog.at_level(logging.INFO, logger="vramshard.runtime.host_allowance"):
-        engine = Engine.load(path, placement=_split_placement(reference.model, [5, 5]), simulate_gpu=True,
-                             max_context=64)
+        # (one plan for every step size, packing at all of them: named placements pack where the profile says)
+        engine = Engine.load(path, placement=TieredPlacement.single(_split_placement(reference.model, [5, 5])),
+                             simulate_gpu=True, max_context=64)
         torch.testing.assert_close(trace_logits(engine), expected, rtol=1e-5, atol=1e-5)
     assert set(engine.executor._packed._parts) == {("ffn[0]", 5)}
     packed = engine.executor._packed
@@ -171,7 +176,7 @@ def test_the_few_rows_kernels_of_plain_parts_are_not_compiled_at_load_where_part
                                       ("on", attention_on_cpu, {"linear"})):
         monkeypatch.setattr(cpu_packed, "MODE", mode)
         warmed.clear()
-        Engine.load(path, placement=placement, simulate_gpu=True, max_context=64)
+        Engine.load(path, placement=TieredPlacement.single(placement), simulate_gpu=True, max_context=64)
         assert set(warmed) == compiled, (mode, placement.name)
 
 
@@ -234,7 +239,6 @@ def test_a_plan_packs_only_at_the_tiers_it_says_and_computes_the_others_plain(ti
     at reads packed parts, the tier it does not computes plain parts with their row-major down copies
     (nothing packed in its steps); both give the CPU placement's logits."""
     from vramshard.layers import cpu_gemv
-    from vramshard.plan.placement import TieredPlacement
 
     path = tiny_model_dir("llama")
     reference = Engine.load(path, device="cpu")

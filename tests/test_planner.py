@@ -196,6 +196,49 @@ def test_cpu_attention_of_a_decode_batch_counts_gathering_its_keys():
     assert estimator.compute_s(attn, "cuda", 16, 4096) < estimator.compute_s(attn, "cpu", 16, 4096)
 
 
+def test_a_named_placement_packs_only_at_the_tiers_where_the_profile_finds_packed_weights_faster(tiny_model_dir):
+    """A named placement (``layers:N``, or a Placement given) beside a GPU runs the same sub-layers on the
+    same side at every step size, but reads dense FFNs' CPU work prepacked only at the tiers a plan would
+    (``Estimator.packs_at``), not at every one: its name stays; ``VRAMSHARD_CPU_PACKED=on`` packs at every
+    decode-sized tier."""
+    from vramshard import Engine
+    from vramshard.plan.estimator import Mechanisms, fixed_mechanisms
+    from vramshard.plan.placement import named_placement
+    from vramshard.plan.planner import named_plan
+    from vramshard.plan.memory import sublayer_triples
+    from vramshard.profile.query import Profile
+    from vramshard.profile.synthetic import synthetic_data
+    from vramshard.runtime import cpu_packed
+
+    data = synthetic_data(**CLIENT)
+    data["packed_ffn"] = {name: {"1": 0.7, "16": 0.8, "64": 1.05} for name in ("fp16", "fp32")}
+    profile = Profile(data)
+    tiers = Tiers((1, 4, 16, 64, 256))
+    layers = named_placement("layers:10", sublayer_triples(NEMO), NEMO.args.num_hidden_layers)
+    packing = Mechanisms(run_ahead=False, cpu_packed=True, cpu_gemv=True, zero_copy=(False, 0))
+    with fixed_mechanisms(packing):
+        tiered = named_plan(NEMO, layers, profile, tiers)
+    assert tiered.tiers == tiers.sizes and all(p is layers for p in tiered.placements) and tiered.name == "layers:10"
+    assert tiered.packed == (False, True, True, False, False)  # (one row: the C kernel; 64 rows: not faster)
+    with fixed_mechanisms(Mechanisms(run_ahead=False, cpu_packed=False, cpu_gemv=True, zero_copy=(False, 0))):
+        assert not any(named_plan(NEMO, layers, profile, tiers).packed)  # (the executor packs nothing)
+
+    path = tiny_model_dir("llama")
+    with fixed_mechanisms(packing):
+        engine = Engine.load(path, placement="layers:1", vram="1GiB", simulate_gpu=True, max_context=64,
+                             profile=profile)
+    plans = engine.executor.plans
+    assert plans.name == engine.executor.placement.name == "layers:1" and len(set(plans.placements)) == 1
+    assert [plans.packs(n) for n in (1, 3, 16, 40, 300)] == [False, True, True, False, False]
+    saved = cpu_packed.MODE
+    try:
+        cpu_packed.MODE = "on"
+        forced = named_plan(NEMO, layers, profile, tiers)
+    finally:
+        cpu_packed.MODE = saved
+    assert forced.packed == (forced.packed[0], True, True, True, False)
+
+
 def test_tiers_pack_the_cpu_work_only_where_the_profile_finds_packed_weights_faster():
     """Each tier's plan says whether its dense FFNs' CPU work reads weights prepacked for oneDNN: only
     decode-sized tiers where the profile's packed factor is below PACK_GAIN (at one row not where the

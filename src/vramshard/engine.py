@@ -29,7 +29,7 @@ from .models import Model, build_model
 from .plan import calibrate
 from .plan.memory import LOGIT_ROWS, max_resident_layers, moe_layers, sublayer_triples, vram_need
 from .plan.placement import Placement, TieredPlacement, named_placement
-from .plan.planner import Planner, machine_profile
+from .plan.planner import Planner, machine_profile, named_plan
 from .plan.tiers import Tiers
 from .profile import drift
 from .runtime import budget as budgets
@@ -225,6 +225,8 @@ class Engine:
             else:
                 placement = choose_placement(model, placement, "cuda" if simulate_gpu else device, budget,
                                              kv_tokens, max_step_tokens)
+                if settings is not None and isinstance(placement, Placement):  # packed where the profile says
+                    placement = named_plan(model, placement, settings.profile, tiers)
         # Pinned whenever a GPU is in use: a budget that grows later streams from it at full speed.
         # Dense FFNs are laid out in pieces only when the plan splits them: the layout transposes
         # down_proj, which the CPU reads more slowly in half precision (measured on a 2-core box).

@@ -159,6 +159,16 @@ def cpu_packed_enabled() -> bool:
     return cpu_packed.packs()
 
 
+def cpu_packed_forced() -> bool:
+    """Whether packing was asked for outright (``VRAMSHARD_CPU_PACKED=on``: every part packed, whatever
+    the profile says it gains); never under :func:`fixed_mechanisms`."""
+    if _fixed is not None:
+        return False
+    from ..runtime import cpu_packed  # (the mechanism's own switch)
+
+    return cpu_packed.MODE == "on" and cpu_packed.packs()
+
+
 def cpu_gemv_enabled() -> bool:
     """Whether the executor will compute one-row dense FFNs and split parts on the CPU by the C kernel
     from the plain weights (``VRAMSHARD_CPU_GEMV``: on, or auto beside a CUDA GPU; where it builds),
@@ -265,6 +275,7 @@ class Estimator:
                  zero_copy_cpu_share: float = 0.0, cpu_gemv: bool | None = None):
         self.model = model
         self.cpu_packed = cpu_packed_enabled() if cpu_packed is None else cpu_packed
+        self.packed_forced = cpu_packed is None and cpu_packed_forced()
         self.cpu_gemv = cpu_gemv_enabled() if cpu_gemv is None else cpu_gemv
         # Split FFNs' CPU parts on the executor's run-ahead worker (None: as the executor will run).
         self.run_ahead = run_ahead_enabled() if run_ahead is None else run_ahead
@@ -290,9 +301,10 @@ class Estimator:
         profile finds packed weights at least PACK_GAIN faster there. On the H100 and H200 hosts
         bf16 FFNs took 1.04-1.15x as long packed as plain at 16 and 64 rows
         (docs/profiles/h100-run34.json, h200-run33.json), and packing them in the first steps of a
-        tier stalled those steps 2.2-3.6 s (docs/BENCHMARKS.md, thirty-first GPU session)."""
+        tier stalled those steps 2.2-3.6 s (docs/BENCHMARKS.md, thirty-first GPU session).
+        ``VRAMSHARD_CPU_PACKED=on`` packs at every such tier, whatever the profile says."""
         return (self.cpu_packed and rows <= DECODE_ROWS and not (self.cpu_gemv and rows == 1)
-                and self.profile.packed_ffn_factor(self.dtype, rows) < PACK_GAIN)
+                and (self.packed_forced or self.profile.packed_ffn_factor(self.dtype, rows) < PACK_GAIN))
 
     # ------------------------------------------------------------------ one sub-layer
     def logit_rows(self, n_tokens: int) -> int:

@@ -342,6 +342,12 @@ class TieredPlacement:
     def single(cls, placement: Placement) -> "TieredPlacement":
         return cls((1 << 62,), (placement,), (None,))
 
+    @classmethod
+    def every_tier(cls, placement: Placement, tiers: tuple[int, ...], packed: tuple[bool, ...]) -> "TieredPlacement":
+        """``placement`` at each of ``tiers`` (a named placement: the same sub-layers on the same side at
+        every step size), its dense FFNs' CPU work read from prepacked weights at the tiers ``packed`` says."""
+        return cls(tuple(tiers), (placement,) * len(tiers), (None,) * len(tiers), packed=tuple(packed))
+
     def index_for(self, n_tokens: int) -> int:
         for i, size in enumerate(self.tiers):
             if n_tokens <= size:
@@ -366,7 +372,7 @@ class TieredPlacement:
 
     @property
     def name(self) -> str:
-        if len(self.placements) == 1:
+        if all(p == self.placements[0] for p in self.placements[1:]):
             return self.placements[0].name
         return "planned(" + ", ".join(f"{t}:{p.name}" for t, p in zip(self.tiers, self.placements)) + ")"
 

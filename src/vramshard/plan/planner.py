@@ -49,7 +49,7 @@ from .memory import (VramNeed, kv_positions, kv_staging_bytes, split_router_byte
                      workspace_bytes)
 from .moe_variants import MoEVariants
 from .placement import (CPU, EXPERTS_CACHED, EXPERTS_CPU, GPU_RESIDENT, GPU_RESIDENT_HOST_KV, GPU_STREAMED,
-                        GPU_STREAMED_HOST_KV, Placement, Where, split_ffn)
+                        GPU_STREAMED_HOST_KV, Placement, TieredPlacement, Where, split_ffn)
 from .plan_set import WORKER_TEAM_ROWS, PinReason, PlanSet, TierPlan
 from .tiers import Tiers
 
@@ -551,6 +551,17 @@ class Planner(MoEVariants):
         return PlanSet(self.name, self.budget, self.context, False, 0, VramNeed(0, 0, 0, 0), [], [], tiers, [note])
 
 
+
+
+def named_plan(model: Model, placement: Placement, profile: Profile, tiers: Tiers) -> TieredPlacement:
+    """A named placement (``layers:N``, ``static``, ...: a person's choice, the same at every step size)
+    as the executor should run it on this machine: its dense FFNs' CPU work read from prepacked weights
+    only at the tiers where the profile finds packing pays (:meth:`Estimator.packs_at`), as a plan's
+    are. A baseline that packed at every tier would run 4-15% slower than it can where packing does not
+    pay (bf16 FFNs at 16 and 64 rows on the H100 and H200 hosts' profiles), pack in its tiers' first
+    steps, and hold the packed copies beside the plain weights."""
+    estimator = Estimator(model, profile)
+    return TieredPlacement.every_tier(placement, tiers.sizes, tuple(estimator.packs_at(t) for t in tiers.sizes))
 
 
 def _pieces_where(sublayer: DenseFFN, cpu_pieces: int) -> Where:
