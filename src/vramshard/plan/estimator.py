@@ -215,8 +215,10 @@ def _kernel_pass_s(profile: Profile, moe: MoEFFN, rows: int, contended: bool, th
     """The C kernel's call over ``rows`` tokens' routed experts, from a profile's one-row tables: it
     reads each routed expert once for all its tokens (grouped by expert) and stays bound by that read,
     so it takes the expected distinct experts' one-row gate/up and down products. On the development
-    machine (session 36, ``benchmarks.kernel_revisions``) that was 3-5% under the call at 4 and 16
-    tokens; the compiled pass's rate it replaced priced them 1.6x and 2.4x slow."""
+    machine (session 36, ``benchmarks.kernel_revisions``) the distinct experts times a one-token call's
+    time per expert came 3-5% under the calls measured at 4 and 16 tokens. For Qwen3-30B-A3B at 16
+    tokens this prices 12.8 ms on ``h100-run34`` and ``h200-run33``, where their compiled pass's rate
+    gave 16.2 and 17.7 ms."""
     dtype = moe.weights[0].dtype
     one = (profile.matmul_s(1, moe.hidden, 2 * moe.intermediate, dtype, "cpu", threads, contended)
            + profile.matmul_s(1, moe.intermediate, moe.hidden, dtype, "cpu", threads, contended))

@@ -39,9 +39,10 @@ A planned engine packs only at the tiers its plan says (``TieredPlacement.packed
 session 36, does a named placement beside a GPU (``layers:N`` and the like: the engine runs it at
 every tier with the flags a plan's tiers would have, :func:`~vramshard.plan.planner.named_plan`):
 where the profile times packed weights at least ``PACK_GAIN`` faster than plain ones at the tier's
-rows (:meth:`~vramshard.plan.estimator.Estimator.packs_at`), or at every decode-sized tier with ``on``. The H100 and H200 hosts' profiles time bf16
-FFNs packed at 1.04-1.15x plain at 16 and 64 rows, and fp16 ones at 0.85-1.00x; the thirty-first GPU
-session's llama3-8b engines spent 2.2-3.6 s packing in each tier's first steps.
+rows (:meth:`~vramshard.plan.estimator.Estimator.packs_at`), or at every decode-sized tier with
+``on``. The H100 and H200 hosts' profiles time bf16 FFNs packed at 1.04-1.15x plain at 16 and 64
+rows, and fp16 ones at 0.85-1.00x; the thirty-first GPU session's llama3-8b engines spent 2.2-3.6 s
+packing in each tier's first steps.
 """
 
 from __future__ import annotations
