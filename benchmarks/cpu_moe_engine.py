@@ -3,9 +3,10 @@ process run, against the host's read bound.
 
     PYTHONPATH=src python -m benchmarks.cpu_moe_engine --shape qwen3-30b-a3b --layers 4 --json out.json
 
-Two engines over the same random weights (``vramshard bench``'s way of building a shape), one with
+Engines over the same random weights (``vramshard bench``'s way of building a shape), one with
 ``VRAMSHARD_CPU_GEMV=off`` (the compiled passes over the host experts, compiled at load) and one with
-the kernel (:func:`vramshard.layers.cpu_gemv.routed_experts`), each measured as ``vramshard bench``
+the kernel (:func:`vramshard.layers.cpu_gemv.routed_experts`) for each of ``--ffn-rows`` (the most rows of
+dense FFN work it takes, :data:`~vramshard.layers.cpu_gemv.FFN_ROWS`), each measured as ``vramshard bench``
 measures an engine: load, prompt, decode and batched rates. The bound is the host's read bandwidth,
 measured in the same run, over the bytes a decode step must read: every weight but the embedding table
 and, of each MoE layer's experts, only the routed ones (top-k), plus the KV cache at the decode's
@@ -45,16 +46,22 @@ def main() -> None:
     parser.add_argument("--batch-sizes", default="1,4")
     parser.add_argument("--batch-gen", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--ffn-rows", default=str(cpu_gemv.FFN_ROWS),
+                        help="comma-separated: the most rows of dense FFN work the kernel takes, one engine each "
+                             "(cpu_gemv.FFN_ROWS; 1 as before session 36)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     settings = BenchSettings(pp=args.pp, tg=args.tg, batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",")),
                              batch_gen=args.batch_gen, repeat=args.repeat)
     model, host, name = load_host(None, args.shape, None, args.layers, pin=False)
-    before = os.environ.get("VRAMSHARD_CPU_GEMV")
+    before, ffn_rows_before = os.environ.get("VRAMSHARD_CPU_GEMV"), cpu_gemv.FFN_ROWS
     cells = {}
     try:
-        for label, mode in (("compiled", "off"), ("C kernel", "auto")):
+        kernels = [(f"C kernel, FFNs up to {rows} row(s)" if "," in args.ffn_rows else "C kernel", "auto", int(rows))
+                   for rows in args.ffn_rows.split(",")]
+        for label, mode, ffn_rows in [("compiled", "off", cpu_gemv.FFN_ROWS)] + kernels:
             os.environ["VRAMSHARD_CPU_GEMV"] = mode  # (read at each call, and by the load's warm-up)
+            cpu_gemv.FFN_ROWS = ffn_rows  # (read at each call)
             row = bench_engine(model, host, EngineSpec(label), settings, device="cpu")
             cells[label] = {k: row.get(k) for k in KEPT}
             cells[label].update({f"batch_{b}_tok_s": cell.get("tok_s") for b, cell in (row.get("batched") or {}).items()})
@@ -62,6 +69,7 @@ def main() -> None:
                 cells[label]["error"] = row["error"]
             log.info("%s: %s", label, rounded(cells[label]))
     finally:
+        cpu_gemv.FFN_ROWS = ffn_rows_before
         if before is None:
             os.environ.pop("VRAMSHARD_CPU_GEMV", None)
         else:

@@ -42,7 +42,7 @@ def _build(isa: str):
 def test_every_build_computes_the_rows_times_the_weight(isa, dtype):
     lib = _build(isa)
     g = torch.Generator().manual_seed(0)
-    for rows in (1, 3, 4, 5, 16):
+    for rows in (1, 2, 3, 4, 5, 16):
         # (N, K): blocks of four rows and a remainder; K past the vector widths and a tail; a short K
         for n, k in ((37, 4101), (64, 32), (5, 7), (1, 1)):
             wide = torch.randn(n, k + 13, generator=g).to(dtype)
@@ -52,12 +52,15 @@ def test_every_build_computes_the_rows_times_the_weight(isa, dtype):
                 expected = x.double() @ w.double().T
                 assert y.dtype == torch.float32 and y.shape == (rows, n)
                 torch.testing.assert_close(y.double(), expected, rtol=0, atol=2e-5 * expected.abs().max().item() + 1e-6)
-            # Stored transposed (w.T [K, N] by rows, a run of rows of a longer one): one row of x.
+            # Stored transposed (w.T [K, N] by rows, a run of rows of a longer one): up to four rows of x.
+            if rows > cpu_gemv.COLUMN_ROWS:
+                continue
             stored = torch.randn(k + 9, n + 3, generator=g).to(dtype)
             w = stored[4:4 + k, 2:2 + n].t()  # [N, K], unit row stride
-            x = torch.randn(1, k, generator=g).to(dtype)
+            x = torch.randn(rows, k, generator=g).to(dtype)
             expected = x.double() @ w.double().T
             y = cpu_gemv.rows_times_weight(x, w, lib=lib)
+            assert y.shape == (rows, n)
             torch.testing.assert_close(y.double(), expected, rtol=0, atol=2e-5 * expected.abs().max().item() + 1e-6)
 
 
@@ -133,8 +136,9 @@ def test_what_the_kernel_takes_and_the_arguments_it_refuses():
     assert not cpu_gemv.takes(x.float(), w.float())  # float32: torch's paths
     assert not cpu_gemv.takes(x, w.half())  # dtypes differ
     stored_transposed = w.t().contiguous().t()  # w.T by rows, as split FFNs' down projections lie
-    assert cpu_gemv.takes(x, stored_transposed) and not cpu_gemv.takes(torch.zeros(2, 16, dtype=torch.bfloat16),
-                                                                          stored_transposed)  # (one row only)
+    assert cpu_gemv.takes(x, stored_transposed) and cpu_gemv.takes(torch.zeros(4, 16, dtype=torch.bfloat16),
+                                                                      stored_transposed)
+    assert not cpu_gemv.takes(torch.zeros(5, 16, dtype=torch.bfloat16), stored_transposed)  # (four rows at most)
     assert not cpu_gemv.takes(x, torch.zeros(16, 32, dtype=torch.bfloat16)[::2, ::2])  # neither way contiguous
     assert not cpu_gemv.takes(torch.zeros(17, 16, dtype=torch.bfloat16), w)  # more rows than it takes
     assert not cpu_gemv.takes(torch.zeros(1, 15, dtype=torch.bfloat16), w)  # K differs
@@ -177,20 +181,26 @@ def test_a_build_that_fails_says_why(monkeypatch, tmp_path):
 
 @needs_kernel
 @pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 2e-2), (torch.float16, 2e-3)])
-def test_a_one_row_ffn_and_its_pieces_through_the_kernel(monkeypatch, dtype, tol):
+@pytest.mark.parametrize("rows", [1, 3, 4, 5])
+def test_a_few_rows_ffn_and_its_pieces_through_the_kernel(monkeypatch, dtype, tol, rows):
+    """Up to FFN_ROWS rows of dense FFN work (a whole FFN, and pieces of a split-ready one whose down lies
+    transposed) go through the kernel with the float32 reference's sums; more rows take torch's paths."""
     monkeypatch.setenv("VRAMSHARD_CPU_GEMV", "on")
     ffn, weights = _ffn(dtype, hidden=64, intermediate=96)
     whole = _whole(ffn, weights)
-    h = torch.randn(1, ffn.hidden).to(dtype)
+    h = torch.randn(rows, ffn.hidden).to(dtype)
     called = []
     monkeypatch.setattr(cpu_gemv, "swiglu", lambda *a, _real=cpu_gemv.swiglu: called.append(1) or _real(*a))
     for first, last in ((0, 5), (0, ffn.num_pieces)):
         part = ffn.pieces_of(whole, first, last)  # down: a column slice of the whole down weight
         expected = swiglu(h.float(), part["gate_proj"].float(), part["up_proj"].float(), part["down_proj"].float())
         got = ffn.contribution(part, h)
-        assert got.dtype == dtype
+        assert got.dtype == dtype and got.shape == (rows, ffn.hidden)
         torch.testing.assert_close(got.float(), expected, rtol=tol, atol=tol * expected.abs().max().item())
-    assert len(called) == 2
+        # each row's sums are the same whatever rows come with it (batched decoding gives single-sequence tokens)
+        if 1 < rows <= cpu_gemv.FFN_ROWS:
+            torch.testing.assert_close(ffn.contribution(part, h[1:2]), got[1:2], rtol=0, atol=0)
+    assert len(called) == {1: 2, 3: 4, 4: 4, 5: 0}[rows]  # (FFN_ROWS is 4 unless VRAMSHARD_CPU_GEMV_ROWS says)
 
 
 @needs_kernel

@@ -219,7 +219,7 @@ def test_a_named_placement_packs_only_at_the_tiers_where_the_profile_finds_packe
     with fixed_mechanisms(packing):
         tiered = named_plan(NEMO, layers, profile, tiers)
     assert tiered.tiers == tiers.sizes and all(p is layers for p in tiered.placements) and tiered.name == "layers:10"
-    assert tiered.packed == (False, True, True, False, False)  # (one row: the C kernel; 64 rows: not faster)
+    assert tiered.packed == (False, False, True, False, False)  # (up to four rows: the C kernel; 64: not faster)
     with fixed_mechanisms(Mechanisms(run_ahead=False, cpu_packed=False, cpu_gemv=True, zero_copy=(False, 0))):
         assert not any(named_plan(NEMO, layers, profile, tiers).packed)  # (the executor packs nothing)
 
@@ -229,20 +229,46 @@ def test_a_named_placement_packs_only_at_the_tiers_where_the_profile_finds_packe
                              profile=profile)
     plans = engine.executor.plans
     assert plans.name == engine.executor.placement.name == "layers:1" and len(set(plans.placements)) == 1
-    assert [plans.packs(n) for n in (1, 3, 16, 40, 300)] == [False, True, True, False, False]
+    assert [plans.packs(n) for n in (1, 3, 16, 40, 300)] == [False, False, True, False, False]
     saved = cpu_packed.MODE
     try:
         cpu_packed.MODE = "on"
         forced = named_plan(NEMO, layers, profile, tiers)
     finally:
         cpu_packed.MODE = saved
-    assert forced.packed == (forced.packed[0], True, True, True, False)
+    assert forced.packed[2:] == (True, True, False)  # (and at one and four rows where the kernel does not build)
+
+
+def test_a_few_rows_of_dense_ffn_work_on_the_cpu_are_priced_as_the_kernel_reads_them():
+    """Up to FFN_ROWS rows of a dense FFN on the CPU (whole, or a split part) go through the C kernel, which
+    reads each weight row once for all of them: where the profile's one-row tables went through it, those
+    rows are priced as one row; more rows, a profile timed otherwise, or no kernel keep the tables' rows."""
+    from vramshard.layers import cpu_gemv
+    from vramshard.plan.estimator import Estimator, Mechanisms, fixed_mechanisms
+    from vramshard.profile.query import Profile
+    from vramshard.profile.synthetic import synthetic_data
+
+    data = synthetic_data(**{**CLIENT, "cpu_gflops": 100})  # (slow arithmetic: more rows cost more in the tables)
+    timed_by_kernel = Profile({**data, "cpu_gemv": "AVX-512 with AVX512-BF16"})
+    ffn = NEMO["ffn[0]"]
+    rows = cpu_gemv.FFN_ROWS
+    mechanisms = Mechanisms(run_ahead=False, cpu_packed=False, cpu_gemv=True, zero_copy=(False, 0))
+    with fixed_mechanisms(mechanisms):
+        est = Estimator(NEMO, timed_by_kernel)
+        assert est.compute_s(ffn, "cpu", rows, 1024) == pytest.approx(est.compute_s(ffn, "cpu", 1, 1024))
+        assert est.part_s(ffn, "cpu", rows, 0, 5) == pytest.approx(est.part_s(ffn, "cpu", 1, 0, 5))
+        assert est.compute_s(ffn, "cpu", rows + 1, 1024) > 1.2 * est.compute_s(ffn, "cpu", 1, 1024)
+        tables = Estimator(NEMO, Profile(data))  # (its one-row tables timed torch's paths)
+        assert tables.compute_s(ffn, "cpu", rows, 1024) > 1.2 * tables.compute_s(ffn, "cpu", 1, 1024)
+    with fixed_mechanisms(Mechanisms(run_ahead=False, cpu_packed=False, cpu_gemv=False, zero_copy=(False, 0))):
+        est = Estimator(NEMO, timed_by_kernel)
+        assert est.compute_s(ffn, "cpu", rows, 1024) > 1.2 * est.compute_s(ffn, "cpu", 1, 1024)
 
 
 def test_tiers_pack_the_cpu_work_only_where_the_profile_finds_packed_weights_faster():
     """Each tier's plan says whether its dense FFNs' CPU work reads weights prepacked for oneDNN: only
-    decode-sized tiers where the profile's packed factor is below PACK_GAIN (at one row not where the
-    C kernel serves); the estimator prices the tier as it says, and the flags reach the placement."""
+    decode-sized tiers where the profile's packed factor is below PACK_GAIN (not at the few rows the
+    C kernel computes); the estimator prices the tier as it says, and the flags reach the placement."""
     from vramshard.plan.estimator import PACK_GAIN, Estimator, Mechanisms, fixed_mechanisms
     from vramshard.plan.placement import TieredPlacement
     from vramshard.profile.query import Profile
@@ -254,7 +280,7 @@ def test_tiers_pack_the_cpu_work_only_where_the_profile_finds_packed_weights_fas
     gemv = Mechanisms(run_ahead=False, cpu_packed=True, cpu_gemv=True, zero_copy=(False, 0))
     with fixed_mechanisms(gemv):
         est = Estimator(NEMO, profile)
-        assert [est.packs_at(rows) for rows in (1, 4, 16, 64, 256)] == [False, True, True, False, False]
+        assert [est.packs_at(rows) for rows in (1, 4, 8, 16, 64, 256)] == [False, False, True, True, False, False]
         assert profile.packed_ffn_factor(NEMO.dtype, 64) >= PACK_GAIN
         plan = Planner(NEMO, profile, 4 * GiB, context=1024, tiers=Tiers((1, 16, 64, 512))).plan()
     assert [plan.tiers[t].cpu_packed for t in (1, 16, 64, 512)] == [False, True, False, False]

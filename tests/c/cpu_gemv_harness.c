@@ -11,8 +11,8 @@
 
 int vs_rows_times_weight(int dtype, const uint16_t *W, long ldw, const uint16_t *x, float *y, long T, long N, long K,
                          int threads);
-int vs_row_times_columns(int dtype, const uint16_t *V, long ldv, const uint16_t *x, float *y, long K, long N,
-                         int threads, float *scratch);
+int vs_rows_times_columns(int dtype, const uint16_t *V, long ldv, const uint16_t *x, float *y, long T, long K, long N,
+                          int threads, float *scratch);
 int vs_routed_experts(int dtype, const uint16_t *GU, long gu_e, long gu_r, const uint16_t *DN, long dn_e, long dn_r,
                       const uint16_t *x, long T, const int64_t *chosen, long chosen_t, long chosen_a,
                       const void *routing, int weights_dtype, long weights_t, long weights_a, const uint8_t *keep,
@@ -71,20 +71,21 @@ static void rows_times_weight(int dtype, int threads) {
   free(W); free(x); free(y);
 }
 
-static void row_times_columns(int dtype, int threads) {
-  long K = 1 + below(300), N = 1 + below(70), ldv = N + below(3);
-  uint16_t *V = halves(dtype, (K - 1) * ldv + N), *x = halves(dtype, K);
-  float *y = malloc(sizeof(float) * N), *scratch = malloc(sizeof(float) * threads * N);
-  if (vs_row_times_columns(dtype, V, ldv, x, y, K, N, threads, scratch) != 0) failures++;
-  for (long n = 0; n < N; n++) {
-    double s = 0, m = 0;
-    for (long j = 0; j < K; j++) {
-      double p = (double)value(dtype, V[j * ldv + n]) * value(dtype, x[j]);
-      s += p;
-      m += fabs(p);
+static void rows_times_columns(int dtype, int threads) {
+  long T = 1 + below(4), K = 1 + below(300), N = 1 + below(70), ldv = N + below(3);
+  uint16_t *V = halves(dtype, (K - 1) * ldv + N), *x = halves(dtype, T * K);
+  float *y = malloc(sizeof(float) * T * N), *scratch = malloc(sizeof(float) * threads * T * N);
+  if (vs_rows_times_columns(dtype, V, ldv, x, y, T, K, N, threads, scratch) != 0) failures++;
+  for (long t = 0; t < T; t++)
+    for (long n = 0; n < N; n++) {
+      double s = 0, m = 0;
+      for (long j = 0; j < K; j++) {
+        double p = (double)value(dtype, V[j * ldv + n]) * value(dtype, x[t * K + j]);
+        s += p;
+        m += fabs(p);
+      }
+      check("rows_times_columns", y[t * N + n], s, m, 1e-5);
     }
-    check("row_times_columns", y[n], s, m, 1e-5);
-  }
   free(V); free(x); free(y); free(scratch);
 }
 
@@ -146,7 +147,7 @@ int main(int argc, char **argv) {
     for (int dtype = 0; dtype < 2; dtype++) {
       int threads = 1 + (int)below(5);
       rows_times_weight(dtype, threads);
-      row_times_columns(dtype, threads);
+      rows_times_columns(dtype, threads);
       routed_experts(dtype, threads);
     }
   if (failures) fprintf(stderr, "%d results wrong\n", failures);

@@ -13,10 +13,10 @@
  *   reads (on the development machine that took a one-row product from 85-91% of the host's read rate
  *   to 97-101%: benchmarks/kernel_revisions.py).
  *
- *   vs_row_times_columns: y[1, N] = x[1, K] @ V[K, N], V stored by rows (row k at V + k * ldv): a
- *   weight kept transposed, as split FFNs' down projections are in host memory. Each thread sums
- *   its own run of V's rows into scratch[thread, N] (every byte of V read once, in order), then the
- *   threads add the partial sums up.
+ *   vs_rows_times_columns: y[T, N] = x[T, K] @ V[K, N] for T <= 4, V stored by rows (row k at V + k * ldv):
+ *   a weight kept transposed, as split FFNs' down projections are in host memory. Each thread sums
+ *   its own run of V's rows into scratch[thread, T, N] (every byte of V read once, in order, for all T
+ *   rows of x), then the threads add the partial sums up.
  *
  *   vs_routed_experts: y[t] = sum over a < k of weights[t, a] * down_e (silu(gate_e x[t]) * up_e x[t]),
  *   e = experts[t, a]: a few tokens' routed experts of a MoE layer, read where they lie in the layer's
@@ -41,6 +41,7 @@
 #endif
 
 #define VS_MAX_ROWS 16
+#define VS_COLUMN_ROWS 4     /* rows of x vs_rows_times_columns takes */
 #define VS_TILE 64           /* output rows of the routed experts' down products a thread sums at a time, at most */
 #define VS_PREFETCH_ROWS 4   /* weight rows ahead that a block asks for while it reads its own: the next block */
 #define VS_BF16 0
@@ -215,55 +216,67 @@ int vs_rows_times_weight(int dtype, const uint16_t *W, long ldw, const uint16_t 
   return 0;
 }
 
-/* acc[0:N] += x0 * v0[0:N] + x1 * v1 + x2 * v2 + x3 * v3 (rows of V; unused ones have x = 0). */
+/* acc[t][0:N] += xs[t][0] * v0[0:N] + xs[t][1] * v1 + xs[t][2] * v2 + xs[t][3] * v3 for each t < T (rows of V;
+ * unused ones have x = 0; acc rows at stride N): the four rows of V are read once for all T rows of x. */
 static void vs_axpy4(int dtype, const uint16_t *v0, const uint16_t *v1, const uint16_t *v2, const uint16_t *v3,
-                     float x0, float x1, float x2, float x3, long N, float *acc) {
+                     const float xs[][4], long T, long N, float *acc) {
   long n = 0;
 #if VS_LANES
-  vs_vec b0 = vs_set1(x0), b1 = vs_set1(x1), b2 = vs_set1(x2), b3 = vs_set1(x3);
+  vs_vec b[VS_COLUMN_ROWS][4];
+  for (long t = 0; t < T; t++)
+    for (int j = 0; j < 4; j++) b[t][j] = vs_set1(xs[t][j]);
   for (; n + VS_LANES <= N; n += VS_LANES) {
-    vs_vec a = vs_ld(acc + n);
-    a = vs_fma(vs_wide(dtype, v0 + n), b0, a);
-    a = vs_fma(vs_wide(dtype, v1 + n), b1, a);
-    a = vs_fma(vs_wide(dtype, v2 + n), b2, a);
-    a = vs_fma(vs_wide(dtype, v3 + n), b3, a);
-    vs_st(acc + n, a);
+    vs_vec w0 = vs_wide(dtype, v0 + n), w1 = vs_wide(dtype, v1 + n), w2 = vs_wide(dtype, v2 + n),
+           w3 = vs_wide(dtype, v3 + n);
+    for (long t = 0; t < T; t++) {
+      vs_vec a = vs_ld(acc + t * N + n);
+      a = vs_fma(w0, b[t][0], a);
+      a = vs_fma(w1, b[t][1], a);
+      a = vs_fma(w2, b[t][2], a);
+      a = vs_fma(w3, b[t][3], a);
+      vs_st(acc + t * N + n, a);
+    }
   }
 #endif
-  for (; n < N; n++)
-    acc[n] += x0 * vs_scalar(dtype, v0[n]) + x1 * vs_scalar(dtype, v1[n]) + x2 * vs_scalar(dtype, v2[n]) +
-              x3 * vs_scalar(dtype, v3[n]);
+  for (; n < N; n++) {
+    float w0 = vs_scalar(dtype, v0[n]), w1 = vs_scalar(dtype, v1[n]), w2 = vs_scalar(dtype, v2[n]),
+          w3 = vs_scalar(dtype, v3[n]);
+    for (long t = 0; t < T; t++) acc[t * N + n] += xs[t][0] * w0 + xs[t][1] * w1 + xs[t][2] * w2 + xs[t][3] * w3;
+  }
 }
 
-/* y[1, N] = x[1, K] @ V[K, N] (V's rows at stride ldv >= N); scratch holds threads * N floats. Returns
- * 0, or -1 for arguments it does not take. */
-int vs_row_times_columns(int dtype, const uint16_t *V, long ldv, const uint16_t *x, float *y, long K, long N,
-                         int threads, float *scratch) {
-  if ((dtype != VS_BF16 && dtype != VS_FP16) || K < 1 || N < 1 || ldv < N || threads < 1) return -1;
+/* y[T, N] = x[T, K] @ V[K, N] (T <= VS_COLUMN_ROWS; V's rows at stride ldv >= N; x, y rows contiguous); scratch
+ * holds threads * T * N floats. Returns 0, or -1 for arguments it does not take. */
+int vs_rows_times_columns(int dtype, const uint16_t *V, long ldv, const uint16_t *x, float *y, long T, long K, long N,
+                          int threads, float *scratch) {
+  if ((dtype != VS_BF16 && dtype != VS_FP16) || T < 1 || T > VS_COLUMN_ROWS || K < 1 || N < 1 || ldv < N ||
+      threads < 1)
+    return -1;
 #pragma omp parallel num_threads(threads)
   {
-    int t = 0, team = 1;
+    int u = 0, team = 1;
 #ifdef _OPENMP
-    t = omp_get_thread_num();
+    u = omp_get_thread_num();
     team = omp_get_num_threads();
 #endif
-    float *acc = scratch + (long)t * N;
-    long per = (K + team - 1) / team, first = t * per, last = first + per < K ? first + per : K;
-    for (long n = 0; n < N; n++) acc[n] = 0.0f;
+    float *acc = scratch + (long)u * T * N;
+    long per = (K + team - 1) / team, first = u * per, last = first + per < K ? first + per : K;
+    for (long i = 0; i < T * N; i++) acc[i] = 0.0f;
     for (long k = first; k < last; k += 4) {
       long left = last - k;
       const uint16_t *v0 = V + k * ldv;
       const uint16_t *v1 = left > 1 ? v0 + ldv : v0, *v2 = left > 2 ? v0 + 2 * ldv : v0, *v3 = left > 3 ? v0 + 3 * ldv : v0;
-      float x0 = vs_scalar(dtype, x[k]), x1 = left > 1 ? vs_scalar(dtype, x[k + 1]) : 0.0f;
-      float x2 = left > 2 ? vs_scalar(dtype, x[k + 2]) : 0.0f, x3 = left > 3 ? vs_scalar(dtype, x[k + 3]) : 0.0f;
-      vs_axpy4(dtype, v0, v1, v2, v3, x0, x1, x2, x3, N, acc);
+      float xs[VS_COLUMN_ROWS][4];
+      for (long t = 0; t < T; t++)
+        for (long j = 0; j < 4; j++) xs[t][j] = j < left ? vs_scalar(dtype, x[t * K + k + j]) : 0.0f;
+      vs_axpy4(dtype, v0, v1, v2, v3, (const float(*)[4])xs, T, N, acc);
     }
 #pragma omp barrier
 #pragma omp for schedule(static)
-    for (long n = 0; n < N; n++) {
+    for (long i = 0; i < T * N; i++) {
       float sum = 0.0f;
-      for (int u = 0; u < team; u++) sum += scratch[(long)u * N + n];
-      y[n] = sum;
+      for (int w = 0; w < team; w++) sum += scratch[(long)w * T * N + i];
+      y[i] = sum;
     }
   }
   return 0;

@@ -39,6 +39,12 @@ from ..env import choice
 log = logging.getLogger(__name__)
 
 MAX_ROWS = 16  # rows of x one call takes (VS_MAX_ROWS in the C source)
+COLUMN_ROWS = 4  # rows of x a weight stored transposed takes (VS_COLUMN_ROWS)
+# The most rows of dense FFN work (split parts, FFNs on the CPU) given to the kernel: at four rows it read an 8B
+# FFN's weights at 29.4-29.7 GB/s on the development machine against 26.5-26.6 prepacked and 22.9-23.5 by
+# F.linear, at eight 17.5-18.9 against 26.3-26.5 (docs/BENCHMARKS.md, session 36). VRAMSHARD_CPU_GEMV_ROWS=1
+# gives it one row only, as before session 36.
+FFN_ROWS = int(choice("VRAMSHARD_CPU_GEMV_ROWS", ("1", "2", "3", "4"), "4"))
 MODES = ("auto", "on", "off")
 DTYPES = {torch.bfloat16: 0, torch.float16: 1}  # the C source's VS_BF16 / VS_FP16
 ROUTING_DTYPES = {**DTYPES, torch.float32: 2}  # routing weights may be float32 too (VS_FP32)
@@ -63,20 +69,24 @@ def wanted() -> bool:
 
 def computes(rows: int) -> bool:
     """Whether dense FFN work of ``rows`` rows on the CPU goes through this kernel here, from the plain
-    weights (so split parts need no prepacked or row-major copy): one row, wanted, the library built."""
-    return rows == 1 and wanted() and library() is not None
+    weights (so split parts need no prepacked or row-major copy): up to :data:`FFN_ROWS` rows, wanted,
+    the library built."""
+    return 1 <= rows <= FFN_ROWS and wanted() and library() is not None
 
 
 def serves(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether ``x[1, K] @ w[N, K].T`` is this kernel's: one row (at 4 and 16 rows oneDNN's prepacked
-    weights were faster on the development machine), wanted here, the library built, shapes it takes."""
+    """Whether the one-token projection ``x[1, K] @ w[N, K].T`` may take this kernel (one candidate of
+    :mod:`.cpu_linear`'s): one row, wanted here, the library built, shapes it takes. Projections of more
+    rows keep torch's paths: their candidates are tried in turn on real calls, and the kernel's sums
+    round differently from theirs."""
     return x.dim() == 2 and x.shape[0] == 1 and wanted() and takes(x, w) and library() is not None
 
 
 def swiglu(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """``down(silu(gate(h)) * up(h))`` for one row ``h`` [1, D] from the plain weights (gate/up [r, D],
-    down [D, r], a column slice of a wider one included), the activation in float32 rounded once to
-    ``h``'s dtype before ``down``. Returns [1, D] in ``h``'s dtype."""
+    """``down(silu(gate(h)) * up(h))`` for a few rows ``h`` [T, D] (T <= :data:`FFN_ROWS`) from the plain
+    weights (gate/up [r, D], down [D, r], a column slice of a wider one or stored transposed included),
+    the activation in float32 rounded once to ``h``'s dtype before ``down``. Each row's sums are the
+    same whatever rows come with it. Returns [T, D] in ``h``'s dtype."""
     act = (torch.nn.functional.silu(rows_times_weight(h, gate)) * rows_times_weight(h, up)).to(h.dtype)
     return rows_times_weight(act, down).to(h.dtype)
 
@@ -163,9 +173,11 @@ def _load(flags: tuple[str, ...] = FLAGS):
     lib.vs_rows_times_weight.restype = ctypes.c_int
     lib.vs_rows_times_weight.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
                                          ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_int]
-    lib.vs_row_times_columns.restype = ctypes.c_int
-    lib.vs_row_times_columns.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
-                                         ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_int, ctypes.c_void_p]
+    if hasattr(lib, "vs_rows_times_columns"):  # (an earlier revision's source, built by benchmarks, has it not)
+        lib.vs_rows_times_columns.restype = ctypes.c_int
+        lib.vs_rows_times_columns.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
+                                              ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long,
+                                              ctypes.c_int, ctypes.c_void_p]
     lib.vs_routed_experts.restype = ctypes.c_int
     lib.vs_routed_experts.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,  # gate_up
                                       ctypes.c_void_p, ctypes.c_long, ctypes.c_long,  # down
@@ -199,8 +211,8 @@ def _by_columns(w: torch.Tensor) -> bool:
 def takes(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether :func:`rows_times_weight` computes ``x @ w.T`` (else use torch): CPU tensors of one
     half-precision dtype, ``x`` [T <= MAX_ROWS, K], ``w`` [N, K] with unit column stride (a column
-    slice of a wider weight included), or, for one row, ``w`` stored transposed (``w.T`` [K, N] by
-    rows, as split FFNs' down projections lie in host memory)."""
+    slice of a wider weight included), or, for up to :data:`COLUMN_ROWS` rows, ``w`` stored transposed
+    (``w.T`` [K, N] by rows, as split FFNs' down projections lie in host memory)."""
     return (x.device.type == "cpu" and x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and not x.requires_grad
             and _takes_weight(w, x.dtype, x.shape[0], x.shape[1]))
 
@@ -210,13 +222,15 @@ def _takes_weight(w: torch.Tensor, dtype: torch.dtype, rows: int, k: int) -> boo
     if not (w.device.type == "cpu" and dtype in DTYPES and w.dtype == dtype and w.dim() == 2 and w.shape[1] == k
             and w.shape[0] > 0 and k > 0 and not w.requires_grad):
         return False
-    return _by_rows(w) or (rows == 1 and _by_columns(w))
+    return _by_rows(w) or (rows <= COLUMN_ROWS and _by_columns(w))
 
 
 def serves_swiglu(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> bool:
-    """Whether :func:`swiglu` computes this one-row SwiGLU (gate/up [r, D], down [D, r]) here."""
-    return serves(h, gate) and _takes_weight(up, h.dtype, 1, h.shape[1]) \
-        and _takes_weight(down, h.dtype, 1, gate.shape[0])
+    """Whether :func:`swiglu` computes this SwiGLU of a few rows (gate/up [r, D], down [D, r]) here:
+    dense FFN work of ``h``'s rows goes through the kernel (:func:`computes`), shapes it takes."""
+    rows = h.shape[0] if h.dim() == 2 else 0
+    return computes(rows) and takes(h, gate) and _takes_weight(up, h.dtype, rows, h.shape[1]) \
+        and _takes_weight(down, h.dtype, rows, gate.shape[0])
 
 
 def rows_times_weight(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, lib=None) -> torch.Tensor:
@@ -234,9 +248,10 @@ def rows_times_weight(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None
         status = lib.vs_rows_times_weight(DTYPES[x.dtype], w.data_ptr(), w.stride(0), x.data_ptr(), out.data_ptr(),
                                           rows, n, k, threads)
     else:
-        scratch = _scratch(threads * n)
-        status = -1 if rows != 1 else lib.vs_row_times_columns(DTYPES[x.dtype], w.data_ptr(), w.stride(1), x.data_ptr(),
-                                                               out.data_ptr(), k, n, threads, scratch.data_ptr())
+        scratch = _scratch(threads * rows * n)
+        status = -1 if rows > COLUMN_ROWS else lib.vs_rows_times_columns(
+            DTYPES[x.dtype], w.data_ptr(), w.stride(1), x.data_ptr(), out.data_ptr(), rows, k, n, threads,
+            scratch.data_ptr())
     if status != 0:
         raise ValueError(f"the CPU decode kernel refused x {tuple(x.shape)} @ w {tuple(w.shape)} "
                          f"(strides {w.stride()}, {x.dtype})")

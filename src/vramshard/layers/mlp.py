@@ -24,8 +24,8 @@ from .sublayer import Cost, SubLayer, WeightSpec, linear
 
 
 def swiglu(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """``down(silu(gate(h)) * up(h))``; on the CPU at one row by the C kernel where it serves
-    (:mod:`.cpu_gemv`), at few rows as one compiled call where that was measured faster (:mod:`.cpu_swiglu`)."""
+    """``down(silu(gate(h)) * up(h))``; on the CPU at up to four rows by the C kernel where it serves
+    (:mod:`.cpu_gemv`), at a few more as one compiled call where that was measured faster (:mod:`.cpu_swiglu`)."""
     if h.device.type == "cpu" and cpu_gemv.serves_swiglu(h, gate, up, down):
         return cpu_gemv.swiglu(h, gate, up, down)
     if not cpu_swiglu.wanted(h):
@@ -39,7 +39,7 @@ def _swiglu(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.T
 
 def swiglu_fused(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     """The same with gate and up stacked in one [2F, D] weight: one matmul instead of two."""
-    if h.device.type == "cpu" and h.shape[0] == 1:
+    if h.device.type == "cpu" and cpu_gemv.computes(h.shape[0]):
         gate, up = gate_up.chunk(2, dim=0)
         if cpu_gemv.serves_swiglu(h, gate, up, down):
             return cpu_gemv.swiglu(h, gate, up, down)

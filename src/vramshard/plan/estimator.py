@@ -25,6 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..layers.attention import Attention
+from ..layers.cpu_gemv import FFN_ROWS as GEMV_FFN_ROWS
 from ..layers.mlp import DenseFFN
 from ..layers.moe import GATHER_BYTES, MoEFFN
 from ..layers.sublayer import SubLayer
@@ -279,6 +280,7 @@ class Estimator:
         self.cpu_packed = cpu_packed_enabled() if cpu_packed is None else cpu_packed
         self.packed_forced = cpu_packed is None and cpu_packed_forced()
         self.cpu_gemv = cpu_gemv_enabled() if cpu_gemv is None else cpu_gemv
+        self.gemv_rows = GEMV_FFN_ROWS if self.cpu_gemv else 0  # (the most rows of dense FFN work it takes)
         # Split FFNs' CPU parts on the executor's run-ahead worker (None: as the executor will run).
         self.run_ahead = run_ahead_enabled() if run_ahead is None else run_ahead
         available, self.zero_copy_rows = zero_copy_enabled()
@@ -299,13 +301,13 @@ class Estimator:
     def packs_at(self, rows: int) -> bool:
         """Whether dense FFNs on the CPU read prepacked weights at ``rows`` rows, as planned: where the
         executor packs (decode-sized steps only, ``cpu_packed.DECODE_ROWS``: prompt chunks compute
-        plain parts; at one row not where the C kernel serves, reading the plain ones), and the
+        plain parts; not at the few rows the C kernel computes from the plain ones), and the
         profile finds packed weights at least PACK_GAIN faster there. On the H100 and H200 hosts
         bf16 FFNs took 1.04-1.15x as long packed as plain at 16 and 64 rows
         (docs/profiles/h100-run34.json, h200-run33.json), and packing them in the first steps of a
         tier stalled those steps 2.2-3.6 s (docs/BENCHMARKS.md, thirty-first GPU session).
         ``VRAMSHARD_CPU_PACKED=on`` packs at every such tier, whatever the profile says."""
-        return (self.cpu_packed and rows <= DECODE_ROWS and not (self.cpu_gemv and rows == 1)
+        return (self.cpu_packed and rows <= DECODE_ROWS and rows > self.gemv_rows
                 and (self.packed_forced or self.profile.packed_ffn_factor(self.dtype, rows) < PACK_GAIN))
 
     # ------------------------------------------------------------------ one sub-layer
@@ -320,6 +322,8 @@ class Estimator:
         if key in self._cache:
             return self._cache[key]
         rows = self.logit_rows(n_tokens) if sublayer.kind == "head" else n_tokens
+        if device == "cpu" and isinstance(sublayer, DenseFFN):
+            rows = self._ffn_rows(rows)
         seconds = 0.0
         for (m, k, n), count in Counter(sublayer.matmuls(rows)).items():  # MoE: many identical experts
             seconds += count * self._matmul(m, k, n, device, contended)
@@ -342,6 +346,14 @@ class Estimator:
             seconds += n_tokens * row / 5e9
         self._cache[key] = seconds
         return seconds
+
+    def _ffn_rows(self, rows: int) -> int:
+        """The rows to price a dense FFN's CPU products of ``rows`` rows at: one where the C kernel computes
+        them and the profile's one-row tables went through it. It reads each weight row once for every row
+        of x, so a few rows cost the weights' read, as one does: at four rows it read an 8B FFN at 0.96x its
+        one-row rate in bf16 and 0.92-0.95x in fp16 on the development machine (session 36,
+        ``benchmarks.cpu_gemv``); the profile's tables of more rows time torch's paths."""
+        return 1 if 1 < rows <= self.gemv_rows and self.profile.cpu_gemv else rows
 
     def _matmul(self, m: float, k: int, n: int, device: str, contended: bool) -> float:
         if m <= 0:
@@ -395,8 +407,9 @@ class Estimator:
         key = ("part", sublayer.name, device, n_tokens, first, last, contended, self.threads, self.cpu_packed,
                self.cpu_gemv)
         if key not in self._cache:
+            rows = self._ffn_rows(n_tokens) if device == "cpu" else n_tokens
             kernels = sum(self._matmul(m, k, n, device, contended) for m, k, n in
-                          sublayer.part_matmuls(n_tokens, first, last))
+                          sublayer.part_matmuls(rows, first, last))
             if device == "cpu" and self.packs_at(n_tokens):
                 kernels *= self.profile.packed_ffn_factor(self.dtype, n_tokens)  # packed once: no slices
                 if last - first < sublayer.num_pieces:

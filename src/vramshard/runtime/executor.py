@@ -312,7 +312,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
                 # (prepacked parts do not use these kernels: a part past the packing allowance compiles
                 # them on first use)
                 if (any(isinstance(s, DenseFFN) for s in on_cpu) and fewest <= cpu_swiglu.MAX_ROWS
-                        and not packed and not (tier == 1 and cpu_gemv.computes(1))):
+                        and not packed and not cpu_gemv.computes(tier)):
                     cpu_swiglu.warm_up(self.model.dtype)
                 if fewest <= cpu_linear.MAX_TOKENS:
                     self._warm_projections_and_experts(on_cpu, packed)

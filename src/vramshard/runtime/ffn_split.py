@@ -2,7 +2,7 @@
 
 A split FFN (``Where.cpu_pieces``) streams only its GPU part (its last pieces) through the ring;
 the step queues that part on the compute stream, computes the first pieces on the CPU meanwhile (on
-the host thread or the run-ahead worker: at one row by the C kernel from the plain weights,
+the host thread or the run-ahead worker: at up to four rows by the C kernel from the plain weights,
 :mod:`~vramshard.layers.cpu_gemv`; else from prepacked weights, :mod:`~vramshard.runtime.cpu_packed`,
 or with a row-major copy of their down projection, :mod:`~vramshard.runtime.cpu_down`), and adds the
 two where the FFN's input lives: the normalized activation crosses to the other device once and its contribution comes back once. The state
@@ -49,8 +49,8 @@ class FFNSplitSteps:
         H100 machine. The other tiers' parts are made in their first steps, so a chat does not keep
         copies for batch sizes it never runs (all eight tiers' parts of that plan took 9.16 GiB beside
         the plain weights, the first tier's 31 about 3.6)."""
-        if plans.tiers[0] == 1 and cpu_gemv.computes(1):
-            return  # its one-row parts read the plain weights as they lie
+        if cpu_gemv.computes(plans.tiers[0]):
+            return  # its parts of a few rows read the plain weights as they lie
         placement = plans.placements[0]
         for name, where in placement.as_dict().items():
             sublayer = self.model[name]
@@ -138,7 +138,7 @@ class FFNSplitSteps:
                 work = ahead.buffers.work(sublayer.work_elements(cpu_part, rows), h_host.dtype)
                 return ahead.result_on(self.gpu, number, h_host,
                                        lambda out: sublayer.contribution_into(cpu_part, h_host, out, work))
-        # Few rows: the C kernel at one row, else the projections tuned per shape; into the pinned buffer.
+        # Few rows: the C kernel up to its rows, else the projections tuned per shape; into the pinned buffer.
         return ahead.result_on(self.gpu, number, h_host, lambda out: out.copy_(sublayer.contribution(cpu_part, h_host)))
 
     def _cpu_contribution(self, sublayer: DenseFFN, weights: dict[str, torch.Tensor], h: torch.Tensor,
@@ -148,7 +148,7 @@ class FFNSplitSteps:
         copied into, the reused buffers (:mod:`~vramshard.runtime.ffn_buffers`) and stays valid
         until the next call but one. From prepacked weights where the part is packed
         (:mod:`~vramshard.runtime.cpu_packed`), else from ``weights`` with down row-major where a copy
-        is allowed (:mod:`~vramshard.runtime.cpu_down`). One row, where the C kernel serves
+        is allowed (:mod:`~vramshard.runtime.cpu_down`). Up to four rows, where the C kernel serves
         (:mod:`~vramshard.layers.cpu_gemv`): from ``weights`` as they lie, no copy."""
         rows = h.shape[0]
         if cpu_gemv.computes(rows):
