@@ -86,6 +86,54 @@ def test_without_cuda_plain_memory_of_exact_size(monkeypatch):
     assert torch.equal(tensor, pattern)
 
 
+def _mapping_flags(tensor: torch.Tensor) -> tuple[str, str]:
+    """(permissions, VmFlags) of the mapping that holds ``tensor``'s first byte (/proc/self/smaps)."""
+    address, perms, flags = tensor.data_ptr(), None, None
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5 and all(c in "0123456789abcdef-" for c in head[0]):
+                start, end = (int(a, 16) for a in head[0].split("-"))
+                perms = head[1] if start <= address < end else None
+            elif line.startswith("VmFlags:") and perms is not None:
+                flags = line.split(":", 1)[1].split()
+                return perms, flags
+    raise AssertionError("the tensor's mapping is not in /proc/self/smaps")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+@pytest.mark.parametrize("where", ["host_empty", "pinned"])
+def test_host_buffers_are_private_maps_advised_to_take_huge_pages(fake_cuda, where):
+    """The host weights' buffers, pageable (a CPU-only engine) or registered with CUDA, are private
+    anonymous maps advised to take 2 MiB pages before their first touch: a shared one (mmap's default)
+    is shared memory, which most kernels back with 4 KiB pages only, and streaming weights then misses
+    the TLB on every page (on the development machine torch.sum read 18.9 against 29.6 GB/s)."""
+    nbytes = 8 * 2**20 + 5
+    tensor = pinned_host.host_empty(nbytes) if where == "host_empty" else pinned_empty(nbytes)
+    assert tensor.shape == (nbytes,) and tensor.dtype == torch.uint8
+    pattern = _fill(tensor)
+    assert torch.equal(tensor, pattern)
+    perms, flags = _mapping_flags(tensor)
+    assert perms.endswith("p")  # private, not shared ("s")
+    if hasattr(mmap, "MADV_HUGEPAGE") and Path("/sys/kernel/mm/transparent_hugepage/enabled").exists():
+        assert "hg" in flags  # MADV_HUGEPAGE
+    assert len(fake_cuda.registered) == (1 if where == "pinned" else 0)
+    if where == "pinned" and hasattr(mmap, "MADV_DONTFORK"):
+        assert "dc" in flags  # (no forked child gets the pages the GPU reads)
+
+
+def test_a_cpu_engines_host_weights_are_on_those_maps(monkeypatch):
+    """pack_model without pinning (a CPU-only engine) puts each sub-layer's weights in host_empty's maps."""
+    made = []
+    real = pinned_host.host_empty
+    monkeypatch.setattr(host_weights, "host_empty", lambda n: made.append(n) or real(n))
+    from vramshard.shapes import random_weights, shape_model
+
+    model = shape_model("tiny-llama")
+    packed = host_weights.pack_model(list(model), random_weights(model, 0), pin=False)
+    assert sorted(made) == sorted(p.buffer.numel() for p in packed.values() if p.buffer.numel())
+
+
 def test_zero_bytes_registers_nothing(fake_cuda):
     tensor = pinned_empty(0)
     assert tensor.shape == (0,) and tensor.dtype == torch.uint8
@@ -258,6 +306,8 @@ def test_pins_exactly_on_gpu(monkeypatch):
     torch.cuda.synchronize()
     assert torch.equal(on_gpu.cpu(), pattern)
     assert ours < 1.1 * nbytes, f"pinning {nbytes} bytes grew the RSS by {ours}"
+    perms, flags = _mapping_flags(tensor)  # registered for real: still private, advised, kept from children
+    assert perms.endswith("p") and "hg" in flags and "dc" in flags
     del tensor, on_gpu, pattern
 
     empty_cache = getattr(torch._C, "_host_emptyCache", None)

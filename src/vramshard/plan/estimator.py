@@ -349,8 +349,8 @@ class Estimator:
 
     def _ffn_rows(self, rows: int) -> int:
         """The rows to price a dense FFN's CPU products of ``rows`` rows at: one where the C kernel computes
-        them and the profile's one-row tables went through it. It reads each weight row once for every row
-        of x, so a few rows cost the weights' read, as one does: at four rows it read an 8B FFN at 0.93-0.96x
+        them and the profile's one-row tables went through it. It reads each weight row once for all the
+        rows of x, so a few rows cost the weights' read, as one does: at four rows it read an 8B FFN at 0.93-0.96x
         its one-row rate in bf16 and 0.92-0.93x in fp16 on the development machine (session 36,
         ``benchmarks.cpu_gemv`` and ``benchmarks.kernel_revisions``); the profile's tables of more rows time
         torch's paths."""

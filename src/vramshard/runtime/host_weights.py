@@ -22,7 +22,7 @@ import torch
 from ..layers.mlp import DenseFFN
 from ..layers.sublayer import SubLayer, WeightSpec
 from ..plan.memory import align
-from .pinned_host import pinned_empty
+from .pinned_host import host_empty, pinned_empty
 
 
 @dataclass
@@ -216,8 +216,9 @@ def pack_model(sublayers: list[SubLayer], weights: dict[str, torch.Tensor], pin:
 
 def _empty_host(nbytes: int, pin: bool) -> torch.Tensor:
     """A uint8 host buffer of ``nbytes``: pinned at exactly that size where ``pin`` and CUDA allow
-    (:func:`~vramshard.runtime.pinned_host.pinned_empty`), plain memory otherwise."""
-    return pinned_empty(nbytes) if pin else torch.empty(nbytes, dtype=torch.uint8)
+    (:func:`~vramshard.runtime.pinned_host.pinned_empty`), pageable memory otherwise (both on 2 MiB pages
+    where the kernel gives them: :func:`~vramshard.runtime.pinned_host.host_empty`)."""
+    return pinned_empty(nbytes) if pin else host_empty(nbytes)
 
 
 def splits_ffns(sublayers, host: dict[str, PackedWeights]) -> bool:
