@@ -522,16 +522,22 @@ def test_background_load_runs_and_reports_its_failure():
             time.sleep(0.1)
 
 
-def test_cold_copies_span_twice_the_last_level_cache():
+def test_cold_copies_span_twice_the_last_level_cache(monkeypatch):
     """Timed weights come from memory: a small weight gets many copies (a MoE expert's 3 MB
-    projection got 32, which a 300 MiB L3 can hold), up to MAX_COPIES."""
+    projection got 32, which a 300 MiB L3 can hold), up to MAX_COPIES; on the CPU each in a buffer
+    of the kind the engine keeps its host weights in (pinned_host.host_empty), equal to the weight."""
     from vramshard.profile import bench_matmul
+    from vramshard.runtime import pinned_host
 
     llc = bench_matmul.last_level_cache_bytes()
     assert bench_matmul.cold_bytes("cpu") >= max(bench_matmul.MIN_COLD_BYTES, 2 * llc)
-    weight = torch.empty(3 * 2**20, dtype=torch.uint8)
+    weight = torch.randint(0, 255, (3 * 2**20,), dtype=torch.uint8)
+    made = []
+    real = pinned_host.host_empty
+    monkeypatch.setattr(pinned_host, "host_empty", lambda n: made.append(n) or real(n))
     copies = cold_copies(weight)
-    assert copies[0] is weight and len({c.data_ptr() for c in copies}) == len(copies)
+    assert len(made) == len(copies) and all(torch.equal(c, weight) for c in copies)
+    assert len({c.data_ptr() for c in copies} | {weight.data_ptr()}) == len(copies) + 1
     total = sum(c.nbytes for c in copies)
     assert total >= bench_matmul.cold_bytes("cpu") or len(copies) == bench_matmul.MAX_COPIES
 
