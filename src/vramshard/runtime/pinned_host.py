@@ -79,12 +79,15 @@ def host_empty(nbytes: int) -> torch.Tensor:
 
 def _anonymous(kind: type, nbytes: int) -> mmap.mmap:
     """A private anonymous mapping of ``nbytes`` (rounded up to a page) of class ``kind``, advised to take
-    2 MiB pages before its first touch. A decode step streams its weights from these buffers, and with
-    4 KiB pages the CPU's TLB misses on every page: on the development machine an 8B model's FFN weight
-    read at 28.1 GB/s by the C kernel and 18.9 GB/s by ``torch.sum`` on 4 KiB pages, against 30.9 and 29.6
-    on 2 MiB ones (session 36). Shared anonymous maps (``mmap``'s default, used here until session 36)
-    are shared memory, which most kernels give no large pages (``shmem_enabled`` ``never``)."""
-    memory = kind(-1, -(-nbytes // PAGE) * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    2 MiB pages before its first touch (a shared one where the platform has no private maps). A decode
+    step streams its weights from these buffers, and with 4 KiB pages the CPU's TLB misses on every
+    page: on the development machine an 8B model's FFN weight read at 30.7 GB/s by the C kernel and
+    30.0 GB/s by ``torch.sum`` on 2 MiB pages, against 27.3 and 18.2 from ``torch.empty`` and 30.0 and
+    24.8 from a shared map (``python -m benchmarks.host_pages``, session 36). Shared anonymous maps
+    (``mmap``'s default, used here until session 36) are shared memory, which most kernels give no
+    large pages (``shmem_enabled`` ``never``)."""
+    size = -(-nbytes // PAGE) * PAGE
+    memory = kind(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) if PRIVATE_MAPS else kind(-1, size)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         try:
             memory.madvise(mmap.MADV_HUGEPAGE)
@@ -116,8 +119,6 @@ def pinned_empty(nbytes: int) -> torch.Tensor:
 def _registered(nbytes: int) -> torch.Tensor | None:
     """``nbytes`` of mapped memory registered with CUDA, or None (warned once) where that failed."""
     global _register_warned
-    if not PRIVATE_MAPS:
-        return None
     size = -(-nbytes // PAGE) * PAGE
     memory = _anonymous(_RegisteredMap, size)  # (advised before registration faults every page in)
     if hasattr(mmap, "MADV_DONTFORK"):
