@@ -52,22 +52,29 @@ static void check(const char *what, double got, double want, double scale, doubl
   }
 }
 
+/* y [T, N] against x [T, K] times the weight whose element (n, j) is at w[n * n_stride + j * j_stride], in
+ * double, each to float32's rounding of its products' magnitudes. */
+static void check_products(const char *what, int dtype, const float *y, const uint16_t *x, long T, long K, long N,
+                           const uint16_t *w, long n_stride, long j_stride) {
+  for (long t = 0; t < T; t++)
+    for (long n = 0; n < N; n++) {
+      double s = 0, m = 0;
+      for (long j = 0; j < K; j++) {
+        double p = (double)value(dtype, w[n * n_stride + j * j_stride]) * value(dtype, x[t * K + j]);
+        s += p;
+        m += fabs(p);
+      }
+      check(what, y[t * N + n], s, m, 1e-5);
+    }
+}
+
 static void rows_times_weight(int dtype, int threads) {
   long T = 1 + below(16), N = 1 + below(70), K = 1 + below(300), ldw = K + below(3);
   long size = (N - 1) * ldw + K;  /* the last row ends the buffer */
   uint16_t *W = halves(dtype, size), *x = halves(dtype, T * K);
   float *y = malloc(sizeof(float) * T * N);
   if (vs_rows_times_weight(dtype, W, ldw, x, y, T, N, K, threads) != 0) failures++;
-  for (long t = 0; t < T; t++)
-    for (long n = 0; n < N; n++) {
-      double s = 0, m = 0;
-      for (long j = 0; j < K; j++) {
-        double p = (double)value(dtype, W[n * ldw + j]) * value(dtype, x[t * K + j]);
-        s += p;
-        m += fabs(p);
-      }
-      check("rows_times_weight", y[t * N + n], s, m, 1e-5);
-    }
+  check_products("rows_times_weight", dtype, y, x, T, K, N, W, ldw, 1);
   free(W); free(x); free(y);
 }
 
@@ -76,16 +83,7 @@ static void rows_times_columns(int dtype, int threads) {
   uint16_t *V = halves(dtype, (K - 1) * ldv + N), *x = halves(dtype, T * K);
   float *y = malloc(sizeof(float) * T * N), *scratch = malloc(sizeof(float) * threads * T * N);
   if (vs_rows_times_columns(dtype, V, ldv, x, y, T, K, N, threads, scratch) != 0) failures++;
-  for (long t = 0; t < T; t++)
-    for (long n = 0; n < N; n++) {
-      double s = 0, m = 0;
-      for (long j = 0; j < K; j++) {
-        double p = (double)value(dtype, V[j * ldv + n]) * value(dtype, x[t * K + j]);
-        s += p;
-        m += fabs(p);
-      }
-      check("rows_times_columns", y[t * N + n], s, m, 1e-5);
-    }
+  check_products("rows_times_columns", dtype, y, x, T, K, N, V, 1, ldv);
   free(V); free(x); free(y); free(scratch);
 }
 
