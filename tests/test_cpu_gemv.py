@@ -246,3 +246,53 @@ def test_split_and_cpu_ffns_by_the_kernel_match_the_cpu_reference(tiny_model_dir
     torch.testing.assert_close(got[len(PROMPT):].float(), plain[len(PROMPT):].float(), rtol=0, atol=0.03 * scale)
     assert split.executor._down_copies.nbytes == 0
     assert {key for key in split.executor._packed._parts} == {("ffn[0]", 3), ("ffn[1]", 15)}  # the prompt's
+
+
+@needs_kernel
+@pytest.mark.parametrize("isa", ["native", "avx2", "plain"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_every_build_attends_one_token_over_a_paged_caches_rows(isa, dtype):
+    """One new token's attention over a sequence's cached rows [L, Hkv, D] viewed by head (as attend hands them
+    over): query head h reads key/value head h // (H / Hkv); the float64 softmax's result to the dtype's
+    rounding, at one position and at runs long enough to split over threads, for head groups of 1 to 12."""
+    lib = _build(isa)
+    g = torch.Generator().manual_seed(0)
+    for heads, kv_heads, dim, length in ((32, 8, 128, 1), (32, 8, 128, 300), (28, 4, 128, 777), (6, 3, 37, 130),
+                                         (4, 4, 8, 3), (48, 4, 64, 65), (40, 8, 16, 200)):
+        pool = (3 * torch.randn(length + 5, kv_heads, dim, generator=g)).to(dtype)
+        pool_v = torch.randn(length + 5, kv_heads, dim, generator=g).to(dtype)
+        keys, values = pool[2:2 + length].transpose(0, 1), pool_v[2:2 + length].transpose(0, 1)  # [Hkv, L, D]
+        q = torch.randn(heads, dim, generator=g).to(dtype)
+        assert cpu_gemv.serves_attention(q, keys, values)
+        out = cpu_gemv.decode_attention(q, keys, values, dim ** -0.5, lib=lib)
+        group = heads // kv_heads
+        k, v = keys.double().repeat_interleave(group, 0), values.double().repeat_interleave(group, 0)
+        weights = torch.softmax((q.double()[:, None, :] * k).sum(-1) * dim ** -0.5, -1)  # [H, L]
+        expected = (weights[:, :, None] * v).sum(1)
+        assert out.dtype == dtype and out.shape == (heads, dim)
+        torch.testing.assert_close(out.double(), expected, rtol=0, atol=8e-3 * expected.abs().max().item())
+
+
+@needs_kernel
+def test_one_sequences_decode_attention_takes_the_kernel_and_others_sdpa(monkeypatch):
+    """attention.decode_attention: one sequence on the CPU in half precision through the kernel (SDPA's
+    result within the dtype's rounding); a batch with its padding mask, float32, or the kernel off: SDPA."""
+    from vramshard.layers.attention import decode_attention
+
+    g = torch.Generator().manual_seed(1)
+    pool = torch.randn(50, 4, 32, generator=g).to(torch.bfloat16)
+    keys, values = pool[:40].transpose(0, 1)[None], pool[5:45].transpose(0, 1)[None]  # [1, Hkv, L, D]
+    q = torch.randn(1, 8, 32, generator=g).to(torch.bfloat16)
+    called = []
+    monkeypatch.setattr(cpu_gemv, "decode_attention", lambda *a, _real=cpu_gemv.decode_attention: called.append(1) or _real(*a))
+    got = decode_attention(q, keys, values, 32 ** -0.5)
+    assert called == [1]
+    monkeypatch.setenv("VRAMSHARD_CPU_GEMV", "off")
+    expected = decode_attention(q, keys, values, 32 ** -0.5)
+    assert called == [1]
+    torch.testing.assert_close(got.float(), expected.float(), rtol=0, atol=2e-2 * expected.abs().max().item())
+    monkeypatch.setenv("VRAMSHARD_CPU_GEMV", "auto")
+    decode_attention(q.float(), keys.float(), values.float(), 32 ** -0.5)
+    decode_attention(q.expand(2, -1, -1), keys.expand(2, -1, -1, -1), values.expand(2, -1, -1, -1), 32 ** -0.5,
+                     torch.zeros(2, 1, 1, 40))
+    assert called == [1]

@@ -18,6 +18,9 @@ int vs_routed_experts(int dtype, const uint16_t *GU, long gu_e, long gu_r, const
                       const void *routing, int weights_dtype, long weights_t, long weights_a, const uint8_t *keep,
                       long keep_t, long keep_a, long k, long D, long F, long E, uint16_t *y, int threads);
 
+int vs_decode_attention(int dtype, const uint16_t *q, long H, long D, const uint16_t *K, const uint16_t *V, long L,
+                        long Hkv, long ld, long hd, float scale, uint16_t *out, int threads, float *scratch);
+
 static uint64_t state = 88172645463325252ull;
 static uint64_t next(void) { state ^= state << 13; state ^= state >> 7; state ^= state << 17; return state; }
 static long below(long n) { return (long)(next() % (uint64_t)n); }
@@ -139,6 +142,37 @@ static void routed_experts(int dtype, int threads) {
   free(act); free(GU); free(DN); free(x); free(y); free(chosen); free(routing); free(keep);
 }
 
+static void decode_attention(int dtype, int threads) {
+  long Hkv = 1 + below(6), G = 1 + below(10), H = Hkv * G, D = 1 + below(70), L = 1 + below(400);
+  long hd = D + below(3), ld = Hkv * hd + below(5);  /* rows of a paged pool: heads at hd, positions at ld */
+  uint16_t *K = halves(dtype, (L - 1) * ld + (Hkv - 1) * hd + D), *V = halves(dtype, (L - 1) * ld + (Hkv - 1) * hd + D);
+  uint16_t *q = halves(dtype, H * D), *out = malloc(sizeof(uint16_t) * H * D);
+  float *scratch = malloc(sizeof(float) * threads * H * (D + 2));
+  float scale = 1.0f / sqrtf((float)D);
+  if (vs_decode_attention(dtype, q, H, D, K, V, L, Hkv, ld, hd, scale, out, threads, scratch) != 0) failures++;
+  double *score = malloc(sizeof(double) * L);
+  for (long h = 0; h < H; h++) {
+    long j = h / G;
+    double top = -INFINITY, sum = 0;
+    for (long l = 0; l < L; l++) {
+      double s = 0;
+      for (long d = 0; d < D; d++) s += (double)value(dtype, q[h * D + d]) * value(dtype, K[l * ld + j * hd + d]);
+      score[l] = s * scale;
+      if (score[l] > top) top = score[l];
+    }
+    for (long l = 0; l < L; l++) sum += (score[l] = exp(score[l] - top));
+    for (long d = 0; d < D; d++) {
+      double y = 0, m = 0;
+      for (long l = 0; l < L; l++) {
+        y += score[l] / sum * value(dtype, V[l * ld + j * hd + d]);
+        m += score[l] / sum * fabs(value(dtype, V[l * ld + j * hd + d]));
+      }
+      check("decode_attention", value(dtype, out[h * D + d]), y, m, 1e-2);  /* (the output rounded once) */
+    }
+  }
+  free(score); free(K); free(V); free(q); free(out); free(scratch);
+}
+
 int main(int argc, char **argv) {
   int rounds = argc > 1 ? atoi(argv[1]) : 40;
   for (int r = 0; r < rounds; r++)
@@ -146,6 +180,7 @@ int main(int argc, char **argv) {
       int threads = 1 + (int)below(5);
       rows_times_weight(dtype, threads);
       rows_times_columns(dtype, threads);
+      decode_attention(dtype, threads);
       routed_experts(dtype, threads);
     }
   if (failures) fprintf(stderr, "%d results wrong\n", failures);

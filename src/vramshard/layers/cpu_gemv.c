@@ -26,6 +26,10 @@
  *   the weights' dtype, then its runs of output rows (each expert's rows of a run read in one pass),
  *   each row summed over the experts in float32 and rounded once: every routed expert read once, one
  *   OpenMP team and one call for the layer.
+ *   vs_decode_attention: one new token's attention over a sequence's cached keys and values (a paged cache's
+ *   rows [L, Hkv, D], by head; query head h reads key/value head h / (H / Hkv)): each thread a run of
+ *   positions for every head (flash-decoding), each key and value row read once, a running maximum and sum
+ *   in float32, the runs combined and each output rounded once.
  * Three ways to the same sums, chosen when compiled: AVX-512 (with AVX512-BF16's pairwise dot
  * products for bf16 where the CPU has them), AVX2 + F16C, and plain C.
  */
@@ -42,6 +46,10 @@
 
 #define VS_MAX_ROWS 16
 #define VS_COLUMN_ROWS 4     /* rows of x vs_rows_times_columns takes */
+#define VS_MAX_GROUP 16      /* query heads per key/value head vs_decode_attention takes */
+#define VS_ATTN_HEADS 128    /* query heads vs_decode_attention takes */
+#define VS_ATTN_RUN 64       /* positions at least in each thread's run of vs_decode_attention */
+#define VS_ATTN_BLOCK 32     /* positions whose scores vs_decode_attention takes before their values */
 #define VS_TILE 64           /* output rows of the routed experts' down products a thread sums at a time, at most */
 #define VS_PREFETCH_ROWS 4   /* weight rows ahead that a block asks for while it reads its own: the next block */
 #define VS_BF16 0
@@ -414,4 +422,211 @@ done:
   free(both);
   free(act);
   return status;
+}
+
+/* a[0:D] (float32) . b[0:D] (dtype). */
+static inline float vs_dot_f(int dtype, const float *a, const uint16_t *b, long D) {
+  long d = 0;
+  float s = 0.0f;
+#if VS_LANES
+  vs_vec acc = vs_zero();
+  for (; d + VS_LANES <= D; d += VS_LANES) acc = vs_fma(vs_ld(a + d), vs_wide(dtype, b + d), acc);
+  s = vs_hsum(acc);
+#endif
+  for (; d < D; d++) s += a[d] * vs_scalar(dtype, b[d]);
+  return s;
+}
+
+/* x[0:n] = exp(x[0:n]) in place for x <= 0 (scores less their maximum): a polynomial of 2^f after
+ * x * log2(e) = i + f, |f| <= 1/2 (Taylor to degree 6: relative error under 1e-7), vector by vector; below
+ * -87 it gives about 0, as expf does. */
+static inline void vs_exp_block(float *x, long n) {
+  long i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) {
+    __m512 t = _mm512_mul_ps(_mm512_max_ps(_mm512_loadu_ps(x + i), _mm512_set1_ps(-87.0f)),
+                             _mm512_set1_ps(1.44269504088896341f));
+    __m512 r = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(t, r);
+    __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    _mm512_storeu_ps(x + i, _mm512_scalef_ps(p, r));
+  }
+#elif VS_LANES
+  for (; i + 8 <= n; i += 8) {
+    __m256 t = _mm256_mul_ps(_mm256_max_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(-87.0f)),
+                             _mm256_set1_ps(1.44269504088896341f));
+    __m256 r = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm256_sub_ps(t, r);
+    __m256 p = _mm256_set1_ps(1.5403530393381606e-4f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146428443e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291076284772e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504108664821580e-2f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650695910071e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718055994531e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(r), _mm256_set1_epi32(127)), 23);
+    _mm256_storeu_ps(x + i, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+  }
+#endif
+  for (; i < n; i++) x[i] = expf(x[i]);
+}
+
+/* The G query heads' scores of one key/value head for the block's positions: w[g * VS_ATTN_BLOCK + p] =
+ * q_g . (key row p at k + p * ld), q_g at qf + g * D (float32, scaled). With G constant (vs_scores_of) each key
+ * row is read once for the G heads. */
+static inline __attribute__((always_inline)) void vs_scores(int dtype, long G, const float *qf, const uint16_t *k,
+                                                            long ld, long count, float *w, long D) {
+  for (long p = 0; p < count; p++) {
+    const uint16_t *row = k + p * ld;
+    long d = 0;
+    float sums[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+#if VS_LANES
+    vs_vec acc[8];
+    for (long g = 0; g < G; g++) acc[g] = vs_zero();
+    for (; d + VS_LANES <= D; d += VS_LANES) {
+      vs_vec x = vs_wide(dtype, row + d);
+      for (long g = 0; g < G; g++) acc[g] = vs_fma(vs_ld(qf + g * D + d), x, acc[g]);
+    }
+    for (long g = 0; g < G; g++) sums[g] = vs_hsum(acc[g]);
+#endif
+    for (; d < D; d++) {
+      float x = vs_scalar(dtype, row[d]);
+      for (long g = 0; g < G; g++) sums[g] += qf[g * D + d] * x;
+    }
+    for (long g = 0; g < G; g++) w[g * VS_ATTN_BLOCK + p] = sums[g];
+  }
+}
+
+/* The G query heads' outputs of one key/value head (out0 + g * (D + 2), D floats each) += sum over p < count of
+ * w[g * VS_ATTN_BLOCK + p] * (value row p at v + p * ld). With G constant (vs_values_of) the G outputs' lanes
+ * stay in registers over the block. */
+static inline __attribute__((always_inline)) void vs_values(int dtype, long G, const uint16_t *v, long ld, long count,
+                                                            const float *w, float *out0, long D) {
+  long d = 0;
+#if VS_LANES
+  for (; d + VS_LANES <= D; d += VS_LANES) {
+    vs_vec acc[8];
+    for (long g = 0; g < G; g++) acc[g] = vs_ld(out0 + g * (D + 2) + d);
+    for (long p = 0; p < count; p++) {
+      vs_vec x = vs_wide(dtype, v + p * ld + d);
+      for (long g = 0; g < G; g++) acc[g] = vs_fma(vs_set1(w[g * VS_ATTN_BLOCK + p]), x, acc[g]);
+    }
+    for (long g = 0; g < G; g++) vs_st(out0 + g * (D + 2) + d, acc[g]);
+  }
+#endif
+  for (; d < D; d++)
+    for (long p = 0; p < count; p++) {
+      float x = vs_scalar(dtype, v[p * ld + d]);
+      for (long g = 0; g < G; g++) out0[g * (D + 2) + d] += w[g * VS_ATTN_BLOCK + p] * x;
+    }
+}
+
+/* vs_scores and vs_values with G as a constant where it is 1, 2, 4 or 8; another G (up to VS_MAX_GROUP) eight
+ * heads at a time. */
+static void vs_scores_of(int dtype, long G, const float *qf, const uint16_t *k, long ld, long count, float *w, long D) {
+  switch (G) {
+    case 1: vs_scores(dtype, 1, qf, k, ld, count, w, D); return;
+    case 2: vs_scores(dtype, 2, qf, k, ld, count, w, D); return;
+    case 4: vs_scores(dtype, 4, qf, k, ld, count, w, D); return;
+    case 8: vs_scores(dtype, 8, qf, k, ld, count, w, D); return;
+  }
+  for (long g = 0; g < G; g += 8)
+    vs_scores(dtype, G - g < 8 ? G - g : 8, qf + g * D, k, ld, count, w + g * VS_ATTN_BLOCK, D);
+}
+
+static void vs_values_of(int dtype, long G, const uint16_t *v, long ld, long count, const float *w, float *out0,
+                         long D) {
+  switch (G) {
+    case 1: vs_values(dtype, 1, v, ld, count, w, out0, D); return;
+    case 2: vs_values(dtype, 2, v, ld, count, w, out0, D); return;
+    case 4: vs_values(dtype, 4, v, ld, count, w, out0, D); return;
+    case 8: vs_values(dtype, 8, v, ld, count, w, out0, D); return;
+  }
+  for (long g = 0; g < G; g += 8)
+    vs_values(dtype, G - g < 8 ? G - g : 8, v, ld, count, w + g * VS_ATTN_BLOCK, out0 + g * (D + 2), D);
+}
+
+/* One new token's attention over a sequence's cached keys and values:
+ *   out[h] = sum over l < L of softmax_l(scale * q[h] . K[l, h / G]) V[l, h / G],  G = H / Hkv,
+ * q [H, D] and out [H, D] rows contiguous in dtype; K and V element (l, j, d) at K + l * ld + j * hd + d (a paged
+ * cache's rows [L, Hkv, D], by head). Each thread takes a run of positions for every head (flash-decoding),
+ * block by block: for each key/value head the block's scores of its G query heads (each key row read once for
+ * them), their exponentials against a running maximum, then the values' weighted sums (each value row read
+ * once), keeping a running maximum, sum and output per query head in float32. The runs are then combined, each
+ * head's output rounded once. scratch: threads * H * (D + 2) floats. Returns 0, -1 for arguments it does not
+ * take, -2 where its copy of q could not be allocated. */
+int vs_decode_attention(int dtype, const uint16_t *q, long H, long D, const uint16_t *K, const uint16_t *V, long L,
+                        long Hkv, long ld, long hd, float scale, uint16_t *out, int threads, float *scratch) {
+  if ((dtype != VS_BF16 && dtype != VS_FP16) || H < 1 || D < 1 || L < 1 || Hkv < 1 || H % Hkv != 0 ||
+      H / Hkv > VS_MAX_GROUP || H > VS_ATTN_HEADS || threads < 1)
+    return -1;
+  long G = H / Hkv;
+  float *qf = (float *)malloc(sizeof(float) * H * D);  /* q * scale in float32 */
+  if (!qf) return -2;
+  for (long i = 0; i < H * D; i++) qf[i] = vs_scalar(dtype, q[i]) * scale;
+  int team = threads;
+  if (team > L / VS_ATTN_RUN) team = L / VS_ATTN_RUN > 0 ? (int)(L / VS_ATTN_RUN) : 1;  /* runs worth a thread */
+#pragma omp parallel num_threads(team)
+  {
+    int u = 0, n = 1;
+#ifdef _OPENMP
+    u = omp_get_thread_num();
+    n = omp_get_num_threads();
+#endif
+    long per = (L + n - 1) / n, first = u * per, last = first + per < L ? first + per : L;
+    float *mine = scratch + (long)u * H * (D + 2);  /* per query head: maximum, sum, output [D] */
+    float w[VS_ATTN_HEADS * VS_ATTN_BLOCK];  /* the block's scores, then weights, by query head */
+    for (long h = 0; h < H; h++) {
+      mine[h * (D + 2)] = -INFINITY;
+      mine[h * (D + 2) + 1] = 0.0f;
+      for (long d = 0; d < D; d++) mine[h * (D + 2) + 2 + d] = 0.0f;
+    }
+    for (long b = first; b < last; b += VS_ATTN_BLOCK) {
+      long count = last - b < VS_ATTN_BLOCK ? last - b : VS_ATTN_BLOCK;
+      for (long j = 0; j < Hkv; j++)  /* the scores: each key row once for the head's G query heads */
+        vs_scores_of(dtype, G, qf + j * G * D, K + b * ld + j * hd, ld, count, w + j * G * VS_ATTN_BLOCK, D);
+      for (long h = 0; h < H; h++) {  /* their weights against each head's running maximum */
+        float *state = mine + h * (D + 2), *acc = state + 2, *wh = w + h * VS_ATTN_BLOCK, top = state[0];
+        for (long p = 0; p < count; p++) top = wh[p] > top ? wh[p] : top;
+        float keep = expf(state[0] - top), sum = 0.0f;  /* (the first block: exp(-inf) = 0) */
+        for (long p = 0; p < count; p++) wh[p] -= top;
+        vs_exp_block(wh, count);
+        for (long p = 0; p < count; p++) sum += wh[p];
+        state[0] = top;
+        state[1] = state[1] * keep + sum;
+        if (keep != 1.0f)
+          for (long d = 0; d < D; d++) acc[d] *= keep;
+      }
+      for (long j = 0; j < Hkv; j++)  /* the values: each value row once for the head's G query heads */
+        vs_values_of(dtype, G, V + b * ld + j * hd, ld, count, w + j * G * VS_ATTN_BLOCK,
+                     mine + j * G * (D + 2) + 2, D);
+    }
+#pragma omp barrier
+#pragma omp for schedule(static)
+    for (long h = 0; h < H; h++) {
+      float top = -INFINITY, sum = 0.0f;
+      for (int t = 0; t < n; t++) {
+        const float *state = scratch + ((long)t * H + h) * (D + 2);
+        if (state[0] > top) top = state[0];
+      }
+      for (int t = 0; t < n; t++) {
+        const float *state = scratch + ((long)t * H + h) * (D + 2);
+        if (state[1] > 0.0f) sum += state[1] * expf(state[0] - top);
+      }
+      for (long d = 0; d < D; d++) {
+        float y = 0.0f;
+        for (int t = 0; t < n; t++) {
+          const float *state = scratch + ((long)t * H + h) * (D + 2);
+          if (state[1] > 0.0f) y += state[2 + d] * expf(state[0] - top);
+        }
+        out[h * D + d] = vs_half(dtype, y / sum);
+      }
+    }
+  }
+  free(qf);
+  return 0;
 }
