@@ -437,6 +437,19 @@ static inline float vs_dot_f(int dtype, const float *a, const uint16_t *b, long 
   return s;
 }
 
+#if VS_LANES
+/* 2^f for |f| <= 1/2 (Taylor to degree 6 of exp(f ln 2)). */
+static inline vs_vec vs_exp2_fraction(vs_vec f) {
+  vs_vec p = vs_set1(1.5403530393381606e-4f);
+  p = vs_fma(p, f, vs_set1(1.3333558146428443e-3f));
+  p = vs_fma(p, f, vs_set1(9.6181291076284772e-3f));
+  p = vs_fma(p, f, vs_set1(5.5504108664821580e-2f));
+  p = vs_fma(p, f, vs_set1(2.4022650695910071e-1f));
+  p = vs_fma(p, f, vs_set1(6.9314718055994531e-1f));
+  return vs_fma(p, f, vs_set1(1.0f));
+}
+#endif
+
 /* x[0:n] = exp(x[0:n]) in place for x <= 0 (scores less their maximum): a polynomial of 2^f after
  * x * log2(e) = i + f, |f| <= 1/2 (Taylor to degree 6: relative error under 1e-7), vector by vector; below
  * -87 it gives about 0, as expf does. */
@@ -446,30 +459,16 @@ static inline void vs_exp_block(float *x, long n) {
   for (; i + 16 <= n; i += 16) {
     __m512 t = _mm512_mul_ps(_mm512_max_ps(_mm512_loadu_ps(x + i), _mm512_set1_ps(-87.0f)),
                              _mm512_set1_ps(1.44269504088896341f));
-    __m512 r = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(t, r);
-    __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    _mm512_storeu_ps(x + i, _mm512_scalef_ps(p, r));
+    __m512 r = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm512_storeu_ps(x + i, _mm512_scalef_ps(vs_exp2_fraction(_mm512_sub_ps(t, r)), r));
   }
 #elif VS_LANES
   for (; i + 8 <= n; i += 8) {
     __m256 t = _mm256_mul_ps(_mm256_max_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(-87.0f)),
                              _mm256_set1_ps(1.44269504088896341f));
-    __m256 r = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm256_sub_ps(t, r);
-    __m256 p = _mm256_set1_ps(1.5403530393381606e-4f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146428443e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291076284772e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504108664821580e-2f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650695910071e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718055994531e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    __m256 r = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(r), _mm256_set1_epi32(127)), 23);
-    _mm256_storeu_ps(x + i, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+    _mm256_storeu_ps(x + i, _mm256_mul_ps(vs_exp2_fraction(_mm256_sub_ps(t, r)), _mm256_castsi256_ps(e)));
   }
 #endif
   for (; i < n; i++) x[i] = expf(x[i]);

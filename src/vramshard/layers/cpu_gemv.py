@@ -319,12 +319,18 @@ def routed_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, e
                                    None if keep is None else keep.data_ptr(), 0 if keep is None else keep.stride(0),
                                    0 if keep is None else keep.stride(1), k, D, two_f // 2, E, out.data_ptr(),
                                    torch.get_num_threads())
-    if status == -2:
-        raise MemoryError("the CPU decode kernel could not allocate its scratch for the routed experts")
-    if status != 0:
-        raise ValueError(f"the CPU decode kernel refused the routed experts {experts.tolist()} of {E} "
-                         f"(gate_up {tuple(gate_up.shape)}, down {tuple(down.shape)}, {x.dtype})")
+    _check(status, "its scratch for the routed experts", lambda: f"the routed experts {experts.tolist()} of {E} "
+           f"(gate_up {tuple(gate_up.shape)}, down {tuple(down.shape)}, {x.dtype})")
     return out
+
+
+def _check(status: int, scratch: str, refused) -> None:
+    """Raise for a kernel call's status: -2 (``scratch`` could not be allocated) as MemoryError, another
+    non-zero one as ValueError naming what it refused (``refused()``, made only then)."""
+    if status == -2:
+        raise MemoryError(f"the CPU decode kernel could not allocate {scratch}")
+    if status != 0:
+        raise ValueError(f"the CPU decode kernel refused {refused()}")
 
 
 MAX_GROUP = 16  # query heads per key/value head the attention takes (VS_MAX_GROUP)
@@ -363,11 +369,8 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     status = lib.vs_decode_attention(DTYPES[q.dtype], q.data_ptr(), heads, dim, keys.data_ptr(), values.data_ptr(),
                                      length, kv_heads, keys.stride(1), keys.stride(0), float(scale), out.data_ptr(),
                                      threads, scratch.data_ptr())
-    if status == -2:
-        raise MemoryError("the CPU decode kernel could not allocate its copy of the query")
-    if status != 0:
-        raise ValueError(f"the CPU decode kernel refused attention of q {tuple(q.shape)} over keys "
-                         f"{tuple(keys.shape)} (strides {keys.stride()}, {q.dtype})")
+    _check(status, "its copy of the query", lambda: f"attention of q {tuple(q.shape)} over keys "
+           f"{tuple(keys.shape)} (strides {keys.stride()}, {q.dtype})")
     return out
 
 
