@@ -349,7 +349,7 @@ def serves_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) 
         return False
     heads, kv_heads = q.shape[0], keys.shape[0]
     return (kv_heads > 0 and heads % kv_heads == 0 and heads // kv_heads <= MAX_GROUP and wanted()
-            and library() is not None and hasattr(library(), "vs_decode_attention"))
+            and library() is not None)
 
 
 def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, lib=None) -> torch.Tensor:

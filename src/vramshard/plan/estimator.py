@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..layers.attention import Attention
-from ..layers.cpu_gemv import FFN_ROWS as GEMV_FFN_ROWS
+from ..layers import cpu_gemv as gemv_kernel  # (as gemv_kernel: Estimator takes a cpu_gemv flag)
 from ..layers.mlp import DenseFFN
 from ..layers.moe import GATHER_BYTES, MoEFFN
 from ..layers.sublayer import SubLayer
@@ -176,9 +176,7 @@ def cpu_gemv_enabled() -> bool:
     rather than from prepacked ones."""
     if _fixed is not None:
         return _fixed.cpu_gemv
-    from ..layers import cpu_gemv  # (the kernel's own switch)
-
-    return cpu_gemv.computes(1)
+    return gemv_kernel.computes(1)  # (the kernel's own switch)
 
 
 def host_pass_s(profile: Profile, moe: MoEFFN, rows: int, contended: bool = False,
@@ -280,7 +278,7 @@ class Estimator:
         self.cpu_packed = cpu_packed_enabled() if cpu_packed is None else cpu_packed
         self.packed_forced = cpu_packed is None and cpu_packed_forced()
         self.cpu_gemv = cpu_gemv_enabled() if cpu_gemv is None else cpu_gemv
-        self.gemv_rows = GEMV_FFN_ROWS if self.cpu_gemv else 0  # (the most rows of dense FFN work it takes)
+        self.gemv_rows = gemv_kernel.FFN_ROWS if self.cpu_gemv else 0  # (the most rows of dense FFN work it takes)
         # Split FFNs' CPU parts on the executor's run-ahead worker (None: as the executor will run).
         self.run_ahead = run_ahead_enabled() if run_ahead is None else run_ahead
         available, self.zero_copy_rows = zero_copy_enabled()
