@@ -1,5 +1,6 @@
 """Plans made in the planning process (vramshard.runtime.plan_process) are the plans made here."""
 
+import os
 import time
 
 import pytest
@@ -112,6 +113,15 @@ def test_a_planner_error_is_raised_here_as_it_was_there(planned):
         budgets.make_plan(model, settings, 2**20, kv_on_gpu=True)
     assert str(there.value) == str(here.value) and "minimum" in str(there.value)
     assert child.running  # the child goes on serving
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="the idle scheduling class is Linux's")
+def test_the_child_takes_only_idle_cores(planned):
+    """The child plans at the idle scheduling class, so that it never takes a core from the steps'
+    OpenMP teams."""
+    model, settings, child = planned
+    child.make_plan(model, settings, 8 * GiB, search=False)
+    assert os.sched_getscheduler(child._child.pid) == os.SCHED_IDLE
 
 
 def test_an_idle_child_stops_and_the_next_plan_starts_another(planned):

@@ -16,7 +16,15 @@ came for ``IDLE_EXIT_S`` (its memory, mostly torch's, comes back; the next reque
 about 2 s). Each request carries the model's shapes, the plan settings (the machine profile with
 its fitted factors), the budget and how this process's executor runs its CPU work
 (:class:`~vramshard.plan.estimator.Mechanisms`), so the child prices exactly what this process's
-own planner would: the plan is the same. Requests and answers cross the child's stdin and stdout
+own planner would: the plan is the same.
+
+The child runs at the idle scheduling class (Linux ``SCHED_IDLE``; elsewhere at the lowest
+priority), set before it imports anything: it takes a core only where none of this process's
+threads wants one. At normal priority its one core cost every OpenMP team of the steps a thread
+at each barrier: on the H100 machine (session 37, ``docs/logs-run37/llama8_call7.log``)
+llama3-8b's decode steps at 8 GiB took 250-630 ms while a calibration's plan was made in the
+child, against 113-134 ms before and after it. The plan then takes longer (it waits for idle
+cores), but nothing waits for it: the engine runs on its current plan until it comes. Requests and answers cross the child's stdin and stdout
 as lines of JSON (:mod:`~vramshard.runtime.plan_wire`: no pickles); the child builds the model again
 from the config.json dict it was built from, and a model without one is planned on the calling
 thread. A child that has not answered in ``ANSWER_S`` is killed. A child that fails is
@@ -144,7 +152,7 @@ class PlanProcess:
         path = os.environ.get("PYTHONPATH")
         env = dict(os.environ, PYTHONPATH=source + (os.pathsep + path if path else ""),
                    OMP_NUM_THREADS="1")  # (one core: the steps keep the others)
-        self._child = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+        self._child = subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, env=env)
         self.started += 1
         log.info("planning process started (pid %d)", self._child.pid)
@@ -164,6 +172,14 @@ class PlanProcess:
         except (OSError, subprocess.TimeoutExpired):
             child.kill()
             child.wait()
+
+
+# The child's program: the idle scheduling class first (before torch's import, a second of a core),
+# then this module's _serve.
+_CHILD = ("import os, runpy\n"
+          "try:\n    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+          "except (AttributeError, OSError):\n    os.nice(19)\n"  # (not Linux, or refused: the lowest priority)
+          f"runpy.run_module({__name__!r}, run_name='__main__')\n")
 
 
 _shared: PlanProcess | None = None
