@@ -197,12 +197,13 @@ def test_split_ffn_placement_matches_cpu_float32(arch, tiny_model_dir, cpu_refer
     assert executor.report.bytes_streamed == per_step
     assert executor.report.crossings >= 2 * len(executor.placement.split_names())
     assert 0 < executor.peak_vram() <= budget, (executor.peak_vram(), executor.need.breakdown())
-    # Beside a GPU the CPU parts are prepacked by default (runtime/cpu_packed.py), else they read row-major
-    # copies of their down projections (runtime/cpu_down.py; auto by default); never both.
-    if executor._packed.enabled:
+    # The prompt's CPU parts read weights prepacked for oneDNN where the plan packs at its tier
+    # (runtime/cpu_packed.py: beside a GPU, at the tiers where the profile finds packing pays), else
+    # row-major copies of their down projections (runtime/cpu_down.py; auto by default); never both.
+    if executor._packed.enabled and executor._packed.packs_rows(len(PROMPT)):
         assert executor._packed.nbytes > 0 and executor._down_copies.nbytes == 0
     elif executor._down_copies.mode != "off":
-        assert executor._down_copies.nbytes > 0
+        assert executor._down_copies.nbytes > 0 and executor._packed.nbytes == 0
 
 
 LONG_PROMPT = [(7 * i + 3) % 97 for i in range(40)]  # rows above cpu_linear.MAX_TOKENS
@@ -279,8 +280,9 @@ def test_run_ahead_split_steps_match_cpu_float32_and_a_failed_cpu_part_fails_its
 def test_split_ffn_one_row_parts_by_the_c_kernel_match_cpu_float32(tiny_model_dir, cpu_reference, monkeypatch, ahead):
     """bf16 split FFNs whose one-row CPU parts run through the C kernel (layers/cpu_gemv.py, on by default
     beside a GPU), on the host thread or the run-ahead worker: the CPU float32 reference's logits within
-    bf16's rounding, and no prepacked copy made for a decode step."""
+    bf16's rounding, and neither a prepacked copy nor a row-major down copy made for a decode step."""
     from vramshard.layers import cpu_gemv
+    from vramshard.layers.step import Step
     from vramshard.runtime import run_ahead
 
     if cpu_gemv.library() is None:
@@ -297,13 +299,18 @@ def test_split_ffn_one_row_parts_by_the_c_kernel_match_cpu_float32(tiny_model_di
     monkeypatch.setattr(cpu_gemv, "swiglu", lambda *a: threads.append(threading.current_thread().name) or real(*a))
     engine = Engine.load(path, device="cuda", dtype="bfloat16", placement=_split_ffn_placement(cpu_engine.model),
                          vram=200 * 2**20, max_context=64)
-    prompt_parts = set(engine.executor._packed._parts)
-    got = trace_logits(engine)
+    executor = engine.executor
+    kv = executor.new_kv_cache(slots=1, max_ctx=len(PROMPT) + len(FORCED))
+    rows = [executor.forward(torch.tensor(PROMPT), Step.single(0, len(PROMPT), all_logits=True, kv_lookup=kv))]
+    prompt_copies = (set(executor._packed._parts), executor._down_copies.nbytes)  # (the prompt's own)
+    threads.clear()
+    for i, token in enumerate(FORCED):
+        rows.append(executor.forward(torch.tensor([token]), Step.single(len(PROMPT) + i, 1, kv_lookup=kv)))
+    got = torch.cat(rows)
     torch.testing.assert_close(got.float(), expected, rtol=0, atol=0.06 * expected.abs().max().item())
-    decode_steps = len(got) - len(PROMPT)
-    assert len(threads) >= decode_steps * len(engine.executor.placement.split_names())
+    assert len(threads) >= len(FORCED) * len(executor.placement.split_names())
     assert ("vramshard-cpu-parts" in threads) is ahead
-    assert engine.executor._down_copies.nbytes == 0 and set(engine.executor._packed._parts) >= prompt_parts
+    assert (set(executor._packed._parts), executor._down_copies.nbytes) == prompt_copies  # (none for decoding)
 
 
 def test_engines_made_one_after_another_leave_no_vram_behind(tiny_model_dir):
