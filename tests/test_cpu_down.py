@@ -32,10 +32,46 @@ def test_a_splittable_ffns_part_gets_its_down_row_major_once():
     assert down.is_contiguous() and not cpu_down.transposed(down) and torch.equal(down, part["down_proj"])
     assert all(copied[k] is part[k] for k in part if k != "down_proj")  # the rest stay views
     assert copies.part("ffn[0]", 5, part) is copied and copies.nbytes == down.nbytes  # made once
-    whole = copies.part("ffn[0]", ffn.num_pieces, views)  # a whole FFN the CPU computes
+    whole = copies.part("ffn[0]", ffn.num_pieces, views)  # a whole FFN the CPU computes: a wider copy instead
     assert whole["down_proj"].is_contiguous() and torch.equal(whole["down_proj"], views["down_proj"])
+    assert copies.nbytes == whole["down_proj"].nbytes
+    again = copies.part("ffn[0]", 5, part)["down_proj"]  # the five pieces: the wider copy's leading columns
+    assert again.data_ptr() == whole["down_proj"].data_ptr() and torch.equal(again, part["down_proj"])
     copies.keep({("ffn[0]", 5)})  # the plans in force no longer compute the whole FFN on the CPU
+    assert copies.nbytes == 0
+    assert torch.equal(copies.part("ffn[0]", 5, part)["down_proj"], part["down_proj"])
     assert copies.nbytes == down.nbytes
+    copies.keep(set())
+    assert copies.nbytes == 0 and not copies._parts
+
+
+def test_an_ffn_gets_one_copy_its_widest_part_and_the_narrower_parts_read_it():
+    """Plans that split one FFN differently by step size: one copy, as wide as the widest part, made
+    whichever part asks first; the others read its leading columns."""
+    ffn, views = split_views()
+    copies = cpu_down.DownCopies("on", views_of=lambda name, pieces: ffn.pieces_of(views, 0, pieces))
+    copies.keep({("ffn[0]", 3), ("ffn[0]", 9)})
+    narrow = copies.part("ffn[0]", 3, ffn.pieces_of(views, 0, 3))["down_proj"]
+    wide = copies.part("ffn[0]", 9, ffn.pieces_of(views, 0, 9))["down_proj"]
+    assert torch.equal(narrow, ffn.pieces_of(views, 0, 3)["down_proj"])
+    assert torch.equal(wide, ffn.pieces_of(views, 0, 9)["down_proj"]) and wide.is_contiguous()
+    assert narrow.data_ptr() == wide.data_ptr() and copies.nbytes == wide.nbytes  # one copy
+    copies.keep({("ffn[0]", 3), ("ffn[0]", 12)})  # a plan that wants more pieces on the CPU: made again, wider
+    assert copies.nbytes == 0
+    assert torch.equal(copies.part("ffn[0]", 3, ffn.pieces_of(views, 0, 3))["down_proj"],
+                       ffn.pieces_of(views, 0, 3)["down_proj"])
+    assert copies.nbytes == ffn.pieces_of(views, 0, 12)["down_proj"].nbytes
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_the_copy_holds_the_views_values_whatever_the_shape(dtype):
+    """The row-major copy (the C library's transpose for half precision, torch's for float32) of parts
+    of every width, over a storage row longer than a tile and not a multiple of one."""
+    store = torch.randn(300, 77).to(dtype)  # [F, D]: down stored transposed
+    for rows in (1, 7, 64, 65, 130, 300):
+        view = store[:rows].t()
+        copy = cpu_down.row_major_copy(view)
+        assert copy.is_contiguous() and copy.dtype == dtype and torch.equal(copy, view)
 
 
 def test_plain_layouts_and_off_leave_the_views_as_they_are():
@@ -86,3 +122,32 @@ def test_split_ffns_with_row_major_down_copies_match_the_cpu_placement(tiny_mode
     plain = Engine.load(path, placement=_split_placement(reference.model, [3, 15]), simulate_gpu=True, max_context=64)
     assert plain.executor._down_copies.nbytes == 0
     torch.testing.assert_close(got, trace_logits(plain, prompt=prompt), rtol=0.05, atol=0.05 * expected.abs().max().item())
+
+
+def test_the_decode_tiers_copies_are_made_when_the_plans_are_taken_one_per_ffn(tiny_model_dir, monkeypatch):
+    """Plans that split the FFNs differently at 16 and 64 rows (not packed): when the executor takes
+    them, each FFN gets one copy as wide as its widest part, and neither tier's first step makes one
+    (on the H100 machine each tier's first step copied for 0.9-1.2 s, session 37); both tiers compute the
+    CPU placement's logits."""
+    from vramshard.runtime import cpu_packed
+
+    path = tiny_model_dir("llama", torch.bfloat16)
+    reference = Engine.load(path, device="cpu", dtype="float32")
+    monkeypatch.setattr(cpu_down, "MODE", "on")
+    monkeypatch.setattr(cpu_packed, "MODE", "off")
+    model = reference.model
+    plans = TieredPlacement((1, 16, 64), (_split_placement(model, [3, 15]), _split_placement(model, [3, 9]),
+                                          _split_placement(model, [5, 4])), (None, None, None))
+    split = Engine.load(path, placement=plans, simulate_gpu=True, max_context=128)
+    copies = split.executor._down_copies
+    widths = {name: pieces for name, (pieces, _) in copies._copies.items()}
+    assert widths == {"ffn[0]": 5, "ffn[1]": 15}  # ffn[0]'s widest decode-sized part is tier 64's
+    made = {name: copy.data_ptr() for name, (_, copy) in copies._copies.items()}
+    held = copies.nbytes
+    assert len(PROMPT) < 16 < len(PROMPT) + 30 <= 64
+    for prompt in (PROMPT, PROMPT + PROMPT[:30]):  # a 16-row tier's step, then a 64-row one's
+        expected = trace_logits(reference, prompt=prompt, forced=[])
+        got = trace_logits(split, prompt=prompt, forced=[])
+        torch.testing.assert_close(got, expected, rtol=0.05, atol=0.05 * expected.abs().max().item())
+    assert {name: copy.data_ptr() for name, (_, copy) in copies._copies.items()} == made and copies.nbytes == held
+    assert {("ffn[0]", 3), ("ffn[0]", 5)} <= set(copies._parts)  # both of ffn[0]'s parts read its one copy

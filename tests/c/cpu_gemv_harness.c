@@ -21,6 +21,8 @@ int vs_routed_experts(int dtype, const uint16_t *GU, long gu_e, long gu_r, const
 int vs_decode_attention(int dtype, const uint16_t *q, long H, long D, const uint16_t *K, const uint16_t *V, long L,
                         long Hkv, long ld, long hd, float scale, uint16_t *out, int threads, float *scratch);
 
+int vs_transpose(const uint16_t *src, long lds, uint16_t *dst, long ldd, long R, long C, int threads);
+
 static uint64_t state = 88172645463325252ull;
 static uint64_t next(void) { state ^= state << 13; state ^= state >> 7; state ^= state << 17; return state; }
 static long below(long n) { return (long)(next() % (uint64_t)n); }
@@ -173,6 +175,16 @@ static void decode_attention(int dtype, int threads) {
   free(score); free(K); free(V); free(q); free(out); free(scratch);
 }
 
+static void transpose(int dtype, int threads) {
+  long R = 1 + below(200), C = 1 + below(200), lds = C + below(3), ldd = R + below(3);
+  uint16_t *src = halves(dtype, (R - 1) * lds + C), *dst = halves(dtype, (C - 1) * ldd + R);
+  if (vs_transpose(src, lds, dst, ldd, R, C, threads) != 0) failures++;
+  for (long r = 0; r < R; r++)
+    for (long c = 0; c < C; c++)
+      if (dst[c * ldd + r] != src[r * lds + c]) { failures++; r = R; break; }
+  free(src); free(dst);
+}
+
 int main(int argc, char **argv) {
   int rounds = argc > 1 ? atoi(argv[1]) : 40;
   for (int r = 0; r < rounds; r++)
@@ -182,6 +194,7 @@ int main(int argc, char **argv) {
       rows_times_columns(dtype, threads);
       decode_attention(dtype, threads);
       routed_experts(dtype, threads);
+      transpose(dtype, threads);
     }
   if (failures) fprintf(stderr, "%d results wrong\n", failures);
   else printf("all calls in bounds and right\n");

@@ -9,26 +9,39 @@ from a row-major copy and 0.77 ms as the compiled row sums a row-major copy allo
 (:mod:`~vramshard.layers.cpu_swiglu`), its weights' read time being 0.55 ms; at 4, 16 and 64 rows the
 copy was 1.55x, 1.38x and 1.16x faster through ATen.
 
-Here a CPU part's down (a split FFN's first pieces, or a whole FFN the CPU computes) gets a row-major
-copy, per (FFN, pieces on the CPU): the first tier's parts' when the executor takes its plans (at
-load, at a switch), the others' in their first step; each is kept while the plans in force compute that
-part (:meth:`DownCopies.keep`). The plain weights stay the source of every copy to the GPU. A copy
-costs host memory, a third of the part's weights: ``auto`` (the default) makes copies up to a quarter
-of the memory the host has available at the first one (``MemAvailable``), ``on`` without a limit,
-``off`` none. Where parts are prepacked (:mod:`.cpu_packed`, the default beside a GPU) they take no
-down copy. On an H100 machine nemo-8b at 8 GiB decoded at 7.25 tok/s with these copies and plain parts,
-against 9.01 prepacked (docs/BENCHMARKS.md, twenty-seventh GPU session).
+Here the down of an FFN whose CPU part the plans compute from the plain weights (a split FFN's first
+pieces, or a whole FFN the CPU computes) gets one row-major copy: of its widest CPU part in the plans in
+force, so that the parts of fewer pieces (the plans of other step sizes split it elsewhere) read its
+leading columns ([D, r] at the copy's row stride) and no tier's first step waits for a copy of its own.
+Those narrower parts' down products are slower than from a copy of their own width: on the development
+machine (2 threads, bf16) a [4096, 5376] slice of a [4096, 8960] copy took 3.26 ms at 16 rows and 4.03
+at 64 against 2.49 and 3.36 contiguous, about 8% of such a part's time; a copy per width would cost
+the host memory of one more copy of each width the plans use, where our users' hosts have 16-64 GiB.
+The executor makes the copies when it takes its plans (at load, at a switch), and keeps each while the
+plans in force compute that FFN's part on the CPU, replacing it where they want a wider one
+(:meth:`DownCopies.keep`). The copy is the C library's tiled transpose on torch's threads
+(:func:`~vramshard.layers.cpu_gemv.row_major_copy`; torch's copy of the transposed view, where the
+library is not built, runs on one thread): on the H100 machine (session 37,
+``docs/logs-run37/llama8_call7.log``) torch's copies took 36-61 ms a part, 0.9-1.2 s in each tier's first
+step of llama3-8b at 8 GiB, when the copies were made per (FFN, pieces) in those steps. The plain
+weights stay the source of every copy to the GPU. A copy costs host memory, a third of the part's
+weights: ``auto`` (the default) makes copies up to a quarter of the memory the host has available at
+the first one (``MemAvailable``), ``on`` without a limit, ``off`` none. Where parts are prepacked
+(:mod:`.cpu_packed`) they take no down copy. On an H100 machine nemo-8b at 8 GiB decoded at 7.25 tok/s
+with these copies and plain parts, against 9.01 prepacked (docs/BENCHMARKS.md, twenty-seventh GPU
+session).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Mapping
+from typing import Callable, Mapping
 
 import torch
 
 from ..env import choice
+from ..layers import cpu_gemv
 from .host_allowance import HostAllowance
 
 log = logging.getLogger(__name__)
@@ -43,35 +56,72 @@ def transposed(down: torch.Tensor) -> bool:
 
 
 class DownCopies:
-    """One executor's row-major copies of CPU parts' down projections, by (FFN name, pieces on the CPU)."""
+    """One executor's row-major copies of CPU parts' down projections: one per FFN, of its widest CPU
+    part in the plans in force (:meth:`keep`); a part of fewer pieces reads the copy's leading columns.
+    ``views_of(name, pieces)``: the views of an FFN's first ``pieces`` pieces, from which a wider copy
+    than the part asked for is made (None: each copy as wide as the part that asked)."""
 
-    def __init__(self, mode: str | None = None):
+    def __init__(self, mode: str | None = None,
+                 views_of: Callable[[str, int], Mapping[str, torch.Tensor]] | None = None):
         self.mode = mode or MODE
-        self._parts: dict[tuple[str, int], dict[str, torch.Tensor]] = {}  # the parts' views, down copied
+        self._views_of = views_of
+        self._copies: dict[str, tuple[int, torch.Tensor]] = {}  # FFN -> (pieces, its down row-major [D, r])
+        self._parts: dict[tuple[str, int], dict[str, torch.Tensor]] = {}  # (FFN, pieces) -> the part, down copied
+        self._widest: dict[str, int] = {}  # FFN -> most pieces the plans in force compute on the CPU
         self.nbytes = 0
         self.allowance = HostAllowance("CPU parts' down projections (row-major)", "VRAMSHARD_CPU_DOWN_COPY=on",
                                        limited=self.mode != "on")
 
     def keep(self, wanted: set[tuple[str, int]]) -> None:
-        """Drop the copies of parts not in ``wanted`` ((FFN name, pieces on the CPU) of the plans in force)."""
-        for key in [k for k in self._parts if k not in wanted]:
-            self.nbytes -= self._parts.pop(key)["down_proj"].nbytes
+        """The plans in force compute the parts ``wanted`` ((FFN name, pieces on the CPU)): drop the
+        copies of other FFNs and those of another width than an FFN's widest part now (the copy of
+        that width is made when asked for)."""
+        self._widest = {}
+        for name, pieces in wanted:
+            self._widest[name] = max(pieces, self._widest.get(name, 0))
+        for name, (pieces, _) in list(self._copies.items()):
+            if pieces != self._widest.get(name):
+                self._drop(name)
 
     def part(self, name: str, cpu_pieces: int, weights: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
-        """``weights`` (a CPU part's views) with its down projection row-major where it is a transposed
-        view and a copy is allowed (made here on first use); else ``weights`` as they are."""
-        copied = self._parts.get((name, cpu_pieces))
-        if copied is not None:
-            return copied
+        """``weights`` (the views of FFN ``name``'s first ``cpu_pieces`` pieces) with its down projection
+        row-major where it is a transposed view and a copy is allowed (the FFN's copy made here where
+        it has none wide enough); else ``weights`` as they are."""
+        part = self._parts.get((name, cpu_pieces))
+        if part is not None:
+            return part
         down = weights.get("down_proj")
-        if self.mode == "off" or down is None or not transposed(down) or not self._room_for(down.nbytes):
+        if self.mode == "off" or down is None or not transposed(down):
             return weights
-        start = time.perf_counter()
-        copied = self._parts[name, cpu_pieces] = {**weights, "down_proj": down.contiguous()}
-        self.nbytes += down.nbytes
-        log.debug("copied %s's CPU down projection row-major (%d piece(s), %.1f MiB) in %.1f ms", name, cpu_pieces,
-                  down.nbytes / 2**20, 1e3 * (time.perf_counter() - start))
-        return copied
+        held = self._copies.get(name)
+        if held is None or held[0] < cpu_pieces:
+            widest = max(cpu_pieces, self._widest.get(name, 0))
+            source = down if widest == cpu_pieces or self._views_of is None else \
+                self._views_of(name, widest)["down_proj"]
+            if held is not None:
+                self._drop(name)
+            if not self._room_for(source.nbytes):
+                return weights
+            start = time.perf_counter()
+            copy = row_major_copy(source)
+            held = self._copies[name] = (widest if source is not down else cpu_pieces, copy)
+            self.nbytes += copy.nbytes
+            log.debug("copied %s's CPU down projection row-major (%d piece(s), %.1f MiB) in %.1f ms", name, held[0],
+                      copy.nbytes / 2**20, 1e3 * (time.perf_counter() - start))
+        part = self._parts[name, cpu_pieces] = {**weights, "down_proj": held[1][:, :down.shape[1]]}
+        return part
+
+    def _drop(self, name: str) -> None:
+        self.nbytes -= self._copies.pop(name)[1].nbytes
+        for key in [k for k in self._parts if k[0] == name]:
+            del self._parts[key]
 
     def _room_for(self, nbytes: int) -> bool:
         return self.allowance.room_for(self.nbytes, nbytes)
+
+
+def row_major_copy(down: torch.Tensor) -> torch.Tensor:
+    """``down`` [D, r], a transposed view, copied row-major: by the C library's tiled transpose on
+    torch's threads where it is built, else by torch (one thread)."""
+    copy = cpu_gemv.row_major_copy(down)
+    return down.contiguous() if copy is None else copy

@@ -223,7 +223,8 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         self._ffn_buffers = FFNBuffers(pinned=self._device.type == "cuda" and torch.cuda.is_available())
         # CPU FFN parts prepacked for oneDNN (VRAMSHARD_CPU_PACKED; auto: beside a real GPU).
         self._packed = PackedParts(gpu=False if simulate_gpu else None)
-        self._down_copies = DownCopies()  # row-major copies of CPU parts' down projections
+        # row-major copies of CPU parts' down projections, one per FFN (its widest CPU part)
+        self._down_copies = DownCopies(views_of=lambda name, pieces: self._cpu_part(self.model[name], pieces))
         self._host_moe: dict[str, DictExperts] = {}  # MoE sub-layer -> its host buffer's experts, stacked
         self._run_ahead: run_ahead.RunAhead | None = None  # split FFNs' CPU parts on a worker (opt-in)
         self._run_ahead_tried = False

@@ -20,6 +20,7 @@ from ..layers import cpu_gemv
 from ..layers.mlp import DenseFFN
 from ..plan.placement import TieredPlacement
 from . import run_ahead
+from .cpu_packed import DECODE_ROWS
 from .ffn_buffers import FFNBuffers
 
 
@@ -42,24 +43,31 @@ class FFNSplitSteps:
         return parts
 
     def _prepare_cpu_parts(self, plans: TieredPlacement) -> None:
-        """Make the copies the first tier's CPU parts read now (at load, or when the plans change), not
-        in its first step: prepacked parts where packing is on (:mod:`.cpu_packed`), else the row-major
-        down copies (:mod:`.cpu_down`). The first tier is one-token decoding, what a chat runs after
-        its prompt: lazily, its first decode steps packed nemo-8b's parts at 8 GiB for about 6 s on the
-        H100 machine. The other tiers' parts are made in their first steps, so a chat does not keep
-        copies for batch sizes it never runs (all eight tiers' parts of that plan took 9.16 GiB beside
-        the plain weights, the first tier's 31 about 3.6)."""
-        if cpu_gemv.computes(plans.tiers[0]):
-            return  # its parts of a few rows read the plain weights as they lie
-        placement = plans.placements[0]
-        for name, where in placement.as_dict().items():
-            sublayer = self.model[name]
-            if not isinstance(sublayer, DenseFFN) or not (where.cpu_pieces or where.compute == "cpu"):
+        """Make the copies the first tier's and the decode-sized tiers' CPU parts read now (at load, or
+        when the plans change), not in a tier's first step: the first tier's prepacked parts where it packs
+        (:mod:`.cpu_packed`), and the row-major down copy (:mod:`.cpu_down`) of each FFN whose CPU part
+        such a tier computes from the plain weights above the C kernel's rows (one copy per FFN, as wide
+        as its widest part in any tier: prompt chunks read it too). Lazily, the first decode steps
+        packed nemo-8b's parts at 8 GiB for about 6 s on the H100 machine, and each tier's first step of
+        llama3-8b at 8 GiB copied its parts' down projections for 0.9-1.2 s (session 37). The other
+        tiers' packed parts are made in their first steps, so a chat does not keep packed copies for
+        batch sizes it never runs (all eight tiers' parts of that plan took 9.16 GiB beside the plain
+        weights, the first tier's 31 about 3.6); a prompt chunk beside packed decode tiers makes its
+        down copies in its first step."""
+        for index, (tier, placement) in enumerate(zip(plans.tiers, plans.placements)):
+            if cpu_gemv.computes(tier) or (index > 0 and tier > DECODE_ROWS):
+                continue  # parts of a few rows read the plain weights as they lie; prompt chunks copy in theirs
+            packs = self._packed.enabled and plans.packs(tier)
+            if packs and index > 0:
                 continue
-            pieces = where.cpu_pieces or sublayer.num_pieces
-            views = self._cpu_part(sublayer, pieces) if where.cpu_pieces else self.host[name].views
-            if self._packed.get(name, pieces, views, 1) is None:
-                self._down_copies.part(name, pieces, views)
+            for name, where in placement.as_dict().items():
+                sublayer = self.model[name]
+                if not isinstance(sublayer, DenseFFN) or not (where.cpu_pieces or where.compute == "cpu"):
+                    continue
+                pieces = where.cpu_pieces or sublayer.num_pieces
+                views = self._cpu_part(sublayer, pieces) if where.cpu_pieces else self.host[name].views
+                if not packs or self._packed.get(name, pieces, views, 1) is None:
+                    self._down_copies.part(name, pieces, views)
 
     def _check_ffn_splits(self, plans: TieredPlacement) -> None:
         """Split FFNs are dense FFNs packed in pieces, with 1 <= cpu_pieces < their pieces."""
