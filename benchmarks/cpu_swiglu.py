@@ -105,6 +105,8 @@ def main() -> None:
     parser.add_argument("--rows", default="1,4,16,64")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--parts", default=None, help="only the parts whose names contain one of these "
+                        "(comma-separated), e.g. 'llama3-8b quarter'")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     threads = torch.get_num_threads()
@@ -112,7 +114,10 @@ def main() -> None:
     read_gb_s = cpu_read_bandwidth() / 1e9
     result = {"date": now(), "hardware": hardware(), "dtype": args.dtype, "threads": threads,
               "worker_threads": worker_threads, "cpu_read_gb_s": read_gb_s, "cells": []}
+    wanted = args.parts.split(",") if args.parts else None
     for name, hidden, intermediate, pieces in PARTS:
+        if wanted and not any(w in name for w in wanted):
+            continue
         parts, weight_bytes = part_copies(hidden, intermediate, pieces, dtype)
         with torch.inference_mode():
             cpu_swiglu.warm_up(dtype)

@@ -127,9 +127,10 @@ def batched_tok_s(executor: Executor, batch: int, context: int, steps: int) -> f
 
 
 def cpu_kernel_state() -> dict:
-    """Whether the CPU's compiled expert kernels run here, and for which (dtype, thread counts)."""
+    """Whether the CPU's compiled expert kernels run here, and for which dtypes (and thread counts, where a
+    kernel is compiled per count: :func:`~vramshard.layers.cpu_compiled.kernels_read_threads_at_run_time`)."""
     return {"release_gil": cpu_compiled.kernels_release_gil(),
-            **{name: {"compiled": sorted(f"{dtype}/{threads}" for dtype, threads in kernel._compiled),
+            **{name: {"compiled": sorted("/".join(map(str, key)) for key in kernel._compiled),  # (dtype[, threads])
                       "failed": kernel.failed}
                for name, kernel in (("one_token", host_experts._one_token_kernel), ("rows", host_experts._kernel))}}
 
