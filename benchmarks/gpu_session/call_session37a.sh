@@ -1,15 +1,23 @@
-# ~4 min (written 2026-12-05 in session 37). The GPU tests that failed in session 37's suite run (their
-# expectations predated packing only where the plan packs), then a split FFN part of llama3-8b at 16 and 64 rows
-# on this host's 16 threads, projections and compiled (the engine's 16- and 64-token steps took 0.9-1.3 s of
-# split parts at 8 GiB against ~0.04 s for a one-token step), then llama3-8b at 8 GiB batch 1 with the planning
-# process at the idle scheduling class (its calibration plan had slowed decode steps 2-5x), every step logged.
+# ~6.5 min (written 2026-12-05 in session 37, after the thirty-second GPU session). Session 37's fixes on a GPU:
+# 1. The GPU tests that failed in that session's suite run (their expectations predated packing only where the
+#    plan packs), and the planning process's tests.
+# 2. llama3-8b at 8 GiB, batch 1 and 64, every step logged: the planning process now runs at the idle scheduling
+#    class (at normal priority its core slowed decode steps 2-5x while a calibration's plan was made), and each
+#    FFN's row-major down copy is made when the plans are taken by the C library's transpose (torch's took
+#    0.9-1.2 s in each tier's first step). No step but the first few should pass 300 ms.
+# 3. The row-major down copy on this host: the library's transpose against torch's one-thread copy and a plain copy.
+# 4. The C kernel without its prefetch against with it: on this host session 36's prefetch made bf16 dense one-row
+#    products 8-9% slower (fp16 and the routed experts faster).
 source benchmarks/gpu_session/setup.sh || exit 1
-timeout 90 python3 -m pytest -q -rs -p no:cacheprovider tests/test_plan_process.py \
+timeout 90 python3 -m pytest -q -rs -p no:cacheprovider tests/test_plan_process.py tests/test_cpu_down.py \
   "tests/test_executor_gpu.py::test_split_ffn_placement_matches_cpu_float32" \
   "tests/test_executor_gpu.py::test_split_ffn_one_row_parts_by_the_c_kernel_match_cpu_float32" \
   > $OUT/pytest_fixed.txt 2>&1; echo "tests rc $?"; tail -2 $OUT/pytest_fixed.txt; grep -E "^(FAILED|ERROR)" $OUT/pytest_fixed.txt
-timeout 70 python3 -m benchmarks.cpu_swiglu --rows 16,64 --repeats 5 --parts "llama3-8b quarter" \
-  --json $OUT/cpu_swiglu.json > $OUT/cpu_swiglu.log 2>&1; echo "cpu_swiglu rc $?"; grep "{'part'" $OUT/cpu_swiglu.log | cut -c25-
-PROFILE=docs/profiles/h100-run34.json engine_step llama8 150 --models llama3-8b --budgets 8 --batch-sizes 1 --repeat 1 \
-  --deadline-s 120 --run-limit-s 8 --log-steps
-grep -E "planning process|reconfigured|step: 1 token.*, [0-9]{3,}\.[0-9] ms:|step: (16|64) token" $OUT/llama8.log | cut -c1-170 | head -24
+PROFILE=docs/profiles/h100-run34.json engine_step llama8 200 --models llama3-8b --budgets 8 --batch-sizes 1,64 \
+  --repeat 2 --deadline-s 170 --run-limit-s 8 --log-steps
+grep -E "planning process|reconfigured|copied .* row-major|step: .*, [0-9]{3,}\.[0-9] ms:" $OUT/llama8.log | cut -c1-170 | head -30
+timeout 60 python3 -m benchmarks.down_copy --threads 1,16 --json $OUT/down_copy.json > $OUT/down_copy.log 2>&1
+echo "down_copy rc $?"; grep -oE "'part': '[^']*'|'threads': [0-9]+|'[a-z]+_gb_s': [0-9.]+" $OUT/down_copy.log | tr '\n' ' ' | sed "s/'part'/\n&/g"; echo
+{ echo '#define VS_PREFETCH_ROWS 0'; cat src/vramshard/layers/cpu_gemv.c; } > $OUT/cpu_gemv_no_prefetch.c
+timeout 150 python3 -m benchmarks.kernel_revisions --against $OUT/cpu_gemv_no_prefetch.c --json $OUT/kernel_prefetch.json \
+  > $OUT/kernel_prefetch.log 2>&1; echo "kernel_revisions rc $?"; grep -v INFO $OUT/kernel_prefetch.log | tail -14

@@ -55,7 +55,9 @@
 #define VS_ATTN_RUN 64       /* positions at least in each thread's run of vs_decode_attention */
 #define VS_ATTN_BLOCK 32     /* positions whose scores vs_decode_attention takes before their values */
 #define VS_TILE 64           /* output rows of the routed experts' down products a thread sums at a time, at most */
+#ifndef VS_PREFETCH_ROWS      /* (-DVS_PREFETCH_ROWS=0: no prefetching, to compare; benchmarks/kernel_revisions.py) */
 #define VS_PREFETCH_ROWS 4   /* weight rows ahead that a block asks for while it reads its own: the next block */
+#endif
 #define VS_TRANSPOSE_TILE 64 /* rows and columns of vs_transpose's tiles (2 x 8 KB) */
 #define VS_BF16 0
 #define VS_FP16 1
@@ -90,7 +92,7 @@ static inline float vs_scalar(int dtype, uint16_t h) {
  * another, so that is where the next block reads; hardware prefetchers do not cross the 4 KB pages a row
  * of a few thousand elements spans. An address past the weight is never read (a prefetch does not fault). */
 static inline void vs_prefetch(const uint16_t *p, long ld) {
-  __builtin_prefetch((const void *)((uintptr_t)p + (uintptr_t)(VS_PREFETCH_ROWS * ld) * sizeof(uint16_t)), 0, 3);
+  if (VS_PREFETCH_ROWS > 0) __builtin_prefetch((const void *)((uintptr_t)p + (uintptr_t)(VS_PREFETCH_ROWS * ld) * sizeof(uint16_t)), 0, 3);
 }
 
 /* The tail of one row (k from `from` to K) dotted with row t of x, in plain C. */

@@ -378,12 +378,13 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     return out
 
 
-def row_major_copy(w: torch.Tensor, lib=None) -> torch.Tensor | None:
+def row_major_copy(w: torch.Tensor, out: torch.Tensor | None = None, lib=None) -> torch.Tensor | None:
     """A row-major copy of ``w`` [N, K], a half-precision CPU weight stored transposed (``w.T`` [K, N] by
     rows, as a split FFN's down projection lies in host memory), by the library's tiled transpose on
-    torch's thread count; None where the library is not built (or ``w`` is not such a view: the caller
-    copies with torch then). Torch's own copy of that view runs on one thread: on the development
-    machine 4096 x 6272 bf16 took it 41 ms (1.25 GB/s)."""
+    torch's thread count, into ``out`` (a contiguous [N, K] tensor of ``w``'s dtype; None: a new one);
+    None where the library is not built or ``w`` is not such a view (the caller copies with torch
+    then). Torch's own copy of that view runs on one thread: on the development machine 4096 x 6272
+    bf16 took it 41 ms (1.25 GB/s)."""
     if not (w.device.type == "cpu" and w.dim() == 2 and w.dtype in DTYPES and _by_columns(w) and w.numel() > 0
             and not w.requires_grad):
         return None
@@ -391,7 +392,11 @@ def row_major_copy(w: torch.Tensor, lib=None) -> torch.Tensor | None:
     if lib is None or not hasattr(lib, "vs_transpose"):
         return None
     n, k = w.shape
-    out = torch.empty(n, k, dtype=w.dtype)
+    if out is None:
+        out = torch.empty(n, k, dtype=w.dtype)
+    elif not (out.shape == w.shape and out.dtype == w.dtype and out.is_contiguous() and out.device.type == "cpu"):
+        raise ValueError(f"a row-major copy of {tuple(w.shape)} {w.dtype} needs a contiguous CPU tensor of that "
+                         f"shape and dtype, got {tuple(out.shape)} {out.dtype}")
     _check(lib.vs_transpose(w.data_ptr(), w.stride(1), out.data_ptr(), k, k, n, torch.get_num_threads()), "",
            lambda: f"a transposed copy of {tuple(w.shape)} (strides {w.stride()})")
     return out

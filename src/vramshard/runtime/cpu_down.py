@@ -13,17 +13,21 @@ Here the down of an FFN whose CPU part the plans compute from the plain weights 
 pieces, or a whole FFN the CPU computes) gets one row-major copy: of its widest CPU part in the plans in
 force, so that the parts of fewer pieces (the plans of other step sizes split it elsewhere) read its
 leading columns ([D, r] at the copy's row stride) and no tier's first step waits for a copy of its own.
-Those narrower parts' down products are slower than from a copy of their own width: on the development
-machine (2 threads, bf16) a [4096, 5376] slice of a [4096, 8960] copy took 3.26 ms at 16 rows and 4.03
-at 64 against 2.49 and 3.36 contiguous, about 8% of such a part's time; a copy per width would cost
-the host memory of one more copy of each width the plans use, where our users' hosts have 16-64 GiB.
+Those narrower parts' down products may be slower than from a copy of their own width: on the
+development machine (2 threads, bf16, three pieces more in the copy) they took 0.99-1.08x as long at 16
+and 64 rows, 1.30x in one cell (nemo-8b at 16 rows; ``python -m benchmarks.down_copy``, session 37), and
+down is a third of a part's weights. A copy per width would cost the host memory of one more copy of each
+width the plans use, where our users' hosts have 16-64 GiB.
 The executor makes the copies when it takes its plans (at load, at a switch), and keeps each while the
 plans in force compute that FFN's part on the CPU, replacing it where they want a wider one
 (:meth:`DownCopies.keep`). The copy is the C library's tiled transpose on torch's threads
 (:func:`~vramshard.layers.cpu_gemv.row_major_copy`; torch's copy of the transposed view, where the
 library is not built, runs on one thread): on the H100 machine (session 37,
-``docs/logs-run37/llama8_call7.log``) torch's copies took 36-61 ms a part, 0.9-1.2 s in each tier's first
-step of llama3-8b at 8 GiB, when the copies were made per (FFN, pieces) in those steps. The plain
+``docs/logs-run37/llama8_call7.log``) torch's copies ran at about 1 GB/s (7-112 MiB in 4.5-116 ms), and
+the first 16-row step of llama3-8b at 8 GiB took 1986 ms, when they were made per (FFN, pieces) in each
+tier's first step. On the development machine the library's copy took a llama3-8b part (49 MiB) in 22.9
+and 16.2 ms on 1 and 2 threads against torch's 43.8 and 42.9, and a plain copy of the same bytes' 12.0 and
+6.1 (``python -m benchmarks.down_copy``, session 37). The plain
 weights stay the source of every copy to the GPU. A copy costs host memory, a third of the part's
 weights: ``auto`` (the default) makes copies up to a quarter of the memory the host has available at
 the first one (``MemAvailable``), ``on`` without a limit, ``off`` none. Where parts are prepacked
@@ -43,6 +47,7 @@ import torch
 from ..env import choice
 from ..layers import cpu_gemv
 from .host_allowance import HostAllowance
+from .pinned_host import host_empty
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +126,11 @@ class DownCopies:
 
 
 def row_major_copy(down: torch.Tensor) -> torch.Tensor:
-    """``down`` [D, r], a transposed view, copied row-major: by the C library's tiled transpose on
-    torch's threads where it is built, else by torch (one thread)."""
-    copy = cpu_gemv.row_major_copy(down)
-    return down.contiguous() if copy is None else copy
+    """``down`` [D, r], a transposed view, copied row-major into host memory on 2 MiB pages
+    (:func:`~vramshard.runtime.pinned_host.host_empty`: fewer page faults while copying, fewer TLB misses
+    while reading): by the C library's tiled transpose on torch's threads where it is built, else by
+    torch (one thread)."""
+    out = host_empty(down.nbytes).view(down.dtype).view(down.shape)
+    if cpu_gemv.row_major_copy(down, out) is None:
+        out.copy_(down)
+    return out

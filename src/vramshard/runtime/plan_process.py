@@ -22,8 +22,8 @@ The child runs at the idle scheduling class (Linux ``SCHED_IDLE``; elsewhere at 
 priority), set before it imports anything: it takes a core only where none of this process's
 threads wants one. At normal priority its one core cost every OpenMP team of the steps a thread
 at each barrier: on the H100 machine (session 37, ``docs/logs-run37/llama8_call7.log``)
-llama3-8b's decode steps at 8 GiB took 250-630 ms while a calibration's plan was made in the
-child, against 113-134 ms before and after it. The plan then takes longer (it waits for idle
+llama3-8b's one-token steps at 8 GiB took 113-632 ms (seven of nine above 240 ms) while a
+calibration's plan was made in the child, against 130-142 ms before and 133 ms after. The plan then takes longer (it waits for idle
 cores), but nothing waits for it: the engine runs on its current plan until it comes. Requests and answers cross the child's stdin and stdout
 as lines of JSON (:mod:`~vramshard.runtime.plan_wire`: no pickles); the child builds the model again
 from the config.json dict it was built from, and a model without one is planned on the calling
