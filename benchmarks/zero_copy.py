@@ -20,7 +20,10 @@ Each as GB/s of weight bytes, median of repeats; results are checked against ``t
 (:func:`vramshard.runtime.zero_copy_experts.routed_experts`, qwen3-30b-a3b's shapes: 128 experts,
 hidden 2048, expert FFN 768, 8 routed, 1 and 4 tokens): from pinned host memory, from VRAM (the
 kernels' own speed), and the copy engine's copy of the same routed bytes (the PCIe bound);
-GB/s of routed-expert bytes read, checked against the float32 reference.
+GB/s of routed-expert bytes read, checked against the float32 reference. The host experts lie in memory
+of each ``--host-memory`` kind: ``torch`` (``pin_memory``: cudaHostAlloc), ``huge`` and ``small`` (the
+executor's :func:`~vramshard.runtime.pinned_host.pinned_empty`, anonymous memory registered with CUDA, on 2 MiB
+pages asked for, or on 4 KiB pages: ``VRAMSHARD_HOST_PAGES``).
 """
 
 from __future__ import annotations
@@ -78,7 +81,17 @@ def _time(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
-def routed_experts_cells(repeat: int) -> list[dict]:
+def _host_copy(t: torch.Tensor, kind: str) -> torch.Tensor:
+    """``t`` copied into pinned host memory of ``kind`` (see the module docstring)."""
+    if kind == "torch":
+        return t.cpu().pin_memory()
+    from vramshard.runtime import pinned_host
+
+    pinned_host.HOST_PAGES = kind  # (read when memory is mapped)
+    return pinned_host.pinned_empty(t.nbytes).view(t.dtype).view(t.shape).copy_(t)
+
+
+def routed_experts_cells(repeat: int, kinds: tuple[str, ...] = ("torch",)) -> list[dict]:
     """``--experts``: one MoE layer's routed experts from pinned host memory, from VRAM, and the copy
     engine's copy of the same bytes (GB/s of routed-expert bytes)."""
     from vramshard.layers.moe import Routing, StackedExperts
@@ -88,7 +101,7 @@ def routed_experts_cells(repeat: int) -> list[dict]:
     experts, hidden, width, top_k = 128, 2048, 768, 8
     gate_up = (torch.randn(experts, 2 * width, hidden, device=gpu) * 0.02).to(dtype)
     down = (torch.randn(experts, hidden, width, device=gpu) * 0.02).to(dtype)
-    host = StackedExperts(gate_up.cpu().pin_memory(), down.cpu().pin_memory())
+    hosts = {kind: StackedExperts(_host_copy(gate_up, kind), _host_copy(down, kind)) for kind in kinds}
     vram = StackedExperts(gate_up, down)
     expert_bytes = (gate_up[0].numel() + down[0].numel()) * dtype.itemsize
     cells = []
@@ -101,15 +114,16 @@ def routed_experts_cells(repeat: int) -> list[dict]:
             for e in chosen[t].tolist():
                 g, u = (h[t].float() @ gate_up[e].float().T).chunk(2)
                 expected[t] += (torch.nn.functional.silu(g) * u) @ down[e].float().T / top_k
-        got = routed_experts(host, h, routing).float()
-        wrong = not torch.allclose(got, expected, rtol=3e-2, atol=3e-2 * expected.abs().max().item())
         routed = tokens * top_k * expert_bytes
         staging = torch.empty(routed, dtype=torch.uint8, device=gpu)
         source = torch.empty(routed, dtype=torch.uint8, pin_memory=True)
-        cell = {"tokens": tokens, "routed_mib": routed / 2**20, "wrong": bool(wrong),
-                "zero_copy_gb_s": routed / _time(lambda: routed_experts(host, h, routing), repeat) / 1e9,
+        cell = {"tokens": tokens, "routed_mib": routed / 2**20,
                 "vram_gb_s": routed / _time(lambda: routed_experts(vram, h, routing), repeat) / 1e9,
                 "copy_gb_s": routed / _time(lambda: staging.copy_(source, non_blocking=True), repeat) / 1e9}
+        for kind, host in hosts.items():
+            got = routed_experts(host, h, routing).float()
+            cell[f"wrong_{kind}"] = not torch.allclose(got, expected, rtol=3e-2, atol=3e-2 * expected.abs().max().item())
+            cell[f"zero_copy_{kind}_gb_s"] = routed / _time(lambda: routed_experts(host, h, routing), repeat) / 1e9
         log.info("%s", {k: round(v, 2) if isinstance(v, float) else v for k, v in cell.items()})
         cells.append(cell)
     return cells
@@ -123,12 +137,14 @@ def main() -> None:
     parser.add_argument("--blocks", default="8x512,16x256,4x1024", help="BLOCK_R x BLOCK_K variants of the kernel")
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--experts", action="store_true", help="one MoE layer's routed experts instead (see above)")
+    parser.add_argument("--host-memory", default="torch", help="with --experts: host memory kinds, comma-separated, "
+                        "of torch, huge, small (see above)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if triton is None or not torch.cuda.is_available():
         raise SystemExit("zero_copy needs a CUDA GPU and Triton")
     if args.experts:
-        result = {"date": now(), "hardware": hardware(), "dtype": "bfloat16", "experts": routed_experts_cells(args.repeat)}
+        result = {"date": now(), "hardware": hardware(), "dtype": "bfloat16", "experts": routed_experts_cells(args.repeat, tuple(args.host_memory.split(",")))}
         if args.json:
             write_json(args.json, result)
         return

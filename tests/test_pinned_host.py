@@ -122,6 +122,19 @@ def test_host_buffers_are_private_maps_advised_to_take_huge_pages(fake_cuda, whe
         assert "dc" in flags  # (no forked child gets the pages the GPU reads)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+@pytest.mark.parametrize("where", ["host_empty", "pinned"])
+def test_small_pages_when_asked(fake_cuda, monkeypatch, where):
+    """``VRAMSHARD_HOST_PAGES=small``: the same private maps, advised to keep 4 KiB pages (to compare the
+    GPU's zero-copy reads from both kinds)."""
+    monkeypatch.setattr(pinned_host, "HOST_PAGES", "small")
+    tensor = pinned_host.host_empty(8 * 2**20) if where == "host_empty" else pinned_empty(8 * 2**20)
+    perms, flags = _mapping_flags(tensor)
+    assert perms.endswith("p") and "hg" not in flags
+    if hasattr(mmap, "MADV_NOHUGEPAGE") and Path("/sys/kernel/mm/transparent_hugepage/enabled").exists():
+        assert "nh" in flags  # MADV_NOHUGEPAGE
+
+
 def test_a_cpu_engines_host_weights_are_on_those_maps(monkeypatch):
     """pack_model without pinning (a CPU-only engine) puts each sub-layer's weights in host_empty's maps."""
     made = []

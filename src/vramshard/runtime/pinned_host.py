@@ -37,11 +37,14 @@ import os
 
 import torch
 
-from ..env import switch
+from ..env import choice, switch
 
 log = logging.getLogger(__name__)
 
 EXACT = switch("VRAMSHARD_EXACT_PIN", default=True)  # off: torch's (power-of-two) pinned allocator
+# huge: 2 MiB pages asked for (session 36); small: 4 KiB pages (to compare: the thirty-second GPU session's
+# zero-copy expert reads ran at 58% of PCIe against 81-82% before session 36, not yet explained)
+HOST_PAGES = choice("VRAMSHARD_HOST_PAGES", ("huge", "small"), "huge")
 
 PAGE = mmap.PAGESIZE
 PRIVATE_MAPS = hasattr(mmap, "MAP_PRIVATE") and hasattr(mmap, "MAP_ANONYMOUS")  # (POSIX)
@@ -85,12 +88,13 @@ def _anonymous(kind: type, nbytes: int) -> mmap.mmap:
     30.0 GB/s by ``torch.sum`` on 2 MiB pages, against 27.3 and 18.2 from ``torch.empty`` and 30.0 and
     24.8 from a shared map (``python -m benchmarks.host_pages``, session 36). Shared anonymous maps
     (``mmap``'s default, used here until session 36) are shared memory, which most kernels give no
-    large pages (``shmem_enabled`` ``never``)."""
+    large pages (``shmem_enabled`` ``never``). ``VRAMSHARD_HOST_PAGES=small`` asks for 4 KiB pages instead."""
     size = -(-nbytes // PAGE) * PAGE
     memory = kind(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) if PRIVATE_MAPS else kind(-1, size)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
+    advice = getattr(mmap, "MADV_HUGEPAGE" if HOST_PAGES == "huge" else "MADV_NOHUGEPAGE", None)
+    if advice is not None:
         try:
-            memory.madvise(mmap.MADV_HUGEPAGE)
+            memory.madvise(advice)
         except OSError:  # (a kernel without transparent huge pages: 4 KiB pages)
             pass
     return memory
