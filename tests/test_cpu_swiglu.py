@@ -162,16 +162,39 @@ def test_warming_up_compiles_the_layouts_an_engine_meets():
         before = counters["stats"]["unique_graphs"]
         for hidden, intermediate in ((128, 160), (96, 96)):
             ffn, whole, split = _ffn_weights(torch.float16, hidden=hidden, intermediate=intermediate)
+            part = ffn.pieces_of(split, 0, 7)
+            wider = ffn.pieces_of(split, 0, 10)["down_proj"].contiguous()  # (a wider part's copy, made at load)
             with torch.inference_mode():  # (as in a step: activations made inside it)
                 for rows in (1, 5, 64):
                     h = torch.randn(rows, hidden).half()
                     for gate, up, down in ((whole["gate_proj"], whole["up_proj"], whole["down_proj"]),
                                            (*whole["gate_up_proj"].chunk(2, dim=0), whole["down_proj"]),
-                                           tuple(ffn.pieces_of(split, 0, 7).values())):
+                                           tuple(part.values()),
+                                           (part["gate_proj"], part["up_proj"], wider[:, :part["gate_proj"].shape[0]])):
                         assert cpu_swiglu.compiled(h, gate, up, down) is not None
         assert counters["stats"]["unique_graphs"] == before
     finally:
         torch.set_num_threads(threads)
+
+
+def test_where_the_c_kernel_takes_ffn_work_nothing_is_compiled_or_chosen(monkeypatch):
+    """Beside a GPU the C kernel computes dense FFN work up to four rows; the compiled function then
+    serves no rows (above four, the projections) and warming up compiles nothing."""
+    monkeypatch.setattr(cpu_swiglu.cpu_gemv, "computes", lambda rows: 1 <= rows <= 4)
+    ffn, whole, _ = _ffn_weights(torch.bfloat16)
+    with torch.inference_mode():
+        for rows in (5, 16, 64):
+            h = torch.randn(rows, 64).bfloat16()
+            assert not cpu_swiglu.wanted(h)
+            for _ in range(2 * cpu_swiglu.TRIALS + 2):
+                torch.testing.assert_close(ffn.contribution(whole, h).float(), _reference(h, whole),
+                                           rtol=2e-2, atol=2e-2)
+    assert cpu_swiglu.chosen() == {} and cpu_swiglu._trials == {}
+    monkeypatch.setattr(cpu_swiglu, "_warmed", set())
+    cpu_swiglu.warm_up(torch.bfloat16)
+    assert not cpu_swiglu._warmed  # (nothing compiled)
+    monkeypatch.setattr(cpu_swiglu.cpu_gemv, "computes", lambda rows: False)  # (no kernel: the choice again)
+    assert cpu_swiglu.wanted(torch.randn(16, 64).bfloat16())
 
 
 def test_switched_off_the_projections_serve_every_call(monkeypatch):

@@ -26,6 +26,9 @@ count and whether the calling thread shares the GIL with a host thread that runs
 (the run-ahead worker: :func:`~vramshard.layers.cpu_compiled.gil_kept_free`), so the worker's
 choice is made beside the host's Python.
 
+Where the C kernel takes dense FFN work (:mod:`.cpu_gemv`, beside a GPU by default) none of this runs:
+the kernel computes up to four rows, the projections more (:func:`kernel_takes_ffns`).
+
 Half precision, 1 to ``MAX_ROWS`` rows. Compiling needs a C++ compiler (the first failure is said
 once in the log; the projections then serve every call). ``VRAMSHARD_CPU_SWIGLU=off`` turns it
 off.
@@ -42,7 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from ..env import switch
-from . import cpu_compiled, cpu_linear
+from . import cpu_compiled, cpu_gemv, cpu_linear
 from .cpu_compiled import CompiledKernel
 
 log = logging.getLogger(__name__)
@@ -97,9 +100,21 @@ def compiled(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.
 
 def wanted(h: torch.Tensor) -> bool:
     """Whether a SwiGLU of ``h`` may be worth the choice: a CPU half-precision activation of 1 to
-    ``MAX_ROWS`` rows (checked first, and cheaply: every FFN call asks, the GPU's too)."""
+    ``MAX_ROWS`` rows (checked first, and cheaply: every FFN call asks, the GPU's too), where the C
+    kernel does not take dense FFN work (:func:`kernel_takes_ffns`)."""
     return ENABLED and COMPILED and h.device.type == "cpu" and h.dtype in DTYPES and h.dim() == 2 \
-        and 1 <= h.shape[0] <= MAX_ROWS
+        and 1 <= h.shape[0] <= MAX_ROWS and not kernel_takes_ffns()
+
+
+def kernel_takes_ffns() -> bool:
+    """Whether the C kernel computes dense FFN work of a few rows here (:func:`.cpu_gemv.computes`;
+    beside a GPU by default): then the compiled function serves no rows. Up to ``cpu_gemv.FFN_ROWS``
+    rows the kernel does, above them the projections: on the H100 machine compiling this function for
+    5 to 16 rows took 21.7 s of llama3-8b's 32.6 s load at 8 GiB (the thirty-second GPU session,
+    docs/BENCHMARKS.md), where at 64 rows it had been 16% faster than the projections for one part and
+    19% slower for another (twenty-third GPU session), and each new layout of a part's weights (a
+    narrower part reading a wider row-major down copy) compiles it anew."""
+    return cpu_gemv.computes(1)
 
 
 def eligible(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> bool:
@@ -183,19 +198,21 @@ def warm_up(dtype: torch.dtype) -> None:
     the first time), not inside a step, for every layout an engine's host weights give them;
     nothing where they do not apply."""
     key = (dtype, torch.get_num_threads())
-    if not (ENABLED and COMPILED and dtype in DTYPES and cpu_compiled.allowed()) or key in _warmed:
+    if not (ENABLED and COMPILED and dtype in DTYPES and cpu_compiled.allowed()) or key in _warmed \
+            or kernel_takes_ffns():
         return
     _warmed.add(key)
     # Torch compiles anew for another view structure or stride pattern: the weights as the engine's
     # host buffers hold them (views into one byte buffer), made outside inference mode, activations
     # inside it. A whole FFN (gate and up apart, or chunks of gate_up) with its down [D, F], and a
     # split part: rows of gate and up, columns of a down stored transposed ([F, D]), or its row-major
-    # copy (runtime/cpu_down.py: a tensor of its own).
+    # copy (runtime/cpu_down.py: a tensor of its own, or the leading columns of a wider part's).
     hidden, width = 80, 48
     gate, up, down, gate_up, stored_down = _host_views(dtype, (width, hidden), (width, hidden), (hidden, width),
                                                        (2 * width, hidden), (width, hidden))
     layouts = [(gate, up, down), (*gate_up.chunk(2, dim=0), down), (gate[:24], up[:24], stored_down[:24].t()),
-               (gate[:24], up[:24], stored_down[:24].t().contiguous())]
+               (gate[:24], up[:24], stored_down[:24].t().contiguous()),
+               (gate[:24], up[:24], stored_down[:32].t().contiguous()[:, :24])]  # (a wider copy's columns)
     with torch.inference_mode():
         for rows in (1, 2):
             h = torch.zeros(rows, hidden, dtype=dtype)

@@ -18,6 +18,7 @@ development machine (2 threads, bf16, three pieces more in the copy) they took 0
 and 64 rows, 1.30x in one cell (nemo-8b at 16 rows; ``python -m benchmarks.down_copy``, session 37), and
 down is a third of a part's weights. A copy per width would cost the host memory of one more copy of each
 width the plans use, where our users' hosts have 16-64 GiB.
+
 The executor makes the copies when it takes its plans (at load, at a switch), and keeps each while the
 plans in force compute that FFN's part on the CPU, replacing it where they want a wider one
 (:meth:`DownCopies.keep`). The copy is the C library's tiled transpose on torch's threads
@@ -27,10 +28,11 @@ library is not built, runs on one thread): on the H100 machine (session 37,
 the first 16-row step of llama3-8b at 8 GiB took 1986 ms, when they were made per (FFN, pieces) in each
 tier's first step. On the development machine the library's copy took a llama3-8b part (49 MiB) in 22.9
 and 16.2 ms on 1 and 2 threads against torch's 43.8 and 42.9, and a plain copy of the same bytes' 12.0 and
-6.1 (``python -m benchmarks.down_copy``, session 37). The plain
-weights stay the source of every copy to the GPU. A copy costs host memory, a third of the part's
-weights: ``auto`` (the default) makes copies up to a quarter of the memory the host has available at
-the first one (``MemAvailable``), ``on`` without a limit, ``off`` none. Where parts are prepacked
+6.1 (``python -m benchmarks.down_copy``, session 37).
+
+The plain weights stay the source of every copy to the GPU. A copy costs host memory, a third of the
+part's weights: ``auto`` (the default) makes copies up to a quarter of the memory the host has available
+at the first one (``MemAvailable``), ``on`` without a limit, ``off`` none. Where parts are prepacked
 (:mod:`.cpu_packed`) they take no down copy. On an H100 machine nemo-8b at 8 GiB decoded at 7.25 tok/s
 with these copies and plain parts, against 9.01 prepacked (docs/BENCHMARKS.md, twenty-seventh GPU
 session).

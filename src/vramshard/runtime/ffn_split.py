@@ -49,7 +49,8 @@ class FFNSplitSteps:
         such a tier computes from the plain weights above the C kernel's rows (one copy per FFN, as wide
         as its widest part in any tier: prompt chunks read it too). Lazily, the first decode steps
         packed nemo-8b's parts at 8 GiB for about 6 s on the H100 machine, and each tier's first step of
-        llama3-8b at 8 GiB copied its parts' down projections for 0.9-1.2 s (session 37). The other
+        llama3-8b at 8 GiB copied its parts' down projections, up to 2 s a step (the thirty-second GPU
+        session, docs/BENCHMARKS.md). The other
         tiers' packed parts are made in their first steps, so a chat does not keep packed copies for
         batch sizes it never runs (all eight tiers' parts of that plan took 9.16 GiB beside the plain
         weights, the first tier's 31 about 3.6); a prompt chunk beside packed decode tiers makes its
