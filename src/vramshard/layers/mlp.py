@@ -25,7 +25,8 @@ from .sublayer import Cost, SubLayer, WeightSpec, linear
 
 def swiglu(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     """``down(silu(gate(h)) * up(h))``; on the CPU at up to four rows by the C kernel where it serves
-    (:mod:`.cpu_gemv`), at a few more as one compiled call where that was measured faster (:mod:`.cpu_swiglu`)."""
+    (:mod:`.cpu_gemv`); where it does not take FFN work, at a few rows as one compiled call where that was
+    measured faster (:mod:`.cpu_swiglu`)."""
     if h.device.type == "cpu" and cpu_gemv.serves_swiglu(h, gate, up, down):
         return cpu_gemv.swiglu(h, gate, up, down)
     if not cpu_swiglu.wanted(h):
