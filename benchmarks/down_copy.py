@@ -13,6 +13,10 @@ thread count), medians over fresh outputs as the executor makes them:
 - ``bound``: a plain copy of the same bytes into the same kind of pages (the same reads and writes, in order),
   the rate a transpose cannot beat.
 
+Also the load's split layout (:func:`vramshard.runtime.host_weights.pack_sublayer`): a whole FFN's down
+[D, F] from the checkpoint stored transposed ([F, D]), by the library (``store_kernel``) and by torch
+(``store_torch``), per thread count.
+
 Then the cost of one copy per FFN: the executor copies an FFN's widest CPU part once, and a part of fewer
 pieces (another tier's) reads the copy's leading columns, a [D, r] view at the wider row stride. Per part and
 row count, the down product ``F.linear(act, down)`` from such a view (the part's pieces in a copy of
@@ -30,6 +34,7 @@ import torch
 
 from vramshard.layers import cpu_gemv
 from vramshard.runtime import cpu_down
+from vramshard.runtime.host_weights import _fill
 from vramshard.runtime.pinned_host import host_empty
 
 from .common import hardware, now, rounded, write_json
@@ -85,6 +90,17 @@ def main() -> None:
                 cell[f"{way}_gb_s"] = view.nbytes / cell[f"{way}_ms"] / 1e6
             log.info("%s", rounded(cell))
             result["cells"].append(cell)
+        checkpoint = stored.t().contiguous()  # down [D, F] as a checkpoint holds it
+        target = torch.empty_like(stored)  # [F, D]: the split layout's storage
+        for threads in (int(t) for t in args.threads.split(",")):
+            torch.set_num_threads(threads)
+            cell = {"part": name, "store": list(checkpoint.shape), "threads": threads,
+                    "store_kernel_ms": median_ms(lambda: _fill(target.t(), checkpoint), args.repeats),
+                    "store_torch_ms": median_ms(lambda: target.copy_(checkpoint.t()), args.repeats)}
+            _fill(target.t(), checkpoint)
+            assert torch.equal(target.t(), checkpoint)
+            log.info("%s", rounded(cell))
+            result["stores"] = result.get("stores", []) + [cell]
         wide = cpu_down.row_major_copy(stored[: intermediate * (pieces + args.wider) // 16].t())
         exact = cpu_down.row_major_copy(view)
         narrow = wide[:, : view.shape[1]]  # the part's columns of the wider copy

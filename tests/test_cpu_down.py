@@ -151,3 +151,18 @@ def test_the_decode_tiers_copies_are_made_when_the_plans_are_taken_one_per_ffn(t
         torch.testing.assert_close(got, expected, rtol=0.05, atol=0.05 * expected.abs().max().item())
     assert {name: copy.data_ptr() for name, (_, copy) in copies._copies.items()} == made and copies.nbytes == held
     assert {("ffn[0]", 3), ("ffn[0]", 5)} <= set(copies._parts)  # both of ffn[0]'s parts read its one copy
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("hidden,intermediate", [(48, 80), (130, 202)])
+def test_the_split_layout_holds_the_checkpoints_values(dtype, hidden, intermediate):
+    """The split layout stores down transposed ([F, D]; the C library's transpose for half precision on
+    the CPU, torch's otherwise): every view holds the checkpoint's values, whole and by pieces."""
+    ffn, weights = _ffn(dtype, hidden=hidden, intermediate=intermediate)
+    views = pack_sublayer(ffn, {k: v.clone() for k, v in weights.items()}, pin=False, splittable=True).views
+    assert cpu_down.transposed(views["down_proj"])
+    for spec in ffn.weights:
+        assert torch.equal(views[spec.key], weights[spec.source]), spec.key
+    part = ffn.pieces_of(views, 0, 5)
+    width = part["gate_proj"].shape[0]
+    assert torch.equal(part["down_proj"], weights[next(s.source for s in ffn.weights if s.key == "down_proj")][:, :width])

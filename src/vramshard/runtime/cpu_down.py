@@ -14,8 +14,8 @@ pieces, or a whole FFN the CPU computes) gets one row-major copy: of its widest 
 force, so that the parts of fewer pieces (the plans of other step sizes split it elsewhere) read its
 leading columns ([D, r] at the copy's row stride) and no tier's first step waits for a copy of its own.
 Those narrower parts' down products may be slower than from a copy of their own width: on the
-development machine (2 threads, bf16, three pieces more in the copy) they took 0.99-1.08x as long at 16
-and 64 rows, 1.30x in one cell (nemo-8b at 16 rows; ``python -m benchmarks.down_copy``, session 37), and
+development machine (2 threads, bf16, three pieces more in the copy) they took 0.91-1.19x as long at 16
+and 64 rows (``python -m benchmarks.down_copy``, session 37; 0.99-1.30x in an earlier run), and
 down is a third of a part's weights. A copy per width would cost the host memory of one more copy of each
 width the plans use, where our users' hosts have 16-64 GiB.
 
@@ -26,9 +26,9 @@ plans in force compute that FFN's part on the CPU, replacing it where they want 
 library is not built, runs on one thread): on the H100 machine (session 37,
 ``docs/logs-run37/llama8_call7.log``) torch's copies ran at about 1 GB/s (7-112 MiB in 4.5-116 ms), and
 the first 16-row step of llama3-8b at 8 GiB took 1986 ms, when they were made per (FFN, pieces) in each
-tier's first step. On the development machine the library's copy took a llama3-8b part (49 MiB) in 22.9
-and 16.2 ms on 1 and 2 threads against torch's 43.8 and 42.9, and a plain copy of the same bytes' 12.0 and
-6.1 (``python -m benchmarks.down_copy``, session 37).
+tier's first step. On the development machine the library's copy took a llama3-8b part (49 MiB) in 24.6
+and 18.6 ms on 1 and 2 threads against torch's 41.1 and 41.2, and a plain copy of the same bytes' 11.8 and
+6.6 (``python -m benchmarks.down_copy``, session 37).
 
 The plain weights stay the source of every copy to the GPU. A copy costs host memory, a third of the
 part's weights: ``auto`` (the default) makes copies up to a quarter of the memory the host has available
