@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import statistics
-import time
 
 import torch
 
@@ -37,7 +35,7 @@ from vramshard.runtime import cpu_down
 from vramshard.runtime.host_weights import _fill
 from vramshard.runtime.pinned_host import host_empty
 
-from .common import hardware, now, rounded, write_json
+from .common import hardware, median_seconds, now, rounded, write_json
 
 log = logging.getLogger("down_copy")
 
@@ -47,13 +45,7 @@ PARTS = (("llama3-8b, 7 of 16 pieces", 4096, 14336, 7), ("nemo-8b, 9 of 16 piece
 
 
 def median_ms(call, repeats: int) -> float:
-    call()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    return median_seconds(call, repeats) * 1e3
 
 
 def plain_copy(plain: torch.Tensor) -> torch.Tensor:
