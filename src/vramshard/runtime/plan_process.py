@@ -23,9 +23,11 @@ priority), set before it imports anything: it takes a core only where none of th
 threads wants one. At normal priority its one core cost every OpenMP team of the steps a thread
 at each barrier: on the H100 machine (session 37, ``docs/logs-run37/llama8_call7.log``)
 llama3-8b's one-token steps at 8 GiB took 113-632 ms (seven of nine above 240 ms) while a
-calibration's plan was made in the child, against 130-142 ms before and 133 ms after. The plan then takes longer (it waits for idle
-cores), but nothing waits for it: the engine runs on its current plan until it comes. Requests and answers cross the child's stdin and stdout
-as lines of JSON (:mod:`~vramshard.runtime.plan_wire`: no pickles); the child builds the model again
+calibration's plan was made in the child, against 130-142 ms before and 133 ms after. The plan
+then takes longer (it waits for idle cores), but nothing waits for it: the engine runs on its
+current plan until it comes.
+
+Requests and answers cross the child's stdin and stdout as lines of JSON (:mod:`~vramshard.runtime.plan_wire`: no pickles); the child builds the model again
 from the config.json dict it was built from, and a model without one is planned on the calling
 thread. A child that has not answered in ``ANSWER_S`` is killed. A child that fails is
 replaced once; when none can be started or the replacement fails too, plans are made on the calling
