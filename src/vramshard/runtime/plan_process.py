@@ -27,9 +27,9 @@ calibration's plan was made in the child, against 130-142 ms before and 133 ms a
 then takes longer (it waits for idle cores), but nothing waits for it: the engine runs on its
 current plan until it comes.
 
-Requests and answers cross the child's stdin and stdout as lines of JSON (:mod:`~vramshard.runtime.plan_wire`: no pickles); the child builds the model again
-from the config.json dict it was built from, and a model without one is planned on the calling
-thread. A child that has not answered in ``ANSWER_S`` is killed. A child that fails is
+Requests and answers cross the child's stdin and stdout as lines of JSON
+(:mod:`~vramshard.runtime.plan_wire`: no pickles); the child builds the model again from the
+config.json dict it was built from, and a model without one is planned on the calling thread. A child that has not answered in ``ANSWER_S`` is killed. A child that fails is
 replaced once; when none can be started or the replacement fails too, plans are made on the calling
 thread again, with a warning, for the rest of the process (``VRAMSHARD_PLAN_PROCESS=off``: always).
 """
