@@ -236,8 +236,8 @@ def test_a_prompt_chunk_computes_its_parts_plain_with_down_copies_where_decode_s
 @needs_mkldnn
 def test_a_plan_packs_only_at_the_tiers_it_says_and_computes_the_others_plain(tiny_model_dir, monkeypatch):
     """A tiered plan that packs at some decode-sized tiers and not at others: the tier the plan packs
-    at reads packed parts, the tier it does not computes plain parts with their row-major down copies
-    (nothing packed in its steps); both give the CPU placement's logits."""
+    at reads parts packed when the plans were taken (nothing packed in a step), the tier it does not
+    computes plain parts with their row-major down copies; both give the CPU placement's logits."""
     from vramshard.layers import cpu_gemv
 
     path = tiny_model_dir("llama")
@@ -249,13 +249,14 @@ def test_a_plan_packs_only_at_the_tiers_it_says_and_computes_the_others_plain(ti
     for packed, kept in (((False, True), {("ffn[0]", 3), ("ffn[1]", 15)}), ((False, False), set())):
         plans = TieredPlacement((1, 16), (split, split), (None, None), packed=packed)
         engine = Engine.load(path, placement=plans, simulate_gpu=True, max_context=64)
+        assert set(engine.executor._packed._parts) == kept  # packed when the plans were taken
+        spent = engine.executor._packed.packing_s
         used = []
         real_contribution = cpu_packed.PackedPart.contribution
         monkeypatch.setattr(cpu_packed.PackedPart, "contribution",
                             lambda self, h: used.append(h.shape[0]) or real_contribution(self, h))
         torch.testing.assert_close(trace_logits(engine), expected, rtol=1e-5, atol=1e-5)
         monkeypatch.setattr(cpu_packed.PackedPart, "contribution", real_contribution)
-        assert set(engine.executor._packed._parts) == kept
-        # The one-row steps never read them (one row once: oneDNN's probe after the first packing).
-        assert used.count(1) == (1 if kept else 0) and (len(PROMPT) in used) == packed[1]
+        assert set(engine.executor._packed._parts) == kept and engine.executor._packed.packing_s == spent
+        assert 1 not in used and (len(PROMPT) in used) == packed[1]  # (the one-row steps read plain parts)
         assert set(engine.executor._down_copies._parts) == {("ffn[0]", 3), ("ffn[1]", 15)}

@@ -8,10 +8,11 @@ inductor's CPU freezing does) and computed with ``mkldnn._linear_pointwise``. ``
 measures both ways per projection, and ``step_profile``'s ``+packed`` the step.
 
 A packed weight is a second, opaque copy of the part in host memory: the plain one is still the
-source of every copy to the GPU. Parts are packed per (FFN, pieces on the CPU): the first tier's when
-the executor takes its plans (at load, at a switch), the others' in the first step that computes
-them, each for the rows of that step (oneDNN's blocking may depend on them; on the development
-machine the hint changed no time); a packed part serves every row count. Where oneDNN cannot pack or
+source of every copy to the GPU. Parts are packed per (FFN, pieces on the CPU) when the executor
+takes its plans (at load, at a switch), for the first tier and each decode-sized tier that packs
+(since session 37; before, the other tiers' parts were packed in their first step, which stalled a
+chat's first short prompt), each for its tier's rows (oneDNN's blocking may depend on them; on the
+development machine the hint changed no time); a packed part serves every row count. Where oneDNN cannot pack or
 run the dtype on this CPU (fp16 without AVX-512 FP16, say), the first part says so in the log and
 every part runs plain.
 

@@ -43,31 +43,29 @@ class FFNSplitSteps:
         return parts
 
     def _prepare_cpu_parts(self, plans: TieredPlacement) -> None:
-        """Make the copies the first tier's and the decode-sized tiers' CPU parts read now (at load, or
-        when the plans change), not in a tier's first step: the first tier's prepacked parts where it packs
-        (:mod:`.cpu_packed`), and the row-major down copy (:mod:`.cpu_down`) of each FFN whose CPU part
-        such a tier computes from the plain weights above the C kernel's rows (one copy per FFN, as wide
-        as its widest part in any tier: prompt chunks read it too). Lazily, the first decode steps
-        packed nemo-8b's parts at 8 GiB for about 6 s on the H100 machine, and each tier's first step of
-        llama3-8b at 8 GiB copied its parts' down projections, up to 2 s a step (the thirty-second GPU
-        session, docs/BENCHMARKS.md). The other
-        tiers' packed parts are made in their first steps, so a chat does not keep packed copies for
-        batch sizes it never runs (all eight tiers' parts of that plan took 9.16 GiB beside the plain
-        weights, the first tier's 31 about 3.6); a prompt chunk beside packed decode tiers makes its
-        down copies in its first step."""
+        """Make the copies the CPU parts of the first tier and of the decode-sized tiers read now (at
+        load, or when the plans change), not in a tier's first step: prepacked parts where the tier
+        packs (:mod:`.cpu_packed`), else the row-major down copy (:mod:`.cpu_down`) of each FFN such a
+        tier computes from the plain weights above the C kernel's rows (one copy per FFN, as wide as its
+        widest part in any tier: prompt chunks read it too). Made in the first step instead, packing
+        stalled nemo-8b's first decode steps at 8 GiB for about 6 s and its first 16-token step for
+        1.4 s on the H100 machine, and the down copies llama3-8b's first 16-row step for up to 2 s (the
+        thirty-first and thirty-second GPU sessions, docs/BENCHMARKS.md): the tiers of 5 to 64 rows run
+        short prompts as well as batches, so a chat meets them in its first message. A prompt chunk
+        beside packed decode tiers makes its down copies in its first step (the library's transpose: a
+        few ms a part)."""
         for index, (tier, placement) in enumerate(zip(plans.tiers, plans.placements)):
             if cpu_gemv.computes(tier) or (index > 0 and tier > DECODE_ROWS):
                 continue  # parts of a few rows read the plain weights as they lie; prompt chunks copy in theirs
-            packs = self._packed.enabled and plans.packs(tier)
-            if packs and index > 0:
-                continue
+            rows = tier if tier <= DECODE_ROWS else 1  # (a single plan for every step size: as one-row steps)
+            packs = self._packed.enabled and plans.packs(rows)
             for name, where in placement.as_dict().items():
                 sublayer = self.model[name]
                 if not isinstance(sublayer, DenseFFN) or not (where.cpu_pieces or where.compute == "cpu"):
                     continue
                 pieces = where.cpu_pieces or sublayer.num_pieces
                 views = self._cpu_part(sublayer, pieces) if where.cpu_pieces else self.host[name].views
-                if not packs or self._packed.get(name, pieces, views, 1) is None:
+                if not packs or self._packed.get(name, pieces, views, rows) is None:
                     self._down_copies.part(name, pieces, views)
 
     def _check_ffn_splits(self, plans: TieredPlacement) -> None:
