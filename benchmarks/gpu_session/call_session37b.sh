@@ -1,6 +1,7 @@
-# ~7 min (written 2026-12-05 in session 37). Why the GPU's zero-copy reads of routed experts fell to 58% of PCIe
-# in the thirty-second session (qwen3-30b-a3b at 8 GiB, experts-zero-copy: 8.81 tok/s against 12.5-12.6 in the
-# fifteenth to twenty-fifth sessions): since session 36 the pinned host weights ask for 2 MiB pages. First one
+# ~7 min (written 2026-12-05 in session 37). Why the GPU's zero-copy reads of routed experts ran at 58% of PCIe
+# in the thirty-second session (qwen3-30b-a3b at 8 GiB, experts-zero-copy: 8.81 tok/s on an H100 machine, against
+# 12.5-12.6 on the H200 machine in the fifteenth to twenty-fifth sessions): the machine type changed, and since
+# session 36 the pinned host weights ask for 2 MiB pages. Note which card this call gets. First one
 # layer's routed experts read by the kernels from cudaHostAlloc'd memory, from the executor's on 2 MiB pages and on
 # 4 KiB pages, against the copy engine; then the experts-zero-copy cell with each kind of page; then the MoE cells
 # with the C kernel off (that run stopped in moe_bench's report in the thirty-second session).

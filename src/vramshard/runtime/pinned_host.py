@@ -43,7 +43,8 @@ log = logging.getLogger(__name__)
 
 EXACT = switch("VRAMSHARD_EXACT_PIN", default=True)  # off: torch's (power-of-two) pinned allocator
 # huge: 2 MiB pages asked for (session 36); small: 4 KiB pages (to compare: the thirty-second GPU session's
-# zero-copy expert reads ran at 58% of PCIe against 81-82% before session 36, not yet explained)
+# zero-copy expert reads ran at 58% of PCIe on an H100 machine, against 81-82% on the H200 machine before
+# session 36; the machine and the pages both changed)
 HOST_PAGES = choice("VRAMSHARD_HOST_PAGES", ("huge", "small"), "huge")
 
 PAGE = mmap.PAGESIZE
