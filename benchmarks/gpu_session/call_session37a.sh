@@ -13,7 +13,7 @@ timeout 90 python3 -m pytest -q -rs -p no:cacheprovider tests/test_plan_process.
   "tests/test_executor_gpu.py::test_split_ffn_placement_matches_cpu_float32" \
   "tests/test_executor_gpu.py::test_split_ffn_one_row_parts_by_the_c_kernel_match_cpu_float32" \
   > $OUT/pytest_fixed.txt 2>&1; echo "tests rc $?"; tail -2 $OUT/pytest_fixed.txt; grep -E "^(FAILED|ERROR)" $OUT/pytest_fixed.txt
-PROFILE=docs/profiles/h100-run34.json engine_step llama8 200 --models llama3-8b --budgets 8 --batch-sizes 1,64 \
+engine_step llama8 200 --models llama3-8b --budgets 8 --batch-sizes 1,64 \
   --repeat 2 --deadline-s 170 --run-limit-s 8 --log-steps
 grep -E "planning process|reconfigured|copied .* row-major|step: .*, [0-9]{3,}\.[0-9] ms:" $OUT/llama8.log | cut -c1-170 | head -30
 timeout 60 python3 -m benchmarks.down_copy --threads 1,16 --json $OUT/down_copy.json > $OUT/down_copy.log 2>&1

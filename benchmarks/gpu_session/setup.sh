@@ -11,6 +11,14 @@ engine_step() {
 
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
 export PYTHONPATH=/tmp/site:src:. PYTHONUNBUFFERED=1
+# The profile measured on this kind of card, unless the caller named one.
+if [ -z "${PROFILE:-}" ]; then
+  case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
+    *H100*) export PROFILE=docs/profiles/h100-run34.json ;;
+    *H200*) export PROFILE=docs/profiles/h200-run33.json ;;
+  esac
+fi
+echo "profile ${PROFILE:-docs/profiles/h200-run26b.json}"
 git log --oneline -1 > "$OUT/commit.txt" 2>/dev/null || true
 # Which machine ran the call (calls of one session may get different ones with one fingerprint).
 { hostname; cat /proc/sys/kernel/random/boot_id; nproc; grep -m1 "model name" /proc/cpuinfo; } > "$OUT/machine.txt" 2>/dev/null || true
