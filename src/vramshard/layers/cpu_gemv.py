@@ -378,7 +378,7 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     return out
 
 
-def row_major_copy(w: torch.Tensor, out: torch.Tensor | None = None, lib=None) -> torch.Tensor | None:
+def transpose_into(w: torch.Tensor, out: torch.Tensor | None = None, lib=None) -> torch.Tensor | None:
     """A row-major copy of ``w`` [N, K], a half-precision CPU weight stored transposed (``w.T`` [K, N] by
     rows, as a split FFN's down projection lies in host memory), by the library's tiled transpose on
     torch's thread count, into ``out`` (a contiguous [N, K] tensor of ``w``'s dtype; None: a new one);

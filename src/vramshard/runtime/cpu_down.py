@@ -22,7 +22,7 @@ width the plans use, where our users' hosts have 16-64 GiB.
 The executor makes the copies when it takes its plans (at load, at a switch), and keeps each while the
 plans in force compute that FFN's part on the CPU, replacing it where they want a wider one
 (:meth:`DownCopies.keep`). The copy is the C library's tiled transpose on torch's threads
-(:func:`~vramshard.layers.cpu_gemv.row_major_copy`; torch's copy of the transposed view, where the
+(:func:`~vramshard.layers.cpu_gemv.transpose_into`; torch's copy of the transposed view, where the
 library is not built, runs on one thread): on the H100 machine (session 37,
 ``docs/logs-run37/llama8_call7.log``) torch's copies ran at about 1 GB/s (7-112 MiB in 4.5-116 ms), and
 the first 16-row step of llama3-8b at 8 GiB took 1986 ms, when they were made per (FFN, pieces) in each
@@ -133,6 +133,6 @@ def row_major_copy(down: torch.Tensor) -> torch.Tensor:
     while reading): by the C library's tiled transpose on torch's threads where it is built, else by
     torch (one thread)."""
     out = host_empty(down.nbytes).view(down.dtype).view(down.shape)
-    if cpu_gemv.row_major_copy(down, out) is None:
+    if cpu_gemv.transpose_into(down, out) is None:
         out.copy_(down)
     return out

@@ -191,11 +191,11 @@ def _fill(view: torch.Tensor, source: torch.Tensor) -> None:
     """``view.copy_(source)``, writing in storage order where ``view`` is a transposed view (a split
     layout's down projection): the strided writes of a plain copy took 4.7x the time on the CPU. A
     half-precision CPU source is transposed by the C library on torch's threads where it is built
-    (:func:`~vramshard.layers.cpu_gemv.row_major_copy`): torch's copy runs on one thread (about 1 GB/s),
+    (:func:`~vramshard.layers.cpu_gemv.transpose_into`): torch's copy runs on one thread (about 1 GB/s),
     and the split layout of llama3-8b, its downs copied so, took 5.8 s of a load on the H100 machine (the
     thirty-second GPU session)."""
     if view.dim() == 2 and not view.is_contiguous() and view.t().is_contiguous():
-        if source.dtype != view.dtype or cpu_gemv.row_major_copy(source.t(), view.t()) is None:
+        if source.dtype != view.dtype or cpu_gemv.transpose_into(source.t(), view.t()) is None:
             view.t().copy_(source.t())
     else:
         view.copy_(source)
