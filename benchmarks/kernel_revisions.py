@@ -133,8 +133,13 @@ def main() -> None:
     parser.add_argument("--shape", default="qwen3-30b-a3b")
     parser.add_argument("--rows", default="1,4,16")
     parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="the kernels' (and the read's) thread count (default: torch's; the run-ahead worker's "
+                             "team is one fewer than the cores)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as scratch:
         libs = {"before": build(source_of(args.against, Path(scratch))), "now": build(cpu_gemv.SOURCE)}
     read_before = cpu_read_bandwidth()

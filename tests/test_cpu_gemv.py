@@ -108,6 +108,30 @@ def test_every_build_computes_the_tokens_routed_experts(isa, dtype):
                                            atol=1e-3 * expected.abs().max().item() + 1e-6)  # (one rounding apart)
 
 
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 3, 7])
+def test_the_experts_kernel_shares_its_output_rows_over_any_team(threads):
+    """The down products' output rows shared out over teams that do not divide them (and runs of more rows
+    than a thread sums at a time): every row computed once, by one thread."""
+    g = torch.Generator().manual_seed(1)
+    E, width, hidden, k = (5, 16, 421, 3)
+    gate_up = torch.randn(E, 2 * width, hidden, generator=g).to(torch.bfloat16)
+    down = torch.randn(E, hidden, width, generator=g).to(torch.bfloat16)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for tokens in (1, 5):
+            x = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16)
+            experts = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(tokens)])
+            weights = torch.rand(tokens, k, generator=g)
+            y = cpu_gemv.routed_experts(x, gate_up, down, experts, weights)
+            expected = _routed_reference(x, gate_up, down, experts, weights)
+            torch.testing.assert_close(y.double(), expected.to(torch.bfloat16).double(), rtol=0,
+                                       atol=1e-3 * expected.abs().max().item() + 1e-6)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_what_the_experts_kernel_takes_and_refuses():
     gate_up, down = torch.zeros(4, 16, 8, dtype=torch.bfloat16), torch.zeros(4, 8, 8, dtype=torch.bfloat16)
     x, experts, weights = torch.zeros(1, 8, dtype=torch.bfloat16), torch.tensor([[0, 3]]), torch.ones(1, 2)

@@ -377,9 +377,7 @@ int vs_routed_experts(int dtype, const uint16_t *GU, long gu_e, long gu_r, const
       memcpy(xs + i * D, x + t * D, sizeof(uint16_t) * D);
     }
   long gate_blocks = (2 * F + 3) / 4;
-  long tile = (D / (4 * threads)) & ~3L;  /* a multiple of four rows; four runs a thread where D allows */
-  tile = tile < 4 ? 4 : tile > VS_TILE ? VS_TILE : tile;
-  long tiles = (D + tile - 1) / tile;
+  long quads = (D + 3) / 4;  /* the down products' output rows by fours, shared out evenly over the threads */
 #pragma omp parallel num_threads(threads)
   {
 #pragma omp for schedule(static)
@@ -398,25 +396,29 @@ int vs_routed_experts(int dtype, const uint16_t *GU, long gu_e, long gu_r, const
       act[i] = vs_half(dtype, gate / (1.0f + expf(-gate)) * up);
     }
 #pragma omp for schedule(static)
-    for (long c = 0; c < tiles; c++) {  /* each thread its runs of output rows, every expert's down rows once */
-      long r0 = c * tile, span = D - r0 < tile ? D - r0 : tile;
-      float sum[VS_MAX_ROWS][VS_TILE], part[4 * 4];
-      for (long t = 0; t < T; t++)
-        for (long j = 0; j < span; j++) sum[t][j] = 0.0f;
-      for (long g = 0; g < groups; g++) {  /* the expert's `span` rows in one run: the next block prefetched */
-        const uint16_t *w = DN + expert[g] * dn_e + r0 * dn_r;
-        for (long b = 0; b < span; b += 4) {
-          long rows = span - b < 4 ? span - b : 4;
-          for (long s = first[g]; s < first[g + 1]; s += 4) {
-            long n = first[g + 1] - s < 4 ? first[g + 1] - s : 4;
-            vs_block_of(dtype, w + b * dn_r, dn_r, rows, act + s * F, n, F, part, 4);
-            for (long u = 0; u < n; u++)
-              for (long j = 0; j < rows; j++) sum[token[s + u]][b + j] += weight[s + u] * part[u * 4 + j];
+    for (long c = 0; c < threads; c++) {  /* share c of the output rows (at most one quad more than another's) */
+      long end = 4 * (quads * (c + 1) / threads);
+      end = end < D ? end : D;
+      for (long r0 = 4 * (quads * c / threads); r0 < end; r0 += VS_TILE) {  /* in runs: every expert's rows once */
+        long span = end - r0 < VS_TILE ? end - r0 : VS_TILE;
+        float sum[VS_MAX_ROWS][VS_TILE], part[4 * 4];
+        for (long t = 0; t < T; t++)
+          for (long j = 0; j < span; j++) sum[t][j] = 0.0f;
+        for (long g = 0; g < groups; g++) {  /* the expert's `span` rows in one run: the next block prefetched */
+          const uint16_t *w = DN + expert[g] * dn_e + r0 * dn_r;
+          for (long b = 0; b < span; b += 4) {
+            long rows = span - b < 4 ? span - b : 4;
+            for (long s = first[g]; s < first[g + 1]; s += 4) {
+              long n = first[g + 1] - s < 4 ? first[g + 1] - s : 4;
+              vs_block_of(dtype, w + b * dn_r, dn_r, rows, act + s * F, n, F, part, 4);
+              for (long u = 0; u < n; u++)
+                for (long j = 0; j < rows; j++) sum[token[s + u]][b + j] += weight[s + u] * part[u * 4 + j];
+            }
           }
         }
+        for (long t = 0; t < T; t++)
+          for (long j = 0; j < span; j++) y[t * D + r0 + j] = vs_half(dtype, sum[t][j]);
       }
-      for (long t = 0; t < T; t++)
-        for (long j = 0; j < span; j++) y[t * D + r0 + j] = vs_half(dtype, sum[t][j]);
     }
   }
 done:
