@@ -136,6 +136,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="the kernels' (and the read's) thread count (default: torch's; the run-ahead worker's "
                              "team is one fewer than the cores)")
+    parser.add_argument("--experts-only", action="store_true", help="the routed experts' cells alone")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if args.threads:
@@ -145,7 +146,8 @@ def main() -> None:
     read_before = cpu_read_bandwidth()
     with torch.inference_mode():
         cells = expert_cells(libs, args.shape, [int(r) for r in args.rows.split(",")], args.repeat)
-        cells += dense_cells(libs, args.repeat)
+        if not args.experts_only:
+            cells += dense_cells(libs, args.repeat)
     read_after = cpu_read_bandwidth()
     read = max(read_before, read_after)
     for cell in cells:
