@@ -19,13 +19,13 @@ grep -E "planning process|reconfigured|copied .* row-major|step: .*, [0-9]{3,}\.
 timeout 60 python3 -m benchmarks.down_copy --threads 1,16 --json $OUT/down_copy.json > $OUT/down_copy.log 2>&1
 echo "down_copy rc $?"; grep -oE "'part': '[^']*'|'threads': [0-9]+|'[a-z]+_gb_s': [0-9.]+" $OUT/down_copy.log | tr '\n' ' ' | sed "s/'part'/\n&/g"; echo
 { echo '#define VS_PREFETCH_ROWS 0'; cat src/vramshard/layers/cpu_gemv.c; } > $OUT/cpu_gemv_no_prefetch.c
-timeout 150 python3 -m benchmarks.kernel_revisions --against $OUT/cpu_gemv_no_prefetch.c --json $OUT/kernel_prefetch.json \
+timeout 120 python3 -m benchmarks.kernel_revisions --against $OUT/cpu_gemv_no_prefetch.c --json $OUT/kernel_prefetch.json \
   > $OUT/kernel_prefetch.log 2>&1; echo "kernel_revisions rc $?"; grep -v INFO $OUT/kernel_prefetch.log | tail -14
 # 5. (session 38) The routed experts' down rows shared out evenly over the team: the run-ahead worker computes with 15
 #    threads, where the earlier kernel's 64 runs of 32 rows left four threads a fifth run. Needs the untracked
 #    .kernel-before-shares.c here (`git show 0b94414:src/vramshard/layers/cpu_gemv.c`), carried with the tree.
 for THREADS in 15 16; do
-  timeout 60 python3 -m benchmarks.kernel_revisions --against .kernel-before-shares.c --experts-only --threads $THREADS \
+  timeout 45 python3 -m benchmarks.kernel_revisions --against .kernel-before-shares.c --experts-only --threads $THREADS \
     --json $OUT/kernel_shares_$THREADS.json > $OUT/kernel_shares_$THREADS.log 2>&1; echo "kernel shares ($THREADS) rc $?"
   grep -v INFO $OUT/kernel_shares_$THREADS.log | tail -4
 done
