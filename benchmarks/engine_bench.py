@@ -33,6 +33,7 @@ import time
 import torch
 
 from vramshard.cli.bench import BenchSettings, EngineSpec, bench_engine
+from vramshard.layers.mlp import DenseFFN
 from vramshard.runtime.host_weights import HostLayouts, pack_model
 from vramshard.shapes import random_weights, shape_model
 
@@ -113,8 +114,20 @@ def planner_profile(path: str | None, bandwidth: dict, dtypes) -> tuple[object, 
     return profile, "synthetic (fitted)"
 
 
-def derived(cells: list[dict], weights: int, decode_bytes: int, bandwidth: dict) -> dict:
-    """The issue's checks from the cells of one model; ``decode_bytes``: what a decode step reads."""
+def cpu_rows_gb_s(profile, model, rows: int) -> float | None:
+    """Weight GB/s the CPU's matmuls get through at ``rows`` rows by ``profile`` (the model's FFN gate/up
+    shape, all threads; None where the profile or the model has none)."""
+    ffn = next((s for s in model if isinstance(s, DenseFFN)), None)
+    if profile is None or ffn is None:
+        return None
+    seconds = profile.matmul_s(rows, ffn.hidden, ffn.intermediate, model.dtype, "cpu")
+    return ffn.hidden * ffn.intermediate * model.dtype.itemsize / seconds / 1e9 if seconds > 0 else None
+
+
+def derived(cells: list[dict], weights: int, decode_bytes: int, bandwidth: dict,
+            cpu_rows: dict[int, float] | None = None) -> dict:
+    """The issue's checks from the cells of one model; ``decode_bytes``: what a decode step reads;
+    ``cpu_rows``: weight GB/s of the CPU's matmuls by rows (:func:`cpu_rows_gb_s`), for the batched bound."""
     by = {(c["engine"], c.get("vram")): c for c in cells if "error" not in c}
     out = {}
     free = by.get(("unconstrained", None))
@@ -134,6 +147,14 @@ def derived(cells: list[dict], weights: int, decode_bytes: int, bandwidth: dict)
                 top = max(b64, key=int)
                 out[f"{key}_batch{top}_speedup_vs_layers_max"] = (
                     ours["batched"][top]["tok_s"] / base["batched"][top]["tok_s"])
+                rate = (cpu_rows or {}).get(int(top))
+                if rate and weights > ours["resident_bytes"]:
+                    # The most a step of `top` sequences' next tokens can do: every byte outside VRAM
+                    # crosses PCIe or is computed by the CPU at the profile's rate for that many rows,
+                    # both at once and alone-fast, GPU compute free (an optimistic bound).
+                    bound = int(top) * (bandwidth["h2d"] + rate) * 1e9 / (weights - ours["resident_bytes"])
+                    out[f"{key}_batch{top}_step_bound_tok_s"] = bound
+                    out[f"{key}_batch{top}_step_bound_over_layers_max"] = bound / base["batched"][top]["tok_s"]
             out[f"{key}_ttft_speedup_vs_layers_max"] = base["ttft_s"] / ours["ttft_s"]
             out[f"{key}_tg_speedup_vs_layers_max"] = (ours["tg_tok_s"] or 0) / (base["tg_tok_s"] or float("inf"))
         if ours and free:
@@ -249,6 +270,7 @@ def main() -> None:
             specs += [EngineSpec("vramshard+eager", None, vram, eager)] if args.eager else []
             specs += [EngineSpec("vramshard+no-gemv", None, vram)] if args.without_gemv else []
             specs += [EngineSpec(args.baseline, args.baseline, vram)]
+        cpu_rows = {b: cpu_rows_gb_s(profile, model, b) for b in settings.batch_sizes}
         cells: list[dict] = []
         entry = results["models"][name] = {"bytes": model.nbytes, "dtype": str(model.dtype), "cells": cells}
         for spec in specs:
@@ -263,7 +285,8 @@ def main() -> None:
             cells.append(cell)
             log.info("%s %s %s: %s", name, spec.label, spec.vram,
                      cell.get("error") or {k: cell.get(k) for k in ("placement", "ttft_s", "tg_tok_s", "peak_vram_bytes", "load_seconds")})
-            entry["checks"] = derived(cells, model.nbytes, decode_read_bytes(model, args.pp + args.tg // 2), bandwidth)
+            entry["checks"] = derived(cells, model.nbytes, decode_read_bytes(model, args.pp + args.tg // 2), bandwidth,
+                                      cpu_rows)
             results["elapsed_s"] = time.perf_counter() - t_start
             write_json(target, results)
         del host

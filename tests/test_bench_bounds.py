@@ -87,3 +87,27 @@ def test_plan_replay_predicts_the_baselines_of_an_engine_bench_run(tmp_path, cap
     assert len(scaled) == len(plain) == 1 and plain[0].startswith("llama3-8b layers:17 at 8 GiB: predicted ")
     ms = [float(line.split("predicted ")[1].split(" ms")[0]) for line in (scaled[0], plain[0])]
     assert 50 < ms[1] < 200 and ms[0] > 1.2 * ms[1]  # the CPU's 15 layers priced 1.5x slower
+
+
+def test_engine_bench_bounds_a_batched_step_by_pcie_and_the_cpus_matmuls_at_that_many_rows():
+    """engine_bench's batched bound: a step of B sequences' next tokens with every byte outside VRAM over
+    PCIe or through the CPU's matmuls at B rows (the profile's weight rate), against the baseline's
+    measured batch; the CPU's rate comes from the profile for the model's FFN shape."""
+    from benchmarks.engine_bench import cpu_rows_gb_s, derived
+    from vramshard.profile import synthetic
+
+    GiB = 2**30
+    cells = [{"engine": "vramshard", "vram": 8 * GiB, "tg_tok_s": 10.0, "ttft_s": 0.2, "resident_bytes": 6e9,
+              "batched": {"1": {"tok_s": 10.0}, "64": {"tok_s": 400.0}}},
+             {"engine": "layers:max", "vram": 8 * GiB, "tg_tok_s": 9.0, "ttft_s": 1.0, "resident_bytes": 6e9,
+              "batched": {"1": {"tok_s": 9.0}, "64": {"tok_s": 200.0}}}]
+    checks = derived(cells, 16e9, 15e9, {"h2d": 50.0, "cpu_read": 100.0, "device": 4000.0}, {64: 30.0, 1: 90.0})
+    assert checks["8GiB_batch64_step_bound_tok_s"] == pytest.approx(64 * 80 / 10)  # 80 GB/s over 10 GB
+    assert checks["8GiB_batch64_step_bound_over_layers_max"] == pytest.approx(512 / 200)
+    assert "8GiB_batch64_step_bound_tok_s" not in derived(cells, 16e9, 15e9, {"h2d": 50.0, "cpu_read": 100.0,
+                                                                             "device": 4000.0})
+    model = shape_model("llama3-8b")
+    profile = synthetic(cpu_gflops=1000.0, gpu_gflops=100000.0, h2d_gbps=50.0, cpu_mem_gbps=100.0)
+    one, many = cpu_rows_gb_s(profile, model, 1), cpu_rows_gb_s(profile, model, 256)
+    assert 0 < many < one <= 100.0  # compute-bound at many rows, no faster than memory at one
+    assert cpu_rows_gb_s(None, model, 64) is None
