@@ -389,6 +389,61 @@ def test_an_engine_whose_cpu_work_runs_slow_fits_that_tier_and_plans_again(tiny_
     assert check.samples == {}  # once per tier and engine: no fit chases its own re-plans
 
 
+def test_a_cpu_fit_keeps_the_plan_it_replaces_so_a_slower_re_plan_gives_way_to_it(tiny_model_dir, monkeypatch):
+    """A fit of a tier's CPU work acts after nine decode steps, before REVERT_MIN_STEPS: the plan it
+    replaces is kept with the steps it ran until the new plan came in, so a re-plan that decodes slower
+    goes back to it (the thirty-third GPU session: llama3-8b at 8 GiB went from 70-76 ms decode steps
+    to 103-141 ms under such a fit, and stayed there)."""
+    monkeypatch.setattr(calibrate, "MIN_CPU_S", 0.0)  # the tiny model's CPU work is far below a real one's
+    engine, reference = simulated_engine(tiny_model_dir("qwen3"))
+    prompt = [5, 9, 11, 13, 2, 7]
+    expected = reference.generate([prompt], 8)
+    old_plan, old_profile = engine.plan, engine.budget.plan_settings().profile
+    steps = engine.plan_check()
+    before = steps.predicted_s
+    for _ in range(budget_follower.RECORD_MIN_STEPS + 1):
+        steps.add(1, 1, 1.1 * before)
+    predicted = calibrate.cpu_seconds(engine.model, old_profile, old_plan, 1)
+    cpu = engine.cpu_check()
+    for _ in range(9):  # (the first is the tier's warm-up)
+        cpu.add(1, 2 * predicted)
+    engine.poll_budget()
+    (fitted,) = engine.budget.calibrations
+    assert "cpu_rows" in fitted
+    (best,) = engine.budget.fastest.values()
+    assert best.plan is old_plan and best.profile is old_profile and best.median_s == pytest.approx(1.1 * before)
+    for _ in range(2 * budget_follower.RECORD_MIN_STEPS):  # the old plan runs on while the new one is made
+        steps.add(1, 1, 0.9 * before)
+    engine.budget.background.wait(60)
+    engine.poll_budget()
+    assert engine.budget.events[-1]["why"] == "calibrate" and engine.plan is not old_plan
+    assert not budget_follower.same_tier_steps(engine.plan, old_plan, 1)
+    assert best.median_s == pytest.approx(0.9 * before)  # refreshed by the steps it ran meanwhile
+    check = engine.plan_check()
+    for _ in range(budget_follower.REVERT_MIN_STEPS):
+        check.add(1, 1, 1.2 * before)  # 1.33x the old plan's steps
+    engine.poll_budget()
+    assert engine.plan is old_plan and engine.budget.events[-1]["why"] == "revert"
+    assert engine.budget.plan_settings().profile is old_profile
+    assert engine.generate([prompt], 8) == expected
+
+
+def test_a_plan_with_too_few_steps_is_not_kept_when_a_fit_replaces_it(tiny_model_dir, monkeypatch):
+    """Fewer than RECORD_MIN_STEPS decode steps are no measure of a plan: the fit replaces it and
+    keeps nothing."""
+    monkeypatch.setattr(calibrate, "MIN_CPU_S", 0.0)
+    engine, _ = simulated_engine(tiny_model_dir("qwen3"))
+    steps = engine.plan_check()
+    for _ in range(budget_follower.RECORD_MIN_STEPS - 1):
+        steps.add(1, 1, steps.predicted_s)
+    predicted = calibrate.cpu_seconds(engine.model, engine.budget.plan_settings().profile, engine.plan, 1)
+    cpu = engine.cpu_check()
+    for _ in range(9):
+        cpu.add(1, 2 * predicted)
+    engine.poll_budget()
+    assert len(engine.budget.calibrations) == 1 and engine.budget.fastest == {}
+
+
 def test_steps_beside_a_background_plan_are_not_samples_of_the_cpu_work(tiny_model_dir):
     """The background planner's Python holds the GIL: steps that ran while it planned are slower
     on the host than the machine is, so they do not count."""

@@ -30,7 +30,10 @@ more than REVERT_OFF_BY slower than the fastest plan measured under that budget 
 (``why``: "revert"), with the profile it ran under when first measured (a plan that runs the
 measured tier's steps alike, differing only in other tiers, takes the record instead); no whole-step fit is made
 under that budget after that (a vision-language model, whose placements carry its vision phase's
-too, is not reverted).
+too, is not reverted). A fit of a tier's CPU work acts after a few steps, before REVERT_MIN_STEPS, so
+the plan it replaces is kept with the steps it ran (RECORD_MIN_STEPS or more, counted until the
+new plan comes in): in the thirty-third GPU session such a fit took llama3-8b at 8 GiB from 70-76 ms
+decode steps to 103-141 ms, and with nothing kept to go back to the slower plan stayed.
 
 Every adaptation is recorded with its times: waiting for the step boundary, planning, releasing.
 """
@@ -66,6 +69,7 @@ CALIBRATE_OFF_BY = 1.15  # measured / predicted decode step beyond which the pro
 MAX_CALIBRATIONS = 6  # per engine (a tier's CPU work is fitted once): a machine whose speed swings more is not chased
 REVERT_OFF_BY = 1.10  # a plan's decode step this much slower than the fastest measured under its budget gives way
 REVERT_MIN_STEPS = 16  # decode steps of a plan before its median is compared (a slower plan should not run long)
+RECORD_MIN_STEPS = 8  # decode steps of a plan a calibration replaces before they are kept as its measure
 
 
 @dataclasses.dataclass
@@ -182,21 +186,9 @@ class BudgetFollower:
         engine, budget = self.engine, self.watcher.in_force
         if engine.vision is not None and engine.vision.vision_tier:
             return False  # its placements carry the vision phase's, which the language model's plan does not
-        key = budgets.budget_key(budget)
         median = check.median_s()
-        best = self.fastest.get(key)
-        if best is not None and best.plan is check.plan:
-            best.median_s = median  # its latest steps; the profile stays the one it ran under first
-            return False
-        # A plan that runs the measured tier's steps as the best did is no slower for its own doing: it
-        # takes the record. (nemo-8b's one-token steps at 2 GiB measured 137 ms in early warm-up runs, then
-        # 159 ms under a re-plan that changed only its 512-token tier, and the engine went back to the
-        # first plan, whose steps at 1K context then took about as long; docs/BENCHMARKS.md, thirty-first
-        # GPU session.)
-        if best is None or median < best.median_s or same_tier_steps(best.plan, check.plan, check.tier):
-            self.fastest[key] = MeasuredPlan(check.plan, check.plan_name, median, self.plan_settings().profile)
-            return False
-        if median <= REVERT_OFF_BY * best.median_s:
+        best = self._keep_measured(check)
+        if best is None or median <= REVERT_OFF_BY * best.median_s:
             return False
         settings = self.plan_settings()
         kv_forced = budgets.forced_kv_side(engine.executor.live_kv_positions(), settings)
@@ -218,9 +210,41 @@ class BudgetFollower:
         self.settings = dataclasses.replace(settings, profile=best.profile)
         self.plan_cache = budgets.PlanCache()  # plans of the profile given up
         self.refine, self.refine_why = None, "refine"
-        self.reverted.add(key)
+        self.reverted.add(budgets.budget_key(budget))
         self._record(adaptation, report, "revert", started, started)
         return True
+
+    def _keep_measured(self, check, new_record: bool = True) -> MeasuredPlan | None:
+        """Keep ``check``'s plan (the plan in force) as the fastest measured under the budget in force
+        where it is the first measured there, runs faster than the record, or runs the measured tier's
+        steps as the record's plan does (``new_record`` False: only refresh the record's median where it
+        is this plan). Returns the record it runs slower than, else None."""
+        key = budgets.budget_key(self.watcher.in_force)
+        median = check.median_s()
+        best = self.fastest.get(key)
+        if best is not None and best.plan is check.plan:
+            best.median_s = median  # its latest steps; the profile stays the one it ran under first
+            return None
+        # A plan that runs the measured tier's steps as the best did is no slower for its own doing: it
+        # takes the record. (nemo-8b's one-token steps at 2 GiB measured 137 ms in early warm-up runs, then
+        # 159 ms under a re-plan that changed only its 512-token tier, and the engine went back to the
+        # first plan, whose steps at 1K context then took about as long; docs/BENCHMARKS.md, thirty-first
+        # GPU session.)
+        if best is None or median < best.median_s or same_tier_steps(best.plan, check.plan, check.tier):
+            if new_record:
+                self.fastest[key] = MeasuredPlan(check.plan, check.plan_name, median, self.plan_settings().profile)
+            return None
+        return best
+
+    def _keep_outgoing(self, new_record: bool) -> None:
+        """Keep the plan in force's decode steps so far (RECORD_MIN_STEPS or more) as its measure, before a
+        calibration's plan replaces it: at the fit (``new_record``, with the profile it ran under) and
+        again when the new plan comes in (its median refreshed by the steps it ran meanwhile)."""
+        engine = self.engine
+        check = engine.plan_check()
+        if check.plan is engine.plan and engine.plan is not None and len(check.measured) >= RECORD_MIN_STEPS \
+                and not (engine.vision is not None and engine.vision.vision_tier):
+            self._keep_measured(check, new_record)
 
     def _calibrate_cpu_work(self) -> bool:
         """When a tier's CPU work (as the executor timed it) runs more than CPU_OFF_BY off the
@@ -257,6 +281,7 @@ class BudgetFollower:
     def _plan_with(self, profile) -> None:
         """Plan the budget in force again with ``profile`` in the background (a calibration)."""
         engine = self.engine
+        self._keep_outgoing(new_record=True)  # (before the fitted profile becomes the settings')
         self.settings = dataclasses.replace(self.plan_settings(), profile=profile)
         self.plan_cache = budgets.PlanCache()  # plans of the old profile
         budget = self.watcher.in_force
@@ -333,6 +358,8 @@ class BudgetFollower:
                 self.events.append({"time": time.time(), "why": why, "budget": budget, "plan": executor.plans.name,
                                     "placements_kept": True})
             return None
+        if why == "calibrate":
+            self._keep_outgoing(new_record=False)
         try:
             report = executor.reconfigure(placements, budget)
         except BudgetError as exc:  # the executor counts VRAM its own way: fall back to the CPU
