@@ -174,6 +174,43 @@ def test_zero_copy_experts_are_read_over_the_link_not_computed_on_the_cpu():
     assert Estimator(model, profile).zero_copy is False  # as the executor runs here (no GPU, or off)
 
 
+def test_zero_copy_reads_go_at_the_share_of_the_copy_engine_the_profile_measured():
+    """A profile with its ``zero_copy`` table prices the kernels' reads at its measured share of the
+    copy engine's rate (the H100 machine read at 61-63%, the H200 machine at 92%); without one, at
+    ZERO_COPY_EFFICIENCY; the balanced CPU share moves toward the CPU where the link reads slower."""
+    from vramshard.plan.estimator import ZERO_COPY_EFFICIENCY, balanced_zero_copy_share, zero_copy_efficiency
+    from vramshard.plan.memory import moe_layers, sublayer_triples
+    from vramshard.plan.placement import named_placement
+    from vramshard.profile import Profile
+
+    model = shape_model("qwen3-30b-a3b")
+    moe = [s for s in model if s.name.startswith("ffn")]
+    placement = named_placement("experts-cpu", sublayer_triples(model), model.args.num_hidden_layers,
+                                moe_layers=moe_layers(model))
+    routed = sum(s.top_k * s.expert_bytes for s in moe)
+    plain = synthetic(**{**CLIENT, "cpu_gflops": 3000})
+    measured = Profile({**plain.to_dict(), "zero_copy": {"bytes": 75_497_472, "seconds": 0.0024,
+                                                         "copy_seconds": 0.0015}})
+    assert plain.zero_copy_efficiency is None and zero_copy_efficiency(plain) == ZERO_COPY_EFFICIENCY
+    assert measured.zero_copy_efficiency == pytest.approx(0.625)
+    fast = Estimator(model, plain, zero_copy=True).simulate(placement, 1, 1024)
+    slow = Estimator(model, measured, zero_copy=True).simulate(placement, 1, 1024)
+    assert fast.copy_busy >= routed / (CLIENT["h2d_gbps"] * 1e9) / ZERO_COPY_EFFICIENCY * 0.99
+    assert slow.copy_busy == pytest.approx(fast.copy_busy * ZERO_COPY_EFFICIENCY / 0.625, rel=0.01)
+    assert slow.seconds > fast.seconds
+    assert balanced_zero_copy_share(model, measured) > balanced_zero_copy_share(model, plain)
+
+
+def test_a_profile_with_a_malformed_zero_copy_table_is_refused():
+    from vramshard.errors import ProfileError
+    from vramshard.profile import Profile
+
+    data = synthetic(**CLIENT).to_dict()
+    for table in ({"bytes": 1, "seconds": 0.0, "copy_seconds": 1.0}, {"bytes": 1, "seconds": 1.0}, [1, 2]):
+        with pytest.raises(ProfileError, match="zero.copy"):
+            Profile({**data, "zero_copy": table})
+
+
 def test_a_cpu_share_beside_the_zero_copy_kernels_moves_reads_from_the_link_to_the_cpu():
     """zero_copy_cpu_share: each token's first experts are the CPU's work (after the router), the
     rest the link's, read by kernels queued without waiting for the host; all on the CPU reads

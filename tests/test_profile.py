@@ -481,6 +481,12 @@ def test_gpu_profile_round_trip(tmp_path):
     assert summary["transfer_gbps"]["h2d"]["alone"] > 0.5 and "cuda" in summary["matmul_peak_gflops"]
     contended = [t for t in profile.data["matmul"] if t.get("contended")]
     assert contended and all(t["load_h2d_gbps"] > 0.5 for t in contended)
+    from vramshard.runtime import zero_copy_experts
+
+    if zero_copy_experts.available():  # the kernels' reads from pinned host memory, against the copy engine
+        assert 0.2 < loaded.zero_copy_efficiency < 1.5, loaded.data["zero_copy"]
+    else:
+        assert "zero_copy" not in loaded.data
 
 
 @pytest.mark.gpu

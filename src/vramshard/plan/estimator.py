@@ -242,9 +242,17 @@ def zero_copy_enabled() -> tuple[bool, int]:
     return zero_copy_experts.available(), zero_copy_experts.ROWS
 
 
-# What the zero-copy kernels read of pinned host memory against the copy engine's rate (the H200
-# machine, thirteenth session: 50.5 against 55.1 GB/s over 96-384 MiB; benchmarks/zero_copy).
+# What the zero-copy kernels read of pinned host memory against the copy engine's rate where the
+# profile did not measure it (Profile.zero_copy_efficiency): the H200 machine, thirteenth session:
+# 50.5 against 55.1 GB/s over 96-384 MiB (benchmarks/zero_copy); the H100 machine read at 61-63%
+# (thirty-third session).
 ZERO_COPY_EFFICIENCY = 0.92
+
+
+def zero_copy_efficiency(profile: Profile) -> float:
+    """The zero-copy kernels' read rate over the copy engine's: the profile's, else
+    :data:`ZERO_COPY_EFFICIENCY`."""
+    return profile.zero_copy_efficiency or ZERO_COPY_EFFICIENCY
 ZERO_COPY_LAUNCHES = 4  # the kernels, the routing's casts, the sum over a token's experts
 # Packed weights must take at most this share of the plain ones' time to be worth their copy: the
 # copy costs host memory (a split part's weights again) and seconds to make in a tier's first steps.
@@ -283,6 +291,7 @@ class Estimator:
         self.run_ahead = run_ahead_enabled() if run_ahead is None else run_ahead
         available, self.zero_copy_rows = zero_copy_enabled()
         self.zero_copy = available if zero_copy is None else zero_copy  # (host experts read by the GPU)
+        self.zero_copy_efficiency = zero_copy_efficiency(profile)  # (of the copy engine's rate)
         self.zero_copy_cpu_share = zero_copy_cpu_share  # (of their host experts, computed by the CPU)
         self.sizes = sizes if sizes is not None else {}  # packed bytes by sub-layer name, filled lazily
         self.profile = profile
@@ -636,7 +645,7 @@ class Estimator:
                             py += self.dispatch_s("cuda") * ZERO_COPY_LAUNCHES / DISPATCH_LAUNCHES
                             start = max(py, router_done, copy_free)
                             copy_free = start + self.profile.transfer_s(read * (1 - on_cpu), "h2d", True) \
-                                / ZERO_COPY_EFFICIENCY
+                                / self.zero_copy_efficiency
                             copy_busy += copy_free - start
                             gpu_busy += copy_free - start
                             timeline.append((sublayer.name, "copy", start, copy_free))
@@ -658,7 +667,7 @@ class Estimator:
                             gpu_free = x_ready = max(copy_free, py)
                             continue
                         start = max(router_done + hits, copy_free)
-                        copy_free = start + self.profile.transfer_s(read, "h2d", cpu_work) / ZERO_COPY_EFFICIENCY
+                        copy_free = start + self.profile.transfer_s(read, "h2d", cpu_work) / self.zero_copy_efficiency
                         copy_busy += copy_free - start
                         gpu_busy += copy_free - start
                         timeline.append((sublayer.name, "copy", start, copy_free))
@@ -784,7 +793,7 @@ def balanced_zero_copy_share(model: Model, profile: Profile) -> float:
     """Share of a decode step's host-memory experts best computed by the CPU while the GPU's
     zero-copy kernels read the others from pinned memory (the executor's ``zero_copy_cpu_share``):
     as :func:`expert_cpu_share`, with the kernels' read of one expert (the link at
-    ``ZERO_COPY_EFFICIENCY`` of the copy engine's rate) in place of its copy."""
+    :func:`zero_copy_efficiency` of the copy engine's rate) in place of its copy."""
     moe = next(s for s in model if isinstance(s, MoEFFN))
-    t_read = profile.transfer_s(moe.expert_bytes, "h2d", contended=True) / ZERO_COPY_EFFICIENCY
+    t_read = profile.transfer_s(moe.expert_bytes, "h2d", contended=True) / zero_copy_efficiency(profile)
     return t_read / (_expert_on_cpu_s(moe, profile) + t_read)

@@ -192,6 +192,13 @@ class Profile:
         return self.data.get("host_experts_cpu_gemv")
 
     @property
+    def zero_copy_efficiency(self) -> float | None:
+        """The GPU kernels' read of routed experts from pinned host memory over the copy engine's rate
+        for the same bytes, as measured (the ``zero_copy`` table), else None."""
+        table = self.data.get("zero_copy")
+        return table["copy_seconds"] / table["seconds"] if table else None
+
+    @property
     def fingerprint_hash(self) -> str:
         return self.data["fingerprint_hash"]
 

@@ -20,6 +20,7 @@ from .bench_memory import measure_cpu_read
 from .bench_packed import measure_packed_ffn
 from .bench_split import measure_split_part
 from .bench_transfer import measure_transfers
+from .bench_zero_copy import measure_zero_copy
 from .contention import cpu_load, pcie_load
 from .fingerprint import fingerprint_hash, machine_fingerprint
 from ..layers import cpu_gemv
@@ -57,7 +58,7 @@ def _total_weight(spec: BenchmarkSpec, threads: list[int], use_gpu: bool, w: dic
         total += sum(torch_dtype(d) in host_experts.DTYPES for d in spec.dtypes) * w["split"]
     if use_gpu:
         total += (full + attn) * w["gpu"] + w["dispatch"]
-        total += 4 * len(spec.transfer_sizes) * w["transfer"]
+        total += (4 * len(spec.transfer_sizes) + 1) * w["transfer"]  # (and the zero-copy reads)
         if spec.cpu_contention:
             total += ratio * w["cpu"]
     return total
@@ -143,8 +144,11 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
                         if rates.worker:
                             host_experts_on_worker[dtype] = rates.worker
                             worker_teams[dtype] = rates.teams
+            zero_copy = None
             if use_gpu:
                 _measure_gpu(spec, top, w, cpu_args, gpu_args, progress, matmul, attention, transfer, dispatch)
+                zero_copy = measure_zero_copy(budget_s=max(spec.gpu_point_budget_s, 0.05), progress=progress,
+                                              weight=w["transfer"])
             for round_ in range(2, spec.cpu_rounds + 1):
                 _cpu_round(spec, top, round_, cpu_args, matmul, attention)
             reads.append(measure_cpu_read(READ_BUDGET_S))  # the host's state over the whole profile
@@ -170,6 +174,8 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
         data["host_experts"] = host_expert_factors
         if cpu_gemv.computes(1):  # (the same switch and build: routed experts went through it too)
             data["host_experts_cpu_gemv"] = cpu_gemv.isa()
+    if zero_copy is not None:
+        data["zero_copy"] = zero_copy
     if host_experts_on_worker:
         data["host_experts_worker"] = host_experts_on_worker
         data["host_experts_worker_teams"] = worker_teams

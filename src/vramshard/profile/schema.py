@@ -32,6 +32,10 @@ cores, GB/s, the mean of a timing before the CPU tables and one after), and the 
   (and ``host_experts_worker``) were timed through (:func:`~vramshard.layers.cpu_gemv.routed_experts`,
   since session 35; absent: the compiled pass timed them, and the estimator prices a token's experts
   by the C kernel from the one-row tables where those were timed through it);
+- ``zero_copy`` (optional): ``{bytes, seconds, copy_seconds}``, one token's routed experts computed by the
+  GPU's kernels straight from pinned host memory (:mod:`~vramshard.profile.bench_zero_copy`) and the copy
+  engine's copy of the same bytes (absent: the estimator takes the H200 machine's 92%; measured where the
+  kernels run, since 2026-12-06);
 - ``elapsed_by_table_s`` (optional): ``{table: seconds}``, where the profile's wall time went, by
   table (``"cpu matmul bf16 threads=16"``, ``"cuda attention fp16"``, …; see
   :class:`~vramshard.profile.progress.TableClock`).
@@ -128,6 +132,12 @@ def validate(data) -> None:
     _factors_by_rows(data, "host_experts", "routed experts' compiled pass rate")
     _factors_by_rows(data, "host_experts_worker", "routed experts' compiled pass rate on the run-ahead worker")
     _factors_by_rows(data, "host_experts_worker_teams", "the one-token pass's rate on the run-ahead worker", "threads")
+    zero_copy = data.get("zero_copy")
+    if zero_copy is not None:
+        if not isinstance(zero_copy, dict):
+            raise ProfileError("profile 'zero_copy' section must hold bytes, seconds and copy_seconds")
+        for key in ("bytes", "seconds", "copy_seconds"):
+            _positive(zero_copy.get(key), f"zero-copy expert reads: {key}")
     by_table = data.get("elapsed_by_table_s", {})
     if not isinstance(by_table, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
                                                  and math.isfinite(v) and v >= 0 for v in by_table.values()):
