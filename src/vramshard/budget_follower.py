@@ -184,7 +184,7 @@ class BudgetFollower:
         (``check``: its measured decode steps) runs more than REVERT_OFF_BY slower than it, put that
         plan back in force with its profile. Returns whether it did (caller holds the executor lock)."""
         engine, budget = self.engine, self.watcher.in_force
-        if engine.vision is not None and engine.vision.vision_tier:
+        if self._vision_tiered():
             return False  # its placements carry the vision phase's, which the language model's plan does not
         median = check.median_s()
         best = self._keep_measured(check)
@@ -213,6 +213,11 @@ class BudgetFollower:
         self.reverted.add(budgets.budget_key(budget))
         self._record(adaptation, report, "revert", started, started)
         return True
+
+    def _vision_tiered(self) -> bool:
+        """Whether the engine's placements carry a vision phase's (a vision-language model's vision tier)."""
+        vision = self.engine.vision
+        return vision is not None and bool(vision.vision_tier)
 
     def _keep_measured(self, check, new_record: bool = True) -> MeasuredPlan | None:
         """Keep ``check``'s plan (the plan in force) as the fastest measured under the budget in force
@@ -243,7 +248,7 @@ class BudgetFollower:
         engine = self.engine
         check = engine.plan_check()
         if check.plan is engine.plan and engine.plan is not None and len(check.measured) >= RECORD_MIN_STEPS \
-                and not (engine.vision is not None and engine.vision.vision_tier):
+                and not self._vision_tiered():
             self._keep_measured(check, new_record)
 
     def _calibrate_cpu_work(self) -> bool:
@@ -340,7 +345,7 @@ class BudgetFollower:
         planning_from = time.monotonic()
         if self._defer_growth(budget, why, settings, requested_at):
             return None
-        if engine.vision is not None and engine.vision.vision_tier:
+        if self._vision_tiered():
             adaptation, placements = self._adapt_vision(budget)
         else:
             shrinks = budget is not None and (engine.vram_budget is None or budget < engine.vram_budget)
@@ -384,7 +389,7 @@ class BudgetFollower:
         engine = self.engine
         grew = budget is None or (engine.vram_budget is not None and budget > engine.vram_budget)
         if not grew or engine.plan is None or why in ("refine", "out of memory") \
-                or (engine.vision is not None and engine.vision.vision_tier):
+                or self._vision_tiered():
             return False
         kv_forced = budgets.forced_kv_side(engine.executor.live_kv_positions(), settings)
         if self._full_plan_ready(budget, kv_forced):
