@@ -462,6 +462,23 @@ def test_cli_show_prints_the_factors_engines_fitted_on_the_profile(tiny_profile,
     assert "fitted by the engine" not in capsys.readouterr().out  # another measurement's factors
 
 
+def test_show_prints_the_gpus_zero_copy_reads_against_the_copy_engine(tmp_path, capsys):
+    """A profile with its ``zero_copy`` table: ``--show`` says how fast the GPU's kernels read routed
+    experts from pinned host memory, and what share of the copy engine's rate that is."""
+    from vramshard.cli.main import main
+
+    data = copy.deepcopy(synthetic(cpu_gflops=50, gpu_gflops=20_000, h2d_gbps=25, cpu_threads=2).data)
+    data["zero_copy"] = {"bytes": 75_497_472, "seconds": 0.0025, "copy_seconds": 0.0014}
+    profile = Profile(data)
+    assert profile.summary()["zero_copy_gb_s"] == {"kernels": pytest.approx(30.2, abs=0.05),
+                                                   "copy_engine": pytest.approx(53.93, abs=0.05)}
+    assert main(["profile", "--show", "--out", str(save(profile, tmp_path / "z.json"))]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "pinned host memory: 30.2 GB/s, 56% of the copy engine's 53.9" in out
+    del data["zero_copy"]
+    assert Profile(data).summary()["zero_copy_gb_s"] is None
+
+
 # --- GPU ---------------------------------------------------------------------------------------
 
 @pytest.mark.gpu

@@ -139,6 +139,10 @@ def print_summary(console, profile, path) -> None:
         console.print(pcie)
     else:
         console.print("  no GPU: CPU-only profile")
+    if summary.get("zero_copy_gb_s"):
+        reads = summary["zero_copy_gb_s"]
+        console.print(f"  routed experts read by the GPU's kernels from pinned host memory: {reads['kernels']:.1f} GB/s, "
+                      f"{reads['kernels'] / reads['copy_engine']:.0%} of the copy engine's {reads['copy_engine']:.1f}")
     dispatch = ", ".join(f"{device} {us:.1f} µs" for device, us in summary["dispatch_us"].items())
     console.print(f"  dispatch cost per sub-layer: {dispatch}")
     if summary["split_part_factor"]:

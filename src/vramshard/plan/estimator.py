@@ -247,16 +247,16 @@ def zero_copy_enabled() -> tuple[bool, int]:
 # 50.5 against 55.1 GB/s over 96-384 MiB (benchmarks/zero_copy); the H100 machine read at 61-63%
 # (thirty-third session).
 ZERO_COPY_EFFICIENCY = 0.92
+ZERO_COPY_LAUNCHES = 4  # the kernels, the routing's casts, the sum over a token's experts
+# Packed weights must take at most this share of the plain ones' time to be worth their copy: the
+# copy costs host memory (a split part's weights again) and seconds to make in a tier's first steps.
+PACK_GAIN = 0.95
 
 
 def zero_copy_efficiency(profile: Profile) -> float:
     """The zero-copy kernels' read rate over the copy engine's: the profile's, else
     :data:`ZERO_COPY_EFFICIENCY`."""
     return profile.zero_copy_efficiency or ZERO_COPY_EFFICIENCY
-ZERO_COPY_LAUNCHES = 4  # the kernels, the routing's casts, the sum over a token's experts
-# Packed weights must take at most this share of the plain ones' time to be worth their copy: the
-# copy costs host memory (a split part's weights again) and seconds to make in a tier's first steps.
-PACK_GAIN = 0.95
 
 
 class Estimator:

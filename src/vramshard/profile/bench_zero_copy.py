@@ -35,6 +35,8 @@ def measure_zero_copy(*, budget_s: float, progress: ProgressSink, weight: float)
         return pinned_host.pinned_empty(numel * dtype.itemsize).view(dtype).view(shape).normal_(0.0, 0.02)
 
     stacked = StackedExperts(pinned((EXPERTS, 2 * WIDTH, HIDDEN)), pinned((EXPERTS, HIDDEN, WIDTH)))
+    if not (stacked.gate_up.is_pinned() and stacked.down.is_pinned()):
+        return None  # (pinning failed: the kernels cannot read pageable memory)
     chosen = torch.randperm(EXPERTS, device=gpu)[:TOP_K].view(1, TOP_K)
     routing = Routing(chosen, torch.full((1, TOP_K), 1.0 / TOP_K, dtype=dtype, device=gpu))
     h = torch.randn(1, HIDDEN, dtype=dtype, device=gpu)

@@ -445,6 +445,10 @@ class Profile:
             "host_experts_worker_teams_gb_s": {dtype: {team: rate / 1e9 for team, rate in by_team.items()}
                                                for dtype, by_team in self.data.get("host_experts_worker_teams",
                                                                                    {}).items()},
+            "zero_copy_gb_s": ({"kernels": self.data["zero_copy"]["bytes"] / self.data["zero_copy"]["seconds"] / 1e9,
+                                "copy_engine": self.data["zero_copy"]["bytes"]
+                                / self.data["zero_copy"]["copy_seconds"] / 1e9}
+                               if "zero_copy" in self.data else None),
             "cpu_threads": self.threads,
             "default_threads": self.default_threads,
             "cpu_read_gb_s": self.cpu_read_bps / 1e9 if self.cpu_read_bps else None,
