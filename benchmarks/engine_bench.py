@@ -13,7 +13,9 @@ the GPU and packed into pinned host memory, shared by every engine of the model)
 Each engine: TTFT of a 1K prompt (pp tok/s), decode tok/s at 1K context (tg: 32 tokens after
 it), batched throughput at batch 1/4/16/64 (16-token prompts, 16 new tokens each), the Python scheduling time per step (outside executor.forward),
 peak VRAM against the budget. Derived checks: batch-64 throughput of vramshard / baseline at
-8 GiB, and TTFT at 2 GiB / ((weights bytes - resident bytes) / h2d bandwidth + unconstrained TTFT).
+8 GiB, and TTFT at 2 GiB / ((weights bytes - resident bytes) / h2d bandwidth + unconstrained TTFT);
+the largest batch's step bound (B tokens over (bytes outside VRAM) / (h2d + the profile's CPU weight
+rate at B rows)) and that bound over the baseline's measured batch, the most the engine could lead by.
 
 The planner uses the stored machine profile when there is one, else a synthetic profile fitted
 to bandwidths and a matmul speed measured here in seconds (``--profile PATH`` to give one).
