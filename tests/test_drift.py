@@ -68,6 +68,33 @@ def test_a_host_reading_slower_than_profiled_makes_the_cpu_slower_and_nothing_el
     assert drift.corrected(profile).cpu_scale == pytest.approx(0.75)
 
 
+def test_a_faster_host_does_not_price_one_row_products_faster_than_it_reads(reads_now, caplog):
+    """A profile whose recorded read is low beside its own one-row products (the H100 machine's: 94.7
+    GB/s recorded, bf16 one-row products at 120): a host reading faster now speeds its CPU up only as
+    far as every one-row product still reads its weight no faster than the host reads now."""
+    data = copy.deepcopy(this_machines(60.0).data)
+    products = Profile(synthetic_data(cpu_gflops=400, gpu_gflops=50_000, h2d_gbps=20, cpu_mem_gbps=90,
+                                      gpu_mem_gbps=900))
+    data["matmul"] = [t for t in data["matmul"] if t["device"] != "cpu"] + \
+        [t for t in products.data["matmul"] if t["device"] == "cpu"]
+    profile = Profile(data)
+    fastest = profile.one_row_read_bps()
+    assert 60 * GB < fastest <= 91 * GB  # its products read faster than its recorded read
+    reads_now["bps"] = 100 * GB  # 0.6 by the read alone
+    with caplog.at_level(logging.INFO, logger="vramshard.profile.drift"):
+        scaled = drift.corrected(profile)
+    assert scaled.cpu_scale == pytest.approx(fastest / (100 * GB))
+    assert "one-row products already read" in caplog.text
+    weight = 4096 * 4096 * 2
+    assert weight / scaled.matmul_s(1, 4096, 4096, "bf16", "cpu") <= 100 * GB * 1.001
+    drift.forget()
+    reads_now["bps"] = 300 * GB  # far faster: the read's scale binds only below the products' own
+    assert drift.corrected(profile).cpu_scale == pytest.approx(max(fastest / (300 * GB), drift.LIMITS[0]))
+    drift.forget()
+    reads_now["bps"] = 40 * GB  # slower now: the read's scale, as before
+    assert drift.corrected(profile).cpu_scale == pytest.approx(1.5)
+
+
 def test_within_the_tolerance_the_profile_stays_as_measured(reads_now):
     profile = this_machines(40.0 * (1 + drift.TOLERANCE / 2))
     assert drift.corrected(profile) is profile and reads_now["calls"] == 1

@@ -112,10 +112,28 @@ def corrected(profile: Profile) -> Profile:
         log.warning("the host reads memory at x%.2f the profile's rate now; planning with CPU times x%.2f. "
                     "If this machine changed for good, measure it again (`vramshard profile`)",
                     1 / drift.scale, scale)
-    else:
+    floor = min(read_floor(profile, drift.now_bps), 1.0)  # (it only holds back a speed-up)
+    if scale < floor:
+        log.info("planning with the profile's CPU times x%.2f, not the x%.2f of the host's read alone: its one-row "
+                 "products already read their weights at %.1f GB/s, and the host reads %.1f GB/s now",
+                 floor, scale, profile.one_row_read_bps() / 1e9, drift.now_bps / 1e9)
+        scale = floor
+        if abs(math.log(scale)) <= math.log1p(TOLERANCE):
+            return profile
+    elif scale == drift.scale:
         log.info("planning with the profile's CPU times x%.2f (the host reads memory %s now than when profiled)",
                  scale, "slower" if scale > 1 else "faster")
     return profile.calibrated(cpu_scale=scale)
+
+
+def read_floor(profile: Profile, now_bps: float) -> float:
+    """The smallest CPU scale that leaves every one-row product of the profile no faster than reading its
+    weight at ``now_bps`` (a one-row product reads its weight once). A profile whose recorded read was
+    low beside its own products would otherwise price them faster than memory goes: the H100 machine's
+    profile recorded 94.7 GB/s while its one-row bf16 products read 120 GB/s, and hosts reading 145-149
+    GB/s scaled its CPU times by 0.62-0.65 (the thirty-second and thirty-third GPU sessions)."""
+    fastest = profile.one_row_read_bps()
+    return fastest / now_bps if fastest and now_bps > 0 else 0.0
 
 
 def forget() -> None:

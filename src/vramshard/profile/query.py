@@ -191,6 +191,17 @@ class Profile:
         (the compiled pass timed them)."""
         return self.data.get("host_experts_cpu_gemv")
 
+    def one_row_read_bps(self) -> float | None:
+        """The fastest weight read of the CPU's one-row products (all threads, alone) in the matmul
+        tables: bytes of the weight over the time of its product with one row (None: no such point)."""
+        itemsize = {"bf16": 2, "fp16": 2, "fp32": 4}
+        rates = [k * n * itemsize[dtype] / row[table.ms.index(1)]
+                 for (device, dtype, threads, contended), table in self._matmul.items()
+                 if device == "cpu" and threads == self.default_threads and not contended and 1 in table.ms
+                 and dtype in itemsize
+                 for (k, n), row in zip(table.shapes, table.seconds)]
+        return max(rates) if rates else None
+
     @property
     def zero_copy_efficiency(self) -> float | None:
         """The GPU kernels' read of routed experts from pinned host memory over the copy engine's rate
