@@ -88,6 +88,11 @@ def test_a_faster_host_does_not_price_one_row_products_faster_than_it_reads(read
     weight = 4096 * 4096 * 2
     assert weight / scaled.matmul_s(1, 4096, 4096, "bf16", "cpu") <= 100 * GB * 1.001
     drift.forget()
+    reads_now["bps"] = fastest * 1.05  # the products read within the tolerance of the host now: as measured
+    with caplog.at_level(logging.INFO, logger="vramshard.profile.drift"):
+        assert drift.corrected(profile) is profile
+    assert f"CPU times as measured, not x{60 * GB / (fastest * 1.05):.2f}" in caplog.text
+    drift.forget()
     reads_now["bps"] = 300 * GB  # far faster: the read's scale binds only below the products' own
     assert drift.corrected(profile).cpu_scale == pytest.approx(max(fastest / (300 * GB), drift.LIMITS[0]))
     drift.forget()

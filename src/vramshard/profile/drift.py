@@ -114,12 +114,14 @@ def corrected(profile: Profile) -> Profile:
                     1 / drift.scale, scale)
     floor = min(read_floor(profile, drift.now_bps), 1.0)  # (it only holds back a speed-up)
     if scale < floor:
-        log.info("planning with the profile's CPU times x%.2f, not the x%.2f of the host's read alone: its one-row "
+        within = abs(math.log(floor)) <= math.log1p(TOLERANCE)
+        log.info("planning with the profile's CPU times %s, not x%.2f as the host's read alone says: its one-row "
                  "products already read their weights at %.1f GB/s, and the host reads %.1f GB/s now",
-                 floor, scale, profile.one_row_read_bps() / 1e9, drift.now_bps / 1e9)
-        scale = floor
-        if abs(math.log(scale)) <= math.log1p(TOLERANCE):
+                 "as measured" if within else f"x{floor:.2f}", scale, profile.one_row_read_bps() / 1e9,
+                 drift.now_bps / 1e9)
+        if within:
             return profile
+        scale = floor
     elif scale == drift.scale:
         log.info("planning with the profile's CPU times x%.2f (the host reads memory %s now than when profiled)",
                  scale, "slower" if scale > 1 else "faster")
