@@ -50,8 +50,8 @@ def main(args) -> int:
     plan = Planner(model, profile, budget, context=args.ctx, tiers=tiers,
                    num_slots=args.slots, name=name).plan()
     if profile.cpu_scale != 1.0:
-        plan.notes.append(f"profile's CPU times x{profile.cpu_scale:.2f}: the host reads memory at "
-                          f"x{1 / profile.cpu_scale:.2f} the rate it did when profiled "
+        plan.notes.append(f"profile's CPU times x{profile.cpu_scale:.2f}: the host reads memory "
+                          f"{'faster' if profile.cpu_scale < 1 else 'slower'} now than when profiled "
                           "(VRAMSHARD_DRIFT_CHECK=off: as measured)")
     if profile.cpu_rows or profile.split_rows or profile.dispatch_scale != 1.0:
         plan.notes.append("with the factors engines fitted on this profile (`vramshard profile --show` lists them)")
