@@ -95,8 +95,16 @@ def test_the_worker_runs_each_part_after_its_input_landed_and_the_host_thread_fr
     parts = ahead.last_parts  # the step's parts: no expert pass among them
     assert parts["parts"] == 4 and parts["longest_s"] >= 0.02 and parts["expert_kernel_s"] == 0.0
     assert parts["team"] == run_ahead.worker_threads(torch.get_num_threads(), 1)
+    assert parts["idle_s"] < 0.1 and parts["host_buffer_wait_s"] == 0.0  # every part queued ahead of the worker
+    first = ahead.copied()  # a host thread behind the worker: it waits for the second part
+    ahead.submit(first, Job(first))
+    time.sleep(0.15)
+    second = ahead.copied()
+    ahead.submit(second, Job(second))
+    ahead.drain()
+    assert ahead.last_parts["parts"] == 2 and 0.1 < ahead.last_parts["idle_s"] < 0.15
     gc.collect()
-    assert freed_on == ["MainThread"] * 4
+    assert freed_on == ["MainThread"] * 6
 
     with pytest.raises(RuntimeError, match="submitted out of order"):
         ahead.submit(7, Job(7))
@@ -120,7 +128,7 @@ def test_the_worker_runs_each_part_after_its_input_landed_and_the_host_thread_fr
     ahead.close()
     gc.collect()
     # (the failed job may live on in the log capture's record of its traceback)
-    assert len(freed_on) >= 6 and set(freed_on) == {"MainThread"}
+    assert len(freed_on) >= 8 and set(freed_on) == {"MainThread"}
 
 
 def test_run_ahead_is_opt_in(monkeypatch):

@@ -19,6 +19,8 @@ the buffers bring (it was ``VRAMSHARD_SPLIT_BUFFERS`` in ``8cd32e6``, for split 
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from ..env import switch
@@ -36,6 +38,7 @@ class FFNBuffers:
         self._results: list[torch.Tensor | None] = [None, None]
         self._read: list[torch.cuda.Event | None] = [None, None]  # the copy that last read each result
         self._turn = 0
+        self._waited_s = 0.0  # in result(), for a copy still reading the buffer (take_waited_s)
 
     @staticmethod
     def wanted(rows: int) -> bool:
@@ -53,10 +56,17 @@ class FFNBuffers:
         :meth:`copying` once a copy to the GPU is queued from it."""
         turn = self._turn = 1 - self._turn
         if self._read[turn] is not None:
+            began = time.perf_counter()
             self._read[turn].synchronize()
+            self._waited_s += time.perf_counter() - began
             self._read[turn] = None
         self._results[turn] = _at_least(self._results[turn], rows * hidden, dtype, self.pinned)
         return self._results[turn][:rows * hidden].view(rows, hidden)
+
+    def take_waited_s(self) -> float:
+        """Seconds :meth:`result` has waited for copies still reading its buffers since the last call."""
+        waited, self._waited_s = self._waited_s, 0.0
+        return waited
 
     def copying(self) -> None:
         """The last :meth:`result` buffer is being read by a copy queued on the current stream."""

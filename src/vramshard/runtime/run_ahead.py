@@ -192,6 +192,7 @@ class RunAhead:
         self._error: BaseException | None = None
         self.compute_s = self.wait_s = 0.0  # of the jobs since the last drain (StepReport's host timers)
         self._kernel_s = self._longest_s = 0.0  # of the jobs since the last drain: see last_parts
+        self._idle_s = 0.0  # the worker's waits for the host thread's next job, a step's first excepted
         self._parts = 0
         self.last_parts: dict[str, float] = {}  # what drain() last found: see _take_parts
         self._threads: int | None = None
@@ -270,18 +271,27 @@ class RunAhead:
 
     def _take_parts(self) -> None:
         """``last_parts``: the parts since the last drain, their count, their longest computing,
-        how much of their computing was the one-token expert pass's compiled call (seconds), and the
-        OpenMP team the last of them ran with."""
+        how much of their computing was the one-token expert pass's compiled call (seconds), the
+        OpenMP team the last of them ran with, how long the worker waited for the host thread's next
+        part after its first (``idle_s``: the host thread was behind), and how long the host thread
+        waited for a result buffer to be free (``host_buffer_wait_s``: it was two parts ahead, so
+        behind the worker and the GPU)."""
         self.last_parts = {"parts": self._parts, "longest_s": self._longest_s, "expert_kernel_s": self._kernel_s,
-                           "team": self._threads}
-        self._kernel_s = self._longest_s = 0.0
+                           "team": self._threads, "idle_s": self._idle_s,
+                           "host_buffer_wait_s": self.buffers.take_waited_s()}
+        self._kernel_s = self._longest_s = self._idle_s = 0.0
         self._parts = 0
 
     def _work(self) -> None:
-        while (item := self._jobs.get()) is not None:
+        while True:
+            asked = time.perf_counter()
+            item = self._jobs.get()
+            if item is None:
+                return
             number, job, threads = item
             del item
             began = time.perf_counter()
+            idle = began - asked if self._parts else 0.0  # (a step's first part waits while the host samples)
             kernel_before = host_experts.kernel_seconds()
             computing = self._run(number, job, threads)
             del job  # the host thread holds it too (_held) and releases it, with its pinned memory
@@ -291,6 +301,7 @@ class RunAhead:
                 self.compute_s += done - computing
                 self._kernel_s += host_experts.kernel_seconds() - kernel_before
                 self._longest_s = max(self._longest_s, done - computing)
+                self._idle_s += idle
                 self._parts += 1
                 self._finished = number
                 self._done.notify_all()
