@@ -283,7 +283,7 @@ def run_cell(model, host, label, placement, cache, budget, args, bw, deadline, o
         cell["decode_worker_longest_part_ms"] = parts["longest_s"] * 1e3
         cell["decode_worker_expert_kernel_ms"] = parts["expert_kernel_s"] * 1e3
         cell["decode_worker_team"] = parts.get("team")
-        cell["decode_worker_idle_ms"] = parts.get("idle_s", 0.0) * 1e3  # waiting for the host thread's next part
+        cell["decode_worker_idle_ms"] = parts.get("idle_s", 0.0) * 1e3  # between parts: the host thread's next one, the GIL
         cell["decode_host_buffer_wait_ms"] = parts.get("host_buffer_wait_s", 0.0) * 1e3  # host two parts ahead
     cell["cpu_kernels"] = cpu_kernel_state()
     cell["decode_bytes_streamed"] = report.bytes_streamed

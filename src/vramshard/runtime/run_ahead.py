@@ -192,7 +192,7 @@ class RunAhead:
         self._error: BaseException | None = None
         self.compute_s = self.wait_s = 0.0  # of the jobs since the last drain (StepReport's host timers)
         self._kernel_s = self._longest_s = 0.0  # of the jobs since the last drain: see last_parts
-        self._idle_s = 0.0  # the worker's waits for the host thread's next job, a step's first excepted
+        self._idle_s = 0.0  # the worker's time between parts, a step's first excepted (see last_parts)
         self._parts = 0
         self.last_parts: dict[str, float] = {}  # what drain() last found: see _take_parts
         self._threads: int | None = None
@@ -272,8 +272,9 @@ class RunAhead:
     def _take_parts(self) -> None:
         """``last_parts``: the parts since the last drain, their count, their longest computing,
         how much of their computing was the one-token expert pass's compiled call (seconds), the
-        OpenMP team the last of them ran with, how long the worker waited for the host thread's next
-        part after its first (``idle_s``: the host thread was behind), and how long the host thread
+        OpenMP team the last of them ran with, how long the worker spent between one part's end and the
+        next one's start (``idle_s``, the step's first part excepted: its own bookkeeping, taking the GIL
+        back, and waiting for the host thread's next part), and how long the host thread
         waited for a result buffer to be free (``host_buffer_wait_s``: it was two parts ahead, so
         behind the worker and the GPU)."""
         self.last_parts = {"parts": self._parts, "longest_s": self._longest_s, "expert_kernel_s": self._kernel_s,
@@ -283,15 +284,12 @@ class RunAhead:
         self._parts = 0
 
     def _work(self) -> None:
-        while True:
-            asked = time.perf_counter()
-            item = self._jobs.get()
-            if item is None:
-                return
+        done = time.perf_counter()
+        while (item := self._jobs.get()) is not None:
             number, job, threads = item
             del item
             began = time.perf_counter()
-            idle = began - asked if self._parts else 0.0  # (a step's first part waits while the host samples)
+            idle = began - done if self._parts else 0.0  # (a step's first part waits while the host samples)
             kernel_before = host_experts.kernel_seconds()
             computing = self._run(number, job, threads)
             del job  # the host thread holds it too (_held) and releases it, with its pinned memory
