@@ -320,3 +320,25 @@ def test_one_sequences_decode_attention_takes_the_kernel_and_others_sdpa(monkeyp
     decode_attention(q.expand(2, -1, -1), keys.expand(2, -1, -1, -1), values.expand(2, -1, -1, -1), 32 ** -0.5,
                      torch.zeros(2, 1, 1, 40))
     assert called == [1]
+
+
+@needs_kernel
+def test_the_word_wait_returns_when_the_word_arrives_or_at_its_time_with_the_gil_free():
+    """The run-ahead worker's wait for the GPU's ready word (cpu_gemv.wait_for_word): it returns the
+    word's value once it reaches the number (written here by a timer thread, which needs the GIL to
+    run: the wait leaves it free), and after its time where it never does."""
+    import threading
+    import time
+
+    word = torch.zeros(1, dtype=torch.int64)
+    view = word.numpy()
+    threading.Timer(0.05, lambda: view.__setitem__(0, 3)).start()
+    began = time.perf_counter()
+    assert cpu_gemv.wait_for_word(word, 2, 5.0) == 3
+    assert 0.04 < time.perf_counter() - began < 2.0
+    began = time.perf_counter()
+    assert cpu_gemv.wait_for_word(word, 4, 0.05) == 3  # never raised: back after its time
+    assert 0.04 < time.perf_counter() - began < 1.0
+    assert cpu_gemv.wait_for_word(word, 3, 0.0) == 3  # already there
+    with pytest.raises(ValueError, match="CPU int64 tensor"):
+        cpu_gemv.wait_for_word(torch.zeros(1, dtype=torch.int32), 1, 0.01)

@@ -1,8 +1,8 @@
-"""On/off switches and three-way settings from the environment (vramshard/env.py)."""
+"""On/off switches, three-way settings and numbers from the environment (vramshard/env.py)."""
 
 import logging
 
-from vramshard.env import choice, switch
+from vramshard.env import choice, number, switch
 
 
 def test_switches_read_on_and_off_words_and_keep_the_default_otherwise(monkeypatch, caplog):
@@ -34,3 +34,18 @@ def test_three_way_settings_take_their_words_on_off_spellings_and_keep_the_defau
     assert name in caplog.text and "fast" in caplog.text and "auto, on, off" in caplog.text
     monkeypatch.setenv(name, "1")  # on/off spellings only where the choices are on and off
     assert choice(name, ("mask", "bias"), "bias") == "bias"
+
+
+def test_numbers_take_numbers_at_least_the_minimum_and_keep_the_default_otherwise(monkeypatch, caplog):
+    name = "VRAMSHARD_TEST_NUMBER"
+    monkeypatch.delenv(name, raising=False)
+    assert number(name, 500.0) == 500.0
+    for text, meant in (("0", 0.0), (" 250 ", 250.0), ("1e3", 1000.0)):
+        monkeypatch.setenv(name, text)
+        assert number(name, 500.0) == meant, text
+    for text in ("fast", "-1", "nan"):
+        monkeypatch.setenv(name, text)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert number(name, 500.0) == 500.0, text
+        assert name in caplog.text and text in caplog.text

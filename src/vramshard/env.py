@@ -1,4 +1,4 @@
-"""On/off switches read from the environment (``VRAMSHARD_*``; the README lists them)."""
+"""On/off switches and numbers read from the environment (``VRAMSHARD_*``; the README lists them)."""
 
 from __future__ import annotations
 
@@ -36,3 +36,19 @@ def choice(name: str, choices: tuple[str, ...], default: str) -> str:
         return value
     log.warning("%s=%r is none of %s: using %s", name, value, ", ".join(choices), default)
     return default
+
+
+def number(name: str, default: float, minimum: float = 0.0) -> float:
+    """``$name`` as a number of at least ``minimum``; ``default`` when unset, or when set to anything
+    else (with a warning that names the variable)."""
+    value = (os.environ.get(name) or "").strip()
+    if not value:
+        return default
+    try:
+        parsed = float(value)
+    except ValueError:
+        parsed = None
+    if parsed is None or not parsed >= minimum:  # (NaN too)
+        log.warning("%s=%r is not a number of at least %g: using %g", name, value, minimum, default)
+        return default
+    return parsed

@@ -34,6 +34,9 @@
  *   stay in the first-level cache, each thread its own run of dst's rows: a split FFN's down projection, kept
  *   transposed in host memory, copied row-major for the products of many rows (torch's copy of that view
  *   runs on one thread, about 1.2 GB/s).
+ *   vs_wait_word: spin until a 64-bit word reaches a number or a time has passed: the run-ahead worker's wait
+ *   for the word the GPU writes into pinned host memory once a part's input has landed (through ctypes, with
+ *   the GIL free; no arithmetic, but this is the project's one C library).
  * Three ways to the same sums, chosen when compiled: AVX-512 (with AVX512-BF16's pairwise dot
  * products for bf16 where the CPU has them), AVX2 + F16C, and plain C.
  */
@@ -41,6 +44,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -690,4 +694,29 @@ int vs_transpose(const uint16_t *src, long lds, uint16_t *dst, long ldd, long R,
         for (long r = r0; r < r1; r++) dst[c * ldd + r] = tile[r - r0][c - c0];
     }
   return 0;
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#define VS_PAUSE() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define VS_PAUSE() __asm__ __volatile__("yield")
+#else
+#define VS_PAUSE() ((void)0)
+#endif
+
+/* Reads *word (written by another agent: the GPU, over PCIe) until it is >= wanted or `ns` nanoseconds have
+ * passed, a pause between reads; returns the last value read. */
+int64_t vs_wait_word(const volatile int64_t *word, int64_t wanted, long ns) {
+  struct timespec start, now;
+  clock_gettime(CLOCK_MONOTONIC, &start);
+  int64_t seen = *word;
+  for (long polls = 1; seen < wanted; polls++) {
+    VS_PAUSE();
+    seen = *word;
+    if ((polls & 255) == 0) {
+      clock_gettime(CLOCK_MONOTONIC, &now);
+      if ((now.tv_sec - start.tv_sec) * 1000000000L + (now.tv_nsec - start.tv_nsec) >= ns) break;
+    }
+  }
+  return seen;
 }

@@ -197,6 +197,9 @@ def _load(flags: tuple[str, ...] = FLAGS):
         lib.vs_transpose.restype = ctypes.c_int
         lib.vs_transpose.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,
                                      ctypes.c_long, ctypes.c_int]
+    if hasattr(lib, "vs_wait_word"):
+        lib.vs_wait_word.restype = ctypes.c_int64
+        lib.vs_wait_word.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_long]
     lib.vs_isa.restype = ctypes.c_int
     log.info("CPU decode kernel: %s", ISA_NAMES.get(lib.vs_isa(), "?"))
     return lib
@@ -400,6 +403,18 @@ def transpose_into(w: torch.Tensor, out: torch.Tensor | None = None, lib=None) -
     _check(lib.vs_transpose(w.data_ptr(), w.stride(1), out.data_ptr(), k, k, n, torch.get_num_threads()), "",
            lambda: f"a transposed copy of {tuple(w.shape)} (strides {w.stride()})")
     return out
+
+
+def wait_for_word(word: torch.Tensor, at_least: int, seconds: float, lib=None) -> int | None:
+    """Read ``word[0]`` (a CPU int64 tensor that another agent writes: the GPU, into pinned memory) in a
+    spin until it is ``>= at_least`` or ``seconds`` have passed, the GIL free meanwhile; the last value
+    read. None where the library is not built (the caller polls its own way)."""
+    if not (word.device.type == "cpu" and word.dtype == torch.int64 and word.numel() >= 1):
+        raise ValueError(f"a word to wait for is a CPU int64 tensor, got {word.dtype} on {word.device}")
+    lib = lib or library()
+    if lib is None or not hasattr(lib, "vs_wait_word"):
+        return None
+    return lib.vs_wait_word(word.data_ptr(), int(at_least), max(0, int(seconds * 1e9)))
 
 
 _scratches = threading.local()  # per calling thread: the host thread and the run-ahead worker

@@ -322,14 +322,24 @@ class Profile:
         bytes over its time; between the measured counts as
         :meth:`packed_ffn_factor`), or None when the profile did not measure it. ``on_worker``: as
         the run-ahead worker computes it, beside the host thread's Python (where the profile
-        measured that; else the rate alone). Slowed, as every CPU compute time, by the in-situ
-        factors (:meth:`calibrated`): the pass is CPU compute."""
+        measured that beside a host thread that launches work: :attr:`worker_rates_measured`; else the
+        rate alone). Slowed, as every CPU compute time, by the in-situ factors (:meth:`calibrated`):
+        the pass is CPU compute."""
         if not self.data.get("host_experts", {}).get(dtype_name(dtype)):
             return None
-        section = "host_experts_worker" if on_worker and self.data.get("host_experts_worker", {}).get(
-            dtype_name(dtype)) else "host_experts"
+        section = "host_experts_worker" if on_worker and self.worker_rates_measured and self.data.get(
+            "host_experts_worker", {}).get(dtype_name(dtype)) else "host_experts"
         return self._factor_by_rows(section, dtype, rows) / (
             self.cpu_scale * (self.cpu_row_factor(rows) if self.cpu_rows else 1.0))
+
+    @property
+    def worker_rates_measured(self) -> bool:
+        """Whether the pass's rates on the run-ahead worker were timed beside a host thread that
+        launches work as the executor's does (since session 39). Earlier profiles timed them beside
+        Python alone: on the H100 machine (thirty-fourth GPU session) that gave 33 GB/s where the
+        engine's worker computed the same experts at 104 GB/s (0.72 ms a layer, 0.61 alone), so
+        those rates are not used: the rate alone prices the worker's parts."""
+        return self.data.get("host_experts_worker_beside") == "launches"
 
     def worker_team(self, dtype) -> int | None:
         """The run-ahead worker's OpenMP team for decode-sized parts of ``dtype`` (:func:`fastest_team`

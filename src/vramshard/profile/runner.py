@@ -183,6 +183,7 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
     if host_experts_on_worker:
         data["host_experts_worker"] = host_experts_on_worker
         data["host_experts_worker_teams"] = worker_teams
+        data["host_experts_worker_beside"] = "launches"  # (time_cpu_beside_python's host thread)
     estimated = sum(t.get("estimated", 0) for t in matmul + attention)
     log.info("profile measured in %.1f s (%d points extrapolated beyond the time cap)", elapsed, estimated)
     return Profile(data)

@@ -23,7 +23,11 @@ cores, GB/s, the mean of a timing before the CPU tables and one after), and the 
   runs Python, as the executor computes it there (absent: as ``host_experts``; measured only where
   there is a GPU, which the run-ahead worker needs); with the worker's fastest OpenMP team;
 - ``host_experts_worker_teams`` (optional): ``{dtype: {team size: bytes per second}}``, the one-token
-  pass on that worker by the size of its OpenMP team (the planner gives the worker the fastest).
+  pass on that worker by the size of its OpenMP team (the planner gives the worker the fastest);
+- ``host_experts_worker_beside`` (optional): ``"launches"`` where the other thread made a torch call
+  every few microseconds as the executor's host thread does (since session 39); absent: it ran Python
+  alone, a worst case that priced the worker's one-token experts 3.7x slower than the engine computed
+  them, and the estimator takes ``host_experts`` for the worker too.
 
 - ``cpu_gemv`` (optional): the instruction set of the C kernel for one-row half-precision products
   (:mod:`~vramshard.layers.cpu_gemv`) that the one-row CPU tables were timed through, where it served

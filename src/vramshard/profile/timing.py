@@ -34,13 +34,29 @@ def time_cpu(fn: Callable[[], object], budget_s: float, max_reps: int = 50, min_
     return sorted(times)[(len(times) - 1) // 4]
 
 
+# The host thread's Python between two of its torch calls while it queues a step (see time_cpu_beside_python).
+_HOST_PYTHON_RANGE = 1000  # sum(range(1000)): about 10 microseconds here
+
+
 def time_cpu_beside_python(fn: Callable[[], object], budget_s: float, threads: int, switch_interval_s: float) -> float:
     """:func:`time_cpu` of ``fn()`` on a worker thread of ``threads`` torch threads (in inference
-    mode) while the calling thread runs Python all the time, the interpreter's switch interval
-    ``switch_interval_s`` meanwhile: how the executor's run-ahead worker computes CPU work while the
-    host thread queues the step. Each time ``fn`` takes the GIL back after a torch call it waits for
-    the host thread to hand it over, and the worker has the cores the host thread leaves it. A first
-    call on the worker is not timed (kernels compiled per thread count compile there)."""
+    mode) while the calling thread queues work as the executor's host thread does, the interpreter's
+    switch interval ``switch_interval_s`` meanwhile: how the executor's run-ahead worker computes CPU
+    work while the host thread queues the step. Each time ``fn`` takes the GIL back after a torch call
+    it waits for the host thread to hand it over, and the worker has the cores the host thread leaves
+    it. A first call on the worker is not timed (kernels compiled per thread count compile there).
+
+    The calling thread makes a torch call (on the GPU where there is one: a launch) between every ~10
+    microseconds of Python, and gives the GIL up in each, as the host thread does between its
+    launches (its Python between two of them: a few microseconds to a few tens, a Triton kernel's
+    launch or a graph's lookup the longest). Until session 39 it ran Python alone, and gave the GIL
+    up only when the switch interval forced it: on the H100 machine (thirty-fourth GPU session) that timed a Qwen3-30B-A3B layer's
+    one-token experts on the worker at 33 GB/s (2.27 ms; 0.61 ms alone), where the engine's
+    experts-cpu decode steps computed them in 0.72 ms a layer on the worker (its kernel 0.66 ms), and
+    the planner priced that placement at 8.6 tok/s against 19.1 measured. On the development
+    machine (one worker thread, ``benchmarks/beside_host``) a torch call between every 1-2 us of
+    Python left the pass at its time alone, every 11 us 1.0-1.2x, every 37 us 1.3-2.2x, and pure
+    Python 1.2-1.3x."""
     result: list[float] = []
     failure: list[BaseException] = []
 
@@ -58,8 +74,10 @@ def time_cpu_beside_python(fn: Callable[[], object], budget_s: float, threads: i
     worker = threading.Thread(target=worker_body, name="vramshard-profile-worker")
     try:
         worker.start()
+        queued = torch.zeros(16, device="cuda" if torch.cuda.is_available() else "cpu")
         while worker.is_alive():
-            sum(range(200))  # the host thread's Python
+            queued.add_(1.0)  # the host thread's launch (the GIL given up in it)
+            sum(range(_HOST_PYTHON_RANGE))  # and its Python
     finally:
         worker.join()
         sys.setswitchinterval(before)

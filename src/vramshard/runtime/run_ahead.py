@@ -61,8 +61,8 @@ from typing import Callable
 
 import torch
 
-from ..env import switch
-from ..layers import cpu_compiled, host_experts
+from ..env import number, switch
+from ..layers import cpu_compiled, cpu_gemv, host_experts
 from .ffn_buffers import FFNBuffers
 from .stream_wait import StreamWords
 
@@ -85,6 +85,13 @@ WAIT = os.environ.get("VRAMSHARD_RUN_AHEAD_WAIT", "kernel").strip().lower() or "
 if WAIT not in ("kernel", "stream"):
     log.warning("VRAMSHARD_RUN_AHEAD_WAIT=%r is neither kernel nor stream: using kernel", WAIT)
     WAIT = "kernel"
+# The worker first waits for the ready word in the C library's spin, the GIL free, for up to this
+# long (VRAMSHARD_RUN_AHEAD_SPIN_US; 0: not at all): it sees the word within a microsecond, where a
+# poll that sleeps between reads saw it up to a sleep late (20 us asked, 50-110 us slept on the
+# development machine; on the H100 machine, thirty-fourth GPU session, an experts-cpu step's worker
+# waited 0.17 ms a layer for the word). Then the polls below: a part whose input is long in coming
+# (a prompt chunk's GPU work) leaves the worker's core to others.
+SPIN_S = number("VRAMSHARD_RUN_AHEAD_SPIN_US", 500.0) * 1e-6
 # The worker's polls of the ready word that only yield the GIL before it sleeps between polls
 # (each poll takes the GIL from the host thread for a moment: few, while the host dispatches).
 YIELDING_POLLS = 50
@@ -313,7 +320,9 @@ class RunAhead:
                 torch.set_num_threads(threads)  # OpenMP's thread count is this thread's own
                 self._threads = threads
             polls, ready = 0, self._ready_view
-            while ready[0] < number:  # the GPU writes it once the part's input has landed
+            if SPIN_S and ready[0] < number:  # the GPU writes it once the part's input has landed
+                cpu_gemv.wait_for_word(self.ready, number, SPIN_S)
+            while ready[0] < number:
                 polls += 1
                 time.sleep(0 if polls < YIELDING_POLLS else POLL_SLEEP_S)
                 if polls % 1000 == 0 and time.perf_counter() - computing > READY_TIMEOUT_S:
