@@ -17,7 +17,7 @@ for THREADS in 15 16; do
 done
 for SPIN in default 20000000; do
   if [ $SPIN = default ]; then unset GOMP_SPINCOUNT; else export GOMP_SPINCOUNT=$SPIN; fi
-  timeout 45 python3 -m benchmarks.kernel_gap --threads 15 --layers 4 --json $OUT/kernel_gap_$SPIN.json > /tmp/kernel_gap_$SPIN.log 2>&1
+  timeout 90 python3 -m benchmarks.kernel_gap --threads 15 --layers 2 --json $OUT/kernel_gap_$SPIN.json > /tmp/kernel_gap_$SPIN.log 2>&1
   echo "kernel_gap ($SPIN) rc $?"; grep -v "kernel:" /tmp/kernel_gap_$SPIN.log | tail -3 | cut -c25-200
 done
 unset GOMP_SPINCOUNT
