@@ -100,6 +100,29 @@ def test_a_faster_host_does_not_price_one_row_products_faster_than_it_reads(read
     assert drift.corrected(profile).cpu_scale == pytest.approx(1.5)
 
 
+def test_the_floor_is_the_models_dtypes_own_products(reads_now):
+    """The fastest one-row product of the model's dtype sets the floor: on the H100 machine's profile an
+    fp32 product (torch's) read at 138 GB/s and the fastest bf16 one (the C kernel's) at 121, and a host
+    reading 140 GB/s kept a bf16 model's CPU times as measured where its products allowed x0.87."""
+    data = copy.deepcopy(this_machines(60.0).data)
+    products = Profile(synthetic_data(cpu_gflops=400, gpu_gflops=50_000, h2d_gbps=20, cpu_mem_gbps=90,
+                                      gpu_mem_gbps=900))
+    cpu_tables = copy.deepcopy([t for t in products.data["matmul"] if t["device"] == "cpu"])
+    for table in cpu_tables:
+        if table["dtype"] == "fp32":  # fp32's products faster than the half-precision ones
+            table["seconds"] = [[t / 2.0 for t in row] for row in table["seconds"]]
+    data["matmul"] = [t for t in data["matmul"] if t["device"] != "cpu"] + cpu_tables
+    bf16, fp32, any_dtype = (Profile(data).one_row_read_bps(d) for d in ("bf16", "fp32", None))
+    assert any_dtype == fp32 > 1.2 * bf16
+    data["cpu"]["read_gb_s"] = 0.9 * bf16 / GB  # recorded below every product's read
+    profile = Profile(data)
+    reads_now["bps"] = fp32 * 1.05  # faster than every product: each dtype's own floor binds
+    assert drift.corrected(profile, "bf16").cpu_scale == pytest.approx(bf16 / reads_now["bps"])
+    # fp32's products (and any dtype's, the fastest being fp32's) read within the tolerance of the host
+    # now: as measured (as session 38 planned the bf16 model too)
+    assert drift.corrected(profile, "fp32") is profile and drift.corrected(profile) is profile
+
+
 def test_within_the_tolerance_the_profile_stays_as_measured(reads_now):
     profile = this_machines(40.0 * (1 + drift.TOLERANCE / 2))
     assert drift.corrected(profile) is profile and reads_now["calls"] == 1

@@ -90,9 +90,11 @@ def measure(profile: Profile, budget_s: float = BUDGET_S) -> Drift | None:
     return Drift(profile.cpu_read_bps, now, time.perf_counter() - started)
 
 
-def corrected(profile: Profile) -> Profile:
+def corrected(profile: Profile, dtype=None) -> Profile:
     """``profile`` with its CPU compute scaled to how fast this host reads memory now (see the
-    module); the profile itself where the check does not apply or finds it within :data:`TOLERANCE`."""
+    module), no further than its one-row products of ``dtype`` (the model's; None: any) allow
+    (:func:`read_floor`); the profile itself where the check does not apply or finds it within
+    :data:`TOLERANCE`."""
     if not enabled() or profile.cpu_scale != 1.0 or not profile.cpu_read_bps or not is_this_machines(profile):
         return profile
     key = (profile.fingerprint_hash, str(profile.data.get("created", "")))
@@ -112,12 +114,12 @@ def corrected(profile: Profile) -> Profile:
         log.warning("the host reads memory at x%.2f the profile's rate now; planning with CPU times x%.2f. "
                     "If this machine changed for good, measure it again (`vramshard profile`)",
                     1 / drift.scale, scale)
-    floor = min(read_floor(profile, drift.now_bps), 1.0)  # (it only holds back a speed-up)
+    floor = min(read_floor(profile, drift.now_bps, dtype), 1.0)  # (it only holds back a speed-up)
     if scale < floor:
         within = abs(math.log(floor)) <= math.log1p(TOLERANCE)
         log.info("planning with the profile's CPU times %s, not x%.2f as the host's read alone says: its one-row "
                  "products already read their weights at %.1f GB/s, and the host reads %.1f GB/s now",
-                 "as measured" if within else f"x{floor:.2f}", scale, profile.one_row_read_bps() / 1e9,
+                 "as measured" if within else f"x{floor:.2f}", scale, profile.one_row_read_bps(dtype) / 1e9,
                  drift.now_bps / 1e9)
         if within:
             return profile
@@ -128,13 +130,18 @@ def corrected(profile: Profile) -> Profile:
     return profile.calibrated(cpu_scale=scale)
 
 
-def read_floor(profile: Profile, now_bps: float) -> float:
-    """The smallest CPU scale that leaves every one-row product of the profile no faster than reading its
-    weight at ``now_bps`` (a one-row product reads its weight once). A profile whose recorded read was
-    low beside its own products would otherwise price them faster than memory goes: the H100 machine's
-    profile recorded 94.7 GB/s while its one-row bf16 products read 120 GB/s, and hosts reading 145-149
-    GB/s scaled its CPU times by 0.62-0.65 (the thirty-second and thirty-third GPU sessions)."""
-    fastest = profile.one_row_read_bps()
+def read_floor(profile: Profile, now_bps: float, dtype=None) -> float:
+    """The smallest CPU scale that leaves every one-row product of the profile in ``dtype`` (None: any)
+    no faster than reading its weight at ``now_bps`` (a one-row product reads its weight once). A
+    profile whose recorded read was low beside its own products would otherwise price them faster than
+    memory goes: the H100 machine's profile recorded 94.7 GB/s while its one-row bf16 products read 120
+    GB/s, and hosts reading 145-149 GB/s scaled its CPU times by 0.62-0.65 (the thirty-second and
+    thirty-third GPU sessions). Of the model's dtype: in session 38 the fastest product of any dtype set
+    the floor, an fp32 one at 138 GB/s (torch's path), and on a host reading 140 GB/s the thirty-fourth
+    session planned bf16 and fp16 models with their CPU times as measured, where their own products
+    allowed x0.87 and x0.74: whole CPU layers were priced 21% (llama3-8b, ``layers:2``) and 36%
+    (nemo-8b, ``layers:3``) slower than they ran."""
+    fastest = profile.one_row_read_bps(dtype)
     return fastest / now_bps if fastest and now_bps > 0 else 0.0
 
 
