@@ -5,7 +5,6 @@ import json
 import logging
 
 import pytest
-import torch
 
 from vramshard import Engine
 from vramshard.errors import ProfileError
