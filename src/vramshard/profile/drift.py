@@ -139,7 +139,7 @@ def read_floor(profile: Profile, now_bps: float, dtype=None) -> float:
     thirty-third GPU sessions). Of the model's dtype: in session 38 the fastest product of any dtype set
     the floor, an fp32 one at 138 GB/s (torch's path), and on a host reading 140 GB/s the thirty-fourth
     session planned bf16 and fp16 models with their CPU times as measured, where their own products
-    allowed x0.87 and x0.74: whole CPU layers were priced 21% (llama3-8b, ``layers:2``) and 36%
+    allowed x0.87 and x0.77: whole CPU layers were priced 21% (llama3-8b, ``layers:2``) and 36%
     (nemo-8b, ``layers:3``) slower than they ran."""
     fastest = profile.one_row_read_bps(dtype)
     return fastest / now_bps if fastest and now_bps > 0 else 0.0

@@ -50,10 +50,10 @@ def time_cpu_beside_python(fn: Callable[[], object], budget_s: float, threads: i
     microseconds of Python, and gives the GIL up in each, as the host thread does between its
     launches (its Python between two of them: a few microseconds to a few tens, a Triton kernel's
     launch or a graph's lookup the longest). Until session 39 it ran Python alone, and gave the GIL
-    up only when the switch interval forced it: on the H100 machine (thirty-fourth GPU session) that timed a Qwen3-30B-A3B layer's
-    one-token experts on the worker at 33 GB/s (2.27 ms; 0.61 ms alone), where the engine's
-    experts-cpu decode steps computed them in 0.72 ms a layer on the worker (its kernel 0.66 ms), and
-    the planner priced that placement at 8.6 tok/s against 19.1 measured. On the development
+    up only when the switch interval forced it: on the H100 machine (thirty-fourth GPU session) that
+    timed a Qwen3-30B-A3B layer's one-token experts on the worker at 33 GB/s (2.27 ms; 0.61 ms alone),
+    where the engine's experts-cpu decode steps computed them in 0.72 ms a layer on the worker (its
+    kernel 0.66 ms), and the planner priced that placement at 8.6 tok/s against 19.1 measured. On the development
     machine (one worker thread, ``benchmarks/beside_host``) a torch call between every 1-2 us of
     Python left the pass at its time alone, every 11 us 1.0-1.2x, every 37 us 1.3-2.2x, and pure
     Python 1.2-1.3x."""
