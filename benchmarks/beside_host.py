@@ -32,9 +32,8 @@ import torch
 from vramshard.layers import cpu_gemv
 from vramshard.profile.timing import time_cpu_beside_python
 from vramshard.runtime import run_ahead
-from vramshard.shapes import shape_config
 
-from .common import cpu_read_bandwidth, hardware, now, rounded, write_json
+from .common import cpu_read_bandwidth, hardware, now, one_token_experts, rounded, write_json
 
 log = logging.getLogger("beside_host")
 
@@ -85,18 +84,7 @@ def main(argv=None) -> dict:
     if not cpu_gemv.computes(1):
         raise SystemExit("the C kernel does not build here")
     threads = args.threads or run_ahead.largest_team(torch.get_num_threads())
-    config = shape_config(args.shape)
-    E, D, F, k = (config[key] for key in ("num_experts", "hidden_size", "moe_intermediate_size", "num_experts_per_tok"))
-    gate_up = [torch.randn(E, 2 * F, D, dtype=torch.bfloat16) * 0.02 for _ in range(args.layers)]  # [E, 2F, D]
-    down = [torch.randn(E, D, F, dtype=torch.bfloat16) * 0.02 for _ in range(args.layers)]  # [E, D, F]
-    x = torch.randn(1, D, dtype=torch.bfloat16)
-    weights = torch.full((1, k), 1.0 / k)
-    turn = [0]
-
-    def one():
-        turn[0] = (turn[0] + 1) % args.layers
-        cpu_gemv.routed_experts(x, gate_up[turn[0]], down[turn[0]], torch.randperm(E)[:k].view(1, k), weights)
-
+    one, expert_bytes = one_token_experts(args.shape, args.layers)
     read_before = cpu_read_bandwidth()
     cells = {"alone": on_worker(one, threads, lambda worker: worker.join())}
 
@@ -122,7 +110,7 @@ def main(argv=None) -> dict:
 
         cells[f"torch_call_every_{python_seconds(n) * 1e6:.1f}_us"] = on_worker(one, threads, loop)
     read_bps = max(read_before, cpu_read_bandwidth())
-    bound_s = k * 3 * D * F * 2 / read_bps
+    bound_s = expert_bytes / read_bps
     result = {"date": now(), "hardware": hardware(), "shape": args.shape, "threads": threads,
               "read_gb_s": read_bps / 1e9, "bound_ms": bound_s * 1e3,
               "cells_ms": {name: seconds * 1e3 for name, seconds in cells.items()},

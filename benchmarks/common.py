@@ -233,3 +233,27 @@ def median_seconds(fn, reps: int) -> float:
         fn()
         times.append(time.perf_counter() - began)
     return statistics.median(times)
+
+
+def one_token_experts(shape: str, layers: int) -> tuple[Callable[[], object], int]:
+    """(call, bytes): one token's routed experts of a MoE layer of ``shape`` by the C kernel
+    (:func:`vramshard.layers.cpu_gemv.routed_experts`), drawn at random from the layer's for each
+    call, walking ``layers`` copies of its bf16 experts in turn (cold in cache, as a decode step meets
+    them); the experts' bytes one call reads."""
+    from vramshard.layers import cpu_gemv
+    from vramshard.shapes import shape_config
+
+    config = shape_config(shape)
+    E, D, F, k = (config[key] for key in ("num_experts", "hidden_size", "moe_intermediate_size", "num_experts_per_tok"))
+    gate_up = [torch.randn(E, 2 * F, D, dtype=torch.bfloat16) * 0.02 for _ in range(layers)]  # [E, 2F, D]
+    down = [torch.randn(E, D, F, dtype=torch.bfloat16) * 0.02 for _ in range(layers)]  # [E, D, F]
+    x = torch.randn(1, D, dtype=torch.bfloat16)
+    weights = torch.full((1, k), 1.0 / k)
+    turn = [0]
+
+    def call():
+        turn[0] = (turn[0] + 1) % layers
+        experts = torch.randperm(E)[:k].view(1, k)
+        return cpu_gemv.routed_experts(x, gate_up[turn[0]], down[turn[0]], experts, weights)
+
+    return call, k * 3 * D * F * 2

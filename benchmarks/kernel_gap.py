@@ -27,9 +27,8 @@ import time
 import torch
 
 from vramshard.layers import cpu_gemv
-from vramshard.shapes import shape_config
 
-from .common import cpu_read_bandwidth, hardware, now, rounded, write_json
+from .common import cpu_read_bandwidth, hardware, now, one_token_experts, rounded, write_json
 
 log = logging.getLogger("kernel_gap")
 
@@ -63,25 +62,13 @@ def main(argv=None) -> dict:
         raise SystemExit("the C kernel does not build here")
     if args.threads:
         torch.set_num_threads(args.threads)
-    config = shape_config(args.shape)
-    E, D, F, k = (config[key] for key in ("num_experts", "hidden_size", "moe_intermediate_size", "num_experts_per_tok"))
-    gate_up = [torch.randn(E, 2 * F, D, dtype=torch.bfloat16) * 0.02 for _ in range(args.layers)]  # [E, 2F, D]
-    down = [torch.randn(E, D, F, dtype=torch.bfloat16) * 0.02 for _ in range(args.layers)]  # [E, D, F]
-    x = torch.randn(1, D, dtype=torch.bfloat16)
-    weights = torch.full((1, k), 1.0 / k)
-    turn = [0]
-
-    def call():
-        turn[0] = (turn[0] + 1) % args.layers
-        experts = torch.randperm(E)[:k].view(1, k)
-        cpu_gemv.routed_experts(x, gate_up[turn[0]], down[turn[0]], experts, weights)
-
+    call, expert_bytes = one_token_experts(args.shape, args.layers)
     read_before = cpu_read_bandwidth()
     gaps = [float(g) / 1e3 for g in args.gaps.split(",")]
     time_after_gaps(call, gaps, 10)  # warm-up
     times = time_after_gaps(call, gaps, args.calls)
     read_bps = max(read_before, cpu_read_bandwidth())
-    bound_s = k * 3 * D * F * 2 / read_bps
+    bound_s = expert_bytes / read_bps
     cells = []
     for gap, seconds in times.items():
         cell = {"gap_ms": gap * 1e3, "median_ms": statistics.median(seconds) * 1e3,
