@@ -55,10 +55,14 @@ def test_a_bad_forced_team_is_ignored_with_a_warning(monkeypatch, caplog):
     assert run_ahead._forced_team() == 16  # (not more than the cores)
 
 
-def with_teams(profile: Profile, teams: dict[str, float] | None) -> Profile:
+def with_teams(profile: Profile, teams: dict[str, float] | None, beside: str | None = "launches") -> Profile:
+    """``profile`` with the worker's one-token pass timed by team, ``beside`` a host thread of that kind
+    (None: before session 39, beside Python alone)."""
     data = copy.deepcopy(profile.data)
     if teams is not None:
         data["host_experts_worker_teams"] = {"bf16": teams}
+        if beside is not None:
+            data["host_experts_worker_beside"] = beside
     return Profile(data)
 
 
@@ -68,6 +72,7 @@ def test_the_profile_names_the_fastest_team_and_refuses_bad_team_sizes():
     profile = with_teams(base, {"15": 30e9, "8": 45e9})
     assert profile.worker_team("bf16") == 8
     assert profile.worker_team("fp16") == 8  # (the dtype that was timed)
+    assert with_teams(base, {"15": 30e9, "8": 45e9}, beside=None).worker_team("bf16") is None  # (beside Python alone)
     assert profile.summary()["host_experts_worker_teams_gb_s"] == {"bf16": {"15": 30.0, "8": 45.0}}
     with pytest.raises(ProfileError, match="host_experts_worker_teams' threads for bf16 must be positive integers"):
         with_teams(base, {"0": 30e9})

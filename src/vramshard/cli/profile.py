@@ -151,7 +151,9 @@ def print_summary(console, profile, path) -> None:
     experts_by = f"C kernel ({profile.host_experts_cpu_gemv})" if profile.host_experts_cpu_gemv else "compiled pass"
     for key, what, unit in (("packed_ffn_factor", "dense FFN on the CPU, oneDNN-prepacked over plain", "x"),
                             ("host_experts_gb_s", f"MoE experts on the CPU, {experts_by}", " GB/s"),
-                            ("host_experts_worker_gb_s", "the same on the run-ahead worker beside Python", " GB/s")):
+                            ("host_experts_worker_gb_s", "the same on the run-ahead worker beside the host thread"
+                             if profile.worker_rates_measured else
+                             "the same on the run-ahead worker beside Python alone (not used)", " GB/s")):
         if summary.get(key):
             values = "; ".join(f"{dtype} " + ", ".join(f"{rows} rows {float(v):.2f}{unit}" for rows, v in by_rows.items())
                                for dtype, by_rows in summary[key].items())
@@ -159,8 +161,11 @@ def print_summary(console, profile, path) -> None:
     if summary.get("host_experts_worker_teams_gb_s"):
         values = "; ".join(f"{dtype} " + ", ".join(f"{team} threads {float(v):.2f} GB/s" for team, v in by_team.items())
                            for dtype, by_team in summary["host_experts_worker_teams_gb_s"].items())
-        console.print(f"  one token on the run-ahead worker, by its team: {values}; "
-                      f"the worker computes with {profile.worker_team('bf16')} threads")
+        team = profile.worker_team("bf16")
+        console.print(f"  one token on the run-ahead worker, by its team: {values}; " +
+                      (f"the worker computes with {team} threads" if team else
+                       "timed beside Python alone (before session 39), so not used: the worker computes with "
+                       "one core fewer than the process"))
     _print_fitted(console, profile)
 
 

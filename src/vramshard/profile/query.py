@@ -348,8 +348,13 @@ class Profile:
 
     def worker_team(self, dtype) -> int | None:
         """The run-ahead worker's OpenMP team for decode-sized parts of ``dtype`` (:func:`fastest_team`
-        over the profile's timings of the one-token expert pass beside Python by team size; another
-        dtype's where this one was not timed); None where the profile did not time teams."""
+        over the profile's timings of the one-token expert pass beside the host thread by team size;
+        another dtype's where this one was not timed); None where the profile did not time teams, or
+        timed them beside Python alone (not :attr:`worker_rates_measured`: the H100 machine's two
+        profiles of that kind named 8 threads and 15, and the thirty-fourth session's experts-cpu
+        steps computed near the rate alone with 15)."""
+        if not self.worker_rates_measured:
+            return None
         teams = self.data.get("host_experts_worker_teams", {})
         rates = teams.get(dtype_name(dtype)) or next(iter(teams.values()), None)
         return fastest_team(rates) if rates else None
