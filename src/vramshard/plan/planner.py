@@ -112,7 +112,7 @@ class Planner(MoEVariants):
         if team is not None and self.estimator.run_ahead:
             plans.worker_team = team
             plans.notes.append(f"run-ahead worker: {team} CPU threads for steps of up to {WORKER_TEAM_ROWS} tokens "
-                               f"(the profile's fastest team for a one-token expert pass beside Python)")
+                               f"(the profile's fastest team for a one-token expert pass beside the host thread)")
         return plans
 
     def _plan(self) -> PlanSet:
