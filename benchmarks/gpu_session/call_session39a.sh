@@ -5,8 +5,7 @@
 #    untracked .kernel-before-shares.c (`git show 0b94414:src/vramshard/layers/cpu_gemv.c`), which travels along.
 # 4. The experts kernel after a pause like the GPU's part of a layer, the team's default wait against a long spin.
 source benchmarks/gpu_session/setup.sh || exit 1
-timeout 230 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --durations=10 > $OUT/pytest_gpu.txt 2>&1; echo "suite rc $?"
-tail -3 $OUT/pytest_gpu.txt; grep -E "^(FAILED|ERROR)" $OUT/pytest_gpu.txt | cut -c1-250
+gpu_suite 230
 engine_step llama8 160 --models llama3-8b --budgets 8 --batch-sizes 1,64 --repeat 2 --deadline-s 130 --run-limit-s 8 \
   --log-steps
 grep -E "planning process|reconfigured|copied .* row-major|step: .*, [0-9]{3,}\.[0-9] ms:" $OUT/llama8.log | cut -c1-170 | head -20

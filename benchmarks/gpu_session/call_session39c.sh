@@ -5,8 +5,7 @@
 #    the worker waiting for the host thread's next part; decode_host_buffer_wait_ms: the host thread two parts ahead).
 # 3. llama3-8b at 8 GiB, batch 1 and 64, every step logged (the drift line should say x0.95 or nothing).
 source benchmarks/gpu_session/setup.sh || exit 1
-timeout 230 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --durations=10 > $OUT/pytest_gpu.txt 2>&1; echo "suite rc $?"
-tail -3 $OUT/pytest_gpu.txt; grep -E "^(FAILED|ERROR)" $OUT/pytest_gpu.txt | cut -c1-250
+gpu_suite 230
 FIELDS="'placement': '[^']*'|'decode_tok_s': [0-9.]*|'predicted_decode_tok_s': [0-9.]*|'bound_tok_s': [0-9.]*|'decode_step_ms': [0-9.]*|'decode_host_compute_ms': [0-9.]*|'decode_host_wait_ms': [0-9.]*|'decode_worker_expert_kernel_ms': [0-9.]*|'decode_worker_idle_ms': [0-9.]*|'decode_host_buffer_wait_ms': [0-9.]*"
 VRAMSHARD_RUN_AHEAD=on timeout 170 python3 -m benchmarks.moe_bench --budgets 8 --batches 1 --time-limit 150 --no-skewed \
   --placements experts-cpu,planned --profile "$PROFILE" --out $OUT/moe_who_waits.json > /tmp/moe_who_waits.log 2>&1

@@ -9,6 +9,13 @@ engine_step() {
   python3 benchmarks/gpu_session/engine_summary.py "$OUT/$name.json" 2>&1 | tail -6
 }
 
+# gpu_suite SECONDS: every gpu-marked test under `timeout SECONDS`, its output as $OUT/pytest_gpu.txt; then its
+# rc, summary and failures.
+gpu_suite() {
+  timeout "$1" python3 -m pytest -m gpu -q -rs -p no:cacheprovider --durations=10 > $OUT/pytest_gpu.txt 2>&1
+  echo "suite rc $?"; tail -3 $OUT/pytest_gpu.txt; grep -E "^(FAILED|ERROR)" $OUT/pytest_gpu.txt | cut -c1-250
+}
+
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
 export PYTHONPATH=/tmp/site:src:. PYTHONUNBUFFERED=1
 # The profile measured on this kind of card, unless the caller named one.
