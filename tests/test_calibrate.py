@@ -7,9 +7,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from vramshard import Engine, budget_follower
 from vramshard.errors import InvalidInputError
+from vramshard.layers import cpu_linear
 from vramshard.plan import calibrate
 from vramshard.plan.calibrate import fit, step_seconds
 from vramshard.plan.estimator import Estimator
@@ -458,6 +460,25 @@ def test_steps_beside_a_background_plan_are_not_samples_of_the_cpu_work(tiny_mod
     assert engine.cpu_check().samples == {}
     engine._measured(step(time.time() + 0.5))
     assert list(engine.cpu_check().samples[1]) == [0.05]
+
+
+def test_steps_in_which_cpu_projections_tried_their_paths_are_not_samples(tiny_model_dir):
+    """A projection's first calls try each path in turn, the slow ones too: the steps that made
+    such trials measure the trials, not the plan (llama3-8b's head on the H100 machine)."""
+    engine, _ = simulated_engine(tiny_model_dir("qwen3"))
+
+    def step(seconds: float = 0.1):
+        return StepStats(1, 0, 1, 1, 1, seconds, 0, 1, time.time() + 0.5, seconds, 0.0, 0.05, 0.0)
+
+    def trial():  # a shape no other call has made: its first call is a trial
+        cpu_linear.cpu_linear(torch.ones(1, 24, dtype=torch.bfloat16), torch.ones(40, 24, dtype=torch.bfloat16))
+
+    engine._measured(step())  # the tier's first step under the plan: its warm-up
+    trial()
+    engine._measured(step(0.2))
+    engine._measured(step())
+    assert list(engine.cpu_check().samples[1]) == [0.05]
+    assert list(engine.plan_check().raw) == [0.1, 0.1]
 
 
 def test_a_dispatch_factor_scales_the_hosts_gpu_dispatch_and_explains_a_host_bound_step(nemo_2gib, h200):

@@ -23,6 +23,7 @@ from .budget_follower import BudgetFollower
 from .config import parse_dtype
 from .errors import BudgetError, InvalidInputError
 from .host_memory import check_available
+from .layers import cpu_linear
 from .layers.step import Step
 from .loading.checkpoint import Checkpoint, open_checkpoint
 from .models import Model, build_model
@@ -102,6 +103,7 @@ class Engine:
         self.budget = BudgetFollower(self, vram_budget)
         self._decode_check: DecodeCheck | None = None  # decode steps vs the plan in force
         self._cpu_check: CpuCheck | None = None  # the CPU work of each tier's steps, for the plan in force
+        self._trials_seen = cpu_linear.trial_calls()  # CPU projections' path trials before the last step measured
         executor.oom_handler = self.budget.recover_from_oom
 
     # ------------------------------------------------------------------ loading
@@ -356,6 +358,11 @@ class Engine:
 
     def _measured(self, stats) -> None:
         """A step's measurements, against the plan in force (the scheduler calls this after each)."""
+        trials = cpu_linear.trial_calls()
+        if trials != self._trials_seen:
+            # CPU projections chose their paths in the step, trying slower ones: not the plan's speed.
+            self._trials_seen = trials
+            return
         self.plan_check().add(stats.tokens, stats.sequences, stats.forward_s, stats.context)
         background = self.budget.background
         if background.busy or stats.end_time - stats.seconds < background.finished_at:

@@ -102,6 +102,7 @@ _warmed: set[tuple] = set()  # (dtype, threads) the row sums are compiled for
 # Every chooser's trials under way (this module's, and those of choosers built on these projections,
 # :mod:`.cpu_swiglu`): :func:`settle` runs a call until it adds to none of them.
 TRIAL_BOOKS: list[dict[tuple, dict[str, list[float]]]] = [_trials]
+_trial_calls = 0  # calls made as a candidate's trial, by any chooser (trial_calls)
 
 
 def enabled() -> bool:
@@ -205,6 +206,21 @@ def gemv_serves(dtype: torch.dtype) -> bool:
     return cpu_gemv.serves(torch.zeros(1, 8, dtype=dtype), torch.zeros(8, 8, dtype=dtype))
 
 
+def trial_calls() -> int:
+    """How many calls so far ran as a candidate's trial, by this module's chooser or one built on it
+    (:mod:`.cpu_swiglu`). A step that made one ran paths it will not run again: while llama3-8b's
+    head chose its path on the H100 machine, the first decode steps' CPU work took 1.8x the head's
+    prediction, and the engine fitted that to every CPU layer (docs/BENCHMARKS.md, thirty-fifth
+    GPU session)."""
+    return _trial_calls
+
+
+def count_trial() -> None:
+    """Count one call made as a candidate's trial (:func:`trial_calls`)."""
+    global _trial_calls
+    _trial_calls += 1
+
+
 def chosen() -> dict[tuple, str]:
     """The choices made so far: (dtype, tokens, out, in, threads, bias, candidates) -> kernel name."""
     return dict(_choice)
@@ -221,6 +237,7 @@ def _trial(key: tuple, candidates: tuple[str, ...], x: torch.Tensor, w: torch.Te
     """This call by the candidate whose turn it is, timed; the choice once each has ``TRIALS`` runs."""
     times = _trials.setdefault(key, {name: [] for name in candidates})
     name = min(times, key=lambda n: len(times[n]))  # in turn, so a burst of outside load hits all
+    count_trial()
     if name == "compiled":
         warm_up(x.dtype)  # (its compile is not a trial's time)
     start = time.perf_counter()

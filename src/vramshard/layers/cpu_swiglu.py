@@ -147,6 +147,7 @@ def _trial(key: tuple, h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, do
     The projections' timings count only once their own paths are chosen: until then the compiled
     call takes its trials, then the projections run untimed (their own trials go on)."""
     times = _trials.setdefault(key, {way: [] for way in WAYS})
+    cpu_linear.count_trial()
     counted = _projections_chosen(h.dtype, h.shape[0], projected)
     if counted:
         way = min(WAYS, key=lambda n: len(times[n]))
