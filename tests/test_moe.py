@@ -475,9 +475,13 @@ def test_planner_splits_as_many_moe_layers_as_their_shared_experts_fit_and_runs_
         plan_qwen15(64 * 2**20)
 
 
-def plan_qwen30_with_kernels(monkeypatch, run_ahead_on: bool, budget=8 * GiB, **profile):
-    """plan_qwen30 where the GPU's kernels read host experts and the run-ahead worker is on or off."""
+def plan_qwen30_with_kernels(monkeypatch, run_ahead_on: bool, budget=8 * GiB, shares: bool = True, **profile):
+    """plan_qwen30 where the GPU's kernels read host experts and the run-ahead worker is on or off
+    (``shares``: the planner may give the CPU a share of them, VRAMSHARD_PLAN_ZERO_COPY_SHARE)."""
+    from vramshard.plan import moe_variants
     from vramshard.runtime import run_ahead, zero_copy_experts
+
+    monkeypatch.setattr(moe_variants, "PLANS_SHARES", shares)
 
     monkeypatch.setattr(zero_copy_experts, "available", lambda: True)
     monkeypatch.setattr(run_ahead, "available", lambda: run_ahead_on)
@@ -489,6 +493,16 @@ def test_planner_leaves_the_cpus_share_off_without_the_run_ahead_worker(monkeypa
     (fourteenth and sixteenth GPU sessions: the host waits for every layer's router, and the GPU for
     the host), so without the run-ahead worker no tier gets one."""
     result = plan_qwen30_with_kernels(monkeypatch, False)
+    assert all(p.zero_copy_cpu_share == 0.0 for p in result.tiers.values())
+    assert result.tiered().zero_copy_cpu_shares == ()
+
+
+def test_planner_leaves_the_cpus_share_off_unless_asked(monkeypatch):
+    """Every share measured on a GPU, on the run-ahead worker too, decoded slower than none
+    (thirty-fourth and thirty-fifth GPU sessions): the planner gives none unless asked to."""
+    asked = plan_qwen30_with_kernels(monkeypatch, True, cpu_mem_gbps=80)
+    assert asked.tiers[1].zero_copy_cpu_share > 0  # (where a share is priced faster)
+    result = plan_qwen30_with_kernels(monkeypatch, True, shares=False, cpu_mem_gbps=80)
     assert all(p.zero_copy_cpu_share == 0.0 for p in result.tiers.values())
     assert result.tiered().zero_copy_cpu_shares == ()
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+from ..env import switch
 from ..errors import BudgetError
 from ..units import format_bytes
 from .estimator import Estimator, uniform_hit_rate
@@ -26,6 +27,12 @@ CACHE_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)  # of the room left after the mini
 # it adds host-memory traffic beside whatever else runs, and its prediction has been optimistic
 # (22.9 tok/s predicted, 15.3 measured at the balanced share, twenty-third GPU session).
 SHARE_TIE = 0.05
+# Whether the planner gives the CPU a share of the zero-copy experts at all. Every share measured on
+# a GPU decoded slower than none, on the run-ahead worker too: at 8 GiB qwen3-30b-a3b decoded at
+# 14.63 tok/s with share 0.49 against 19.84 without (thirty-fourth GPU session), and at 20.71 with
+# the planner's 0.875 (predicted 5.6% faster than none) against 25.78 without (thirty-fifth), the
+# worker idle 17.2 ms a step against 2.7. VRAMSHARD_PLAN_ZERO_COPY_SHARE=on plans them (to measure).
+PLANS_SHARES = switch("VRAMSHARD_PLAN_ZERO_COPY_SHARE", default=False)
 
 
 class MoEVariants:
@@ -166,9 +173,10 @@ class MoEVariants:
         (:func:`~vramshard.runtime.zero_copy_experts.cpu_expert_count`). 0 unless the kernels read
         host experts at this tier and the executor hands the CPU's share to its run-ahead worker:
         on the host thread every share made decode slower on the H200 machine (fourteenth and
-        sixteenth GPU sessions), and the estimator does not see why."""
+        sixteenth GPU sessions), and the estimator does not see why. 0 too unless asked for
+        (:data:`PLANS_SHARES`): on the worker every share measured was slower as well."""
         est = self.estimator
-        if not (self.moe_split and est.zero_copy and est.run_ahead and tier <= est.zero_copy_rows):
+        if not (PLANS_SHARES and self.moe_split and est.zero_copy and est.run_ahead and tier <= est.zero_copy_rows):
             return 0.0
         host = self._family("experts-cpu", pinned, kv_on_gpu,
                             lambda s: "experts-host" if s.name in self.moe_split else "stream")
