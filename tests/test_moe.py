@@ -497,14 +497,30 @@ def test_planner_leaves_the_cpus_share_off_without_the_run_ahead_worker(monkeypa
     assert result.tiered().zero_copy_cpu_shares == ()
 
 
-def test_planner_leaves_the_cpus_share_off_unless_asked(monkeypatch):
-    """Every share measured on a GPU, on the run-ahead worker too, decoded slower than none
-    (thirty-fourth and thirty-fifth GPU sessions): the planner gives none unless asked to."""
+def test_planner_puts_all_or_none_of_a_tokens_host_experts_on_the_cpu_unless_asked(monkeypatch):
+    """Every split of a token's experts between the CPU and the kernels measured on a GPU, on the
+    run-ahead worker too, decoded slower than all on the CPU (thirty-fourth and thirty-fifth GPU
+    sessions): unless asked, the planner chooses between all of them on the CPU (share 1) and
+    none, whichever it prices faster."""
+    from vramshard.plan.estimator import Estimator
+
+    top_k = QWEN30["ffn[0]"].top_k
     asked = plan_qwen30_with_kernels(monkeypatch, True, cpu_mem_gbps=80)
-    assert asked.tiers[1].zero_copy_cpu_share > 0  # (where a share is priced faster)
-    result = plan_qwen30_with_kernels(monkeypatch, True, shares=False, cpu_mem_gbps=80)
-    assert all(p.zero_copy_cpu_share == 0.0 for p in result.tiers.values())
-    assert result.tiered().zero_copy_cpu_shares == ()
+    assert 0 < asked.tiers[1].zero_copy_cpu_share < 1  # (where a split is priced fastest)
+    for cpu_mem_gbps in (80, 5):
+        result = plan_qwen30_with_kernels(monkeypatch, True, shares=False, cpu_mem_gbps=cpu_mem_gbps)
+        decode = result.tiers[1]
+        assert all(p.zero_copy_cpu_share in (0.0, 1.0) for p in result.tiers.values())
+        profile = synthetic(cpu_gflops=1500, gpu_gflops=200_000, h2d_gbps=50, cpu_mem_gbps=cpu_mem_gbps,
+                            gpu_mem_gbps=1500)
+
+        def step_s(count: int) -> float:
+            est = Estimator(QWEN30, profile, decode.threads, result.expert_hit_rate, zero_copy_cpu_share=count / top_k)
+            return est.simulate(decode.placement, 1, 2048).seconds
+
+        if decode.placement.expert_names("host"):
+            chosen = top_k if decode.zero_copy_cpu_share == 1.0 else 0
+            assert step_s(chosen) <= step_s(top_k - chosen)
 
 
 def test_planner_gives_the_cpu_the_share_of_host_experts_it_prices_fastest(monkeypatch):

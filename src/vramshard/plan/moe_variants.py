@@ -27,11 +27,13 @@ CACHE_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)  # of the room left after the mini
 # it adds host-memory traffic beside whatever else runs, and its prediction has been optimistic
 # (22.9 tok/s predicted, 15.3 measured at the balanced share, twenty-third GPU session).
 SHARE_TIE = 0.05
-# Whether the planner gives the CPU a share of the zero-copy experts at all. Every share measured on
-# a GPU decoded slower than none, on the run-ahead worker too: at 8 GiB qwen3-30b-a3b decoded at
-# 14.63 tok/s with share 0.49 against 19.84 without (thirty-fourth GPU session), and at 20.71 with
-# the planner's 0.875 (predicted 5.6% faster than none) against 25.78 without (thirty-fifth), the
-# worker idle 17.2 ms a step against 2.7. VRAMSHARD_PLAN_ZERO_COPY_SHARE=on plans them (to measure).
+# Whether the planner may split a token's host experts between the CPU and the zero-copy kernels;
+# otherwise it chooses between all of them read by the kernels and all computed by the CPU. Every
+# split measured on a GPU decoded slower than the CPU computing them all, on the run-ahead worker
+# too: qwen3-30b-a3b at 8 GiB decoded at 14.63 tok/s with the CPU's share 0.49 against 19.84 with
+# all on the CPU (thirty-fourth GPU session), and at 20.71 with the planner's 7 of 8 (predicted 4%
+# faster than 8 of 8) against 25.78 (thirty-fifth), the worker idle 17.2 ms a step against 2.7.
+# VRAMSHARD_PLAN_ZERO_COPY_SHARE=on lets the planner split them (to measure).
 PLANS_SHARES = switch("VRAMSHARD_PLAN_ZERO_COPY_SHARE", default=False)
 
 
@@ -170,20 +172,21 @@ class MoEVariants:
         """The CPU's share of a ``tier`` step's host experts beside the GPU's zero-copy kernels: of
         each token's experts, the count whose step (routed experts on the host, the rest streamed)
         the estimator prices fastest, as a share the executor turns back into that count
-        (:func:`~vramshard.runtime.zero_copy_experts.cpu_expert_count`). 0 unless the kernels read
-        host experts at this tier and the executor hands the CPU's share to its run-ahead worker:
-        on the host thread every share made decode slower on the H200 machine (fourteenth and
-        sixteenth GPU sessions), and the estimator does not see why. 0 too unless asked for
-        (:data:`PLANS_SHARES`): on the worker every share measured was slower as well."""
+        (:func:`~vramshard.runtime.zero_copy_experts.cpu_expert_count`): 1 is all of them on the CPU,
+        none read by the kernels. The counts tried are none and all, every count between them only
+        where asked for (:data:`PLANS_SHARES`). 0 unless the kernels read host experts at this tier
+        and the executor hands the CPU's share to its run-ahead worker: on the host thread every
+        share made decode slower on the H200 machine (fourteenth and sixteenth GPU sessions), and
+        the estimator does not see why."""
         est = self.estimator
-        if not (PLANS_SHARES and self.moe_split and est.zero_copy and est.run_ahead and tier <= est.zero_copy_rows):
+        if not (self.moe_split and est.zero_copy and est.run_ahead and tier <= est.zero_copy_rows):
             return 0.0
         host = self._family("experts-cpu", pinned, kv_on_gpu,
                             lambda s: "experts-host" if s.name in self.moe_split else "stream")
         top_k = min(self.model[n].top_k for n in self.moe)
         saved, seconds = est.zero_copy_cpu_share, {}
         try:
-            for count in range(top_k):
+            for count in range(top_k + 1) if PLANS_SHARES else (0, top_k):
                 est.zero_copy_cpu_share = count / top_k
                 seconds[count] = self._time(host, tier)
                 if seconds[count] > min(seconds.values()) * (1 + SHARE_TIE):
