@@ -736,12 +736,14 @@ def test_gpu_moe_host_experts_shared_between_the_kernels_and_the_cpu_match_cpu(a
     assert (worker is not None and worker._submitted > 0) == ahead, "the CPU's share ran on the wrong thread"
 
 
+@pytest.mark.parametrize("share", [0.5, 1.0])
 @pytest.mark.parametrize("arch", GPU_MOE_ARCHS)
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_gpu_moe_a_plans_zero_copy_share_runs_on_the_worker_and_matches_cpu(arch, tiny_model_dir, monkeypatch):
+def test_gpu_moe_a_plans_zero_copy_share_runs_on_the_worker_and_matches_cpu(arch, share, tiny_model_dir, monkeypatch):
     """A plan's share (TieredPlacement.zero_copy_cpu_shares, as the planner sets it, no executor
-    option): decode steps give the CPU's worker that many of each token's experts, prompt steps
+    option; 1: all of them, the planner's default choice besides none): decode steps give the CPU's
+    worker that many of each token's experts, prompt steps
     (a tier without a share) none, and the logits and greedy tokens are the CPU reference's. The
     plan's worker team (TieredPlacement.worker_threads) is the one the decode steps' parts ran with."""
     from vramshard.layers.moe import MoEFFN
@@ -768,7 +770,7 @@ def test_gpu_moe_a_plans_zero_copy_share_runs_on_the_worker_and_matches_cpu(arch
     monkeypatch.setattr(run_ahead.RunAhead, "_run", lambda self, number, job, threads:
                         teams.append(threads) or real_run(self, number, job, threads))
     monkeypatch.setattr(run_ahead, "FORCED_TEAM", None)
-    tiered = TieredPlacement((zero_copy_experts.ROWS, 64), (p, p), (None, None), zero_copy_cpu_shares=(0.5, 0.0),
+    tiered = TieredPlacement((zero_copy_experts.ROWS, 64), (p, p), (None, None), zero_copy_cpu_shares=(share, 0.0),
                              worker_threads=(2, None))
     engine = executor_engine(path, model, host, tiered)
     assert_same_as_reference(engine, reference)
@@ -780,7 +782,7 @@ def test_gpu_moe_a_plans_zero_copy_share_runs_on_the_worker_and_matches_cpu(arch
     top_k = engine.model[f"ffn[{moe[0]}]"].top_k
     hosts = list(engine.executor.host_experts.values())
     mine = [(rows, k) for source, rows, k in on_cpu if any(source is s for s in hosts)]  # (not the reference's)
-    assert {k for rows, k in mine if rows <= zero_copy_experts.ROWS} == {zero_copy_experts.cpu_expert_count(0.5, top_k)}, \
+    assert {k for rows, k in mine if rows <= zero_copy_experts.ROWS} == {zero_copy_experts.cpu_expert_count(share, top_k)}, \
         "the CPU computed no share, or another"
     assert {k for rows, k in mine if rows > zero_copy_experts.ROWS} <= {top_k}, "a prompt step was shared"
     assert engine.executor._run_ahead is not None and engine.executor._run_ahead._submitted > 0
