@@ -482,7 +482,6 @@ def plan_qwen30_with_kernels(monkeypatch, run_ahead_on: bool, budget=8 * GiB, sh
     from vramshard.runtime import run_ahead, zero_copy_experts
 
     monkeypatch.setattr(moe_variants, "PLANS_SHARES", shares)
-
     monkeypatch.setattr(zero_copy_experts, "available", lambda: True)
     monkeypatch.setattr(run_ahead, "available", lambda: run_ahead_on)
     return plan_qwen30(budget, **profile)

@@ -31,8 +31,8 @@ SHARE_TIE = 0.05
 # otherwise it chooses between all of them read by the kernels and all computed by the CPU. Every
 # split measured on a GPU decoded slower than the CPU computing them all, on the run-ahead worker
 # too: qwen3-30b-a3b at 8 GiB decoded at 14.63 tok/s with the CPU's share 0.49 against 19.84 with
-# all on the CPU (thirty-fourth GPU session), and at 20.71 with the planner's 7 of 8 (predicted 4%
-# faster than 8 of 8) against 25.78 (thirty-fifth), the worker idle 17.2 ms a step against 2.7.
+# all on the CPU (thirty-fourth GPU session), and at 20.71 with the planner's 7 of 8 (its step
+# predicted 6% shorter than 8 of 8's) against 25.78 (thirty-fifth), the worker idle 17.2 ms a step against 2.7.
 # VRAMSHARD_PLAN_ZERO_COPY_SHARE=on lets the planner split them (to measure).
 PLANS_SHARES = switch("VRAMSHARD_PLAN_ZERO_COPY_SHARE", default=False)
 
