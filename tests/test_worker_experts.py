@@ -164,18 +164,21 @@ def test_a_tier_computing_host_experts_keeps_every_core(monkeypatch, run15):
     assert all(plan.tiers[tier].threads is None for tier in host)
 
 
-def test_a_worker_slower_than_priced_gets_fewer_experts_once_the_engine_fits_it(monkeypatch, run15):
+@pytest.mark.parametrize("splits, slower", [(True, 1.5), (False, 1.0)], ids=["any-count", "all-or-none"])
+def test_a_worker_slower_than_priced_gets_fewer_experts_once_the_engine_fits_it(monkeypatch, run15, splits, slower):
     """The engine's in-run fit of a tier's CPU work (``calibrate.fit_cpu_rows``, from the worker's
     computing time the executor reports) reaches the share: the plan made again from the fitted
-    profile gives the worker fewer of each token's experts, or none."""
-    from vramshard.plan import calibrate
+    profile gives the worker fewer of each token's experts, or none; by default (all or none, see
+    ``moe_variants.PLANS_SHARES``) none where it had all."""
+    from vramshard.plan import calibrate, moe_variants
     from vramshard.plan.planner import Planner
     from vramshard.plan.tiers import Tiers
     from vramshard.runtime import run_ahead, zero_copy_experts
 
     monkeypatch.setattr(zero_copy_experts, "available", lambda: True)
     monkeypatch.setattr(run_ahead, "available", lambda: True)
-    profile = with_worker_rates(run15, 1.5)
+    monkeypatch.setattr(moe_variants, "PLANS_SHARES", splits)
+    profile = with_worker_rates(run15, slower)
     top_k = QWEN30["ffn[0]"].top_k
 
     def plan(p: Profile):
@@ -183,7 +186,7 @@ def test_a_worker_slower_than_priced_gets_fewer_experts_once_the_engine_fits_it(
 
     first = plan(profile)
     count = round(first.tiers[1].zero_copy_cpu_share * top_k)
-    assert count >= 2
+    assert count >= 2 if splits else count == top_k
     predicted = calibrate.cpu_seconds(QWEN30, profile, first, 1)
     fitted = calibrate.fit_cpu_rows(QWEN30, profile, first, {1: 3 * predicted})
     assert fitted is not None and fitted.profile.cpu_row_factor(1) > 2
