@@ -7,9 +7,11 @@
 source benchmarks/gpu_session/setup.sh || exit 1
 rm -f $OUT/commit.txt
 FIELDS="'decode_tok_s': [0-9.]*|'bound_tok_s': [0-9.]*|'decode_step_ms': [0-9.]*|'decode_worker_team': [0-9]*|'decode_worker_expert_kernel_ms': [0-9.]*|'decode_worker_idle_ms': [0-9.]*"
+i=0
 for team in 15 14 12 15; do
+  i=$((i + 1))
   VRAMSHARD_WORKER_THREADS=$team VRAMSHARD_RUN_AHEAD=on timeout 85 python3 -m benchmarks.moe_bench --budgets 8 \
     --batches 1 --time-limit 70 --no-skewed --placements experts-cpu --profile "$PROFILE" \
-    --out $OUT/moe_team$team.json > /tmp/moe.log 2>&1
+    --out $OUT/moe_team${team}_$i.json > /tmp/moe.log 2>&1
   echo "team $team rc $?"; grep -oE "$FIELDS" /tmp/moe.log | tr '\n' ' '; echo
 done
