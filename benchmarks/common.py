@@ -74,6 +74,11 @@ def hardware() -> dict:
                 info["physical_cores"] = len(cores)
     except OSError:
         pass
+    try:  # which machine: GPU calls of one session may get different hosts with one fingerprint
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            info["boot_id"] = f.read().strip()
+    except OSError:
+        pass
     info["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY", "default")
     # Every switch that changes how the run computes: OpenMP's, and vramshard's own (A/B runs).
     switches = {k: v for k, v in os.environ.items()
