@@ -805,6 +805,38 @@ def test_gpu_moe_experts_on_the_run_ahead_worker_match_cpu(arch, spec, tiny_mode
     assert ahead is not None and ahead._submitted >= on_cpu  # every host-expert layer went to the worker
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_moe_worker_runs_each_step_with_its_tuners_team_and_matches_cpu(tiny_model_dir, monkeypatch):
+    """The run-ahead worker's team tuning (runtime/team_tuner.py): each step's CPU parts run with the
+    team the tuner gave for that step, the tuner hears of each such step with the worker's time, and
+    the logits and greedy tokens are the CPU reference's whatever the team."""
+    from vramshard.layers import cpu_gemv
+    from vramshard.runtime import team_tuner
+
+    if cpu_gemv.library() is None:
+        pytest.skip("no C kernels here: the worker's team is not tuned")
+    monkeypatch.setattr(run_ahead, "ENABLED", True)
+    monkeypatch.setattr(run_ahead, "FORCED_TEAM", None)
+    monkeypatch.setattr(team_tuner, "ENABLED", True)
+    given, heard = [], []
+    largest = run_ahead.largest_team(torch.get_num_threads())
+
+    def team(tuner, tokens, planned, largest):
+        given.append(1 + len(given) % min(3, largest))
+        return given[-1]
+
+    monkeypatch.setattr(team_tuner.TeamTuner, "team", team)
+    monkeypatch.setattr(team_tuner.TeamTuner, "observe",
+                        lambda tuner, tokens, used, seconds: heard.append((given[-1], used, tokens, seconds)))
+    engine, reference, _ = host_expert_engine(tiny_model_dir, GPU_MOE_ARCHS[0], "experts-cpu")
+    assert_same_as_reference(engine, reference)
+    assert len(heard) >= 8, "the tuner heard of too few steps"
+    assert all(used == asked for asked, used, _, _ in heard), "a step's parts ran with another team"
+    assert len({used for _, used, _, _ in heard}) == min(3, largest)
+    assert all(tokens >= 1 and seconds > 0 for _, _, tokens, seconds in heard)
+
+
 @pytest.mark.parametrize("spec", ["experts-cpu", "mixed", "experts-stream"])
 @pytest.mark.parametrize("arch", GPU_MOE_ARCHS)
 @pytest.mark.gpu

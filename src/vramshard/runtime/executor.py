@@ -55,7 +55,7 @@ from .expert_split import ExpertSplitSteps
 from .host_weights import PackedWeights
 from .kv_cache import KVCache
 from .kv_staging import KVStaging
-from . import run_ahead, zero_copy_experts
+from . import run_ahead, team_tuner, zero_copy_experts
 from .cpu_down import DownCopies
 from .cpu_packed import PackedParts
 from .ffn_buffers import FFNBuffers
@@ -228,7 +228,9 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         self._host_moe: dict[str, DictExperts] = {}  # MoE sub-layer -> its host buffer's experts, stacked
         self._run_ahead: run_ahead.RunAhead | None = None  # split FFNs' CPU parts on a worker (opt-in)
         self._run_ahead_tried = False
-        self._worker_team: int | None = None  # the run-ahead worker's team in the step running (the tier's)
+        self._worker_team: int | None = None  # the run-ahead worker's team in the step running
+        self._team_tuner: team_tuner.TeamTuner | None = None  # that team by the worker's times (made with the worker)
+        self._tuned_tokens: int | None = None  # tokens of the step running, where the tuner gave its team
         self.compute_stream = self.copy_stream = None
         self._vram_before = 0
         self._reserved_after_step = 0  # VRAM reserved after the last step, less _vram_before
@@ -269,6 +271,8 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         timeline = timeline or Timeline()
         self.plans = config.plans
         self.placement = config.plans.placements[0]
+        if self._team_tuner is not None:
+            self._team_tuner.reset()  # (other work in each step)
         self.budget = config.budget
         self._kv_gpu = set(config.kv_gpu)
         self._staged = config.staged
@@ -664,6 +668,10 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         placement, threads = self.plans.for_tokens(tokens)
         use_cpu_threads(threads or self.threads)
         self._worker_team = self.plans.worker_threads_for(tokens)
+        self._tuned_tokens = None
+        if self._team_tuner is not None:
+            largest = run_ahead.largest_team(torch.get_num_threads())  # (the step's threads, set above)
+            self._worker_team, self._tuned_tokens = self._team_tuner.team(tokens, self._worker_team, largest), tokens
         where = placement.as_dict()
         if not self.uses_gpu or self.simulated:
             x = x.cpu()  # token ids a GPU sampled before a re-plan onto the CPU alone
@@ -782,6 +790,8 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
             self._host_compute_s += computing
             self._host_wait_s += waiting
             self._worker_parts = self._run_ahead.last_parts
+            if self._tuned_tokens is not None and self._team_tuner is not None and self._worker_parts.get("parts"):
+                self._team_tuner.observe(self._tuned_tokens, self._worker_parts["team"], computing)
 
     def _ahead(self) -> run_ahead.RunAhead | None:
         """The run-ahead worker (made on the first split FFN that uses it), None where it is off."""
@@ -794,10 +804,19 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
                     log.warning("run-ahead split steps are not available here: %s", exc)
                 else:
                     weakref.finalize(self, self._run_ahead.close)
+                    self._team_tuner = self._make_team_tuner()
         if self._run_ahead is not None:
             self._run_ahead.team = self._worker_team
         return self._run_ahead
 
+    @staticmethod
+    def _make_team_tuner() -> team_tuner.TeamTuner | None:
+        """The worker's team tuning (:mod:`.team_tuner`), where it is on, no team is forced, and the
+        worker's work goes through the C kernels (their team is an argument: a compiled kernel might
+        compile again for each team)."""
+        if not team_tuner.ENABLED or run_ahead.FORCED_TEAM is not None or cpu_gemv.library() is None:
+            return None
+        return team_tuner.TeamTuner()
 
     def _on_cpu(self, sublayer, x: torch.Tensor, step) -> torch.Tensor:
         """``sublayer`` on the CPU from host memory (a dense FFN at many rows in the reused buffers)."""
