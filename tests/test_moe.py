@@ -819,6 +819,7 @@ def test_gpu_moe_worker_runs_each_step_with_its_tuners_team_and_matches_cpu(tiny
     monkeypatch.setattr(run_ahead, "ENABLED", True)
     monkeypatch.setattr(run_ahead, "FORCED_TEAM", None)
     monkeypatch.setattr(team_tuner, "ENABLED", True)
+    monkeypatch.setattr(zero_copy_experts, "ENABLED", False)  # (decode steps' experts on the worker, not the GPU's kernels)
     given, heard = [], []
     largest = run_ahead.largest_team(torch.get_num_threads())
 

@@ -1,8 +1,9 @@
 # ~3.5 min (written 2026-12-06 in session 41). The run-ahead worker's team tuning (runtime/team_tuner.py), new in
 # session 41: its GPU test (each step's parts run with the tuner's team; tokens as the CPU reference's), then
 # qwen3-30b-a3b at 8 GiB experts-cpu, run-ahead on, with the tuning on (the default) and off, alternating
-# (SECONDS_EACH a run, default 60; 64 decode steps: the first trial of a smaller team comes after 12). In the thirty-sixth session's runs a team of 15 collapsed in 4 of 8 runs
-# (kernel 149-244 ms a step against 55-89); with the tuning the log should say "taking 13" (or less) in such a run.
+# (SECONDS_EACH a run, default 60; 64 decode steps: the first trial of a smaller team comes after 12). In the
+# thirty-sixth session's runs a team of 15 collapsed in 4 of 8 runs (kernel 149-244 ms a step against 55-89); with
+# the tuning the log should say "taking 13" (or less) in such a run. TUNINGS="on off on off" for more runs.
 source benchmarks/gpu_session/setup.sh || exit 1
 rm -f $OUT/commit.txt
 timeout 60 python3 -m pytest -q -p no:cacheprovider -rs tests/test_moe.py -k tuners_team > $OUT/pytest_tuner.txt 2>&1
