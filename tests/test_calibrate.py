@@ -481,6 +481,22 @@ def test_steps_in_which_cpu_projections_tried_their_paths_are_not_samples(tiny_m
     assert list(engine.plan_check().raw) == [0.1, 0.1]
 
 
+def test_steps_in_which_the_worker_tried_another_team_are_not_samples(tiny_model_dir):
+    """A step of the run-ahead worker's team on trial (runtime/team_tuner.py) times that team, which
+    the engine may not go on with."""
+    engine, _ = simulated_engine(tiny_model_dir("qwen3"))
+
+    def step(seconds: float = 0.1):
+        return StepStats(1, 0, 1, 1, 1, seconds, 0, 1, time.time() + 0.5, seconds, 0.0, 0.05, 0.0)
+
+    engine._measured(step())  # the tier's first step under the plan: its warm-up
+    engine.executor.team_trial_steps += 1  # (as the executor counts a step whose team is on trial)
+    engine._measured(step(0.3))
+    engine._measured(step())
+    assert list(engine.cpu_check().samples[1]) == [0.05]
+    assert list(engine.plan_check().raw) == [0.1, 0.1]
+
+
 def test_a_dispatch_factor_scales_the_hosts_gpu_dispatch_and_explains_a_host_bound_step(nemo_2gib, h200):
     fitted = h200.calibrated(dispatch_scale=2.0)
     assert fitted.dispatch_s("cuda") == pytest.approx(2 * h200.dispatch_s("cuda"))

@@ -60,6 +60,19 @@ def test_a_smaller_planned_team_climbs_to_a_faster_larger_one():
     assert teams[0] == 9 and teams[-1] == 15
 
 
+def test_the_steps_of_a_trial_are_told_apart():
+    tuner = TeamTuner()
+    trials = []
+    for step in range(390):
+        team = tuner.team(1, None, 15)
+        trials.append(tuner.on_trial(1))
+        assert trials[-1] == (team != tuner._by_tokens[1].team)
+        tuner.observe(1, team, quiet(team, step))
+    # trials after holds of 12, 24, 48 and 96 steps (each lost: the hold doubles), the next after 192 more
+    assert trials[2 * SAMPLES:3 * SAMPLES] == [True] * SAMPLES and sum(trials) == 4 * SAMPLES
+    assert not tuner.on_trial(4)
+
+
 def test_a_team_collapsed_from_the_first_step_is_left_within_a_few_trials():
     tuner = TeamTuner()
     teams = run(tuner, lambda team, step: 0.240 if team >= 15 else 0.060, 100)

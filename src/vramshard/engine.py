@@ -103,7 +103,7 @@ class Engine:
         self.budget = BudgetFollower(self, vram_budget)
         self._decode_check: DecodeCheck | None = None  # decode steps vs the plan in force
         self._cpu_check: CpuCheck | None = None  # the CPU work of each tier's steps, for the plan in force
-        self._trials_seen = cpu_linear.trial_calls()  # CPU projections' path trials before the last step measured
+        self._trials_seen = self._trials()  # trials before the last step measured
         executor.oom_handler = self.budget.recover_from_oom
 
     # ------------------------------------------------------------------ loading
@@ -356,11 +356,16 @@ class Engine:
                          after_step=self._measured,
                          overlap=self.overlap if overlap is None else overlap, prefix_cache=prefix_cache)
 
+    def _trials(self) -> tuple[int, int]:
+        """(CPU projections' path trials, steps the run-ahead worker ran with a team on trial) so far."""
+        return cpu_linear.trial_calls(), self.executor.team_trial_steps
+
     def _measured(self, stats) -> None:
         """A step's measurements, against the plan in force (the scheduler calls this after each)."""
-        trials = cpu_linear.trial_calls()
+        trials = self._trials()
         if trials != self._trials_seen:
-            # CPU projections chose their paths in the step, trying slower ones: not the plan's speed.
+            # CPU projections chose their paths in the step, trying slower ones, or the worker tried a
+            # team it may not keep: not the plan's speed.
             self._trials_seen = trials
             return
         self.plan_check().add(stats.tokens, stats.sequences, stats.forward_s, stats.context)

@@ -231,6 +231,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         self._worker_team: int | None = None  # the run-ahead worker's team in the step running
         self._team_tuner: team_tuner.TeamTuner | None = None  # that team by the worker's times (made with the worker)
         self._tuned_tokens: int | None = None  # tokens of the step running, where the tuner gave its team
+        self.team_trial_steps = 0  # steps run so far with a team on trial (the engine does not fit them)
         self.compute_stream = self.copy_stream = None
         self._vram_before = 0
         self._reserved_after_step = 0  # VRAM reserved after the last step, less _vram_before
@@ -672,6 +673,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         if self._team_tuner is not None:
             largest = run_ahead.largest_team(torch.get_num_threads())  # (the step's threads, set above)
             self._worker_team, self._tuned_tokens = self._team_tuner.team(tokens, self._worker_team, largest), tokens
+            self.team_trial_steps += self._team_tuner.on_trial(tokens)
         where = placement.as_dict()
         if not self.uses_gpu or self.simulated:
             x = x.cpu()  # token ids a GPU sampled before a re-plan onto the CPU alone

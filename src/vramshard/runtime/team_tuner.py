@@ -86,6 +86,12 @@ class TeamTuner:
             state = self._by_tokens[tokens] = _Tokens(largest, smallest, stride, team=start, hold=2 * SAMPLES)
         return state.trial if state.trial is not None else state.team
 
+    def on_trial(self, tokens: int) -> bool:
+        """Whether the next step of ``tokens`` tokens runs a neighbouring team on trial (its times are
+        the trial's, not the team's the engine goes on with)."""
+        state = self._by_tokens.get(tokens)
+        return state is not None and state.trial is not None
+
     def observe(self, tokens: int, team: int, seconds: float) -> None:
         """The worker computed for ``seconds`` in a step of ``tokens`` tokens whose parts ran with
         ``team`` threads."""
