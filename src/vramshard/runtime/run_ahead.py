@@ -132,8 +132,9 @@ def largest_team(asked: int) -> int:
 
 def worker_threads(asked: int, team: int | None = None) -> int:
     """The worker's OpenMP team for a part asked to run on ``asked`` threads: :func:`largest_team`,
-    or ``team`` where that is smaller (the plan's, from the profile's timing of the worker beside
-    Python by team size: :func:`~vramshard.profile.bench_experts.team_candidates`).
+    or ``team`` where that is smaller (the executor's: the plan's, from the profile's timing of the
+    worker beside Python by team size, :func:`~vramshard.profile.bench_experts.team_candidates`, as
+    the engine's steps tune it, :mod:`~vramshard.runtime.team_tuner`).
     ``VRAMSHARD_WORKER_THREADS=N`` sets it to N (within 1 and the cores), e.g. to compare teams."""
     if FORCED_TEAM:
         return FORCED_TEAM
