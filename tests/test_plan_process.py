@@ -2,6 +2,7 @@
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -185,6 +186,29 @@ def test_a_child_that_does_not_answer_is_killed_and_the_caller_told(planned):
         assert time.monotonic() - began < 30 and not child.running and child.started == 1
     finally:
         child.close()
+
+
+@pytest.mark.parametrize("budget", [2 * GiB, 2**20], ids=["plan", "planner-error"])
+def test_a_child_whose_engine_went_away_mid_plan_ends_quietly(planned, budget):
+    """The engine's process ended (its end of the replies closed) while the child made a plan: the
+    child ends without a traceback (one was printed into the thirty-sixth GPU session's logs), its
+    reply long (a plan) or short (a planner's error)."""
+    import subprocess
+    import sys
+
+    from vramshard.plan.estimator import Mechanisms
+
+    model, settings, _ = planned
+    source = str(Path(plan_process.__file__).resolve().parents[2])
+    child = subprocess.Popen([sys.executable, "-c", plan_process._CHILD], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=dict(os.environ, PYTHONPATH=source, OMP_NUM_THREADS="1"))
+    request = plan_wire.request(plan_wire.model_recipe(model), settings, budget, None, True, Mechanisms.here())
+    child.stdout.close()  # (the engine gone: nobody reads the reply)
+    child.stdin.write(plan_wire.dumps(request))
+    child.stdin.close()
+    errors = child.stderr.read().decode()
+    assert child.wait(timeout=120) == 0 and "Traceback" not in errors and "Broken" not in errors, errors
 
 
 @pytest.mark.parametrize("name", sorted(SHAPES))

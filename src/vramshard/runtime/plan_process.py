@@ -233,7 +233,10 @@ def _serve() -> None:
                                                                                search))}
         except Exception as exc:  # the planner's errors go back to be raised there
             reply = {"ok": False, **plan_wire.error_to_wire(exc)}
-        _send(replies, reply)
+        try:
+            _send(replies, reply)
+        except BrokenPipeError:  # the engine's process ended while this plan was made: nobody to answer
+            return
 
 
 if __name__ == "__main__":
