@@ -497,6 +497,36 @@ def test_steps_in_which_the_worker_tried_another_team_are_not_samples(tiny_model
     assert list(engine.plan_check().raw) == [0.1, 0.1]
 
 
+def test_the_benchmarks_warm_up_runs_until_the_one_token_steps_are_judged(tiny_model_dir, monkeypatch):
+    """`vramshard bench` and benchmarks/engine_bench measure an engine after a warm-up that let it fit
+    its one-token steps' CPU work. Steps with CPU path trials are no samples, and an 8B model's head
+    tried its paths for 10-15 decode steps, as long as one warm-up run: the thirty-sixth GPU
+    session's llama3-8b was fitted in its first timed run. The one-sequence warm-up run is repeated
+    while the engine has that fit to make (a simulated GPU's steps time no CPU work: each run's steps
+    are given here as the scheduler gives them, the first 14 with a trial)."""
+    from vramshard.cli import bench
+
+    engine, _ = simulated_engine(tiny_model_dir("qwen3"))
+    trials = iter(range(14))  # a new trial in each of the first steps
+    monkeypatch.setattr(cpu_linear, "trial_calls", lambda: next(trials, -1))
+    runs = []
+
+    def run_requests(engine, prompts, new_tokens, settings):
+        runs.append(len(prompts))
+        for _ in range(1 + new_tokens):  # the prompt's step, then one a token
+            engine.poll_budget()
+            engine._measured(StepStats(1, 0, 1, 1, 1, 0.1, 0, 1, time.time() + 0.5, 0.1, 0.0, 0.05, 0.0))
+
+    monkeypatch.setattr(bench, "run_requests", run_requests)
+    assert engine.calibration_pending()
+    bench._warm_every_shape(engine, bench.BenchSettings(pp=4, tg=8, batch_sizes=(4,), batch_prompt=4, batch_gen=8))
+    assert not engine.calibration_pending() and 1 in engine.budget.cpu_judged
+    assert runs == [1, 1, 1, 4]  # (11 steps a run: trials, then the tier's first step and 8 samples)
+    whole = Engine.load(tiny_model_dir("qwen3"), vram=2**30, simulate_gpu=True, tiers=TIERS, max_step_tokens=16,
+                        max_context=128, profile=synthetic(cpu_gflops=2000, gpu_gflops=20_000, h2d_gbps=0.5))
+    assert not calibrate.has_cpu_work(whole.plan, 1) and not whole.calibration_pending()  # (nothing to fit)
+
+
 def test_a_dispatch_factor_scales_the_hosts_gpu_dispatch_and_explains_a_host_bound_step(nemo_2gib, h200):
     fitted = h200.calibrated(dispatch_scale=2.0)
     assert fitted.dispatch_s("cuda") == pytest.approx(2 * h200.dispatch_s("cuda"))

@@ -383,6 +383,18 @@ class Engine:
             self._cpu_check = CpuCheck(self.plan, self.budget.cpu_judged, to_planned)
         return self._cpu_check
 
+    def calibration_pending(self, tokens: int = 1) -> bool:
+        """Whether the plan in force computes on the CPU in steps of ``tokens`` tokens and the engine
+        has not yet judged that tier's CPU work against the profile (the in-situ fit of
+        :mod:`~vramshard.budget_follower`, once per tier, from its steps after the first that ran no
+        trials): until then its plan may change once the fit is made."""
+        if self.plan is None:
+            return False
+        plans = self.executor.plans
+        tier = plans.tiers[plans.index_for(tokens)]
+        return tier in self.plan.tiers and calibrate.has_cpu_work(self.plan, tier) \
+            and tier not in self.budget.cpu_judged
+
     def plan_check(self) -> DecodeCheck:
         """Single-sequence decode steps of the plan in force against its prediction (a warning is
         logged once when they are 1.5x off: the machine profile does not fit the machine)."""

@@ -169,18 +169,26 @@ def _median_runs(runs: list[dict]) -> dict:
     return out
 
 
-WARMUP_STEPS = 10  # decode steps of each warm-up run: a graph capture, and enough for a tier's CPU work to be judged
+WARMUP_STEPS = 10  # decode steps of each warm-up run: a graph capture, and for a tier's CPU work to be judged
+# One-sequence warm-up runs while the engine has yet to judge its one-token steps' CPU work: steps in which
+# CPU projections try their paths are no samples (an 8B model's head tried its paths in the first 10-15).
+WARMUP_RUNS = 4
 
 
 def _warm_every_shape(engine, settings: BenchSettings) -> None:
     """On a GPU, run the prompt and every batch size once before the timed runs, for every engine
     alike: each batch size's first decode steps capture its CUDA graphs, and a planned engine fits
-    its profile to the CPU work it measures in each tier's steps (budget_follower) and re-plans.
+    its profile to the CPU work it measures in each tier's steps (budget_follower) and re-plans
+    (the one-sequence run repeated, up to WARMUP_RUNS times, until it has judged one-token steps).
     The timed runs then measure the engine as it runs from then on, not its warm-up."""
     if getattr(engine, "device", "cpu") == "cpu":
         return
     vocab = engine.args.vocab_size
-    run_requests(engine, _prompts(1, settings.pp, vocab, 97), WARMUP_STEPS, settings)
+    pending = getattr(engine, "calibration_pending", lambda: False)
+    for run in range(WARMUP_RUNS):
+        run_requests(engine, _prompts(1, settings.pp, vocab, 97 + run), WARMUP_STEPS, settings)
+        if not pending():
+            break
     for size in settings.batch_sizes:
         run_requests(engine, _prompts(size, settings.batch_prompt, vocab, 96), WARMUP_STEPS, settings)
     if getattr(engine, "plan", None) is not None:
