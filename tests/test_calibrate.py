@@ -497,34 +497,58 @@ def test_steps_in_which_the_worker_tried_another_team_are_not_samples(tiny_model
     assert list(engine.plan_check().raw) == [0.1, 0.1]
 
 
-def test_the_benchmarks_warm_up_runs_until_the_one_token_steps_are_judged(tiny_model_dir, monkeypatch):
-    """`vramshard bench` and benchmarks/engine_bench measure an engine after a warm-up that let it fit
-    its one-token steps' CPU work. Steps with CPU path trials are no samples, and an 8B model's head
-    tried its paths for 10-15 decode steps, as long as one warm-up run: the thirty-sixth GPU
-    session's llama3-8b was fitted in its first timed run. The one-sequence warm-up run is repeated
-    while the engine has that fit to make (a simulated GPU's steps time no CPU work: each run's steps
-    are given here as the scheduler gives them, the first 14 with a trial)."""
+def bench_warm_up(engine, monkeypatch, trials: int = 0, replans: int = 0) -> list[int]:
+    """The sizes of the runs `cli/bench._warm_every_shape` makes, its runs' steps given to the engine
+    as the scheduler gives them (a simulated GPU's steps time no CPU work), the first ``trials`` steps
+    with a CPU path trial; the engine's background plan taking ``replans`` new plans, one a round."""
     from vramshard.cli import bench
 
-    engine, _ = simulated_engine(tiny_model_dir("qwen3"))
-    trials = iter(range(14))  # a new trial in each of the first steps
+    trials = iter(range(trials))
     monkeypatch.setattr(cpu_linear, "trial_calls", lambda: next(trials, -1))
-    runs = []
+    runs, plans = [], iter([dataclasses.replace(engine.plan) for _ in range(replans)])
 
     def run_requests(engine, prompts, new_tokens, settings):
         runs.append(len(prompts))
         for _ in range(1 + new_tokens):  # the prompt's step, then one a token
             engine.poll_budget()
-            engine._measured(StepStats(1, 0, 1, 1, 1, 0.1, 0, 1, time.time() + 0.5, 0.1, 0.0, 0.05, 0.0))
+            engine._measured(StepStats(len(prompts), 0, len(prompts), len(prompts), len(prompts), 0.1, 0, 1,
+                                       time.time() + 0.5, 0.1, 0.0, 0.05, 0.0))
+
+    def wait(timeout):
+        engine.plan = next(plans, engine.plan)  # (a fit's plan taken)
 
     monkeypatch.setattr(bench, "run_requests", run_requests)
-    assert engine.calibration_pending()
+    monkeypatch.setattr(engine.budget.background, "wait", wait)
     bench._warm_every_shape(engine, bench.BenchSettings(pp=4, tg=8, batch_sizes=(4,), batch_prompt=4, batch_gen=8))
+    return runs
+
+
+def test_the_benchmarks_warm_up_runs_until_the_one_token_steps_are_judged(tiny_model_dir, monkeypatch):
+    """`vramshard bench` and benchmarks/engine_bench measure an engine after a warm-up that let it fit
+    its one-token steps' CPU work. Steps with CPU path trials are no samples, and an 8B model's head
+    tried its paths through 10-15 decode steps, as long as one warm-up run: the warm-up goes on while
+    the engine has that fit to make."""
+    engine, _ = simulated_engine(tiny_model_dir("qwen3"))
+    assert engine.calibration_pending()
+    # (a round: 11 one-token steps, then 9 of four: trials, then the tier's first step and 8 samples)
+    assert bench_warm_up(engine, monkeypatch, trials=14) == [1, 4, 1, 4]
     assert not engine.calibration_pending() and 1 in engine.budget.cpu_judged
-    assert runs == [1, 1, 1, 4]  # (11 steps a run: trials, then the tier's first step and 8 samples)
     whole = Engine.load(tiny_model_dir("qwen3"), vram=2**30, simulate_gpu=True, tiers=TIERS, max_step_tokens=16,
                         max_context=128, profile=synthetic(cpu_gflops=2000, gpu_gflops=20_000, h2d_gbps=0.5))
     assert not calibrate.has_cpu_work(whole.plan, 1) and not whole.calibration_pending()  # (nothing to fit)
+
+
+def test_the_benchmarks_warm_up_runs_a_plan_the_engine_took_in_it_before_the_timed_runs(tiny_model_dir, monkeypatch):
+    """A fit's new plan pays its first calls in its first steps (253 ms of CPU work in a 1024-token
+    step on the H200 machine, 16 ms after): the warm-up runs a round under it (up to WARMUP_ROUNDS)."""
+    from vramshard.cli.bench import WARMUP_ROUNDS
+
+    engine, _ = simulated_engine(tiny_model_dir("qwen3"))
+    assert bench_warm_up(engine, monkeypatch) == [1, 4]  # (judged in the first round, no new plan)
+    engine, _ = simulated_engine(tiny_model_dir("qwen3"))
+    assert bench_warm_up(engine, monkeypatch, replans=1) == [1, 4, 1, 4]
+    engine, _ = simulated_engine(tiny_model_dir("qwen3"))
+    assert bench_warm_up(engine, monkeypatch, replans=5) == [1, 4] * WARMUP_ROUNDS
 
 
 def test_a_dispatch_factor_scales_the_hosts_gpu_dispatch_and_explains_a_host_bound_step(nemo_2gib, h200):

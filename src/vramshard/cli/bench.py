@@ -170,30 +170,36 @@ def _median_runs(runs: list[dict]) -> dict:
 
 
 WARMUP_STEPS = 10  # decode steps of each warm-up run: a graph capture, and for a tier's CPU work to be judged
-# One-sequence warm-up runs while the engine has yet to judge its one-token steps' CPU work: steps in which
-# CPU projections try their paths are no samples (an 8B model's head tried its paths in the first 10-15).
-WARMUP_RUNS = 4
+# Warm-up rounds at most: another while the engine has yet to judge its one-token steps' CPU work (steps in
+# which CPU projections try their paths are no samples: an 8B model's head tried its paths through the first
+# 10-15), or when its fit re-planned (the new plan's first steps pay its first calls).
+WARMUP_ROUNDS = 3
 
 
 def _warm_every_shape(engine, settings: BenchSettings) -> None:
-    """On a GPU, run the prompt and every batch size once before the timed runs, for every engine
-    alike: each batch size's first decode steps capture its CUDA graphs, and a planned engine fits
-    its profile to the CPU work it measures in each tier's steps (budget_follower) and re-plans
-    (the one-sequence run repeated, up to WARMUP_RUNS times, until it has judged one-token steps).
-    The timed runs then measure the engine as it runs from then on, not its warm-up."""
+    """On a GPU, run the prompt and every batch size before the timed runs, for every engine alike:
+    each batch size's first decode steps capture its CUDA graphs, and a planned engine fits its
+    profile to the CPU work it measures in each tier's steps (budget_follower) and re-plans. The
+    round is run again (up to WARMUP_ROUNDS) while the engine has yet to judge its one-token steps,
+    or when it re-planned, so that the timed runs measure the engine as it runs from then on, not
+    its warm-up."""
     if getattr(engine, "device", "cpu") == "cpu":
         return
     vocab = engine.args.vocab_size
     pending = getattr(engine, "calibration_pending", lambda: False)
-    for run in range(WARMUP_RUNS):
-        run_requests(engine, _prompts(1, settings.pp, vocab, 97 + run), WARMUP_STEPS, settings)
-        if not pending():
-            break
-    for size in settings.batch_sizes:
-        run_requests(engine, _prompts(size, settings.batch_prompt, vocab, 96), WARMUP_STEPS, settings)
-    if getattr(engine, "plan", None) is not None:
+    for round_ in range(WARMUP_ROUNDS):
+        plan = getattr(engine, "plan", None)
+        run_requests(engine, _prompts(1, settings.pp, vocab, 97 + round_), WARMUP_STEPS, settings)
+        for size in settings.batch_sizes:
+            run_requests(engine, _prompts(size, settings.batch_prompt, vocab, 96 - round_), WARMUP_STEPS, settings)
+        if plan is None:
+            return
         engine.budget.background.wait(60)
         engine.poll_budget()  # the last fit's plan in force
+        if engine.plan is plan and not pending():
+            return
+        log.info("warm-up round %d: %s; another", round_ + 1,
+                 "the engine re-planned" if engine.plan is not plan else "one-token steps not yet judged")
 
 
 def measure(engine, settings: BenchSettings) -> dict:
