@@ -155,7 +155,7 @@ def profile_placement(model, host: HostLayouts, spec: str, args) -> dict:
         return Step(list(range(rows)), [position] * rows, [1] * rows, list(range(rows)), kv_lookup=kv)
 
     with torch.inference_mode():
-        for _ in range(5):
+        for _ in range(args.warmup):  # (CPU projections try their paths in their first 10-15 calls)
             executor.forward(token, decode_step())
             position += 1
         sync()
@@ -215,6 +215,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=None, help="cut the model to N layers (default: all)")
     parser.add_argument("--ctx", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=10, help="timed decode steps per placement")
+    parser.add_argument("--warmup", type=int, default=5, help="decode steps per placement before the timed ones")
     parser.add_argument("--seqs", type=int, default=1,
                         help="sequences decoding together (a decode tier of that many rows; planned:G plans it)")
     parser.add_argument("--placements", default="gpu,gpu+graphs,static")

@@ -9,7 +9,7 @@ rm -f $OUT/commit.txt
 PLACEMENTS=planned:8@16,planned:8@14,planned:8@12,planned:8@16,planned:8@14,planned:8@12
 PLACEMENTS=$PLACEMENTS,planned:2@16,planned:2@14,planned:2@12,planned:2@16,planned:2@14,planned:2@12
 timeout ${SECONDS_LIMIT:-280} python3 -m benchmarks.step_profile --shape llama3-8b --placements $PLACEMENTS \
-  --profile "$PROFILE" --steps 30 --rows 5 --json $OUT/host_threads.json > $OUT/host_threads.log 2>&1
+  --profile "$PROFILE" --steps 30 --warmup 20 --rows 5 --json $OUT/host_threads.json > $OUT/host_threads.log 2>&1
 echo "step_profile rc $? load $(cut -d' ' -f1-3 /proc/loadavg)"
 python3 - <<'PY'
 import json, os
