@@ -124,7 +124,9 @@ class Engine:
             at 8192 on the GPU, where its KV cache is reserved in VRAM).
         options: ``max_batch`` (sequences whose KV is reserved, default 1), ``kv_tokens`` (KV
             positions to reserve, shared by all sequences; default ``max_batch`` x context), ``max_step_tokens``
-            (largest step, default 2048), ``threads`` (CPU threads), ``num_slots`` (stream ring),
+            (largest step, default 2048), ``threads`` (the most CPU threads the engine computes on,
+            e.g. to leave cores to a game beside it; the planner prices CPU work at that many; default all
+            cores), ``num_slots`` (stream ring),
             ``tiers`` (:class:`Tiers`), ``profile`` (a machine profile for the planner),
             ``vision`` (:class:`vramshard.vlm.VisionOptions`, vision-language models only),
             ``decode_graphs`` (replay decode steps over VRAM-resident sub-layers from CUDA graphs; default
@@ -204,6 +206,8 @@ class Engine:
                decode_compile: str | None = None, overlap: bool | None = None,
                timeline: Timeline | None = None) -> "Engine":
         timeline = timeline or Timeline()  # (from_checkpoint's, with its reading already in it)
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise InvalidInputError(f"threads must be a whole number of CPU threads >= 1, got {threads!r}")
         limit = model.args.max_position_embeddings
         if max_context is not None and max_context > limit:
             raise InvalidInputError(f"max_context {max_context} exceeds the model's limit of {limit} positions")
@@ -217,7 +221,7 @@ class Engine:
         tiers = tiers or Tiers(tuple(t for t in Tiers().sizes if t <= max_step_tokens) or (max_step_tokens,))
         plan_set = settings = None
         if gpu_side:
-            profile = planning_profile(profile, model.dtype)
+            profile = planning_profile(profile, model.dtype).limited_to(threads)
             settings = budgets.PlanSettings(profile, tiers, kv_tokens, num_slots, name)
         with timeline.phase("plan"):
             if placement is None and gpu_side and budget is not None:

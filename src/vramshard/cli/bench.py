@@ -23,7 +23,7 @@ import json
 import logging
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -33,6 +33,7 @@ from ..errors import InvalidInputError, VramshardError
 from ..runtime.kv_cache import DEFAULT_BLOCK_SIZE
 from ..runtime.timeline import Timeline
 from ..units import format_bytes
+from .common import add_threads_arg
 
 log = logging.getLogger(__name__)
 DEFAULT_BATCHES = (1, 4, 16, 64)
@@ -447,6 +448,7 @@ def register(subparsers) -> None:
                         help="placements to compare in the same run, e.g. layers:max,cpu "
                              "(default: layers:max,cpu with a GPU, none without)")
     parser.add_argument("--profile", metavar="PATH", default=None, help="machine profile for the planner")
+    add_threads_arg(parser)
     parser.add_argument("-p", "--pp", type=int, default=512, metavar="N", help="prompt tokens (default 512)")
     parser.add_argument("-n", "--tg", type=int, default=128, metavar="N", help="generated tokens (default 128)")
     parser.add_argument("-b", "--batch-sizes", type=_sizes, default=DEFAULT_BATCHES, metavar="LIST",
@@ -480,10 +482,11 @@ def main(args: argparse.Namespace) -> int:
     if baselines is None:
         baselines = "layers:max,cpu" if device != "cpu" else ""
     label = "vramshard" if args.placement is None else args.placement
-    specs = [EngineSpec(label, args.placement, vram)]
+    threads = {"threads": args.threads} if args.threads else {}  # (every engine alike)
+    specs = [EngineSpec(label, args.placement, vram, dict(threads))]
     if args.compile and device != "cpu":
-        specs.append(EngineSpec(f"{label}+compiled", args.placement, vram, {"decode_compile": "inductor"}))
-    specs += baseline_specs(baselines, vram)
+        specs.append(EngineSpec(f"{label}+compiled", args.placement, vram, {"decode_compile": "inductor", **threads}))
+    specs += [replace(spec, options={**spec.options, **threads}) for spec in baseline_specs(baselines, vram)]
     profile = machine_profile(args.profile) if args.profile else None
     started = time.perf_counter()
     with console.status("building the model"):

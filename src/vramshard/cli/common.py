@@ -37,8 +37,15 @@ def add_sampling_args(parser: argparse.ArgumentParser, max_new_tokens: int = 128
                        help="stop before this text (repeat for several; \\n and \\t are understood)")
 
 
+def add_threads_arg(parser) -> None:
+    """-t/--threads (llama.cpp's -t): the most CPU threads the engine computes on."""
+    parser.add_argument("-t", "--threads", type=int, default=None, metavar="N",
+                        help="the most CPU threads to compute on, e.g. to leave cores to a game beside it; the "
+                             "planner prices the CPU's work at that many (default: all cores)")
+
+
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """--vram, --device, --placement, --dtype, --cuda-graphs, --compile."""
+    """--vram, --device, --placement, --dtype, --threads, --cuda-graphs, --compile."""
     group = parser.add_argument_group("placement")
     group.add_argument("--vram", default="auto", metavar="SIZE",
                        help="VRAM budget, e.g. 4GiB or 2048MiB, auto: the free VRAM less a safety margin "
@@ -49,6 +56,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                        help="force a placement instead of the planned one (see `vramshard plan`)")
     group.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"),
                        help="weights and compute dtype (default: the checkpoint's)")
+    add_threads_arg(group)
     group.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                        help="replay decode steps over VRAM-resident sub-layers from CUDA graphs "
                             "(default: on; --no-cuda-graphs runs every step eagerly)")
@@ -57,9 +65,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                             "decode, after some seconds of compiling at the first decode steps")
 
 
-def graph_options(args: argparse.Namespace) -> dict:
-    """The ``Engine.load`` options of --cuda-graphs and --compile."""
-    return {"decode_graphs": args.cuda_graphs, "decode_compile": "inductor" if args.compile else None}
+def engine_options(args: argparse.Namespace) -> dict:
+    """The ``Engine.load`` options of --threads, --cuda-graphs and --compile."""
+    return {"threads": args.threads, "decode_graphs": args.cuda_graphs,
+            "decode_compile": "inductor" if args.compile else None}
 
 
 def stderr_console() -> Console:
@@ -75,7 +84,7 @@ def load_engine(model: str, args: argparse.Namespace, console: Console):
 
     def load(report=None):
         return Engine.load(model, vram=args.vram, device=args.device, dtype=args.dtype,
-                           placement=args.placement, progress=report, **graph_options(args))
+                           placement=args.placement, progress=report, **engine_options(args))
 
     if not console.is_terminal:  # rich would still write a blank line into a pipe or log file
         return load()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from .common import add_threads_arg
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("plan", help="show where every sub-layer would run, per token tier")
@@ -15,6 +17,7 @@ def register(subparsers) -> None:
     p.add_argument("--slots", type=int, default=2, help="streaming slots in the ring (default 2)")
     p.add_argument("--profile", default=None, help="profile file (default: this machine's)")
     p.add_argument("--dtype", default=None, help="weights dtype (default: the checkpoint's)")
+    add_threads_arg(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw where each sub-layer runs per tier")
     p.set_defaults(func=main)
@@ -46,7 +49,7 @@ def main(args) -> int:
     # auto: this machine's free VRAM (None without CUDA, where the plan is all-CPU anyway).
     budget = resolve_budget(args.vram, None)[0] if is_auto(args.vram) else parse_size(args.vram)
     # As an engine would plan: the host's read bandwidth now, the factors engines fitted here.
-    profile = planning_profile(machine_profile(args.profile), model.dtype)
+    profile = planning_profile(machine_profile(args.profile), model.dtype).limited_to(args.threads)
     plan = Planner(model, profile, budget, context=args.ctx, tiers=tiers,
                    num_slots=args.slots, name=name).plan()
     if profile.cpu_scale != 1.0:

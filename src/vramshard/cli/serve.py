@@ -6,7 +6,7 @@ import argparse
 import logging
 
 from ..errors import InvalidInputError
-from .common import add_engine_args, graph_options, stderr_console
+from .common import add_engine_args, engine_options, stderr_console
 
 log = logging.getLogger(__name__)
 DEFAULT_CONTEXT = 8192  # KV positions per sequence when the model allows more (the pool is max_seqs x this)
@@ -59,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
         raise InvalidInputError(f"--budget-poll must be 0 or more seconds, got {args.budget_poll}")
     console = stderr_console()
     options = dict(vram=args.vram, device=args.device, placement=args.placement, max_context=args.max_context,
-                   max_batch=args.max_seqs, max_step_tokens=args.max_step_tokens, **graph_options(args))
+                   max_batch=args.max_seqs, max_step_tokens=args.max_step_tokens, **engine_options(args))
     if args.shape is not None or args.model is None:
         from .bench import load_weights_of
 

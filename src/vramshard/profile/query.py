@@ -93,6 +93,7 @@ class Profile:
         # Split dense FFNs' CPU parts by rows as measured in the engine's steps, on top of cpu_rows
         self.split_rows: tuple[tuple[int, float], ...] = ()
         self.dispatch_scale = 1.0  # the host's cost of dispatching GPU work, as fitted in the engine's steps
+        self.thread_limit: int | None = None  # the most CPU threads the engine may use (see limited_to)
 
     # --- construction -------------------------------------------------------------------
     @classmethod
@@ -146,6 +147,17 @@ class Profile:
             table = dict(self.split_rows)
             table.update({m: self.split_row_factor(m) * f for m, f in split.items()})
             clone.split_rows = tuple(sorted(table.items()))
+        return clone
+
+    def limited_to(self, threads: int | None) -> "Profile":
+        """This profile for an engine that may use at most ``threads`` CPU threads (``--threads``:
+        cores left to a game or other work beside it; None: all): CPU work asked of more threads, or of
+        the default (all cores), is priced at ``threads``, from the tables' thread ratios as any count
+        below all cores is. The file is not changed."""
+        if threads is not None and (not isinstance(threads, int) or threads < 1):
+            raise InvalidInputError(f"the CPU thread limit must be a whole number of threads >= 1, got {threads!r}")
+        clone = copy.copy(self)
+        clone.thread_limit = None if threads is None or threads >= self.default_threads else threads
         return clone
 
     def fitted_factors(self) -> dict:
@@ -412,10 +424,10 @@ class Profile:
 
     def _check_threads(self, threads: int | None) -> int:
         if threads is None:
-            return self.default_threads
+            threads = self.default_threads
         if threads < 1:
             raise InvalidInputError(f"threads must be ≥ 1, got {threads}")
-        return int(threads)
+        return min(int(threads), self.thread_limit or threads)
 
     def _ratio(self, key: tuple, full: MatmulTable, m: int, k: int, n: int) -> float:
         """Time of table ``key`` over the full table, both read on ``key``'s grid (1 if absent)."""

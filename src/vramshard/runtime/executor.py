@@ -290,6 +290,13 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         with timeline.phase("CPU kernels"):
             self._warm_cpu_kernels(config.plans)
 
+    def _tier_threads(self, planned: int | None) -> int | None:
+        """A tier's CPU threads: the plan's (None: this executor's ``threads``), never more than
+        ``threads`` where that is set (the engine's ``--threads``)."""
+        if planned is None or self.threads is None:
+            return planned or self.threads
+        return min(planned, self.threads)
+
     def _warm_cpu_kernels(self, plans: TieredPlacement) -> None:
         """Compile the CPU's decode-sized kernels (one-token projections, :mod:`~vramshard.layers.cpu_linear`;
         a few tokens' routed experts, :mod:`~vramshard.layers.host_experts`; dense FFNs of a few rows
@@ -307,7 +314,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
                       or where[s.name].cpu_pieces or where[s.name].experts == "host")]
             if not on_cpu:
                 continue
-            use_cpu_threads(threads or self.threads)
+            use_cpu_threads(self._tier_threads(threads))
             counts = [torch.get_num_threads()]
             if ahead and any(where[s.name].cpu_pieces or where[s.name].experts == "host" for s in on_cpu):
                 counts.append(run_ahead.worker_threads(counts[0], team))  # (as submit gives the worker)
@@ -667,7 +674,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
     def _run_locked(self, sublayers: list, x: torch.Tensor, step, tokens: int, to_host: bool) -> torch.Tensor:
         start = time.perf_counter()
         placement, threads = self.plans.for_tokens(tokens)
-        use_cpu_threads(threads or self.threads)
+        use_cpu_threads(self._tier_threads(threads))
         self._worker_team = self.plans.worker_threads_for(tokens)
         self._tuned_tokens = None
         if self._team_tuner is not None:

@@ -91,12 +91,13 @@ def build_from_recipe(recipe: dict) -> Model:
 # --- the settings ---------------------------------------------------------------------------
 
 def profile_to_wire(profile: Profile) -> dict:
-    """The profile's JSON dict and the factors fitted to this machine while it runs."""
-    return {"data": profile.to_dict(), "fitted": profile.fitted_factors()}
+    """The profile's JSON dict, the factors fitted to this machine while it runs, and the engine's
+    CPU thread limit."""
+    return {"data": profile.to_dict(), "fitted": profile.fitted_factors(), "thread_limit": profile.thread_limit}
 
 
 def profile_from_wire(data: dict) -> Profile:
-    return Profile.from_dict(data["data"]).with_fitted_factors(data["fitted"])
+    return Profile.from_dict(data["data"]).with_fitted_factors(data["fitted"]).limited_to(data["thread_limit"])
 
 
 def request(recipe: dict, settings: PlanSettings, budget: int | None, kv_on_gpu: bool | None, search: bool,
