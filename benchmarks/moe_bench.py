@@ -144,6 +144,20 @@ def make_executor(model, host, placement, budget, args, kv_slots=1, max_context=
                     threads=args.threads, expert_cache=expert_cache, **(options or {}))
 
 
+def bench_profile(path: str | None, dtype) -> tuple[object, str]:
+    """(profile, where it came from): ``path``'s, or this machine's stored one, its CPU side scaled to
+    the host's memory read now as an engine scales it when it loads (:mod:`vramshard.profile.drift`),
+    so that the planned cell is the plan an engine would make here and each cell's prediction prices
+    this host (before session 41 the profile's machine: on a host reading at half its rate the
+    predictions stayed at 40.3-40.4 tok/s)."""
+    from vramshard.profile import drift
+
+    scaled = drift.corrected(machine_profile(path), dtype)
+    source = path or "stored"
+    return scaled, source + (f" (CPU times x{scaled.cpu_scale:.2f}: the host's memory read now)"
+                             if scaled.cpu_scale != 1.0 else "")
+
+
 def placements_for(model, budget, args, profile):
     """(label, placement, expert cache bytes, executor options) of every candidate at this budget.
 
@@ -368,7 +382,7 @@ def main() -> None:
     results["model_gib"] = model.nbytes / GiB
     log.info("%s: %.1f GiB built and pinned in %.1f s; bandwidth %s", args.shape, model.nbytes / GiB,
              results["build_s"], results["bandwidth_gb_s"])
-    profile = machine_profile(args.profile)
+    profile, results["profile_source"] = bench_profile(args.profile, model.dtype)
     results["profile"] = profile.summary()
     budgets = [int(float(b) * GiB) for b in args.budgets.split(",")]
     for budget in budgets:

@@ -5,6 +5,7 @@ import json
 import logging
 
 import pytest
+import torch
 
 from vramshard import Engine
 from vramshard.errors import ProfileError
@@ -203,6 +204,20 @@ def test_vramshard_plan_plans_with_the_scaled_profile_and_says_so(tmp_path, read
     assert not any("CPU times" in note for note in same["notes"])
     # Twice the CPU time moves work off the CPU: the predicted tier-1 step is longer.
     assert planned["tiers"]["1"]["predicted_ms"] > same["tiers"]["1"]["predicted_ms"]
+
+
+def test_the_moe_benchmark_plans_and_predicts_from_the_profile_scaled_as_an_engine_would(tmp_path, reads_now):
+    from benchmarks.moe_bench import bench_profile
+    from vramshard.profile import save
+
+    path = save(this_machines(30.0), tmp_path / "profile.json")
+    reads_now["bps"] = 20 * GB
+    profile, source = bench_profile(str(path), torch.bfloat16)
+    assert profile.cpu_scale == pytest.approx(1.5) and source == f"{path} (CPU times x1.50: the host's memory read now)"
+    drift.forget()
+    reads_now["bps"] = 30 * GB
+    profile, source = bench_profile(str(path), torch.bfloat16)
+    assert profile.cpu_scale == 1.0 and source == str(path)
 
 
 def test_the_benchmarks_plan_from_the_profile_scaled_as_an_engine_would(tmp_path, reads_now):
