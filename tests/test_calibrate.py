@@ -529,10 +529,11 @@ def test_the_benchmarks_warm_up_runs_until_the_one_token_steps_are_judged(tiny_m
     tried its paths through 10-15 decode steps, as long as one warm-up run: the warm-up goes on while
     the engine has that fit to make."""
     engine, _ = simulated_engine(tiny_model_dir("qwen3"))
-    assert engine.calibration_pending()
+    assert engine.calibration_pending() and engine.cpu_stats()["calibration_pending"] is True
     # (a round: 11 one-token steps, then 9 of four: trials, then the tier's first step and 8 samples)
     assert bench_warm_up(engine, monkeypatch, trials=14) == [1, 4, 1, 4]
     assert not engine.calibration_pending() and 1 in engine.budget.cpu_judged
+    assert engine.cpu_stats()["calibration_pending"] is False and 1 in engine.cpu_stats()["calibrated_tiers"]
     whole = Engine.load(tiny_model_dir("qwen3"), vram=2**30, simulate_gpu=True, tiers=TIERS, max_step_tokens=16,
                         max_context=128, profile=synthetic(cpu_gflops=2000, gpu_gflops=20_000, h2d_gbps=0.5))
     assert not calibrate.has_cpu_work(whole.plan, 1) and not whole.calibration_pending()  # (nothing to fit)

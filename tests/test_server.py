@@ -39,7 +39,7 @@ def engine(model_dir):
 
 @pytest.fixture(scope="module")
 def server(model_dir):
-    process, url = start_server(model_dir, "--api-key", KEY, "--max-seqs", 4, "--max-context", CONTEXT)
+    process, url = start_server(model_dir, "--api-key", KEY, "--max-seqs", 4, "--max-context", CONTEXT, "--threads", 1)
     yield url
     stop_server(process)
     assert process.returncode is not None
@@ -271,4 +271,6 @@ def test_disconnect_mid_stream_frees_the_sequence(server, client):
     assert after["generated_tokens"] - before < 200  # the disconnected stream stopped long before its 400 tokens
     assert after["engine_alive"] and after["plan"] == "cpu" and "vram_peak_bytes" in after
     assert after["decode_vs_plan"]["plan"] == "cpu" and after["decode_vs_plan"]["predicted_ms"] is None  # unplanned
+    # (--threads 1; an unplanned CPU engine: nothing to fit, no run-ahead worker)
+    assert after["cpu"] == {"threads": 1, "calibration_pending": False, "calibrated_tiers": [], "worker_teams": {}}
     assert client.completions.create(model=MODEL, prompt="hi", max_tokens=2).choices[0].text is not None

@@ -91,6 +91,7 @@ def test_each_token_count_is_tuned_on_its_own_and_a_new_plan_forgets():
     tuner = TeamTuner()
     run(tuner, lambda team, step: 0.240 if team >= 15 else 0.060, 100, tokens=1)
     assert tuner.team(1, None, 15) < 15 and tuner.team(4, None, 15) == 15
+    assert tuner.teams() == {1: tuner.team(1, None, 15), 4: 15}
     tuner.reset()
     assert tuner.team(1, None, 15) == 15 and tuner.team(1, 9, 15) == 15  # (the first call starts the token count)
 

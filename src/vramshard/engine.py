@@ -387,6 +387,14 @@ class Engine:
             self._cpu_check = CpuCheck(self.plan, self.budget.cpu_judged, to_planned)
         return self._cpu_check
 
+    def cpu_stats(self) -> dict:
+        """The CPU side as the engine runs it (the server's ``/v1/stats``): the most threads it computes
+        on (None: all cores), whether its one-token steps' CPU work is still to be fitted, the tiers
+        whose CPU work was fitted (or found as priced), and the run-ahead worker's tuned teams."""
+        return {"threads": self.executor.threads, "calibration_pending": self.calibration_pending(),
+                "calibrated_tiers": sorted(self.budget.cpu_judged),
+                "worker_teams": {str(tokens): team for tokens, team in self.executor.worker_teams().items()}}
+
     def calibration_pending(self, tokens: int = 1) -> bool:
         """Whether the plan in force computes on the CPU in steps of ``tokens`` tokens and the engine
         has not yet judged that tier's CPU work against the profile (the in-situ fit of

@@ -818,6 +818,10 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
             self._run_ahead.team = self._worker_team
         return self._run_ahead
 
+    def worker_teams(self) -> dict[int, int]:
+        """{step tokens: the run-ahead worker's team the tuning took for such steps} ({}: no tuning)."""
+        return self._team_tuner.teams() if self._team_tuner is not None else {}
+
     @staticmethod
     def _make_team_tuner() -> team_tuner.TeamTuner | None:
         """The worker's team tuning (:mod:`.team_tuner`), where it is on, no team is forced, and the

@@ -86,6 +86,10 @@ class TeamTuner:
             state = self._by_tokens[tokens] = _Tokens(largest, smallest, stride, team=start, hold=2 * SAMPLES)
         return state.trial if state.trial is not None else state.team
 
+    def teams(self) -> dict[int, int]:
+        """{token count: the team taken for its steps} (trials aside)."""
+        return {tokens: state.team for tokens, state in sorted(self._by_tokens.items())}
+
     def on_trial(self, tokens: int) -> bool:
         """Whether the next step of ``tokens`` tokens runs a neighbouring team on trial (its times are
         the trial's, not the team's the engine goes on with)."""

@@ -87,6 +87,7 @@ def create_app(state: ServerState) -> FastAPI:
             data["plan"] = executor.placement.name
         if state.engine is not None:
             data["decode_vs_plan"] = state.engine.plan_check().summary()
+            data["cpu"] = state.engine.cpu_stats()
         data["model"] = state.model_name
         return data
 
