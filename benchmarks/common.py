@@ -156,6 +156,18 @@ def shared_read_bandwidth(nbytes: int = 2**31, seconds: float = 1.0) -> dict:
     return {"cpu": cpu, "h2d": load.gbps * 1e9, "total": cpu + load.gbps * 1e9}
 
 
+def scaled_to_this_host(profile, source: str, dtype=None) -> tuple[object, str]:
+    """``profile`` with its CPU side scaled to the host's memory read now, as an engine scales it when
+    it loads (:func:`vramshard.profile.drift.corrected`, ``dtype`` the model's), and ``source`` (where
+    it came from) saying by how much."""
+    from vramshard.profile import drift
+
+    scaled = drift.corrected(profile, dtype)
+    if scaled.cpu_scale != 1.0:
+        source += f" (CPU times x{scaled.cpu_scale:.2f}: the host's memory read now)"
+    return scaled, source
+
+
 def cpu_projection_arguments(parser, rows: str) -> None:
     """The arguments of the benchmarks that time one shape's CPU projections at some row counts."""
     parser.add_argument("--shape", default="llama3-8b")

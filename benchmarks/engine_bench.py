@@ -39,7 +39,7 @@ from vramshard.layers.mlp import DenseFFN
 from vramshard.runtime.host_weights import HostLayouts, pack_model
 from vramshard.shapes import random_weights, shape_model
 
-from .common import (cpu_read_bandwidth, decode_read_bytes, h2d_bandwidth, hardware, now, out_dir,
+from .common import (cpu_read_bandwidth, decode_read_bytes, h2d_bandwidth, hardware, now, out_dir, scaled_to_this_host,
                      shared_read_bandwidth, sync, write_json)
 
 log = logging.getLogger("engine_bench")
@@ -98,10 +98,7 @@ def planner_profile(path: str | None, bandwidth: dict, dtypes) -> tuple[object, 
             source += " (another machine's: its fingerprint differs from this one's)"
             log.warning("the profile %s was measured on another machine; the planned engines price this one by it",
                         source)
-        scaled = drift.corrected(measured)
-        if scaled.cpu_scale != 1.0:
-            source += f" (CPU times x{scaled.cpu_scale:.2f}: the host's memory read now)"
-        return scaled, source
+        return scaled_to_this_host(measured, source)
     cpu = {key: 0.0 for key in ("bf16", "fp16", "fp32")}
     gpu = dict(cpu)
     for dtype in (torch.float32, *dtypes):

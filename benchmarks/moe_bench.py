@@ -43,7 +43,8 @@ from vramshard.runtime.executor import Executor
 from vramshard.runtime.host_weights import PackedLayout, PackedWeights, _empty_host
 from vramshard.shapes import shape_model
 
-from .common import cpu_read_bandwidth, h2d_bandwidth, hardware, now, out_dir, shared_read_bandwidth, sync, timed, write_json
+from .common import (cpu_read_bandwidth, h2d_bandwidth, hardware, now, out_dir, scaled_to_this_host,
+                     shared_read_bandwidth, sync, timed, write_json)
 
 log = logging.getLogger("moe_bench")
 GiB = 2**30
@@ -150,12 +151,7 @@ def bench_profile(path: str | None, dtype) -> tuple[object, str]:
     so that the planned cell is the plan an engine would make here and each cell's prediction prices
     this host (before session 41 the profile's machine: on a host reading at half its rate the
     predictions stayed at 40.3-40.4 tok/s)."""
-    from vramshard.profile import drift
-
-    scaled = drift.corrected(machine_profile(path), dtype)
-    source = path or "stored"
-    return scaled, source + (f" (CPU times x{scaled.cpu_scale:.2f}: the host's memory read now)"
-                             if scaled.cpu_scale != 1.0 else "")
+    return scaled_to_this_host(machine_profile(path), path or "stored", dtype)
 
 
 def placements_for(model, budget, args, profile):
