@@ -48,7 +48,7 @@ def main() -> None:
     parser.add_argument("--shape", default="qwen3-30b-a3b")
     args = parser.parse_args()
     zero_copy_experts.available = lambda: True  # (as on a GPU machine with the run-ahead worker on)
-    run_ahead.available = lambda: True
+    run_ahead.available = lambda dense=False: True
     model = shape_model(args.shape)
     top_k = min(s.top_k for s in model if s.kind == "ffn" and hasattr(s, "top_k"))
     placement = named_placement("experts-cpu", sublayer_triples(model), model.args.num_hidden_layers,

@@ -134,7 +134,7 @@ def profile_placement(model, host: HostLayouts, spec: str, args) -> dict:
     # NAME+ahead: split FFNs' CPU parts on the run-ahead worker (VRAMSHARD_RUN_AHEAD); NAME+packed:
     # CPU FFN parts from prepacked weights (VRAMSHARD_CPU_PACKED); NAME+zerocopy: host-memory experts
     # read by the GPU's kernels (VRAMSHARD_EXPERTS_ZERO_COPY).
-    run_ahead.ENABLED = "+ahead" in spec
+    run_ahead.ENABLED = run_ahead.DENSE = "+ahead" in spec
     cpu_packed.MODE = "on" if "+packed" in spec else "off"
     zero_copy_experts.ENABLED = "+zerocopy" in spec
     spec, _, share = spec.partition("+share")  # NAME+zerocopy+share[=S]: the CPU's share beside the kernels

@@ -37,7 +37,7 @@ def one_way(iterations: int, rows: int) -> dict:
     """In this process (VRAMSHARD_RUN_AHEAD_WAIT chosen by the parent): the split FFN pattern."""
     from vramshard.runtime import run_ahead
 
-    run_ahead.ENABLED = True
+    run_ahead.ENABLED = run_ahead.DENSE = True
     ahead = run_ahead.RunAhead()
     gpu = torch.device("cuda")
     weight = torch.randn(4096, 4096, dtype=torch.bfloat16)

@@ -250,6 +250,7 @@ def test_run_ahead_split_steps_match_cpu_float32_and_a_failed_cpu_part_fails_its
     from vramshard.runtime import run_ahead
 
     monkeypatch.setattr(run_ahead, "ENABLED", True)
+    monkeypatch.setattr(run_ahead, "DENSE", True)
     engine, expected = _split_engine_matching_cpu_at_many_rows(tiny_model_dir, cpu_reference)
     ahead = engine.executor._run_ahead
     assert ahead is not None and ahead._issued > 0 and engine.executor.report.host_compute_s > 0
@@ -291,6 +292,7 @@ def test_split_ffn_one_row_parts_by_the_c_kernel_match_cpu_float32(tiny_model_di
         pytest.skip("no C compiler here: the kernel serves nowhere on this machine")
     monkeypatch.setenv("VRAMSHARD_CPU_GEMV", "on")
     monkeypatch.setattr(run_ahead, "ENABLED", ahead)
+    monkeypatch.setattr(run_ahead, "DENSE", ahead)
     path = tiny_model_dir("llama")
     cpu_engine, _ = cpu_reference(path, "float32")
     expected = trace_logits(cpu_engine)

@@ -483,7 +483,7 @@ def plan_qwen30_with_kernels(monkeypatch, run_ahead_on: bool, budget=8 * GiB, sh
 
     monkeypatch.setattr(moe_variants, "PLANS_SHARES", shares)
     monkeypatch.setattr(zero_copy_experts, "available", lambda: True)
-    monkeypatch.setattr(run_ahead, "available", lambda: run_ahead_on)
+    monkeypatch.setattr(run_ahead, "available", lambda dense=False: run_ahead_on)
     return plan_qwen30(budget, **profile)
 
 
@@ -577,7 +577,7 @@ def test_a_plans_share_reaches_the_executor_and_its_calibration(monkeypatch, tin
     assert executor.zero_copy_share(1) == 0.75
 
     monkeypatch.setattr(zero_copy_experts, "available", lambda: True)
-    monkeypatch.setattr(run_ahead, "available", lambda: True)
+    monkeypatch.setattr(run_ahead, "available", lambda dense=False: True)
     profile = synthetic(cpu_gflops=1500, gpu_gflops=200_000, h2d_gbps=50, cpu_mem_gbps=80, gpu_mem_gbps=1500)
     plan = Planner(model, profile, None, context=256, tiers=Tiers((1, 64))).plan()
     plan.tiers[1].placement = experts_cpu

@@ -94,7 +94,7 @@ def test_a_model_not_built_from_a_config_is_planned_here(planned, monkeypatch):
 def test_the_process_prices_the_callers_mechanisms(planned):
     """The child plans with how this process's executor runs its CPU work, not its own switches."""
     model, settings, child = planned
-    ahead = Mechanisms(run_ahead=True, cpu_packed=False, cpu_gemv=False, zero_copy=(False, 0))
+    ahead = Mechanisms(run_ahead=True, cpu_packed=False, cpu_gemv=False, zero_copy=(False, 0), run_ahead_dense=True)
     plain = Mechanisms(run_ahead=False, cpu_packed=False, cpu_gemv=False, zero_copy=(False, 0))
     with fixed_mechanisms(ahead):
         assert Mechanisms.here() == ahead

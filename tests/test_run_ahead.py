@@ -2,6 +2,7 @@
 (runtime/run_ahead.py): the wait kernel (Triton's interpreter on the CPU), and on the GPU the
 run-ahead steps against the CPU reference and a CPU part that fails."""
 
+import importlib
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import torch
 from vramshard.layers import cpu_compiled
 from vramshard.runtime import run_ahead
 
-from switch_helpers import assert_opt_in
+from switch_helpers import assert_opt_out
 
 needs_triton = pytest.mark.skipif(run_ahead.triton is None, reason="needs Triton")
 
@@ -131,9 +132,29 @@ def test_the_worker_runs_each_part_after_its_input_landed_and_the_host_thread_fr
     assert len(freed_on) >= 8 and set(freed_on) == {"MainThread"}
 
 
-def test_run_ahead_is_opt_in(monkeypatch):
-    """Off unless VRAMSHARD_RUN_AHEAD asks for it (read when the module is imported)."""
-    assert_opt_in(monkeypatch, run_ahead, "VRAMSHARD_RUN_AHEAD")
+def test_run_ahead_is_on_unless_turned_off(monkeypatch):
+    """On unless VRAMSHARD_RUN_AHEAD turns it off (read when the module is imported)."""
+    assert_opt_out(monkeypatch, run_ahead, "VRAMSHARD_RUN_AHEAD")
+
+
+@pytest.mark.parametrize("value, experts, dense", [(None, True, False), ("auto", True, False), ("on", True, True),
+                                                   ("off", False, False), ("sometimes", True, False)])
+def test_run_ahead_gives_the_worker_host_experts_by_default_and_dense_parts_when_on(monkeypatch, value, experts,
+                                                                                     dense):
+    """auto (the default): MoE layers' host experts only; on: split dense FFNs' CPU parts too."""
+    if value is None:
+        monkeypatch.delenv("VRAMSHARD_RUN_AHEAD", raising=False)
+    else:
+        monkeypatch.setenv("VRAMSHARD_RUN_AHEAD", value)
+    try:
+        module = importlib.reload(run_ahead)
+        assert (module.ENABLED, module.DENSE) == (experts, dense)
+        monkeypatch.setattr(module.torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(module, "WAIT", "stream")
+        assert (module.available(), module.available(dense=True)) == (experts, dense)
+    finally:
+        monkeypatch.undo()
+        importlib.reload(run_ahead)
 
 
 def test_a_worker_has_the_gil_handed_over_within_its_switch_interval():

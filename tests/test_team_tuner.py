@@ -60,6 +60,20 @@ def test_a_smaller_planned_team_climbs_to_a_faster_larger_one():
     assert teams[0] == 9 and teams[-1] == 15
 
 
+def test_a_plans_team_below_half_the_largest_is_where_the_tuning_starts_and_its_floor():
+    """A plan that took 2 of 15 threads (the CPU's other work wants the rest): the tuner starts at 2 and
+    never goes below it; it climbs only where larger teams are faster."""
+    def slower_with_more(team: int, step: int) -> float:
+        return 0.010 * team
+
+    tuner = TeamTuner()
+    teams = run(tuner, slower_with_more, 800, planned=2)
+    assert teams[0] == 2 and min(teams) == 2 and teams[-1] == 2
+    assert set(teams) == {2, 4}  # (its one neighbour, tried and left)
+    climbing = TeamTuner()
+    assert run(climbing, quiet, 1500, planned=2)[-1] == 14  # (15 reads under MARGIN faster than 14)
+
+
 def test_the_steps_of_a_trial_are_told_apart():
     tuner = TeamTuner()
     trials = []
@@ -111,7 +125,7 @@ def test_teams_stay_between_half_the_largest_and_the_largest():
     tuner = TeamTuner()
     teams = run(tuner, lambda team, step: 0.01 * team, 6000)  # smaller always faster
     assert min(teams) == 7 and max(teams) == 15 and teams[-1] == 7
-    assert TeamTuner().team(1, 12, 15) == 12 and TeamTuner().team(1, 3, 15) == 7
+    assert TeamTuner().team(1, 12, 15) == 12 and TeamTuner().team(1, 3, 15) == 3
     assert TeamTuner().team(1, 20, 15) == 15
     assert set(run(TeamTuner(), quiet, 500, largest=1)) == {1}
     with pytest.raises(ValueError, match="1 thread or more"):

@@ -157,7 +157,7 @@ def test_a_tier_computing_host_experts_keeps_every_core(monkeypatch, run15):
     from vramshard.runtime import run_ahead, zero_copy_experts
 
     monkeypatch.setattr(zero_copy_experts, "available", lambda: True)
-    monkeypatch.setattr(run_ahead, "available", lambda: True)
+    monkeypatch.setattr(run_ahead, "available", lambda dense=False: True)
     plan = Planner(QWEN30, run15, 8 * 2**30, context=2064, tiers=Tiers((1, 4, 64, 1024))).plan()
     host = [tier for tier, p in plan.tiers.items() if p.placement.expert_names("host")]
     assert 1 in host, "the decode tier no longer computes host experts: this test needs another case"
@@ -176,7 +176,7 @@ def test_a_worker_slower_than_priced_gets_fewer_experts_once_the_engine_fits_it(
     from vramshard.runtime import run_ahead, zero_copy_experts
 
     monkeypatch.setattr(zero_copy_experts, "available", lambda: True)
-    monkeypatch.setattr(run_ahead, "available", lambda: True)
+    monkeypatch.setattr(run_ahead, "available", lambda dense=False: True)
     monkeypatch.setattr(moe_variants, "PLANS_SHARES", splits)
     profile = with_worker_rates(run15, slower)
     top_k = QWEN30["ffn[0]"].top_k

@@ -82,7 +82,7 @@ def test_the_profile_names_the_fastest_team_and_refuses_bad_team_sizes():
 
 def plan_qwen30(monkeypatch, teams: dict[str, float] | None, ahead: bool = True):
     monkeypatch.setattr(zero_copy_experts, "available", lambda: True)
-    monkeypatch.setattr(run_ahead, "available", lambda: ahead)
+    monkeypatch.setattr(run_ahead, "available", lambda dense=False: ahead)
     profile = with_teams(synthetic(cpu_gflops=1500, gpu_gflops=200_000, h2d_gbps=50, cpu_mem_gbps=80,
                                    gpu_mem_gbps=1500), teams)
     return Planner(QWEN30, profile, 8 * GiB, context=2048, tiers=Tiers((1, 16, 512))).plan()

@@ -115,15 +115,17 @@ class Mechanisms:
     :func:`fixed_mechanisms` (a planning process prices the engine's process's, see
     :mod:`~vramshard.runtime.plan_process`)."""
 
-    run_ahead: bool
+    run_ahead: bool  # MoE layers' host experts on the run-ahead worker
     cpu_packed: bool
     cpu_gemv: bool
     zero_copy: tuple[bool, int]
+    run_ahead_dense: bool = False  # split dense FFNs' CPU parts too
 
     @classmethod
     def here(cls) -> "Mechanisms":
         """This process's (or the fixed ones)."""
-        return cls(run_ahead_enabled(), cpu_packed_enabled(), cpu_gemv_enabled(), zero_copy_enabled())
+        return cls(run_ahead_enabled(), cpu_packed_enabled(), cpu_gemv_enabled(), zero_copy_enabled(),
+                   run_ahead_enabled(dense=True))
 
 
 _fixed: Mechanisms | None = None
@@ -140,14 +142,15 @@ def fixed_mechanisms(mechanisms: Mechanisms):
         _fixed = before
 
 
-def run_ahead_enabled() -> bool:
-    """Whether the executor will hand split FFNs' CPU parts to its run-ahead worker (read when an
-    estimator is made: the benchmarks switch it per placement)."""
+def run_ahead_enabled(dense: bool = False) -> bool:
+    """Whether the executor will hand MoE layers' host experts (or, ``dense``, split dense FFNs' CPU
+    parts) to its run-ahead worker (read when an estimator is made: the benchmarks switch it per
+    placement)."""
     if _fixed is not None:
-        return _fixed.run_ahead
+        return _fixed.run_ahead_dense if dense else _fixed.run_ahead
     from ..runtime import run_ahead  # (the mechanism's own switch; nothing else of it is used here)
 
-    return run_ahead.available()
+    return run_ahead.available(dense)
 
 
 def cpu_packed_enabled() -> bool:
@@ -264,8 +267,9 @@ class Estimator:
 
     expert_hit_rate: the fraction of routed experts found in the VRAM expert cache (a
     measured rate, or :func:`uniform_hit_rate` of the cache size); MoE sub-layers split at
-    their experts copy the rest, at the routed fraction. run_ahead: a split FFN on a GPU input
-    hands its CPU part to a worker thread (``VRAMSHARD_RUN_AHEAD``), so the host thread's
+    their experts copy the rest, at the routed fraction. run_ahead: a MoE layer's host experts, and
+    (``run_ahead_dense``; by default as ``run_ahead`` where that is given) a split dense FFN's CPU part on
+    a GPU input, are computed by a worker thread (``VRAMSHARD_RUN_AHEAD``), so the host thread's
     launches go on meanwhile; by default as the executor will run. zero_copy: a decode step's
     host-memory experts are read by the GPU from pinned memory (``VRAMSHARD_EXPERTS_ZERO_COPY``),
     on the GPU stream and the PCIe link, with no host round trip; by default as the executor will run.
@@ -281,14 +285,18 @@ class Estimator:
     def __init__(self, model: Model, profile: Profile, threads: int | None = None, expert_hit_rate: float = 0.0,
                  sizes: dict[str, int] | None = None, costs: dict | None = None, run_ahead: bool | None = None,
                  zero_copy: bool | None = None, cpu_packed: bool | None = None,
-                 zero_copy_cpu_share: float = 0.0, cpu_gemv: bool | None = None):
+                 zero_copy_cpu_share: float = 0.0, cpu_gemv: bool | None = None,
+                 run_ahead_dense: bool | None = None):
         self.model = model
         self.cpu_packed = cpu_packed_enabled() if cpu_packed is None else cpu_packed
         self.packed_forced = cpu_packed is None and cpu_packed_forced()
         self.cpu_gemv = cpu_gemv_enabled() if cpu_gemv is None else cpu_gemv
         self.gemv_rows = gemv_kernel.FFN_ROWS if self.cpu_gemv else 0  # (the most rows of dense FFN work it takes)
-        # Split FFNs' CPU parts on the executor's run-ahead worker (None: as the executor will run).
+        # Host experts, and split FFNs' CPU parts, on the executor's run-ahead worker (None: as the executor will run).
         self.run_ahead = run_ahead_enabled() if run_ahead is None else run_ahead
+        if run_ahead_dense is None:
+            run_ahead_dense = run_ahead_enabled(dense=True) if run_ahead is None else run_ahead
+        self.run_ahead_dense = run_ahead_dense
         available, self.zero_copy_rows = zero_copy_enabled()
         self.zero_copy = available if zero_copy is None else zero_copy  # (host experts read by the GPU)
         self.zero_copy_efficiency = zero_copy_efficiency(profile)  # (of the copy engine's rate)
@@ -588,7 +596,7 @@ class Estimator:
                         h_ready = py
                     else:  # the norm on the GPU (negligible), from the GPU part's slot: after its fill
                         h_ready = max(gpu_free, x_ready, fill_done[uses])
-                    ahead = self.run_ahead and x_device == "cuda"
+                    ahead = self.run_ahead_dense and x_device == "cuda"
                     if ahead:
                         launch += self.dispatch_s("cuda") * AHEAD_LAUNCHES / DISPATCH_LAUNCHES
                         py = buffer_free(py)

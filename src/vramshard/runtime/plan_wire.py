@@ -105,7 +105,8 @@ def request(recipe: dict, settings: PlanSettings, budget: int | None, kv_on_gpu:
     return {"model": recipe, "profile": profile_to_wire(settings.profile), "tiers": list(settings.tiers.sizes),
             "context": settings.context, "num_slots": settings.num_slots, "name": settings.name,
             "split_ffns": settings.split_ffns, "budget": budget, "kv_on_gpu": kv_on_gpu, "search": search,
-            "mechanisms": {"run_ahead": mechanisms.run_ahead, "cpu_packed": mechanisms.cpu_packed,
+            "mechanisms": {"run_ahead": mechanisms.run_ahead, "run_ahead_dense": mechanisms.run_ahead_dense,
+                           "cpu_packed": mechanisms.cpu_packed,
                            "cpu_gemv": mechanisms.cpu_gemv, "zero_copy": list(mechanisms.zero_copy)}}
 
 
@@ -117,7 +118,7 @@ def read_request(message: dict) -> tuple[Model, PlanSettings, int | None, bool |
                                 bool(message["split_ffns"]))
         m = message["mechanisms"]
         mechanisms = Mechanisms(bool(m["run_ahead"]), bool(m["cpu_packed"]), bool(m["cpu_gemv"]),
-                                (bool(m["zero_copy"][0]), int(m["zero_copy"][1])))
+                                (bool(m["zero_copy"][0]), int(m["zero_copy"][1])), bool(m["run_ahead_dense"]))
         return (build_from_recipe(message["model"]), settings, message["budget"], message["kv_on_gpu"],
                 bool(message["search"]), mechanisms)
     except (KeyError, TypeError, ValueError, IndexError) as exc:

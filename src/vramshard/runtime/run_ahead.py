@@ -46,7 +46,12 @@ dense part of one token takes it back about four times as one compiled function,
 takes where it measures it faster (:mod:`~vramshard.layers.cpu_swiglu`), seven to nine projection by
 projection. Not yet run on a GPU.
 
-Opt-in (``VRAMSHARD_RUN_AHEAD=on``) until measured faster on a GPU.
+``VRAMSHARD_RUN_AHEAD``: ``auto`` (the default since session 42) gives the worker MoE layers' host
+experts, ``on`` split dense FFNs' CPU parts too, ``off`` neither. In the thirty-seventh GPU session
+(docs/BENCHMARKS.md; H100, qwen3-30b-a3b at 8 GiB, off/on/off/on in four processes) the planned engine
+decoded 16.6 and 13.6 tok/s without the worker and 20.6 and 18.3 with it, experts-cpu 13.8 and 15.1 against
+18.9 and 18.1. Dense split steps have not gained from it (nemo-8b at 8 GiB, thirty-first session: 10.83
+tok/s with it, 10.95 without; llama3-8b's 64-row step, thirteenth: 167 ms against 121).
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ from typing import Callable
 
 import torch
 
-from ..env import number, switch
+from ..env import choice, number
 from ..layers import cpu_compiled, cpu_gemv, host_experts
 from .ffn_buffers import FFNBuffers
 from .stream_wait import StreamWords
@@ -74,7 +79,9 @@ except ImportError:  # no Triton (CPU-only torch): available() is False
 
 log = logging.getLogger(__name__)
 
-ENABLED = switch("VRAMSHARD_RUN_AHEAD", default=False)
+MODE = choice("VRAMSHARD_RUN_AHEAD", ("auto", "on", "off"), "auto")
+ENABLED = MODE != "off"  # the worker computes MoE layers' host experts
+DENSE = MODE == "on"  # ... and split dense FFNs' CPU parts
 # Polls of the ticket before the GPU stops waiting (each a read of host memory over PCIe, about a
 # microsecond: about a minute, far beyond any CPU part, e.g. ~0.2 s for a 2048-row prompt chunk's;
 # only a ticket never raised meets it, and the step that sees the flag fails).
@@ -150,9 +157,10 @@ def hand_the_gil_over_quickly() -> None:
         sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
-def available() -> bool:
-    """Whether run-ahead steps can run here (asked for, a GPU, and Triton for the kernels)."""
-    return ENABLED and torch.cuda.is_available() and (triton is not None or WAIT == "stream")
+def available(dense: bool = False) -> bool:
+    """Whether run-ahead steps can run here (asked for, a GPU, and Triton for the kernels): for MoE
+    layers' host experts, or (``dense``) for split dense FFNs' CPU parts."""
+    return ENABLED and (DENSE or not dense) and torch.cuda.is_available() and (triton is not None or WAIT == "stream")
 
 
 if triton is not None:

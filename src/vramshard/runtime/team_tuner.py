@@ -14,7 +14,8 @@ neighbouring team: a smaller one first, a larger one next. A neighbour clearly f
 ``MARGIN``) is kept; one that is not is tried again after twice as long (up to ``LONGEST_HOLD``
 steps). A team whose time grows past ``COLLAPSE`` times what it took when it was taken is
 tried against a smaller one at once. The teams considered lie between half the largest team and
-the largest (:func:`~vramshard.runtime.run_ahead.largest_team`); ``VRAMSHARD_WORKER_THREADS``
+the largest (:func:`~vramshard.runtime.run_ahead.largest_team`), or from the plan's team where the plan
+took a smaller one; ``VRAMSHARD_WORKER_THREADS``
 fixes the team instead, and ``VRAMSHARD_WORKER_TEAM_TUNING=off`` keeps the plan's.
 
 This module is plain bookkeeping: it runs nothing and owns no thread.
@@ -79,9 +80,10 @@ class TeamTuner:
         if state is None:
             if largest < 1:
                 raise ValueError(f"the largest team must be 1 thread or more, got {largest}")
-            smallest = max(1, largest // 2)
+            start = largest if planned is None else max(1, min(planned, largest))
+            # (a plan's smaller team is its choice, kept within reach: the team never goes below it or half the largest)
+            smallest = max(1, min(largest // 2, start))
             stride = max(1, round(largest / 8))  # 15 threads: teams 15, 13, 11, 9 (and 7, the smallest)
-            start = largest if planned is None else min(max(planned, smallest), largest)
             # (the first trial soon: a team collapsed from the start is never COLLAPSE times itself)
             state = self._by_tokens[tokens] = _Tokens(largest, smallest, stride, team=start, hold=2 * SAMPLES)
         return state.trial if state.trial is not None else state.team
