@@ -15,7 +15,9 @@ of VRAM anyway lowers the budget to what is held plus what is free and is retrie
 The same background path fits the machine profile to the engine's own steps. The executor times
 each step's CPU work; when a tier's runs more than CPU_OFF_BY off the estimator's time for it,
 :func:`vramshard.plan.calibrate.fit_cpu_rows` fits a factor on CPU compute at that tier's rows,
-and one on split FFNs' CPU parts on top where the tier has them (each tier once per engine).
+and one on split FFNs' CPU parts on top where the tier has them (each tier once per engine, and again
+after a lasting change in the cores busy beside the engine: a game that starts or stops; see
+:mod:`~vramshard.runtime.host_load`).
 Where the CPU work is not timed, when the plan in force decodes more than CALIBRATE_OFF_BY off
 its prediction, :func:`vramshard.plan.calibrate.fit` finds the factor on
 split FFNs' CPU parts (or on all CPU compute) that explains the whole step. Either way the plan
@@ -56,7 +58,7 @@ from .plan.placement import TieredPlacement
 from .plan.planner import machine_profile
 from .plan.tiers import Tiers
 from .runtime import budget as budgets
-from .runtime import plan_process
+from .runtime import host_load, plan_process
 from .runtime.executor import ReconfigureReport
 from .runtime.plan_check import MIN_STEPS
 from .units import format_bytes
@@ -104,6 +106,11 @@ class BudgetFollower:
         self.cpu_judged: set[int] = set()  # tiers whose CPU work was judged (fitted or found in tolerance)
         self.fastest: dict[int | None, MeasuredPlan] = {}  # by budget key: the fastest decode plan measured
         self.reverted: set[int | None] = set()  # budget keys where a re-planned plan gave way: no more whole-step fits
+        # The cores busy beside the engine (a game, other work): a lasting change judges the CPU work again.
+        self.load_shift = host_load.LoadShift() if host_load.ENABLED else None
+        self.load_changes: list[dict] = []  # those changes, oldest first
+        self.calibration_floor = 0  # calibrations before the last load change (MAX_CALIBRATIONS counts from it)
+        self.learning = True  # fits go to the calibration store for later processes (not a moment's load's)
         self.background = BackgroundPlanner(self._plan_fully)
 
     # ------------------------------------------------------------------ the source
@@ -147,10 +154,11 @@ class BudgetFollower:
         engine = self.engine
         if not CALIBRATE or engine.plan is None or engine.device == "cpu":
             return
+        self._judge_again_if_load_moved()
         check = engine.plan_check()
         if check.plan is engine.plan and len(check.measured) >= REVERT_MIN_STEPS and self._revert_if_slower(check):
             return
-        if len(self.calibrations) >= MAX_CALIBRATIONS or self._calibrate_cpu_work():
+        if len(self.calibrations) - self.calibration_floor >= MAX_CALIBRATIONS or self._calibrate_cpu_work():
             return
         if check.plan is not engine.plan or check.calibrated or len(check.measured) < MIN_STEPS \
                 or budgets.budget_key(self.watcher.in_force) in self.reverted:
@@ -170,7 +178,7 @@ class BudgetFollower:
         fitted = fit(engine.model, settings.profile, engine.plan, check.median_s(), check.tier)
         if fitted is None:
             return
-        if timed:
+        if timed and self.learning:
             calibrate.learn(fitted.profile, engine.model.dtype)
         self.calibrations.append({"time": time.time(), "plan": check.plan_name, "predicted_s": check.predicted_s,
                                   "measured_s": check.median_s(), fitted.what: fitted.value})
@@ -178,6 +186,31 @@ class BudgetFollower:
                  "from them; planning again with it in the background", check.plan_name, check.median_s() * 1e3,
                  check.predicted_s * 1e3, fitted.what, fitted.value)
         self._plan_with(fitted.profile)
+
+    def _judge_again_if_load_moved(self) -> None:
+        """When the cores busy beside the engine have moved for good since its CPU work was judged (a game
+        started or stopped beside it: :class:`~vramshard.runtime.host_load.LoadShift`), judge that work
+        again: each tier's is timed afresh and fitted where it runs off the profile as fitted so far (the
+        factors compose), the plans measured under the old load stop being the ones to beat, MAX_CALIBRATIONS
+        counts afresh, and no fit made from now on goes to the calibration store (it is this moment's load,
+        not the machine's). Caller holds the executor lock."""
+        shift = self.load_shift
+        if shift is None or not self.cpu_judged:
+            return
+        before = shift.reference
+        if not shift.poll():
+            return
+        change = {"time": time.time(), "other_cores_before": round(before, 2), "other_cores_now": round(shift.reference, 2),
+                  "tiers": sorted(self.cpu_judged)}
+        self.load_changes.append(change)
+        log.info("the cores busy beside the engine went from %.1f to %.1f since its CPU work was judged: judging it "
+                 "again (tiers %s)", before, shift.reference, change["tiers"])
+        self.cpu_judged.clear()  # (the engine's checks share the set)
+        self.engine.restart_cpu_check()
+        self.fastest.clear()
+        self.reverted.clear()
+        self.calibration_floor = len(self.calibrations)
+        self.learning = False
 
     def _revert_if_slower(self, check) -> bool:
         """Keep the fastest measured decode plan under the budget in force; when the plan in force
@@ -263,13 +296,16 @@ class BudgetFollower:
         ready = check.ready()
         if check.plan is not engine.plan or not ready:
             return False
-        self.cpu_judged.update(ready)  # once per tier and engine: a fit that chased its own re-plans would drift
+        self.cpu_judged.update(ready)  # once per tier and load: a fit that chased its own re-plans would drift
+        if self.load_shift is not None:
+            self.load_shift.settle()  # (judged under the load beside the engine now)
         settings = self.plan_settings()
         split = check.split_of(ready)
         fitted = calibrate.fit_cpu_rows(engine.model, settings.profile, engine.plan, ready, split)
         if fitted is None:
             return False
-        calibrate.learn(fitted.profile, engine.model.dtype)
+        if self.learning:
+            calibrate.learn(fitted.profile, engine.model.dtype)
         predicted = {tier: calibrate.cpu_seconds(engine.model, settings.profile, engine.plan, tier) for tier in ready}
         split_rows = dict(fitted.profile.split_rows)
         self.calibrations.append({"time": time.time(), "plan": engine.executor.plans.name,

@@ -387,13 +387,22 @@ class Engine:
             self._cpu_check = CpuCheck(self.plan, self.budget.cpu_judged, to_planned)
         return self._cpu_check
 
+    def restart_cpu_check(self) -> None:
+        """Time each tier's CPU work afresh (the load beside the engine changed: :mod:`~vramshard.budget_follower`)."""
+        self._cpu_check = None
+
     def cpu_stats(self) -> dict:
         """The CPU side as the engine runs it (the server's ``/v1/stats``): the most threads it computes
         on (None: all cores), whether its one-token steps' CPU work is still to be fitted, the tiers
-        whose CPU work was fitted (or found as priced), and the run-ahead worker's tuned teams."""
+        whose CPU work was fitted (or found as priced), the run-ahead worker's tuned teams, the cores busy
+        beside the engine at the last reading and the lasting changes of that load (each judged the CPU
+        work again)."""
+        shift = self.budget.load_shift
         return {"threads": self.executor.threads, "calibration_pending": self.calibration_pending(),
                 "calibrated_tiers": sorted(self.budget.cpu_judged),
-                "worker_teams": {str(tokens): team for tokens, team in self.executor.worker_teams().items()}}
+                "worker_teams": {str(tokens): team for tokens, team in self.executor.worker_teams().items()},
+                "other_cores_busy": None if shift is None or shift.latest is None else round(shift.latest, 2),
+                "load_changes": list(self.budget.load_changes)}
 
     def calibration_pending(self, tokens: int = 1) -> bool:
         """Whether the plan in force computes on the CPU in steps of ``tokens`` tokens and the engine

@@ -1,0 +1,133 @@
+"""How many cores work other than the engine's keeps busy: the load beside it (a game, a build, the
+system, and on a virtual machine its host's other guests).
+
+The engine fits its profile's CPU times to its own steps once per tier (:mod:`vramshard.budget_follower`);
+a game that starts, or stops, beside it later changes how long that CPU work takes, and the plan made for
+the cores the engine had is then the wrong one. This module gives the follower the signal to fit again:
+the cores busy outside this process, from the kernel's counters (Linux ``/proc``), averaged between two
+readings. Reading them costs a few tens of microseconds; elsewhere (no ``/proc``) there is no reading.
+
+:class:`LoadShift` says when that load has moved for good from what it was when the CPU work was last
+judged (a lasting change of ``CHANGE_CORES`` or more, not a spike); what to do then is the follower's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Callable
+
+from ..env import switch
+
+log = logging.getLogger(__name__)
+
+ENABLED = switch("VRAMSHARD_FOLLOW_HOST_LOAD", True)
+PERIOD_S = 2.0  # seconds between readings
+HOLD = 3  # readings in a row beyond the change before it counts (a spike is not a new load)
+CHANGE_CORES = 2.0  # the least change in busy cores that counts (or an eighth of the cores, where more)
+MIN_INTERVAL_S = 30.0  # between two changes that count (a load that swings back and forth is not chased)
+
+# /proc/stat's first line: "cpu user nice system idle iowait irq softirq steal guest guest_nice" in
+# clock ticks; guest time is already counted in user. Busy: all but idle and iowait.
+_BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user nice system irq softirq steal
+
+
+def _ticks_per_second() -> float:
+    try:
+        return float(os.sysconf("SC_CLK_TCK"))
+    except (AttributeError, ValueError, OSError):
+        return 100.0
+
+
+class OtherLoad:
+    """The cores kept busy by work other than this process's, between readings.
+
+    :meth:`cores` returns the average since the previous call that returned a value (the first call
+    only starts the count); ``stat_path`` and ``self_path`` are the kernel's counters (paths given for
+    tests), ``clock`` the time between readings."""
+
+    def __init__(self, stat_path: str = "/proc/stat", self_path: str = "/proc/self/stat",
+                 clock: Callable[[], float] = time.monotonic):
+        self.stat_path, self.self_path, self.clock = stat_path, self_path, clock
+        self.ticks_per_second = _ticks_per_second()
+        self._last: tuple[float, int, int] | None = None  # (time, busy ticks of all, ticks of this process)
+        self.available = os.path.exists(stat_path) and os.path.exists(self_path)
+
+    def cores(self) -> float | None:
+        """Cores busy outside this process on average since the last reading (None: the first reading,
+        no time passed, or no counters here)."""
+        if not self.available:
+            return None
+        try:
+            reading = (self.clock(), self._busy_ticks(), self._own_ticks())
+        except (OSError, ValueError, IndexError) as exc:
+            log.info("the host's CPU counters cannot be read (%s): the load beside the engine is not followed", exc)
+            self.available = False
+            return None
+        last, self._last = self._last, reading
+        if last is None or reading[0] <= last[0]:
+            return None
+        others = (reading[1] - last[1]) - (reading[2] - last[2])
+        return max(0.0, others / self.ticks_per_second / (reading[0] - last[0]))
+
+    def _busy_ticks(self) -> int:
+        with open(self.stat_path) as f:
+            first = f.readline().split()
+        if not first or first[0] != "cpu":
+            raise ValueError(f"{self.stat_path} does not start with the all-CPU line")
+        values = [int(v) for v in first[1:]]
+        return sum(values[i] for i in _BUSY_FIELDS if i < len(values))
+
+    def _own_ticks(self) -> int:
+        with open(self.self_path) as f:
+            text = f.read()
+        fields = text.rpartition(")")[2].split()  # (the command name in parentheses may hold spaces)
+        return int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)
+
+
+class LoadShift:
+    """Whether the load beside the engine has moved for good since it was last taken as the reference.
+
+    :meth:`poll` at step boundaries reads :class:`OtherLoad` every ``PERIOD_S``; :meth:`settle` takes the
+    latest reading as the reference (when the CPU work was judged); :meth:`poll` returns True once
+    ``HOLD`` readings in a row lie ``CHANGE_CORES`` (or an eighth of ``cores``) or more from the
+    reference (and ``MIN_INTERVAL_S`` has passed since the last such change), and then takes the last of them
+    as the new reference."""
+
+    def __init__(self, load: OtherLoad | None = None, cores: int | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.load = load if load is not None else OtherLoad(clock=clock)
+        self.clock = clock
+        self.threshold = max(CHANGE_CORES, (cores or os.cpu_count() or 1) / 8)
+        self.reference: float | None = None  # others' cores when the CPU work was last judged
+        self.latest: float | None = None
+        self.off = 0  # readings in a row beyond the threshold
+        self.settled = False  # whether a reference was asked for (the CPU work judged)
+        self._next_reading = clock()
+        self._quiet_until = clock()  # no change counts before (MIN_INTERVAL_S after the last)
+
+    def settle(self) -> None:
+        """The latest reading becomes the reference (the CPU work was judged under it; where there is no
+        reading yet, the next one does)."""
+        self.settled, self.reference, self.off = True, self.latest, 0
+
+    def poll(self) -> bool:
+        """Read the load if a period has passed; whether it has moved for good from the reference."""
+        now = self.clock()
+        if now < self._next_reading:
+            return False
+        self._next_reading = now + PERIOD_S
+        cores = self.load.cores()
+        if cores is None:
+            return False
+        self.latest = cores
+        if self.reference is None:
+            if self.settled:
+                self.reference = cores
+            return False
+        self.off = self.off + 1 if abs(cores - self.reference) >= self.threshold else 0
+        if self.off < HOLD or now < self._quiet_until:
+            return False
+        self.reference, self.off, self._quiet_until = cores, 0, now + MIN_INTERVAL_S
+        return True

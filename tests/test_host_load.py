@@ -1,0 +1,173 @@
+"""The load beside the engine (runtime/host_load.py) and the CPU work judged again when it moves for good."""
+
+import os
+
+import pytest
+
+from vramshard.plan import calibrate
+from vramshard.runtime import host_load
+from vramshard.runtime.host_load import HOLD, MIN_INTERVAL_S, PERIOD_S, LoadShift, OtherLoad
+
+from test_calibrate import simulated_engine
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def write_counters(tmp_path, busy: dict, idle: int, own: tuple[int, int]) -> tuple[str, str]:
+    """/proc/stat with these ticks (user, nice, system, irq, softirq, steal; idle, iowait) and
+    /proc/self/stat with this process's (utime, stime), under a command name with spaces."""
+    stat = tmp_path / "stat"
+    fields = [busy.get("user", 0), busy.get("nice", 0), busy.get("system", 0), idle, 7, busy.get("irq", 0),
+              busy.get("softirq", 0), busy.get("steal", 0), 0, 0]
+    stat.write_text("cpu  " + " ".join(map(str, fields)) + "\ncpu0 1 2 3 4 5 6 7 8 9 10\nintr 1\n")
+    mine = tmp_path / "self_stat"
+    # pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime ...
+    mine.write_text(f"4242 (python3 -m x) S 1 1 1 0 -1 0 10 0 0 0 {own[0]} {own[1]} 0 0 20 0 9 0 100\n")
+    return str(stat), str(mine)
+
+
+def test_the_cores_busy_outside_this_process_come_from_the_kernels_counters(tmp_path):
+    clock = Clock()
+    stat, mine = write_counters(tmp_path, {"user": 1000, "system": 500}, idle=9000, own=(200, 100))
+    load = OtherLoad(stat, mine, clock)
+    load.ticks_per_second = 100.0
+    assert load.cores() is None  # the first reading only starts the count
+    # 2 s later: 1200 busy ticks more, 400 of them this process's, steal counted, idle and iowait not
+    stat, mine = write_counters(tmp_path, {"user": 1800, "system": 700, "steal": 100, "irq": 50, "softirq": 50},
+                                idle=12000, own=(500, 200))
+    clock.now += 2.0
+    assert load.cores() == pytest.approx((1200 - 400) / 100 / 2.0)
+    clock.now += 1.0  # nothing more: nobody busy
+    assert load.cores() == 0.0
+    assert load.cores() is None  # no time passed
+
+
+def test_without_the_counters_there_is_no_reading(tmp_path):
+    assert OtherLoad(str(tmp_path / "none"), str(tmp_path / "none")).cores() is None
+    (tmp_path / "stat").write_text("garbage\n")
+    (tmp_path / "self").write_text("1 (x) S\n")
+    broken = OtherLoad(str(tmp_path / "stat"), str(tmp_path / "self"))
+    assert broken.cores() is None and not broken.available
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="Linux's /proc counters")
+def test_this_machines_counters_read():
+    load = OtherLoad()
+    load.cores()
+    load._last = (load._last[0] - 1.0, *load._last[1:])  # as if a second had passed
+    cores = load.cores()
+    assert cores is not None and 0 <= cores <= 4 * (os.cpu_count() or 1)
+
+
+class Readings:
+    """An OtherLoad whose readings are given."""
+
+    def __init__(self, values):
+        self.values = list(values)
+
+    def cores(self):
+        return self.values.pop(0) if self.values else None
+
+
+def shift_of(values, cores: int = 16) -> tuple[LoadShift, Clock]:
+    clock = Clock()
+    return LoadShift(Readings(values), cores=cores, clock=clock), clock
+
+
+def polls(shift: LoadShift, clock: Clock, count: int) -> list[bool]:
+    out = []
+    for _ in range(count):
+        out.append(shift.poll())
+        clock.now += PERIOD_S
+    return out
+
+
+def test_a_lasting_change_counts_and_a_spike_does_not():
+    shift, clock = shift_of([1.0, 1.2, 6.0, 1.1, 6.0, 6.2, 5.9, 6.1])
+    assert shift.poll() is False and shift.latest == 1.0 and shift.reference is None  # no reference before settle
+    shift.settle()
+    clock.now += PERIOD_S
+    assert polls(shift, clock, 3) == [False, False, False]  # 1.2, a spike of 6.0, back to 1.1
+    assert polls(shift, clock, HOLD) == [False] * (HOLD - 1) + [True]  # HOLD readings in a row 2+ cores away
+    assert shift.reference == pytest.approx(5.9)
+    assert shift.poll() is False  # (within the period: not read)
+
+
+def test_a_change_under_the_threshold_or_soon_after_another_does_not_count():
+    shift, clock = shift_of([0.0] + [1.5] * 10, cores=8)  # threshold: 2 cores on 8
+    shift.settle()
+    assert not any(polls(shift, clock, 11))
+    big, clock = shift_of([0.0] + [3.0] * 3 + [0.0] * 30, cores=32)  # threshold: 4 cores on 32
+    big.settle()
+    assert not any(polls(big, clock, 4))
+    swings, clock = shift_of([0.0] + [8.0] * 3 + [0.0] * 20)
+    swings.settle()
+    seen = polls(swings, clock, 24)
+    assert seen.index(True) == HOLD and sum(seen) == 2  # back to 0 counts too, but not before MIN_INTERVAL_S
+    assert (seen.index(True, HOLD + 1) - HOLD) * PERIOD_S >= MIN_INTERVAL_S
+
+
+def test_a_settle_before_any_reading_takes_the_next_one():
+    shift, clock = shift_of([None, 3.0, 3.1, 9.0, 9.0, 9.0])
+    shift.settle()
+    assert polls(shift, clock, 6) == [False, False, False, False, False, True] and shift.reference == 9.0
+
+
+def test_an_engine_judges_its_cpu_work_again_when_the_load_beside_it_moves(tiny_model_dir, monkeypatch):
+    """A game starts beside the engine after its CPU work was judged (as priced, here): the tiers are
+    timed afresh, fitted where they run off, MAX_CALIBRATIONS counts afresh, the plans measured before are
+    no longer the ones to beat, and the fit is not stored for later processes."""
+    from vramshard import budget_follower
+
+    monkeypatch.setattr(calibrate, "MIN_CPU_S", 0.0)  # the tiny model's CPU work is far below a real one's
+    learned = []
+    monkeypatch.setattr(calibrate, "learn", lambda profile, dtype: learned.append(profile))
+    engine, reference = simulated_engine(tiny_model_dir("qwen3"))
+    follower = engine.budget
+    shift, clock = shift_of([1.0] * 3 + [7.0] * HOLD)
+    follower.load_shift = shift
+    prompt = [5, 9, 11, 13, 2, 7]
+    expected = reference.generate([prompt], 8)
+    plan, profile = engine.plan, follower.plan_settings().profile
+    predicted = calibrate.cpu_seconds(engine.model, profile, plan, 1)
+    check = engine.cpu_check()
+    for _ in range(9):  # the first is the tier's warm-up
+        check.add(1, predicted)
+    engine.poll_budget()
+    assert follower.calibrations == [] and follower.cpu_judged == {1} and shift.settled  # judged: as priced
+    # Fits and measured plans from before (as if), which the change leaves behind.
+    follower.calibrations.extend({"earlier": n} for n in range(budget_follower.MAX_CALIBRATIONS))
+    follower.fastest[None] = "a plan measured under the old load"
+    for _ in range(3 + HOLD):  # readings: the reference, two more at 1 core; then the game's
+        clock.now += PERIOD_S
+        engine.poll_budget()
+    (change,) = follower.load_changes
+    assert change["other_cores_before"] == 1.0 and change["other_cores_now"] == 7.0 and change["tiers"] == [1]
+    assert follower.cpu_judged == set() and engine.calibration_pending()
+    assert engine.cpu_stats()["load_changes"] == [change] and engine.cpu_stats()["other_cores_busy"] == 7.0
+    assert follower.fastest == {} and not follower.learning
+    assert engine.plan is plan
+    check = engine.cpu_check()
+    assert check.samples == {} and check.judged is follower.cpu_judged  # timed afresh
+    for _ in range(9):
+        check.add(1, 2 * predicted)  # the game's cores: 2x slower
+    engine.poll_budget()
+    fit = follower.calibrations[-1]
+    assert fit.get("cpu_measured_s") == {1: pytest.approx(2 * predicted)} and follower.cpu_judged == {1}
+    assert follower.plan_settings().profile.cpu_row_factor(1) > 2 * profile.cpu_row_factor(1)
+    assert learned == []  # this moment's load is not the machine's
+    follower.background.wait(60)
+    engine.poll_budget()
+    assert engine.generate([prompt], 8) == expected
+
+
+def test_the_load_is_not_followed_when_turned_off(monkeypatch, tiny_model_dir):
+    monkeypatch.setattr(host_load, "ENABLED", False)
+    engine, _ = simulated_engine(tiny_model_dir("qwen3"))
+    assert engine.budget.load_shift is None and engine.cpu_stats()["other_cores_busy"] is None
