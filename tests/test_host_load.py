@@ -100,7 +100,7 @@ def test_a_lasting_change_counts_and_a_spike_does_not():
 
 
 def test_a_change_under_the_threshold_or_soon_after_another_does_not_count():
-    shift, clock = shift_of([0.0] + [1.5] * 10, cores=8)  # threshold: 2 cores on 8
+    shift, clock = shift_of([0.0] + [0.8] * 10, cores=8)  # threshold: 1 core on 8
     shift.settle()
     assert not any(polls(shift, clock, 11))
     big, clock = shift_of([0.0] + [3.0] * 3 + [0.0] * 30, cores=32)  # threshold: 4 cores on 32
@@ -119,10 +119,22 @@ def test_a_settle_before_any_reading_takes_the_next_one():
     assert polls(shift, clock, 6) == [False, False, False, False, False, True] and shift.reference == 9.0
 
 
-def test_an_engine_judges_its_cpu_work_again_when_the_load_beside_it_moves(tiny_model_dir, monkeypatch):
-    """A game starts beside the engine after its CPU work was judged (as priced, here): the tiers are
-    timed afresh, fitted where they run off, MAX_CALIBRATIONS counts afresh, the plans measured before are
-    no longer the ones to beat, and the fit is not stored for later processes."""
+@pytest.fixture
+def torch_threads():
+    """The process's torch threads as they were, after the test (an engine's limit sets them)."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_an_engine_computes_on_the_cores_left_and_judges_its_cpu_work_again_when_the_load_moves(
+        tiny_model_dir, monkeypatch, torch_threads):
+    """A game takes one of the 2 cores beside the engine after its CPU work was judged (as priced, here):
+    the engine computes on the one left, plans again at one thread, times its tiers afresh and fits them
+    where they run off; MAX_CALIBRATIONS counts afresh, the plans measured before are no longer the ones to
+    beat, and the fit is not stored for later processes."""
     from vramshard import budget_follower
 
     monkeypatch.setattr(calibrate, "MIN_CPU_S", 0.0)  # the tiny model's CPU work is far below a real one's
@@ -130,7 +142,7 @@ def test_an_engine_judges_its_cpu_work_again_when_the_load_beside_it_moves(tiny_
     monkeypatch.setattr(calibrate, "learn", lambda profile, dtype: learned.append(profile))
     engine, reference = simulated_engine(tiny_model_dir("qwen3"))
     follower = engine.budget
-    shift, clock = shift_of([1.0] * 3 + [7.0] * HOLD)
+    shift, clock = shift_of([0.1] * 3 + [1.2] * HOLD, cores=2)
     follower.load_shift = shift
     prompt = [5, 9, 11, 13, 2, 7]
     expected = reference.generate([prompt], 8)
@@ -148,23 +160,58 @@ def test_an_engine_judges_its_cpu_work_again_when_the_load_beside_it_moves(tiny_
         clock.now += PERIOD_S
         engine.poll_budget()
     (change,) = follower.load_changes
-    assert change["other_cores_before"] == 1.0 and change["other_cores_now"] == 7.0 and change["tiers"] == [1]
+    assert change["other_cores_before"] == 0.1 and change["other_cores_now"] == 1.2 and change["tiers"] == [1]
+    assert change["threads"] == 1 and engine.executor.threads == 1  # 2 cores less 1 busy
+    assert follower.plan_settings().profile.thread_limit == 1 and follower.refine_why == "host load"
     assert follower.cpu_judged == set() and engine.calibration_pending()
-    assert engine.cpu_stats()["load_changes"] == [change] and engine.cpu_stats()["other_cores_busy"] == 7.0
+    assert engine.cpu_stats()["load_changes"] == [change] and engine.cpu_stats()["other_cores_busy"] == 1.2
     assert follower.fastest == {} and not follower.learning
-    assert engine.plan is plan
+    follower.background.wait(60)
+    engine.poll_budget()  # the plan at one thread comes in
+    assert engine.plan is not plan and follower.events[-1]["why"] == "host load"
     check = engine.cpu_check()
     assert check.samples == {} and check.judged is follower.cpu_judged  # timed afresh
+    now_predicted = calibrate.cpu_seconds(engine.model, follower.plan_settings().profile, engine.plan, 1)
     for _ in range(9):
-        check.add(1, 2 * predicted)  # the game's cores: 2x slower
+        check.add(1, 2 * now_predicted)  # the game's cores: 2x slower
     engine.poll_budget()
     fit = follower.calibrations[-1]
-    assert fit.get("cpu_measured_s") == {1: pytest.approx(2 * predicted)} and follower.cpu_judged == {1}
-    assert follower.plan_settings().profile.cpu_row_factor(1) > 2 * profile.cpu_row_factor(1)
+    assert fit.get("cpu_measured_s") == {1: pytest.approx(2 * now_predicted)} and follower.cpu_judged == {1}
     assert learned == []  # this moment's load is not the machine's
     follower.background.wait(60)
     engine.poll_budget()
     assert engine.generate([prompt], 8) == expected
+
+
+def test_a_cpu_engine_computes_on_the_cores_left_within_its_own_limit(tiny_model_dir, torch_threads):
+    """With nothing to judge the load at the start is the reference; the threads follow the load both
+    ways, never past the engine's own ``threads``."""
+    import torch
+
+    from vramshard.engine import Engine
+
+    engine = Engine.load(tiny_model_dir("llama"), device="cpu", dtype="float32")
+    prompt = [5, 9, 11, 13]
+    expected = engine.generate([prompt], 6)
+    shift, clock = shift_of([0.2] + [6.4] * HOLD + [0.0] * 30)
+    engine.budget.load_shift = shift
+    for _ in range(1 + HOLD):
+        clock.now += PERIOD_S
+        engine.poll_budget()
+    assert engine.budget.load_changes[-1]["threads"] == 10 and engine.executor.threads == 10
+    assert engine.generate([prompt], 6) == expected and torch.get_num_threads() == 10
+    clock.now += MIN_INTERVAL_S
+    for _ in range(HOLD):
+        clock.now += PERIOD_S
+        engine.poll_budget()
+    assert engine.budget.load_changes[-1]["threads"] is None and engine.executor.threads is None  # all again
+    limited = Engine.load(tiny_model_dir("llama"), device="cpu", dtype="float32", threads=1)
+    shift, clock = shift_of([0.0] + [6.0] * HOLD)
+    limited.budget.load_shift = shift
+    for _ in range(1 + HOLD):
+        clock.now += PERIOD_S
+        limited.poll_budget()
+    assert limited.budget.load_changes[-1]["threads"] == 1 and limited.executor.threads == 1  # its own limit
 
 
 def test_the_load_is_not_followed_when_turned_off(monkeypatch, tiny_model_dir):

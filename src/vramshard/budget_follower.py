@@ -111,6 +111,8 @@ class BudgetFollower:
         self.load_changes: list[dict] = []  # those changes, oldest first
         self.calibration_floor = 0  # calibrations before the last load change (MAX_CALIBRATIONS counts from it)
         self.learning = True  # fits go to the calibration store for later processes (not a moment's load's)
+        self.asked_threads: int | None = None  # the engine's own thread limit (--threads), taken at the first change
+        self.load_threads: int | None = None  # the thread limit the load beside the engine set (None: none)
         self.background = BackgroundPlanner(self._plan_fully)
 
     # ------------------------------------------------------------------ the source
@@ -143,6 +145,7 @@ class BudgetFollower:
                 if budget == self.watcher.in_force:
                     return self.adapt(budget, time.monotonic(), self.refine_why)
             if self.refine is None:
+                self._follow_host_load()
                 self._calibrate_if_off()
             return None
 
@@ -154,7 +157,6 @@ class BudgetFollower:
         engine = self.engine
         if not CALIBRATE or engine.plan is None or engine.device == "cpu":
             return
-        self._judge_again_if_load_moved()
         check = engine.plan_check()
         if check.plan is engine.plan and len(check.measured) >= REVERT_MIN_STEPS and self._revert_if_slower(check):
             return
@@ -187,24 +189,53 @@ class BudgetFollower:
                  check.predicted_s * 1e3, fitted.what, fitted.value)
         self._plan_with(fitted.profile)
 
-    def _judge_again_if_load_moved(self) -> None:
-        """When the cores busy beside the engine have moved for good since its CPU work was judged (a game
-        started or stopped beside it: :class:`~vramshard.runtime.host_load.LoadShift`), judge that work
-        again: each tier's is timed afresh and fitted where it runs off the profile as fitted so far (the
-        factors compose), the plans measured under the old load stop being the ones to beat, MAX_CALIBRATIONS
-        counts afresh, and no fit made from now on goes to the calibration store (it is this moment's load,
-        not the machine's). Caller holds the executor lock."""
-        shift = self.load_shift
-        if shift is None or not self.cpu_judged:
+    def _follow_host_load(self) -> None:
+        """When the cores busy beside the engine have moved for good (a game started or stopped beside it:
+        :class:`~vramshard.runtime.host_load.LoadShift`) since its CPU work was judged (or, with nothing to
+        judge, since it started): compute on the cores left (:func:`~vramshard.runtime.host_load.threads_beside`,
+        within the engine's own ``--threads``), plan again at that many threads in the background, and judge
+        the CPU work again (:meth:`_judge_again`). Caller holds the executor lock."""
+        shift, engine = self.load_shift, self.engine
+        if shift is None:
             return
+        judges = CALIBRATE and engine.plan is not None and engine.device != "cpu"
+        if not shift.settled and not judges:
+            shift.settle()  # (nothing to judge: the load at the start is the reference)
+        if not shift.settled:
+            return  # (the reference is the load the CPU work is first judged under)
         before = shift.reference
         if not shift.poll():
             return
-        change = {"time": time.time(), "other_cores_before": round(before, 2), "other_cores_now": round(shift.reference, 2),
-                  "tiers": sorted(self.cpu_judged)}
+        if not self.load_changes:
+            self.asked_threads = engine.executor.threads
+        self.load_threads = host_load.threads_beside(shift.reference, shift.cores)
+        limits = [t for t in (self.load_threads, self.asked_threads) if t is not None]
+        limit = min(limits) if limits else None
+        change = {"time": time.time(), "other_cores_before": round(before, 2),
+                  "other_cores_now": round(shift.reference, 2), "threads": limit, "tiers": sorted(self.cpu_judged)}
         self.load_changes.append(change)
-        log.info("the cores busy beside the engine went from %.1f to %.1f since its CPU work was judged: judging it "
-                 "again (tiers %s)", before, shift.reference, change["tiers"])
+        log.info("the cores busy beside the engine went from %.1f to %.1f: computing on %s CPU threads%s",
+                 before, shift.reference, limit or "all", ", judging its CPU work again" if self.cpu_judged else "")
+        if judges and self.cpu_judged:
+            self._judge_again()
+        if limit == engine.executor.threads:
+            return
+        engine.executor.limit_threads(limit)
+        if engine.plan is None:
+            return  # (a named placement: nothing to plan)
+        settings = self.plan_settings()
+        self.settings = dataclasses.replace(settings, profile=settings.profile.limited_to(limit))
+        self.plan_cache = budgets.PlanCache()  # (plans priced at the old thread count)
+        budget = self.watcher.in_force
+        kv_forced = budgets.forced_kv_side(engine.executor.live_kv_positions(), self.settings)
+        self.refine, self.refine_why = (budget, kv_forced), "host load"
+        self.background.want(budget, kv_forced)
+
+    def _judge_again(self) -> None:
+        """Judge the CPU work again after a change of the load beside the engine: each tier's is timed
+        afresh and fitted where it runs off the profile as fitted so far (the factors compose), the plans
+        measured under the old load stop being the ones to beat, MAX_CALIBRATIONS counts afresh, and no fit
+        made from now on goes to the calibration store (it is this moment's load, not the machine's)."""
         self.cpu_judged.clear()  # (the engine's checks share the set)
         self.engine.restart_cpu_check()
         self.fastest.clear()
@@ -393,9 +424,10 @@ class BudgetFollower:
             kv_forced = budgets.forced_kv_side(executor.live_kv_positions(), settings)
             self.refine = (budget, kv_forced)
             self.background.want(budget, kv_forced)
-        if why in ("refine", "calibrate") and engine.plan is not None and same_placements(adaptation.plan, engine.plan):
+        if why in ("refine", "calibrate", "host load") and engine.plan is not None \
+                and same_placements(adaptation.plan, engine.plan):
             engine.plan = adaptation.plan  # the same placements (new predictions): nothing to move
-            if why == "calibrate":
+            if why in ("calibrate", "host load"):
                 self.events.append({"time": time.time(), "why": why, "budget": budget, "plan": executor.plans.name,
                                     "placements_kept": True})
             return None

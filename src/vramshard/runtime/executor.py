@@ -290,6 +290,15 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         with timeline.phase("CPU kernels"):
             self._warm_cpu_kernels(config.plans)
 
+    def limit_threads(self, threads: int | None) -> None:
+        """Compute on at most ``threads`` CPU threads from the next step on (None: as each tier's plan
+        says): the engine's ``--threads``, or the cores other work leaves it (:mod:`~vramshard.budget_follower`).
+        The run-ahead worker's team tuning starts again (its teams lie below the step's threads)."""
+        with self._lock:
+            self.threads = threads  # (each step sets the thread pool from it)
+            if self._team_tuner is not None:
+                self._team_tuner.reset()
+
     def _tier_threads(self, planned: int | None) -> int | None:
         """A tier's CPU threads: the plan's (None: this executor's ``threads``), never more than
         ``threads`` where that is set (the engine's ``--threads``)."""

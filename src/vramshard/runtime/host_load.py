@@ -25,7 +25,9 @@ log = logging.getLogger(__name__)
 ENABLED = switch("VRAMSHARD_FOLLOW_HOST_LOAD", True)
 PERIOD_S = 2.0  # seconds between readings
 HOLD = 3  # readings in a row beyond the change before it counts (a spike is not a new load)
-CHANGE_CORES = 2.0  # the least change in busy cores that counts (or an eighth of the cores, where more)
+# The least change in busy cores that counts (or an eighth of the cores, where more): a process that keeps
+# one core busy reads 0.95-1.04 cores on the development machine, beside the engine's own work.
+CHANGE_CORES = 0.75
 MIN_INTERVAL_S = 30.0  # between two changes that count (a load that swings back and forth is not chased)
 
 # /proc/stat's first line: "cpu user nice system idle iowait irq softirq steal guest guest_nice" in
@@ -86,6 +88,16 @@ class OtherLoad:
         return int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)
 
 
+def threads_beside(others: float, cores: int) -> int | None:
+    """The CPU threads to compute on with ``others`` cores kept busy beside the engine: the cores left
+    (at least one), or None (all) where the others keep less than half a core busy. An OpenMP team with a
+    thread on a busy core waits for it at every barrier: on the 2-core development machine, with one
+    core kept busy by another process, a tiny model's CPU decode ran 2.4x slower on 2 threads than on 1
+    (``python -m benchmarks.load_beside``)."""
+    busy = round(others)
+    return None if busy < 1 else max(1, cores - busy)
+
+
 class LoadShift:
     """Whether the load beside the engine has moved for good since it was last taken as the reference.
 
@@ -99,7 +111,8 @@ class LoadShift:
                  clock: Callable[[], float] = time.monotonic):
         self.load = load if load is not None else OtherLoad(clock=clock)
         self.clock = clock
-        self.threshold = max(CHANGE_CORES, (cores or os.cpu_count() or 1) / 8)
+        self.cores = cores or os.cpu_count() or 1  # (this machine's)
+        self.threshold = max(CHANGE_CORES, self.cores / 8)
         self.reference: float | None = None  # others' cores when the CPU work was last judged
         self.latest: float | None = None
         self.off = 0  # readings in a row beyond the threshold
