@@ -92,8 +92,8 @@ def threads_beside(others: float, cores: int) -> int | None:
     """The CPU threads to compute on with ``others`` cores kept busy beside the engine: the cores left
     (at least one), or None (all) where the others keep less than half a core busy. An OpenMP team with a
     thread on a busy core waits for it at every barrier: on the 2-core development machine, with one
-    core kept busy by another process, a tiny model's CPU decode ran 2.4x slower on 2 threads than on 1
-    (``python -m benchmarks.load_beside``)."""
+    core kept busy by another process, a CPU engine decoded at 5.21 tok/s on one thread and 3.43 on two
+    (llama3-8b's shape cut to 4 layers, ``python -m benchmarks.load_beside``, docs/BENCHMARKS.md)."""
     busy = round(others)
     return None if busy < 1 else max(1, cores - busy)
 
