@@ -65,3 +65,14 @@ def _nothing_learned_across_tests():
     calibrate.forget_learned()
     yield
     calibrate.forget_learned()
+
+
+@pytest.fixture(autouse=True)
+def _load_beside_not_followed(monkeypatch):
+    """An engine does not follow the load beside it (runtime/host_load.py) in tests: the test's other
+    processes (a server's client) and the machine's would change its threads, and so the rounding of
+    its sums, at moments of their own. tests/test_host_load.py gives its engines readings instead."""
+    from vramshard.runtime import host_load
+
+    monkeypatch.setattr(host_load, "ENABLED", False)
+    monkeypatch.setenv("VRAMSHARD_FOLLOW_HOST_LOAD", "off")
