@@ -183,12 +183,23 @@ def test_an_engine_computes_on_the_cores_left_and_judges_its_cpu_work_again_when
     assert engine.generate([prompt], 8) == expected
 
 
-def test_a_cpu_engine_computes_on_the_cores_left_within_its_own_limit(tiny_model_dir, torch_threads):
+def test_the_threads_are_the_cores_left_up_to_the_processs_own():
+    assert host_load.threads_beside(0.3, 16, 16) is None  # less than half a core: all
+    assert host_load.threads_beside(6.4, 16, 16) == 10
+    assert host_load.threads_beside(6.0, 16, 8) is None  # 10 left: as many as the process takes anyway
+    assert host_load.threads_beside(14.0, 16, 8) == 2
+    assert host_load.threads_beside(20.0, 16, 8) == 1  # (at least one)
+
+
+def test_a_cpu_engine_computes_on_the_cores_left_within_its_own_limit(tiny_model_dir, torch_threads, monkeypatch):
     """With nothing to judge the load at the start is the reference; the threads follow the load both
     ways, never past the engine's own ``threads``."""
     import torch
 
+    from vramshard import budget_follower
     from vramshard.engine import Engine
+
+    monkeypatch.setattr(budget_follower, "default_threads", lambda: 16)  # (a 16-core machine's process)
 
     engine = Engine.load(tiny_model_dir("llama"), device="cpu", dtype="float32")
     prompt = [5, 9, 11, 13]

@@ -59,7 +59,7 @@ from .plan.planner import machine_profile
 from .plan.tiers import Tiers
 from .runtime import budget as budgets
 from .runtime import host_load, plan_process
-from .runtime.executor import ReconfigureReport
+from .runtime.executor import ReconfigureReport, default_threads
 from .runtime.plan_check import MIN_STEPS
 from .units import format_bytes
 
@@ -208,7 +208,7 @@ class BudgetFollower:
             return
         if not self.load_changes:
             self.asked_threads = engine.executor.threads
-        self.load_threads = host_load.threads_beside(shift.reference, shift.cores)
+        self.load_threads = host_load.threads_beside(shift.reference, shift.cores, default_threads())
         limits = [t for t in (self.load_threads, self.asked_threads) if t is not None]
         limit = min(limits) if limits else None
         change = {"time": time.time(), "other_cores_before": round(before, 2),

@@ -70,15 +70,21 @@ log = logging.getLogger(__name__)
 _DEFAULT_THREADS: list[int] = []  # torch's CPU thread count before any executor changed it
 
 
+def default_threads() -> int:
+    """torch's CPU thread count before any executor changed it (the process's: its physical cores, or
+    ``OMP_NUM_THREADS``)."""
+    if not _DEFAULT_THREADS:
+        _DEFAULT_THREADS.append(torch.get_num_threads())
+    return _DEFAULT_THREADS[0]
+
+
 def use_cpu_threads(threads: int | None) -> None:
     """Run CPU sub-layers on ``threads`` threads; None: the process default (all cores).
 
     The torch thread pool is process-wide, so an executor (or a tier) that asked for fewer
     threads must not leave them to the next one that asked for none.
     """
-    if not _DEFAULT_THREADS:
-        _DEFAULT_THREADS.append(torch.get_num_threads())
-    wanted = threads or _DEFAULT_THREADS[0]
+    wanted = threads or default_threads()
     if wanted != torch.get_num_threads():
         torch.set_num_threads(wanted)
 

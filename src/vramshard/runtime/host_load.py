@@ -88,14 +88,16 @@ class OtherLoad:
         return int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)
 
 
-def threads_beside(others: float, cores: int) -> int | None:
-    """The CPU threads to compute on with ``others`` cores kept busy beside the engine: the cores left
-    (at least one), or None (all) where the others keep less than half a core busy. An OpenMP team with a
+def threads_beside(others: float, cores: int, default: int) -> int | None:
+    """The CPU threads to compute on with ``others`` of the machine's ``cores`` kept busy beside the engine:
+    the cores left (at least one), or None (the process's ``default``) where the others keep less than half
+    a core busy or leave as many cores as that default. An OpenMP team with a
     thread on a busy core waits for it at every barrier: on the 2-core development machine, with one
     core kept busy by another process, a CPU engine decoded at 5.21 tok/s on one thread and 3.43 on two
     (llama3-8b's shape cut to 4 layers, ``python -m benchmarks.load_beside``, docs/BENCHMARKS.md)."""
     busy = round(others)
-    return None if busy < 1 else max(1, cores - busy)
+    left = max(1, cores - busy)
+    return None if busy < 1 or left >= default else left
 
 
 class LoadShift:
