@@ -7,8 +7,10 @@ One planned engine over random weights of the shape's real size, twice in one pr
 is (it judges its CPU work again when the cores busy beside it change for good: runtime/host_load.py),
 then with that off (``VRAMSHARD_FOLLOW_HOST_LOAD=off``: its CPU work fitted once). Each decodes one
 sequence from a 1K prompt through three phases of ``--phase-s``: quiet; ``--burn`` processes that each
-keep a core busy reading memory (a game's threads); quiet again. Reported per phase and engine: decode
-tok/s over the phase's second half (after the engine had time to follow), the engine's load readings,
+keep a core busy reading memory (a game's threads); quiet again. Reported per phase and engine: tok/s over
+the phase's second half (after the engine had time to follow: tokens generated over the time of the
+``generate`` calls of ``--chunk`` tokens, each of which reads the prompt again, a 1K prompt's ~0.2 s beside
+a 64-token call's ~5 s at 8 GiB), the engine's load readings,
 its load changes and fits, the plan at the end of the phase. The bound of each phase: the bytes a decode
 step reads (:func:`~benchmarks.common.decode_read_bytes`) less those resident in VRAM, over (host→device +
 the CPU's read of host memory measured in that phase's load)
@@ -122,7 +124,7 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=8.0, help="GiB")
     parser.add_argument("--burn", type=int, default=6, help="burner processes in the middle phase")
     parser.add_argument("--phase-s", type=float, default=30.0)
-    parser.add_argument("--chunk", type=int, default=16, help="tokens per generate call")
+    parser.add_argument("--chunk", type=int, default=64, help="tokens per generate call")
     parser.add_argument("--prompt", type=int, default=1024)
     parser.add_argument("--profile", default=None)
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test of the script")
