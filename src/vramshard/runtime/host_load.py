@@ -3,9 +3,12 @@ system, and on a virtual machine its host's other guests).
 
 The engine fits its profile's CPU times to its own steps once per tier (:mod:`vramshard.budget_follower`);
 a game that starts, or stops, beside it later changes how long that CPU work takes, and the plan made for
-the cores the engine had is then the wrong one. This module gives the follower the signal to fit again:
-the cores busy outside this process, from the kernel's counters (Linux ``/proc``), averaged between two
-readings. Reading them costs a few tens of microseconds; elsewhere (no ``/proc``) there is no reading.
+the cores the engine had is then the wrong one, and an OpenMP team with a thread on a core the other work
+holds waits for it at every barrier. This module gives the follower the signal to compute on the cores
+left and fit again: the cores busy outside this process, from the kernel's counters (Linux ``/proc``),
+averaged between two readings. Reading them costs a few tens of microseconds; elsewhere (no ``/proc``)
+there is no reading. The engine's own planning process (:mod:`~vramshard.runtime.plan_process`) counts
+as other work while it plans (about a second at a time, under ``HOLD`` readings).
 
 :class:`LoadShift` says when that load has moved for good from what it was when the CPU work was last
 judged (a lasting change of ``CHANGE_CORES`` or more, not a spike); what to do then is the follower's.
