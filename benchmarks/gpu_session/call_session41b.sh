@@ -11,12 +11,4 @@ PLACEMENTS=$PLACEMENTS,planned:2@16,planned:2@14,planned:2@12,planned:2@16,plann
 timeout ${SECONDS_LIMIT:-280} python3 -m benchmarks.step_profile --shape llama3-8b --placements $PLACEMENTS \
   --profile "$PROFILE" --steps 30 --warmup 20 --rows 5 --json $OUT/host_threads.json > $OUT/host_threads.log 2>&1
 echo "step_profile rc $? load $(cut -d' ' -f1-3 /proc/loadavg)"
-python3 - <<'PY'
-import json, os
-path = os.path.join(os.environ["OUT"], "host_threads.json")
-if os.path.exists(path):
-    data = json.load(open(path))
-    for r in data if isinstance(data, list) else data.get("results", data.get("placements", [])):
-        print(r.get("placement"), "wall", round(r.get("wall_ms", 0), 1), "host compute", round(r.get("host_compute_ms", 0), 1),
-              "predicted", round(r.get("predicted_ms", 0), 1), "predicted cpu", round(r.get("predicted_cpu_busy_ms", 0), 1))
-PY
+step_summary $OUT/host_threads.json

@@ -10,22 +10,5 @@ PLACEMENTS=planned:8,planned:8+ahead,planned:2,planned:2+ahead,planned:8,planned
 timeout 200 python3 -m benchmarks.step_profile --shape llama3-8b --placements $PLACEMENTS \
   --profile "$PROFILE" --steps 30 --warmup 20 --rows 5 --json $OUT/dense_ahead.json > $OUT/dense_ahead.log 2>&1
 echo "step_profile rc $? load $(cut -d' ' -f1-3 /proc/loadavg)"
-python3 - <<'PY'
-import json, os
-path = os.path.join(os.environ["OUT"], "dense_ahead.json")
-if os.path.exists(path):
-    data = json.load(open(path))
-    for r in data if isinstance(data, list) else data.get("results", data.get("placements", [])):
-        print(r.get("placement"), "wall", round(r.get("wall_ms", 0), 1), "host compute", round(r.get("host_compute_ms", 0), 1),
-              "predicted", round(r.get("predicted_ms", 0), 1))
-PY
-FIELDS="'placement': '[^']*'|'decode_tok_s': [0-9.]*|'predicted_decode_tok_s': [0-9.]*|'bound_tok_s': [0-9.]*|'decode_worker_team': [0-9]*"
-i=0
-for ahead in auto off; do
-  i=$((i + 1))
-  VRAMSHARD_RUN_AHEAD=$ahead timeout 85 python3 -m benchmarks.moe_bench --budgets 8 --batches 1 --time-limit 65 \
-    --no-skewed --decode-steps 48 --placements planned,experts-cpu --profile "$PROFILE" \
-    --out $OUT/moe_ahead_${ahead}_$i.json > $OUT/moe_ahead_${ahead}_$i.log 2>&1
-  echo "run-ahead $ahead rc $? load $(cut -d' ' -f1-3 /proc/loadavg)"
-  grep -oE "$FIELDS" $OUT/moe_ahead_${ahead}_$i.log | tr '\n' ' ' | sed 's/.placement/\n&/g'; echo
-done
+step_summary $OUT/dense_ahead.json
+moe_ahead_runs "auto off" 48

@@ -16,6 +16,33 @@ gpu_suite() {
   echo "suite rc $?"; tail -3 $OUT/pytest_gpu.txt; grep -E "^(FAILED|ERROR)" $OUT/pytest_gpu.txt | cut -c1-250
 }
 
+# step_summary JSON: each placement of a benchmarks.step_profile result: wall, host compute and predicted ms.
+step_summary() {
+  python3 - "$1" <<'PY'
+import json, os, sys
+if os.path.exists(sys.argv[1]):
+    data = json.load(open(sys.argv[1]))
+    for r in data if isinstance(data, list) else data.get("results", data.get("placements", [])):
+        print(r.get("placement"), "wall", round(r.get("wall_ms", 0), 1), "host compute", round(r.get("host_compute_ms", 0), 1),
+              "predicted", round(r.get("predicted_ms", 0), 1), "predicted cpu", round(r.get("predicted_cpu_busy_ms", 0), 1))
+PY
+}
+
+# moe_ahead_runs "MODES" STEPS: qwen3-30b-a3b at 8 GiB, planned and experts-cpu, one process per VRAMSHARD_RUN_AHEAD
+# mode in MODES (e.g. "off on off on"), STEPS decode steps each; JSON and log as $OUT/moe_ahead_MODE_N.*.
+moe_ahead_runs() {
+  local fields="'placement': '[^']*'|'decode_tok_s': [0-9.]*|'predicted_decode_tok_s': [0-9.]*|'bound_tok_s': [0-9.]*|'decode_step_ms': [0-9.]*|'decode_worker_team': [0-9]*"
+  local i=0 ahead
+  for ahead in $1; do
+    i=$((i + 1))
+    VRAMSHARD_RUN_AHEAD=$ahead timeout 85 python3 -m benchmarks.moe_bench --budgets 8 --batches 1 --time-limit 65 \
+      --no-skewed --decode-steps "$2" --placements planned,experts-cpu --profile "$PROFILE" \
+      --out $OUT/moe_ahead_${ahead}_$i.json > $OUT/moe_ahead_${ahead}_$i.log 2>&1
+    echo "run-ahead $ahead rc $? load $(cut -d' ' -f1-3 /proc/loadavg)"
+    grep -oE "$fields" $OUT/moe_ahead_${ahead}_$i.log | tr '\n' ' ' | sed 's/.placement/\n&/g'; echo
+  done
+}
+
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
 export PYTHONPATH=/tmp/site:src:. PYTHONUNBUFFERED=1
 # The profile measured on this kind of card, unless the caller named one.
