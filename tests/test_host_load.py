@@ -225,6 +225,22 @@ def test_a_cpu_engine_computes_on_the_cores_left_within_its_own_limit(tiny_model
     assert limited.budget.load_changes[-1]["threads"] == 1 and limited.executor.threads == 1  # its own limit
 
 
+def test_the_load_is_followed_unless_turned_off(monkeypatch):
+    """On by default (tests/conftest.py turns it off for the other tests; the module is read again here)."""
+    from switch_helpers import assert_opt_out
+
+    monkeypatch.delenv("VRAMSHARD_FOLLOW_HOST_LOAD")
+    assert_opt_out(monkeypatch, host_load, "VRAMSHARD_FOLLOW_HOST_LOAD")
+
+
+def test_an_engine_that_follows_the_load_reads_the_hosts_counters(monkeypatch, tiny_model_dir):
+    monkeypatch.setattr(host_load, "ENABLED", True)
+    engine, _ = simulated_engine(tiny_model_dir("qwen3"))
+    shift = engine.budget.load_shift
+    assert isinstance(shift, host_load.LoadShift) and isinstance(shift.load, host_load.OtherLoad)
+    assert shift.load.stat_path == "/proc/stat" and shift.cores == os.cpu_count()
+
+
 def test_the_load_is_not_followed_when_turned_off(monkeypatch, tiny_model_dir):
     monkeypatch.setattr(host_load, "ENABLED", False)
     engine, _ = simulated_engine(tiny_model_dir("qwen3"))

@@ -38,6 +38,11 @@ MIN_INTERVAL_S = 30.0  # between two changes that count (a load that swings back
 _BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user nice system irq softirq steal
 
 
+def available() -> bool:
+    """Whether the engine follows the load beside it here (asked for, and the kernel's counters there)."""
+    return ENABLED and os.path.exists("/proc/stat") and os.path.exists("/proc/self/stat")
+
+
 def _ticks_per_second() -> float:
     try:
         return float(os.sysconf("SC_CLK_TCK"))
