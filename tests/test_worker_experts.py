@@ -138,6 +138,29 @@ def test_the_profile_times_the_pass_alone_and_on_the_worker():
     assert alone_only is not None and alone_only.worker == {} and alone_only.teams == {}
 
 
+def test_the_profile_times_the_pass_over_its_whole_budget(monkeypatch):
+    """A point's timed calls are bounded by its budget, not by time_cpu's default of 50 (which timed the
+    one-token pass over ~20 ms of its 0.3 s on the H100 host)."""
+    from vramshard.profile import bench_experts, timing
+
+    if not host_experts.ENABLED:
+        pytest.skip("the compiled pass is off here")
+    calls = []
+    real = timing.time_cpu
+
+    def counting(fn, budget_s, max_reps=50, min_reps=2):
+        calls.append(max_reps)
+        return real(fn, budget_s, max_reps, min_reps)
+
+    monkeypatch.setattr(bench_experts, "time_cpu", counting)
+    monkeypatch.setattr(timing, "time_cpu", counting)  # (the worker's timing calls it there)
+    measured = measure_host_experts("bf16", 256, 128, 2, [1], budget_s=0.02, progress=ProgressSink(),
+                                    weight=1.0, on_worker=True)
+    if measured is None:
+        pytest.skip("the compiled pass does not run here (no C++ compiler)")
+    assert calls and all(reps == bench_experts.PASS_REPS >= 1000 for reps in calls)
+
+
 def test_the_pass_on_fewer_threads_is_priced_slower(run15):
     """The profile times the expert pass on all cores; on fewer threads it is priced as a projection
     of the experts' shape is (it was priced the same on one thread as on sixteen)."""

@@ -47,6 +47,10 @@ from .spec import torch_dtype
 from .timing import time_cpu, time_cpu_beside_python
 
 ROUTINGS = 16  # random routings cycled through by the timed calls
+# The most timed calls of one point: enough for the pass's calls (0.3-2 ms at one token) to fill the point's
+# budget. With time_cpu's default of 50 a point was timed over ~20 ms of its 0.3 s on the H100 host, and
+# three quick profiles there put the one-token pass at 86, 136 and 127 GB/s (thirty-seventh GPU session).
+PASS_REPS = 2000
 MAX_EXPERTS = 512
 
 
@@ -114,17 +118,17 @@ def measure_host_experts(dtype: str, hidden: int, intermediate: int, top_k: int,
                 break  # (compiles on the first call) it failed to compile: said in the log
             one = cycling(ROUTINGS, lambda i: ffn.run_experts(source, h, routings[i]))
             assigned = m * top_k * expert_bytes
-            rates.alone[str(m)] = assigned / time_cpu(one, budget_s)
+            rates.alone[str(m)] = assigned / time_cpu(one, budget_s, PASS_REPS)
             if not on_worker:
                 continue
             if team is None:  # (the first rows measured: one token, as decode steps give the worker)
                 for count in team_candidates(run_ahead.largest_team(torch.get_num_threads())):
-                    beside = time_cpu_beside_python(one, budget_s, count, run_ahead.SWITCH_INTERVAL_S)
+                    beside = time_cpu_beside_python(one, budget_s, count, run_ahead.SWITCH_INTERVAL_S, PASS_REPS)
                     rates.teams[str(count)] = assigned / beside
                 team = fastest_team(rates.teams)
                 rates.worker[str(m)] = rates.teams[str(team)]
                 continue
-            beside = time_cpu_beside_python(one, budget_s, team, run_ahead.SWITCH_INTERVAL_S)
+            beside = time_cpu_beside_python(one, budget_s, team, run_ahead.SWITCH_INTERVAL_S, PASS_REPS)
             rates.worker[str(m)] = assigned / beside
     progress.advance(weight)
     return rates if rates.alone else None

@@ -38,7 +38,8 @@ def time_cpu(fn: Callable[[], object], budget_s: float, max_reps: int = 50, min_
 _HOST_PYTHON_RANGE = 1000  # sum(range(1000)): about 10 microseconds here
 
 
-def time_cpu_beside_python(fn: Callable[[], object], budget_s: float, threads: int, switch_interval_s: float) -> float:
+def time_cpu_beside_python(fn: Callable[[], object], budget_s: float, threads: int, switch_interval_s: float,
+                           max_reps: int = 50) -> float:
     """:func:`time_cpu` of ``fn()`` on a worker thread of ``threads`` torch threads (in inference
     mode) while the calling thread queues work as the executor's host thread does, the interpreter's
     switch interval ``switch_interval_s`` meanwhile: how the executor's run-ahead worker computes CPU
@@ -65,7 +66,7 @@ def time_cpu_beside_python(fn: Callable[[], object], budget_s: float, threads: i
         try:
             with torch.inference_mode():
                 fn()
-                result.append(time_cpu(fn, budget_s))
+                result.append(time_cpu(fn, budget_s, max_reps))
         except BaseException as exc:  # (re-raised on the calling thread)
             failure.append(exc)
 
