@@ -48,6 +48,36 @@ def test_the_cores_busy_outside_this_process_come_from_the_kernels_counters(tmp_
     assert load.cores() is None  # no time passed
 
 
+def test_the_planning_processs_time_is_the_engines_where_both_readings_saw_it(tmp_path):
+    clock = Clock()
+    (tmp_path / "proc" / "77").mkdir(parents=True)
+    child = tmp_path / "proc" / "77" / "stat"
+
+    def child_ticks(utime: int) -> None:
+        child.write_text(f"77 (python3) S 1 1 1 0 -1 0 0 0 0 0 {utime} 0 0 0 20 0 1 0 100\n")
+
+    children = []
+    stat, mine = write_counters(tmp_path, {"user": 1000}, idle=9000, own=(100, 0))
+    load = OtherLoad(stat, mine, clock, children=lambda: children, proc=str(tmp_path / "proc"))
+    load.ticks_per_second = 100.0
+    child_ticks(50)
+    children.append(77)
+    load.cores()
+    # 1 s: 300 busy ticks, 100 this process's, 150 the planner's: 50 others'
+    write_counters(tmp_path, {"user": 1300}, idle=9100, own=(200, 0))
+    child_ticks(200)
+    clock.now += 1.0
+    assert load.cores() == pytest.approx(0.5)
+    # the planner ends: its last ticks are not taken as the engine's (a child gone is not in the reading)
+    children.clear()
+    write_counters(tmp_path, {"user": 1500}, idle=9200, own=(300, 0))
+    clock.now += 1.0
+    assert load.cores() == pytest.approx(1.0)
+    children.append(78)  # a pid with no counters (it ended before the reading): skipped
+    clock.now += 1.0
+    assert load.cores() == 0.0
+
+
 def test_without_the_counters_there_is_no_reading(tmp_path):
     assert OtherLoad(str(tmp_path / "none"), str(tmp_path / "none")).cores() is None
     (tmp_path / "stat").write_text("garbage\n")
@@ -239,6 +269,9 @@ def test_an_engine_that_follows_the_load_reads_the_hosts_counters(monkeypatch, t
     shift = engine.budget.load_shift
     assert isinstance(shift, host_load.LoadShift) and isinstance(shift.load, host_load.OtherLoad)
     assert shift.load.stat_path == "/proc/stat" and shift.cores == os.cpu_count()
+    from vramshard.runtime import plan_process
+
+    assert shift.load.children is plan_process.child_pids  # (the planner's time is the engine's)
 
 
 def test_the_load_is_not_followed_when_turned_off(monkeypatch, tiny_model_dir):

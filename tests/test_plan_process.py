@@ -224,3 +224,15 @@ def test_every_shape_is_built_again_from_its_recipe(name):
         rebuilt = plan_wire.build_from_recipe(message)
         assert [s.name for s in rebuilt] == [s.name for s in original]
         assert plan_wire.fingerprint(rebuilt) == plan_wire.fingerprint(original)
+
+
+def test_the_childs_pid_is_known_while_it_runs(planned, monkeypatch):
+    """(Its CPU time is the engine's own work, not the load beside it: runtime/host_load.py.)"""
+    model, settings, child = planned
+    monkeypatch.setattr(plan_process, "_shared", child)
+    child.make_plan(model, settings, 2 * GiB)
+    assert plan_process.child_pids() == [child._child.pid]
+    child.close()
+    assert plan_process.child_pids() == []
+    monkeypatch.setattr(plan_process, "_shared", None)
+    assert plan_process.child_pids() == []

@@ -107,7 +107,8 @@ class BudgetFollower:
         self.fastest: dict[int | None, MeasuredPlan] = {}  # by budget key: the fastest decode plan measured
         self.reverted: set[int | None] = set()  # budget keys where a re-planned plan gave way: no more whole-step fits
         # The cores busy beside the engine (a game, other work): a lasting change judges the CPU work again.
-        self.load_shift = host_load.LoadShift() if host_load.available() else None
+        self.load_shift = host_load.LoadShift(host_load.OtherLoad(children=plan_process.child_pids)) \
+            if host_load.available() else None
         self.load_changes: list[dict] = []  # those changes, oldest first
         self.calibration_floor = 0  # calibrations before the last load change (MAX_CALIBRATIONS counts from it)
         self.learning = True  # fits go to the calibration store for later processes (not a moment's load's)

@@ -7,8 +7,8 @@ the cores the engine had is then the wrong one, and an OpenMP team with a thread
 holds waits for it at every barrier. This module gives the follower the signal to compute on the cores
 left and fit again: the cores busy outside this process, from the kernel's counters (Linux ``/proc``),
 averaged between two readings. Reading them costs a few tens of microseconds; elsewhere (no ``/proc``)
-there is no reading. The engine's own planning process (:mod:`~vramshard.runtime.plan_process`) counts
-as other work while it plans (about a second at a time, under ``HOLD`` readings).
+there is no reading. The engine's own planning process (:mod:`~vramshard.runtime.plan_process`) counts as
+the engine's, between readings that both saw it.
 
 :class:`LoadShift` says when that load has moved for good from what it was when the CPU work was last
 judged (a lasting change of ``CHANGE_CORES`` or more, not a spike); what to do then is the follower's.
@@ -58,10 +58,13 @@ class OtherLoad:
     tests), ``clock`` the time between readings."""
 
     def __init__(self, stat_path: str = "/proc/stat", self_path: str = "/proc/self/stat",
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, children: Callable[[], list[int]] = lambda: [],
+                 proc: str = "/proc"):
         self.stat_path, self.self_path, self.clock = stat_path, self_path, clock
+        self.children, self.proc = children, proc  # (pids whose CPU time is this process's work, e.g. its planner)
         self.ticks_per_second = _ticks_per_second()
-        self._last: tuple[float, int, int] | None = None  # (time, busy ticks of all, ticks of this process)
+        # (time, busy ticks of all, {None: this process's ticks, child pid: its ticks})
+        self._last: tuple[float, int, dict] | None = None
         self.available = os.path.exists(stat_path) and os.path.exists(self_path)
 
     def cores(self) -> float | None:
@@ -78,7 +81,8 @@ class OtherLoad:
         last, self._last = self._last, reading
         if last is None or reading[0] <= last[0]:
             return None
-        others = (reading[1] - last[1]) - (reading[2] - last[2])
+        own = sum(ticks - last[2][pid] for pid, ticks in reading[2].items() if pid in last[2])  # (seen in both)
+        others = (reading[1] - last[1]) - own
         return max(0.0, others / self.ticks_per_second / (reading[0] - last[0]))
 
     def _busy_ticks(self) -> int:
@@ -89,11 +93,22 @@ class OtherLoad:
         values = [int(v) for v in first[1:]]
         return sum(values[i] for i in _BUSY_FIELDS if i < len(values))
 
-    def _own_ticks(self) -> int:
-        with open(self.self_path) as f:
-            text = f.read()
-        fields = text.rpartition(")")[2].split()  # (the command name in parentheses may hold spaces)
-        return int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)
+    def _own_ticks(self) -> dict:
+        ticks = {None: _process_ticks(self.self_path)}
+        for pid in self.children():
+            try:
+                ticks[pid] = _process_ticks(f"{self.proc}/{pid}/stat")
+            except (OSError, ValueError, IndexError):
+                pass  # (it ended meanwhile)
+        return ticks
+
+
+def _process_ticks(path: str) -> int:
+    """A process's user and system clock ticks so far, from its ``/proc/PID/stat``."""
+    with open(path) as f:
+        text = f.read()
+    fields = text.rpartition(")")[2].split()  # (the command name in parentheses may hold spaces)
+    return int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)
 
 
 def threads_beside(others: float, cores: int, default: int) -> int | None:

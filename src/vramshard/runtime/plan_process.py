@@ -189,6 +189,14 @@ _shared_lock = threading.Lock()
 _failed: str | None = None  # why plans are made on the calling thread for the rest of the process
 
 
+def child_pids() -> list[int]:
+    """The planning process's pid where it runs (its CPU time is this process's work, not the load beside
+    it: :mod:`~vramshard.runtime.host_load`)."""
+    process = _shared
+    child = process._child if process is not None else None
+    return [child.pid] if child is not None and child.poll() is None else []
+
+
 def shared() -> PlanProcess:
     """This process's planning process (one for every engine)."""
     global _shared
