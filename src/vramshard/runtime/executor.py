@@ -307,7 +307,8 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
 
     def _tier_threads(self, planned: int | None) -> int | None:
         """A tier's CPU threads: the plan's (None: this executor's ``threads``), never more than
-        ``threads`` where that is set (the engine's ``--threads``)."""
+        ``threads`` where that is set (the engine's ``--threads``, or the cores the load beside it leaves:
+        :meth:`limit_threads`)."""
         if planned is None or self.threads is None:
             return planned or self.threads
         return min(planned, self.threads)
