@@ -1,14 +1,17 @@
 """Decode steps while a full plan is made beside them: on a thread of the engine's process, against
-in the planning process (:mod:`vramshard.runtime.plan_process`), against no planning at all.
+in the planning process (:mod:`vramshard.runtime.plan_process`) with the steps on every core and with
+them sparing it one (the default: ``Executor.spare_a_core``), against no planning at all.
 
 The steps are a CPU engine's (``--shape``, random weights, all on the CPU: the host thread's
 Python and torch calls are what a planning thread takes the GIL from, on any machine). The plan is
 the one the budget follower makes in the background after a quick plan or a calibration:
 ``--plan-shape`` under ``--vram`` with ``--profile``, made over and over while ``--steps`` decode
-steps run. Each condition's decode steps' median and slowest are reported, in one process run.
+steps run. Each condition's decode steps' median and slowest are reported, and how long each plan
+took to come back while the steps ran (a plan still out when they end is counted as such: the idle
+scheduling class's child waits for a core none of the steps' threads wants), in one process run.
 No GPU is needed. Example (the development machine)::
 
-    PYTHONPATH=src python -m benchmarks.plan_beside_steps --profile docs/profiles/h100-run34.json
+    PYTHONPATH=src python -m benchmarks.plan_beside_steps --profile docs/profiles/h100-run34.json --steps 400
 """
 
 from __future__ import annotations
@@ -23,13 +26,14 @@ import time
 import torch
 
 from benchmarks.common import hardware, now, out_dir, write_json
+from vramshard import budget_follower
 from vramshard.engine import Engine
 from vramshard.models import build_model
 from vramshard.plan.tiers import Tiers
 from vramshard.profile.store import load
 from vramshard.runtime import budget as budgets
 from vramshard.runtime.host_weights import pack_model
-from vramshard.runtime.plan_process import PlanProcess
+from vramshard.runtime import plan_process
 from vramshard.shapes import random_weights, shape_config
 from vramshard.units import parse_size
 
@@ -72,40 +76,51 @@ def main() -> None:
     plan_model = build_model(shape_config(args.plan_shape), dtype)
     settings = budgets.PlanSettings(load(args.profile, check_fingerprint=False), Tiers(), 2048, 2, args.plan_shape)
     budget = parse_size(args.vram)
-    child = PlanProcess()
+    child = plan_process.shared()  # (the engine's: its steps spare a core while this one plans)
     child.make_plan(plan_model, settings, budget)  # (started before the timed runs)
+    began = time.perf_counter()
+    budgets.make_plan(plan_model, settings, budget)
+    alone_s = time.perf_counter() - began
 
-    def planning(make) -> tuple[threading.Event, threading.Thread, list]:
-        stop, plans = threading.Event(), []
+    def planning(make) -> tuple[threading.Event, threading.Thread, list, list]:
+        stop, plans, out = threading.Event(), [], []
 
         def run():
             while not stop.is_set():
                 began = time.perf_counter()
+                out.append(began)
                 make(plan_model, settings, budget)
-                plans.append(time.perf_counter() - began)
+                plans.append((time.perf_counter() - began, stop.is_set()))
+                out.clear()
 
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
-        return stop, thread, plans
+        return stop, thread, plans, out
 
     decode_step_seconds(engine, 8)  # warm-up
-    results = {"date": now(), "hardware": hardware(), "args": vars(args), "conditions": {}}
-    for name, make in (("no planning", None), ("planning on a thread", budgets.make_plan),
-                       ("planning in the process", child.make_plan)):
+    results = {"date": now(), "hardware": hardware(), "args": vars(args), "plan_alone_s": alone_s, "conditions": {}}
+    for name, make, spare in (("no planning", None, True), ("planning on a thread", budgets.make_plan, True),
+                              ("planning in the process, steps on every core", child.make_plan, False),
+                              ("planning in the process, a core spared", child.make_plan, True)):
+        budget_follower.SPARE_PLANNING_CORE = spare
         if make is not None:
-            stop, thread, plans = planning(make)
+            stop, thread, plans, out = planning(make)
             time.sleep(0.2)
+        began = time.perf_counter()
         seconds = decode_step_seconds(engine, args.steps)
+        ran_s = time.perf_counter() - began
+        row = {"median_ms": 1e3 * statistics.median(seconds), "max_ms": 1e3 * max(seconds),
+               "mean_ms": 1e3 * statistics.fmean(seconds), "steps": len(seconds), "steps_s": ran_s}
         if make is not None:
             stop.set()
+            outstanding = time.perf_counter() - out[0] if out else None  # (a plan still out as the steps end)
             thread.join()
-        row = {"median_ms": 1e3 * statistics.median(seconds), "max_ms": 1e3 * max(seconds),
-               "mean_ms": 1e3 * statistics.fmean(seconds), "steps": len(seconds)}
-        if make is not None:
-            row["plans_made"] = len(plans)
-            row["plan_s_median"] = statistics.median(plans) if plans else None
+            back = [s for s, late in plans if not late]  # plans that came back while the steps ran
+            row.update(plans_back=len(back), plan_s_median=statistics.median(back) if back else None,
+                       plan_out_at_end_s=outstanding)
         results["conditions"][name] = row
         log.info("%s: %s", name, json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}))
+    budget_follower.SPARE_PLANNING_CORE = True
     child.close()
     target = args.out or out_dir() / "plan_beside_steps.json"
     write_json(target, results)

@@ -278,3 +278,60 @@ def test_the_load_is_not_followed_when_turned_off(monkeypatch, tiny_model_dir):
     monkeypatch.setattr(host_load, "ENABLED", False)
     engine, _ = simulated_engine(tiny_model_dir("qwen3"))
     assert engine.budget.load_shift is None and engine.cpu_stats()["other_cores_busy"] is None
+
+
+def test_the_steps_spare_a_core_while_the_planning_process_plans(tiny_model_dir, torch_threads, monkeypatch):
+    """While the planning process makes a plan (at the idle scheduling class it gets no core beside a
+    team on every core), the steps compute on one thread fewer; the same tokens; all threads again after."""
+    import torch
+
+    from vramshard import budget_follower
+    from vramshard.engine import Engine
+    from vramshard.runtime import executor as executor_module
+    from vramshard.runtime import plan_process
+
+    monkeypatch.setattr(executor_module, "default_threads", lambda: 2)
+    engine = Engine.load(tiny_model_dir("llama"), device="cpu", dtype="float32")
+    prompt = [5, 9, 11, 13]
+    expected = engine.generate([prompt], 6)
+    assert torch.get_num_threads() == 2
+    in_flight = [True]
+    monkeypatch.setattr(plan_process, "planning", lambda: in_flight[0])
+    assert engine.generate([prompt], 6) == expected
+    assert engine.executor.sparing_core and torch.get_num_threads() == 1
+    in_flight[0] = False
+    assert engine.generate([prompt], 6) == expected and torch.get_num_threads() == 2
+    in_flight[0] = True
+    monkeypatch.setattr(budget_follower, "SPARE_PLANNING_CORE", False)  # (VRAMSHARD_SPARE_PLANNING_CORE=off)
+    assert engine.generate([prompt], 6) == expected and torch.get_num_threads() == 2
+
+
+def test_a_core_is_spared_down_to_one_thread_and_within_the_limits():
+    from vramshard.runtime.executor import Executor
+
+    executor = Executor.__new__(Executor)  # (only the thread arithmetic)
+    executor.threads, executor.sparing_core = None, True
+    assert executor._tier_threads(8) == 7 and executor._tier_threads(1) == 1
+    executor.threads = 4
+    assert executor._tier_threads(8) == 3 and executor._tier_threads(None) == 3
+    executor.sparing_core = False
+    assert executor._tier_threads(8) == 4 and executor._tier_threads(None) == 4
+
+
+def test_the_load_is_followed_while_a_plan_is_awaited(tiny_model_dir, monkeypatch, torch_threads):
+    """A calibration's plan still in the making does not stop the readings: a game that starts meanwhile
+    limits the threads at once and asks for the plan at the cores left instead."""
+    engine, _ = simulated_engine(tiny_model_dir("qwen3"))
+    follower = engine.budget
+    shift, clock = shift_of([0.1] * 3 + [1.2] * HOLD, cores=2)
+    follower.load_shift = shift
+    shift.settle()
+    follower.refine, follower.refine_why = (follower.watcher.in_force, None), "calibrate"
+    monkeypatch.setattr(follower, "_full_plan_ready", lambda budget, kv_forced: False)  # (never comes)
+    for _ in range(3 + HOLD):
+        clock.now += PERIOD_S
+        engine.poll_budget()
+    assert engine.cpu_stats()["other_cores_busy"] == 1.2
+    (change,) = follower.load_changes
+    assert change["threads"] == 1 and engine.executor.threads == 1 and follower.refine_why == "host load"
+    follower.background.wait(60)

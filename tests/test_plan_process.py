@@ -236,3 +236,33 @@ def test_the_childs_pid_is_known_while_it_runs(planned, monkeypatch):
     assert plan_process.child_pids() == []
     monkeypatch.setattr(plan_process, "_shared", None)
     assert plan_process.child_pids() == []
+
+
+def test_the_process_says_when_it_is_making_a_plan(planned, monkeypatch):
+    """:func:`plan_process.planning` is true while a request is in flight (the steps spare a core then),
+    false before and after, and after a failed request too."""
+    import threading
+
+    model, settings, child = planned
+    monkeypatch.setattr(plan_process, "_shared", child)
+    entered, release = threading.Event(), threading.Event()
+    ask = child._ask
+
+    def held_ask(request, retry):
+        entered.set()
+        release.wait(30)
+        return ask(request, retry)
+
+    monkeypatch.setattr(child, "_ask", held_ask)
+    assert not plan_process.planning()
+    thread = threading.Thread(target=child.make_plan, args=(model, settings, 8 * GiB), kwargs={"search": False})
+    thread.start()
+    assert entered.wait(30)
+    assert plan_process.planning() and child.asking == 1
+    release.set()
+    thread.join(60)
+    assert not plan_process.planning() and child.asking == 0
+    monkeypatch.setattr(child, "_ask", lambda request, retry: (_ for _ in ()).throw(plan_process.PlanProcessError("x")))
+    with pytest.raises(plan_process.PlanProcessError):
+        child.make_plan(model, settings, 8 * GiB, search=False)
+    assert not plan_process.planning()

@@ -69,6 +69,9 @@ EVENTS_KEPT = 256
 CALIBRATE = switch("VRAMSHARD_CALIBRATE", default=True)
 CALIBRATE_OFF_BY = 1.15  # measured / predicted decode step beyond which the profile is fitted again
 MAX_CALIBRATIONS = 6  # per engine (a tier's CPU work is fitted once): a machine whose speed swings more is not chased
+# While the planning process makes a plan, the steps compute on one thread fewer (a core for it:
+# runtime/plan_process.py); off (VRAMSHARD_SPARE_PLANNING_CORE=off), it waits for idle cores.
+SPARE_PLANNING_CORE = switch("VRAMSHARD_SPARE_PLANNING_CORE", default=True)
 REVERT_OFF_BY = 1.10  # a plan's decode step this much slower than the fastest measured under its budget gives way
 REVERT_MIN_STEPS = 16  # decode steps of a plan before its median is compared (a slower plan should not run long)
 RECORD_MIN_STEPS = 8  # decode steps of a plan a calibration replaces before they are kept as its measure
@@ -137,6 +140,8 @@ class BudgetFollower:
         Returns the executor's :class:`~vramshard.runtime.executor.ReconfigureReport`, or None."""
         executor = self.engine.executor
         with executor.lock:  # one adaptation at a time, never during a step
+            if SPARE_PLANNING_CORE:
+                executor.spare_a_core(plan_process.planning())  # (the planning process's core: see there)
             change = self.watcher.poll(executor.need.total if executor.uses_gpu else None)
             if change is not None:
                 return self.adapt(change.budget, change.requested_at, change.source)
@@ -145,8 +150,8 @@ class BudgetFollower:
                 self.refine = None
                 if budget == self.watcher.in_force:
                     return self.adapt(budget, time.monotonic(), self.refine_why)
+            self._follow_host_load()  # (also while a plan is awaited: a new load asks for another)
             if self.refine is None:
-                self._follow_host_load()
                 self._calibrate_if_off()
             return None
 

@@ -207,6 +207,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         self.decode_graphs = decode_graphs  # replay decode steps over resident runs from CUDA graphs
         self._lock = threading.RLock()
         self.threads = threads
+        self.sparing_core = False  # a core left to the planning process while it plans (spare_a_core)
         use_cpu_threads(threads)
         self.kv_plan = (kv_slots, max_context)
         self.max_tokens = max_tokens
@@ -305,13 +306,25 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
             if self._team_tuner is not None:
                 self._team_tuner.reset()
 
+    def spare_a_core(self, spare: bool) -> None:
+        """From the next step on, compute on one thread fewer than the tier asks (never fewer than one),
+        or as asked again: while the planning process makes a plan (:mod:`~vramshard.runtime.plan_process`,
+        at the idle scheduling class), it gets a core only where none of the steps' threads wants one, and
+        beside a team on every core it got none: on the development machine a plan of 2 s alone had not
+        come back after 90 s beside two busy threads (docs/BENCHMARKS.md, "Changed in session 43")."""
+        self.sparing_core = spare
+
     def _tier_threads(self, planned: int | None) -> int | None:
         """A tier's CPU threads: the plan's (None: this executor's ``threads``), never more than
         ``threads`` where that is set (the engine's ``--threads``, or the cores the load beside it leaves:
-        :meth:`limit_threads`)."""
+        :meth:`limit_threads`), one fewer while a core is spared (:meth:`spare_a_core`)."""
         if planned is None or self.threads is None:
-            return planned or self.threads
-        return min(planned, self.threads)
+            threads = planned or self.threads
+        else:
+            threads = min(planned, self.threads)
+        if self.sparing_core:
+            threads = max(1, (threads or default_threads()) - 1)
+        return threads
 
     def _warm_cpu_kernels(self, plans: TieredPlacement) -> None:
         """Compile the CPU's decode-sized kernels (one-token projections, :mod:`~vramshard.layers.cpu_linear`;

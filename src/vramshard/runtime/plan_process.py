@@ -24,8 +24,14 @@ threads wants one. At normal priority its one core cost every OpenMP team of the
 at each barrier: on the H100 machine (session 37, ``docs/logs-run37/llama8_call7.log``)
 llama3-8b's one-token steps at 8 GiB took 113-632 ms (seven of nine above 240 ms) while a
 calibration's plan was made in the child, against 130-142 ms before and 133 ms after. The plan
-then takes longer (it waits for idle cores), but nothing waits for it: the engine runs on its
-current plan until it comes.
+then takes longer (it waits for idle cores), and the engine runs on its current plan until it
+comes. Beside steps whose threads want every core it got none: on the development machine a plan of
+2 s alone had not come back after 90 s beside a loop of two-thread products, and on the H100 machine
+(session 43, ``docs/logs-run43/load_beside_call1.log``) a calibration's plan for llama3-8b at 8 GiB,
+asked for while the steps computed on all 16 cores, had not come back two minutes later. So while
+the child makes a plan, the steps compute on one thread fewer
+(:meth:`~vramshard.runtime.executor.Executor.spare_a_core`, from :func:`planning`): a core for the
+child, a sixteenth of the CPU work's threads for the second or two of the plan.
 
 Requests and answers cross the child's stdin and stdout as lines of JSON
 (:mod:`~vramshard.runtime.plan_wire`: no pickles); the child builds the model again from the
@@ -93,6 +99,8 @@ class PlanProcess:
         self._idle: threading.Timer | None = None
         self.started = 0  # children started so far
         self.plans = 0  # plans made by them
+        self.asking = 0  # requests in flight (one served at a time; the others wait for the lock)
+        self._counting = threading.Lock()
 
     def make_plan(self, model: Model, settings: PlanSettings, budget: int | None, kv_on_gpu: bool | None = None,
                   search: bool = True) -> PlanSet:
@@ -104,13 +112,19 @@ class PlanProcess:
             raise NotBuildable("the model was not built from a config.json dict: the planning process "
                                "cannot build it")
         request = plan_wire.request(recipe, settings, budget, kv_on_gpu, search, Mechanisms.here())
-        with self._lock:
-            if self._idle is not None:
-                self._idle.cancel()
-            answer = self._ask(request, retry=self._child is not None)
-            self._idle = threading.Timer(self.idle_exit_s, self._stop_if_idle)
-            self._idle.daemon = True
-            self._idle.start()
+        with self._counting:
+            self.asking += 1
+        try:
+            with self._lock:
+                if self._idle is not None:
+                    self._idle.cancel()
+                answer = self._ask(request, retry=self._child is not None)
+                self._idle = threading.Timer(self.idle_exit_s, self._stop_if_idle)
+                self._idle.daemon = True
+                self._idle.start()
+        finally:
+            with self._counting:
+                self.asking -= 1
         if not answer.get("ok"):
             raise plan_wire.error_from_wire(answer)
         plan = plan_wire.plan_from_wire(answer["plan"])
@@ -187,6 +201,13 @@ _CHILD = ("import os, runpy\n"
 _shared: PlanProcess | None = None
 _shared_lock = threading.Lock()
 _failed: str | None = None  # why plans are made on the calling thread for the rest of the process
+
+
+def planning() -> bool:
+    """Whether this process's planning process is making a plan now (the steps leave it a core then:
+    :meth:`~vramshard.runtime.executor.Executor.spare_a_core`)."""
+    process = _shared
+    return process is not None and process.asking > 0
 
 
 def child_pids() -> list[int]:
