@@ -10,7 +10,7 @@ sequence from a 1K prompt through three phases of ``--phase-s``: quiet; ``--burn
 keep a core busy reading memory (a game's threads); quiet again. Reported per phase and engine: tok/s over
 the phase's second half (after the engine had time to follow: tokens generated over the time of the
 ``generate`` calls of ``--chunk`` tokens, each of which reads the prompt again, a 1K prompt's ~0.2 s beside
-a 64-token call's ~5 s at 8 GiB), the engine's load readings,
+a 64-token call's ~5 s at 8 GiB), the engine's load readings (the cores busy beside it, and those wanted),
 its load changes and fits, the plan at the end of the phase. The bound of each phase: the bytes a decode
 step reads (:func:`~benchmarks.common.decode_read_bytes`) less those resident in VRAM, over (host→device +
 the CPU's read of host memory measured in that phase's load)
@@ -75,18 +75,21 @@ def decode_phase(engine, prompt: list[int], seconds: float, chunk: int) -> dict:
     tok/s over the second half, the engine's load readings and changes seen meanwhile."""
     began = time.perf_counter()
     windows = []  # (end time from began, tokens, seconds)
-    readings = []
+    readings, wanted = [], []
     while time.perf_counter() - began < seconds:
         start = time.perf_counter()
         out = engine.generate([prompt], chunk)
         windows.append((time.perf_counter() - began, len(out[0]), time.perf_counter() - start))
-        readings.append(engine.cpu_stats()["other_cores_busy"])
+        stats = engine.cpu_stats()
+        readings.append(stats["other_cores_busy"])
+        wanted.append(stats["other_cores_wanted"])
     late = [(tokens, spent) for end, tokens, spent in windows if end > seconds / 2]
     tokens = sum(t for t, _ in late)
     spent = sum(s for _, s in late)
     return {"tok_s_second_half": tokens / spent if spent else None,
             "tok_s_all": sum(t for _, t, _ in windows) / max(sum(s for _, _, s in windows), 1e-9),
             "other_cores_readings": [r for r in readings if r is not None],
+            "other_cores_wanted": [r for r in wanted if r is not None],
             "plan_at_end": engine.executor.plans.name}
 
 
@@ -111,7 +114,8 @@ def run_engine(model, host, args, profile, follow: bool, outside_bytes_of) -> di
                      bound_tok_s=(args.h2d + read) / outside if outside else None)
         phase["load_changes"] = list(engine.budget.load_changes)
         phase["calibrations"] = len(engine.budget.calibrations)
-        log.info("%s, following %s: %s", name, follow, {k: v for k, v in phase.items() if k != "other_cores_readings"})
+        log.info("%s, following %s: %s", name, follow,
+                 {k: v for k, v in phase.items() if k not in ("other_cores_readings", "other_cores_wanted")})
         result["phases"].append(phase)
     del engine
     return result

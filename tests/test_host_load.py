@@ -43,6 +43,7 @@ def test_the_cores_busy_outside_this_process_come_from_the_kernels_counters(tmp_
                                 idle=12000, own=(500, 200))
     clock.now += 2.0
     assert load.cores() == pytest.approx((1200 - 400) / 100 / 2.0)
+    assert load.own == pytest.approx(400 / 100 / 2.0)  # (this process's cores, same readings)
     clock.now += 1.0  # nothing more: nobody busy
     assert load.cores() == 0.0
     assert load.cores() is None  # no time passed
@@ -335,3 +336,38 @@ def test_the_load_is_followed_while_a_plan_is_awaited(tiny_model_dir, monkeypatc
     (change,) = follower.load_changes
     assert change["threads"] == 1 and engine.executor.threads == 1 and follower.refine_why == "host load"
     follower.background.wait(60)
+
+
+def test_the_work_beside_wants_more_cores_than_it_got_where_it_shared_them_with_the_engines_threads():
+    from vramshard.runtime.host_load import wanted_beside
+
+    # 2 cores: a process wanting one got 0.75 beside the engine's two threads (1.25 cores): it wants 1.2
+    assert wanted_beside(0.75, 1.25, 2, 2) == pytest.approx(1.2)
+    # 16 cores: 6 burners got 16 * 6 / 22 beside a team of 16 filling the rest: 6 wanted
+    assert wanted_beside(16 * 6 / 22, 16 - 16 * 6 / 22, 16, 16) == pytest.approx(6.0)
+    # the engine on the 10 cores left: the burners get what they want, and it is the reading again
+    assert wanted_beside(6.0, 10.0, 10, 16) == pytest.approx(6.0)
+    assert wanted_beside(0.75, 0.5, 2, 2) == 0.75  # idle cores: it got what it wanted
+    assert wanted_beside(0.75, None, 2, 2) == 0.75 and wanted_beside(0.75, 1.25, None, 2) == 0.75  # (unknown)
+    assert wanted_beside(1.99, 0.01, 2, 2) == 2.0  # (never more than the cores)
+
+
+def test_a_shift_compares_what_the_work_beside_wants_with_the_engines_team():
+    class Shared(Readings):
+        own = 1.25  # the engine's two threads got the rest of the 2 cores
+
+    def changes(team):
+        # the development machine's readings of one burner beside the engine's two threads (session 43)
+        shift = LoadShift(Shared([0.01, 0.74, 0.78, 0.71]), cores=2, clock=Clock())
+        shift.poll(team=team)
+        shift.settle()
+        out = []
+        for _ in range(3):
+            shift.clock.now += PERIOD_S
+            out.append(shift.poll(team=team))
+        return out, shift
+
+    changed, shift = changes(team=2)
+    assert changed == [False, False, True] and shift.latest == pytest.approx(0.71 * 2 / 1.29)
+    assert shift.latest_got == 0.71 and host_load.threads_beside(shift.reference, 2, 2) == 1
+    assert changes(team=None)[0] == [False, False, False]  # as read: under the threshold twice of three

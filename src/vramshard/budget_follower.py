@@ -210,7 +210,7 @@ class BudgetFollower:
         if not shift.settled:
             return  # (the reference is the load the CPU work is first judged under)
         before = shift.reference
-        if not shift.poll():
+        if not shift.poll(engine.executor.step_threads):
             return
         if not self.load_changes:
             self.asked_threads = engine.executor.threads

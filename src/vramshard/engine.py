@@ -395,13 +395,15 @@ class Engine:
         """The CPU side as the engine runs it (the server's ``/v1/stats``): the most threads it computes
         on (None: all cores), whether its one-token steps' CPU work is still to be fitted, the tiers
         whose CPU work was fitted (or found as priced), the run-ahead worker's tuned teams, the cores busy
-        beside the engine at the last reading and the lasting changes of that load (each judged the CPU
-        work again)."""
+        beside the engine at the last reading, the cores that work wants (more than it got where it shared
+        them with the engine's threads: :func:`~vramshard.runtime.host_load.wanted_beside`) and the lasting
+        changes of that load (each judged the CPU work again)."""
         shift = self.budget.load_shift
         return {"threads": self.executor.threads, "calibration_pending": self.calibration_pending(),
                 "calibrated_tiers": sorted(self.budget.cpu_judged),
                 "worker_teams": {str(tokens): team for tokens, team in self.executor.worker_teams().items()},
-                "other_cores_busy": None if shift is None or shift.latest is None else round(shift.latest, 2),
+                "other_cores_busy": None if shift is None or shift.latest_got is None else round(shift.latest_got, 2),
+                "other_cores_wanted": None if shift is None or shift.latest is None else round(shift.latest, 2),
                 "load_changes": list(self.budget.load_changes)}
 
     def calibration_pending(self, tokens: int = 1) -> bool:

@@ -208,6 +208,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         self._lock = threading.RLock()
         self.threads = threads
         self.sparing_core = False  # a core left to the planning process while it plans (spare_a_core)
+        self.step_threads: int | None = None  # the CPU threads the last step computed on
         use_cpu_threads(threads)
         self.kv_plan = (kv_slots, max_context)
         self.max_tokens = max_tokens
@@ -705,6 +706,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         start = time.perf_counter()
         placement, threads = self.plans.for_tokens(tokens)
         use_cpu_threads(self._tier_threads(threads))
+        self.step_threads = torch.get_num_threads()
         self._worker_team = self.plans.worker_threads_for(tokens)
         self._tuned_tokens = None
         if self._team_tuner is not None:

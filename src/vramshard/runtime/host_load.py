@@ -29,9 +29,11 @@ ENABLED = switch("VRAMSHARD_FOLLOW_HOST_LOAD", True)
 PERIOD_S = 2.0  # seconds between readings
 HOLD = 3  # readings in a row beyond the change before it counts (a spike is not a new load)
 # The least change in busy cores that counts (or an eighth of the cores, where more): a process that keeps
-# one core busy reads 0.95-1.04 cores on the development machine, beside the engine's own work.
+# one core busy read 0.95-1.04 cores on the development machine beside the engine's one thread, but 0.65-0.87
+# beside its two (no change in 30 s, session 43): what it wants (wanted_beside) read 1.5.
 CHANGE_CORES = 0.75
 MIN_INTERVAL_S = 30.0  # between two changes that count (a load that swings back and forth is not chased)
+SATURATED = 0.9  # of the cores busy (the engine's work and the rest) beyond which they shared the cores
 
 # /proc/stat's first line: "cpu user nice system idle iowait irq softirq steal guest guest_nice" in
 # clock ticks; guest time is already counted in user. Busy: all but idle and iowait.
@@ -66,6 +68,7 @@ class OtherLoad:
         # (time, busy ticks of all, {None: this process's ticks, child pid: its ticks})
         self._last: tuple[float, int, dict] | None = None
         self.available = os.path.exists(stat_path) and os.path.exists(self_path)
+        self.own: float | None = None  # the cores this process (and its children) kept busy, same readings
 
     def cores(self) -> float | None:
         """Cores busy outside this process on average since the last reading (None: the first reading,
@@ -83,7 +86,9 @@ class OtherLoad:
             return None
         own = sum(ticks - last[2][pid] for pid, ticks in reading[2].items() if pid in last[2])  # (seen in both)
         others = (reading[1] - last[1]) - own
-        return max(0.0, others / self.ticks_per_second / (reading[0] - last[0]))
+        seconds = reading[0] - last[0]
+        self.own = own / self.ticks_per_second / seconds
+        return max(0.0, others / self.ticks_per_second / seconds)
 
     def _busy_ticks(self) -> int:
         with open(self.stat_path) as f:
@@ -111,6 +116,23 @@ def _process_ticks(path: str) -> int:
     return int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)
 
 
+def wanted_beside(others: float, own: float | None, team: int | None, cores: int) -> float:
+    """The cores the work beside the engine would keep busy were the engine not computing: ``others``,
+    the cores it got, where the machine had idle cores; more where the engine's team of ``team``
+    threads and that work filled the machine (``SATURATED`` of its cores busy, ``own`` being the
+    engine's): each runnable thread then got about an equal share of the cores, so work that wants D
+    cores got D·cores/(team + D) of them, and D = others·team/(cores − others). On the 2-core
+    development machine a process that keeps a core busy read 0.65-0.87 cores beside the engine's two
+    threads, and the engine never followed it (session 43, docs/BENCHMARKS.md); with this estimate it
+    read 1.5 wanted and computed on the core left 13 s into the load. The estimate runs high where the
+    engine's threads leave their cores at times (they are taken as always runnable): it gives up a core
+    too many at worst. Once the engine computes on the cores left, the work gets what it wants and the
+    estimate is the reading again."""
+    if own is None or not team or own + others < SATURATED * cores or others >= cores:
+        return others
+    return min(float(cores), others * team / (cores - others))
+
+
 def threads_beside(others: float, cores: int, default: int) -> int | None:
     """The CPU threads to compute on with ``others`` of the machine's ``cores`` kept busy beside the engine:
     the cores left (at least one), or None (the process's ``default``) where the others keep less than half
@@ -126,7 +148,8 @@ def threads_beside(others: float, cores: int, default: int) -> int | None:
 class LoadShift:
     """Whether the load beside the engine has moved for good since it was last taken as the reference.
 
-    :meth:`poll` at step boundaries reads :class:`OtherLoad` every ``PERIOD_S``; :meth:`settle` takes the
+    :meth:`poll` at step boundaries reads :class:`OtherLoad` every ``PERIOD_S`` (the cores the other work
+    wants: :func:`wanted_beside`, from the engine's team in the steps); :meth:`settle` takes the
     latest reading as the reference (when the CPU work was judged); :meth:`poll` returns True once
     ``HOLD`` readings in a row lie ``CHANGE_CORES`` (or an eighth of ``cores``) or more from the
     reference (and ``MIN_INTERVAL_S`` has passed since the last such change), and then takes the last of them
@@ -139,7 +162,8 @@ class LoadShift:
         self.cores = cores or os.cpu_count() or 1  # (this machine's)
         self.threshold = max(CHANGE_CORES, self.cores / 8)
         self.reference: float | None = None  # others' cores when the CPU work was last judged
-        self.latest: float | None = None
+        self.latest: float | None = None  # the cores the other work wants, at the last reading
+        self.latest_got: float | None = None  # the cores it kept busy then
         self.off = 0  # readings in a row beyond the threshold
         self.settled = False  # whether a reference was asked for (the CPU work judged)
         self._next_reading = clock()
@@ -150,16 +174,18 @@ class LoadShift:
         reading yet, the next one does)."""
         self.settled, self.reference, self.off = True, self.latest, 0
 
-    def poll(self) -> bool:
-        """Read the load if a period has passed; whether it has moved for good from the reference."""
+    def poll(self, team: int | None = None) -> bool:
+        """Read the load if a period has passed (``team``: the threads the engine's steps compute on);
+        whether it has moved for good from the reference."""
         now = self.clock()
         if now < self._next_reading:
             return False
         self._next_reading = now + PERIOD_S
-        cores = self.load.cores()
-        if cores is None:
+        got = self.load.cores()
+        if got is None:
             return False
-        self.latest = cores
+        cores = wanted_beside(got, getattr(self.load, "own", None), team, self.cores)
+        self.latest, self.latest_got = cores, got
         if self.reference is None:
             if self.settled:
                 self.reference = cores
