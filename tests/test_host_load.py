@@ -350,6 +350,7 @@ def test_the_work_beside_wants_more_cores_than_it_got_where_it_shared_them_with_
     assert wanted_beside(0.75, 0.5, 2, 2) == 0.75  # idle cores: it got what it wanted
     assert wanted_beside(0.75, None, 2, 2) == 0.75 and wanted_beside(0.75, 1.25, None, 2) == 0.75  # (unknown)
     assert wanted_beside(1.99, 0.01, 2, 2) == 2.0  # (never more than the cores)
+    assert wanted_beside(0.9, 1.0, 1, 2) == 0.9  # (never less than it got: one thread left it a core)
 
 
 def test_a_shift_compares_what_the_work_beside_wants_with_the_engines_team():

@@ -273,8 +273,8 @@ def test_disconnect_mid_stream_frees_the_sequence(server, client):
     assert after["decode_vs_plan"]["plan"] == "cpu" and after["decode_vs_plan"]["predicted_ms"] is None  # unplanned
     # (--threads 1; an unplanned CPU engine: nothing to fit, no run-ahead worker)
     cpu = dict(after["cpu"])
-    busy = cpu.pop("other_cores_busy")
-    assert busy is None or busy >= 0
+    busy, wanted = cpu.pop("other_cores_busy"), cpu.pop("other_cores_wanted")
+    assert (busy is None) == (wanted is None) and (busy is None or 0 <= busy <= wanted)
     assert cpu == {"threads": 1, "calibration_pending": False, "calibrated_tiers": [], "worker_teams": {},
                    "load_changes": []}
     assert client.completions.create(model=MODEL, prompt="hi", max_tokens=2).choices[0].text is not None

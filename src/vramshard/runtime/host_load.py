@@ -130,7 +130,8 @@ def wanted_beside(others: float, own: float | None, team: int | None, cores: int
     estimate is the reading again."""
     if own is None or not team or own + others < SATURATED * cores or others >= cores:
         return others
-    return min(float(cores), others * team / (cores - others))
+    # (never less than it got: a team that leaves it more than a fair share did not crowd it)
+    return min(float(cores), max(others, others * team / (cores - others)))
 
 
 def threads_beside(others: float, cores: int, default: int) -> int | None:
