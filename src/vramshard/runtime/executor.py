@@ -311,8 +311,9 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         """From the next step on, compute on one thread fewer than the tier asks (never fewer than one),
         or as asked again: while the planning process makes a plan (:mod:`~vramshard.runtime.plan_process`,
         at the idle scheduling class), it gets a core only where none of the steps' threads wants one, and
-        beside a team on every core it got none: on the development machine a plan of 2 s alone had not
-        come back after 90 s beside two busy threads (docs/BENCHMARKS.md, "Changed in session 43")."""
+        beside a team on every core it got none: on the development machine a plan of 1.65 s alone did not
+        come back in 28.5 s of decode steps on both cores (``benchmarks.plan_beside_steps``, docs/BENCHMARKS.md,
+        "Changed in session 43")."""
         self.sparing_core = spare
 
     def _tier_threads(self, planned: int | None) -> int | None:

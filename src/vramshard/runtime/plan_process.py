@@ -26,7 +26,8 @@ llama3-8b's one-token steps at 8 GiB took 113-632 ms (seven of nine above 240 ms
 calibration's plan was made in the child, against 130-142 ms before and 133 ms after. The plan
 then takes longer (it waits for idle cores), and the engine runs on its current plan until it
 comes. Beside steps whose threads want every core it got none: on the development machine a plan of
-2 s alone had not come back after 90 s beside a loop of two-thread products, and on the H100 machine
+1.65 s alone did not come back in 28.5 s of decode steps on both cores (``benchmarks.plan_beside_steps``),
+and on the H100 machine
 (session 43, ``docs/logs-run43/load_beside_call1.log``) a calibration's plan for llama3-8b at 8 GiB,
 asked for while the steps computed on all 16 cores, had not come back two minutes later. So while
 the child makes a plan, the steps compute on one thread fewer
