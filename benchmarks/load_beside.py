@@ -5,7 +5,9 @@
 
 One planned engine over random weights of the shape's real size, twice in one process: the engine as it
 is (it judges its CPU work again when the cores busy beside it change for good: runtime/host_load.py),
-then with that off (``VRAMSHARD_FOLLOW_HOST_LOAD=off``: its CPU work fitted once). Each decodes one
+then with that off (``VRAMSHARD_FOLLOW_HOST_LOAD=off``: its CPU work fitted once). Each first decodes
+until its own fits' plans are in force (at most ``--settle-s``; in the thirty-eighth GPU session the two
+engines met the load on different plans), then decodes one
 sequence from a 1K prompt through three phases of ``--phase-s``: quiet; ``--burn`` processes that each
 keep a core busy reading memory (a game's threads); quiet again. Reported per phase and engine: tok/s over
 the phase's second half (after the engine had time to follow: tokens generated over the time of the
@@ -93,6 +95,18 @@ def decode_phase(engine, prompt: list[int], seconds: float, chunk: int) -> dict:
             "plan_at_end": engine.executor.plans.name}
 
 
+def settle(engine, prompt: list[int], seconds: float, chunk: int) -> float:
+    """Decode until the engine's own fits are made and their plans are in force (no tier's CPU work left
+    to judge, no plan awaited), for at most ``seconds``: both engines then meet the phases on the plans
+    their fits chose, not halfway. Returns the seconds it took."""
+    began = time.perf_counter()
+    follower = engine.budget
+    while time.perf_counter() - began < seconds and (engine.calibration_pending() or follower.refine is not None
+                                                      or follower.background.busy):
+        engine.generate([prompt], chunk)
+    return time.perf_counter() - began
+
+
 def run_engine(model, host, args, profile, follow: bool, outside_bytes_of) -> dict:
     from vramshard.engine import Engine
 
@@ -103,6 +117,8 @@ def run_engine(model, host, args, profile, follow: bool, outside_bytes_of) -> di
     prompt = [(7 * i) % (model.args.vocab_size - 1) + 1 for i in range(args.prompt)]
     engine.generate([prompt], 8)  # (the first calls of each shape)
     result = {"follow_host_load": follow, "plan_at_load": engine.executor.plans.name, "phases": []}
+    result["settle_s"] = settle(engine, prompt, args.settle_s, args.chunk)
+    result["plan_settled"] = engine.executor.plans.name
     for name, burn in (("quiet", 0), ("burning", args.burn), ("quiet again", 0)):
         with Burners(burn):
             time.sleep(0.5)
@@ -129,6 +145,8 @@ def main() -> None:
     parser.add_argument("--burn", type=int, default=6, help="burner processes in the middle phase")
     parser.add_argument("--phase-s", type=float, default=30.0)
     parser.add_argument("--chunk", type=int, default=64, help="tokens per generate call")
+    parser.add_argument("--settle-s", type=float, default=30.0,
+                        help="at most this long decoding before the phases, until the engine's fits are in force")
     parser.add_argument("--prompt", type=int, default=1024)
     parser.add_argument("--profile", default=None)
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test of the script")
