@@ -838,6 +838,34 @@ def test_gpu_moe_worker_runs_each_step_with_its_tuners_team_and_matches_cpu(tiny
     assert all(tokens >= 1 and seconds > 0 for _, _, tokens, seconds in heard)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_moe_worker_leaves_the_planning_process_its_core(tiny_model_dir, monkeypatch):
+    """While the planning process makes a plan (Executor.spare_a_core), the worker's team leaves a core
+    beside the host thread's (one fewer than the largest team of the step's threads), the tuner hears
+    nothing of those steps, and the tokens are the CPU reference's."""
+    from vramshard.layers import cpu_gemv
+    from vramshard.runtime import plan_process, team_tuner
+
+    if cpu_gemv.library() is None:
+        pytest.skip("no C kernels here: the worker's team is not tuned")
+    monkeypatch.setattr(run_ahead, "ENABLED", True)
+    monkeypatch.setattr(run_ahead, "FORCED_TEAM", None)
+    monkeypatch.setattr(team_tuner, "ENABLED", True)
+    monkeypatch.setattr(zero_copy_experts, "ENABLED", False)  # (decode steps' experts on the worker)
+    monkeypatch.setattr(plan_process, "planning", lambda: True)
+    heard, teams = [], []
+    monkeypatch.setattr(team_tuner.TeamTuner, "observe", lambda tuner, tokens, used, seconds: heard.append(used))
+    real_run = run_ahead.RunAhead._run
+    monkeypatch.setattr(run_ahead.RunAhead, "_run", lambda self, number, job, threads:
+                        teams.append(threads) or real_run(self, number, job, threads))
+    engine, reference, _ = host_expert_engine(tiny_model_dir, GPU_MOE_ARCHS[0], "experts-cpu")
+    assert_same_as_reference(engine, reference)
+    assert engine.executor.sparing_core and teams
+    assert max(teams) <= max(1, run_ahead.largest_team(engine.executor.step_threads) - 1), teams
+    assert heard == []
+
+
 @pytest.mark.parametrize("spec", ["experts-cpu", "mixed", "experts-stream"])
 @pytest.mark.parametrize("arch", GPU_MOE_ARCHS)
 @pytest.mark.gpu

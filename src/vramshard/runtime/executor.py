@@ -714,6 +714,12 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
             largest = run_ahead.largest_team(torch.get_num_threads())  # (the step's threads, set above)
             self._worker_team, self._tuned_tokens = self._team_tuner.team(tokens, self._worker_team, largest), tokens
             self.team_trial_steps += self._team_tuner.on_trial(tokens)
+        if self.sparing_core:
+            # The host thread keeps a core beside the worker's team (run_ahead.largest_team), so the spared
+            # core is the team's too; and the steps beside a plan tell the tuner nothing of its teams.
+            largest = run_ahead.largest_team(torch.get_num_threads())
+            self._worker_team = max(1, min(self._worker_team or largest, largest - 1))
+            self._tuned_tokens = None
         where = placement.as_dict()
         if not self.uses_gpu or self.simulated:
             x = x.cpu()  # token ids a GPU sampled before a re-plan onto the CPU alone
