@@ -124,9 +124,9 @@ def wanted_beside(others: float, own: float | None, team: int | None, cores: int
     cores got D·cores/(team + D) of them, and D = others·team/(cores − others). On the 2-core
     development machine a process that keeps a core busy read 0.65-0.87 cores beside the engine's two
     threads, and the engine never followed it (session 43, docs/BENCHMARKS.md); with this estimate it
-    read 1.5 wanted and computed on the core left 13 s into the load. The estimate runs high where the
-    engine's threads leave their cores at times (they are taken as always runnable): it gives up a core
-    too many at worst. Once the engine computes on the cores left, the work gets what it wants and the
+    read 1.5 wanted and computed on the core left 13 s into the load. The estimate runs high (the work
+    gets more than an equal share of a core while the engine's threads wait at barriers): the engine may
+    give up a core or two too many. Once the engine computes on the cores left, the work gets what it wants and the
     estimate is the reading again."""
     if own is None or not team or own + others < SATURATED * cores or others >= cores:
         return others
