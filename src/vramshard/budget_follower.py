@@ -229,13 +229,7 @@ class BudgetFollower:
         engine.executor.limit_threads(limit)
         if engine.plan is None:
             return  # (a named placement: nothing to plan)
-        settings = self.plan_settings()
-        self.settings = dataclasses.replace(settings, profile=settings.profile.limited_to(limit))
-        self.plan_cache = budgets.PlanCache()  # (plans priced at the old thread count)
-        budget = self.watcher.in_force
-        kv_forced = budgets.forced_kv_side(engine.executor.live_kv_positions(), self.settings)
-        self.refine, self.refine_why = (budget, kv_forced), "host load"
-        self.background.want(budget, kv_forced)
+        self._plan_with(self.plan_settings().profile.limited_to(limit), "host load")
 
     def _judge_again(self) -> None:
         """Judge the CPU work again after a change of the load beside the engine: each tier's is timed
@@ -356,15 +350,17 @@ class BudgetFollower:
         self._plan_with(fitted.profile)
         return True
 
-    def _plan_with(self, profile) -> None:
-        """Plan the budget in force again with ``profile`` in the background (a calibration)."""
-        engine = self.engine
-        self._keep_outgoing(new_record=True)  # (before the fitted profile becomes the settings')
+    def _plan_with(self, profile, why: str = "calibrate") -> None:
+        """Plan the budget in force again with ``profile`` in the background: a calibration's fit, or
+        the profile limited to the threads the load beside the engine leaves (``why`` "host load"). The
+        plan is put in force, as ``why``, at the first step boundary after it is made (:meth:`poll`)."""
+        if why == "calibrate":
+            self._keep_outgoing(new_record=True)  # (before the fitted profile becomes the settings')
         self.settings = dataclasses.replace(self.plan_settings(), profile=profile)
-        self.plan_cache = budgets.PlanCache()  # plans of the old profile
+        self.plan_cache = budgets.PlanCache()  # plans of the old profile (or thread count)
         budget = self.watcher.in_force
-        kv_forced = budgets.forced_kv_side(engine.executor.live_kv_positions(), self.settings)
-        self.refine, self.refine_why = (budget, kv_forced), "calibrate"
+        kv_forced = budgets.forced_kv_side(self.engine.executor.live_kv_positions(), self.settings)
+        self.refine, self.refine_why = (budget, kv_forced), why
         self.background.want(budget, kv_forced)
 
     def _full_plan_ready(self, budget: int | None, kv_forced: bool | None) -> bool:
