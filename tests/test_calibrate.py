@@ -246,12 +246,13 @@ def test_a_gap_the_cpu_cannot_explain_is_not_fitted(h200):
 
 # ---------------------------------------------------------------------------- CPU work measured directly
 def test_cpu_factors_by_rows_interpolate_in_log_rows_and_compose(h200):
-    fitted = h200.calibrated(cpu_rows={1: 1.5, 64: 3.0})
+    fitted = h200.calibrated(cpu_rows={16: 1.5, 64: 3.0})
     assert h200.cpu_row_factor(7) == 1.0 and h200.cpu_rows == ()  # the original is kept
-    assert fitted.cpu_row_factor(1) == 1.5 and fitted.cpu_row_factor(64) == 3.0
-    assert fitted.cpu_row_factor(8) == pytest.approx(2.25)  # halfway in log rows
+    assert fitted.cpu_row_factor(16) == 1.5 and fitted.cpu_row_factor(64) == 3.0
+    assert fitted.cpu_row_factor(32) == pytest.approx(2.25)  # halfway in log rows
+    assert fitted.cpu_row_factor(8) == 1.5  # the nearest beyond them
     assert fitted.cpu_row_factor(4096) == 1.0  # no decode rows' factor on prompt chunks (the next test)
-    assert fitted.matmul_s(8, 4096, 14336, "bf16", "cpu") == pytest.approx(2.25 * h200.matmul_s(8, 4096, 14336, "bf16", "cpu"))
+    assert fitted.matmul_s(32, 4096, 14336, "bf16", "cpu") == pytest.approx(2.25 * h200.matmul_s(32, 4096, 14336, "bf16", "cpu"))
     assert fitted.attention_s(64, 4096, 32, 8, 128, "bf16", "cpu") == \
         pytest.approx(3.0 * h200.attention_s(64, 4096, 32, 8, 128, "bf16", "cpu"))
     assert fitted.matmul_s(8, 4096, 14336, "bf16", "cuda") == h200.matmul_s(8, 4096, 14336, "bf16", "cuda")
@@ -262,10 +263,11 @@ def test_cpu_factors_by_rows_interpolate_in_log_rows_and_compose(h200):
 
 
 def test_factors_fitted_at_decode_rows_and_at_prompt_rows_stay_on_their_side(h200):
-    """Decode steps (up to DECODE_ROWS rows) and prompt chunks run other code on the CPU: a factor
-    fitted on one side is not carried to the other (a 64-row factor of 0.5 made the planner split a
-    1024-row tier whose CPU work then took 3.6x its prediction), within a side the nearest applies."""
-    from vramshard.profile.query import DECODE_ROWS
+    """The C kernel's few rows (KERNEL_ROWS), the rest of a decode step (up to DECODE_ROWS rows) and
+    prompt chunks run other code on the CPU: a factor fitted in one class is not carried to another (a
+    64-row factor of 0.5 made the planner split a 1024-row tier whose CPU work then took 3.6x its
+    prediction; 64-row factors of 1.2-4.0 priced one-row CPU layers so), within a class the nearest applies."""
+    from vramshard.profile.query import DECODE_ROWS, KERNEL_ROWS
 
     decode = h200.calibrated(cpu_rows={1: 1.5, DECODE_ROWS: 0.5}, split_rows={DECODE_ROWS: 0.5})
     for rows in (DECODE_ROWS + 1, 256, 1024):
@@ -274,7 +276,10 @@ def test_factors_fitted_at_decode_rows_and_at_prompt_rows_stay_on_their_side(h20
     assert decode.split_row_factor(16) == 0.5 and decode.cpu_row_factor(DECODE_ROWS) == 0.5
     both = decode.calibrated(cpu_rows={1024: 1.8})
     assert both.cpu_row_factor(256) == both.cpu_row_factor(2048) == 1.8 and both.cpu_row_factor(DECODE_ROWS) == 0.5
-    assert both.cpu_row_factor(8) == pytest.approx(1.0)  # halfway in log rows from 1.5 to 0.5
+    assert both.cpu_row_factor(KERNEL_ROWS) == 1.5 and both.cpu_row_factor(KERNEL_ROWS + 1) == 0.5
+    only_64 = h200.calibrated(cpu_rows={DECODE_ROWS: 4.0}, split_rows={DECODE_ROWS: 2.0})
+    assert only_64.cpu_row_factor(1) == only_64.split_row_factor(KERNEL_ROWS) == 1.0
+    assert only_64.matmul_s(1, 4096, 14336, "bf16", "cpu") == h200.matmul_s(1, 4096, 14336, "bf16", "cpu")
 
 
 def test_measured_cpu_work_fits_a_factor_at_its_tier_rows(nemo_2gib, h200):

@@ -532,17 +532,28 @@ def synthetic(**peaks) -> Profile:
 # CPU computes through its few-row paths (the C kernel at one row, the compiled few-row SwiGLU, parts
 # prepacked for oneDNN: runtime/cpu_packed.py); prompt chunks run plain matrix products into reused buffers.
 DECODE_ROWS = 64
+# The most rows of the C kernel's dense FFN work (layers/cpu_gemv.FFN_ROWS's default), through which the
+# profile's one-row tables are timed; more rows take torch's paths (compiled, prepacked, F.linear).
+KERNEL_ROWS = 4
+
+
+def _row_class(rows: int) -> int:
+    """Which of the CPU's code paths computes ``rows`` rows: 0 the C kernel's few rows (KERNEL_ROWS),
+    1 the rest of a decode-sized step (DECODE_ROWS), 2 prompt chunks."""
+    return 0 if rows <= KERNEL_ROWS else 1 if rows <= DECODE_ROWS else 2
 
 
 def _by_rows(table: tuple[tuple[int, float], ...], rows: int) -> float:
     """A factor from ``table`` ((rows, factor), sorted) at ``rows``: linear in log rows between the
-    row counts in it, the nearest one's beyond them, 1 for an empty table. Only row counts on the
-    same side of DECODE_ROWS as ``rows`` count: decode steps and prompt chunks run other code on the
-    CPU. In the thirtieth GPU session (session 33) llama3-8b's split parts ran 0.29-0.54x their
-    prediction at 64 rows (prepacked); carried to 1024 rows, that factor made the planner split the
-    prompt tier's FFNs, whose CPU work then took up to 3.6x its prediction there, and a 1K prompt
-    1.4-2.3 s to its first token against a 0.2 s bound (docs/BENCHMARKS.md)."""
-    table = tuple((m, f) for m, f in table if (m <= DECODE_ROWS) == (rows <= DECODE_ROWS))
+    row counts in it, the nearest one's beyond them, 1 for an empty table. Only row counts that the
+    same code computes as ``rows`` count (:func:`_row_class`). In the thirtieth GPU session (session
+    33) llama3-8b's split parts ran 0.29-0.54x their prediction at 64 rows (prepacked); carried to
+    1024 rows, that factor made the planner split the prompt tier's FFNs, whose CPU work then took up
+    to 3.6x its prediction there, and a 1K prompt 1.4-2.3 s to its first token against a 0.2 s bound.
+    In the thirty-ninth (session 44) each llama3-8b engine at 8 GiB fitted its 64-row tier first
+    (factors 1.2-4.0); carried to one row, where the C kernel computes, that priced `layers:17` at
+    150 ms a step where it ran at 65, and the planned decode lost to it 0.76-0.98x (docs/BENCHMARKS.md)."""
+    table = tuple((m, f) for m, f in table if _row_class(m) == _row_class(rows))
     if not table:
         return 1.0
     if rows <= table[0][0]:
