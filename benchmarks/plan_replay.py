@@ -271,6 +271,8 @@ def baselines(args) -> None:
     for name, entry in result["models"].items():
         model = shape_model(name)
         layers = sum(1 for s in model if s.kind == "attn")
+        fits = [fit for cell in entry["cells"] if cell.get("engine") == "vramshard"
+                for fit in cell.get("calibrations") or () if fit.get("cpu_rows") or fit.get("split_rows")]
         for cell in entry["cells"]:
             placement = cell.get("placement") or ""
             if not placement.startswith("layers:") or not cell.get("decode_step_ms_median"):
@@ -280,6 +282,14 @@ def baselines(args) -> None:
             measured = cell["decode_step_ms_median"]
             print(f"{name} {placement} at {cell['vram'] / GiB:g} GiB: predicted {predicted:.1f} ms, measured "
                   f"{measured:.1f} ms ({predicted / measured - 1:+.0%})")
+            # ... and as the planned engine's fits priced it when it re-planned (the factors by rows it fitted)
+            for fit in fits:
+                rows = {int(m): f for m, f in (fit.get("cpu_rows") or {}).items()}
+                split = {int(m): f for m, f in (fit.get("split_rows") or {}).items()}
+                fitted = profile.with_fitted_factors({**profile.fitted_factors(), "cpu_rows": sorted(rows.items()),
+                                                      "split_rows": sorted(split.items())})
+                seconds = Estimator(model, fitted).simulate(named, 1, context, 2).seconds * 1e3
+                print(f"    with the engine's fit cpu_rows {rows} split_rows {split}: predicted {seconds:.1f} ms")
 
 
 def main() -> None:
