@@ -142,7 +142,8 @@ def make_executor(model, host, placement, budget, args, kv_slots=1, max_context=
     torch.cuda.empty_cache()
     return Executor(model, host, placement, budget=budget, max_tokens=args.prompt,
                     max_context=max_context or args.ctx + args.prompt + 16, kv_slots=kv_slots,
-                    threads=args.threads, expert_cache=expert_cache, **(options or {}))
+                    threads=args.threads, expert_cache=expert_cache,
+                    decode_graphs=getattr(args, "decode_graphs", False), **(options or {}))
 
 
 def bench_profile(path: str | None, dtype) -> tuple[object, str]:
@@ -277,6 +278,11 @@ def run_cell(model, host, label, placement, cache, budget, args, bw, deadline, o
     if profile is not None:
         cell["predicted_decode_tok_s"] = predicted_decode_tok_s(model, profile, executor, options or {}, args.ctx)
     cell["decode_tok_s"] = decode_tok_s(executor, args.ctx, args.decode_steps)
+    # The resident attention layers' decode graphs (--decode-graphs; an Engine's default): replays, captures and
+    # the steps left eager, by reason.
+    graphs = executor.graphs
+    cell["decode_graphs"] = None if graphs is None else {"replays": graphs.stats.replays, "captures": graphs.stats.captures,
+                                                         "eager": dict(graphs.stats.fallbacks)}
     report = executor.report
     # The last decode step's own account: with run-ahead, "compute" is the worker's computing and
     # "wait" its waiting for the GPU to say a part's input landed (the twenty-fourth GPU session's share
@@ -356,6 +362,9 @@ def main() -> None:
                         help="comma-separated CPU shares of experts-zero-copy's experts, each a cell "
                              "experts-zero-copy-cpu@S, whatever --placements names")
     parser.add_argument("--no-skewed", action="store_true", help="skip the skewed-routing cell at the end")
+    parser.add_argument("--decode-graphs", action="store_true",
+                        help="decode steps replay CUDA graphs over the resident sub-layers (an Engine's default; "
+                             "off here until session 44: the cells timed eager attention)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--profile", default=None,
                         help="profile JSON of this machine (`vramshard profile`); default: the stored one. The "
