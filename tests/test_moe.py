@@ -863,7 +863,8 @@ def test_gpu_moe_worker_leaves_the_planning_process_its_core(tiny_model_dir, mon
     # From the first step: trace_logits runs steps without the scheduler, whose polls set it (the poll's part
     # is test_host_load's); generate's polls keep it (plan_process.planning() says a plan is being made).
     engine.executor.spare_a_core(True)
-    teams.clear(), heard.clear()  # (the load's kernel warm-up at the plan's teams)
+    teams.clear()  # (the load's kernel warm-up at the plan's teams)
+    heard.clear()
     assert_same_as_reference(engine, reference)
     assert engine.executor.sparing_core and teams
     assert max(teams) <= max(1, run_ahead.largest_team(engine.executor.step_threads) - 1), teams
