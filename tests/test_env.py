@@ -49,3 +49,18 @@ def test_numbers_take_numbers_at_least_the_minimum_and_keep_the_default_otherwis
         with caplog.at_level(logging.WARNING):
             assert number(name, 500.0) == 500.0, text
         assert name in caplog.text and text in caplog.text
+
+
+def test_the_kernel_and_the_profile_draw_the_c_kernels_row_line_from_one_variable():
+    """layers/cpu_gemv.FFN_ROWS (the rows the C kernel computes) and profile/query.KERNEL_ROWS (the row
+    class its fitted CPU factors stay within) both follow VRAMSHARD_CPU_GEMV_ROWS, read at import."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from vramshard.profile.query import KERNEL_ROWS; from vramshard.layers.cpu_gemv import FFN_ROWS; "
+            "print(KERNEL_ROWS, FFN_ROWS)")
+    for value, meant in (("2", "2 2"), ("", "4 4"), ("9", "4 4")):
+        env = {**os.environ, "VRAMSHARD_CPU_GEMV_ROWS": value}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.split() == meant.split(), (value, out.stdout, out.stderr)

@@ -52,3 +52,11 @@ def number(name: str, default: float, minimum: float = 0.0) -> float:
         log.warning("%s=%r is not a number of at least %g: using %g", name, value, minimum, default)
         return default
     return parsed
+
+
+def cpu_gemv_rows() -> int:
+    """``$VRAMSHARD_CPU_GEMV_ROWS``: the most rows of dense FFN work the C kernel takes (1-4, 4 unset).
+    Read here, without torch, so that the kernel (layers/cpu_gemv.FFN_ROWS) and the profile's reading of
+    its fitted CPU factors (profile/query.KERNEL_ROWS) draw the line between its rows and torch's at
+    the same place."""
+    return int(choice("VRAMSHARD_CPU_GEMV_ROWS", ("1", "2", "3", "4"), "4"))

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from ..env import choice
+from ..env import choice, cpu_gemv_rows
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ COLUMN_ROWS = 4  # rows of x a weight stored transposed takes (VS_COLUMN_ROWS)
 # FFN's weights at 29.4-29.7 GB/s on the development machine against 26.5-26.6 prepacked and 22.9-23.5 by
 # F.linear, at eight 17.5-18.9 against 26.3-26.5 (docs/BENCHMARKS.md, session 36). VRAMSHARD_CPU_GEMV_ROWS=1
 # gives it one row only, as before session 36.
-FFN_ROWS = int(choice("VRAMSHARD_CPU_GEMV_ROWS", ("1", "2", "3", "4"), "4"))
+FFN_ROWS = cpu_gemv_rows()
 MODES = ("auto", "on", "off")
 DTYPES = {torch.bfloat16: 0, torch.float16: 1}  # the C source's VS_BF16 / VS_FP16
 ROUTING_DTYPES = {**DTYPES, torch.float32: 2}  # routing weights may be float32 too (VS_FP32)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import math
 
+from ..env import cpu_gemv_rows
 from ..errors import InvalidInputError, ProfileError
 from .schema import validate
 from .tables import Curve, Grid2D, MatmulTable, interp_linear
@@ -532,9 +533,9 @@ def synthetic(**peaks) -> Profile:
 # CPU computes through its few-row paths (the C kernel at one row, the compiled few-row SwiGLU, parts
 # prepacked for oneDNN: runtime/cpu_packed.py); prompt chunks run plain matrix products into reused buffers.
 DECODE_ROWS = 64
-# The most rows of the C kernel's dense FFN work (layers/cpu_gemv.FFN_ROWS's default), through which the
-# profile's one-row tables are timed; more rows take torch's paths (compiled, prepacked, F.linear).
-KERNEL_ROWS = 4
+# The most rows of the C kernel's dense FFN work (layers/cpu_gemv.FFN_ROWS, from the same variable), through
+# which the profile's one-row tables are timed; more rows take torch's paths (compiled, prepacked, F.linear).
+KERNEL_ROWS = cpu_gemv_rows()
 
 
 def _row_class(rows: int) -> int:
