@@ -843,7 +843,7 @@ def test_gpu_moe_worker_runs_each_step_with_its_tuners_team_and_matches_cpu(tiny
 def test_gpu_moe_worker_leaves_the_planning_process_its_core(tiny_model_dir, monkeypatch):
     """While the planning process makes a plan (Executor.spare_a_core), the worker's team leaves a core
     beside the host thread's (one fewer than the largest team of the step's threads), the tuner hears
-    nothing of those steps, and the tokens are the CPU reference's."""
+    nothing of those steps and puts no team on trial in them, and the tokens are the CPU reference's."""
     from vramshard.layers import cpu_gemv
     from vramshard.runtime import plan_process, team_tuner
 
@@ -855,20 +855,29 @@ def test_gpu_moe_worker_leaves_the_planning_process_its_core(tiny_model_dir, mon
     monkeypatch.setattr(zero_copy_experts, "ENABLED", False)  # (decode steps' experts on the worker)
     monkeypatch.setattr(plan_process, "planning", lambda: True)
     heard, teams = [], []
+    observe = team_tuner.TeamTuner.observe
     monkeypatch.setattr(team_tuner.TeamTuner, "observe", lambda tuner, tokens, used, seconds: heard.append(used))
     real_run = run_ahead.RunAhead._run
     monkeypatch.setattr(run_ahead.RunAhead, "_run", lambda self, number, job, threads:
                         teams.append(threads) or real_run(self, number, job, threads))
     engine, reference, _ = host_expert_engine(tiny_model_dir, GPU_MOE_ARCHS[0], "experts-cpu")
-    # From the first step: trace_logits runs steps without the scheduler, whose polls set it (the poll's part
-    # is test_host_load's); generate's polls keep it (plan_process.planning() says a plan is being made).
+    trace_logits(engine)  # (unspared: no scheduler polls; the worker and its tuner are made)
+    tuner = engine.executor._team_tuner
+    team = tuner.team(1, None, run_ahead.largest_team(engine.executor.step_threads))
+    for _ in range(2 * team_tuner.SAMPLES):  # one-token steps' team held long enough: a neighbour goes on trial
+        observe(tuner, 1, team, 1.0)
+    assert tuner.on_trial(1), "no neighbouring team to put on trial on this machine"
+    # Spared from the checked steps' first: trace_logits runs steps without the scheduler, whose polls set it (the
+    # poll's part is test_host_load's); generate's polls keep it (plan_process.planning() says a plan is being made).
     engine.executor.spare_a_core(True)
     teams.clear()  # (the load's kernel warm-up at the plan's teams)
     heard.clear()
+    trials = engine.executor.team_trial_steps
     assert_same_as_reference(engine, reference)
     assert engine.executor.sparing_core and teams
     assert max(teams) <= max(1, run_ahead.largest_team(engine.executor.step_threads) - 1), teams
     assert heard == []
+    assert engine.executor.team_trial_steps == trials
 
 
 @pytest.mark.parametrize("spec", ["experts-cpu", "mixed", "experts-stream"])
