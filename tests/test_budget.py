@@ -69,7 +69,8 @@ def prompts(lengths=(5, 30, 12), seed=0):
 
 def run_with_changes(engine, batch, new_tokens, changes: dict):
     """Generate through a scheduler, calling set_vram(changes[step]) before those steps; checks the
-    accounting after every step. Returns the outputs and the plans seen (kv_on_gpu, need)."""
+    accounting after every step. Returns the outputs and the plans seen (kv_on_gpu, need, layers whose KV
+    cache the placement keeps in VRAM)."""
     scheduler = engine.scheduler(max_seqs=4, max_context=64)
     requests = [scheduler.add(p, max_new_tokens=new_tokens) for p in batch]
     seen, step = [], 0
@@ -84,7 +85,7 @@ def run_with_changes(engine, batch, new_tokens, changes: dict):
         assert engine.plan.kv_on_gpu == bool(executor.kv_layers_on_gpu)
         where = {layer: scheduler.kv.device_of(layer).type for layer in scheduler.kv.layers}
         assert set(where.values()) == {"cpu"}  # simulated: the "GPU" is the CPU
-        seen.append((engine.plan.kv_on_gpu, executor.need.total))
+        seen.append((engine.plan.kv_on_gpu, executor.need.total, frozenset(executor.kv_layers_on_gpu)))
     return [r.output_ids for r in requests], seen
 
 
@@ -197,7 +198,7 @@ def test_budget_changes_during_generation_keep_greedy_tokens(model_dir, referenc
                12: points["all"], 13: points["part"], 15: None}
     outputs, seen = run_with_changes(engine, batch, 20, changes)
     assert outputs == want
-    kv_sides = [kv for kv, _ in seen]
+    kv_sides = [kv for kv, *_ in seen]
     # KV went to host and came back: the budget grew before step 12, whose step still ran under
     # the placement in force while the full plan was made; it came into force at step 13's boundary.
     assert kv_sides[1] and not kv_sides[6] and not kv_sides[12] and kv_sides[13]
@@ -207,6 +208,33 @@ def test_budget_changes_during_generation_keep_greedy_tokens(model_dir, referenc
         parts = event["release_parts_s"]
         assert {"wait", "kv", "drop", "empty"} <= set(parts) and sum(parts.values()) <= event["release_s"] + 1e-6
     assert engine.budget_state()["vram_budget"] is None
+
+
+def test_the_kv_cache_split_by_layer_keeps_greedy_tokens(model_dir, reference):
+    """Where the whole KV cache does not fit beside the weights worth pinning, the planner may keep the KV
+    caches of the attention layers it pins in VRAM beside them and the others' in host memory (their
+    attention on the CPU): the engine keeps each layer's cache beside its attention and accounts for it
+    within the budget, moves it layer by layer as the budget grows and shrinks, and the greedy tokens are
+    the CPU reference's."""
+    profile = synthetic(cpu_gflops=5, gpu_gflops=20_000, h2d_gbps=1, cpu_mem_gbps=1, cpu_threads=2)
+    context = 32 * 256  # max_batch x max_context
+    probe = Planner(reference.model, profile, None, context=context, tiers=TIERS)
+    minimum = workspace_bytes(reference.model, TIERS.largest, context) + 2 * probe.slot_bytes
+    split = minimum + probe.kv_bytes() * 3 // 4 + reference.model.nbytes // 2
+    engine = Engine.load(model_dir, vram=split, simulate_gpu=True, profile=profile, tiers=TIERS, max_step_tokens=16,
+                         max_context=256, max_batch=32)
+    plan, executor = engine.plan, engine.executor
+    pinned = {s.layer for s in reference.model.attention_layers if s.name in plan.pinned}
+    assert plan.kv_layers_in_vram == len(pinned) == 1 and plan.kv_on_gpu, plan.notes
+    assert executor.kv_layers_on_gpu == pinned
+    assert plan.need.kv == executor.need.kv == probe.layer_kv_bytes() and executor.need.total <= split
+    batch = prompts()
+    want = [reference.generate([p], 16)[0] for p in batch]
+    everything = minimum + probe.kv_bytes() + 2 * reference.model.nbytes
+    outputs, seen = run_with_changes(engine, batch, 16, {4: everything, 9: split})
+    assert outputs == want
+    layers = [kv_layers for *_, kv_layers in seen]
+    assert layers[0] == pinned and layers[7] == {0, 1} and layers[-1] == pinned, layers
 
 
 def test_a_shrinking_budget_gets_a_quick_plan_then_the_full_one(model_dir, reference, sizes):

@@ -300,3 +300,26 @@ def test_tiers_pack_the_cpu_work_only_where_the_profile_finds_packed_weights_fas
     assert not any(t.cpu_packed for t in unpacked.tiers.values())  # (the executor packs nothing: none planned)
     with pytest.raises(InvalidInputError, match="packed flags"):
         TieredPlacement(tiered.tiers, tiered.placements, tiered.threads, packed=(True,))
+
+
+def test_a_long_context_keeps_the_kv_cache_of_pinned_attention_in_vram_and_the_rest_in_host_memory():
+    """At 32K tokens nemo-8b's KV cache (5 GiB) does not fit a 4 GiB budget: the planner's third KV variant
+    keeps the caches of the attention layers it pins in VRAM beside them (as llama.cpp's -ngl keeps those of
+    the layers it offloads) and the others' in host memory, their attention on the CPU or staged, each
+    pinned layer's cache counted against the budget; predicted faster than all of it in host memory."""
+    profile, budget, context = synthetic(**CLIENT), 4 * GiB, 32768
+    planner = Planner(NEMO, profile, budget, context=context, tiers=TIERS)
+    result = planner.plan()
+    attention = {s.name for s in NEMO if s.kind == "attn"}
+    pinned = attention & set(result.pinned)
+    assert result.kv_layers_in_vram == len(pinned) > 0 and result.kv_on_gpu, result.notes
+    assert f"in VRAM for the {len(pinned)} attention layers pinned there" in result.kv_side
+    need = tiered_vram_need(NEMO, result.tiered(), 1, context, TIERS.largest)
+    assert result.need.kv == need.kv == len(pinned) * planner.layer_kv_bytes()
+    assert result.need.total <= budget
+    for tier in result.tiers.values():
+        homes = {name: where.kv_in_vram for name, where in tier.placement.where if name in attention}
+        assert {name for name, in_vram in homes.items() if in_vram} == pinned
+    host = Planner(NEMO, profile, budget, context=context, tiers=TIERS, kv_on_gpu=False).plan()
+    assert host.kv_layers_in_vram is None and host.need.kv == 0
+    assert result.tiers[1].predicted_s < host.tiers[1].predicted_s

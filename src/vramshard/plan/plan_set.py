@@ -55,6 +55,18 @@ class PlanSet:
     expert_hit_rate: float = 0.0  # the hit rate the estimator assumed for it
     # The run-ahead worker's OpenMP team in tiers of up to WORKER_TEAM_ROWS tokens (None: the default).
     worker_team: int | None = None
+    # Where only some layers' KV caches are in VRAM (those of the attention layers pinned there), how many;
+    # None: all of them where kv_on_gpu, else none.
+    kv_layers_in_vram: int | None = None
+
+    @property
+    def kv_side(self) -> str:
+        """Where the KV cache lives, in words ("on the GPU", "on the CPU", or split by layer)."""
+        if self.kv_layers_in_vram is not None:
+            layers = "layer" if self.kv_layers_in_vram == 1 else "layers"
+            return (f"in VRAM for the {self.kv_layers_in_vram} attention {layers} pinned there, in host memory "
+                    "for the others")
+        return "on the GPU" if self.kv_on_gpu else "on the CPU"
 
     def tiered(self) -> TieredPlacement:
         sizes = tuple(sorted(self.tiers))
@@ -67,6 +79,7 @@ class PlanSet:
     def to_dict(self) -> dict:
         return {
             "model": self.model_name, "budget": self.budget, "context": self.context, "kv_on_gpu": self.kv_on_gpu,
+            "kv_layers_in_vram": self.kv_layers_in_vram,
             "num_slots": self.num_slots,
             "vram": {"resident": self.need.resident, "slots": self.need.slots, "kv": self.need.kv,
                      "workspace": self.need.workspace, "experts": self.need.experts,

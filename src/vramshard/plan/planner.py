@@ -31,6 +31,12 @@ With the KV cache in host memory, attention may still compute on the GPU, stream
 over its host KV cache staged through a one-layer VRAM cache (``Where.kv == "host"``): prompt
 chunks gain most (CPU attention projections are compute-bound); every family, the balance and
 the search consider it per tier, costed with its staging copies.
+
+The KV cache lives in VRAM, in host memory, or, where the whole of it does not fit beside the
+weights worth pinning, split by layer: the attention layers pinned in VRAM keep their caches
+beside them, each pinned layer counting its cache against the budget, and the others' stay in
+host memory (as llama.cpp's ``-ngl`` keeps the caches of the layers it offloads). The variant
+predicted fastest over the tiers is taken.
 """
 
 from __future__ import annotations
@@ -98,6 +104,9 @@ class Planner(MoEVariants):
         # staging cache fits), for the variant being planned.
         self.stage_attention = False
         self.staging = kv_staging_bytes(model, kv_slots, context)
+        # With the KV cache in host memory: whether pinned attention layers keep theirs in VRAM beside
+        # them (as llama.cpp's -ngl keeps the KV cache of the layers it offloads), for the variant being planned.
+        self.kv_beside_pinned = False
         # The MoE FFNs that split at their experts (main pieces in VRAM), for the variant being planned:
         # all, but where their main pieces do not fit (large shared experts) as many as fit, the
         # others running whole (streamed or on the CPU).
@@ -136,18 +145,25 @@ class Planner(MoEVariants):
             options.append(self._plan_variant(kv_on_gpu=True, workspace=workspace, kv=kv, search=self.search))
         if self.kv_on_gpu is not True:
             options.append(self._plan_variant(kv_on_gpu=False, workspace=workspace, kv=0, search=self.search))
+        if self.kv_on_gpu is None and self.budget is not None \
+                and sum(self.sizes.values()) + workspace + kv > self.budget:
+            # Part of the KV cache in VRAM: beside the attention layers pinned there (the others' in host memory);
+            # an option where it pins some attention (else it is a plan with the KV cache on the CPU).
+            split = self._plan_variant(kv_on_gpu=False, workspace=workspace, kv=0, search=self.search,
+                                       kv_beside_pinned=True)
+            if split.kv_layers_in_vram:
+                options.append(split)
         if not options:
             raise self._kv_forced_error(minimum + kv)
         best = min(options, key=self._score)
+        first = self.tiers.sizes[0]
         if self.kv_on_gpu is not None:
             best.notes.append(f"KV cache on the {'GPU' if self.kv_on_gpu else 'CPU'}: placed there by the caller")
-        elif len(options) == 2:
-            other = options[0] if best is options[1] else options[1]
-            best.notes.append(
-                f"KV cache on the {'GPU' if best.kv_on_gpu else 'CPU'}: predicted tier-1 step "
-                f"{best.tiers[self.tiers.sizes[0]].predicted_s * 1e3:.2f} ms vs "
-                f"{other.tiers[self.tiers.sizes[0]].predicted_s * 1e3:.2f} ms with it on the "
-                f"{'GPU' if other.kv_on_gpu else 'CPU'}")
+        elif len(options) > 1:
+            others = "; ".join(f"{other.tiers[first].predicted_s * 1e3:.2f} ms with it {other.kv_side}"
+                               for other in options if other is not best)
+            best.notes.append(f"KV cache {best.kv_side}: predicted tier-{first} step "
+                              f"{best.tiers[first].predicted_s * 1e3:.2f} ms vs {others}")
         else:
             best.notes.append("KV cache on the CPU: it does not fit beside the minimum in the budget")
         return best
@@ -164,20 +180,41 @@ class Planner(MoEVariants):
     def kv_bytes(self) -> int:
         """The KV cache of every layer for ``kv_slots`` sequences of ``context`` tokens, each rounded up
         to whole blocks as the paged cache allocates them (:func:`~vramshard.plan.memory.vram_need`)."""
+        return self.model.args.num_hidden_layers * self.layer_kv_bytes()
+
+    def layer_kv_bytes(self) -> int:
+        """One attention layer's share of :meth:`kv_bytes`."""
         a = self.model.args
-        return (2 * a.num_hidden_layers * kv_positions(self.kv_slots, self.context) * a.num_key_value_heads
-                * a.head_dim * self.model.dtype.itemsize)
+        return 2 * kv_positions(self.kv_slots, self.context) * a.num_key_value_heads * a.head_dim \
+            * self.model.dtype.itemsize
+
+    def _pin_bytes(self, sublayer) -> int:
+        """VRAM that pinning ``sublayer`` takes: its weights, and an attention layer's KV cache where
+        pinned attention keeps it beside it (``kv_beside_pinned``)."""
+        kv = self.layer_kv_bytes() if sublayer.kind == "attn" and self.kv_beside_pinned else 0
+        return self.sizes[sublayer.name] + kv
 
     # ------------------------------------------------------------------ variants
     def _score(self, plan: PlanSet) -> float:
         """Sum over tiers of predicted time relative to the tier size (seconds per token)."""
         return sum(p.predicted_s / t for t, p in plan.tiers.items())
 
-    def _plan_variant(self, kv_on_gpu: bool, workspace: int, kv: int, search: bool = True) -> PlanSet:
+    def _plan_variant(self, kv_on_gpu: bool, workspace: int, kv: int, search: bool = True,
+                      kv_beside_pinned: bool = False) -> PlanSet:
+        """The plan with the KV cache in VRAM (``kv_on_gpu``, ``kv`` bytes of it) or in host memory;
+        ``kv_beside_pinned``: in host memory but for the attention layers pinned in VRAM, whose KV
+        caches stay beside them (``kv`` 0: each pinned attention layer counts its own)."""
+        self.kv_beside_pinned = kv_beside_pinned and not kv_on_gpu
+        try:
+            return self._plan_kv_variant(kv_on_gpu, workspace, kv, search)
+        finally:
+            self.kv_beside_pinned = False
+
+    def _plan_kv_variant(self, kv_on_gpu: bool, workspace: int, kv: int, search: bool) -> PlanSet:
         budget = math.inf if self.budget is None else self.budget
         everything = sum(self.sizes.values())
         staging = 0 if kv_on_gpu else self.staging
-        if everything + workspace + kv <= budget:
+        if everything + workspace + kv <= budget and not self.kv_beside_pinned:
             # Attention stays beside its KV cache: on the CPU when the cache is in host memory (this
             # variant then only runs when the caller forces the KV cache there; no slots to stream with).
             pinned, reasons = [s.name for s in self.model if kv_on_gpu or s.kind != "attn"], []
@@ -224,6 +261,8 @@ class Planner(MoEVariants):
                  reasons: list[PinReason], note: str | None, search: bool) -> PlanSet:
         """The plan of every tier over ``pinned``, with its VRAM need and notes."""
         tiers = {t: self._plan_tier(t, set(pinned), kv_on_gpu, search) for t in self.tiers.sizes}
+        if self.kv_beside_pinned:
+            kv = self.layer_kv_bytes() * sum(1 for s in self.model if s.kind == "attn" and s.name in pinned)
         staged = any(p.placement.staged_kv_names() for p in tiers.values())
         streams = any(p.placement.names(home="stream") for p in tiers.values())  # split FFNs stream too
         split = {n for p in tiers.values() for n in p.placement.expert_names()}
@@ -232,9 +271,11 @@ class Planner(MoEVariants):
         need = VramNeed(resident=sum(self.sizes[n] for n in pinned), slots=slots if streams else 0,
                         kv=kv, workspace=workspace, experts=routers + (self.expert_cache if caches else 0),
                         kv_staging=self.staging if staged else 0)
-        plan = PlanSet(self.name, self.budget, self.context, kv_on_gpu, self.num_slots, need, pinned, reasons, tiers,
-                       expert_cache=self.expert_cache if caches else 0,
+        plan = PlanSet(self.name, self.budget, self.context, kv_on_gpu or kv > 0, self.num_slots, need, pinned, reasons,
+                       tiers, expert_cache=self.expert_cache if caches else 0,
                        expert_hit_rate=self.estimator.expert_hit_rate if caches else 0.0)
+        if self.kv_beside_pinned and kv > 0:
+            plan.kv_layers_in_vram = kv // self.layer_kv_bytes()
         if note:
             plan.notes.append(note)
         return plan
@@ -281,16 +322,18 @@ class Planner(MoEVariants):
         for sublayer in self.model:
             if sublayer.kind == "vision":
                 continue  # never runs in a token step; vlm.configure plans the vision phase
-            if sublayer.kind == "attn" and not kv_on_gpu and not self.stage_attention:
+            host_kv = sublayer.kind == "attn" and not kv_on_gpu and not self.kv_beside_pinned  # (pinned, staged)
+            if host_kv and not self.stage_attention:
                 continue  # attention runs beside its KV cache, on the CPU here
             saved = {}
             for tier in self.tiers.sizes:
                 pinned_s = est.compute_s(sublayer, "cuda", tier, self.context) + est.launch_s(sublayer, "cuda", tier)
-                if sublayer.kind == "attn" and not kv_on_gpu:
+                if host_kv:
                     pinned_s += self._staging_s(sublayer, tier)
                 saved[tier] = max(0.0, self._unpinned_s(sublayer, tier, kv_on_gpu) - pinned_s)
-            score = sum(saved[t] / baseline[t] for t in saved) / max(self.sizes[sublayer.name], 1) * 2**30
-            candidates.append(PinReason(sublayer.name, self.sizes[sublayer.name], saved, score))
+            nbytes = self._pin_bytes(sublayer)
+            score = sum(saved[t] / baseline[t] for t in saved) / max(nbytes, 1) * 2**30
+            candidates.append(PinReason(sublayer.name, nbytes, saved, score))
         stream_only = {s.name for s in self.model if s.kind == "attn" and s.name in self.streamable} if kv_on_gpu \
             else set()
         candidates.sort(key=lambda r: (fixed_first and r.name in stream_only, r.score), reverse=True)
@@ -388,7 +431,8 @@ class Planner(MoEVariants):
         if sublayer.kind == "vision":
             return CPU  # token steps never run the vision encoder
         if sublayer.name in pinned:
-            return GPU_RESIDENT_HOST_KV if sublayer.kind == "attn" and not kv_on_gpu else GPU_RESIDENT
+            host_kv = sublayer.kind == "attn" and not kv_on_gpu and not self.kv_beside_pinned
+            return GPU_RESIDENT_HOST_KV if host_kv else GPU_RESIDENT
         if sublayer.kind == "attn":
             if kv_on_gpu:
                 return GPU_STREAMED

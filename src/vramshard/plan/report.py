@@ -30,7 +30,7 @@ def print_plan(plan: PlanSet, console=None) -> None:
 
     console = console or Console()
     console.print(f"[bold]{plan.model_name}[/]: budget {format_bytes(plan.budget) if plan.budget else 'unlimited'}, "
-                  f"context {plan.context} tokens, KV cache on the {'GPU' if plan.kv_on_gpu else 'CPU'}")
+                  f"context {plan.context} tokens, KV cache {plan.kv_side}")
     need = plan.need
     console.print(f"VRAM: pinned weights {format_bytes(need.resident)} + slots {format_bytes(need.slots)} + "
                   f"KV {format_bytes(need.kv)} + workspace {format_bytes(need.workspace)}"

@@ -142,7 +142,7 @@ def plan_to_wire(plan: PlanSet) -> dict:
                    "zero_copy_cpu_share": t.zero_copy_cpu_share, "cpu_packed": t.cpu_packed}
                   for t in plan.tiers.values()],
         "notes": list(plan.notes), "expert_cache": plan.expert_cache, "expert_hit_rate": plan.expert_hit_rate,
-        "worker_team": plan.worker_team,
+        "worker_team": plan.worker_team, "kv_layers_in_vram": plan.kv_layers_in_vram,
     }
 
 
@@ -160,7 +160,8 @@ def plan_from_wire(data: dict) -> PlanSet:
             VramNeed(*(int(b) for b in data["need"])), list(data["pinned"]),
             [PinReason(name, int(nbytes), {int(t): float(s) for t, s in saved}, float(score))
              for name, nbytes, saved, score in data["reasons"]],
-            tiers, list(data["notes"]), int(data["expert_cache"]), float(data["expert_hit_rate"]), data["worker_team"])
+            tiers, list(data["notes"]), int(data["expert_cache"]), float(data["expert_hit_rate"]), data["worker_team"],
+            data["kv_layers_in_vram"])
     except (KeyError, TypeError, ValueError) as exc:
         raise WireError(f"a plan from the planning process that cannot be read: {type(exc).__name__}: {exc}") from None
 
