@@ -44,6 +44,7 @@ from __future__ import annotations
 import logging
 import math
 
+from ..env import switch
 from ..errors import BudgetError
 from ..layers.mlp import DenseFFN
 from ..layers.moe import MoEFFN
@@ -66,6 +67,9 @@ MOE_FAMILIES = FAMILIES + ("experts-cpu", "experts-stream", "experts-mix")
 # shares host memory and PCIe with whatever else runs (a game), and the estimator has priced copies
 # hidden under a step that were not (docs/BENCHMARKS.md, eighteenth GPU session).
 STREAMING_TIE = 0.02
+# Whether the KV cache may be split by layer (pinned attention's in VRAM, the others' in host memory);
+# VRAMSHARD_KV_SPLIT=off plans only the whole cache in VRAM or in host memory, as before session 45.
+KV_SPLIT = switch("VRAMSHARD_KV_SPLIT", True)
 __all__ = ["FAMILIES", "MOE_FAMILIES", "WORKER_TEAM_ROWS", "PinReason", "PlanSet", "Planner", "TierPlan",
            "machine_profile"]
 
@@ -145,7 +149,7 @@ class Planner(MoEVariants):
             options.append(self._plan_variant(kv_on_gpu=True, workspace=workspace, kv=kv, search=self.search))
         if self.kv_on_gpu is not True:
             options.append(self._plan_variant(kv_on_gpu=False, workspace=workspace, kv=0, search=self.search))
-        if self.kv_on_gpu is None and self.budget is not None \
+        if KV_SPLIT and self.kv_on_gpu is None and self.budget is not None \
                 and sum(self.sizes.values()) + workspace + kv > self.budget:
             # Part of the KV cache in VRAM: beside the attention layers pinned there (the others' in host memory);
             # an option where it pins some attention (else it is a plan with the KV cache on the CPU).
