@@ -210,12 +210,15 @@ def test_budget_changes_during_generation_keep_greedy_tokens(model_dir, referenc
     assert engine.budget_state()["vram_budget"] is None
 
 
-def test_the_kv_cache_split_by_layer_keeps_greedy_tokens(model_dir, reference):
+def test_the_kv_cache_split_by_layer_keeps_greedy_tokens(model_dir, reference, monkeypatch):
     """Where the whole KV cache does not fit beside the weights worth pinning, the planner may keep the KV
     caches of the attention layers it pins in VRAM beside them and the others' in host memory (their
     attention on the CPU): the engine keeps each layer's cache beside its attention and accounts for it
     within the budget, moves it layer by layer as the budget grows and shrinks, and the greedy tokens are
-    the CPU reference's."""
+    the CPU reference's (VRAMSHARD_KV_SPLIT=on)."""
+    from vramshard.plan import planner as planning
+
+    monkeypatch.setattr(planning, "KV_SPLIT", True)  # (the plan process's planner too: it is made in this one)
     profile = synthetic(cpu_gflops=5, gpu_gflops=20_000, h2d_gbps=1, cpu_mem_gbps=1, cpu_threads=2)
     context = 32 * 256  # max_batch x max_context
     probe = Planner(reference.model, profile, None, context=context, tiers=TIERS)

@@ -302,12 +302,18 @@ def test_tiers_pack_the_cpu_work_only_where_the_profile_finds_packed_weights_fas
         TieredPlacement(tiered.tiers, tiered.placements, tiered.threads, packed=(True,))
 
 
-def test_a_long_context_keeps_the_kv_cache_of_pinned_attention_in_vram_and_the_rest_in_host_memory():
+def test_a_long_context_keeps_the_kv_cache_of_pinned_attention_in_vram_and_the_rest_in_host_memory(monkeypatch):
     """At 32K tokens nemo-8b's KV cache (5 GiB) does not fit a 4 GiB budget: the planner's third KV variant
     keeps the caches of the attention layers it pins in VRAM beside them (as llama.cpp's -ngl keeps those of
     the layers it offloads) and the others' in host memory, their attention on the CPU or staged, each
-    pinned layer's cache counted against the budget; predicted faster than all of it in host memory."""
+    pinned layer's cache counted against the budget; predicted faster than all of it in host memory.
+    (VRAMSHARD_KV_SPLIT=on; off, the planner keeps the cache whole.)"""
+    from vramshard.plan import planner as planning
+
     profile, budget, context = synthetic(**CLIENT), 4 * GiB, 32768
+    monkeypatch.setattr(planning, "KV_SPLIT", False)
+    assert Planner(NEMO, profile, budget, context=context, tiers=TIERS).plan().kv_layers_in_vram is None
+    monkeypatch.setattr(planning, "KV_SPLIT", True)
     planner = Planner(NEMO, profile, budget, context=context, tiers=TIERS)
     result = planner.plan()
     attention = {s.name for s in NEMO if s.kind == "attn"}

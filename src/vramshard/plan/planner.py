@@ -32,11 +32,11 @@ over its host KV cache staged through a one-layer VRAM cache (``Where.kv == "hos
 chunks gain most (CPU attention projections are compute-bound); every family, the balance and
 the search consider it per tier, costed with its staging copies.
 
-The KV cache lives in VRAM, in host memory, or, where the whole of it does not fit beside the
-weights worth pinning, split by layer: the attention layers pinned in VRAM keep their caches
-beside them, each pinned layer counting its cache against the budget, and the others' stay in
-host memory (as llama.cpp's ``-ngl`` keeps the caches of the layers it offloads). The variant
-predicted fastest over the tiers is taken.
+The KV cache lives in VRAM, in host memory, or (``VRAMSHARD_KV_SPLIT=on``), where the whole of it
+does not fit beside the weights worth pinning, split by layer: the attention layers pinned in VRAM
+keep their caches beside them, each pinned layer counting its cache against the budget, and the
+others' stay in host memory (as llama.cpp's ``-ngl`` keeps the caches of the layers it offloads).
+The variant predicted fastest over the tiers is taken.
 """
 
 from __future__ import annotations
@@ -67,9 +67,11 @@ MOE_FAMILIES = FAMILIES + ("experts-cpu", "experts-stream", "experts-mix")
 # shares host memory and PCIe with whatever else runs (a game), and the estimator has priced copies
 # hidden under a step that were not (docs/BENCHMARKS.md, eighteenth GPU session).
 STREAMING_TIE = 0.02
-# Whether the KV cache may be split by layer (pinned attention's in VRAM, the others' in host memory);
-# VRAMSHARD_KV_SPLIT=off plans only the whole cache in VRAM or in host memory, as before session 45.
-KV_SPLIT = switch("VRAMSHARD_KV_SPLIT", True)
+# Whether the KV cache may be split by layer (pinned attention's in VRAM, the others' in host memory):
+# off unless VRAMSHARD_KV_SPLIT=on. Its one GPU run (docs/BENCHMARKS.md, fortieth GPU session: llama3-8b
+# at 4 GiB, the split chosen) decoded at 0.89x layers:7 with its CPU work at 2.1x its prediction; it
+# stays off until an A/B against the whole cache (benchmarks/gpu_session/call_session45b.sh) shows a gain.
+KV_SPLIT = switch("VRAMSHARD_KV_SPLIT", False)
 __all__ = ["FAMILIES", "MOE_FAMILIES", "WORKER_TEAM_ROWS", "PinReason", "PlanSet", "Planner", "TierPlan",
            "machine_profile"]
 
@@ -80,7 +82,8 @@ class Planner(MoEVariants):
 
     def __init__(self, model: Model, profile: Profile, budget: int | None, context: int = 4096,
                  tiers: Tiers = Tiers(), kv_slots: int = 1, num_slots: int = 2, name: str = "model",
-                 kv_on_gpu: bool | None = None, split_ffns: bool = True, search: bool = True):
+                 kv_on_gpu: bool | None = None, split_ffns: bool = True, search: bool = True,
+                 kv_split: bool | None = None):
         self.model = model
         self.profile = profile
         self.budget = budget
@@ -93,6 +96,8 @@ class Planner(MoEVariants):
         # memory (a running engine whose KV caches already live there, or that cannot move them).
         self.kv_on_gpu = kv_on_gpu
         self.split_ffns = split_ffns  # whether dense FFNs may be split between the CPU and streaming
+        # whether the KV cache may be split by layer (None: VRAMSHARD_KV_SPLIT, KV_SPLIT)
+        self.kv_split = KV_SPLIT if kv_split is None else kv_split
         # False: no per-sub-layer search (a plan in ~0.1 s instead of ~1 s, predicted within a few
         # percent on the 8B shapes): what a budget that just shrank needs, before a full plan.
         self.search = search
@@ -149,7 +154,7 @@ class Planner(MoEVariants):
             options.append(self._plan_variant(kv_on_gpu=True, workspace=workspace, kv=kv, search=self.search))
         if self.kv_on_gpu is not True:
             options.append(self._plan_variant(kv_on_gpu=False, workspace=workspace, kv=0, search=self.search))
-        if KV_SPLIT and self.kv_on_gpu is None and self.budget is not None \
+        if self.kv_split and self.kv_on_gpu is None and self.budget is not None \
                 and sum(self.sizes.values()) + workspace + kv > self.budget:
             # Part of the KV cache in VRAM: beside the attention layers pinned there (the others' in host memory);
             # an option where it pins some attention (else it is a plan with the KV cache on the CPU).

@@ -26,6 +26,7 @@ from ..errors import BudgetError, InvalidInputError
 from ..models.base import Model
 from ..plan.memory import VramNeed
 from ..plan.placement import CPU, Placement
+from ..plan import planner as planner_module
 from ..plan.planner import PlanSet, Planner, TierPlan
 from ..plan.tiers import Tiers
 from ..units import AUTO, auto_margin, format_bytes, is_auto, parse_size
@@ -323,6 +324,12 @@ class PlanSettings:
     num_slots: int = 2
     name: str = "model"
     split_ffns: bool = True  # the host packing lets plans split dense FFNs between the CPU and the GPU
+    # whether plans may split the KV cache by layer (None: VRAMSHARD_KV_SPLIT as this process read it)
+    kv_split: bool | None = None
+
+    def splits_kv(self) -> bool:
+        """:attr:`kv_split`, None read as this process's switch (a planning process is told it)."""
+        return planner_module.KV_SPLIT if self.kv_split is None else self.kv_split
 
 
 @dataclass(frozen=True)
@@ -406,7 +413,7 @@ def make_plan(model: Model, settings: PlanSettings, budget: int | None, kv_on_gp
     try:
         return Planner(model, settings.profile, budget, context=settings.context, tiers=settings.tiers,
                        num_slots=settings.num_slots, name=settings.name, kv_on_gpu=kv_on_gpu,
-                       split_ffns=settings.split_ffns, search=search).plan()
+                       split_ffns=settings.split_ffns, search=search, kv_split=settings.splits_kv()).plan()
     except BudgetError as exc:
         if kv_on_gpu:
             raise

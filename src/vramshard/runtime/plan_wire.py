@@ -104,7 +104,8 @@ def request(recipe: dict, settings: PlanSettings, budget: int | None, kv_on_gpu:
             mechanisms: Mechanisms) -> dict:
     return {"model": recipe, "profile": profile_to_wire(settings.profile), "tiers": list(settings.tiers.sizes),
             "context": settings.context, "num_slots": settings.num_slots, "name": settings.name,
-            "split_ffns": settings.split_ffns, "budget": budget, "kv_on_gpu": kv_on_gpu, "search": search,
+            "split_ffns": settings.split_ffns, "kv_split": settings.splits_kv(), "budget": budget,
+            "kv_on_gpu": kv_on_gpu, "search": search,
             "mechanisms": {"run_ahead": mechanisms.run_ahead, "run_ahead_dense": mechanisms.run_ahead_dense,
                            "cpu_packed": mechanisms.cpu_packed,
                            "cpu_gemv": mechanisms.cpu_gemv, "zero_copy": list(mechanisms.zero_copy)}}
@@ -115,7 +116,7 @@ def read_request(message: dict) -> tuple[Model, PlanSettings, int | None, bool |
     try:
         settings = PlanSettings(profile_from_wire(message["profile"]), Tiers(tuple(message["tiers"])),
                                 int(message["context"]), int(message["num_slots"]), message["name"],
-                                bool(message["split_ffns"]))
+                                bool(message["split_ffns"]), bool(message["kv_split"]))
         m = message["mechanisms"]
         mechanisms = Mechanisms(bool(m["run_ahead"]), bool(m["cpu_packed"]), bool(m["cpu_gemv"]),
                                 (bool(m["zero_copy"][0]), int(m["zero_copy"][1])), bool(m["run_ahead_dense"]))
