@@ -143,7 +143,7 @@ def make_executor(model, host, placement, budget, args, kv_slots=1, max_context=
     return Executor(model, host, placement, budget=budget, max_tokens=args.prompt,
                     max_context=max_context or args.ctx + args.prompt + 16, kv_slots=kv_slots,
                     threads=args.threads, expert_cache=expert_cache,
-                    decode_graphs=getattr(args, "decode_graphs", False), **(options or {}))
+                    decode_graphs=getattr(args, "decode_graphs", True), **(options or {}))
 
 
 def bench_profile(path: str | None, dtype) -> tuple[object, str]:
@@ -362,9 +362,10 @@ def main() -> None:
                         help="comma-separated CPU shares of experts-zero-copy's experts, each a cell "
                              "experts-zero-copy-cpu@S, whatever --placements names")
     parser.add_argument("--no-skewed", action="store_true", help="skip the skewed-routing cell at the end")
-    parser.add_argument("--decode-graphs", action="store_true",
-                        help="decode steps replay CUDA graphs over the resident sub-layers (an Engine's default; "
-                             "off here until session 44: the cells timed eager attention)")
+    parser.add_argument("--decode-graphs", action=argparse.BooleanOptionalAction, default=True,
+                        help="decode steps replay CUDA graphs over the resident sub-layers, as an Engine's do "
+                             "(default since session 45; every run until then timed eager attention: "
+                             "--no-decode-graphs)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--profile", default=None,
                         help="profile JSON of this machine (`vramshard profile`); default: the stored one. The "

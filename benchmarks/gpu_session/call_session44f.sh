@@ -8,7 +8,7 @@ source benchmarks/gpu_session/setup.sh || exit 1
 i=0
 for graphs in ${GRAPHS:-on off on off}; do
   i=$((i + 1))
-  flag=""; [ "$graphs" = on ] && flag="--decode-graphs"
+  flag="--no-decode-graphs"; [ "$graphs" = on ] && flag="--decode-graphs"
   timeout 85 python3 -m benchmarks.moe_bench --budgets 8 --batches 1 --time-limit 65 --no-skewed --decode-steps 64 \
     --placements planned,experts-cpu --profile "$PROFILE" $flag --out $OUT/moe_graphs_${graphs}_$i.json \
     > $OUT/moe_graphs_${graphs}_$i.log 2>&1
