@@ -69,8 +69,9 @@ MOE_FAMILIES = FAMILIES + ("experts-cpu", "experts-stream", "experts-mix")
 STREAMING_TIE = 0.02
 # Whether the KV cache may be split by layer (pinned attention's in VRAM, the others' in host memory):
 # off unless VRAMSHARD_KV_SPLIT=on. Its one GPU run (docs/BENCHMARKS.md, fortieth GPU session: llama3-8b
-# at 4 GiB, the split chosen) decoded at 0.89x layers:7 with its CPU work at 2.1x its prediction; it
-# stays off until an A/B against the whole cache (benchmarks/gpu_session/call_session45b.sh) shows a gain.
+# at 4 GiB, the split chosen) decoded at 0.89x layers:7 with its CPU work at 2.1x its prediction, the whole
+# cache at 1.00x on another machine; it stays off until an A/B on one machine
+# (benchmarks/gpu_session/call_session45b.sh) shows a gain.
 KV_SPLIT = switch("VRAMSHARD_KV_SPLIT", False)
 __all__ = ["FAMILIES", "MOE_FAMILIES", "WORKER_TEAM_ROWS", "PinReason", "PlanSet", "Planner", "TierPlan",
            "machine_profile"]
