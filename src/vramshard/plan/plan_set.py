@@ -44,7 +44,7 @@ class PlanSet:
     model_name: str
     budget: int | None
     context: int
-    kv_on_gpu: bool
+    kv_on_gpu: bool  # whether VRAM holds KV caches: all of them, or those of kv_layers_in_vram layers
     num_slots: int
     need: VramNeed
     pinned: list[str]

@@ -32,8 +32,8 @@ over its host KV cache staged through a one-layer VRAM cache (``Where.kv == "hos
 chunks gain most (CPU attention projections are compute-bound); every family, the balance and
 the search consider it per tier, costed with its staging copies.
 
-The KV cache lives in VRAM, in host memory, or (``VRAMSHARD_KV_SPLIT=on``), where the whole of it
-does not fit beside the weights worth pinning, split by layer: the attention layers pinned in VRAM
+The KV cache lives in VRAM, in host memory, or (dense models, ``VRAMSHARD_KV_SPLIT=on``), where the
+whole of it does not fit beside the weights worth pinning, split by layer: the attention layers pinned in VRAM
 keep their caches beside them, each pinned layer counting its cache against the budget, and the
 others' stay in host memory (as llama.cpp's ``-ngl`` keeps the caches of the layers it offloads).
 The variant predicted fastest over the tiers is taken.
