@@ -710,14 +710,15 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         self.step_threads = torch.get_num_threads()
         self._worker_team = self.plans.worker_threads_for(tokens)
         self._tuned_tokens = None
-        largest = run_ahead.largest_team(torch.get_num_threads())  # (the step's threads, set above)
         if self.sparing_core:
             # The host thread keeps a core beside the worker's team (run_ahead.largest_team), so the spared
             # core is the team's too. The steps beside a plan tell the tuner nothing of its teams: they run
             # the team it has taken, never one on trial, and it hears nothing of them.
+            largest = run_ahead.largest_team(torch.get_num_threads())  # (the step's threads, set above)
             taken = self._team_tuner.teams().get(tokens) if self._team_tuner is not None else None
             self._worker_team = max(1, min(taken or self._worker_team or largest, largest - 1))
         elif self._team_tuner is not None:
+            largest = run_ahead.largest_team(torch.get_num_threads())
             self._worker_team, self._tuned_tokens = self._team_tuner.team(tokens, self._worker_team, largest), tokens
             self.team_trial_steps += self._team_tuner.on_trial(tokens)
         where = placement.as_dict()
