@@ -256,27 +256,13 @@ def predicted_decode_tok_s(model, profile, executor, options: dict, ctx: int) ->
     return 1.0 / estimator.simulate(placement, 1, ctx).seconds
 
 
-def run_cell(model, host, label, placement, cache, budget, args, bw, deadline, options=None, profile=None) -> dict:
-    cell = {"placement": label, "budget_gib": budget / GiB, **(options or {})}
-    if isinstance(placement, Exception):
-        cell["error"] = str(placement)
-        return cell
-    if time.perf_counter() > deadline:
-        cell["error"] = "skipped: benchmark time limit"
-        return cell
-    torch.cuda.reset_peak_memory_stats()
-    try:
-        executor = make_executor(model, host, placement, budget, args, expert_cache=cache, options=options)
-    except BudgetError as exc:
-        cell["error"] = str(exc)
-        return cell
-    cell["name"] = executor.plans.name
-    cell["zero_copy_cpu_share"] = executor.zero_copy_share(1)  # (the option's, or the plan's decode tier's)
-    cell["vram_plan_gib"] = executor.need.total / GiB
-    cell["expert_cache_gib"] = executor.expert_cache_bytes / GiB
-    cell.update(routed_bound(model, executor, bw))
-    if profile is not None:
-        cell["predicted_decode_tok_s"] = predicted_decode_tok_s(model, profile, executor, options or {}, args.ctx)
+def decode_phase(executor, cell: dict, args, bw, deadline) -> None:
+    """Decode tok/s, the last decode step's account and TTFT of ``executor`` into ``cell``.
+
+    A function of its own so that nothing it reads from the executor (its graphs, its report) outlives
+    it: the caller drops the executor next, and a name still held here kept the decode graphs, and the
+    resident weights they replay over, alive into the next phase (2.4-2.9 GiB of qwen3-30b-a3b's over
+    its 8 GiB budget in sessions 45-46)."""
     cell["decode_tok_s"] = decode_tok_s(executor, args.ctx, args.decode_steps)
     # The resident attention layers' decode graphs (--decode-graphs; an Engine's default): replays, captures and
     # the steps left eager, by reason.
@@ -314,6 +300,30 @@ def run_cell(model, host, label, placement, cache, budget, args, bw, deadline, o
             cell["prefetched_used"] = stats.prefetch_used / stats.prefetched
     if time.perf_counter() < deadline:
         cell["ttft_s"] = ttft_s(executor, args.prompt)
+
+
+def run_cell(model, host, label, placement, cache, budget, args, bw, deadline, options=None, profile=None) -> dict:
+    cell = {"placement": label, "budget_gib": budget / GiB, **(options or {})}
+    if isinstance(placement, Exception):
+        cell["error"] = str(placement)
+        return cell
+    if time.perf_counter() > deadline:
+        cell["error"] = "skipped: benchmark time limit"
+        return cell
+    torch.cuda.reset_peak_memory_stats()
+    try:
+        executor = make_executor(model, host, placement, budget, args, expert_cache=cache, options=options)
+    except BudgetError as exc:
+        cell["error"] = str(exc)
+        return cell
+    cell["name"] = executor.plans.name
+    cell["zero_copy_cpu_share"] = executor.zero_copy_share(1)  # (the option's, or the plan's decode tier's)
+    cell["vram_plan_gib"] = executor.need.total / GiB
+    cell["expert_cache_gib"] = executor.expert_cache_bytes / GiB
+    cell.update(routed_bound(model, executor, bw))
+    if profile is not None:
+        cell["predicted_decode_tok_s"] = predicted_decode_tok_s(model, profile, executor, options or {}, args.ctx)
+    decode_phase(executor, cell, args, bw, deadline)
     cell["peak_vram_gib"] = torch.cuda.max_memory_reserved() / GiB
     # Each executor resets the peak when it starts: one peak per phase, against that executor's plan.
     phases = {"decode+ttft": {"peak_gib": cell["peak_vram_gib"], "plan_gib": executor.need.total / GiB,
