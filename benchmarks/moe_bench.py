@@ -136,10 +136,17 @@ def cpu_kernel_state() -> dict:
                for name, kernel in (("one_token", host_experts._one_token_kernel), ("rows", host_experts._kernel))}}
 
 
+HELD_WARNING = 256 * 2**20  # VRAM still held when an executor is made: something kept the last one's alive
+
+
 def make_executor(model, host, placement, budget, args, kv_slots=1, max_context=None, expert_cache=None,
                   options=None):
     gc.collect()
     torch.cuda.empty_cache()
+    held = torch.cuda.memory_reserved()
+    if held > HELD_WARNING:  # (counted in this phase's peak: the cell would read as over its budget)
+        log.warning("%.2f GiB of VRAM still held before this executor: a reference kept an earlier one's buffers",
+                    held / GiB)
     return Executor(model, host, placement, budget=budget, max_tokens=args.prompt,
                     max_context=max_context or args.ctx + args.prompt + 16, kv_slots=kv_slots,
                     threads=args.threads, expert_cache=expert_cache,
