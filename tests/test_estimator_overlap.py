@@ -347,3 +347,21 @@ def test_zero_copy_reads_a_cached_layers_misses_over_the_link_and_its_hits_from_
     assert link[0.5] == pytest.approx(link[0.0] / 2, rel=0.05) and link[1.0] < 1e-3
     copied = Estimator(model, profile, expert_hit_rate=0.5, zero_copy=False).simulate(placement, 1, 1024)
     assert link[0.5] == pytest.approx(copied.copy_busy / ZERO_COPY_EFFICIENCY, rel=0.02)  # the same bytes, read
+
+
+def test_an_estimator_that_simulated_other_steps_predicts_each_as_a_fresh_one_does():
+    """The estimator keeps each step size's per-sub-layer costs across simulations (a plan simulates
+    thousands of steps): whatever it simulated before, a step's prediction is a fresh estimator's."""
+    profile = synthetic(**CLIENT, cpu_contention=2.0)
+    placements = [cpu_placement(GPU_RESIDENT), cpu_placement(GPU_STREAMED), split_placement(3), split_placement(9)]
+    steps = [(1, 1024), (16, 1024), (1, 4096), (512, 4096)]
+    used = Estimator(NEMO, profile)
+    for placement in placements:  # every step size with and without streams, split parts at two cuts
+        for tokens, context in steps:
+            used.simulate(placement, tokens, context)
+    for placement in reversed(placements):
+        for tokens, context in reversed(steps):
+            fresh = Estimator(NEMO, profile).simulate(placement, tokens, context)
+            again = used.simulate(placement, tokens, context)
+            assert (again.seconds, again.cpu_busy, again.gpu_busy, again.copy_busy) == \
+                (fresh.seconds, fresh.cpu_busy, fresh.gpu_busy, fresh.copy_busy), (placement.name, tokens, context)

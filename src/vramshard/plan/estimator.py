@@ -312,6 +312,10 @@ class Estimator:
         self._cache: dict = costs if costs is not None else {}
         self._dispatch: dict[str, float] = {}  # device -> dispatch seconds (a profile constant)
         self._crossings: dict[tuple, float] = {}  # (bytes, direction) -> seconds
+        # (tokens, context, streams) -> {sub-layer on the CPU, (split FFN, CPU pieces), (sub-layer, "cuda"):
+        # its costs in a step}: what :meth:`_simulate_steps` reads per sub-layer, looked up once per step
+        # size (a plan simulates thousands of steps of a few sizes; this took a quarter off its time).
+        self._step_costs: dict[tuple, dict] = {}
 
     def packs_at(self, rows: int) -> bool:
         """Whether dense FFNs on the CPU read prepacked weights at ``rows`` rows, as planned: where the
@@ -496,15 +500,49 @@ class Estimator:
         cpu_work = bool(placement.names(compute="cpu") or placement.expert_names("host") or placement.split_names())
         # A token step does not run the vision encoder: a language model's plan does not place it.
         order = [s for s in self.model if s.kind != "vision" and where[s.name].home == "stream"]
+        fills = [self._fill(s, where[s.name], cpu_work) for s in order]  # (bytes, copy seconds) of each
         # Simulate two consecutive steps; the second is the steady state.
-        est = self._simulate_steps(where, order, n_tokens, context, num_slots, streams, cpu_work, steps=2)
-        est.bytes_streamed = int(sum(self.fill_bytes(s, where[s.name]) for s in order)
+        est = self._simulate_steps(where, order, fills, n_tokens, context, num_slots, streams, cpu_work, steps=2)
+        est.bytes_streamed = int(sum(nbytes for nbytes, _ in fills)
                                  + sum(self.expert_miss_bytes(self.model[n], n_tokens)
                                        for n in placement.expert_names("cache")))
         return est
 
-    def _simulate_steps(self, where, order, n_tokens, context, num_slots, streams, cpu_work, steps) -> StepEstimate:
-        """The last of ``steps`` consecutive steps: its time and busy times, the timeline of all."""
+    def _fill(self, sublayer: SubLayer, where, cpu_work: bool) -> tuple[int, float]:
+        """(bytes, copy seconds) of one stream-slot fill of ``sublayer`` placed at ``where``, the copy
+        beside CPU work where ``cpu_work``."""
+        key = ("fill_s", sublayer.name, where.cpu_pieces if where.split else None, cpu_work)
+        fill = self._cache.get(key)
+        if fill is None:
+            nbytes = self.fill_bytes(sublayer, where)
+            fill = self._cache[key] = (nbytes, self.profile.transfer_s(nbytes, "h2d", cpu_work))
+        return fill
+
+    def _cpu_costs(self, costs: dict, sublayer: SubLayer, n_tokens: int, context: int,
+                   streams: bool) -> tuple[float, float, float]:
+        """(alone, beside copies, launches) seconds of ``sublayer`` on the CPU, kept in ``costs``."""
+        alone = self.compute_s(sublayer, "cpu", n_tokens, context)
+        beside = self.compute_s(sublayer, "cpu", n_tokens, context, contended=True) if streams else alone
+        costs[sublayer.name] = cost = (alone, beside, self.launch_s(sublayer, "cpu", n_tokens))
+        return cost
+
+    def _split_costs(self, costs: dict, sublayer: DenseFFN, cpu_pieces: int, n_tokens: int,
+                     streams: bool) -> tuple[float, float, float]:
+        """(GPU part, CPU part alone, CPU part beside copies) seconds of a split FFN, kept in ``costs``."""
+        pieces = sublayer.num_pieces
+        cpu_alone = self.part_s(sublayer, "cpu", n_tokens, 0, cpu_pieces)
+        cpu_beside = self.part_s(sublayer, "cpu", n_tokens, 0, cpu_pieces, contended=True) if streams else cpu_alone
+        costs[sublayer.name, cpu_pieces] = cost = (self.part_s(sublayer, "cuda", n_tokens, cpu_pieces, pieces),
+                                                   cpu_alone, cpu_beside)
+        return cost
+
+    def _simulate_steps(self, where, order, fills, n_tokens, context, num_slots, streams, cpu_work,
+                        steps) -> StepEstimate:
+        """The last of ``steps`` consecutive steps: its time and busy times, the timeline of all.
+        ``fills``: (bytes, copy seconds) of each sub-layer of the streaming ``order``."""
+        costs = self._step_costs.get((n_tokens, context, streams))
+        if costs is None:
+            costs = self._step_costs[n_tokens, context, streams] = {}
         py = 0.0  # the Python thread (it also does the CPU compute)
         gpu_free = 0.0
         copy_free = 0.0
@@ -550,7 +588,7 @@ class Estimator:
             previous_user = index - num_slots
             free_at = slot_released.get(previous_user, 0.0) if previous_user >= 0 else 0.0
             start = max(at, copy_free, free_at)
-            seconds = self.profile.transfer_s(self.fill_bytes(sublayer, where[sublayer.name]), "h2d", cpu_work)
+            seconds = fills[index % n_stream][1]
             copy_free = start + seconds
             copy_busy += seconds
             fill_done[index] = copy_free
@@ -577,19 +615,18 @@ class Estimator:
                         py = max(py, x_ready) + self.crossing_s(act_bytes, "d2h")
                         x_device = "cpu"
                     start = max(py, x_ready)
-                    alone = self.compute_s(sublayer, "cpu", n_tokens, context)
-                    beside = self.compute_s(sublayer, "cpu", n_tokens, context, contended=True) if streams else alone
-                    seconds = copies.cpu_end(start, alone, beside) - start + self.launch_s(sublayer, "cpu", n_tokens)
+                    alone, beside, launch = costs.get(sublayer.name) \
+                        or self._cpu_costs(costs, sublayer, n_tokens, context, streams)
+                    seconds = copies.cpu_end(start, alone, beside) - start + launch
                     py = x_ready = start + seconds
                     cpu_busy += seconds
                     timeline.append((sublayer.name, "cpu", start, py))
                     continue
                 if w.split:
                     # GPU part queued on its slot, CPU part meanwhile, the output where the input is.
-                    k, pieces = w.cpu_pieces, sublayer.num_pieces
-                    gpu_s = self.part_s(sublayer, "cuda", n_tokens, k, pieces)
-                    cpu_alone = self.part_s(sublayer, "cpu", n_tokens, 0, k)
-                    cpu_beside = self.part_s(sublayer, "cpu", n_tokens, 0, k, contended=True) if streams else cpu_alone
+                    k = w.cpu_pieces
+                    gpu_s, cpu_alone, cpu_beside = costs.get((sublayer.name, k)) \
+                        or self._split_costs(costs, sublayer, k, n_tokens, streams)
                     launch = self.dispatch_s("cuda") * PART_LAUNCHES / DISPATCH_LAUNCHES
                     if x_device == "cpu":
                         py = max(py, x_ready) + self.crossing_s(act_bytes, "h2d")  # h to the GPU
@@ -723,7 +760,11 @@ class Estimator:
                         timeline.append((sublayer.name, "gpu", router_done, gpu_free))
                         x_ready = gpu_free
                     continue
-                launch = self.launch_s(sublayer, "cuda", n_tokens)
+                gpu = costs.get((sublayer.name, "cuda"))
+                if gpu is None:
+                    gpu = costs[sublayer.name, "cuda"] = (self.launch_s(sublayer, "cuda", n_tokens),
+                                                          self.compute_s(sublayer, "cuda", n_tokens, context))
+                launch, kernels = gpu
                 ready = x_ready
                 if w.home == "stream":
                     ready = max(ready, fill_done[uses])
@@ -738,7 +779,6 @@ class Estimator:
                         timeline.append((sublayer.name + " kv in", "copy", copy_start, copy_free))
                         ready = max(ready, copy_free)
                 start = max(gpu_free, ready, py)
-                kernels = self.compute_s(sublayer, "cuda", n_tokens, context)
                 py += launch
                 gpu_free = max(start + kernels, py)
                 gpu_busy += kernels
