@@ -159,6 +159,49 @@ def test_an_engine_off_its_prediction_fits_the_profile_and_plans_again(tiny_mode
     assert len(engine.budget.calibrations) == 1  # the new plan is checked afresh, from no steps
 
 
+def test_a_fits_quick_plan_comes_into_force_while_its_full_plan_is_made(tiny_model_dir, monkeypatch):
+    """After a fit the background thread makes the quick plan first: it comes into force at the next step
+    boundary (recorded as the calibration, ``quick_plan``), and the full plan follows as a "refine"."""
+    import threading
+
+    from vramshard.runtime import budget as budgets
+    from vramshard.runtime import plan_process
+
+    release, made = threading.Event(), []
+    original = plan_process.make_plan_off_thread
+
+    def make(model, settings, budget, kv_on_gpu=None, search=True):
+        if search:
+            release.wait(60)  # the full plan takes its time
+        made.append(search)
+        return original(model, settings, budget, kv_on_gpu, search)
+
+    monkeypatch.setattr(plan_process, "make_plan_off_thread", make)
+    engine, reference = simulated_engine(tiny_model_dir("qwen3"))
+    prompt = [5, 9, 11, 13, 2, 7]
+    expected = reference.generate([prompt], 8)
+    follower, old_plan = engine.budget, engine.plan
+    slow_steps(engine, 1.2)
+    engine.poll_budget()
+    assert len(follower.calibrations) == 1 and follower.refine is not None
+    key = (budgets.budget_key(follower.refine[0]), follower.refine[1])
+    waited = time.monotonic()
+    while follower.plan_cache.peek((*key, False)) is None and time.monotonic() - waited < 30:
+        time.sleep(0.01)
+    engine.poll_budget()
+    quick = follower.plan_cache.peek((*key, False))
+    assert made == [False] and engine.plan is quick and quick is not old_plan
+    assert follower.events[-1]["why"] == "calibrate" and follower.events[-1]["quick_plan"]
+    assert follower.refine is not None  # the full plan still to come
+    assert engine.generate([prompt], 8) == expected
+    release.set()
+    follower.background.wait(60)
+    engine.poll_budget()
+    assert made[:2] == [False, True] and follower.refine is None
+    assert engine.plan is follower.plan_cache.peek((*key, True))
+    assert engine.generate([prompt], 8) == expected
+
+
 def test_a_re_plan_that_decodes_slower_than_the_plan_it_replaced_gives_way_to_it(tiny_model_dir):
     """A fit can explain a slow spell of the host rather than the machine: when the plan it led to
     decodes more than REVERT_OFF_BY slower than the plan measured before under the same budget,

@@ -75,6 +75,13 @@ SPARE_PLANNING_CORE = switch("VRAMSHARD_SPARE_PLANNING_CORE", default=True)
 REVERT_OFF_BY = 1.10  # a plan's decode step this much slower than the fastest measured under its budget gives way
 REVERT_MIN_STEPS = 16  # decode steps of a plan before its median is compared (a slower plan should not run long)
 RECORD_MIN_STEPS = 8  # decode steps of a plan a calibration replaces before they are kept as its measure
+# A fit's (or a load change's) plan: the quick one first, in force at the first step boundary after it is made, then
+# the full one. Beside the steps the planning process gets one core at the idle class, and a full plan of
+# llama3-8b at 4 GiB came 6.9 s after its fit or not within the benchmark cell (docs/BENCHMARKS.md,
+# forty-first GPU session); the quick plan is about 10x less work, and its one-token tier was within
+# 0-1.2% of the full plan's prediction for llama3-8b, nemo-8b and qwen3-30b-a3b at 2-8 GiB
+# (benchmarks.planning_time, session 46). Off (VRAMSHARD_QUICK_REPLAN=off): the full plan only.
+QUICK_REPLAN = switch("VRAMSHARD_QUICK_REPLAN", default=True)
 
 
 @dataclasses.dataclass
@@ -105,6 +112,7 @@ class BudgetFollower:
         # full plan the background thread makes and the next step boundary after it puts in force.
         self.refine: tuple[int | None, bool | None] | None = None
         self.refine_why = "refine"  # or "calibrate": the event the refined plan is recorded as
+        self.refine_quick = False  # a quick plan for ``refine`` is being made first (QUICK_REPLAN): put it in force
         self.calibrations: list[dict] = []  # fits of the profile to measured steps, oldest first
         self.cpu_judged: set[int] = set()  # tiers whose CPU work was judged (fitted or found in tolerance)
         self.fastest: dict[int | None, MeasuredPlan] = {}  # by budget key: the fastest decode plan measured
@@ -150,6 +158,11 @@ class BudgetFollower:
                 self.refine = None
                 if budget == self.watcher.in_force:
                     return self.adapt(budget, time.monotonic(), self.refine_why)
+            if self.refine is not None and self.refine_quick and self._quick_plan_ready(*self.refine):
+                self.refine_quick = False
+                budget, _ = self.refine
+                if budget == self.watcher.in_force:  # (the full plan follows as a "refine")
+                    return self.adapt(budget, time.monotonic(), self.refine_why, quick=True)
             self._follow_host_load()  # (also while a plan is awaited: a new load asks for another)
             if self.refine is None:
                 self._calibrate_if_off()
@@ -360,17 +373,24 @@ class BudgetFollower:
         self.plan_cache = budgets.PlanCache()  # plans of the old profile (or thread count)
         budget = self.watcher.in_force
         kv_forced = budgets.forced_kv_side(self.engine.executor.live_kv_positions(), self.settings)
-        self.refine, self.refine_why = (budget, kv_forced), why
-        self.background.want(budget, kv_forced)
+        quick = QUICK_REPLAN and not self._vision_tiered()  # (a vision-language model re-plans with its vision phase)
+        self.refine, self.refine_why, self.refine_quick = (budget, kv_forced), why, quick
+        self.background.want(budget, kv_forced, quick)
 
     def _full_plan_ready(self, budget: int | None, kv_forced: bool | None) -> bool:
         return self.plan_cache.peek((budgets.budget_key(budget), kv_forced, True)) is not None
 
-    def _plan_fully(self, budget: int | None, kv_forced: bool | None) -> None:
-        """The full plan for ``budget`` into the plan cache (on the background thread; made in the
-        planning process, :mod:`~vramshard.runtime.plan_process`, so the steps beside it keep the GIL)."""
-        budgets.plan_for_budget(self.engine.model, self.plan_settings(), budget, kv_forced, self.plan_cache,
-                                make=plan_process.make_plan_off_thread)
+    def _quick_plan_ready(self, budget: int | None, kv_forced: bool | None) -> bool:
+        return self.plan_cache.peek((budgets.budget_key(budget), kv_forced, False)) is not None
+
+    def _plan_fully(self, budget: int | None, kv_forced: bool | None, quick_first: bool = False) -> None:
+        """The full plan for ``budget`` into the plan cache, after the quick one where ``quick_first``
+        (on the background thread; made in the planning process, :mod:`~vramshard.runtime.plan_process`,
+        so the steps beside it keep the GIL)."""
+        model, settings, make = self.engine.model, self.plan_settings(), plan_process.make_plan_off_thread
+        if quick_first:
+            budgets.plan_for_budget(model, settings, budget, kv_forced, self.plan_cache, search=False, make=make)
+        budgets.plan_for_budget(model, settings, budget, kv_forced, self.plan_cache, make=make)
 
     def state(self) -> dict:
         """The budget in force and the VRAM in use, for ``GET /v1/budget`` and logs."""
@@ -403,8 +423,9 @@ class BudgetFollower:
         return self.settings
 
     # ------------------------------------------------------------------ adapting
-    def adapt(self, budget: int | None, requested_at: float, why: str):
-        """Re-plan under ``budget`` and reconfigure the executor (caller holds the executor lock)."""
+    def adapt(self, budget: int | None, requested_at: float, why: str, quick: bool = False):
+        """Re-plan under ``budget`` and reconfigure the executor (caller holds the executor lock).
+        ``quick``: with the quick plan (cached by the background thread; the full one follows)."""
         engine, executor = self.engine, self.engine.executor
         if engine.device == "cpu":  # no GPU: nothing to give back
             engine.vram_budget = budget
@@ -419,9 +440,9 @@ class BudgetFollower:
         else:
             shrinks = budget is not None and (engine.vram_budget is None or budget < engine.vram_budget)
             adaptation = budgets.adapt_plan(engine.model, settings, engine.plan, budget, executor.live_kv_positions(),
-                                            self.plan_cache, search=not shrinks)
+                                            self.plan_cache, search=not (shrinks or quick))
             placements = adaptation.plan.tiered()
-        self.refine, self.refine_why = None, "refine"
+        self.refine, self.refine_why, self.refine_quick = None, "refine", False
         if adaptation.quick:
             kv_forced = budgets.forced_kv_side(executor.live_kv_positions(), settings)
             self.refine = (budget, kv_forced)
@@ -466,7 +487,7 @@ class BudgetFollower:
             return False  # planned before: put it in force now
         engine.vram_budget = budget
         self.watcher.accept(budget)
-        self.refine = (budget, kv_forced)
+        self.refine, self.refine_quick = (budget, kv_forced), False  # (the placement in force goes on meanwhile)
         self.background.want(budget, kv_forced)
         executor = engine.executor
         reserved = executor.reserved_bytes()
@@ -551,9 +572,11 @@ class BackgroundPlanner:
         self._thread: threading.Thread | None = None
         self.finished_at = 0.0  # time.time() when the thread last ran out of work
 
-    def want(self, budget: int | None, kv_forced: bool | None) -> None:
+    def want(self, budget: int | None, kv_forced: bool | None, *more) -> None:
+        """Plan ``make(budget, kv_forced, *more)`` next (in place of anything asked for before and not
+        yet begun)."""
         with self._lock:
-            self._wanted = (budget, kv_forced)
+            self._wanted = (budget, kv_forced, *more)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="vramshard-plan", daemon=True)
                 self._thread.start()
