@@ -22,7 +22,8 @@ Where the CPU work is not timed, when the plan in force decodes more than CALIBR
 its prediction, :func:`vramshard.plan.calibrate.fit` finds the factor on
 split FFNs' CPU parts (or on all CPU compute) that explains the whole step. Either way the plan
 made with the fitted profile comes into force at a step boundary (``why``: "calibrate"; at most
-MAX_CALIBRATIONS times; ``VRAMSHARD_CALIBRATE=off`` turns it off).
+MAX_CALIBRATIONS times; ``VRAMSHARD_CALIBRATE=off`` turns it off): its quick plan first, then the
+full one as a "refine" (QUICK_REPLAN).
 
 A fit can be wrong (on a host whose CPU speed swings, it may explain a slow spell), and the plan
 it leads to slower than the one it replaced: in the seventeenth GPU session llama3-8b at 8 GiB
