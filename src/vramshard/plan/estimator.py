@@ -462,8 +462,13 @@ class Estimator:
         if key not in self._cache:
             self._cache[key] = sum(count * self._matmul(m, k, n, device, contended)
                                    for (m, k, n), count in Counter(sublayer.expert_matmuls(n_tokens)).items())
-        passed = host_pass_s(self.profile, sublayer, n_tokens, contended, on_worker, self.threads, self.cpu_gemv) \
-            if device == "cpu" else None
+        passed = None
+        if device == "cpu":
+            pass_key = ("host pass", *key[1:5], n_tokens, contended, on_worker, self.threads, self.cpu_gemv)
+            if pass_key not in self._cache:
+                self._cache[pass_key] = host_pass_s(self.profile, sublayer, n_tokens, contended, on_worker,
+                                                    self.threads, self.cpu_gemv)
+            passed = self._cache[pass_key]
         if passed is not None:  # a few tokens on the CPU in the compiled pass, its call's costs included
             return passed
         kernels = self._cache[key]
