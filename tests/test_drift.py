@@ -167,13 +167,15 @@ def test_a_bad_read_figure_is_refused_clearly():
 
 def test_the_read_timing_is_real_and_the_scale_is_the_profiles_read_over_the_one_timed_now():
     """Not faked: this host's read, timed twice, agrees within a factor that CI's noise allows; against
-    a profile that claimed twice that read, the scale is exactly its read over the read the check timed."""
+    a profile that claimed three times that read, the scale is exactly its read over the read the check
+    timed. (Claimed at twice, a check that timed 1.85x the first read on the CI machine found the host
+    within TOLERANCE of the profile and, rightly, did not scale it.)"""
     first, second = measure_cpu_read(0.05), measure_cpu_read(0.05)
     assert 1e8 < first < 1e13 and 0.5 < first / second < 2.0
-    profile = this_machines(2 * first / GB)
+    profile = this_machines(3 * first / GB)
     scaled = drift.corrected(profile)
     (checked,) = drift._CHECKED.values()
-    assert 0.5 < checked.now_bps / first < 2.0 and checked.profiled_bps == pytest.approx(2 * first)
+    assert 0.5 < checked.now_bps / first < 2.0 and checked.profiled_bps == pytest.approx(3 * first)
     expected = min(max(checked.profiled_bps / checked.now_bps, drift.LIMITS[0]), drift.LIMITS[1])
     assert scaled.cpu_scale == pytest.approx(expected) and scaled.cpu_scale > 1.0
 
