@@ -42,8 +42,10 @@ def test_bench_shape_end_to_end(tmp_path, capsys):
         assert row["decode_step_ms_max"] >= row["decode_step_ms_median"] and row["prompt_step_ms_max"] > 0
         assert 0 <= row["decode_steps_over_2x_median"] < 6
         assert row["calibrations"] == [] and row["placement_at_end"] == "cpu"  # no GPU: nothing to fit
+        assert row["vram_plan"]["total"] == row["vram_plan_bytes"] == 0  # (what the plan holds in VRAM, by part)
         assert {"plan", "host layout", "CPU kernels"} <= set(row["load_seconds"])  # where its load went
         assert row["load_s"] == pytest.approx(sum(row["load_seconds"].values()))
+        assert row["kv_layers_in_vram"] == row["kv_layers_in_vram_at_end"] == 0  # (attention layers' KV in VRAM)
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

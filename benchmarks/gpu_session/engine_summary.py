@@ -1,7 +1,7 @@
 """One line per cell of an ``engine_bench`` JSON, for a GPU call's output: engine, budget, decode
 tok/s, batched tok/s, the cell's seconds, its load phases, decode measured over predicted, its TTFT runs
-and stalls (slowest decode step ms, decode steps over twice the median, slowest prompt step ms), any error;
-then the model's checks.
+and stalls (slowest decode step ms, decode steps over twice the median, slowest prompt step ms), the
+attention layers whose KV cache is in VRAM at the end ("kv N"), any error; then the model's checks.
 
     python3 benchmarks/gpu_session/engine_summary.py $OUT/nemo_decode.json
 """
@@ -22,7 +22,7 @@ def main(path: str) -> None:
                       ("decode_step_ms_max", "decode_steps_over_2x_median", "prompt_step_ms_max")]
             print(cell.get("engine"), cell.get("vram"), cell.get("tg_tok_s"), batched, cell.get("cell_s"), load,
                   (cell.get("decode_vs_plan") or {}).get("measured_over_predicted"), ttft, stalls,
-                  cell.get("error", ""))
+                  f"kv {cell.get('kv_layers_in_vram_at_end')}", cell.get("error", ""))
         print(model.get("checks"))
 
 

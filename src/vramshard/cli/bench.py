@@ -17,6 +17,8 @@ in memory: nothing is downloaded, and speed does not depend on weight values.
 
 from __future__ import annotations
 
+import dataclasses
+
 import argparse
 import gc
 import json
@@ -275,12 +277,17 @@ def bench_engine(model, host, spec: EngineSpec, settings: BenchSettings, device:
         executor = engine.executor
         row.update(placement=executor.plans.name, budget=engine.vram_budget, uses_gpu=executor.uses_gpu,
                    resident_bytes=executor.need.resident, vram_plan_bytes=executor.need.total,
+                   vram_plan={**dataclasses.asdict(executor.need), "total": executor.need.total},
+                   kv_layers_in_vram=len(executor.kv_layers_on_gpu),
                    planned=engine.plan is not None, load_seconds=engine.load_seconds,
                    load_s=sum(engine.load_seconds.values()))
         row.update(measure(engine, settings))
         row["decode_vs_plan"] = engine.plan_check().summary()  # single-sequence decode steps vs prediction
         row["calibrations"] = list(engine.budget.calibrations)  # the profile fitted to the steps, re-planned
         row["placement_at_end"] = executor.plans.name
+        # (A re-plan may move KV caches. Session 46's A/B of the KV split could tell whether the planner split
+        # the cache only from the log's VRAM plan line.)
+        row["kv_layers_in_vram_at_end"] = len(executor.kv_layers_on_gpu)
         row["peak_vram_bytes"] = executor.peak_vram()
         row["within_budget"] = engine.vram_budget is None or row["peak_vram_bytes"] <= engine.vram_budget
     finally:
