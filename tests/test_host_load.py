@@ -329,6 +329,7 @@ def test_the_load_is_followed_while_a_plan_is_awaited(tiny_model_dir, monkeypatc
     shift.settle()
     follower.refine, follower.refine_why = (follower.watcher.in_force, None), "calibrate"
     monkeypatch.setattr(follower, "_full_plan_ready", lambda budget, kv_forced: False)  # (never comes)
+    monkeypatch.setattr(follower, "_quick_plan_ready", lambda budget, kv_forced: False)  # (nor its quick plan)
     for _ in range(3 + HOLD):
         clock.now += PERIOD_S
         engine.poll_budget()
