@@ -1,6 +1,8 @@
 """Decode steps while a full plan is made beside them: on a thread of the engine's process, against
 in the planning process (:mod:`vramshard.runtime.plan_process`) with the steps on every core and with
-them sparing it one (the default: ``Executor.spare_a_core``), against no planning at all.
+them sparing it one (the default: ``Executor.spare_a_core``), against no planning at all; and the
+planner's quick plan (no per-sub-layer search) in the process with a core spared, which a fit's re-plan
+makes first (``budget_follower.QUICK_REPLAN``).
 
 The steps are a CPU engine's (``--shape``, random weights, all on the CPU: the host thread's
 Python and torch calls are what a planning thread takes the GIL from, on any machine). The plan is
@@ -99,9 +101,13 @@ def main() -> None:
 
     decode_step_seconds(engine, 8)  # warm-up
     results = {"date": now(), "hardware": hardware(), "args": vars(args), "plan_alone_s": alone_s, "conditions": {}}
+    def quick(model, settings, budget):
+        return child.make_plan(model, settings, budget, None, False)
+
     for name, make, spare in (("no planning", None, True), ("planning on a thread", budgets.make_plan, True),
                               ("planning in the process, steps on every core", child.make_plan, False),
-                              ("planning in the process, a core spared", child.make_plan, True)):
+                              ("planning in the process, a core spared", child.make_plan, True),
+                              ("quick plans in the process, a core spared", quick, True)):
         budget_follower.SPARE_PLANNING_CORE = spare
         if make is not None:
             stop, thread, plans, out = planning(make)
