@@ -115,15 +115,17 @@ def test_a_cpu_plan_without_splits_gets_a_cpu_factor_and_a_gpu_plan_nothing(nemo
 
 
 # ---------------------------------------------------------------------------- the engine
-def simulated_engine(model_dir):
-    """A tiny qwen3 on a simulated GPU whose plan computes on the CPU (fast CPU, slow PCIe)."""
+def simulated_engine(model_dir, device: str | None = None):
+    """A tiny qwen3 on a simulated GPU (``device`` "cuda": the real one) whose plan computes on the CPU
+    (fast CPU, slow PCIe)."""
     profile = synthetic(cpu_gflops=2000, gpu_gflops=20_000, h2d_gbps=0.5, cpu_threads=2)
     reference = Engine.load(model_dir, device="cpu")
     probe = Planner(reference.model, profile, None, context=256, tiers=TIERS)
     part = workspace_bytes(reference.model, TIERS.largest, 256) + 2 * probe.slot_bytes + probe.kv_bytes() \
         + reference.model.nbytes // 3
-    engine = Engine.load(model_dir, vram=part, simulate_gpu=True, profile=profile, tiers=TIERS, max_step_tokens=16,
-                         max_context=128, max_batch=2)
+    where = {"device": device} if device else {"simulate_gpu": True}
+    engine = Engine.load(model_dir, vram=part, profile=profile, tiers=TIERS, max_step_tokens=16,
+                         max_context=128, max_batch=2, **where)
     assert calibrate.has_cpu_work(engine.plan, 1)
     return engine, reference
 
@@ -159,9 +161,11 @@ def test_an_engine_off_its_prediction_fits_the_profile_and_plans_again(tiny_mode
     assert len(engine.budget.calibrations) == 1  # the new plan is checked afresh, from no steps
 
 
-def test_a_fits_quick_plan_comes_into_force_while_its_full_plan_is_made(tiny_model_dir, monkeypatch):
+@pytest.mark.parametrize("device", [None, pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_fits_quick_plan_comes_into_force_while_its_full_plan_is_made(tiny_model_dir, monkeypatch, device):
     """After a fit the background thread makes the quick plan first: it comes into force at the next step
-    boundary (recorded as the calibration, ``quick_plan``), and the full plan follows as a "refine"."""
+    boundary (recorded as the calibration, ``quick_plan``), and the full plan follows as a "refine"; both
+    keep the greedy tokens (on the GPU: its own before the fit) and plan within the VRAM budget."""
     import threading
 
     from vramshard.runtime import budget as budgets
@@ -177,9 +181,15 @@ def test_a_fits_quick_plan_comes_into_force_while_its_full_plan_is_made(tiny_mod
         return original(model, settings, budget, kv_on_gpu, search)
 
     monkeypatch.setattr(plan_process, "make_plan_off_thread", make)
-    engine, reference = simulated_engine(tiny_model_dir("qwen3"))
+    engine, reference = simulated_engine(tiny_model_dir("qwen3"), device)
     prompt = [5, 9, 11, 13, 2, 7]
-    expected = reference.generate([prompt], 8)
+    if device:  # the GPU's own tokens, its real steps neither fitted nor kept as the fit's samples
+        monkeypatch.setattr(budget_follower, "CALIBRATE", False)
+        expected = engine.generate([prompt], 8)
+        monkeypatch.setattr(budget_follower, "CALIBRATE", True)
+        engine.plan_check().measured.clear()
+    else:
+        expected = reference.generate([prompt], 8)
     follower, old_plan = engine.budget, engine.plan
     slow_steps(engine, 1.2)
     engine.poll_budget()
@@ -200,6 +210,8 @@ def test_a_fits_quick_plan_comes_into_force_while_its_full_plan_is_made(tiny_mod
     assert made[:2] == [False, True] and follower.refine is None
     assert engine.plan is follower.plan_cache.peek((*key, True))
     assert engine.generate([prompt], 8) == expected
+    assert engine.executor.need.total <= engine.vram_budget  # (the plan's need: a tiny model's reserved VRAM
+    # rounds up to the allocator's blocks, far above its few MiB of budget)
 
 
 def test_a_re_plan_that_decodes_slower_than_the_plan_it_replaced_gives_way_to_it(tiny_model_dir):
