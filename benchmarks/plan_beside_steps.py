@@ -101,7 +101,8 @@ def main() -> None:
 
     decode_step_seconds(engine, 8)  # warm-up
     results = {"date": now(), "hardware": hardware(), "args": vars(args), "plan_alone_s": alone_s, "conditions": {}}
-    def quick(model, settings, budget):
+
+    def quick(model, settings, budget):  # the planner's quick plan (no per-sub-layer search), in the process
         return child.make_plan(model, settings, budget, None, False)
 
     for name, make, spare in (("no planning", None, True), ("planning on a thread", budgets.make_plan, True),

@@ -17,9 +17,8 @@ in memory: nothing is downloaded, and speed does not depend on weight values.
 
 from __future__ import annotations
 
-import dataclasses
-
 import argparse
+import dataclasses
 import gc
 import json
 import logging
