@@ -70,8 +70,8 @@ STREAMING_TIE = 0.02
 # Whether the KV cache may be split by layer (pinned attention's in VRAM, the others' in host memory):
 # off unless VRAMSHARD_KV_SPLIT=on. Its one GPU run (docs/BENCHMARKS.md, fortieth GPU session: llama3-8b
 # at 4 GiB, the split chosen) decoded at 0.89x layers:7 with its CPU work at 2.1x its prediction, the whole
-# cache at 1.00x on another machine; it stays off until an A/B on one machine
-# (benchmarks/gpu_session/call_session45b.sh) shows a gain.
+# cache at 1.00x on another machine. In the A/B on one machine (call_session45b.sh, forty-first GPU session)
+# the planner never split at those hosts' CPU scales (1.9-2.1): no gain shown, so it stays off.
 KV_SPLIT = switch("VRAMSHARD_KV_SPLIT", False)
 __all__ = ["FAMILIES", "MOE_FAMILIES", "WORKER_TEAM_ROWS", "PinReason", "PlanSet", "Planner", "TierPlan",
            "machine_profile"]
