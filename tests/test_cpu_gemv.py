@@ -342,3 +342,46 @@ def test_the_word_wait_returns_when_the_word_arrives_or_at_its_time_with_the_gil
     assert cpu_gemv.wait_for_word(word, 3, 0.0) == 3  # already there
     with pytest.raises(ValueError, match="CPU int64 tensor"):
         cpu_gemv.wait_for_word(torch.zeros(1, dtype=torch.int32), 1, 0.01)
+
+
+@needs_kernel
+def test_a_bound_experts_part_waits_for_its_word_computes_and_raises_its_ticket():
+    """The run-ahead worker's host-expert part as one C call (cpu_gemv.bind_routed_experts_part), bound while
+    its inputs are still to be written (as a copy from the GPU writes them): before the ready word reaches its
+    number it computes nothing and leaves the ticket; once it has, it reads the inputs as they are then, writes
+    what routed_experts computes into the buffer and raises the ticket, the GIL free meanwhile; an expert index
+    outside the layer is refused with the ticket raised all the same (the GPU goes on)."""
+    import threading
+
+    g = torch.Generator().manual_seed(2)
+    E, width, hidden, k, tokens = 6, 24, 40, 3, 2
+    gate_up = torch.randn(E, 2 * width, hidden, generator=g).to(torch.bfloat16)
+    down = torch.randn(E, hidden, width, generator=g).to(torch.bfloat16)
+    x, experts = torch.zeros(tokens, hidden, dtype=torch.bfloat16), torch.zeros(tokens, k, dtype=torch.int64)
+    weights, out = torch.zeros(tokens, k), torch.full((tokens, hidden), 7.0, dtype=torch.bfloat16)
+    part = cpu_gemv.bind_routed_experts_part(x, gate_up, down, experts, weights, out)
+    assert part is not None
+    ready, ticket = torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+    status, waited = part.run(ready, ticket, 1, 0.02, 2)
+    assert status == part.NOT_READY and waited >= 0.015 and ticket.item() == 0 and (out == 7).all()
+
+    values = (torch.randn(tokens, hidden, generator=g).to(torch.bfloat16),
+              torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(tokens)]), torch.rand(tokens, k, generator=g))
+
+    def land():  # the inputs' copy, then the ready word (as the GPU's stream orders them)
+        for tensor, value in zip((x, experts, weights), values):
+            tensor.copy_(value)
+        ready.numpy()[0] = 1
+
+    threading.Timer(0.05, land).start()  # (runs while the call waits: the GIL is free)
+    status, waited = part.run(ready, ticket, 1, 5.0, 2)
+    assert status == 0 and 0.04 < waited < 2.0 and ticket.item() == 1
+    torch.testing.assert_close(out, cpu_gemv.routed_experts(*values[:1], gate_up, down, *values[1:]), rtol=0, atol=0)
+
+    experts[0, 0] = E  # outside the layer
+    ready.numpy()[0] = 2
+    with pytest.raises(ValueError, match="refused the routed experts"):
+        part.run(ready, ticket, 2, 1.0, 1)
+    assert ticket.item() == 2
+    assert cpu_gemv.bind_routed_experts_part(x, gate_up, down, experts, weights, out.float()) is None  # out's dtype
+    assert cpu_gemv.bind_routed_experts_part(x.float(), gate_up, down, experts, weights, out) is None  # the kernel's

@@ -178,3 +178,70 @@ def test_the_worker_leaves_the_host_thread_a_core(monkeypatch):
     assert [run_ahead.worker_threads(t) for t in (16, 15, 8, 1)] == [15, 15, 8, 1]
     monkeypatch.setattr(run_ahead.os, "sched_getaffinity", lambda pid: {0}, raising=False)
     assert run_ahead.worker_threads(4) == 1
+
+
+class _GPUWords:
+    """The GPU's side of the words without Triton or a GPU: the ready word written at once when queued (as a
+    kernel would write it once the copy before it is done), the ticket's wait queued and gone (the host thread
+    goes on, as on a GPU)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        return self.fn
+
+
+@pytest.mark.parametrize("one_call", [True, False])
+def test_host_experts_on_the_worker_as_one_bound_call_or_a_python_job(one_call, monkeypatch):
+    """A MoE layer's host experts as the executor hands them to the worker (RunAhead.result_on with the
+    layer's experts_part): with VRAMSHARD_RUN_AHEAD_ONE_CALL on, the bound C call runs instead of the Python
+    job and writes what run_experts computes; the worker waits for a ready word that comes late, counts the
+    call as the part's expert kernel, and raises the ticket; an expert outside the layer fails the drain with
+    the ticket raised. Off: the Python job, the same sums."""
+    from vramshard.layers import cpu_gemv
+    from vramshard.layers.moe import DictExperts, MoEFFN, Routing
+
+    if cpu_gemv.library() is None:
+        pytest.skip("the C kernel does not build here")
+    monkeypatch.setattr(run_ahead, "ONE_CALL", one_call)
+    monkeypatch.setattr(run_ahead, "WAIT", "kernel")
+    monkeypatch.setattr(run_ahead, "_write_word", _GPUWords(lambda word, value: word.__setitem__(0, value)),
+                        raising=False)
+    monkeypatch.setattr(run_ahead, "_wait_for_ticket", _GPUWords(lambda *args: None), raising=False)
+    g = torch.Generator().manual_seed(3)
+    E, width, hidden, k = 8, 16, 48, 2
+    stacked = torch.randn(E, 3 * width * hidden, generator=g).to(torch.bfloat16)
+    weights = {}
+    for e in range(E):
+        weights[f"experts.{e}.gate_up"] = stacked[e, : 2 * width * hidden].view(2 * width, hidden)
+        weights[f"experts.{e}.down"] = stacked[e, 2 * width * hidden :].view(hidden, width)
+    source = DictExperts(weights, E, stack=True)
+    layer = MoEFFN.__new__(MoEFFN)  # (run_experts and experts_part read nothing of the layer's config)
+    h = torch.randn(1, hidden, generator=g).to(torch.bfloat16)
+    routing = Routing(torch.tensor([[5, 2]]), torch.rand(1, k, generator=g).to(torch.bfloat16))
+    expected = layer.run_experts(source, h, routing)
+    filled = []
+
+    def fill(out):
+        filled.append(True)
+        out.copy_(layer.run_experts(source, h, routing))
+
+    ahead = run_ahead.RunAhead()
+    ahead.team = 1
+    number = ahead.copied()
+    ahead.ready[0] = number - 1  # the GPU writes it 0.1 s from now
+    threading.Timer(0.1, lambda: ahead.ready.__setitem__(0, number)).start()
+    y = ahead.result_on(torch.device("cpu"), number, h, fill, lambda out: layer.experts_part(source, h, routing, out))
+    computing, waiting = ahead.drain()
+    assert ahead.ticket.item() == number and filled == ([] if one_call else [True])
+    torch.testing.assert_close(y, expected, rtol=0, atol=0)
+    assert waiting >= 0.08 and computing > 0 and ahead.last_parts["expert_kernel_s"] > 0
+    if one_call:
+        routing.experts[0, 1] = E  # outside the layer: the kernel refuses it, the GPU goes on
+        number = ahead.copied()
+        ahead.result_on(torch.device("cpu"), number, h, fill, lambda out: layer.experts_part(source, h, routing, out))
+        with pytest.raises(RuntimeError, match="refused the routed experts"):
+            ahead.drain()
+        assert ahead.ticket.item() == number
+    ahead.close()

@@ -37,6 +37,9 @@
  *   vs_wait_word: spin until a 64-bit word reaches a number or a time has passed: the run-ahead worker's wait
  *   for the word the GPU writes into pinned host memory once a part's input has landed (through ctypes, with
  *   the GIL free; no arithmetic, but this is the project's one C library).
+ *   vs_routed_experts_part: vs_wait_word for a run-ahead part's input, vs_routed_experts, then the part's
+ *   ticket raised, in one call: the run-ahead worker's host-expert part with no Python (and no wait for the
+ *   GIL) between the GPU's word and the ticket the GPU waits for.
  * Three ways to the same sums, chosen when compiled: AVX-512 (with AVX512-BF16's pairwise dot
  * products for bf16 where the CPU has them), AVX2 + F16C, and plain C.
  */
@@ -719,4 +722,28 @@ int64_t vs_wait_word(const volatile int64_t *word, int64_t wanted, long ns) {
     }
   }
   return seen;
+}
+
+/* A run-ahead part of routed experts in one call, the GIL free from the wait for its input to the ticket that
+ * lets the GPU go on: waits (as vs_wait_word) up to `ns` nanoseconds for *ready >= number; where the word has
+ * not come, returns 1 and touches nothing else. Else computes as vs_routed_experts (every other argument is
+ * its), then stores `number` into *ticket whatever the kernel's status (the GPU waits for that word, and a part
+ * that failed is the host thread's to report), and returns the kernel's status. *waited_ns: the nanoseconds
+ * spent waiting for the ready word. */
+int vs_routed_experts_part(const volatile int64_t *ready, volatile int64_t *ticket, int64_t number, long ns,
+                           long *waited_ns, int dtype, const uint16_t *GU, long gu_e, long gu_r, const uint16_t *DN,
+                           long dn_e, long dn_r, const uint16_t *x, long T, const int64_t *chosen, long chosen_t,
+                           long chosen_a, const void *routing, int weights_dtype, long weights_t, long weights_a,
+                           long k, long D, long F, long E, uint16_t *y, int threads) {
+  struct timespec start, now;
+  clock_gettime(CLOCK_MONOTONIC, &start);
+  int64_t seen = vs_wait_word(ready, number, ns);
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  *waited_ns = (now.tv_sec - start.tv_sec) * 1000000000L + (now.tv_nsec - start.tv_nsec);
+  if (seen < number) return 1;
+  __atomic_thread_fence(__ATOMIC_ACQUIRE);  /* the input the word announces is read after the word */
+  int status = vs_routed_experts(dtype, GU, gu_e, gu_r, DN, dn_e, dn_r, x, T, chosen, chosen_t, chosen_a, routing,
+                                 weights_dtype, weights_t, weights_a, NULL, 0, 0, k, D, F, E, y, threads);
+  __atomic_store_n(ticket, number, __ATOMIC_RELEASE);  /* after every store of y */
+  return status;
 }

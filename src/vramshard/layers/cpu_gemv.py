@@ -187,6 +187,12 @@ def _load(flags: tuple[str, ...] = FLAGS):
                                       ctypes.c_void_p, ctypes.c_long, ctypes.c_long,  # keep
                                       ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_long,  # k, D, F, E
                                       ctypes.c_void_p, ctypes.c_int]  # y, threads
+    if hasattr(lib, "vs_routed_experts_part"):
+        lib.vs_routed_experts_part.restype = ctypes.c_int
+        lib.vs_routed_experts_part.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_long,
+                                               ctypes.c_void_p,  # ready, ticket, number, ns, waited_ns
+                                               *lib.vs_routed_experts.argtypes[:16],  # (no keep)
+                                               *lib.vs_routed_experts.argtypes[19:]]
     if hasattr(lib, "vs_decode_attention"):
         lib.vs_decode_attention.restype = ctypes.c_int
         lib.vs_decode_attention.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,  # q, H, D
@@ -415,6 +421,52 @@ def wait_for_word(word: torch.Tensor, at_least: int, seconds: float, lib=None) -
     if lib is None or not hasattr(lib, "vs_wait_word"):
         return None
     return lib.vs_wait_word(word.data_ptr(), int(at_least), max(0, int(seconds * 1e9)))
+
+
+class ExpertsPart:
+    """A routed-experts call bound to its tensors ahead of time, for the run-ahead worker: :meth:`run` waits for
+    the part's ready word, computes into ``out`` and raises the part's ticket in one C call, the GIL free
+    throughout (:func:`bind_routed_experts_part`)."""
+
+    NOT_READY = 1  # run's status where the ready word did not come within the wait
+
+    def __init__(self, lib, args: tuple, tensors: tuple, describe):
+        self._call, self._args, self._describe = lib.vs_routed_experts_part, args, describe
+        self._tensors = tensors  # what the arguments point into: alive as long as the part
+        self._waited = ctypes.c_long(0)
+
+    def run(self, ready: torch.Tensor, ticket: torch.Tensor, number: int, seconds: float, threads: int) -> tuple[int, float]:
+        """Wait up to ``seconds`` for ``ready[0] >= number``; then compute and set ``ticket[0] = number``.
+        Returns (:data:`NOT_READY` or 0, seconds waited); raises as :func:`routed_experts` for a status the
+        kernel refused (the ticket raised all the same)."""
+        status = self._call(ready.data_ptr(), ticket.data_ptr(), int(number), max(0, int(seconds * 1e9)),
+                            ctypes.byref(self._waited), *self._args, int(threads))
+        if status not in (0, self.NOT_READY):
+            _check(status, "its scratch for the routed experts", self._describe)
+        return status, self._waited.value * 1e-9
+
+
+def bind_routed_experts_part(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: torch.Tensor,
+                             weights: torch.Tensor, out: torch.Tensor, lib=None) -> ExpertsPart | None:
+    """:func:`routed_experts` of ``x`` into ``out`` [T, D] (``x``'s dtype, rows contiguous) bound ahead of its
+    inputs' values: ``x``, ``experts`` and ``weights`` may still be on their way (a copy from the GPU the
+    part's ready word announces), so only their layout is checked here (as :func:`serves_experts` checks it);
+    the kernel checks the expert indices when it runs. None where the kernel does not take these tensors, or
+    the library is older than the call."""
+    lib = lib or library()
+    if lib is None or not hasattr(lib, "vs_routed_experts_part") or not serves_experts(x, gate_up, down, experts,
+                                                                                       weights):
+        return None
+    if not (out.device.type == "cpu" and out.dtype == x.dtype and out.shape == x.shape and out.is_contiguous()):
+        return None
+    E, two_f, D = gate_up.shape
+    T, k = experts.shape
+    args = (DTYPES[x.dtype], gate_up.data_ptr(), gate_up.stride(0), gate_up.stride(1), down.data_ptr(),
+            down.stride(0), down.stride(1), x.data_ptr(), T, experts.data_ptr(), experts.stride(0), experts.stride(1),
+            weights.data_ptr(), ROUTING_DTYPES[weights.dtype], weights.stride(0), weights.stride(1), k, D, two_f // 2,
+            E, out.data_ptr())
+    return ExpertsPart(lib, args, (x, gate_up, down, experts, weights, out), lambda: f"the routed experts {experts.tolist()} of {E} (gate_up "
+                       f"{tuple(gate_up.shape)}, down {tuple(down.shape)}, {x.dtype})")
 
 
 _scratches = threading.local()  # per calling thread: the host thread and the run-ahead worker

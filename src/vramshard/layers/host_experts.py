@@ -192,6 +192,15 @@ def routed(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: 
     return out.to(h.dtype)
 
 
+def routed_part(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: torch.Tensor,
+                weights: torch.Tensor, out: torch.Tensor) -> cpu_gemv.ExpertsPart | None:
+    """:func:`routed` of every assignment, written into ``out``, as one C call bound ahead of its inputs'
+    values (:func:`~vramshard.layers.cpu_gemv.bind_routed_experts_part`: the run-ahead worker's part, the
+    GIL free from its wait for the inputs to its ticket); None where :func:`routed` would not take the C
+    kernel here."""
+    return cpu_gemv.bind_routed_experts_part(h, gate_up, down, experts, weights, out) if ENABLED else None
+
+
 def warm_up(gate_up: torch.Tensor, down: torch.Tensor) -> None:
     """Compile the pass, in both its forms, for these stacked experts' dtype and layout now (seconds
     the first time: 4-6 s a form on the 2-core development machine), not in the first step that needs

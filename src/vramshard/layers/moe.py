@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelArgs
-from . import host_experts
+from . import cpu_gemv, host_experts
 from .mlp import swiglu, swiglu_fused
 from .norm import rms_norm
 from .step import Step
@@ -343,6 +343,17 @@ class MoEFFN(SubLayer):
         if h.shape[0] == 1 and h.device.type == "cpu":
             return self._run_one_token_on_host(source, h, routing, only)
         return self._run_grouped(source, h, routing, only)
+
+    def experts_part(self, source: ExpertWeights, h: torch.Tensor, routing: Routing,
+                     out: torch.Tensor) -> cpu_gemv.ExpertsPart | None:
+        """:meth:`run_experts` (every assignment) into ``out`` [T, D] as one bound C call, where run_experts
+        would compute it with the C kernel (host memory, the stacked experts): the run-ahead worker runs it
+        with its inputs' values still on their way (:func:`~vramshard.layers.host_experts.routed_part`).
+        None elsewhere: the caller runs :meth:`run_experts`."""
+        stacked = source.stacked()
+        if stacked is None or h.device.type != "cpu":
+            return None
+        return host_experts.routed_part(h, stacked.gate_up, stacked.down, routing.experts, routing.weights, out)
 
     def _run_one_token_on_host(self, source: ExpertWeights, h: torch.Tensor, routing: Routing,
                                only: set[int] | None = None) -> torch.Tensor:

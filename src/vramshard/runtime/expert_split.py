@@ -185,7 +185,8 @@ class ExpertSplitSteps:
         if ahead is not None:
             source = self.host_experts[sublayer.name]
             y = ahead.result_on(self.gpu, number, h_host,
-                                lambda out: out.copy_(sublayer.run_experts(source, h_host, routing_host)))
+                                lambda out: out.copy_(sublayer.run_experts(source, h_host, routing_host)),
+                                lambda out: sublayer.experts_part(source, h_host, routing_host, out))
             return x + y, 2
         crossed.synchronize()  # the router and the copies (the kernels run on meanwhile)
         computing = time.perf_counter()
@@ -264,7 +265,8 @@ class ExpertSplitSteps:
         number = ahead.copied()
         source = self.host_experts[sublayer.name]
         return ahead.result_on(self.gpu, number, h_host,
-                               lambda out: out.copy_(sublayer.run_experts(source, h_host, routing_host)))
+                               lambda out: out.copy_(sublayer.run_experts(source, h_host, routing_host)),
+                               lambda out: sublayer.experts_part(source, h_host, routing_host, out))
 
     def _host_experts_of(self, sublayer: MoEFFN) -> DictExperts:
         """A MoE sub-layer's experts in its host buffer, stacked where they lie at one stride (made once)."""
