@@ -1,6 +1,7 @@
 """Split FFNs' CPU parts on a worker while the GPU waits for them in a kernel
-(runtime/run_ahead.py): the wait kernel (Triton's interpreter on the CPU), and on the GPU the
-run-ahead steps against the CPU reference and a CPU part that fails."""
+(runtime/run_ahead.py): the wait kernel (Triton's interpreter on the CPU), the worker's protocol with
+the GPU's words stood in for (no Triton or GPU needed), and on the GPU the run-ahead steps against
+the CPU reference and a CPU part that fails."""
 
 import importlib
 import os
@@ -45,26 +46,36 @@ def _in_interpreter(test: str) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
 
 
-@needs_triton
-def test_the_worker_runs_each_part_after_its_input_landed_and_the_host_thread_frees_the_jobs():
-    """The protocol of a step, its kernels interpreted on the CPU (each wait blocks the host thread
-    here): parts run in order, none before the GPU wrote its ready word, each raises its ticket;
-    a part that raises fails the drain and the ticket is raised anyway. Every job (its pinned
-    input, on a GPU) is released on the host thread: freeing one on the worker hung a step on the
-    GPU machine, the worker in a CUDA call while the host thread waited for the GPU."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        _in_interpreter("test_the_worker_runs_each_part_after_its_input_landed_and_the_host_thread_frees_the_jobs")
-        return
+class _GPUWords:
+    """The GPU's side of the words without Triton or a GPU: the ready word written at once when queued (as a
+    kernel would write it once the copy before it is done), the ticket's wait queued and gone (the host thread
+    goes on, as on a GPU)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        return self.fn
+
+
+def _stand_in_for_the_gpu(monkeypatch) -> None:
+    monkeypatch.setattr(run_ahead, "WAIT", "kernel")
+    monkeypatch.setattr(run_ahead, "_write_word", _GPUWords(lambda word, value: word.__setitem__(0, value)),
+                        raising=False)
+    monkeypatch.setattr(run_ahead, "_wait_for_ticket", _GPUWords(lambda *args: None), raising=False)
+
+
+def test_the_worker_runs_each_part_after_its_input_landed_and_the_host_thread_frees_the_jobs(monkeypatch):
+    """The protocol of a step, the GPU's words stood in for (_GPUWords): parts run in order, none
+    before the GPU wrote its ready word, each raises its ticket; a part that raises fails the drain
+    and the ticket is raised anyway. Every job (its pinned input, on a GPU) is released on the host
+    thread: freeing one on the worker hung a step on the GPU machine, the worker in a CUDA call while
+    the host thread waited for the GPU."""
     import gc
 
+    _stand_in_for_the_gpu(monkeypatch)
     ahead = run_ahead.RunAhead()
     ahead.team = 1  # the plan's team for these parts (TieredPlacement.worker_threads)
-
-    class QueuedWait:  # the GPU's wait as on a GPU: queued, the host thread goes on (interpreted, it blocks)
-        def __getitem__(self, grid):
-            return lambda *args: None
-
-    run_ahead._wait_for_ticket = QueuedWait()
     ran, freed_on = [], []
 
     class Job:
@@ -114,7 +125,7 @@ def test_the_worker_runs_each_part_after_its_input_landed_and_the_host_thread_fr
     with pytest.raises(RuntimeError, match="a CPU part that fails"):
         ahead.drain()
     assert ahead.ticket.item() == number  # the GPU went on
-    run_ahead.READY_TIMEOUT_S = 0.3  # a ready word that never comes fails its part, and the GPU goes on
+    monkeypatch.setattr(run_ahead, "READY_TIMEOUT_S", 0.3)  # a ready word that never comes fails its part, and the GPU goes on
     number = ahead.copied()
     ahead.ready[0] = number - 1
     ahead.submit(number, Job(number))
@@ -180,18 +191,6 @@ def test_the_worker_leaves_the_host_thread_a_core(monkeypatch):
     assert run_ahead.worker_threads(4) == 1
 
 
-class _GPUWords:
-    """The GPU's side of the words without Triton or a GPU: the ready word written at once when queued (as a
-    kernel would write it once the copy before it is done), the ticket's wait queued and gone (the host thread
-    goes on, as on a GPU)."""
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def __getitem__(self, grid):
-        return self.fn
-
-
 @pytest.mark.parametrize("one_call", [True, False])
 def test_host_experts_on_the_worker_as_one_bound_call_or_a_python_job(one_call, monkeypatch):
     """A MoE layer's host experts as the executor hands them to the worker (RunAhead.result_on with the
@@ -205,10 +204,7 @@ def test_host_experts_on_the_worker_as_one_bound_call_or_a_python_job(one_call, 
     if cpu_gemv.library() is None:
         pytest.skip("the C kernel does not build here")
     monkeypatch.setattr(run_ahead, "ONE_CALL", one_call)
-    monkeypatch.setattr(run_ahead, "WAIT", "kernel")
-    monkeypatch.setattr(run_ahead, "_write_word", _GPUWords(lambda word, value: word.__setitem__(0, value)),
-                        raising=False)
-    monkeypatch.setattr(run_ahead, "_wait_for_ticket", _GPUWords(lambda *args: None), raising=False)
+    _stand_in_for_the_gpu(monkeypatch)
     g = torch.Generator().manual_seed(3)
     E, width, hidden, k = 8, 16, 48, 2
     stacked = torch.randn(E, 3 * width * hidden, generator=g).to(torch.bfloat16)
