@@ -4,8 +4,9 @@
 # on (one process each: the one-call part against the Python job around the same kernel; compare decode_tok_s and
 # decode_host_compute_ms less decode_worker_expert_kernel_ms). Each run also shows moe_bench's fix of session 46:
 # every phase's before_gib near 0 and within_budget true.
+# (--moe-only: the qwen3 runs alone, as call_session47b.sh runs them.)
 source benchmarks/gpu_session/setup.sh || exit 1
-gpu_suite ${SUITE_S:-230}
+[ "${1:-}" = --moe-only ] || gpu_suite ${SUITE_S:-230}
 i=0
 for one_call in ${ONE_CALL_RUNS:-on off on}; do
   i=$((i + 1))
