@@ -53,6 +53,7 @@ if [ -z "${PROFILE:-}" ]; then
   esac
 fi
 echo "profile ${PROFILE:-docs/profiles/h200-run26b.json}"
-git log --oneline -1 > "$OUT/commit.txt" 2>/dev/null || true
+# (The device's copy may carry the .git of an earlier commit than its files: the files changed since it follow.)
+{ git log --oneline -1; git status --short --untracked-files=no | head -40; } > "$OUT/commit.txt" 2>/dev/null || true
 # Which machine ran the call (calls of one session may get different ones with one fingerprint).
 { hostname; cat /proc/sys/kernel/random/boot_id; nproc; grep -m1 "model name" /proc/cpuinfo; } > "$OUT/machine.txt" 2>/dev/null || true
