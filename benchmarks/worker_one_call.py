@@ -6,15 +6,16 @@
 A decode step of qwen3-30b-a3b with its experts on the CPU is a chain of 48 parts: the GPU's part of a layer
 (attention, router, the copies), then the worker's routed experts, whose ticket lets the GPU go on. Here a
 second process stands in for the GPU (it needs no GIL, as the GPU does not, and sleeps between its reads, as
-the GPU takes no core): for each part it waits for the last part's ticket, sleeps ``--gap-us`` (the GPU's part of a layer: 0.15-0.17 ms in the thirty-fourth and
-forty-first GPU sessions), then writes the ready word. This process's worker
-(:class:`vramshard.runtime.run_ahead.RunAhead`) computes each part, 8 experts of a Qwen3-30B-A3B layer's shape
-drawn at random from ``--experts`` per layer, while its host thread runs Python all the time (as the host
-thread queuing a step does; the switch interval as a worker sets it; ``--idle-host``: it sleeps). Both ways run in turn, ``--rounds``
-times: ``one call`` (``VRAMSHARD_RUN_AHEAD_ONE_CALL`` on: wait, kernel and ticket in one C call, the GIL free)
-and ``python job`` (off: the C wait, then Python around the kernel's call, the copy into the result buffer and
-the ticket). The bound: each part's gap plus its kernel alone (the same routing, timed on this thread before); the
-stand-in GPU's sleeps overshoot their time (tens of microseconds), both ways alike.
+the GPU takes no core): for each part it waits for the last part's ticket, sleeps ``--gap-us`` (the GPU's part
+of a layer: 0.15-0.17 ms in the thirty-fourth and forty-first GPU sessions), then writes the ready word. This
+process's worker (:class:`vramshard.runtime.run_ahead.RunAhead`) computes each part, 8 experts of a
+Qwen3-30B-A3B layer's shape drawn at random from ``--experts`` per layer, while its host thread runs Python all
+the time (as the host thread queuing a step does; the switch interval as a worker sets it; ``--idle-host``: it
+sleeps). Both ways run in turn, ``--rounds`` times: ``one call`` (``VRAMSHARD_RUN_AHEAD_ONE_CALL`` on: wait,
+kernel and ticket in one C call, the GIL free) and ``python job`` (off: the C wait, then Python around the
+kernel's call, the copy into the result buffer and the ticket). The bound: each part's gap plus its kernel
+alone (the same routing, timed on this thread before); the stand-in GPU's sleeps overshoot their time (tens of
+microseconds), both ways alike.
 """
 
 from __future__ import annotations

@@ -435,7 +435,8 @@ class ExpertsPart:
         self._tensors = tensors  # what the arguments point into: alive as long as the part
         self._waited = ctypes.c_long(0)
 
-    def run(self, ready: torch.Tensor, ticket: torch.Tensor, number: int, seconds: float, threads: int) -> tuple[int, float]:
+    def run(self, ready: torch.Tensor, ticket: torch.Tensor, number: int, seconds: float,
+            threads: int) -> tuple[int, float]:
         """Wait up to ``seconds`` for ``ready[0] >= number``; then compute and set ``ticket[0] = number``.
         Returns (:data:`NOT_READY` or 0, seconds waited); raises as :func:`routed_experts` for a status the
         kernel refused (the ticket raised all the same)."""
@@ -465,8 +466,9 @@ def bind_routed_experts_part(x: torch.Tensor, gate_up: torch.Tensor, down: torch
             down.stride(0), down.stride(1), x.data_ptr(), T, experts.data_ptr(), experts.stride(0), experts.stride(1),
             weights.data_ptr(), ROUTING_DTYPES[weights.dtype], weights.stride(0), weights.stride(1), k, D, two_f // 2,
             E, out.data_ptr())
-    return ExpertsPart(lib, args, (x, gate_up, down, experts, weights, out), lambda: f"the routed experts {experts.tolist()} of {E} (gate_up "
-                       f"{tuple(gate_up.shape)}, down {tuple(down.shape)}, {x.dtype})")
+    return ExpertsPart(lib, args, (x, gate_up, down, experts, weights, out),
+                       lambda: f"the routed experts {experts.tolist()} of {E} (gate_up {tuple(gate_up.shape)}, "
+                               f"down {tuple(down.shape)}, {x.dtype})")
 
 
 _scratches = threading.local()  # per calling thread: the host thread and the run-ahead worker

@@ -247,8 +247,10 @@ class RunAhead:
 
     def submit(self, number: int, job: Callable[[], None] | cpu_gemv.ExpertsPart) -> None:
         """Run ``job`` (it writes part ``number``'s CPU result into its buffer, reading only host
-        memory; or a bound C call that does, :class:`~vramshard.layers.cpu_gemv.ExpertsPart`) on the worker once its input has landed, with the host thread's CPU thread count
-        (less the host thread's own core: :func:`worker_threads`), then raise the ticket; queue the GPU's wait for it on the current stream."""
+        memory; or a bound C call that does, :class:`~vramshard.layers.cpu_gemv.ExpertsPart`) on the
+        worker once its input has landed, with the host thread's CPU thread count (less the host
+        thread's own core: :func:`worker_threads`), then raise the ticket; queue the GPU's wait for it
+        on the current stream."""
         if not self._submitted < number <= self._issued:  # (a gap: a step failed between copied and submit)
             raise RuntimeError(f"CPU part {number} submitted out of order (after {self._submitted}, "
                                f"{self._issued} copied)")
