@@ -225,14 +225,18 @@ def test_host_experts_on_the_worker_as_one_bound_call_or_a_python_job(one_call, 
 
     ahead = run_ahead.RunAhead()
     ahead.team = 1
-    number = ahead.copied()
-    ahead.ready[0] = number - 1  # the GPU writes it 0.1 s from now
-    threading.Timer(0.1, lambda: ahead.ready.__setitem__(0, number)).start()
-    y = ahead.result_on(torch.device("cpu"), number, h, fill, lambda out: layer.experts_part(source, h, routing, out))
-    computing, waiting = ahead.drain()
-    assert ahead.ticket.item() == number and filled == ([] if one_call else [True])
-    torch.testing.assert_close(y, expected, rtol=0, atol=0)
-    assert waiting >= 0.08 and computing > 0 and ahead.last_parts["expert_kernel_s"] > 0
+    for spin_s in (run_ahead.SPIN_S, 2.0):  # the word comes after the spin (then the polls), or within it
+        monkeypatch.setattr(run_ahead, "SPIN_S", spin_s)
+        filled.clear()
+        number = ahead.copied()
+        ahead.ready[0] = number - 1  # the GPU writes it 0.1 s from now
+        threading.Timer(0.1, lambda: ahead.ready.__setitem__(0, number)).start()
+        y = ahead.result_on(torch.device("cpu"), number, h, fill,
+                            lambda out: layer.experts_part(source, h, routing, out))
+        computing, waiting = ahead.drain()
+        assert ahead.ticket.item() == number and filled == ([] if one_call else [True])
+        torch.testing.assert_close(y, expected, rtol=0, atol=0)
+        assert waiting >= 0.08 and 0 < computing < 0.08 and ahead.last_parts["expert_kernel_s"] > 0
     if one_call:
         routing.experts[0, 1] = E  # outside the layer: the kernel refuses it, the GPU goes on
         number = ahead.copied()
