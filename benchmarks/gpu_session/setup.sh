@@ -10,9 +10,9 @@ engine_step() {
 }
 
 # gpu_suite SECONDS: every gpu-marked test under `timeout SECONDS`, its output as $OUT/pytest_gpu.txt; then its
-# rc, summary and failures.
+# rc, summary and failures (-rfE: the FAILED lines the grep below shows; -rs alone printed none, session 47).
 gpu_suite() {
-  timeout "$1" python3 -m pytest -m gpu -q -rs -p no:cacheprovider --durations=10 > $OUT/pytest_gpu.txt 2>&1
+  timeout "$1" python3 -m pytest -m gpu -q -rfEs --tb=short -p no:cacheprovider --durations=10 > $OUT/pytest_gpu.txt 2>&1
   echo "suite rc $?"; tail -3 $OUT/pytest_gpu.txt; grep -E "^(FAILED|ERROR)" $OUT/pytest_gpu.txt | cut -c1-250
 }
 
