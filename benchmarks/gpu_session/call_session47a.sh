@@ -6,7 +6,7 @@
 # every phase's before_gib near 0 and within_budget true.
 # (--moe-only: the qwen3 runs alone, as call_session47b.sh runs them.)
 source benchmarks/gpu_session/setup.sh || exit 1
-[ "${1:-}" = --moe-only ] || gpu_suite ${SUITE_S:-300}
+[ "${1:-}" = --moe-only ] || gpu_suite ${SUITE_S:-230}
 i=0
 for one_call in ${ONE_CALL_RUNS:-on off on}; do
   i=$((i + 1))
