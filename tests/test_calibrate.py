@@ -631,8 +631,12 @@ def test_a_dispatch_factor_scales_the_hosts_gpu_dispatch_and_explains_a_host_bou
     assert calibrate.fit_dispatch(model, h200, plan, 0.5 * step_seconds(model, h200, plan, 1)) is None
 
 
-def test_with_its_cpu_work_timed_the_rest_of_a_slow_step_goes_to_the_dispatch(tiny_model_dir, monkeypatch):
+@pytest.mark.parametrize("dispatch_fit", [True, False])
+def test_with_its_cpu_work_timed_the_rest_of_a_slow_step_goes_to_the_dispatch(tiny_model_dir, monkeypatch,
+                                                                              dispatch_fit):
+    """VRAMSHARD_DISPATCH_FIT=off: the same slow steps fit nothing, and the plan stays."""
     monkeypatch.setattr(calibrate, "MIN_CPU_S", 0.0)
+    monkeypatch.setattr(budget_follower, "DISPATCH_FIT", dispatch_fit)
     calibrate.forget_learned()
     engine, reference = simulated_engine(tiny_model_dir("qwen3"))
     profile = engine.budget.plan_settings().profile
@@ -641,8 +645,14 @@ def test_with_its_cpu_work_timed_the_rest_of_a_slow_step_goes_to_the_dispatch(ti
         check.add(1, calibrate.cpu_seconds(engine.model, profile, engine.plan, 1))
     engine.poll_budget()
     assert engine.budget.calibrations == [] and check.judged == {1}
+    plan = engine.plan
     slow_steps(engine, 1.2)
     engine.poll_budget()
+    if not dispatch_fit:
+        engine.poll_budget()
+        assert engine.budget.calibrations == [] and engine.budget.refine is None and engine.plan is plan
+        assert engine.budget.plan_settings().profile is profile
+        return
     (fitted,) = engine.budget.calibrations
     assert fitted["dispatch_scale"] > 1.0 and "cpu_scale" not in fitted and "split_part_scale" not in fitted
     assert engine.budget.plan_settings().profile.dispatch_scale == pytest.approx(fitted["dispatch_scale"])

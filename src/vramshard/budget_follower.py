@@ -83,6 +83,12 @@ RECORD_MIN_STEPS = 8  # decode steps of a plan a calibration replaces before the
 # 0-1.2% of the full plan's prediction for llama3-8b, nemo-8b and qwen3-30b-a3b at 2-8 GiB
 # (benchmarks.planning_time, session 46). Off (VRAMSHARD_QUICK_REPLAN=off): the full plan only.
 QUICK_REPLAN = switch("VRAMSHARD_QUICK_REPLAN", default=True)
+# The fit of the host's GPU dispatch from the rest of a slow step whose CPU work was timed (calibrate.fit_dispatch).
+# Off (VRAMSHARD_DISPATCH_FIT=off): such a step is fitted no further. The gap it explains may be the host's memory
+# or PCIe rather than its launches: in the forty-second GPU session a dispatch fit of 2.86x re-planned llama3-8b at
+# 2 GiB toward the CPU, the KV cache to host memory, and it decoded behind layers:2 (docs/BENCHMARKS.md); in the
+# seventeenth two fits made llama3-8b at 8 GiB slower. The switch is there for the A/B that settles it.
+DISPATCH_FIT = switch("VRAMSHARD_DISPATCH_FIT", default=True)
 
 
 @dataclasses.dataclass
@@ -193,6 +199,11 @@ class BudgetFollower:
         if ratio is None or 1 / CALIBRATE_OFF_BY <= ratio <= CALIBRATE_OFF_BY:
             return
         check.calibrated = True  # one fit per plan: the plan it leads to is checked afresh
+        if timed and not DISPATCH_FIT:
+            log.info("decode steps of %s take %.1f ms where %.1f ms was predicted, its CPU work as fitted: the "
+                     "dispatch is not fitted (VRAMSHARD_DISPATCH_FIT=off)", check.plan_name,
+                     check.median_s() * 1e3, check.predicted_s * 1e3)
+            return
         settings = self.plan_settings()
         # With the CPU work fitted from its own timing, the rest of the gap is the host's dispatch of
         # the GPU work (the tenth GPU session: 27-57 ms a step, about twice the estimator's charge).
