@@ -1,12 +1,13 @@
-# ~8 min (written 2026-12-06 in session 47). Whether the dispatch fit helps: llama3-8b at 2 and 8 GiB against
-# layers:max with VRAMSHARD_DISPATCH_FIT on, off, on, off (one engine_bench process each, cells long enough for
+# ~7 min (written 2026-12-06 in session 47). Whether the dispatch fit helps: llama3-8b at 2 and 8 GiB against
+# layers:max with VRAMSHARD_DISPATCH_FIT on, then off (one engine_bench process each, cells long enough for
 # the guard against a slower re-plan: 15 s runs). Compare tg and batch 1 of each pair, and in each log the fits
-# ("fitted the profile's dispatch_scale", "the dispatch is not fitted") and the plans they led to.
+# ("fitted the profile's dispatch_scale", "the dispatch is not fitted") and the plans they led to. Run it twice
+# (two calls) for two pairs.
 source benchmarks/gpu_session/setup.sh || exit 1
 i=0
-for fit in ${DISPATCH_FIT_RUNS:-on off on off}; do
+for fit in ${DISPATCH_FIT_RUNS:-on off}; do
   i=$((i + 1))
-  VRAMSHARD_DISPATCH_FIT=$fit engine_step dispatch_${fit}_$i ${STEP_S:-115} --models llama3-8b --budgets 2,8 \
-    --batch-sizes 1 --repeat 1 --deadline-s 105 --run-limit-s 15
+  VRAMSHARD_DISPATCH_FIT=$fit engine_step dispatch_${fit}_$i ${STEP_S:-270} --models llama3-8b --budgets 2,8 \
+    --batch-sizes 1 --repeat 1 --deadline-s 255 --run-limit-s 15
   grep -hoE "dispatch_scale to [0-9.]*|the dispatch is not fitted" $OUT/dispatch_${fit}_$i.log | sort | uniq -c
 done
