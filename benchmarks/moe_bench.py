@@ -14,7 +14,8 @@ and those not in VRAM (uniform routing: the cache holds a slots/(layers x expert
 fraction) must come over PCIe or be read by the CPU:
 ``bound tok/s = bw / (missed routed-expert bytes + other non-resident bytes)``, with ``bw`` the
 smaller of PCIe + CPU read bandwidth (each alone) and what host memory gives both at once;
-for ``experts-stream`` alone the PCIe part counts (``pcie_bound_tok_s``). Random routers
+for ``experts-stream`` alone the PCIe part counts (``pcie_bound_tok_s``), for ``experts-cpu`` the host's read
+alone (``host_read_bound_tok_s``, and ``decode_fraction_of_host_read_bound``). Random routers
 route almost uniformly; a last run biases the routers (a Zipf-like prior on a constant
 embedding channel) to show the cache at work.
 """
@@ -248,7 +249,8 @@ def routed_bound(model, executor, bw) -> dict:
     return {"routed_bytes_per_token": routed, "missed_routed_bytes": missed, "other_nonresident_bytes": non_expert,
             "bound_tok_s": bandwidth / total if total else None,
             "additive_bound_tok_s": (bw["h2d"] + bw["cpu_read"]) / total if total else None,
-            "pcie_bound_tok_s": bw["h2d"] / total if total else None}
+            "pcie_bound_tok_s": bw["h2d"] / total if total else None,
+            "host_read_bound_tok_s": bw["cpu_read"] / total if total else None}
 
 
 def predicted_decode_tok_s(model, profile, executor, options: dict, ctx: int) -> float:
@@ -299,6 +301,8 @@ def decode_phase(executor, cell: dict, args, bw, deadline) -> None:
     cell["decode_expert_hit_rate"] = report.expert_hit_rate
     if cell["bound_tok_s"]:
         cell["decode_fraction_of_bound"] = cell["decode_tok_s"] / cell["bound_tok_s"]
+    if cell.get("host_read_bound_tok_s"):  # (the CPU's path alone: what experts-cpu can reach at most)
+        cell["decode_fraction_of_host_read_bound"] = cell["decode_tok_s"] / cell["host_read_bound_tok_s"]
     if executor.expert_cache is not None and report.bytes_streamed:  # a step that streamed nothing has no such bound
         cell["pcie_measured_bound_tok_s"] = bw["h2d"] / report.bytes_streamed
         stats = executor.expert_cache.stats  # since the executor was made (warm-up included)

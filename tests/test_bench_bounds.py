@@ -111,3 +111,26 @@ def test_engine_bench_bounds_a_batched_step_by_pcie_and_the_cpus_matmuls_at_that
     one, many = cpu_rows_gb_s(profile, model, 1), cpu_rows_gb_s(profile, model, 256)
     assert 0 < many < one <= 100.0  # compute-bound at many rows, no faster than memory at one
     assert cpu_rows_gb_s(None, model, 64) is None
+
+
+def test_moe_bench_bounds_experts_on_the_cpu_by_the_hosts_read_alone_and_any_cell_by_both_readers():
+    """qwen3-30b-a3b with every sub-layer but the MoE layers in VRAM (experts-cpu's layout): its decode step needs
+    each MoE layer's top-k experts from host memory; the bound over PCIe and the host's read (capped by what host
+    memory gives both), over PCIe alone, and over the host's read alone (the CPU's path: experts-cpu's ceiling)."""
+    from types import SimpleNamespace
+
+    from benchmarks.moe_bench import routed_bound
+    from vramshard.layers.moe import MoEFFN
+
+    model = shape_model("qwen3-30b-a3b")
+    moe = [s for s in model if isinstance(s, MoEFFN)]
+    executor = SimpleNamespace(resident={s.name for s in model if not isinstance(s, MoEFFN)}, expert_cache=None,
+                               split_weights={s.name: {} for s in moe})
+    bw = {"h2d": 55.0e9, "cpu_read": 125.0e9, "shared_total": 145.0e9}
+    bound = routed_bound(model, executor, bw)
+    routed = bound["routed_bytes_per_token"]
+    assert len(moe) == 48 and 3.5e9 < routed < 3.8e9  # 48 layers x 8 experts x 3 x 2048 x 768 bf16
+    assert bound["missed_routed_bytes"] == routed and bound["other_nonresident_bytes"] == 0
+    assert bound["bound_tok_s"] == pytest.approx(145.0e9 / routed)  # (the shared cap, below 55 + 125)
+    assert bound["host_read_bound_tok_s"] == pytest.approx(125.0e9 / routed)
+    assert bound["pcie_bound_tok_s"] == pytest.approx(55.0e9 / routed)
