@@ -245,3 +245,30 @@ def test_a_few_tokens_experts_by_the_c_kernel_are_priced_from_the_kernels_one_ro
     assert host_pass_s(timed_by_kernel, moe, 1, gemv=True) == pytest.approx(by_rate)
     fitted = h100.calibrated(cpu_rows={1: 1.5})  # (the engine's fits apply to it as to every CPU product)
     assert host_pass_s(fitted, moe, 1, gemv=True) == pytest.approx(1.5 * by_kernel)
+
+
+@pytest.mark.parametrize("one_call", [True, False])
+def test_on_the_worker_the_profile_times_the_pass_as_the_worker_runs_it(monkeypatch, one_call):
+    """With the worker's one C call on (VRAMSHARD_RUN_AHEAD_ONE_CALL), the worker's rates are of that call
+    (each run computing a routing's experts, the ticket raised); off, of the layer's own code only."""
+    from vramshard.layers import cpu_gemv
+
+    if cpu_gemv.library() is None:
+        pytest.skip("the C kernel does not build here")
+    monkeypatch.setattr(run_ahead, "ONE_CALL", one_call)
+    runs = []
+    real_run = cpu_gemv.ExpertsPart.run
+
+    def counted(self, ready, ticket, number, seconds, threads):
+        status, waited = real_run(self, ready, ticket, number, seconds, threads)
+        runs.append((status, int(ticket[0])))
+        return status, waited
+
+    monkeypatch.setattr(cpu_gemv.ExpertsPart, "run", counted)
+    measured = measure_host_experts("bf16", 256, 128, 2, [1, 2], budget_s=0.02, progress=ProgressSink(),
+                                    weight=1.0, on_worker=True)
+    assert set(measured.worker) == {"1", "2"} and all(rate > 0 for rate in measured.worker.values())
+    if one_call:
+        assert runs and set(runs) == {(0, 1)}  # computed (the word was up), the ticket raised
+    else:
+        assert runs == []

@@ -18,6 +18,10 @@ does when it queues a step. On the H200 machine's host the one-token pass took 1
 against 0.76 ms alone (twenty-third GPU session, ``benchmarks.compiled_gil``), and the engine's
 CPU share of the zero-copy experts decoded at 15.3 tok/s where the rate alone predicted 22.9.
 
+On the worker the pass is timed as the worker runs it: as one bound C call
+(:class:`~vramshard.layers.cpu_gemv.ExpertsPart`, its ready word already up) where the executor's worker
+takes that call (``VRAMSHARD_RUN_AHEAD_ONE_CALL``, since session 47), else the layer's own code as above.
+
 How large the worker's OpenMP team should be is measured too: the one-token pass beside Python with
 teams of one core fewer down to a quarter of the cores (:func:`team_candidates`). An OpenMP team waits
 at every barrier for its slowest thread, and beside the host thread (Python, then the driver spinning
@@ -83,6 +87,18 @@ class HostExpertRates:
     teams: dict[str, float] = field(default_factory=dict)
 
 
+def _as_the_worker_runs_it(ffn: MoEFFN, source: DictExperts, h: torch.Tensor, routings: list[Routing]):
+    """The pass as the run-ahead worker's one C call for each routing in turn (its ready word already up,
+    its ticket raised into a word nobody waits for), where the worker takes that call here; else None."""
+    if not run_ahead.ONE_CALL:
+        return None
+    parts = [ffn.experts_part(source, h, routing, torch.empty_like(h)) for routing in routings]
+    if any(part is None for part in parts):
+        return None
+    ready, ticket = torch.ones(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+    return cycling(len(parts), lambda i: parts[i].run(ready, ticket, 1, 0.0, torch.get_num_threads()))
+
+
 def measure_host_experts(dtype: str, hidden: int, intermediate: int, top_k: int, rows: list[int], budget_s: float,
                          progress: ProgressSink, weight: float, on_worker: bool = False) -> HostExpertRates | None:
     """The pass's rates (:class:`HostExpertRates`; on the run-ahead worker beside Python where
@@ -121,6 +137,7 @@ def measure_host_experts(dtype: str, hidden: int, intermediate: int, top_k: int,
             rates.alone[str(m)] = assigned / time_cpu(one, budget_s, PASS_REPS)
             if not on_worker:
                 continue
+            one = _as_the_worker_runs_it(ffn, source, h, routings) or one
             if team is None:  # (the first rows measured: one token, as decode steps give the worker)
                 for count in team_candidates(run_ahead.largest_team(torch.get_num_threads())):
                     beside = time_cpu_beside_python(one, budget_s, count, run_ahead.SWITCH_INTERVAL_S, PASS_REPS)
