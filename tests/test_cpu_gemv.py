@@ -4,7 +4,6 @@ included; it is used unless switched off and where it builds, else torch's paths
 FFNs, split parts and projections through it give an engine the logits of the float32 CPU reference, with
 no prepacked or row-major copies of the parts."""
 
-import os
 import platform
 
 import pytest
@@ -15,13 +14,10 @@ from vramshard.layers import cpu_gemv, cpu_linear
 from vramshard.layers.mlp import swiglu
 from vramshard.runtime import cpu_packed
 
+from kernel_helpers import ON_CI, needs_kernel
 from placement_helpers import PROMPT, trace_logits
 from test_split_ffn import _ffn, _split_placement, _whole
 
-# CI's machine has a C compiler (inductor needs one too): there the kernel must build, and its tests run.
-ON_CI = bool(os.environ.get("CI"))
-needs_kernel = pytest.mark.skipif(cpu_gemv.library() is None and not ON_CI,
-                                  reason=f"the C kernel does not build here ({cpu_gemv.failure()})")
 NARROWER = {"avx2": ("-mno-avx512f",), "plain": ("-mno-avx512f", "-mno-avx2", "-mno-f16c", "-mno-fma")}
 
 

@@ -16,6 +16,7 @@ import torch
 from vramshard.layers import cpu_compiled
 from vramshard.runtime import run_ahead
 
+from kernel_helpers import needs_kernel
 from switch_helpers import assert_opt_out
 
 needs_triton = pytest.mark.skipif(run_ahead.triton is None, reason="needs Triton")
@@ -191,6 +192,7 @@ def test_the_worker_leaves_the_host_thread_a_core(monkeypatch):
     assert run_ahead.worker_threads(4) == 1
 
 
+@needs_kernel
 @pytest.mark.parametrize("one_call", [True, False])
 def test_host_experts_on_the_worker_as_one_bound_call_or_a_python_job(one_call, monkeypatch):
     """A MoE layer's host experts as the executor hands them to the worker (RunAhead.result_on with the
@@ -198,11 +200,8 @@ def test_host_experts_on_the_worker_as_one_bound_call_or_a_python_job(one_call, 
     job and writes what run_experts computes; the worker waits for a ready word that comes late, counts the
     call as the part's expert kernel, and raises the ticket; an expert outside the layer fails the drain with
     the ticket raised. Off: the Python job, the same sums."""
-    from vramshard.layers import cpu_gemv
     from vramshard.layers.moe import DictExperts, MoEFFN, Routing
 
-    if cpu_gemv.library() is None:
-        pytest.skip("the C kernel does not build here")
     monkeypatch.setattr(run_ahead, "ONE_CALL", one_call)
     _stand_in_for_the_gpu(monkeypatch)
     g = torch.Generator().manual_seed(3)

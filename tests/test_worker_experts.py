@@ -26,6 +26,8 @@ from vramshard.profile.timing import time_cpu_beside_python
 from vramshard.runtime import run_ahead
 from vramshard.shapes import shape_model
 
+from kernel_helpers import needs_kernel
+
 RUN15 = Path(__file__).resolve().parents[1] / "docs" / "profiles" / "h200-run15.json"  # it timed the pass alone
 QWEN30 = shape_model("qwen3-30b-a3b")
 
@@ -247,14 +249,13 @@ def test_a_few_tokens_experts_by_the_c_kernel_are_priced_from_the_kernels_one_ro
     assert host_pass_s(fitted, moe, 1, gemv=True) == pytest.approx(1.5 * by_kernel)
 
 
+@needs_kernel
 @pytest.mark.parametrize("one_call", [True, False])
 def test_on_the_worker_the_profile_times_the_pass_as_the_worker_runs_it(monkeypatch, one_call):
     """With the worker's one C call on (VRAMSHARD_RUN_AHEAD_ONE_CALL), the worker's rates are of that call
     (each run computing a routing's experts, the ticket raised); off, of the layer's own code only."""
     from vramshard.layers import cpu_gemv
 
-    if cpu_gemv.library() is None:
-        pytest.skip("the C kernel does not build here")
     monkeypatch.setattr(run_ahead, "ONE_CALL", one_call)
     runs = []
     real_run = cpu_gemv.ExpertsPart.run
