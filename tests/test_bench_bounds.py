@@ -61,6 +61,28 @@ def test_engine_bench_bounds_decode_by_the_smaller_of_the_two_readers_alone_and_
     assert roomy["8GiB_decode_bound_tok_s"] == pytest.approx(15.0)
 
 
+def test_engine_bench_judges_a_planned_cell_against_its_baseline_by_the_hosts_read_around_each():
+    """Each cell carries the host's read before and after it: the checks give the planned cell's read over
+    its baseline's (a lead partly the host's where it is off 1) and decode's bound at the planned cell's
+    read, the shared cap scaled alike; cells without reads get neither."""
+    from benchmarks.engine_bench import derived
+
+    GiB = 2**30
+    ours = {"engine": "vramshard", "vram": 2 * GiB, "tg_tok_s": 6.0, "ttft_s": 0.3, "resident_bytes": 1e9,
+            "batched": {}, "host_read_gb_s": [60.0, 40.0]}
+    base = {"engine": "layers:max", "vram": 2 * GiB, "tg_tok_s": 5.0, "ttft_s": 2.0, "resident_bytes": 1e9,
+            "batched": {}, "host_read_gb_s": [100.0, 100.0]}
+    bandwidth = {"h2d": 50.0, "cpu_read": 100.0, "device": 4000.0, "shared_total": 120.0}
+    checks = derived([ours, base], 16e9, 15e9, bandwidth)
+    assert checks["2GiB_host_read_vramshard_over_layers_max"] == pytest.approx(0.5)
+    assert checks["2GiB_decode_bound_tok_s"] == pytest.approx(8.0)  # the shared 120 GB/s over 15 GB
+    # At half the read: 50 + 50 GB/s alone, 60 shared: 60 GB/s over 15 GB.
+    assert checks["2GiB_decode_bound_at_cell_read_tok_s"] == pytest.approx(4.0)
+    assert checks["2GiB_decode_fraction_of_bound_at_cell_read"] == pytest.approx(1.5)
+    bare = derived([dict(ours, host_read_gb_s=None), dict(base, host_read_gb_s=None)], 16e9, 15e9, bandwidth)
+    assert not any("host_read" in k or "at_cell_read" in k for k in bare)
+
+
 def test_plan_replay_predicts_the_baselines_of_an_engine_bench_run(tmp_path, capsys):
     """plan_replay baselines: each layers:N cell's decode step as the estimator predicts it from the
     profile (scaled as the run's profile source says), against the step the cell measured."""

@@ -1,7 +1,8 @@
 """One line per cell of an ``engine_bench`` JSON, for a GPU call's output: engine, budget, decode
 tok/s, batched tok/s, the cell's seconds, its load phases, decode measured over predicted, its TTFT runs
 and stalls (slowest decode step ms, decode steps over twice the median, slowest prompt step ms), the
-attention layers whose KV cache is in VRAM at the end ("kv N"), any error; then the model's checks.
+attention layers whose KV cache is in VRAM at the end ("kv N"), the host's read GB/s before and after it
+("read A-B"), any error; then the model's checks.
 
     python3 benchmarks/gpu_session/engine_summary.py $OUT/nemo_decode.json
 """
@@ -20,9 +21,10 @@ def main(path: str) -> None:
             ttft = [round(t, 3) for t in cell.get("ttft_runs_s") or []]
             stalls = [cell.get(k) and round(cell[k], 1) for k in
                       ("decode_step_ms_max", "decode_steps_over_2x_median", "prompt_step_ms_max")]
+            read = "-".join(f"{r:.0f}" for r in cell.get("host_read_gb_s") or [])
             print(cell.get("engine"), cell.get("vram"), cell.get("tg_tok_s"), batched, cell.get("cell_s"), load,
                   (cell.get("decode_vs_plan") or {}).get("measured_over_predicted"), ttft, stalls,
-                  f"kv {cell.get('kv_layers_in_vram_at_end')}", cell.get("error", ""))
+                  f"kv {cell.get('kv_layers_in_vram_at_end')}", f"read {read}" if read else "", cell.get("error", ""))
         print(model.get("checks"))
 
 
