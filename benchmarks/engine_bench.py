@@ -26,6 +26,9 @@ Each cell records the host's memory read just before and after it (``host_read_g
 moved 1.6x within minutes (session 48). The checks give the planned cell's read over its baseline's
 (``*_host_read_vramshard_over_layers_max``: a lead is the engine's only where that is near 1) and decode's
 bound at the read around the planned cell (``*_decode_fraction_of_bound_at_cell_read``).
+With ``--abba`` each budget's planned engine and baseline run twice, planned-baseline-baseline-planned, and
+the checks are the two rounds' geometric means (each round's under ``rounds``). The second planned engine
+starts from the factors the first fitted (as a user's second run does, from the calibration store).
 """
 
 from __future__ import annotations
@@ -193,6 +196,26 @@ def derived(cells: list[dict], weights: int, decode_bytes: int, bandwidth: dict,
 
 
 
+def derived_rounds(cells: list[dict], weights: int, decode_bytes: int, bandwidth: dict,
+                   cpu_rows: dict[int, float] | None = None) -> dict:
+    """:func:`derived` of cells measured in rounds (``--abba``: each cell's ``round``; cells without one, the
+    unconstrained engine's, belong to every round): each check the geometric mean of the rounds' that have it
+    (planned, baseline, baseline, planned: a drift of the host's speed that is steady over the four cells
+    scales both engines' products alike), each round's own checks under ``rounds``. Without rounds, :func:`derived`."""
+    rounds = sorted({c["round"] for c in cells if c.get("round") is not None})
+    if not rounds:
+        return derived(cells, weights, decode_bytes, bandwidth, cpu_rows)
+    shared = [c for c in cells if c.get("round") is None]
+    per = [derived(shared + [c for c in cells if c.get("round") == r], weights, decode_bytes, bandwidth, cpu_rows)
+           for r in rounds]
+    out: dict = {}
+    for key in dict.fromkeys(k for checks in per for k in checks):
+        values = [checks[key] for checks in per if key in checks]
+        out[key] = statistics.geometric_mean(values) if all(v > 0 for v in values) else statistics.mean(values)
+    out["rounds"] = per
+    return out
+
+
 @contextlib.contextmanager
 def _gemv_off(off: bool):
     """Within: the C decode kernel off (layers/cpu_gemv.py reads VRAMSHARD_CPU_GEMV at each call)."""
@@ -223,6 +246,10 @@ def main() -> None:
                         help="runs of each test (TTFT/tg and each batch size); the median is kept")
     parser.add_argument("--deadline-s", type=float, default=400.0, help="start no new cell after this")
     parser.add_argument("--baseline", default="layers:max")
+    parser.add_argument("--abba", action="store_true",
+                        help="run each budget's planned engine and baseline twice, in the order planned, baseline, "
+                             "baseline, planned (cells of rounds 1 and 2); the checks are the rounds' geometric "
+                             "means, so a host whose speed drifts steadily moves both engines alike")
     parser.add_argument("--without-gemv", action="store_true",
                         help="also run the planned engine of each budget with the C decode kernel off "
                              "(label vramshard+no-gemv; VRAMSHARD_CPU_GEMV=off for that cell)")
@@ -277,20 +304,25 @@ def main() -> None:
         host = HostLayouts(list(model), pack_model(list(model), random_weights(model), pin=True, splittable=False))
         log.info("%s: %.1f GiB built and pinned in %.1f s", name, model.nbytes / GiB, time.perf_counter() - t0)
         eager, compiled = {"decode_graphs": False}, {"decode_compile": "inductor"}
-        specs = [EngineSpec("unconstrained", "gpu", None)]
-        specs += [EngineSpec("unconstrained+no-overlap", "gpu", None, {"overlap": False})] if args.overlap_off else []
-        specs += [EngineSpec("unconstrained+compiled", "gpu", None, compiled)] if args.compile else []
-        specs += [EngineSpec("unconstrained+eager", "gpu", None, eager)] if args.eager else []
+        free = [EngineSpec("unconstrained", "gpu", None)]
+        free += [EngineSpec("unconstrained+no-overlap", "gpu", None, {"overlap": False})] if args.overlap_off else []
+        free += [EngineSpec("unconstrained+compiled", "gpu", None, compiled)] if args.compile else []
+        free += [EngineSpec("unconstrained+eager", "gpu", None, eager)] if args.eager else []
+        specs = [(spec, None) for spec in free]  # (spec, its round under --abba; None: every round's)
         for budget in [b for b in args.budgets.split(",") if b]:
             vram = int(float(budget) * GiB)
-            specs += [EngineSpec("vramshard", None, vram)]
-            specs += [EngineSpec("vramshard+eager", None, vram, eager)] if args.eager else []
-            specs += [EngineSpec("vramshard+no-gemv", None, vram)] if args.without_gemv else []
-            specs += [EngineSpec(args.baseline, args.baseline, vram)]
+            ours = [EngineSpec("vramshard", None, vram)]
+            ours += [EngineSpec("vramshard+eager", None, vram, eager)] if args.eager else []
+            ours += [EngineSpec("vramshard+no-gemv", None, vram)] if args.without_gemv else []
+            theirs = [EngineSpec(args.baseline, args.baseline, vram)]
+            if args.abba:
+                specs += [(spec, 1) for spec in ours + theirs] + [(spec, 2) for spec in theirs + ours]
+            else:
+                specs += [(spec, None) for spec in ours + theirs]
         cpu_rows = {b: cpu_rows_gb_s(profile, model, b) for b in settings.batch_sizes}
         cells: list[dict] = []
         entry = results["models"][name] = {"bytes": model.nbytes, "dtype": str(model.dtype), "cells": cells}
-        for spec in specs:
+        for spec, round_ in specs:
             if time.perf_counter() - t_start > args.deadline_s:
                 results["skipped"].append(f"{name} {spec.label} {spec.vram}")
                 log.warning("deadline: skipping %s %s %s", name, spec.label, spec.vram)
@@ -303,11 +335,13 @@ def main() -> None:
             # The host's read just before and after the cell: shared hosts moved 1.6x within minutes (session 48),
             # so a planned cell and its baseline compare only where their reads are near (see `derived`).
             cell["host_read_gb_s"] = [read_before, cpu_read_bandwidth() / 1e9]
+            if round_ is not None:
+                cell["round"] = round_
             cells.append(cell)
             log.info("%s %s %s: %s", name, spec.label, spec.vram,
                      cell.get("error") or {k: cell.get(k) for k in ("placement", "ttft_s", "tg_tok_s", "peak_vram_bytes", "load_seconds")})
-            entry["checks"] = derived(cells, model.nbytes, decode_read_bytes(model, args.pp + args.tg // 2), bandwidth,
-                                      cpu_rows)
+            entry["checks"] = derived_rounds(cells, model.nbytes, decode_read_bytes(model, args.pp + args.tg // 2),
+                                             bandwidth, cpu_rows)
             results["elapsed_s"] = time.perf_counter() - t_start
             write_json(target, results)
         del host

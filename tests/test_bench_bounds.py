@@ -83,6 +83,34 @@ def test_engine_bench_judges_a_planned_cell_against_its_baseline_by_the_hosts_re
     assert not any("host_read" in k or "at_cell_read" in k for k in bare)
 
 
+def test_engine_bench_abba_rounds_give_each_check_as_the_geometric_mean_of_the_rounds():
+    """--abba cells carry their round; the unconstrained engine's (no round) counts in both. Each check is
+    the geometric mean of the rounds' that have it, and each round's checks are kept."""
+    from benchmarks.engine_bench import derived, derived_rounds
+
+    GiB = 2**30
+    free = {"engine": "unconstrained", "vram": None, "tg_tok_s": 100.0, "ttft_s": 0.03, "resident_bytes": 16e9}
+
+    def cell(engine, tg, round_):
+        return {"engine": engine, "vram": 2 * GiB, "tg_tok_s": tg, "ttft_s": 0.3, "resident_bytes": 1e9,
+                "batched": {}, "round": round_}
+
+    cells = [free, cell("vramshard", 9.0, 1), cell("layers:max", 6.0, 1), cell("layers:max", 10.0, 2),
+             cell("vramshard", 8.0, 2)]
+    bandwidth = {"h2d": 50.0, "cpu_read": 100.0, "device": 4000.0}
+    checks = derived_rounds(cells, 16e9, 15e9, bandwidth)
+    assert [r["2GiB_tg_speedup_vs_layers_max"] for r in checks["rounds"]] == pytest.approx([1.5, 0.8])
+    assert checks["2GiB_tg_speedup_vs_layers_max"] == pytest.approx((1.5 * 0.8) ** 0.5)
+    assert checks["2GiB_decode_fraction_of_bound"] == pytest.approx((9.0 * 8.0) ** 0.5 / 10.0)  # bound 10 tok/s
+    assert checks["unconstrained_decode_fraction_of_bandwidth_bound"] == pytest.approx(
+        derived([free], 16e9, 15e9, bandwidth)["unconstrained_decode_fraction_of_bandwidth_bound"])
+    # A round that lost its baseline (an error) leaves its speedup to the other round.
+    lost = derived_rounds(cells[:3] + [cells[4]], 16e9, 15e9, bandwidth)
+    assert lost["2GiB_tg_speedup_vs_layers_max"] == pytest.approx(1.5)
+    plain = [{k: v for k, v in c.items() if k != "round"} for c in cells[:3]]
+    assert derived_rounds(plain, 16e9, 15e9, bandwidth) == derived(plain, 16e9, 15e9, bandwidth)
+
+
 def test_plan_replay_predicts_the_baselines_of_an_engine_bench_run(tmp_path, capsys):
     """plan_replay baselines: each layers:N cell's decode step as the estimator predicts it from the
     profile (scaled as the run's profile source says), against the step the cell measured."""
