@@ -38,6 +38,8 @@ def test_bench_shape_end_to_end(tmp_path, capsys):
         # A decode step: its preparation and its forward pass are parts of it.
         assert 0 < row["decode_prepare_ms"] < row["decode_sched_ms"]
         assert 0 < row["decode_forward_ms_median"] < row["decode_step_ms_median"]
+        # (The single run's host time in split FFN parts is given beside its host computing, as each batch's is.)
+        assert 0 <= row["decode_host_split_ms_median"] <= row["decode_host_compute_ms_median"]
         # Stalls: the slowest decode step is no faster than the median, the count of slow ones fits the steps.
         assert row["decode_step_ms_max"] >= row["decode_step_ms_median"] and row["prompt_step_ms_max"] > 0
         assert 0 <= row["decode_steps_over_2x_median"] < 6

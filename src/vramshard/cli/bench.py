@@ -233,6 +233,7 @@ def measure(engine, settings: BenchSettings) -> dict:
         "decode_prepare_ms": single["decode_prepare_ms"],
         "decode_forward_ms_median": single["decode_forward_ms_median"],
         "decode_host_compute_ms_median": single["decode_host_compute_ms_median"],
+        "decode_host_split_ms_median": single["decode_host_split_ms_median"],
         "decode_host_wait_ms_median": single["decode_host_wait_ms_median"],
         **{key: single[key] for key in STALL_KEYS},
         "complete": single["complete"],
