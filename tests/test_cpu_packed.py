@@ -97,6 +97,86 @@ def test_a_new_plan_drops_the_packed_parts_it_no_longer_computes(tiny_model_dir,
 
 
 @needs_mkldnn
+def test_a_plan_packed_ahead_comes_into_force_without_packing_at_the_switch(tiny_model_dir, monkeypatch):
+    """prepare() packs a plan's parts before it comes into force, off the steps (its seconds in ahead_s, no
+    step's packing_s); the plan in force keeps its own until the switch, which packs nothing and drops them;
+    the logits are the CPU placement's."""
+    from vramshard.layers import cpu_gemv
+
+    path = tiny_model_dir("llama")
+    monkeypatch.setattr(cpu_packed, "MODE", "on")
+    monkeypatch.setattr(cpu_gemv, "computes", lambda rows: False)
+    reference = Engine.load(path, device="cpu")
+    split = Engine.load(path, placement=_split_placement(reference.model, [3, 15]), simulate_gpu=True, max_context=64)
+    executor, packed = split.executor, split.executor._packed
+    before, spent = set(packed._parts), packed.packing_s
+    executor.prepare(TieredPlacement.single(_split_placement(reference.model, [5, 15])))
+    assert set(packed._parts) == before | {("ffn[0]", 5)} and packed.ahead_s > 0 and packed.packing_s == spent
+    torch.testing.assert_close(trace_logits(split), trace_logits(reference), rtol=1e-5, atol=1e-5)
+    assert ("ffn[0]", 5) in packed._parts and packed.packing_s == spent  # (the steps kept the part packed ahead)
+    executor.reconfigure(_split_placement(reference.model, [3, 15]), None)  # (another plan first: a quick one)
+    assert ("ffn[0]", 5) in packed._parts and packed.packing_s == spent
+    report = executor.reconfigure(_split_placement(reference.model, [5, 15]), None)
+    assert set(packed._parts) == {("ffn[0]", 5), ("ffn[1]", 15)} and packed.packing_s == spent  # nothing to pack
+    # (The switch's host-side work is in its report, by phase.)
+    assert set(report.apply_parts) == {"CPU parts", "CPU kernels"}
+    assert 0 < sum(report.apply_parts.values()) < report.total_s
+    assert packed.nbytes == sum(p.nbytes for p in packed._parts.values())
+    torch.testing.assert_close(trace_logits(split), trace_logits(reference), rtol=1e-5, atol=1e-5)
+    # A plan packed ahead that never comes into force: its parts go at the switch after the next one's.
+    executor.prepare(TieredPlacement.single(_split_placement(reference.model, [7, 15])))
+    executor.prepare(TieredPlacement.single(_split_placement(reference.model, [9, 15])))
+    executor.reconfigure(_split_placement(reference.model, [9, 15]), None)
+    assert set(packed._parts) == {("ffn[0]", 9), ("ffn[1]", 15)} and packed.packing_s == spent
+    monkeypatch.setattr(cpu_packed, "PACK_AHEAD", False)
+    executor.prepare(TieredPlacement.single(_split_placement(reference.model, [11, 15])))
+    assert ("ffn[0]", 11) not in packed._parts
+
+
+@needs_mkldnn
+def test_the_pack_ahead_benchmark_switches_without_packing_where_it_packed_ahead():
+    """benchmarks.pack_ahead on a tiny shape: the switches that packed ahead pack nothing themselves, the
+    others pack their parts in the switch; packing ahead leaves the packing mode as it was."""
+    from benchmarks import pack_ahead
+
+    mode = cpu_packed.MODE
+    result = pack_ahead.main(["--shape", "tiny-llama", "--layers", "2", "--pieces", "3,5", "--rounds", "2",
+                              "--tokens", "3"])
+    assert cpu_packed.MODE == mode
+    ahead, at_switch = result["rows"]["ahead"], result["rows"]["at_switch"]
+    assert len(ahead) == len(at_switch) == 2 and {r["to_pieces"] for r in ahead} == {3, 5}
+    assert all(r["switch_packing_s"] == 0 and r["ahead_packing_s"] > 0 for r in ahead)
+    assert all(r["switch_packing_s"] > 0 for r in at_switch)
+
+
+def test_the_budget_followers_plans_are_packed_ahead_before_they_can_come_into_force(tiny_model_dir, monkeypatch):
+    """The background re-plan (its quick plan, then its full one) hands each plan to the executor to
+    pack ahead before it goes into the plan cache, where the steps' poll finds it; a failure to pack
+    ahead leaves the plan to come in as before."""
+    from vramshard.runtime import budget as budgets
+
+    engine = Engine.load(tiny_model_dir("llama"), vram="64MiB", simulate_gpu=True, max_context=64)
+    follower, seen = engine.budget, []
+    budget = follower.watcher.in_force
+
+    def prepare(plans):
+        in_cache = [follower._quick_plan_ready(budget, None), follower._full_plan_ready(budget, None)]
+        seen.append((plans, in_cache))
+        if len(seen) > 2:
+            raise RuntimeError("no room")
+
+    monkeypatch.setattr(engine.executor, "prepare", prepare)
+    follower.plan_cache = budgets.PlanCache()
+    follower._plan_fully(budget, None, quick_first=True)
+    assert [cached for _, cached in seen] == [[False, False], [True, False]]  # each before it is cached
+    assert all(isinstance(plans, TieredPlacement) for plans, _ in seen)
+    assert follower._full_plan_ready(budget, None)
+    follower.plan_cache = budgets.PlanCache()
+    follower._plan_fully(budget, None)
+    assert len(seen) == 3 and follower._full_plan_ready(budget, None)
+
+
+@needs_mkldnn
 def test_packed_parts_take_no_row_major_down_copies_beside_them(tiny_model_dir, monkeypatch):
     """A split FFN's CPU part and an FFN wholly on the CPU, in the split layout (down stored
     transposed): packed, neither gets a row-major down copy, which it would never read."""

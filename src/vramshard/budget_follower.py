@@ -399,7 +399,17 @@ class BudgetFollower:
         """The full plan for ``budget`` into the plan cache, after the quick one where ``quick_first``
         (on the background thread; made in the planning process, :mod:`~vramshard.runtime.plan_process`,
         so the steps beside it keep the GIL)."""
-        model, settings, make = self.engine.model, self.plan_settings(), plan_process.make_plan_off_thread
+        model, settings, executor = self.engine.model, self.plan_settings(), self.engine.executor
+
+        def make(*args, **kwargs):
+            plan = plan_process.make_plan_off_thread(*args, **kwargs)
+            plans = plan.tiered()
+            try:  # its CPU parts packed before the plan can come into force (the switch stops the steps)
+                executor.prepare(plans)
+            except Exception:  # (the switch packs them, as before)
+                log.exception("could not pack the CPU parts of plan %s ahead: the switch will", plans.name)
+            return plan
+
         if quick_first:
             budgets.plan_for_budget(model, settings, budget, kv_forced, self.plan_cache, search=False, make=make)
         budgets.plan_for_budget(model, settings, budget, kv_forced, self.plan_cache, make=make)

@@ -36,6 +36,15 @@ llama3-8b split parts at 128 rows took 0.103 s packed against 0.115 s plain, and
 s against 0.10 s for their down copies, a cost some 35-75 chunks would pay back (``python -m
 benchmarks.first_prompt``; docs/BENCHMARKS.md, session 33).
 
+Since session 48 a re-plan's parts are packed before its plan comes into force (``VRAMSHARD_PACK_AHEAD``, on by
+default): the budget follower's background thread, once the plan is made, packs them (:meth:`PackedParts.pack_ahead`)
+while the steps go on under the plan before, and the switch at a step boundary finds them made. At the switch,
+under the executor's lock, packing stops the steps: on the development machine a 4-layer llama3-8b's switch took
+413-611 ms packing there, 42-51 ms packed ahead (``python -m benchmarks.pack_ahead``); llama3-8b's re-plans on an
+H100 machine stopped the steps 1.0-4.8 s each, two (the quick plan and the full one) after each fit, packing
+some unrecorded part of it (docs/logs-run48). Parts packed ahead for a plan that never comes into force go at the
+next switch after another plan is packed ahead.
+
 A planned engine packs only at the tiers its plan says (``TieredPlacement.packed``), and so, since
 session 36, does a named placement beside a GPU (``layers:N`` and the like: the engine runs it at
 every tier with the flags a plan's tiers would have, :func:`~vramshard.plan.planner.named_plan`):
@@ -49,13 +58,14 @@ packing in each tier's first steps.
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import torch
 import torch.nn.functional as F
 
-from ..env import choice
+from ..env import choice, switch
 from ..profile.query import DECODE_ROWS  # the most rows whose parts are read packed (decode steps)
 from .host_allowance import HostAllowance
 
@@ -63,6 +73,7 @@ log = logging.getLogger(__name__)
 
 MODES = ("auto", "on", "off")
 MODE = choice("VRAMSHARD_CPU_PACKED", MODES, "auto")
+PACK_AHEAD = switch("VRAMSHARD_PACK_AHEAD", default=True)  # a re-plan's parts packed before it comes into force
 
 
 def packs(mode: str | None = None, gpu: bool | None = None) -> bool:
@@ -114,6 +125,12 @@ class PackedParts:
         self.packing_s = 0.0
         # Whether the plans in force pack at a step's rows (TieredPlacement.packs; the executor sets it).
         self.packs_rows: Callable[[int], bool] = lambda rows: True
+        # Parts packed (or being packed) ahead for a plan not yet in force: kept by keep() until a plan that
+        # computes them all is. Their seconds go to ahead_s: off the steps, they are no step's either.
+        self._ahead: set[tuple[str, int]] = set()
+        self.ahead_s = 0.0
+        # The budget follower's thread packs ahead while the steps' thread reads and packs: one packs at a time.
+        self._lock = threading.Lock()
 
     @property
     def enabled(self) -> bool:
@@ -126,9 +143,28 @@ class PackedParts:
         force): each plan of another budget or calibration splits FFNs anew, and a packed copy of
         every split ever used would grow past the plain weights (the thirteenth GPU session: 144
         parts, 11.8 GiB beside a 16 GB model)."""
-        for key in [k for k in self._parts if k not in wanted]:
-            self.nbytes -= self._parts.pop(key).nbytes
-        self._refused.clear()  # (room may have come back)
+        with self._lock:
+            for key in [k for k in self._parts if k not in wanted and k not in self._ahead]:
+                self.nbytes -= self._parts.pop(key).nbytes
+            if self._ahead <= wanted:
+                self._ahead = set()  # (the plan they were packed for is in force)
+            self._refused.clear()  # (room may have come back)
+
+    def expect(self, keys: Iterable[tuple[str, int]]) -> None:
+        """The parts ((FFN name, pieces on the CPU)) of the plan about to be packed ahead: keep() keeps
+        them until a plan computing them all is in force; those of an earlier plan packed ahead go."""
+        with self._lock:
+            self._ahead = set(keys)
+
+    def pack_ahead(self, name: str, cpu_pieces: int, part: Mapping[str, torch.Tensor], rows: int) -> PackedPart | None:
+        """Pack a part of a plan not yet in force (see :meth:`expect`), off the steps: as :meth:`get`
+        would in the plan's first step, whatever the plans in force pack; its seconds count in ``ahead_s``."""
+        if self._failed is not None or rows > DECODE_ROWS:
+            return None
+        began = time.perf_counter()
+        packed = self._pack(name, cpu_pieces, part, rows)
+        self.ahead_s += time.perf_counter() - began
+        return packed
 
     def get(self, name: str, cpu_pieces: int, part: Mapping[str, torch.Tensor], rows: int) -> PackedPart | None:
         """The packed part for a step of ``rows`` rows, packed here on first use; None for a prompt
@@ -137,15 +173,24 @@ class PackedParts:
         if self._failed is not None or rows > DECODE_ROWS or not self.packs_rows(rows):
             return None
         packed = self._parts.get((name, cpu_pieces))
-        if packed is None:
-            if (name, cpu_pieces) in self._refused:  # (each step asks again: answered without the sums)
-                return None
-            nbytes = sum(t.nbytes for key, t in part.items() if key.endswith("_proj"))
+        if packed is None and (name, cpu_pieces) not in self._refused:  # (a refused part: answered without the sums)
+            began = time.perf_counter()
+            packed = self._pack(name, cpu_pieces, part, rows)
+            self.packing_s += time.perf_counter() - began  # (with any wait for a part packed ahead meanwhile)
+        return packed
+
+    def _pack(self, name: str, cpu_pieces: int, part: Mapping[str, torch.Tensor], rows: int) -> PackedPart | None:
+        """The part packed (here unless it already is), or None past the allowance or where oneDNN failed."""
+        key = (name, cpu_pieces)
+        with self._lock:
+            packed = self._parts.get(key)
+            if packed is not None or key in self._refused or self._failed is not None:
+                return packed
+            nbytes = sum(t.nbytes for k, t in part.items() if k.endswith("_proj"))
             if not self.allowance.room_for(self.nbytes, nbytes):
-                self._refused.add((name, cpu_pieces))
+                self._refused.add(key)
                 return None
             weight = part["gate_up_proj"] if "gate_up_proj" in part else part["gate_proj"]  # [r, D]
-            began = time.perf_counter()
             try:
                 packed = PackedPart(part, rows)
                 if not self._probed:  # (a CPU that cannot run the dtype fails here, once; one row suffices)
@@ -156,10 +201,9 @@ class PackedParts:
                 log.warning("split FFNs' CPU parts run from plain weights: oneDNN cannot pack them here (%s)",
                             self._failed)
                 return None
-            self._parts[name, cpu_pieces] = packed
+            self._parts[key] = packed
             self.nbytes += packed.nbytes
-            self.packing_s += time.perf_counter() - began
             if len(self._parts) == 1 or len(self._parts) % 16 == 0:
                 log.info("packed %d split FFN CPU part(s) for oneDNN (%.2f GiB beside the plain weights)",
                          len(self._parts), self.nbytes / 2**30)
-        return packed
+            return packed

@@ -147,6 +147,9 @@ class ReconfigureReport:
     # the caching allocator), "empty" (the allocator's cache emptied: back to the card), "collect"
     # (a garbage collection, only when a reference cycle still held old buffers).
     release_parts: dict = field(default_factory=dict)
+    # Seconds of the host-side work of taking the new placement (``Executor._apply``'s phases: "CPU parts", the
+    # packed parts and down copies its CPU parts read, "CPU kernels", those compiled for it), its VRAM apart.
+    apply_parts: dict = field(default_factory=dict)
 
 
 class Executor(ExpertSplitSteps, FFNSplitSteps):
@@ -478,7 +481,8 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
             released = time.perf_counter() - start
             reserved_after_release = self.reserved_bytes()
             moving_in = config.kv_gpu - self._kv_gpu
-            self._apply(config)
+            applying = Timeline()
+            self._apply(config, applying)
             if self.uses_gpu:
                 self._start_gpu()
                 self._load_vram()
@@ -486,10 +490,12 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
             if self.gpu is not None and not self.simulated:
                 torch.cuda.synchronize(self.gpu)
             report = ReconfigureReport(released, time.perf_counter() - start, to_host, to_gpu,
-                                       reserved_after_release, self.reserved_bytes(), self.need, parts)
-            log.info("reconfigured to %s in %.1f ms (VRAM released after %.1f ms; KV moved: %s to host, %s to "
-                     "GPU)", self.describe(), report.total_s * 1e3, released * 1e3, format_bytes(to_host),
-                     format_bytes(to_gpu))
+                                       reserved_after_release, self.reserved_bytes(), self.need, parts,
+                                       dict(applying.seconds))
+            log.info("reconfigured to %s in %.1f ms (VRAM released after %.1f ms; %s; KV moved: %s to host, %s to "
+                     "GPU)", self.describe(), report.total_s * 1e3, released * 1e3,
+                     ", ".join(f"{name} {seconds * 1e3:.1f} ms" for name, seconds in applying.seconds.items()),
+                     format_bytes(to_host), format_bytes(to_gpu))
             return report
 
     def _check_kv_fits(self, config: _Config) -> None:

@@ -19,7 +19,7 @@ from ..errors import InvalidInputError
 from ..layers import cpu_gemv
 from ..layers.mlp import DenseFFN
 from ..plan.placement import TieredPlacement
-from . import run_ahead
+from . import cpu_packed, run_ahead
 from .cpu_packed import DECODE_ROWS
 from .ffn_buffers import FFNBuffers
 
@@ -54,19 +54,38 @@ class FFNSplitSteps:
         short prompts as well as batches, so a chat meets them in its first message. A prompt chunk
         beside packed decode tiers makes its down copies in its first step (the library's transpose: a
         few ms a part)."""
+        for name, pieces, views, rows, packs in self._parts_read_first(plans):
+            if not (packs and self._packed.enabled) or self._packed.get(name, pieces, views, rows) is None:
+                self._down_copies.part(name, pieces, views)
+
+    def prepare(self, plans: TieredPlacement) -> None:
+        """Pack the parts that ``plans``, not yet in force, read packed in their first steps (as
+        :meth:`_prepare_cpu_parts` will at the switch), off the steps: the budget follower calls it on its
+        background thread once a re-plan is made, while the steps go on under the plans in force, so that
+        the switch (:meth:`reconfigure`, under the executor's lock) finds them made (``cpu_packed.PACK_AHEAD``).
+        Down copies and kernels are still made at the switch."""
+        if not (cpu_packed.PACK_AHEAD and self._packed.enabled):
+            return
+        parts = [part for part in self._parts_read_first(plans) if part[4]]
+        self._packed.expect((name, pieces) for name, pieces, *_ in parts)
+        for name, pieces, views, rows, _ in parts:
+            self._packed.pack_ahead(name, pieces, views, rows)
+
+    def _parts_read_first(self, plans: TieredPlacement):
+        """(FFN name, pieces on the CPU, the part's views, rows, whether its tier packs) of each CPU part
+        of a dense FFN that ``plans``' first tier and decode-sized tiers compute above the C kernel's rows."""
         for index, (tier, placement) in enumerate(zip(plans.tiers, plans.placements)):
             if cpu_gemv.computes(tier) or (index > 0 and tier > DECODE_ROWS):
                 continue  # parts of a few rows read the plain weights as they lie; prompt chunks copy in theirs
             rows = tier if tier <= DECODE_ROWS else 1  # (a single plan for every step size: as one-row steps)
-            packs = self._packed.enabled and plans.packs(rows)
+            packs = plans.packs(rows)
             for name, where in placement.as_dict().items():
                 sublayer = self.model[name]
                 if not isinstance(sublayer, DenseFFN) or not (where.cpu_pieces or where.compute == "cpu"):
                     continue
                 pieces = where.cpu_pieces or sublayer.num_pieces
                 views = self._cpu_part(sublayer, pieces) if where.cpu_pieces else self.host[name].views
-                if not packs or self._packed.get(name, pieces, views, rows) is None:
-                    self._down_copies.part(name, pieces, views)
+                yield name, pieces, views, rows, packs
 
     def _check_ffn_splits(self, plans: TieredPlacement) -> None:
         """Split FFNs are dense FFNs packed in pieces, with 1 <= cpu_pieces < their pieces."""
