@@ -25,3 +25,33 @@ def test_unknown_memory_allows_no_copies_and_a_lifted_cap_allows_any(monkeypatch
     monkeypatch.setattr(host_allowance, "available_host_bytes", lambda: None)
     assert not HostAllowance("test copies", "TEST=on").room_for(0, 1)
     assert HostAllowance("test copies", "TEST=on", limited=False).room_for(10**15, 10**15)
+
+
+def test_copies_let_go_at_a_switch_are_freed_on_another_thread_and_the_packed_parts_keep_uses_it():
+    """release_later drops the list's objects on a thread of its own (the caller, holding the steps, goes
+    on); PackedParts.keep hands it the parts it drops, its byte count updated at once."""
+    import threading
+
+    from vramshard.runtime import cpu_packed
+    from vramshard.runtime.host_allowance import release_later
+
+    freed_on, done = [], threading.Event()
+
+    class Copy:
+        nbytes = 10
+
+        def __del__(self):
+            freed_on.append(threading.current_thread().name)
+            done.set()
+
+    release_later([Copy()])
+    assert done.wait(5) and freed_on == ["vramshard-release"]
+    release_later([])  # (nothing to let go: no thread)
+
+    parts = cpu_packed.PackedParts("on", gpu=True)
+    parts._parts, parts.nbytes = {("ffn[0]", 3): Copy(), ("ffn[1]", 3): Copy()}, 20
+    freed_on.clear()
+    done.clear()
+    parts.keep({("ffn[1]", 3)})
+    assert set(parts._parts) == {("ffn[1]", 3)} and parts.nbytes == 10
+    assert done.wait(5) and freed_on == ["vramshard-release"]

@@ -48,7 +48,7 @@ import torch
 
 from ..env import choice
 from ..layers import cpu_gemv
-from .host_allowance import HostAllowance
+from .host_allowance import HostAllowance, release_later
 from .pinned_host import host_empty
 
 log = logging.getLogger(__name__)
@@ -86,9 +86,9 @@ class DownCopies:
         self._widest = {}
         for name, pieces in wanted:
             self._widest[name] = max(pieces, self._widest.get(name, 0))
-        for name, (pieces, _) in list(self._copies.items()):
-            if pieces != self._widest.get(name):
-                self._drop(name)
+        dropped = [self._drop(name) for name, (pieces, _) in list(self._copies.items())
+                   if pieces != self._widest.get(name)]
+        release_later(dropped)  # (their memory freed off the switch)
 
     def part(self, name: str, cpu_pieces: int, weights: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
         """``weights`` (the views of FFN ``name``'s first ``cpu_pieces`` pieces) with its down projection
@@ -118,10 +118,13 @@ class DownCopies:
         part = self._parts[name, cpu_pieces] = {**weights, "down_proj": held[1][:, :down.shape[1]]}
         return part
 
-    def _drop(self, name: str) -> None:
-        self.nbytes -= self._copies.pop(name)[1].nbytes
+    def _drop(self, name: str) -> torch.Tensor:
+        """Forget FFN ``name``'s copy and the parts read from it; returns the copy (its last reference)."""
+        copy = self._copies.pop(name)[1]
+        self.nbytes -= copy.nbytes
         for key in [k for k in self._parts if k[0] == name]:
             del self._parts[key]
+        return copy
 
     def _room_for(self, nbytes: int) -> bool:
         return self.allowance.room_for(self.nbytes, nbytes)

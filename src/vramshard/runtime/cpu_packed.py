@@ -40,7 +40,7 @@ Since session 48 a re-plan's parts are packed before its plan comes into force (
 default): the budget follower's background thread, once the plan is made, packs them (:meth:`PackedParts.pack_ahead`)
 while the steps go on under the plan before, and the switch at a step boundary finds them made. At the switch,
 under the executor's lock, packing stops the steps: on the development machine a 4-layer llama3-8b's switch took
-413-611 ms packing there, 42-51 ms packed ahead (``python -m benchmarks.pack_ahead``); llama3-8b's re-plans on an
+538-698 ms packing there, 12-15 ms packed ahead (``python -m benchmarks.pack_ahead``); llama3-8b's re-plans on an
 H100 machine stopped the steps 1.0-4.8 s each, two (the quick plan and the full one) after each fit, packing
 some unrecorded part of it (docs/logs-run48). Parts packed ahead for a plan that never comes into force go at the
 next switch after another plan is packed ahead.
@@ -67,7 +67,7 @@ import torch.nn.functional as F
 
 from ..env import choice, switch
 from ..profile.query import DECODE_ROWS  # the most rows whose parts are read packed (decode steps)
-from .host_allowance import HostAllowance
+from .host_allowance import HostAllowance, release_later
 
 log = logging.getLogger(__name__)
 
@@ -143,12 +143,15 @@ class PackedParts:
         force): each plan of another budget or calibration splits FFNs anew, and a packed copy of
         every split ever used would grow past the plain weights (the thirteenth GPU session: 144
         parts, 11.8 GiB beside a 16 GB model)."""
+        dropped = []
         with self._lock:
             for key in [k for k in self._parts if k not in wanted and k not in self._ahead]:
-                self.nbytes -= self._parts.pop(key).nbytes
+                dropped.append(self._parts.pop(key))
+                self.nbytes -= dropped[-1].nbytes
             if self._ahead <= wanted:
                 self._ahead = set()  # (the plan they were packed for is in force)
             self._refused.clear()  # (room may have come back)
+        release_later(dropped)  # (their memory freed off the switch)
 
     def expect(self, keys: Iterable[tuple[str, int]]) -> None:
         """The parts ((FFN name, pieces on the CPU)) of the plan about to be packed ahead: keep() keeps

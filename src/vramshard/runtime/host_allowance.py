@@ -10,6 +10,7 @@ runs (a game, on our users' desktops).
 from __future__ import annotations
 
 import logging
+import threading
 
 from ..host_memory import meminfo_bytes
 
@@ -49,3 +50,12 @@ class HostAllowance:
             log.info("%s: the copies' %.2f GiB are full; further parts run from the plain weights (%s lifts "
                      "the limit)", self.what, held / 2**30, self.lift)
         return False
+
+
+def release_later(dropped: list) -> None:
+    """Let go of ``dropped`` (copies no plan in force reads; the list holds their last references) on a
+    thread of its own, not the caller's: at a switch the executor's lock holds the steps, and unmapping
+    the pages of 0.82 GiB of packed parts took 53-67 ms on the development machine where a loop on
+    another thread meanwhile saw no gap over 0.23 ms (session 48)."""
+    if dropped:
+        threading.Thread(target=dropped.clear, name="vramshard-release", daemon=True).start()
