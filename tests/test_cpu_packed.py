@@ -119,7 +119,7 @@ def test_a_plan_packed_ahead_comes_into_force_without_packing_at_the_switch(tiny
     report = executor.reconfigure(_split_placement(reference.model, [5, 15]), None)
     assert set(packed._parts) == {("ffn[0]", 5), ("ffn[1]", 15)} and packed.packing_s == spent  # nothing to pack
     # (The switch's host-side work is in its report, by phase.)
-    assert set(report.apply_parts) == {"CPU parts", "CPU kernels"}
+    assert set(report.apply_parts) == {"CPU parts", "CPU kernels", "VRAM"}
     assert 0 < sum(report.apply_parts.values()) < report.total_s
     assert packed.nbytes == sum(p.nbytes for p in packed._parts.values())
     torch.testing.assert_close(trace_logits(split), trace_logits(reference), rtol=1e-5, atol=1e-5)

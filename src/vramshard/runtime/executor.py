@@ -147,8 +147,9 @@ class ReconfigureReport:
     # the caching allocator), "empty" (the allocator's cache emptied: back to the card), "collect"
     # (a garbage collection, only when a reference cycle still held old buffers).
     release_parts: dict = field(default_factory=dict)
-    # Seconds of the host-side work of taking the new placement (``Executor._apply``'s phases: "CPU parts", the
-    # packed parts and down copies its CPU parts read, "CPU kernels", those compiled for it), its VRAM apart.
+    # Seconds of taking the new placement after the release: ``Executor._apply``'s host-side phases ("CPU parts",
+    # the packed parts and down copies its CPU parts read; "CPU kernels", those compiled for it), then "VRAM" (its
+    # resident weights copied in, the KV caches it wants moved there).
     apply_parts: dict = field(default_factory=dict)
 
 
@@ -483,12 +484,13 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
             moving_in = config.kv_gpu - self._kv_gpu
             applying = Timeline()
             self._apply(config, applying)
-            if self.uses_gpu:
-                self._start_gpu()
-                self._load_vram()
-            to_gpu = self._move_kv(moving_in, self.gpu) if moving_in else 0
-            if self.gpu is not None and not self.simulated:
-                torch.cuda.synchronize(self.gpu)
+            with applying.phase("VRAM"):  # the new resident weights copied in, the KV caches it wants moved there
+                if self.uses_gpu:
+                    self._start_gpu()
+                    self._load_vram()
+                to_gpu = self._move_kv(moving_in, self.gpu) if moving_in else 0
+                if self.gpu is not None and not self.simulated:
+                    torch.cuda.synchronize(self.gpu)
             report = ReconfigureReport(released, time.perf_counter() - start, to_host, to_gpu,
                                        reserved_after_release, self.reserved_bytes(), self.need, parts,
                                        dict(applying.seconds))
