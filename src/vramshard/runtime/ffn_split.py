@@ -66,9 +66,10 @@ class FFNSplitSteps:
         Down copies and kernels are still made at the switch."""
         if not (cpu_packed.PACK_AHEAD and self._packed.enabled):
             return
-        parts = [part for part in self._parts_read_first(plans) if part[4]]
-        self._packed.expect((name, pieces) for name, pieces, *_ in parts)
-        for name, pieces, views, rows, _ in parts:
+        parts = [(name, pieces, views, rows) for name, pieces, views, rows, packs in self._parts_read_first(plans)
+                 if packs]
+        self._packed.expect((name, pieces) for name, pieces, _, _ in parts)
+        for name, pieces, views, rows in parts:
             self._packed.pack_ahead(name, pieces, views, rows)
 
     def _parts_read_first(self, plans: TieredPlacement):
