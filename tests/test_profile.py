@@ -784,3 +784,15 @@ def test_a_profile_says_whether_its_one_row_cpu_products_went_through_the_c_kern
     with caplog.at_level("WARNING"):
         engine._say_if_timed_without_gemv(timed)
     assert "through torch" not in caplog.text
+
+
+def test_a_transfer_table_measured_twice_keeps_each_sizes_faster_copy():
+    """The profile times the copies alone before and after the contended ones and keeps each size's
+    faster (another tenant only ever slows a copy); tables of other sizes are refused."""
+    from vramshard.profile.bench_transfer import faster_of
+
+    first = {"bytes": [2**16, 2**20, 2**24], "seconds": [4e-6, 50e-6, 0.4e-3]}
+    second = {"bytes": [2**16, 2**20, 2**24], "seconds": [5e-6, 30e-6, 0.3e-3]}
+    assert faster_of(first, second) == {"bytes": [2**16, 2**20, 2**24], "seconds": [4e-6, 30e-6, 0.3e-3]}
+    with pytest.raises(ValueError, match="different sizes"):
+        faster_of(first, {"bytes": [2**16], "seconds": [1e-6]})

@@ -48,7 +48,7 @@ export PYTHONPATH=/tmp/site:src:. PYTHONUNBUFFERED=1
 # The profile measured on this kind of card, unless the caller named one.
 if [ -z "${PROFILE:-}" ]; then
   case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
-    *H100*) export PROFILE=docs/profiles/h100-run48.json ;;
+    *H100*) export PROFILE=docs/profiles/h100-run40.json ;;
     *H200*) export PROFILE=docs/profiles/h200-run33.json ;;
   esac
 fi

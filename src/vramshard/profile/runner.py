@@ -19,7 +19,7 @@ from .bench_matmul import measure_matmul
 from .bench_memory import measure_cpu_read
 from .bench_packed import measure_packed_ffn
 from .bench_split import measure_split_part
-from .bench_transfer import measure_transfers
+from .bench_transfer import faster_of, measure_transfers
 from .bench_zero_copy import measure_zero_copy
 from .contention import cpu_load, pcie_load
 from .fingerprint import fingerprint_hash, machine_fingerprint
@@ -58,7 +58,7 @@ def _total_weight(spec: BenchmarkSpec, threads: list[int], use_gpu: bool, w: dic
         total += sum(torch_dtype(d) in host_experts.DTYPES for d in spec.dtypes) * w["split"]
     if use_gpu:
         total += (full + attn) * w["gpu"] + w["dispatch"]
-        total += (4 * len(spec.transfer_sizes) + 1) * w["transfer"]  # (and the zero-copy reads)
+        total += (6 * len(spec.transfer_sizes) + 1) * w["transfer"]  # (alone twice, contended; the zero-copy reads)
         if spec.cpu_contention:
             total += ratio * w["cpu"]
     return total
@@ -225,13 +225,16 @@ def _measure_gpu(spec, top, w, cpu_args, gpu_args, progress, matmul, attention, 
             attention.append({"device": "cuda", "dtype": dtype, "threads": None, **table})
     torch.cuda.empty_cache()
     transfer_args = {"budget_s": max(spec.gpu_point_budget_s, 0.02), "progress": progress, "weight": w["transfer"]}
-    for direction in ("h2d", "d2h"):
-        table = measure_transfers(spec.transfer_sizes, direction, label=f"{direction} pinned", **transfer_args)
-        transfer.append({"direction": direction, "contended": False, **table})
+    directions = ("h2d", "d2h")
+    alone = {d: measure_transfers(spec.transfer_sizes, d, label=f"{d} pinned", **transfer_args) for d in directions}
     with cpu_load():
-        for direction in ("h2d", "d2h"):
-            table = measure_transfers(spec.transfer_sizes, direction, label=f"{direction} pinned, CPU busy", **transfer_args)
-            transfer.append({"direction": direction, "contended": True, **table})
+        contended = {d: measure_transfers(spec.transfer_sizes, d, label=f"{d} pinned, CPU busy", **transfer_args)
+                     for d in directions}
+    for d in directions:  # alone once more, after: each size's faster copy kept (bench_transfer.faster_of)
+        alone[d] = faster_of(alone[d], measure_transfers(spec.transfer_sizes, d, label=f"{d} pinned, again",
+                                                         **transfer_args))
+    transfer.extend({"direction": d, "contended": False, **alone[d]} for d in directions)
+    transfer.extend({"direction": d, "contended": True, **contended[d]} for d in directions)
     torch.cuda.empty_cache()
     if spec.cpu_contention:
         contended = []
