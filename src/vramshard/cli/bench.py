@@ -199,6 +199,9 @@ def _warm_every_shape(engine, settings: BenchSettings) -> None:
         engine.budget.background.wait(60)
         engine.poll_budget()  # the last fit's plan in force
         if engine.plan is plan and not pending():
+            # (When the timed runs begin: a switch logged after this line fell in them.)
+            log.info("warm-up done after %d round(s): plan %s in force, %s", round_ + 1, engine.executor.plans.name,
+                     "a plan awaited" if engine.budget.refine is not None else "no plan awaited")
             return
         log.info("warm-up round %d: %s; another", round_ + 1,
                  "the engine re-planned" if engine.plan is not plan else "one-token steps not yet judged")
