@@ -613,6 +613,34 @@ def test_the_benchmarks_warm_up_runs_a_plan_the_engine_took_in_it_before_the_tim
     assert bench_warm_up(engine, monkeypatch, replans=5) == [1, 4] * WARMUP_ROUNDS
 
 
+def test_the_benchmarks_warm_up_waits_for_the_plan_a_fit_made_in_its_own_poll_asks_for(monkeypatch):
+    """The warm-up's poll after a round may judge a tier and ask for a plan (nothing switched yet): the
+    warm-up waits for that plan, puts it in force and runs a round under it, so that the fit's switches
+    do not fall in the timed runs (they did in the forty-third GPU session)."""
+    from types import SimpleNamespace
+
+    from vramshard.cli import bench
+
+    rounds, polls = [], []
+    new_plan = object()
+
+    def poll_budget():
+        polls.append(engine.budget.refine)
+        if len(polls) == 1:
+            engine.budget.refine = ("2 GiB", None)  # a fit judged in this poll: its plan is being made
+        elif engine.budget.refine is not None:
+            engine.plan, engine.budget.refine = new_plan, None  # the plan in force at the next poll
+
+    engine = SimpleNamespace(device="cuda", args=SimpleNamespace(vocab_size=32), plan=object(),
+                             budget=SimpleNamespace(refine=None, background=SimpleNamespace(wait=lambda timeout: None)),
+                             poll_budget=poll_budget, calibration_pending=lambda: False,
+                             executor=SimpleNamespace(plans=SimpleNamespace(name="planned")))
+    monkeypatch.setattr(bench, "run_requests", lambda engine, prompts, tokens, settings: rounds.append(len(prompts)))
+    bench._warm_every_shape(engine, bench.BenchSettings(pp=4, tg=8, batch_sizes=(1,), batch_prompt=4, batch_gen=8))
+    assert engine.plan is new_plan and engine.budget.refine is None
+    assert len(polls) == 3 and rounds == [1, 1, 1, 1]  # two rounds: the second under the fit's plan
+
+
 def test_a_dispatch_factor_scales_the_hosts_gpu_dispatch_and_explains_a_host_bound_step(nemo_2gib, h200):
     fitted = h200.calibrated(dispatch_scale=2.0)
     assert fitted.dispatch_s("cuda") == pytest.approx(2 * h200.dispatch_s("cuda"))
