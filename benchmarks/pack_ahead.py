@@ -6,7 +6,7 @@ A re-plan (a fit, a budget change) splits the dense FFNs anew, and where its dec
 parts (:mod:`vramshard.runtime.cpu_packed`) they were packed at the switch, under the executor's lock: no step
 ran meanwhile (llama3-8b's re-plans took 1.0-4.8 s each on an H100 machine, docs/logs-run48). Here a
 random-weight model of a real shape cut to ``--layers`` layers, every dense FFN split CPU/GPU on a simulated
-GPU (every sub-layer computed on the CPU; parts packed, ``VRAMSHARD_CPU_PACKED=on``), at tiers 1, 16 and 64
+GPU (every sub-layer computed on the CPU; parts packed, ``VRAMSHARD_CPU_PACKED=on``), at tiers 1, 16, 64 and 256
 (packed at 16 and 64, as a planned engine beside a GPU packs), switches between two splits, each mode to each
 split in turn (``--rounds`` 2: each mode once to each):
 
@@ -14,6 +14,10 @@ split in turn (``--rounds`` 2: each mode once to each):
 - ``ahead``: :meth:`~vramshard.runtime.executor.Executor.prepare` on a background thread while one-token steps
   run, then the switch: how long the steps stop, how long the packing ahead took, and the steps' median during
   it against before it (what the packing costs the steps instead).
+
+Either way, after the switch, a 200-token prompt twice (``first_prompt_ms``, ``second_prompt_ms``): its chunk is
+of the 256-token tier, which packs nothing and reads each FFN's down through a row-major copy, made ahead or in
+the first prompt's step.
 
 One process, the same engine throughout; medians over the rounds.
 """
@@ -41,7 +45,8 @@ from .common import hardware, now, rounded, write_json
 log = logging.getLogger("pack_ahead")
 
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
-TIERS, PACKED = (1, 16, 64), (False, True, True)
+LONG_PROMPT = [(7 * i + 3) % 100 + 1 for i in range(200)]  # a prompt chunk of the 256-token tier
+TIERS, PACKED = (1, 16, 64, 256), (False, True, True, False)
 
 
 def split_plans(model, pieces: int):
@@ -122,11 +127,20 @@ def _measure(args) -> dict:
             report = executor.reconfigure(plans[target], None)
             row.update(switch_ms=(time.perf_counter() - began) * 1e3, switch_packing_s=packed.packing_s - packing_before,
                        switch_parts_ms={k: v * 1e3 for k, v in report.apply_parts.items()})
+            began = time.perf_counter()
+            for _ in engine.stream(LONG_PROMPT, max_new_tokens=1):  # its down copies: made ahead, or in this step
+                pass
+            row["first_prompt_ms"] = (time.perf_counter() - began) * 1e3
+            began = time.perf_counter()
+            for _ in engine.stream(LONG_PROMPT, max_new_tokens=1):
+                pass
+            row["second_prompt_ms"] = (time.perf_counter() - began) * 1e3
             log.info("%s: %s", mode, rounded(row))
             rows[mode].append(row)
             target = first if target == second else second
 
-    summary = {mode: {"switch_ms": statistics.median(r["switch_ms"] for r in runs)} for mode, runs in rows.items()}
+    summary = {mode: {key: statistics.median(r[key] for r in runs)
+                      for key in ("switch_ms", "first_prompt_ms", "second_prompt_ms")} for mode, runs in rows.items()}
     ahead = rows["ahead"]
     summary["ahead"].update(ahead_s=statistics.median(r["ahead_s"] for r in ahead),
                             steps_before_ms=statistics.median(r["steps_before_ms"] for r in ahead),

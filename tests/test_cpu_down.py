@@ -166,3 +166,44 @@ def test_the_split_layout_holds_the_checkpoints_values(dtype, hidden, intermedia
     part = ffn.pieces_of(views, 0, 5)
     width = part["gate_proj"].shape[0]
     assert torch.equal(part["down_proj"], weights[next(s.source for s in ffn.weights if s.key == "down_proj")][:, :width])
+
+
+def test_a_plans_down_copies_made_ahead_come_into_force_with_it(tiny_model_dir, monkeypatch):
+    """Executor.prepare stages the down copies a plan not yet in force will read (its prompt chunks: parts not
+    packed), off the steps; the switch puts them in force, and the steps after it make none. The copies of a
+    plan staged but never put in force go when another is staged. The logits are the CPU placement's."""
+    from vramshard.runtime import cpu_packed
+
+    monkeypatch.setattr(cpu_packed, "MODE", "off")
+    monkeypatch.setattr(cpu_down, "MODE", "on")
+    made = []
+    copy = cpu_down.row_major_copy
+    monkeypatch.setattr(cpu_down, "row_major_copy", lambda down: made.append(down.shape) or copy(down))
+    path = tiny_model_dir("llama")
+    reference = Engine.load(path, device="cpu")
+    expected = trace_logits(reference, prompt=LONG_PROMPT)
+
+    def plans(first):
+        return TieredPlacement.every_tier(_split_placement(reference.model, [first, 15]), (1, 64), (False, False))
+
+    engine = Engine.load(path, placement=_split_placement(reference.model, [3, 15]), simulate_gpu=True,
+                         max_context=128)
+    executor, copies = engine.executor, engine.executor._down_copies
+    executor.reconfigure(plans(3), None)
+    torch.testing.assert_close(trace_logits(engine, prompt=LONG_PROMPT), expected, rtol=1e-5, atol=1e-5)
+    assert {name: pieces for name, (pieces, _) in copies._copies.items()} == {"ffn[0]": 3, "ffn[1]": 15}
+    made.clear()
+    executor.prepare(plans(5))
+    assert len(made) == 1 and set(copies._staged) == {"ffn[0]"} and copies.staged_nbytes > 0  # (ffn[1]'s serves)
+    executor.reconfigure(plans(5), None)
+    assert {name: pieces for name, (pieces, _) in copies._copies.items()} == {"ffn[0]": 5, "ffn[1]": 15}
+    assert copies._staged == {} and copies.staged_nbytes == 0
+    assert copies.nbytes == sum(c.nbytes for _, c in copies._copies.values())
+    torch.testing.assert_close(trace_logits(engine, prompt=LONG_PROMPT), expected, rtol=1e-5, atol=1e-5)
+    assert len(made) == 1  # no copy made in the steps
+    executor.prepare(plans(7))
+    executor.prepare(plans(9))  # (the plan of 7 never comes: its copy goes)
+    assert {name: pieces for name, (pieces, _) in copies._staged.items()} == {"ffn[0]": 9} and len(made) == 3
+    executor.reconfigure(plans(9), None)
+    torch.testing.assert_close(trace_logits(engine, prompt=LONG_PROMPT), expected, rtol=1e-5, atol=1e-5)
+    assert len(made) == 3 and copies._copies["ffn[0]"][0] == 9

@@ -30,6 +30,11 @@ tier's first step. On the development machine the library's copy took a llama3-8
 and 18.6 ms on 1 and 2 threads against torch's 41.1 and 41.2, and a plain copy of the same bytes' 11.8 and
 6.6 (``python -m benchmarks.down_copy``, session 37).
 
+Since session 48 the copies a re-plan will read are made before its plan comes into force (:meth:`DownCopies.stage`,
+on the budget follower's thread, with ``VRAMSHARD_PACK_AHEAD``), and put in force at its switch
+(:meth:`DownCopies.keep`): a prompt chunk after a re-plan made its copies in its own step, its first token late.
+The copies a switch drops are freed on a thread of their own (:func:`~.host_allowance.release_later`).
+
 The plain weights stay the source of every copy to the GPU. A copy costs host memory, a third of the
 part's weights: ``auto`` (the default) makes copies up to a quarter of the memory the host has available
 at the first one (``MemAvailable``), ``on`` without a limit, ``off`` none. Where parts are prepacked
@@ -41,6 +46,7 @@ session).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Callable, Mapping
 
@@ -76,6 +82,13 @@ class DownCopies:
         self._parts: dict[tuple[str, int], dict[str, torch.Tensor]] = {}  # (FFN, pieces) -> the part, down copied
         self._widest: dict[str, int] = {}  # FFN -> most pieces the plans in force compute on the CPU
         self.nbytes = 0
+        # Copies made ahead for plans not yet in force (:meth:`stage`), FFN -> (pieces, copy), and the
+        # (FFN, pieces) those plans want; keep() puts a staged copy in force with its plans.
+        self._staged: dict[str, tuple[int, torch.Tensor]] = {}
+        self._expected: set[tuple[str, int]] = set()
+        self.staged_nbytes = 0
+        self.staging_s = 0.0
+        self._lock = threading.Lock()  # (the budget follower's thread stages while the steps' thread keeps)
         self.allowance = HostAllowance("CPU parts' down projections (row-major)", "VRAMSHARD_CPU_DOWN_COPY=on",
                                        limited=self.mode != "on")
 
@@ -83,12 +96,58 @@ class DownCopies:
         """The plans in force compute the parts ``wanted`` ((FFN name, pieces on the CPU)): drop the
         copies of other FFNs and those of another width than an FFN's widest part now (the copy of
         that width is made when asked for)."""
-        self._widest = {}
-        for name, pieces in wanted:
-            self._widest[name] = max(pieces, self._widest.get(name, 0))
-        dropped = [self._drop(name) for name, (pieces, _) in list(self._copies.items())
-                   if pieces != self._widest.get(name)]
+        self._widest = _widest(wanted)
+        dropped = []
+        with self._lock:
+            for name, (pieces, copy) in list(self._staged.items()):  # copies made ahead for these plans
+                if self._widest.get(name) == pieces:
+                    del self._staged[name]
+                    self.staged_nbytes -= copy.nbytes
+                    if name in self._copies:
+                        dropped.append(self._drop(name))
+                    self._copies[name] = (pieces, copy)
+                    self.nbytes += copy.nbytes
+        dropped += [self._drop(name) for name, (pieces, _) in list(self._copies.items())
+                    if pieces != self._widest.get(name)]
         release_later(dropped)  # (their memory freed off the switch)
+
+    def stage(self, wanted: set[tuple[str, int]], names: set[str]) -> None:
+        """Make ahead, off the steps, the copies that plans not yet in force will read: those plans compute
+        the parts ``wanted`` ((FFN name, pieces on the CPU)), and their steps read the FFNs ``names`` through a
+        copy (prompt chunks, tiers that do not pack). Each such FFN's down as wide as its widest part there,
+        where the copy in force is of another width, within the allowance (the copies in force and staged
+        together). :meth:`keep` puts them in force with those plans; the copies staged for plans that never
+        come go at the next stage."""
+        if self.mode == "off" or self._views_of is None:
+            return
+        widest = _widest(wanted)
+        with self._lock:
+            self._expected = {(name, widest[name]) for name in names if name in widest}
+            stale = [(name, copy) for name, (pieces, copy) in self._staged.items()
+                     if (name, pieces) not in self._expected]
+            for name, copy in stale:
+                del self._staged[name]
+                self.staged_nbytes -= copy.nbytes
+        release_later([copy for _, copy in stale])
+        for name, pieces in sorted(self._expected):
+            held = self._copies.get(name)
+            if (held is not None and held[0] == pieces) or name in self._staged:
+                continue
+            source = self._views_of(name, pieces).get("down_proj")
+            if source is None or not transposed(source):
+                continue
+            with self._lock:
+                if not self.allowance.room_for(self.nbytes + self.staged_nbytes, source.nbytes):
+                    return
+                self.staged_nbytes += source.nbytes  # (held for it while it is made)
+            began = time.perf_counter()
+            copy = row_major_copy(source)
+            self.staging_s += time.perf_counter() - began
+            with self._lock:
+                if (name, pieces) in self._expected:
+                    self._staged[name] = (pieces, copy)
+                else:  # (another stage came meanwhile)
+                    self.staged_nbytes -= copy.nbytes
 
     def part(self, name: str, cpu_pieces: int, weights: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
         """``weights`` (the views of FFN ``name``'s first ``cpu_pieces`` pieces) with its down projection
@@ -128,6 +187,14 @@ class DownCopies:
 
     def _room_for(self, nbytes: int) -> bool:
         return self.allowance.room_for(self.nbytes, nbytes)
+
+
+def _widest(wanted: set[tuple[str, int]]) -> dict[str, int]:
+    """FFN -> the most pieces any of the parts ``wanted`` ((FFN name, pieces)) computes on the CPU."""
+    widest: dict[str, int] = {}
+    for name, pieces in wanted:
+        widest[name] = max(pieces, widest.get(name, 0))
+    return widest
 
 
 def row_major_copy(down: torch.Tensor) -> torch.Tensor:

@@ -37,10 +37,11 @@ s against 0.10 s for their down copies, a cost some 35-75 chunks would pay back 
 benchmarks.first_prompt``; docs/BENCHMARKS.md, session 33).
 
 Since session 48 a re-plan's parts are packed before its plan comes into force (``VRAMSHARD_PACK_AHEAD``, on by
-default): the budget follower's background thread, once the plan is made, packs them (:meth:`PackedParts.pack_ahead`)
-while the steps go on under the plan before, and the switch at a step boundary finds them made. At the switch,
-under the executor's lock, packing stops the steps: on the development machine a 4-layer llama3-8b's switch took
-538-698 ms packing there, 12-15 ms packed ahead (``python -m benchmarks.pack_ahead``); llama3-8b's re-plans on an
+default; its down copies are staged likewise, :meth:`~vramshard.runtime.cpu_down.DownCopies.stage`): the budget
+follower's background thread, once the plan is made, packs them (:meth:`PackedParts.pack_ahead`) while the steps
+go on under the plan before, and the switch at a step boundary finds them made. At the switch, under the
+executor's lock, packing stops the steps: on the development machine a 4-layer llama3-8b's switch took 532-719 ms
+packing there, 20-28 ms made ahead (``python -m benchmarks.pack_ahead``); llama3-8b's re-plans on an
 H100 machine stopped the steps 1.0-4.8 s each, two (the quick plan and the full one) after each fit, packing
 some unrecorded part of it (docs/logs-run48). Parts packed ahead for a plan that never comes into force go at the
 next switch after another plan is packed ahead.

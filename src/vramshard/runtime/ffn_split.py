@@ -59,18 +59,33 @@ class FFNSplitSteps:
                 self._down_copies.part(name, pieces, views)
 
     def prepare(self, plans: TieredPlacement) -> None:
-        """Pack the parts that ``plans``, not yet in force, read packed in their first steps (as
-        :meth:`_prepare_cpu_parts` will at the switch), off the steps: the budget follower calls it on its
-        background thread once a re-plan is made, while the steps go on under the plans in force, so that
-        the switch (:meth:`reconfigure`, under the executor's lock) finds them made (``cpu_packed.PACK_AHEAD``).
-        Down copies and kernels are still made at the switch."""
-        if not (cpu_packed.PACK_AHEAD and self._packed.enabled):
+        """Make the copies that ``plans``, not yet in force, will read, off the steps: the parts their first
+        steps read packed (as :meth:`_prepare_cpu_parts` packs them at the switch), and the row-major down
+        copies their steps read otherwise (prompt chunks, tiers that do not pack; made at the switch or in a
+        tier's first step before). The budget follower calls it on its background thread once a re-plan is
+        made, while the steps go on under the plans in force, so that the switch (:meth:`reconfigure`, under
+        the executor's lock) and the first steps after it find them made (``cpu_packed.PACK_AHEAD``). The
+        kernels are still compiled at the switch."""
+        if not cpu_packed.PACK_AHEAD:
             return
-        parts = [(name, pieces, views, rows) for name, pieces, views, rows, packs in self._parts_read_first(plans)
-                 if packs]
-        self._packed.expect((name, pieces) for name, pieces, _, _ in parts)
-        for name, pieces, views, rows in parts:
-            self._packed.pack_ahead(name, pieces, views, rows)
+        if self._packed.enabled:
+            parts = [(name, pieces, views, rows)
+                     for name, pieces, views, rows, packs in self._parts_read_first(plans) if packs]
+            self._packed.expect((name, pieces) for name, pieces, _, _ in parts)
+            for name, pieces, views, rows in parts:
+                self._packed.pack_ahead(name, pieces, views, rows)
+        self._down_copies.stage(self._cpu_ffn_parts(plans), self._ffns_read_through_copies(plans))
+
+    def _ffns_read_through_copies(self, plans: TieredPlacement) -> set[str]:
+        """The dense FFNs whose CPU part some tier of ``plans`` computes from the plain weights with a
+        row-major down copy: above the C kernel's rows, in prompt chunks or at a tier that does not pack."""
+        names = set()
+        for tier, placement in zip(plans.tiers, plans.placements):
+            if cpu_gemv.computes(tier) or (tier <= DECODE_ROWS and self._packed.enabled and plans.packs(tier)):
+                continue
+            names.update(name for name, where in placement.as_dict().items()
+                         if isinstance(self.model[name], DenseFFN) and (where.cpu_pieces or where.compute == "cpu"))
+        return names
 
     def _parts_read_first(self, plans: TieredPlacement):
         """(FFN name, pieces on the CPU, the part's views, rows, whether its tier packs) of each CPU part
