@@ -141,7 +141,12 @@ class DownCopies:
                     return
                 self.staged_nbytes += source.nbytes  # (held for it while it is made)
             began = time.perf_counter()
-            copy = row_major_copy(source)
+            try:
+                copy = row_major_copy(source)
+            except BaseException:
+                with self._lock:
+                    self.staged_nbytes -= source.nbytes
+                raise
             self.staging_s += time.perf_counter() - began
             with self._lock:
                 if (name, pieces) in self._expected:
