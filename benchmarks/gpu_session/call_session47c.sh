@@ -4,10 +4,8 @@
 # ("fitted the profile's dispatch_scale", "the dispatch is not fitted") and the plans they led to. Run it twice
 # (two calls) for two pairs.
 source benchmarks/gpu_session/setup.sh || exit 1
-i=0
-for fit in ${DISPATCH_FIT_RUNS:-on off}; do
-  i=$((i + 1))
-  VRAMSHARD_DISPATCH_FIT=$fit engine_step dispatch_${fit}_$i ${STEP_S:-270} --models llama3-8b --budgets 2,8 \
-    --batch-sizes 1 --repeat 1 --deadline-s 255 --run-limit-s 15
-  grep -hoE "dispatch_scale to [0-9.]*|the dispatch is not fitted" $OUT/dispatch_${fit}_$i.log | sort | uniq -c
+switch_runs VRAMSHARD_DISPATCH_FIT "${DISPATCH_FIT_RUNS:-on off}" dispatch ${STEP_S:-270} --models llama3-8b \
+  --budgets 2,8 --batch-sizes 1 --repeat 1 --deadline-s 255 --run-limit-s 15
+for log in $OUT/dispatch_*.log; do
+  echo "$log"; grep -hoE "dispatch_scale to [0-9.]*|the dispatch is not fitted" "$log" | sort | uniq -c
 done

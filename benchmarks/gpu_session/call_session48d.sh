@@ -4,11 +4,8 @@
 # summary's first stall figure) and, in the logs, each "reconfigured to ... in N ms (...; CPU parts A ms, CPU
 # kernels B ms; ...)" line: off, the packing is within "CPU parts".
 source benchmarks/gpu_session/setup.sh || exit 1
-i=0
-for ahead in ${PACK_AHEAD_RUNS:-off on}; do
-  i=$((i + 1))
-  VRAMSHARD_PACK_AHEAD=$ahead engine_step pack_ahead_${ahead}_$i ${STEP_S:-270} --models llama3-8b --budgets 2,8 \
-    --batch-sizes 1 --repeat 1 --deadline-s 255 --run-limit-s 15
-  grep -hoE "reconfigured to .{0,40}|in [0-9.]+ ms \(VRAM released after [0-9.]+ ms; [^;]*;" \
-    $OUT/pack_ahead_${ahead}_$i.log | grep -oE "in [0-9.]+ ms \(VRAM released after [0-9.]+ ms; [^;]*;" | cut -c1-160
+switch_runs VRAMSHARD_PACK_AHEAD "${PACK_AHEAD_RUNS:-off on}" pack_ahead ${STEP_S:-270} --models llama3-8b \
+  --budgets 2,8 --batch-sizes 1 --repeat 1 --deadline-s 255 --run-limit-s 15
+for log in $OUT/pack_ahead_*.log; do
+  echo "$log"; grep -oE "in [0-9.]+ ms \(VRAM released after [0-9.]+ ms; [^;]*;" "$log" | cut -c1-160
 done

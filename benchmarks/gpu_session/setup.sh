@@ -9,6 +9,17 @@ engine_step() {
   python3 benchmarks/gpu_session/engine_summary.py "$OUT/$name.json" 2>&1 | tail -6
 }
 
+# switch_runs VAR "VALUES" NAME SECONDS ARGS...: engine_step NAME_VALUE_I (I counting from 1) once per VALUE of
+# VALUES, with VAR=VALUE in its environment: an A/B of a switch, one process each.
+switch_runs() {
+  local var=$1 values=$2 name=$3 seconds=$4; shift 4
+  local i=0 value
+  for value in $values; do
+    i=$((i + 1))
+    ( export "$var=$value"; engine_step "${name}_${value}_$i" "$seconds" "$@" )
+  done
+}
+
 # gpu_suite SECONDS: every gpu-marked test under `timeout SECONDS`, its output as $OUT/pytest_gpu.txt; then its
 # rc, summary and failures (-rfE: the FAILED lines the grep below shows; -rs alone printed none, session 47).
 gpu_suite() {
