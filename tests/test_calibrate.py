@@ -215,6 +215,56 @@ def test_a_fits_quick_plan_comes_into_force_while_its_full_plan_is_made(tiny_mod
     # rounds up to the allocator's blocks, far above its few MiB of budget)
 
 
+@pytest.mark.parametrize("quick_s_over_in_force", [0.8, 0.95])
+def test_a_fits_quick_plan_comes_into_force_only_where_it_is_predicted_faster(tiny_model_dir, monkeypatch,
+                                                                           quick_s_over_in_force):
+    """A quick plan no faster than the plan in force (under the fitted profile) would only add a switch
+    before the full plan's (in the forty-fourth GPU session the quick plan of llama3-8b at 8 GiB unpinned 30
+    sub-layers that the full one pinned 1.8 s later): the plan in force goes on until the full plan."""
+    import threading
+
+    from vramshard.runtime import budget as budgets
+    from vramshard.runtime import plan_process
+
+    release = threading.Event()
+    original = plan_process.make_plan_off_thread
+
+    def make(model, settings, budget, kv_on_gpu=None, search=True):
+        if search:
+            release.wait(60)
+        return original(model, settings, budget, kv_on_gpu, search)
+
+    monkeypatch.setattr(plan_process, "make_plan_off_thread", make)
+    engine, _ = simulated_engine(tiny_model_dir("qwen3"))
+    follower, old_plan = engine.budget, engine.plan
+    predicted = calibrate.step_seconds
+
+    def step_seconds(model, profile, plan, tier):  # the quick plan's one-token step as the parameter has it
+        if plan is follower.plan_cache.peek((*key, False)):
+            return quick_s_over_in_force * predicted(model, profile, old_plan, tier)
+        return predicted(model, profile, plan, tier)
+
+    slow_steps(engine, 1.2)
+    engine.poll_budget()
+    key = (budgets.budget_key(follower.refine[0]), follower.refine[1])
+    monkeypatch.setattr(calibrate, "step_seconds", step_seconds)
+    waited = time.monotonic()
+    while follower.plan_cache.peek((*key, False)) is None and time.monotonic() - waited < 30:
+        time.sleep(0.01)
+    engine.poll_budget()
+    if quick_s_over_in_force < 1 / budget_follower.QUICK_GAIN:
+        assert engine.plan is follower.plan_cache.peek((*key, False)) and follower.events[-1]["quick_plan"]
+    else:
+        assert engine.plan is old_plan and follower.events[-1]["quick_plan_skipped"]
+        assert follower.events[-1]["quick_predicted_s"] == pytest.approx(
+            0.95 * follower.events[-1]["in_force_predicted_s"])
+    assert follower.refine is not None  # the full plan still to come, either way
+    release.set()
+    follower.background.wait(60)
+    engine.poll_budget()
+    assert follower.refine is None and engine.plan is follower.plan_cache.peek((*key, True))
+
+
 def test_a_re_plan_that_decodes_slower_than_the_plan_it_replaced_gives_way_to_it(tiny_model_dir):
     """A fit can explain a slow spell of the host rather than the machine: when the plan it led to
     decodes more than REVERT_OFF_BY slower than the plan measured before under the same budget,
@@ -574,6 +624,7 @@ def bench_warm_up(engine, monkeypatch, trials: int = 0, replans: int = 0) -> lis
             engine.poll_budget()
             engine._measured(StepStats(len(prompts), 0, len(prompts), len(prompts), len(prompts), 0.1, 0, 1,
                                        time.time() + 0.5, 0.1, 0.0, 0.05, 0.0))
+        return {"step_tokens": [len(prompts)]}
 
     def wait(timeout):
         engine.plan = next(plans, engine.plan)  # (a fit's plan taken)
@@ -591,8 +642,12 @@ def test_the_benchmarks_warm_up_runs_until_the_one_token_steps_are_judged(tiny_m
     the engine has that fit to make."""
     engine, _ = simulated_engine(tiny_model_dir("qwen3"))
     assert engine.calibration_pending() and engine.cpu_stats()["calibration_pending"] is True
-    # (a round: 11 one-token steps, then 9 of four: trials, then the tier's first step and 8 samples)
-    assert bench_warm_up(engine, monkeypatch, trials=14) == [1, 4, 1, 4]
+    # (round 1: two one-token runs while the prompt's tier is to be judged, 35 steps each (the 32 the decode
+    # judgment needs, and more), all trials, then 11 steps of four, 5 of them trials; round 2: two runs of 11
+    # one-token steps and 11 steps of four, and both tiers are judged)
+    assert engine.budget.decode_steps_to_judge() == MIN_STEPS
+    assert bench_warm_up(engine, monkeypatch, trials=75) == [1, 1, 4, 1, 1, 4]
+    assert engine.budget.decode_steps_to_judge() == 0  # (and its decode steps judged)
     assert not engine.calibration_pending() and 1 in engine.budget.cpu_judged
     assert engine.cpu_stats()["calibration_pending"] is False and 1 in engine.cpu_stats()["calibrated_tiers"]
     whole = Engine.load(tiny_model_dir("qwen3"), vram=2**30, simulate_gpu=True, tiers=TIERS, max_step_tokens=16,
@@ -606,11 +661,11 @@ def test_the_benchmarks_warm_up_runs_a_plan_the_engine_took_in_it_before_the_tim
     from vramshard.cli.bench import WARMUP_ROUNDS
 
     engine, _ = simulated_engine(tiny_model_dir("qwen3"))
-    assert bench_warm_up(engine, monkeypatch) == [1, 4]  # (judged in the first round, no new plan)
+    assert bench_warm_up(engine, monkeypatch) == [1, 1, 4]  # (judged in the first round, no new plan)
     engine, _ = simulated_engine(tiny_model_dir("qwen3"))
-    assert bench_warm_up(engine, monkeypatch, replans=1) == [1, 4, 1, 4]
+    assert bench_warm_up(engine, monkeypatch, replans=1) == [1, 1, 4, 1, 4]  # (the new plan's 32 decode steps)
     engine, _ = simulated_engine(tiny_model_dir("qwen3"))
-    assert bench_warm_up(engine, monkeypatch, replans=5) == [1, 4] * WARMUP_ROUNDS
+    assert bench_warm_up(engine, monkeypatch, replans=5) == [1, 1, 4] + [1, 4] * (WARMUP_ROUNDS - 1)
 
 
 def test_the_benchmarks_warm_up_waits_for_the_plan_a_fit_made_in_its_own_poll_asks_for(monkeypatch):
@@ -633,9 +688,13 @@ def test_the_benchmarks_warm_up_waits_for_the_plan_a_fit_made_in_its_own_poll_as
 
     engine = SimpleNamespace(device="cuda", args=SimpleNamespace(vocab_size=32), plan=object(),
                              budget=SimpleNamespace(refine=None, background=SimpleNamespace(wait=lambda timeout: None)),
-                             poll_budget=poll_budget, calibration_pending=lambda: False,
+                             poll_budget=poll_budget, calibration_pending=lambda tokens=1: False,
                              executor=SimpleNamespace(plans=SimpleNamespace(name="planned")))
-    monkeypatch.setattr(bench, "run_requests", lambda engine, prompts, tokens, settings: rounds.append(len(prompts)))
+    def run_requests(engine, prompts, tokens, settings):
+        rounds.append(len(prompts))
+        return {"step_tokens": [len(prompts)]}
+
+    monkeypatch.setattr(bench, "run_requests", run_requests)
     bench._warm_every_shape(engine, bench.BenchSettings(pp=4, tg=8, batch_sizes=(1,), batch_prompt=4, batch_gen=8))
     assert engine.plan is new_plan and engine.budget.refine is None
     assert len(polls) == 3 and rounds == [1, 1, 1, 1]  # two rounds: the second under the fit's plan

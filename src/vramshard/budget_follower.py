@@ -22,8 +22,8 @@ Where the CPU work is not timed, when the plan in force decodes more than CALIBR
 its prediction, :func:`vramshard.plan.calibrate.fit` finds the factor on
 split FFNs' CPU parts (or on all CPU compute) that explains the whole step. Either way the plan
 made with the fitted profile comes into force at a step boundary (``why``: "calibrate"; at most
-MAX_CALIBRATIONS times; ``VRAMSHARD_CALIBRATE=off`` turns it off): its quick plan first, then the
-full one as a "refine" (QUICK_REPLAN).
+MAX_CALIBRATIONS times; ``VRAMSHARD_CALIBRATE=off`` turns it off): its quick plan first where that is
+predicted QUICK_GAIN faster than the plan in force, then the full one as a "refine" (QUICK_REPLAN).
 
 A fit can be wrong (on a host whose CPU speed swings, it may explain a slow spell), and the plan
 it leads to slower than the one it replaced: in the seventeenth GPU session llama3-8b at 8 GiB
@@ -83,6 +83,12 @@ RECORD_MIN_STEPS = 8  # decode steps of a plan a calibration replaces before the
 # 0-1.2% of the full plan's prediction for llama3-8b, nemo-8b and qwen3-30b-a3b at 2-8 GiB
 # (benchmarks.planning_time, session 46). Off (VRAMSHARD_QUICK_REPLAN=off): the full plan only.
 QUICK_REPLAN = switch("VRAMSHARD_QUICK_REPLAN", default=True)
+# A fit's quick plan comes into force only where the fitted profile predicts its one-token step at least this much
+# faster than the plan in force's (which still fits the budget); else the plan in force goes on until the full plan.
+# In the forty-fourth GPU session every fit's quick plan of llama3-8b came in and its full plan 1.4-2.3 s later: two
+# switches where one would do, the quick one at 8 GiB unpinning 30 sub-layers that the full one pinned again
+# (147-163 ms each, its steps eager meanwhile: the graph memory limit reached; docs/BENCHMARKS.md).
+QUICK_GAIN = 1.10
 # The fit of the host's GPU dispatch from the rest of a slow step whose CPU work was timed (calibrate.fit_dispatch).
 # Off (VRAMSHARD_DISPATCH_FIT=off): such a step is fitted no further. The gap it explains may be the host's memory
 # or PCIe rather than its launches: in the forty-second GPU session a dispatch fit of 2.86x re-planned llama3-8b at
@@ -168,12 +174,26 @@ class BudgetFollower:
             if self.refine is not None and self.refine_quick and self._quick_plan_ready(*self.refine):
                 self.refine_quick = False
                 budget, _ = self.refine
-                if budget == self.watcher.in_force:  # (the full plan follows as a "refine")
-                    return self.adapt(budget, time.monotonic(), self.refine_why, quick=True)
+                if budget == self.watcher.in_force and self._quick_plan_gains(*self.refine):
+                    return self.adapt(budget, time.monotonic(), self.refine_why, quick=True)  # (the full one follows)
             self._follow_host_load()  # (also while a plan is awaited: a new load asks for another)
             if self.refine is None:
                 self._calibrate_if_off()
             return None
+
+    def decode_steps_to_judge(self) -> int:
+        """One-sequence decode steps the plan in force has still to run before the engine judges them
+        against its prediction (:meth:`_calibrate_if_off`: a fit, and the plans it asks for, may follow
+        then); 0 where no such judgment is to come (a benchmark's warm-up runs them: cli/bench.py)."""
+        engine = self.engine
+        if not CALIBRATE or engine.plan is None or engine.device == "cpu" \
+                or len(self.calibrations) - self.calibration_floor >= MAX_CALIBRATIONS \
+                or budgets.budget_key(self.watcher.in_force) in self.reverted:
+            return 0
+        check = engine.plan_check()
+        if check.predicted_s is None or check.calibrated:
+            return 0
+        return max(0, MIN_STEPS - len(check.measured))
 
     def _calibrate_if_off(self) -> None:
         """When the plan in force's single-sequence decode steps run more than REVERT_OFF_BY slower
@@ -394,6 +414,27 @@ class BudgetFollower:
 
     def _quick_plan_ready(self, budget: int | None, kv_forced: bool | None) -> bool:
         return self.plan_cache.peek((budgets.budget_key(budget), kv_forced, False)) is not None
+
+    def _quick_plan_gains(self, budget: int | None, kv_forced: bool | None) -> bool:
+        """Whether a fit's (or a load change's) quick plan is worth a switch of its own before its full plan:
+        the profile it was made with predicts its one-token step at least QUICK_GAIN faster than the plan in
+        force's (each switch stops the steps, and the new plan's first steps pay its first calls)."""
+        engine = self.engine
+        quick = self.plan_cache.peek((budgets.budget_key(budget), kv_forced, False))
+        if engine.plan is None or quick is None or 1 not in engine.plan.tiers or 1 not in quick.tiers:
+            return True
+        profile = self.plan_settings().profile
+        in_force_s = calibrate.step_seconds(engine.model, profile, engine.plan, 1)
+        quick_s = calibrate.step_seconds(engine.model, profile, quick, 1)
+        if in_force_s >= QUICK_GAIN * quick_s:
+            return True
+        log.info("the quick plan after the %s is predicted at %.1f ms a one-token step against %.1f ms for the "
+                 "plan in force: the plan in force goes on until the full plan", self.refine_why, quick_s * 1e3,
+                 in_force_s * 1e3)
+        self.events.append({"time": time.time(), "why": self.refine_why, "budget": budget,
+                            "plan": engine.executor.plans.name, "quick_plan_skipped": True,
+                            "quick_predicted_s": quick_s, "in_force_predicted_s": in_force_s})
+        return False
 
     def _plan_fully(self, budget: int | None, kv_forced: bool | None, quick_first: bool = False) -> None:
         """The full plan for ``budget`` into the plan cache, after the quick one where ``quick_first``

@@ -119,6 +119,7 @@ def run_requests(engine, prompts: list[list[int]], new_tokens: int, settings: Be
         "tok_s": generated / (end - start),
         "decode_tok_s": decoded / (end - last_first) if end > last_first else 0.0,
         "steps": len(steps),
+        "step_tokens": sorted({s.tokens for s in steps}),  # (the tiers the run stepped in)
         "sched_ms_per_step": 1e3 * statistics.fmean(s.overhead_s for s in steps),
         "decode_step_ms": 1e3 * statistics.fmean(s.seconds for s in decode_steps) if decode_steps else None,
         "decode_step_ms_median": 1e3 * statistics.median(s.seconds for s in decode_steps) if decode_steps else None,
@@ -172,38 +173,72 @@ def _median_runs(runs: list[dict]) -> dict:
 
 
 WARMUP_STEPS = 10  # decode steps of each warm-up run: a graph capture, and for a tier's CPU work to be judged
-# Warm-up rounds at most: another while the engine has yet to judge its one-token steps' CPU work (steps in
-# which CPU projections try their paths are no samples: an 8B model's head tried its paths through the first
-# 10-15), or when its fit re-planned (the new plan's first steps pay its first calls).
-WARMUP_ROUNDS = 3
+# Warm-up rounds at most: another while the engine has yet to judge a tier the timed runs step in (steps in which
+# CPU projections try their paths are no samples: an 8B model's head tried its paths through the first 10-15; a
+# tier's first step under a plan is none either) or its one-token decode steps, or when a fit re-planned (the new
+# plan's first steps pay its first calls). In the forty-fourth GPU session a warm-up of two rounds left the
+# 1024-token prompt's tier and the decode steps' dispatch unjudged in five of six planned cells: their fits and two
+# switches each came in the timed runs (docs/BENCHMARKS.md).
+WARMUP_ROUNDS = 5
+
+
+def _still_to_judge(engine, step_tokens: set[int]) -> list[str]:
+    """What the engine has yet to judge of the plan in force, in steps of ``step_tokens`` tokens (the
+    warm-up's, which are the timed runs'): each tier whose CPU work is not yet fitted
+    (:meth:`~vramshard.engine.Engine.calibration_pending`), its one-token decode steps
+    (:meth:`~vramshard.budget_follower.BudgetFollower.decode_steps_to_judge`). Empty: no fit is to come."""
+    pending = getattr(engine, "calibration_pending", None)
+    follower = getattr(engine, "budget", None)
+    out = []
+    if pending is not None:
+        plans = engine.executor.plans
+        tiers = {plans.tiers[plans.index_for(tokens)] for tokens in step_tokens if pending(tokens)}
+        out += [f"tier {tier}'s CPU work" for tier in sorted(tiers)]
+    steps = follower.decode_steps_to_judge() if hasattr(follower, "decode_steps_to_judge") else 0
+    if steps:
+        out.append(f"{steps} more one-token decode steps")
+    return out
 
 
 def _warm_every_shape(engine, settings: BenchSettings) -> None:
     """On a GPU, run the prompt and every batch size before the timed runs, for every engine alike:
     each batch size's first decode steps capture its CUDA graphs, and a planned engine fits its
-    profile to the CPU work it measures in each tier's steps (budget_follower) and re-plans. The
-    round is run again (up to WARMUP_ROUNDS) while the engine has yet to judge its one-token steps,
-    or when it re-planned, so that the timed runs measure the engine as it runs from then on, not
-    its warm-up."""
+    profile to the CPU work it measures in each tier's steps and to its one-token decode steps
+    (budget_follower), and re-plans. The round is run again (up to WARMUP_ROUNDS) while the engine has
+    yet to judge a tier of the timed runs or its decode steps, or when it re-planned, so that the timed
+    runs measure the engine as it runs from then on, not its warm-up. A round runs the prompt twice
+    while its tier is still to be judged (a tier's first step under a plan is no sample), and decodes
+    as many steps as the engine's decode judgment still needs."""
     if getattr(engine, "device", "cpu") == "cpu":
         return
     vocab = engine.args.vocab_size
-    pending = getattr(engine, "calibration_pending", lambda: False)
+    pending = getattr(engine, "calibration_pending", None)
+    follower = getattr(engine, "budget", None)
+    step_tokens: set[int] = set()  # the sizes of the warm-up's steps, which are the timed runs'
     for round_ in range(WARMUP_ROUNDS):
         plan = getattr(engine, "plan", None)
-        run_requests(engine, _prompts(1, settings.pp, vocab, 97 + round_), WARMUP_STEPS, settings)
-        for size in settings.batch_sizes:
-            run_requests(engine, _prompts(size, settings.batch_prompt, vocab, 96 - round_), WARMUP_STEPS, settings)
+        prompts = 2 if pending is not None and pending(settings.pp) else 1
+        steps = WARMUP_STEPS
+        if hasattr(follower, "decode_steps_to_judge"):
+            steps = max(steps, follower.decode_steps_to_judge() + 2)  # (+2: a step with trials is no sample)
+        runs = [run_requests(engine, _prompts(1, settings.pp, vocab, 97 + 2 * round_ + i), steps, settings)
+                for i in range(prompts)]
+        runs += [run_requests(engine, _prompts(size, settings.batch_prompt, vocab, 96 - round_), WARMUP_STEPS,
+                              settings) for size in settings.batch_sizes]
+        step_tokens.update(tokens for run in runs for tokens in run["step_tokens"])
         if plan is None:
             return
         _settle(engine)
-        if engine.plan is plan and not pending():
+        still = _still_to_judge(engine, step_tokens)
+        if engine.plan is plan and not still:
             # (When the timed runs begin: a switch logged after this line fell in them.)
             log.info("warm-up done after %d round(s): plan %s in force, %s", round_ + 1, engine.executor.plans.name,
                      "a plan awaited" if engine.budget.refine is not None else "no plan awaited")
             return
         log.info("warm-up round %d: %s; another", round_ + 1,
-                 "the engine re-planned" if engine.plan is not plan else "one-token steps not yet judged")
+                 "the engine re-planned" if engine.plan is not plan else "still to judge: " + ", ".join(still))
+    log.warning("warm-up ended after %d rounds with %s: a fit may re-plan in the timed runs", WARMUP_ROUNDS,
+                ", ".join(_still_to_judge(engine, step_tokens)) or "the engine re-planning")
 
 
 SETTLE_POLLS = 3  # polls at most after a warm-up round: each may judge a tier and ask for a plan
