@@ -241,6 +241,18 @@ def decode_read_bytes(model, context: int = 0) -> int:
     return sum(spec.nbytes for spec in specs.values()) + model.kv_bytes_per_token() * context
 
 
+def decode_bound_tok_s(outside_bytes: int, bandwidth: dict, read_gb_s: float | None = None) -> tuple[float, float]:
+    """(bound, additive bound) on decode tok/s where ``outside_bytes`` of weights are not resident: every one
+    crosses PCIe or is read by the CPU, both at once at best (the additive bound), and no faster than host memory
+    gives both readers together (``bandwidth["shared_total"]``, where measured; the bound is the smaller).
+    ``read_gb_s``: the host's read now, in place of ``bandwidth["cpu_read"]`` (the shared cap scaled alike)."""
+    scale = 1.0 if read_gb_s is None else read_gb_s / bandwidth["cpu_read"]
+    additive = (bandwidth["h2d"] + scale * bandwidth["cpu_read"]) * 1e9 / outside_bytes
+    if "shared_total" not in bandwidth:
+        return additive, additive
+    return min(additive, scale * bandwidth["shared_total"] * 1e9 / outside_bytes), additive
+
+
 def median_seconds(fn, reps: int) -> float:
     """Median wall seconds of ``reps`` calls of ``fn`` after one untimed call."""
     fn()

@@ -48,8 +48,8 @@ from vramshard.layers.mlp import DenseFFN
 from vramshard.runtime.host_weights import HostLayouts, pack_model
 from vramshard.shapes import random_weights, shape_model
 
-from .common import (cpu_read_bandwidth, decode_read_bytes, h2d_bandwidth, hardware, now, out_dir, scaled_to_this_host,
-                     shared_read_bandwidth, sync, write_json)
+from .common import (cpu_read_bandwidth, decode_bound_tok_s, decode_read_bytes, h2d_bandwidth, hardware, now, out_dir,
+                     scaled_to_this_host, shared_read_bandwidth, sync, write_json)
 
 log = logging.getLogger("engine_bench")
 GiB = 2**30
@@ -178,18 +178,13 @@ def derived(cells: list[dict], weights: int, decode_bytes: int, bandwidth: dict,
             # both at once at best, and no faster than host memory gives both readers together (the
             # smaller figure, as planner_bench and the report take it; the sum of the rates alone kept).
             outside = weights - ours["resident_bytes"]
-            additive = (bandwidth["h2d"] + bandwidth["cpu_read"]) * 1e9 / outside
-            bound = min(additive, bandwidth["shared_total"] * 1e9 / outside) if "shared_total" in bandwidth \
-                else additive
+            bound, additive = decode_bound_tok_s(outside, bandwidth)
             out[f"{key}_decode_additive_bound_tok_s"] = additive
             out[f"{key}_decode_bound_tok_s"] = bound
             out[f"{key}_decode_fraction_of_bound"] = ours["tg_tok_s"] / bound
             if ours.get("host_read_gb_s"):
-                # The same bound at the host's read around the cell (the shared cap scaled alike), not the run's start.
-                scale = statistics.mean(ours["host_read_gb_s"]) / bandwidth["cpu_read"]
-                at_cell = (bandwidth["h2d"] + scale * bandwidth["cpu_read"]) * 1e9 / outside
-                if "shared_total" in bandwidth:
-                    at_cell = min(at_cell, scale * bandwidth["shared_total"] * 1e9 / outside)
+                # The same bound at the host's read around the cell, not the run's start.
+                at_cell, _ = decode_bound_tok_s(outside, bandwidth, statistics.mean(ours["host_read_gb_s"]))
                 out[f"{key}_decode_bound_at_cell_read_tok_s"] = at_cell
                 out[f"{key}_decode_fraction_of_bound_at_cell_read"] = ours["tg_tok_s"] / at_cell
     return out

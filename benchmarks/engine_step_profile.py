@@ -24,7 +24,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from vramshard.cli.bench import BenchSettings, _prompts, _warm_every_shape
+from vramshard.cli.bench import BenchSettings, _prompts, warm_up
 from vramshard.engine import Engine
 from vramshard.runtime.host_weights import HostLayouts, pack_model
 from vramshard.shapes import random_weights, shape_model
@@ -125,7 +125,7 @@ def main() -> None:
     settings = bench_settings(args)
     engine = build_engine(args, settings)
     log.info("engine: %s", engine.executor.plans.name)
-    _warm_every_shape(engine, settings)  # on a GPU: graphs captured, the calibration fitted and re-planned
+    warm_up(engine, settings)  # on a GPU: graphs captured, the calibration fitted and re-planned
     result = {"date": now(), "hardware": hardware(), "args": vars(args), "placement": engine.executor.plans.name,
               "calibrations": list(engine.budget.calibrations) if engine.plan is not None else []}
     with torch.inference_mode():

@@ -609,7 +609,7 @@ def test_steps_in_which_the_worker_tried_another_team_are_not_samples(tiny_model
 
 
 def bench_warm_up(engine, monkeypatch, trials: int = 0, replans: int = 0) -> list[int]:
-    """The sizes of the runs `cli/bench._warm_every_shape` makes, its runs' steps given to the engine
+    """The sizes of the runs `cli/bench.warm_up` makes, its runs' steps given to the engine
     as the scheduler gives them (a simulated GPU's steps time no CPU work), the first ``trials`` steps
     with a CPU path trial; the engine's background plan taking ``replans`` new plans, one a round."""
     from vramshard.cli import bench
@@ -631,7 +631,7 @@ def bench_warm_up(engine, monkeypatch, trials: int = 0, replans: int = 0) -> lis
 
     monkeypatch.setattr(bench, "run_requests", run_requests)
     monkeypatch.setattr(engine.budget.background, "wait", wait)
-    bench._warm_every_shape(engine, bench.BenchSettings(pp=4, tg=8, batch_sizes=(4,), batch_prompt=4, batch_gen=8))
+    bench.warm_up(engine, bench.BenchSettings(pp=4, tg=8, batch_sizes=(4,), batch_prompt=4, batch_gen=8))
     return runs
 
 
@@ -695,7 +695,7 @@ def test_the_benchmarks_warm_up_waits_for_the_plan_a_fit_made_in_its_own_poll_as
         return {"step_tokens": [len(prompts)]}
 
     monkeypatch.setattr(bench, "run_requests", run_requests)
-    bench._warm_every_shape(engine, bench.BenchSettings(pp=4, tg=8, batch_sizes=(1,), batch_prompt=4, batch_gen=8))
+    bench.warm_up(engine, bench.BenchSettings(pp=4, tg=8, batch_sizes=(1,), batch_prompt=4, batch_gen=8))
     assert engine.plan is new_plan and engine.budget.refine is None
     assert len(polls) == 3 and rounds == [1, 1, 1, 1]  # two rounds: the second under the fit's plan
 

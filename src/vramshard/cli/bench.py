@@ -200,7 +200,7 @@ def _still_to_judge(engine, step_tokens: set[int]) -> list[str]:
     return out
 
 
-def _warm_every_shape(engine, settings: BenchSettings) -> None:
+def warm_up(engine, settings: BenchSettings) -> None:
     """On a GPU, run the prompt and every batch size before the timed runs, for every engine alike:
     each batch size's first decode steps capture its CUDA graphs, and a planned engine fits its
     profile to the CPU work it measures in each tier's steps and to its one-token decode steps
@@ -264,7 +264,7 @@ def measure(engine, settings: BenchSettings) -> dict:
     run_requests(engine, _prompts(1, warm, vocab, 99), 2, settings)
     run_requests(engine, _prompts(min(4, max(settings.batch_sizes)), min(settings.batch_prompt, 16), vocab, 98), 2,
                  settings)
-    _warm_every_shape(engine, settings)
+    warm_up(engine, settings)
     runs = [run_requests(engine, _prompts(1, settings.pp, vocab, settings.seed + r), settings.tg, settings)
             for r in range(settings.repeat)]
     single = _median_runs(runs)

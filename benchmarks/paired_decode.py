@@ -1,0 +1,182 @@
+"""The planned engine's decode against a baseline's, both loaded at once and stepped in turns: a paired A/B.
+
+    PYTHONPATH=src python -m benchmarks.paired_decode --model llama3-8b --budgets 2,8 [--rounds 8] [--steps 16]
+        [--baseline layers:max] [--profile PATH] [--json out.json]
+
+On the lent GPU hosts the same engine decoded 1.36-1.56x faster or slower from one cell to the next (forty-fourth
+GPU session: `layers:17` at 11.63 then 7.47 tok/s a minute apart), so engine_bench's cells, each engine alone for
+tens of seconds, compare two engines as much as two moments of the host. Here, per budget, the planned engine and
+the baseline are loaded side by side over one pinned copy of the weights (random weights of a real shape), each
+warmed up as `vramshard bench` warms it (:func:`vramshard.cli.bench.warm_up`), each given one request of a
+``--pp``-token prompt; then ``--rounds`` rounds of ``--steps`` decode steps of each, in the order planned, baseline,
+then baseline, planned, and so on (ABBA), seconds apart. Each round gives the two engines' median decode step and
+its ratio; the host's memory read is measured after every round, and decode's bound (every byte not resident
+crossing PCIe or read by the CPU, at once; :func:`benchmarks.common.decode_bound_tok_s`) at that read.
+
+Reported per budget: each round's figures, the median and geometric mean of the rounds' speedups and their range,
+each engine's median step over all rounds against the bound, and any switch the planned engine made during the
+rounds (a fit; the warm-up should have made them all).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import statistics
+import time
+
+import torch
+
+from vramshard import Engine
+from vramshard.cli.bench import BenchSettings, _prompts, warm_up
+from vramshard.runtime.host_weights import HostLayouts, pack_model
+from vramshard.shapes import random_weights, shape_model
+
+from .common import (cpu_read_bandwidth, decode_bound_tok_s, h2d_bandwidth, hardware, now, out_dir,
+                     shared_read_bandwidth, write_json)
+from .engine_bench import MODELS, device_bandwidth, planner_profile
+
+log = logging.getLogger("paired_decode")
+GiB = 2**30
+
+
+class Decoding:
+    """One engine decoding one long request, a segment of steps at a time."""
+
+    def __init__(self, label: str, engine, settings: BenchSettings, new_tokens: int):
+        self.label, self.engine = label, engine
+        self.scheduler = engine.scheduler(max_seqs=1, max_context=settings.max_context,
+                                          kv_tokens=settings.kv_tokens, ignore_eos=True)
+        prompt = _prompts(1, settings.pp, engine.args.vocab_size, settings.seed)[0]
+        self.request = self.scheduler.add(prompt, max_new_tokens=new_tokens)
+        while self.request.first_token_s is None and self.scheduler.has_work:  # the prompt read
+            self.scheduler.step()
+
+    def segment(self, steps: int) -> list[float]:
+        """Seconds of each of the next ``steps`` decode steps."""
+        seconds = []
+        for _ in range(steps):
+            if not self.scheduler.has_work:
+                raise RuntimeError(f"{self.label}: its request ended early; give it more new tokens")
+            self.scheduler.step()
+            seconds.append(self.scheduler.history[-1].seconds)
+        return seconds
+
+    def close(self) -> None:
+        self.request.cancel()
+        while self.scheduler.has_work:
+            self.scheduler.step()
+
+
+def paired_rounds(planned: Decoding, baseline: Decoding, rounds: int, steps: int,
+                  read_gb_s=lambda: None) -> list[dict]:
+    """``rounds`` rounds of ``steps`` decode steps of each engine, ABBA order; each round's medians (ms), the
+    baseline's over the planned's (the speedup), the host's read after it, the planned engine's placements."""
+    out = []
+    for r in range(rounds):
+        order = (planned, baseline) if r % 2 == 0 else (baseline, planned)
+        medians = {}
+        for decoding in order:
+            medians[decoding.label] = statistics.median(decoding.segment(steps)) * 1e3
+        out.append({"round": r + 1, "order": [d.label for d in order],
+                    "planned_step_ms": medians[planned.label], "baseline_step_ms": medians[baseline.label],
+                    "speedup": medians[baseline.label] / medians[planned.label],
+                    "host_read_gb_s": read_gb_s(), "planned_plan": planned.engine.executor.plans.name})
+    return out
+
+
+def summary(rounds: list[dict], outside_bytes: int | None, bandwidth: dict | None) -> dict:
+    """The rounds' speedups (median, geometric mean, range) and each engine's median step against decode's bound
+    at the rounds' median read (``outside_bytes``: the planned plan's weights not resident)."""
+    speedups = [r["speedup"] for r in rounds]
+    out = {"rounds": len(rounds), "speedup_median": statistics.median(speedups),
+           "speedup_geometric_mean": statistics.geometric_mean(speedups),
+           "speedup_min": min(speedups), "speedup_max": max(speedups),
+           "rounds_planned_ahead": sum(s > 1 for s in speedups),
+           "planned_step_ms_median": statistics.median(r["planned_step_ms"] for r in rounds),
+           "baseline_step_ms_median": statistics.median(r["baseline_step_ms"] for r in rounds),
+           "planned_plans": sorted({r["planned_plan"] for r in rounds})}
+    reads = [r["host_read_gb_s"] for r in rounds if r.get("host_read_gb_s")]
+    if outside_bytes and bandwidth and reads:
+        bound, _ = decode_bound_tok_s(outside_bytes, bandwidth, statistics.median(reads))
+        out["decode_bound_tok_s_at_median_read"] = bound
+        out["planned_fraction_of_bound"] = 1e3 / out["planned_step_ms_median"] / bound
+        out["baseline_fraction_of_bound"] = 1e3 / out["baseline_step_ms_median"] / bound
+        out["host_read_gb_s_range"] = [min(reads), max(reads)]
+    return out
+
+
+def load(model, host: HostLayouts, vram: int, placement: str | None, settings: BenchSettings, profile):
+    """An engine over the shared host weights (the planned one over their split layout), warmed up."""
+    engine = Engine.from_host(model, host.split if placement is None else host.plain, vram=vram, device="cuda",
+                              placement=placement, max_context=settings.max_context, kv_tokens=settings.kv_tokens,
+                              profile=profile)
+    warm_up(engine, settings)
+    return engine
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="llama3-8b", choices=sorted(MODELS))
+    parser.add_argument("--budgets", default="2,8", help="GiB, comma-separated")
+    parser.add_argument("--baseline", default="layers:max")
+    parser.add_argument("--pp", type=int, default=1024, help="prompt tokens: decode runs at about this context")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=16, help="decode steps of each engine a round")
+    parser.add_argument("--profile", default=None, help="machine profile for the planner")
+    parser.add_argument("--layers", type=int, default=None, help="cut the model to N layers")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if not torch.cuda.is_available():
+        raise SystemExit("paired_decode needs a CUDA GPU")
+    new_tokens = args.rounds * args.steps + 8
+    # (tg: the decode the request runs; the warm-up's runs are of the same shapes at batch 1)
+    settings = BenchSettings(args.pp, new_tokens, (1,), 16, 16)
+    shared = shared_read_bandwidth()
+    bandwidth = {"h2d": h2d_bandwidth() / 1e9, "cpu_read": cpu_read_bandwidth() / 1e9,
+                 "device": device_bandwidth() / 1e9, "shared_total": shared["total"] / 1e9}
+    profile, profile_source = planner_profile(args.profile, bandwidth, {MODELS[args.model]})
+    model = shape_model(args.model, MODELS[args.model])
+    if args.layers:
+        from vramshard.models import build_model
+        from vramshard.shapes import shape_config
+
+        config = shape_config(args.model)
+        config["num_hidden_layers"] = args.layers
+        model = build_model(config, MODELS[args.model])
+    host = HostLayouts(list(model), pack_model(list(model), random_weights(model), pin=True, splittable=False))
+    results = {"date": now(), "hardware": hardware(), "args": vars(args), "bandwidth_gb_s": bandwidth,
+               "profile": profile_source, "model_bytes": model.nbytes, "budgets": {}}
+    target = args.json or out_dir() / "paired_decode.json"
+    for budget in [b for b in args.budgets.split(",") if b]:
+        vram = int(float(budget) * GiB)
+        planned = load(model, host, vram, None, settings, profile)
+        baseline = load(model, host, vram, args.baseline, settings, profile)
+        events_before = len(planned.budget.events)
+        pair = [Decoding("vramshard", planned, settings, new_tokens),
+                Decoding(args.baseline, baseline, settings, new_tokens)]
+        began = time.perf_counter()
+        rounds = paired_rounds(*pair, args.rounds, args.steps, read_gb_s=lambda: cpu_read_bandwidth() / 1e9)
+        entry = {"planned_placement": planned.executor.plans.name, "baseline_placement": baseline.executor.plans.name,
+                 "rounds": rounds, "seconds": time.perf_counter() - began,
+                 "planned_switches_in_rounds": [e.get("why") for e in list(planned.budget.events)[events_before:]],
+                 "peak_vram_bytes": {"vramshard": planned.executor.peak_vram(),
+                                     args.baseline: baseline.executor.peak_vram()}}
+        entry["summary"] = summary(rounds, model.nbytes - planned.executor.need.resident, bandwidth)
+        results["budgets"][f"{budget}GiB"] = entry
+        # (engine_bench's cell line: gpu_session/switches_after_warmup.py ends a cell at it)
+        log.info("%s vramshard %d: %s", args.model, vram, {"placement": entry["planned_placement"], **entry["summary"]})
+        write_json(target, results)
+        for decoding in pair:
+            decoding.close()
+        del pair, planned, baseline
+        gc.collect()
+        torch.cuda.empty_cache()
+    write_json(target, results)
+    log.info("written to %s", target)
+
+
+if __name__ == "__main__":
+    main()
