@@ -177,8 +177,8 @@ WARMUP_STEPS = 10  # decode steps of each warm-up run: a graph capture, and for 
 # CPU projections try their paths are no samples: an 8B model's head tried its paths through the first 10-15; a
 # tier's first step under a plan is none either) or its one-token decode steps, or when a fit re-planned (the new
 # plan's first steps pay its first calls). In the forty-fourth GPU session a warm-up of two rounds left the
-# 1024-token prompt's tier and the decode steps' dispatch unjudged in five of six planned cells: their fits and two
-# switches each came in the timed runs (docs/BENCHMARKS.md).
+# 1024-token prompt's tier (five cells) or the decode steps' dispatch (one) unjudged in each planned cell that
+# re-planned: their fits and two switches each came in the timed runs (docs/BENCHMARKS.md).
 WARMUP_ROUNDS = 5
 
 
