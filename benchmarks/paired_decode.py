@@ -39,6 +39,7 @@ from .engine_bench import MODELS, device_bandwidth, planner_profile
 
 log = logging.getLogger("paired_decode")
 GiB = 2**30
+SIMULATED_H2D_GB_S = 25.0  # --simulate's nominal PCIe (no GPU to measure)
 
 
 class Decoding:
@@ -107,13 +108,27 @@ def summary(rounds: list[dict], outside_bytes: int | None, bandwidth: dict | Non
     return out
 
 
-def load(model, host: HostLayouts, vram: int, placement: str | None, settings: BenchSettings, profile):
-    """An engine over the shared host weights (the planned one over their split layout), warmed up."""
-    engine = Engine.from_host(model, host.split if placement is None else host.plain, vram=vram, device="cuda",
+def load(model, host: HostLayouts, vram: int, placement: str | None, settings: BenchSettings, profile,
+         simulate: bool = False):
+    """An engine over the shared host weights (the planned one over their split layout), warmed up.
+    ``simulate``: on a simulated GPU (every sub-layer computed on the CPU; a smoke test of the benchmark)."""
+    where = {"simulate_gpu": True} if simulate else {"device": "cuda"}
+    engine = Engine.from_host(model, host.split if placement is None else host.plain, vram=vram,
                               placement=placement, max_context=settings.max_context, kv_tokens=settings.kv_tokens,
-                              profile=profile)
+                              profile=profile, **where)
     warm_up(engine, settings)
     return engine
+
+
+def measured_bandwidth(simulate: bool) -> dict:
+    """GB/s of the host-to-device copy, the CPU's read, the GPU's memory and host memory with both readers at
+    once; ``simulate``: the CPU's read measured, the rest nominal (no GPU)."""
+    if simulate:
+        read = cpu_read_bandwidth() / 1e9
+        return {"h2d": SIMULATED_H2D_GB_S, "cpu_read": read, "device": 1000.0, "shared_total": read}
+    shared = shared_read_bandwidth()
+    return {"h2d": h2d_bandwidth() / 1e9, "cpu_read": cpu_read_bandwidth() / 1e9,
+            "device": device_bandwidth() / 1e9, "shared_total": shared["total"] / 1e9}
 
 
 def main() -> None:
@@ -126,18 +141,25 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16, help="decode steps of each engine a round")
     parser.add_argument("--profile", default=None, help="machine profile for the planner")
     parser.add_argument("--layers", type=int, default=None, help="cut the model to N layers")
+    parser.add_argument("--simulate", action="store_true",
+                        help="a smoke test without a GPU: both engines on a simulated GPU, a synthetic profile "
+                             "(the figures say nothing of a real machine)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    if not torch.cuda.is_available():
-        raise SystemExit("paired_decode needs a CUDA GPU")
+    if not args.simulate and not torch.cuda.is_available():
+        raise SystemExit("paired_decode needs a CUDA GPU (--simulate: a smoke test on the CPU)")
     new_tokens = args.rounds * args.steps + 8
     # (tg: the decode the request runs; the warm-up's runs are of the same shapes at batch 1)
     settings = BenchSettings(args.pp, new_tokens, (1,), 16, 16)
-    shared = shared_read_bandwidth()
-    bandwidth = {"h2d": h2d_bandwidth() / 1e9, "cpu_read": cpu_read_bandwidth() / 1e9,
-                 "device": device_bandwidth() / 1e9, "shared_total": shared["total"] / 1e9}
-    profile, profile_source = planner_profile(args.profile, bandwidth, {MODELS[args.model]})
+    bandwidth = measured_bandwidth(args.simulate)
+    if args.simulate:
+        from vramshard.profile.query import synthetic
+
+        profile, profile_source = synthetic(cpu_gflops=200, gpu_gflops=20_000, h2d_gbps=SIMULATED_H2D_GB_S,
+                                            cpu_mem_gbps=bandwidth["cpu_read"]), "synthetic (--simulate)"
+    else:
+        profile, profile_source = planner_profile(args.profile, bandwidth, {MODELS[args.model]})
     model = shape_model(args.model, MODELS[args.model])
     if args.layers:
         from vramshard.models import build_model
@@ -146,14 +168,16 @@ def main() -> None:
         config = shape_config(args.model)
         config["num_hidden_layers"] = args.layers
         model = build_model(config, MODELS[args.model])
-    host = HostLayouts(list(model), pack_model(list(model), random_weights(model), pin=True, splittable=False))
-    results = {"date": now(), "hardware": hardware(), "args": vars(args), "bandwidth_gb_s": bandwidth,
+    host = HostLayouts(list(model), pack_model(list(model), random_weights(model), pin=not args.simulate,
+                                               splittable=False))
+    results = {"date": now(), "hardware": hardware(), "args": vars(args), "simulated": args.simulate,
+               "bandwidth_gb_s": bandwidth,
                "profile": profile_source, "model_bytes": model.nbytes, "budgets": {}}
     target = args.json or out_dir() / "paired_decode.json"
     for budget in [b for b in args.budgets.split(",") if b]:
         vram = int(float(budget) * GiB)
-        planned = load(model, host, vram, None, settings, profile)
-        baseline = load(model, host, vram, args.baseline, settings, profile)
+        planned = load(model, host, vram, None, settings, profile, args.simulate)
+        baseline = load(model, host, vram, args.baseline, settings, profile, args.simulate)
         events_before = len(planned.budget.events)
         pair = [Decoding("vramshard", planned, settings, new_tokens),
                 Decoding(args.baseline, baseline, settings, new_tokens)]
@@ -173,7 +197,8 @@ def main() -> None:
             decoding.close()
         del pair, planned, baseline
         gc.collect()
-        torch.cuda.empty_cache()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     write_json(target, results)
     log.info("written to %s", target)
 

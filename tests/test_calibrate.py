@@ -624,14 +624,14 @@ def bench_warm_up(engine, monkeypatch, trials: int = 0, replans: int = 0) -> lis
             engine.poll_budget()
             engine._measured(StepStats(len(prompts), 0, len(prompts), len(prompts), len(prompts), 0.1, 0, 1,
                                        time.time() + 0.5, 0.1, 0.0, 0.05, 0.0))
-        return {"step_tokens": [len(prompts)]}
+        return {"step_tokens": {len(prompts): 1 + new_tokens}}
 
     def wait(timeout):
         engine.plan = next(plans, engine.plan)  # (a fit's plan taken)
 
     monkeypatch.setattr(bench, "run_requests", run_requests)
     monkeypatch.setattr(engine.budget.background, "wait", wait)
-    bench.warm_up(engine, bench.BenchSettings(pp=4, tg=8, batch_sizes=(4,), batch_prompt=4, batch_gen=8))
+    bench.warm_up(engine, bench.BenchSettings(pp=4, tg=64, batch_sizes=(4,), batch_prompt=4, batch_gen=8))
     return runs
 
 
@@ -642,11 +642,11 @@ def test_the_benchmarks_warm_up_runs_until_the_one_token_steps_are_judged(tiny_m
     the engine has that fit to make."""
     engine, _ = simulated_engine(tiny_model_dir("qwen3"))
     assert engine.calibration_pending() and engine.cpu_stats()["calibration_pending"] is True
-    # (round 1: two one-token runs while the prompt's tier is to be judged, 35 steps each (the 32 the decode
-    # judgment needs, and more), all trials, then 11 steps of four, 5 of them trials; round 2: two runs of 11
-    # one-token steps and 11 steps of four, and both tiers are judged)
+    # (round 1: a one-token run of 35 steps (the 32 the decode judgment needs, and more), all trials, then 11
+    # steps of four, 5 of them trials, then one more one-token run for the decode judgment; round 2: 11
+    # one-token steps and 11 of four, and both tiers are judged)
     assert engine.budget.decode_steps_to_judge() == MIN_STEPS
-    assert bench_warm_up(engine, monkeypatch, trials=75) == [1, 1, 4, 1, 1, 4]
+    assert bench_warm_up(engine, monkeypatch, trials=40) == [1, 4, 1, 1, 4]
     assert engine.budget.decode_steps_to_judge() == 0  # (and its decode steps judged)
     assert not engine.calibration_pending() and 1 in engine.budget.cpu_judged
     assert engine.cpu_stats()["calibration_pending"] is False and 1 in engine.cpu_stats()["calibrated_tiers"]
@@ -661,11 +661,48 @@ def test_the_benchmarks_warm_up_runs_a_plan_the_engine_took_in_it_before_the_tim
     from vramshard.cli.bench import WARMUP_ROUNDS
 
     engine, _ = simulated_engine(tiny_model_dir("qwen3"))
-    assert bench_warm_up(engine, monkeypatch) == [1, 1, 4]  # (judged in the first round, no new plan)
+    assert bench_warm_up(engine, monkeypatch) == [1, 4]  # (judged in the first round, no new plan)
     engine, _ = simulated_engine(tiny_model_dir("qwen3"))
-    assert bench_warm_up(engine, monkeypatch, replans=1) == [1, 1, 4, 1, 4]  # (the new plan's 32 decode steps)
+    assert bench_warm_up(engine, monkeypatch, replans=1) == [1, 4, 1, 4]  # (with the new plan's 32 decode steps)
     engine, _ = simulated_engine(tiny_model_dir("qwen3"))
-    assert bench_warm_up(engine, monkeypatch, replans=5) == [1, 1, 4] + [1, 4] * (WARMUP_ROUNDS - 1)
+    assert bench_warm_up(engine, monkeypatch, replans=5) == [1, 4] * WARMUP_ROUNDS
+
+
+def test_the_warm_up_waits_only_for_tiers_the_timed_runs_would_judge(tiny_model_dir):
+    """A tier's CPU work is judged after its first step under a plan and 8 samples (1 from 256 tokens): a
+    batch-1 run's 16-token prompt, one step a run, never reaches it in the timed runs, so it cannot re-plan
+    them and the warm-up does not wait for it (it would run out its rounds); one stepped 9 times can."""
+    from vramshard.cli import bench
+
+    check = CpuCheck("plan")
+    assert check.steps_to_judge(16) == 1 + cpu_samples_needed(16) and check.steps_to_judge(1024) == 2
+    check.add(16, 0.01)
+    check.add(1024, 0.02)
+    assert check.steps_to_judge(16) == cpu_samples_needed(16) and check.steps_to_judge(1024) == 1
+    check.judged.add(16)
+    assert check.steps_to_judge(16) == 0
+    engine, _ = simulated_engine(tiny_model_dir("qwen3"))
+    steps = engine.cpu_steps_to_judge(16)
+    assert steps == 1 + cpu_samples_needed(16)
+    assert "tier 16's CPU work" not in bench._still_to_judge(engine, {16: steps - 1})
+    assert "tier 16's CPU work" in bench._still_to_judge(engine, {16: steps})
+    assert "tier 16's CPU work" in bench._still_to_judge(engine, {9: 1, 16: steps - 1})  # (both tier 16's)
+    assert bench._still_to_judge(engine, {})[-1] == f"{MIN_STEPS} more one-token decode steps"
+
+
+def test_the_benchmarks_warm_up_decodes_what_the_judgment_needs_within_the_runs_context(tiny_model_dir):
+    """The decode judgment takes 32 steps, more than the context leaves after a long prompt (engine_bench:
+    1024 + 32): the warm-up decodes what fits after it, then the rest after a short prompt, and the engine
+    judges its decode steps before the timed runs (a smoke run of benchmarks/paired_decode.py found the
+    warm-up asking for more tokens than the context holds, session 49)."""
+    from vramshard.cli import bench
+
+    engine, _ = simulated_engine(tiny_model_dir("qwen3"))
+    settings = bench.BenchSettings(pp=100, tg=8, batch_sizes=(1,), batch_prompt=4, batch_gen=4)
+    assert settings.max_context - settings.pp < MIN_STEPS
+    bench.warm_up(engine, settings)
+    assert engine.budget.decode_steps_to_judge() == 0 and len(engine.plan_check().measured) >= MIN_STEPS \
+        or engine.plan_check().calibrated
 
 
 def test_the_benchmarks_warm_up_waits_for_the_plan_a_fit_made_in_its_own_poll_asks_for(monkeypatch):
@@ -692,7 +729,7 @@ def test_the_benchmarks_warm_up_waits_for_the_plan_a_fit_made_in_its_own_poll_as
                              executor=SimpleNamespace(plans=SimpleNamespace(name="planned")))
     def run_requests(engine, prompts, tokens, settings):
         rounds.append(len(prompts))
-        return {"step_tokens": [len(prompts)]}
+        return {"step_tokens": {len(prompts): 1 + tokens}}
 
     monkeypatch.setattr(bench, "run_requests", run_requests)
     bench.warm_up(engine, bench.BenchSettings(pp=4, tg=8, batch_sizes=(1,), batch_prompt=4, batch_gen=8))

@@ -418,6 +418,14 @@ class Engine:
         return tier in self.plan.tiers and calibrate.has_cpu_work(self.plan, tier) \
             and tier not in self.budget.cpu_judged
 
+    def cpu_steps_to_judge(self, tokens: int = 1) -> int:
+        """Steps of ``tokens`` tokens the plan in force has still to run before the engine judges the CPU
+        work of their tier (:meth:`calibration_pending`; 0: judged, or nothing to judge)."""
+        if not self.calibration_pending(tokens):
+            return 0
+        plans = self.executor.plans
+        return self.cpu_check().steps_to_judge(plans.tiers[plans.index_for(tokens)])
+
     def plan_check(self) -> DecodeCheck:
         """Single-sequence decode steps of the plan in force against its prediction (a warning is
         logged once when they are 1.5x off: the machine profile does not fit the machine)."""

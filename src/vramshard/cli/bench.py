@@ -18,6 +18,7 @@ in memory: nothing is downloaded, and speed does not depend on weight values.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import gc
 import json
@@ -119,7 +120,7 @@ def run_requests(engine, prompts: list[list[int]], new_tokens: int, settings: Be
         "tok_s": generated / (end - start),
         "decode_tok_s": decoded / (end - last_first) if end > last_first else 0.0,
         "steps": len(steps),
-        "step_tokens": sorted({s.tokens for s in steps}),  # (the tiers the run stepped in)
+        "step_tokens": dict(collections.Counter(s.tokens for s in steps)),  # {tokens: steps} (the tiers stepped in)
         "sched_ms_per_step": 1e3 * statistics.fmean(s.overhead_s for s in steps),
         "decode_step_ms": 1e3 * statistics.fmean(s.seconds for s in decode_steps) if decode_steps else None,
         "decode_step_ms_median": 1e3 * statistics.median(s.seconds for s in decode_steps) if decode_steps else None,
@@ -182,22 +183,37 @@ WARMUP_STEPS = 10  # decode steps of each warm-up run: a graph capture, and for 
 WARMUP_ROUNDS = 5
 
 
-def _still_to_judge(engine, step_tokens: set[int]) -> list[str]:
-    """What the engine has yet to judge of the plan in force, in steps of ``step_tokens`` tokens (the
-    warm-up's, which are the timed runs'): each tier whose CPU work is not yet fitted
-    (:meth:`~vramshard.engine.Engine.calibration_pending`), its one-token decode steps
+def _still_to_judge(engine, timed_steps: dict[int, int]) -> list[str]:
+    """What the engine has yet to judge of the plan in force that the timed runs would judge, and re-plan
+    on, in their midst: each tier whose CPU work the timed runs' ``timed_steps`` ({step tokens: steps},
+    as the warm-up's round stepped) reach the judgment of
+    (:meth:`~vramshard.engine.Engine.cpu_steps_to_judge`; a tier stepped too rarely to be judged there,
+    such as a batch-1 run's 16-token prompt, will not re-plan them), and its one-token decode steps
     (:meth:`~vramshard.budget_follower.BudgetFollower.decode_steps_to_judge`). Empty: no fit is to come."""
-    pending = getattr(engine, "calibration_pending", None)
+    to_judge = getattr(engine, "cpu_steps_to_judge", None)
     follower = getattr(engine, "budget", None)
     out = []
-    if pending is not None:
-        plans = engine.executor.plans
-        tiers = {plans.tiers[plans.index_for(tokens)] for tokens in step_tokens if pending(tokens)}
-        out += [f"tier {tier}'s CPU work" for tier in sorted(tiers)]
+    if to_judge is not None:
+        plans, by_tier = engine.executor.plans, collections.Counter()
+        for tokens, steps in timed_steps.items():
+            by_tier[plans.tiers[plans.index_for(tokens)]] += steps
+        out += [f"tier {tier}'s CPU work" for tier, steps in sorted(by_tier.items()) if 0 < to_judge(tier) <= steps]
     steps = follower.decode_steps_to_judge() if hasattr(follower, "decode_steps_to_judge") else 0
     if steps:
         out.append(f"{steps} more one-token decode steps")
     return out
+
+
+def _decode_steps_to_judge(follower) -> int:
+    """Decode steps a warm-up run gives the engine's judgment of its one-token steps (0: none to come);
+    two more than it asks, as a step with CPU path trials is no sample."""
+    steps = follower.decode_steps_to_judge() if hasattr(follower, "decode_steps_to_judge") else 0
+    return steps + 2 if steps else 0
+
+
+def _within_context(steps: int, prompt: int, settings: BenchSettings) -> int:
+    """``steps`` new tokens, or as many as fit the runs' context after a ``prompt``-token prompt."""
+    return max(1, min(steps, settings.max_context - prompt))
 
 
 def warm_up(engine, settings: BenchSettings) -> None:
@@ -208,28 +224,35 @@ def warm_up(engine, settings: BenchSettings) -> None:
     yet to judge a tier of the timed runs or its decode steps, or when it re-planned, so that the timed
     runs measure the engine as it runs from then on, not its warm-up. A round runs the prompt twice
     while its tier is still to be judged (a tier's first step under a plan is no sample), and decodes
-    as many steps as the engine's decode judgment still needs."""
+    as many steps as the engine's decode judgment still needs (after a short prompt too, where the
+    long one leaves too little of the runs' context for them)."""
     if getattr(engine, "device", "cpu") == "cpu":
         return
     vocab = engine.args.vocab_size
-    pending = getattr(engine, "calibration_pending", None)
+    to_judge = getattr(engine, "cpu_steps_to_judge", None)
     follower = getattr(engine, "budget", None)
-    step_tokens: set[int] = set()  # the sizes of the warm-up's steps, which are the timed runs'
+    timed: collections.Counter = collections.Counter()  # {step tokens: steps} of the timed runs, as a round steps
     for round_ in range(WARMUP_ROUNDS):
         plan = getattr(engine, "plan", None)
-        prompts = 2 if pending is not None and pending(settings.pp) else 1
-        steps = WARMUP_STEPS
-        if hasattr(follower, "decode_steps_to_judge"):
-            steps = max(steps, follower.decode_steps_to_judge() + 2)  # (+2: a step with trials is no sample)
-        runs = [run_requests(engine, _prompts(1, settings.pp, vocab, 97 + 2 * round_ + i), steps, settings)
-                for i in range(prompts)]
-        runs += [run_requests(engine, _prompts(size, settings.batch_prompt, vocab, 96 - round_), WARMUP_STEPS,
-                              settings) for size in settings.batch_sizes]
-        step_tokens.update(tokens for run in runs for tokens in run["step_tokens"])
+        prompts = 2 if to_judge is not None and to_judge(settings.pp) == 2 else 1  # (its first, then a sample)
+        steps = max(WARMUP_STEPS, _decode_steps_to_judge(follower))
+        runs = [run_requests(engine, _prompts(1, settings.pp, vocab, 97 + 2 * round_ + i),
+                             _within_context(steps, settings.pp, settings), settings) for i in range(prompts)]
+        runs = runs[-1:] + [run_requests(engine, _prompts(size, settings.batch_prompt, vocab, 96 - round_),
+                                         _within_context(WARMUP_STEPS, settings.batch_prompt, settings), settings)
+                            for size in settings.batch_sizes]  # (one run of each shape, as the timed runs have)
+        more = _decode_steps_to_judge(follower)
+        if more:  # (the long prompt left too little context for them: after a short one)
+            run_requests(engine, _prompts(1, settings.batch_prompt, vocab, 95 - round_),
+                         _within_context(more, settings.batch_prompt, settings), settings)
+        stepped = collections.Counter()
+        for run in runs:
+            stepped.update(run["step_tokens"])
+        timed = timed | collections.Counter({tokens: n * settings.repeat for tokens, n in stepped.items()})
         if plan is None:
             return
         _settle(engine)
-        still = _still_to_judge(engine, step_tokens)
+        still = _still_to_judge(engine, timed)
         if engine.plan is plan and not still:
             # (When the timed runs begin: a switch logged after this line fell in them.)
             log.info("warm-up done after %d round(s): plan %s in force, %s", round_ + 1, engine.executor.plans.name,
@@ -238,7 +261,7 @@ def warm_up(engine, settings: BenchSettings) -> None:
         log.info("warm-up round %d: %s; another", round_ + 1,
                  "the engine re-planned" if engine.plan is not plan else "still to judge: " + ", ".join(still))
     log.warning("warm-up ended after %d rounds with %s: a fit may re-plan in the timed runs", WARMUP_ROUNDS,
-                ", ".join(_still_to_judge(engine, step_tokens)) or "the engine re-planning")
+                ", ".join(_still_to_judge(engine, timed)) or "the engine re-planning")
 
 
 SETTLE_POLLS = 3  # polls at most after a warm-up round: each may judge a tier and ask for a plan

@@ -127,6 +127,13 @@ class CpuCheck:
         self.samples.setdefault(tier, deque(maxlen=WINDOW)).append(host_compute_s)
         self.split_samples.setdefault(tier, deque(maxlen=WINDOW)).append(split)
 
+    def steps_to_judge(self, tier: int) -> int:
+        """Steps of ``tier`` with CPU work still to run before it is judged: its first under the plan, if
+        not yet run, and the samples it lacks (0: judged, or to be at the next poll)."""
+        if tier in self.judged:
+            return 0
+        return (tier not in self.warmed) + max(0, cpu_samples_needed(tier) - len(self.samples.get(tier, ())))
+
     def ready(self) -> dict[int, float]:
         """{tier: median seconds of its CPU work} of the tiers not judged yet with enough steps."""
         return {tier: statistics.median(times) for tier, times in self.samples.items()
