@@ -705,6 +705,19 @@ def test_the_benchmarks_warm_up_decodes_what_the_judgment_needs_within_the_runs_
         or engine.plan_check().calibrated
 
 
+def test_a_benchmark_cell_runs_whole_on_a_planned_engine_that_warms_up(tiny_model_dir):
+    """`measure` (a cell of `vramshard bench` and engine_bench) end to end on a simulated GPU, where the warm-up
+    runs (on a CPU engine it does not), with engine_bench's proportions: the decode judgment's 32 steps do not
+    fit after the prompt."""
+    from vramshard.cli import bench
+
+    engine, _ = simulated_engine(tiny_model_dir("qwen3"))
+    settings = bench.BenchSettings(pp=100, tg=8, batch_sizes=(1, 2), batch_prompt=4, batch_gen=4)
+    result = bench.measure(engine, settings)
+    assert result["tg_tok_s"] > 0 and result["ttft_s"] > 0
+    assert set(result["batched"]) == {"1", "2"} and all(run["complete"] for run in result["batched"].values())
+
+
 def test_the_benchmarks_warm_up_waits_for_the_plan_a_fit_made_in_its_own_poll_asks_for(monkeypatch):
     """The warm-up's poll after a round may judge a tier and ask for a plan (nothing switched yet): the
     warm-up waits for that plan, puts it in force and runs a round under it, so that the fit's switches
