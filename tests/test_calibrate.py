@@ -215,12 +215,18 @@ def test_a_fits_quick_plan_comes_into_force_while_its_full_plan_is_made(tiny_mod
     # rounds up to the allocator's blocks, far above its few MiB of budget)
 
 
-@pytest.mark.parametrize("quick_s_over_in_force", [0.8, 0.95])
-def test_a_fits_quick_plan_comes_into_force_only_where_it_is_predicted_faster(tiny_model_dir, monkeypatch,
-                                                                           quick_s_over_in_force):
-    """A quick plan no faster than the plan in force (under the fitted profile) would only add a switch
-    before the full plan's (in the forty-fourth GPU session the quick plan of llama3-8b at 8 GiB unpinned 30
-    sub-layers that the full one pinned 1.8 s later): the plan in force goes on until the full plan."""
+@pytest.mark.parametrize("recent, one_token, others, comes_in", [
+    ([], 0.8, 1.0, True),  # no steps yet: one-token steps weigh, and the quick plan's are 0.8x
+    ([], 0.95, 1.0, False),
+    ([16] * 30 + [1] * 10, 0.8, 1.0, False),  # the engine's steps mostly of tier 16, where it gains nothing
+    ([16] * 30 + [1] * 10, 0.8, 0.85, True),
+])
+def test_a_fits_quick_plan_comes_into_force_only_where_it_is_predicted_faster(tiny_model_dir, monkeypatch, recent,
+                                                                           one_token, others, comes_in):
+    """A quick plan no faster than the plan in force (under the fitted profile, over the engine's recent steps
+    by tier) would only add a switch before the full plan's (in the forty-fourth GPU session the quick plan of
+    llama3-8b at 8 GiB unpinned 30 sub-layers that the full one pinned 1.8 s later): the plan in force goes on
+    until the full plan."""
     import threading
 
     from vramshard.runtime import budget as budgets
@@ -239,30 +245,36 @@ def test_a_fits_quick_plan_comes_into_force_only_where_it_is_predicted_faster(ti
     follower, old_plan = engine.budget, engine.plan
     predicted = calibrate.step_seconds
 
-    def step_seconds(model, profile, plan, tier):  # the quick plan's one-token step as the parameter has it
+    def step_seconds(model, profile, plan, tier):  # the quick plan's steps as the parameters have them
         if plan is follower.plan_cache.peek((*key, False)):
-            return quick_s_over_in_force * predicted(model, profile, old_plan, tier)
+            return (one_token if tier == 1 else others) * predicted(model, profile, old_plan, tier)
         return predicted(model, profile, plan, tier)
 
     slow_steps(engine, 1.2)
     engine.poll_budget()
     key = (budgets.budget_key(follower.refine[0]), follower.refine[1])
+    follower.recent_tiers.extend(recent)
     monkeypatch.setattr(calibrate, "step_seconds", step_seconds)
     waited = time.monotonic()
     while follower.plan_cache.peek((*key, False)) is None and time.monotonic() - waited < 30:
         time.sleep(0.01)
     engine.poll_budget()
-    if quick_s_over_in_force < 1 / budget_follower.QUICK_GAIN:
+    if comes_in:
         assert engine.plan is follower.plan_cache.peek((*key, False)) and follower.events[-1]["quick_plan"]
     else:
         assert engine.plan is old_plan and follower.events[-1]["quick_plan_skipped"]
-        assert follower.events[-1]["quick_predicted_s"] == pytest.approx(
-            0.95 * follower.events[-1]["in_force_predicted_s"])
+        assert follower.events[-1]["quick_predicted_s"] > follower.events[-1]["in_force_predicted_s"] / 1.1
     assert follower.refine is not None  # the full plan still to come, either way
     release.set()
     follower.background.wait(60)
     engine.poll_budget()
     assert follower.refine is None and engine.plan is follower.plan_cache.peek((*key, True))
+
+
+def test_an_engines_steps_are_kept_by_tier_for_weighing_a_quick_plan(tiny_model_dir):
+    engine, _ = simulated_engine(tiny_model_dir("qwen3"))
+    engine.generate([[5, 9, 11, 13, 2, 7]], 4)  # a 6-token prompt (tier 16), then one-token steps
+    assert list(engine.budget.recent_tiers)[:2] == [16, 1] and set(engine.budget.recent_tiers) == {1, 16}
 
 
 def test_a_re_plan_that_decodes_slower_than_the_plan_it_replaced_gives_way_to_it(tiny_model_dir):

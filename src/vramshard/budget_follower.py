@@ -23,7 +23,8 @@ its prediction, :func:`vramshard.plan.calibrate.fit` finds the factor on
 split FFNs' CPU parts (or on all CPU compute) that explains the whole step. Either way the plan
 made with the fitted profile comes into force at a step boundary (``why``: "calibrate"; at most
 MAX_CALIBRATIONS times; ``VRAMSHARD_CALIBRATE=off`` turns it off): its quick plan first where that is
-predicted QUICK_GAIN faster than the plan in force, then the full one as a "refine" (QUICK_REPLAN).
+predicted QUICK_GAIN faster than the plan in force over the engine's recent steps, then the full one as a
+"refine" (QUICK_REPLAN).
 
 A fit can be wrong (on a host whose CPU speed swings, it may explain a slow spell), and the plan
 it leads to slower than the one it replaced: in the seventeenth GPU session llama3-8b at 8 GiB
@@ -83,12 +84,14 @@ RECORD_MIN_STEPS = 8  # decode steps of a plan a calibration replaces before the
 # 0-1.2% of the full plan's prediction for llama3-8b, nemo-8b and qwen3-30b-a3b at 2-8 GiB
 # (benchmarks.planning_time, session 46). Off (VRAMSHARD_QUICK_REPLAN=off): the full plan only.
 QUICK_REPLAN = switch("VRAMSHARD_QUICK_REPLAN", default=True)
-# A fit's quick plan comes into force only where the fitted profile predicts its one-token step at least this much
-# faster than the plan in force's (which still fits the budget); else the plan in force goes on until the full plan.
+# A fit's quick plan comes into force only where the fitted profile predicts the engine's recent steps (STEP_MIX_KEPT,
+# by tier) at least this much faster under it than under the plan in force (which still fits the budget); else the
+# plan in force goes on until the full plan.
 # In the forty-fourth GPU session every fit's quick plan of llama3-8b came in and its full plan 1.4-2.3 s later: two
 # switches where one would do, the quick one at 8 GiB unpinning 30 sub-layers that the full one pinned again
 # (147-163 ms each, its steps eager meanwhile: the graph memory limit reached; docs/BENCHMARKS.md).
 QUICK_GAIN = 1.10
+STEP_MIX_KEPT = 512  # the engine's most recent steps whose tiers weigh a quick plan against the plan in force
 # The fit of the host's GPU dispatch from the rest of a slow step whose CPU work was timed (calibrate.fit_dispatch).
 # Off (VRAMSHARD_DISPATCH_FIT=off): such a step is fitted no further. The gap it explains may be the host's memory
 # or PCIe rather than its launches: in the forty-second GPU session a dispatch fit of 2.86x re-planned llama3-8b at
@@ -139,6 +142,7 @@ class BudgetFollower:
         self.asked_threads: int | None = None  # the engine's own thread limit (--threads), taken at the first change
         self.load_threads: int | None = None  # the thread limit the load beside the engine set (None: none)
         self.background = BackgroundPlanner(self._plan_fully)
+        self.recent_tiers: collections.deque[int] = collections.deque(maxlen=STEP_MIX_KEPT)  # (the engine's steps)
 
     # ------------------------------------------------------------------ the source
     def set_vram(self, vram: str | int | None) -> None:
@@ -417,20 +421,28 @@ class BudgetFollower:
 
     def _quick_plan_gains(self, budget: int | None, kv_forced: bool | None) -> bool:
         """Whether a fit's (or a load change's) quick plan is worth a switch of its own before its full plan:
-        the profile it was made with predicts its one-token step at least QUICK_GAIN faster than the plan in
-        force's (each switch stops the steps, and the new plan's first steps pay its first calls)."""
+        the profile it was made with predicts the engine's recent steps (their tiers, one-token steps where
+        none ran yet) at least QUICK_GAIN faster under it than under the plan in force (each switch stops
+        the steps, and the new plan's first steps pay its first calls)."""
         engine = self.engine
         quick = self.plan_cache.peek((budgets.budget_key(budget), kv_forced, False))
-        if engine.plan is None or quick is None or 1 not in engine.plan.tiers or 1 not in quick.tiers:
+        if engine.plan is None or quick is None:
+            return True
+        mix = {tier: n for tier, n in collections.Counter(self.recent_tiers or [1]).items()
+               if tier in engine.plan.tiers and tier in quick.tiers}
+        if not mix:
             return True
         profile = self.plan_settings().profile
-        in_force_s = calibrate.step_seconds(engine.model, profile, engine.plan, 1)
-        quick_s = calibrate.step_seconds(engine.model, profile, quick, 1)
+
+        def seconds(plan) -> float:
+            return sum(n * calibrate.step_seconds(engine.model, profile, plan, tier) for tier, n in mix.items())
+
+        in_force_s, quick_s = seconds(engine.plan), seconds(quick)
         if in_force_s >= QUICK_GAIN * quick_s:
             return True
-        log.info("the quick plan after the %s is predicted at %.1f ms a one-token step against %.1f ms for the "
-                 "plan in force: the plan in force goes on until the full plan", self.refine_why, quick_s * 1e3,
-                 in_force_s * 1e3)
+        log.info("the quick plan after the %s is predicted to run the engine's last %d steps (by tier %s) in %.1f "
+                 "ms against %.1f ms for the plan in force: the plan in force goes on until the full plan",
+                 self.refine_why, sum(mix.values()), dict(sorted(mix.items())), quick_s * 1e3, in_force_s * 1e3)
         self.events.append({"time": time.time(), "why": self.refine_why, "budget": budget,
                             "plan": engine.executor.plans.name, "quick_plan_skipped": True,
                             "quick_predicted_s": quick_s, "in_force_predicted_s": in_force_s})
