@@ -247,8 +247,6 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         self.compute_stream = self.copy_stream = None
         self._vram_before = 0
         self._reserved_after_step = 0  # VRAM reserved after the last step, less _vram_before
-        self.graphs: DecodeGraphs | None = None
-        self._first_capture: tuple[int, int] | None = None  # what a first graph capture cost here (DecodeGraphs)
         self._clear_vram()
         # Wall seconds of this executor's setup by phase (Engine.load_seconds reports them).
         self.setup = Timeline()
@@ -415,7 +413,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         if self.decode_graphs and self.resident:
             room = None if self.budget is None else max(0, self.budget - self.need.total)
             self.graphs = DecodeGraphs(self.resident, self.gpu, self.kv_plan[1], pool_limit=room,
-                                       compile_backend=self.decode_compile, first_capture=self._first_capture)
+                                       compile_backend=self.decode_compile)
         streamed = {item for p in self.plans.placements for item in _streamed(p, list(self.model))}
         if streamed:
             slot_bytes = max(item_bytes(self.host, item) for item in streamed)
@@ -435,9 +433,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         self._host_stacked: dict[str, StackedExperts] = {}  # the same, pinned and stacked: read by GPU kernels
         self._slot_tables: dict[str, tuple[int, torch.Tensor]] = {}  # cached layer -> (cache version, slot table)
         self._gpu_steps = 0  # steps run on the GPU since then (every REFRESH_STEPS-th lets the cache admit)
-        if self.graphs is not None and self.graphs.first_capture is not None:
-            self._first_capture = self.graphs.first_capture  # (what a first capture cost: for the next pool)
-        self.graphs = None  # captured over the resident weights: dropped with them
+        self.graphs: DecodeGraphs | None = None  # captured over the resident weights: dropped with them
         self.staging: KVStaging | None = None  # GPU attention over host KV caches: one layer's KV in VRAM
         self._sim_slot: torch.Tensor | None = None  # a simulated GPU's slot for split FFNs' GPU parts
 

@@ -387,15 +387,12 @@ class DecodeGraphs:
     graphs' memory pool may reach before no new bucket is captured (None: no limit).
     compile_backend: ``torch.compile`` backend for the fixed-shape forward's fusable parts (None:
     eager kernels; see :class:`StaticDecode`). Compiling happens in the warm-up before a capture.
-    first_capture: (estimate, growth) of the first capture into an earlier, fresh pool of the same
-    executor (:attr:`first_capture` of the graphs a re-plan dropped), what a first capture costs here.
     """
 
     def __init__(self, weights: Mapping[str, Mapping[str, torch.Tensor]], device: torch.device | str,
                  max_context: int, capture: bool = True, max_graphs: int = MAX_GRAPHS,
                  batch_buckets: Sequence[int] = BATCH_BUCKETS, smallest_keys: int = MIN_KEY_BUCKET,
-                 pool_limit: int | None = None, warmup_runs: int = 2, compile_backend: str | None = None,
-                 first_capture: tuple[int, int] | None = None):
+                 pool_limit: int | None = None, warmup_runs: int = 2, compile_backend: str | None = None):
         self.compile_backend = compile_backend
         self.weights = weights
         self.device = torch.device(device)
@@ -409,7 +406,6 @@ class DecodeGraphs:
         self.pool_bytes = 0  # VRAM the captures added (their private pool), for the budget
         self._largest_estimate = 0  # the largest capture_bytes captured into the pool so far
         self._largest_growth = 0  # the most one capture has grown the pool
-        self.first_capture = first_capture  # (estimate, growth) of a first capture into a fresh pool here
         self._forwards: dict[tuple[str, ...], StaticDecode] = {}
         self._buckets: OrderedDict[tuple, _Bucket] = OrderedDict()
         self._pool = None
@@ -449,12 +445,6 @@ class DecodeGraphs:
         """
         if self._largest_estimate and estimate <= self._largest_estimate:
             return min(estimate, self._largest_growth + SMALL_SEGMENT)
-        if not self._largest_estimate and self.first_capture and estimate <= self.first_capture[0]:
-            # A fresh pool's first capture, no larger than one measured into a fresh pool of this executor's
-            # before a re-plan: charged what that one grew its pool by. Charged its whole estimate (60 MiB at 1K
-            # keys for an 8B model, where such pools grew by 4 MiB), the first capture after a re-plan that left
-            # less room ran every decode step of the plan eagerly (forty-fourth GPU session).
-            return min(estimate, self.first_capture[1] + SMALL_SEGMENT)
         return estimate
 
     def fits(self, estimate: int) -> bool:
@@ -463,8 +453,6 @@ class DecodeGraphs:
 
     def _captured(self, estimate: int, growth: int) -> None:
         """Account a capture estimated at ``estimate`` that grew the pool by ``growth`` bytes."""
-        if not self._largest_estimate and (self.first_capture is None or estimate >= self.first_capture[0]):
-            self.first_capture = (estimate, growth)  # (the widest measured first capture is kept)
         self.pool_bytes += growth
         self._largest_estimate = max(self._largest_estimate, estimate)
         self._largest_growth = max(self._largest_growth, growth)
