@@ -1,21 +1,21 @@
 """The planned engine's decode against a baseline's, both loaded at once and stepped in turns: a paired A/B.
 
-    PYTHONPATH=src python -m benchmarks.paired_decode --model llama3-8b --budgets 2,8 [--rounds 8] [--steps 16]
-        [--baseline layers:max] [--profile PATH] [--json out.json]
+    PYTHONPATH=src python -m benchmarks.paired_decode --model llama3-8b --budgets 2,8 [--pps 1024,16] [--rounds 8]
+        [--steps 16] [--baseline layers:max] [--profile PATH] [--json out.json] [--simulate]
 
 On the lent GPU hosts the same engine decoded 1.36-1.56x faster or slower from one cell to the next (forty-fourth
 GPU session: `layers:17` at 11.63 then 7.47 tok/s a minute apart), so engine_bench's cells, each engine alone for
 tens of seconds, compare two engines as much as two moments of the host. Here, per budget, the planned engine and
 the baseline are loaded side by side over one pinned copy of the weights (random weights of a real shape), each
-warmed up as `vramshard bench` warms it (:func:`vramshard.cli.bench.warm_up`), each given one request of a
-``--pp``-token prompt; then ``--rounds`` rounds of ``--steps`` decode steps of each, in the order planned, baseline,
-then baseline, planned, and so on (ABBA), seconds apart. Each round gives the two engines' median decode step and
+warmed up as `vramshard bench` warms it (:func:`vramshard.cli.bench.warm_up`); then for each of ``--pps`` (prompt
+lengths) each engine is given one request of that prompt, and ``--rounds`` rounds of ``--steps`` decode steps of
+each follow, in the order planned, baseline, then baseline, planned, and so on (ABBA), seconds apart. Each round gives the two engines' median decode step and
 its ratio; the host's memory read is measured after every round, and decode's bound (every byte not resident
 crossing PCIe or read by the CPU, at once; :func:`benchmarks.common.decode_bound_tok_s`) at that read.
 
-Reported per budget: each round's figures, the median and geometric mean of the rounds' speedups and their range,
-each engine's median step over all rounds against the bound, and any switch the planned engine made during the
-rounds (a fit; the warm-up should have made them all).
+Reported per budget and prompt length: each round's figures, the median and geometric mean of the rounds'
+speedups and their range, each engine's median step over all rounds against the bound, and any switch the planned
+engine made during the rounds (a fit; the warm-up should have made them all).
 """
 
 from __future__ import annotations
@@ -45,11 +45,11 @@ SIMULATED_H2D_GB_S = 25.0  # --simulate's nominal PCIe (no GPU to measure)
 class Decoding:
     """One engine decoding one long request, a segment of steps at a time."""
 
-    def __init__(self, label: str, engine, settings: BenchSettings, new_tokens: int):
+    def __init__(self, label: str, engine, settings: BenchSettings, new_tokens: int, prompt_tokens: int | None = None):
         self.label, self.engine = label, engine
         self.scheduler = engine.scheduler(max_seqs=1, max_context=settings.max_context,
                                           kv_tokens=settings.kv_tokens, ignore_eos=True)
-        prompt = _prompts(1, settings.pp, engine.args.vocab_size, settings.seed)[0]
+        prompt = _prompts(1, prompt_tokens or settings.pp, engine.args.vocab_size, settings.seed)[0]
         self.request = self.scheduler.add(prompt, max_new_tokens=new_tokens)
         while self.request.first_token_s is None and self.scheduler.has_work:  # the prompt read
             self.scheduler.step()
@@ -136,7 +136,9 @@ def main() -> None:
     parser.add_argument("--model", default="llama3-8b", choices=sorted(MODELS))
     parser.add_argument("--budgets", default="2,8", help="GiB, comma-separated")
     parser.add_argument("--baseline", default="layers:max")
-    parser.add_argument("--pp", type=int, default=1024, help="prompt tokens: decode runs at about this context")
+    parser.add_argument("--pps", default="1024",
+                        help="prompt lengths, comma-separated: rounds at about each one's context, in turn "
+                             "(\"1024,16\": the 1K context and a short chat's)")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--steps", type=int, default=16, help="decode steps of each engine a round")
     parser.add_argument("--profile", default=None, help="machine profile for the planner")
@@ -149,9 +151,10 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if not args.simulate and not torch.cuda.is_available():
         raise SystemExit("paired_decode needs a CUDA GPU (--simulate: a smoke test on the CPU)")
+    pps = [int(pp) for pp in args.pps.split(",") if pp]
     new_tokens = args.rounds * args.steps + 8
-    # (tg: the decode the request runs; the warm-up's runs are of the same shapes at batch 1)
-    settings = BenchSettings(args.pp, new_tokens, (1,), 16, 16)
+    # (tg: the decode a request runs; the warm-up reads the longest prompt, then the shortest at batch 1)
+    settings = BenchSettings(max(pps), new_tokens, (1,), min(pps) if len(pps) > 1 else 16, 16)
     bandwidth = measured_bandwidth(args.simulate)
     if args.simulate:
         from vramshard.profile.query import synthetic
@@ -178,23 +181,27 @@ def main() -> None:
         vram = int(float(budget) * GiB)
         planned = load(model, host, vram, None, settings, profile, args.simulate)
         baseline = load(model, host, vram, args.baseline, settings, profile, args.simulate)
-        events_before = len(planned.budget.events)
-        pair = [Decoding("vramshard", planned, settings, new_tokens),
-                Decoding(args.baseline, baseline, settings, new_tokens)]
-        began = time.perf_counter()
-        rounds = paired_rounds(*pair, args.rounds, args.steps, read_gb_s=lambda: cpu_read_bandwidth() / 1e9)
-        entry = {"planned_placement": planned.executor.plans.name, "baseline_placement": baseline.executor.plans.name,
-                 "rounds": rounds, "seconds": time.perf_counter() - began,
-                 "planned_switches_in_rounds": [e.get("why") for e in list(planned.budget.events)[events_before:]],
-                 "peak_vram_bytes": {"vramshard": planned.executor.peak_vram(),
-                                     args.baseline: baseline.executor.peak_vram()}}
-        entry["summary"] = summary(rounds, model.nbytes - planned.executor.need.resident, bandwidth)
-        results["budgets"][f"{budget}GiB"] = entry
-        # (engine_bench's cell line: gpu_session/switches_after_warmup.py ends a cell at it)
-        log.info("%s vramshard %d: %s", args.model, vram, {"placement": entry["planned_placement"], **entry["summary"]})
-        write_json(target, results)
-        for decoding in pair:
-            decoding.close()
+        entry = results["budgets"][f"{budget}GiB"] = {
+            "planned_placement": planned.executor.plans.name, "baseline_placement": baseline.executor.plans.name,
+            "prompts": {}}
+        for pp in pps:  # (one pair of requests at a time: each engine's KV pool holds one)
+            events_before = len(planned.budget.events)
+            pair = [Decoding("vramshard", planned, settings, new_tokens, pp),
+                    Decoding(args.baseline, baseline, settings, new_tokens, pp)]
+            began = time.perf_counter()
+            rounds = paired_rounds(*pair, args.rounds, args.steps, read_gb_s=lambda: cpu_read_bandwidth() / 1e9)
+            entry["prompts"][str(pp)] = {
+                "rounds": rounds, "seconds": time.perf_counter() - began,
+                "planned_switches_in_rounds": [e.get("why") for e in list(planned.budget.events)[events_before:]],
+                "summary": summary(rounds, model.nbytes - planned.executor.need.resident, bandwidth)}
+            for decoding in pair:
+                decoding.close()
+            # (engine_bench's cell line: gpu_session/switches_after_warmup.py ends a cell at it)
+            log.info("%s vramshard %d: %s", args.model, vram,
+                     {"placement": planned.executor.plans.name, "pp": pp, **entry["prompts"][str(pp)]["summary"]})
+            write_json(target, results)
+        entry["peak_vram_bytes"] = {"vramshard": planned.executor.peak_vram(),
+                                    args.baseline: baseline.executor.peak_vram()}
         del pair, planned, baseline
         gc.collect()
         if torch.cuda.is_available():
