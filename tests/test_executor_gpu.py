@@ -336,3 +336,35 @@ def test_engines_made_one_after_another_leave_no_vram_behind(tiny_model_dir):
     first = reserved_after_an_engine()
     later = [reserved_after_an_engine() for _ in range(4)]
     assert max(later) - first < 32 * 2**20, [first, *later]
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_a_switch_that_keeps_the_resident_set_keeps_its_weights_and_graphs_in_vram(tiny_model_dir, cpu_reference,
+                                                                                  monkeypatch, keep):
+    """VRAMSHARD_KEEP_RESIDENT: a re-plan pinning and unpinning nothing (25 of 42 switches in two GPU sessions)
+    keeps the resident buffer and the decode graphs over it; one that moves the resident set loads afresh;
+    either way the tokens are the CPU reference's."""
+    from vramshard.runtime import executor as executor_module
+
+    monkeypatch.setattr(executor_module, "KEEP_RESIDENT", keep)
+    path = tiny_model_dir("llama")
+    cpu_engine, _ = cpu_reference(path, "float32")
+    expected = cpu_engine.generate([PROMPT], 12)
+    sublayers = list(cpu_engine.model)
+
+    def placement(name, others):  # the first two sub-layers resident, the rest as ``others``
+        return Placement(name, tuple((s.name, GPU_RESIDENT if i < 2 else others) for i, s in enumerate(sublayers)))
+
+    engine = Engine.load(path, device="cuda", dtype="float32", placement=placement("a", GPU_STREAMED),
+                         max_context=64)
+    executor = engine.executor
+    assert engine.generate([PROMPT], 12) == expected
+    buffer, graphs = executor._resident_buffer, executor.graphs
+    assert graphs is not None
+    executor.reconfigure(placement("b", CPU), executor.budget)  # the same two resident, the rest on the CPU
+    assert (executor._resident_buffer is buffer and executor.graphs is graphs) == keep
+    assert engine.generate([PROMPT], 12) == expected
+    moved = Placement("c", tuple((s.name, GPU_RESIDENT if i in (0, 2) else CPU) for i, s in enumerate(sublayers)))
+    executor.reconfigure(moved, executor.budget)
+    assert executor._resident_buffer is not buffer and executor.graphs is not graphs
+    assert engine.generate([PROMPT], 12) == expected

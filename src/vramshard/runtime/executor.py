@@ -39,6 +39,7 @@ from typing import Callable
 
 import torch
 
+from ..env import switch
 from ..errors import BudgetError, InvalidInputError
 from ..layers import cpu_gemv, cpu_linear, cpu_swiglu, host_experts
 from ..layers.mlp import DenseFFN
@@ -66,6 +67,13 @@ from .streams import process_stream
 from .timeline import Timeline
 
 log = logging.getLogger(__name__)
+
+# A re-plan whose placement keeps the same sub-layers resident, in the same order, keeps their VRAM buffer and the
+# decode graphs captured over it (and their pool) instead of copying every resident weight in again and capturing
+# anew: 25 of the 42 switches of the forty-third and forty-fourth GPU sessions pinned and unpinned nothing, and
+# after some of them a new pool had no room for its first capture, so the plan's decode steps ran eagerly
+# (docs/BENCHMARKS.md). Off (VRAMSHARD_KEEP_RESIDENT=off): every switch loads its resident weights afresh.
+KEEP_RESIDENT = switch("VRAMSHARD_KEEP_RESIDENT", default=True)
 
 _DEFAULT_THREADS: list[int] = []  # torch's CPU thread count before any executor changed it
 
@@ -399,31 +407,39 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         self.compute_stream = process_stream(self.gpu, "compute")  # (one per process: see streams.py)
         self.copy_stream = process_stream(self.gpu, "copy")
 
-    def _load_vram(self) -> None:
+    def _load_vram(self, keep_resident: bool = False) -> None:
         """Resident weights, split routers, the expert cache, the stream ring and the KV staging
-        cache of the placement (a simulated GPU stages KV through a CPU cache)."""
+        cache of the placement (a simulated GPU stages KV through a CPU cache). ``keep_resident``: the
+        resident weights (and the decode graphs over them, if kept) are in VRAM already."""
         if self._staged and self.uses_gpu:
             a = self.model.args
             self.staging = KVStaging(kv_positions(*self.kv_plan), a.num_key_value_heads, a.head_dim, self.model.dtype,
                                      self.gpu, self.copy_stream)
         if self.simulated or not self.uses_gpu:
             return
-        self._load_resident()
+        if not keep_resident:
+            self._load_resident()
         self._load_split()
         if self.decode_graphs and self.resident:
             room = None if self.budget is None else max(0, self.budget - self.need.total)
-            self.graphs = DecodeGraphs(self.resident, self.gpu, self.kv_plan[1], pool_limit=room,
-                                       compile_backend=self.decode_compile)
+            if self.graphs is not None and self.graphs.key_buckets[-1] == self.kv_plan[1]:
+                self.graphs.pool_limit = room  # (kept over the kept weights: see _keep_resident)
+            else:
+                self.graphs = DecodeGraphs(self.resident, self.gpu, self.kv_plan[1], pool_limit=room,
+                                           compile_backend=self.decode_compile)
         streamed = {item for p in self.plans.placements for item in _streamed(p, list(self.model))}
         if streamed:
             slot_bytes = max(item_bytes(self.host, item) for item in streamed)
             self.ring = SlotRing(slot_bytes, self.host, self.num_slots, self.gpu, self.copy_stream)
         torch.cuda.synchronize(self.gpu)
 
-    def _clear_vram(self) -> None:
-        """Forget every VRAM buffer of the placement (KV caches are not the executor's to drop)."""
-        self.resident: dict[str, dict[str, torch.Tensor]] = {}
-        self._resident_buffer: torch.Tensor | None = None
+    def _clear_vram(self, keep_resident: bool = False) -> None:
+        """Forget every VRAM buffer of the placement (KV caches are not the executor's to drop);
+        ``keep_resident``: but the resident weights and the decode graphs over them (:meth:`_keeps_resident`)."""
+        if not keep_resident:
+            self.resident: dict[str, dict[str, torch.Tensor]] = {}
+            self._resident_buffer: torch.Tensor | None = None
+            self.graphs: DecodeGraphs | None = None  # captured over the resident weights: dropped with them
         self._router_buffer: torch.Tensor | None = None  # routers of split MoE sub-layers, back to back
         self.ring: SlotRing | None = None
         self.expert_cache: ExpertCache | None = None
@@ -433,7 +449,6 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         self._host_stacked: dict[str, StackedExperts] = {}  # the same, pinned and stacked: read by GPU kernels
         self._slot_tables: dict[str, tuple[int, torch.Tensor]] = {}  # cached layer -> (cache version, slot table)
         self._gpu_steps = 0  # steps run on the GPU since then (every REFRESH_STEPS-th lets the cache admit)
-        self.graphs: DecodeGraphs | None = None  # captured over the resident weights: dropped with them
         self.staging: KVStaging | None = None  # GPU attention over host KV caches: one layer's KV in VRAM
         self._sim_slot: torch.Tensor | None = None  # a simulated GPU's slot for split FFNs' GPU parts
 
@@ -469,13 +484,15 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
             to_host = self._move_kv(self._kv_gpu - config.kv_gpu, cpu)
             kept_kv = sum(cache.bytes_on("cuda") for cache in list(self._kv_caches))
             parts["kv"], mark = time.perf_counter() - mark, time.perf_counter()
-            self._clear_vram()
+            keep = self._keeps_resident(config)
+            kept = self._keep_resident(config) if keep else 0  # (the resident buffer and the graphs' pool)
+            self._clear_vram(keep_resident=keep)
             self.report = StepReport()
             parts["drop"], mark = time.perf_counter() - mark, time.perf_counter()
             if real_gpu:
                 torch.cuda.empty_cache()
             parts["empty"], mark = time.perf_counter() - mark, time.perf_counter()
-            if real_gpu and torch.cuda.memory_reserved(self.gpu) - self._vram_before > kept_kv + ALLOCATOR_SLACK:
+            if real_gpu and torch.cuda.memory_reserved(self.gpu) - self._vram_before > kept_kv + kept + ALLOCATOR_SLACK:
                 gc.collect()  # a reference cycle still holds old buffers (slow: only when needed)
                 torch.cuda.empty_cache()
                 parts["collect"] = time.perf_counter() - mark
@@ -487,7 +504,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
             with applying.phase("VRAM"):  # the new resident weights copied in, the KV caches it wants moved there
                 if self.uses_gpu:
                     self._start_gpu()
-                    self._load_vram()
+                    self._load_vram(keep_resident=keep)
                 to_gpu = self._move_kv(moving_in, self.gpu) if moving_in else 0
                 if self.gpu is not None and not self.simulated:
                     torch.cuda.synchronize(self.gpu)
@@ -499,6 +516,26 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
                      ", ".join(f"{name} {seconds * 1e3:.1f} ms" for name, seconds in applying.seconds.items()),
                      format_bytes(to_host), format_bytes(to_gpu))
             return report
+
+    def _keeps_resident(self, config: _Config) -> bool:
+        """Whether a switch to ``config`` keeps the resident weights as they lie in VRAM (KEEP_RESIDENT): on a
+        real GPU, the same sub-layers resident, in the same order (so in the same places of the buffer)."""
+        if not KEEP_RESIDENT or self.gpu is None or self.simulated or self._resident_buffer is None \
+                or not config.plans.uses_gpu:
+            return False
+        return config.plans.placements[0].names(home="vram") == self.placement.names(home="vram")
+
+    def _keep_resident(self, config: _Config) -> int:
+        """Before a switch to ``config`` that keeps the resident weights: drop the decode graphs where their
+        pool passes the room ``config`` leaves (freed with the rest); the bytes kept in VRAM."""
+        kept = self._resident_buffer.numel()
+        if self.graphs is not None:
+            room = None if config.budget is None else max(0, config.budget - config.need.total)
+            if room is not None and self.graphs.pool_bytes > room:
+                self.graphs = None  # (a new pool after the switch, as after any other)
+            else:
+                kept += self.graphs.pool_bytes
+        return kept
 
     def _check_kv_fits(self, config: _Config) -> None:
         """The live KV caches fit what ``config`` reserves for the layers it keeps in VRAM."""
