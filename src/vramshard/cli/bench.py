@@ -198,17 +198,22 @@ def _still_to_judge(engine, timed_steps: dict[int, int]) -> list[str]:
         for tokens, steps in timed_steps.items():
             by_tier[plans.tiers[plans.index_for(tokens)]] += steps
         out += [f"tier {tier}'s CPU work" for tier, steps in sorted(by_tier.items()) if 0 < to_judge(tier) <= steps]
-    steps = follower.decode_steps_to_judge() if hasattr(follower, "decode_steps_to_judge") else 0
+    steps = _decode_steps_to_judge(follower)
     if steps:
         out.append(f"{steps} more one-token decode steps")
     return out
 
 
 def _decode_steps_to_judge(follower) -> int:
-    """Decode steps a warm-up run gives the engine's judgment of its one-token steps (0: none to come);
-    two more than it asks, as a step with CPU path trials is no sample."""
-    steps = follower.decode_steps_to_judge() if hasattr(follower, "decode_steps_to_judge") else 0
-    return steps + 2 if steps else 0
+    """One-token decode steps the engine's judgment of them still needs (0: none to come)."""
+    return follower.decode_steps_to_judge() if hasattr(follower, "decode_steps_to_judge") else 0
+
+
+def _decode_run(follower) -> int:
+    """Decode steps a warm-up run gives that judgment: two more than it needs (a step with CPU path
+    trials is no sample), 0 where none is to come."""
+    needed = _decode_steps_to_judge(follower)
+    return needed + 2 if needed else 0
 
 
 def _within_context(steps: int, prompt: int, settings: BenchSettings) -> int:
@@ -235,13 +240,13 @@ def warm_up(engine, settings: BenchSettings) -> None:
     for round_ in range(WARMUP_ROUNDS):
         plan = getattr(engine, "plan", None)
         prompts = 2 if to_judge is not None and to_judge(settings.pp) == 2 else 1  # (its first, then a sample)
-        steps = max(WARMUP_STEPS, _decode_steps_to_judge(follower))
+        steps = max(WARMUP_STEPS, _decode_run(follower))
         runs = [run_requests(engine, _prompts(1, settings.pp, vocab, 97 + 2 * round_ + i),
                              _within_context(steps, settings.pp, settings), settings) for i in range(prompts)]
         runs = runs[-1:] + [run_requests(engine, _prompts(size, settings.batch_prompt, vocab, 96 - round_),
                                          _within_context(WARMUP_STEPS, settings.batch_prompt, settings), settings)
                             for size in settings.batch_sizes]  # (one run of each shape, as the timed runs have)
-        more = _decode_steps_to_judge(follower)
+        more = _decode_run(follower)
         if more:  # (the long prompt left too little context for them: after a short one)
             run_requests(engine, _prompts(1, settings.batch_prompt, vocab, 95 - round_),
                          _within_context(more, settings.batch_prompt, settings), settings)
