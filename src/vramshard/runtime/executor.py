@@ -59,6 +59,7 @@ from .kv_staging import KVStaging
 from . import run_ahead, team_tuner, zero_copy_experts
 from .cpu_down import DownCopies
 from .cpu_packed import PackedParts
+from .dropped import DroppedBuffers
 from .ffn_buffers import FFNBuffers
 from .ffn_split import FFNSplitSteps
 from .step_logits import StepLogits
@@ -423,7 +424,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         if self.decode_graphs and self.resident:
             room = None if self.budget is None else max(0, self.budget - self.need.total)
             if self.graphs is not None and self.graphs.key_buckets[-1] == self.kv_plan[1]:
-                self.graphs.pool_limit = room  # (kept over the kept weights: see _keep_resident)
+                self.graphs.pool_limit = room  # (kept over the kept weights: see _keeps_graphs)
             else:
                 self.graphs = DecodeGraphs(self.resident, self.gpu, self.kv_plan[1], pool_limit=room,
                                            compile_backend=self.decode_compile)
@@ -480,20 +481,34 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
             if real_gpu:
                 torch.cuda.synchronize(self.gpu)
             parts["wait"], mark = time.perf_counter() - mark, time.perf_counter()
-            cpu = torch.device("cpu")
-            to_host = self._move_kv(self._kv_gpu - config.kv_gpu, cpu)
-            kept_kv = sum(cache.bytes_on("cuda") for cache in list(self._kv_caches))
+            dropped = DroppedBuffers()  # (what the switch drops from VRAM, to ask whether it went)
+            moving_out = self._kv_gpu - config.kv_gpu
+            dropped.watch(*(t for cache in list(self._kv_caches) for t in cache.tensors(moving_out)))
+            to_host = self._move_kv(moving_out, torch.device("cpu"))
+            kept = sum(cache.bytes_on("cuda") for cache in list(self._kv_caches))  # (and below: what stays)
             parts["kv"], mark = time.perf_counter() - mark, time.perf_counter()
             keep = self._keeps_resident(config)
-            kept = self._keep_resident(config) if keep else 0  # (the resident buffer and the graphs' pool)
+            dropped.watch(self.ring, self.expert_cache, self.staging, self._router_buffer)
+            if not keep:
+                dropped.watch(self._resident_buffer, self.graphs)
+            else:
+                kept += self._resident_buffer.numel()
+                if self.graphs is not None and self._keeps_graphs(config):
+                    kept += self.graphs.pool_bytes
+                elif self.graphs is not None:
+                    dropped.watch(self.graphs)
+                    self.graphs = None  # (a new pool after the switch, as after any other)
             self._clear_vram(keep_resident=keep)
             self.report = StepReport()
             parts["drop"], mark = time.perf_counter() - mark, time.perf_counter()
             if real_gpu:
                 torch.cuda.empty_cache()
             parts["empty"], mark = time.perf_counter() - mark, time.perf_counter()
-            if real_gpu and torch.cuda.memory_reserved(self.gpu) - self._vram_before > kept_kv + kept + ALLOCATOR_SLACK:
-                gc.collect()  # a reference cycle still holds old buffers (slow: only when needed)
+            # A reference cycle still holds old buffers: collect (slow: only when needed). The process's VRAM
+            # counts other engines' too (two in benchmarks/paired_decode.py), hence the buffers asked first.
+            if real_gpu and dropped.held() and \
+                    torch.cuda.memory_reserved(self.gpu) - self._vram_before > kept + ALLOCATOR_SLACK:
+                gc.collect()
                 torch.cuda.empty_cache()
                 parts["collect"] = time.perf_counter() - mark
             released = time.perf_counter() - start
@@ -525,17 +540,11 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
             return False
         return config.plans.placements[0].names(home="vram") == self.placement.names(home="vram")
 
-    def _keep_resident(self, config: _Config) -> int:
-        """Before a switch to ``config`` that keeps the resident weights: drop the decode graphs where their
-        pool passes the room ``config`` leaves (freed with the rest); the bytes kept in VRAM."""
-        kept = self._resident_buffer.numel()
-        if self.graphs is not None:
-            room = None if config.budget is None else max(0, config.budget - config.need.total)
-            if room is not None and self.graphs.pool_bytes > room:
-                self.graphs = None  # (a new pool after the switch, as after any other)
-            else:
-                kept += self.graphs.pool_bytes
-        return kept
+    def _keeps_graphs(self, config: _Config) -> bool:
+        """Whether a switch to ``config`` that keeps the resident weights keeps the decode graphs over them
+        too: not where their pool passes the room ``config`` leaves."""
+        room = None if config.budget is None else max(0, config.budget - config.need.total)
+        return room is None or self.graphs.pool_bytes <= room
 
     def _check_kv_fits(self, config: _Config) -> None:
         """The live KV caches fit what ``config`` reserves for the layers it keeps in VRAM."""

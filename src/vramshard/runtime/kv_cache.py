@@ -309,6 +309,10 @@ class KVCache:
             moved += cache.nbytes
         return moved
 
+    def tensors(self, layers) -> list[torch.Tensor]:
+        """The keys and values of those of ``layers`` this cache holds, as they lie now."""
+        return [t for layer in layers if layer in self._layers for t in (self._layers[layer].k, self._layers[layer].v)]
+
     def bytes_on(self, device_type: str) -> int:
         return sum(c.nbytes for c in self._layers.values() if c.k.device.type == device_type)
 
