@@ -56,11 +56,13 @@ moe_ahead_runs() {
 
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
 export PYTHONPATH=/tmp/site:src:. PYTHONUNBUFFERED=1
-# The profile measured on this kind of card, unless the caller named one.
+# The profile measured on this kind of card, unless the caller named one. The H200's is the forty-fourth GPU
+# session's (session 48's code: the run-ahead worker's experts as one C call); h200-run33.json, made before that,
+# priced experts-cpu at 84.8 ms a qwen3-30b-a3b step where it ran 59.2 (forty-fifth session) and ranked it last.
 if [ -z "${PROFILE:-}" ]; then
   case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
     *H100*) export PROFILE=docs/profiles/h100-run40.json ;;
-    *H200*) export PROFILE=docs/profiles/h200-run33.json ;;
+    *H200*) export PROFILE=docs/profiles/h200-run49.json ;;
   esac
 fi
 echo "profile ${PROFILE:-docs/profiles/h200-run26b.json}"
