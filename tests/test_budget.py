@@ -374,6 +374,13 @@ def test_move_layers_keeps_tables_and_content():
     assert torch.equal(cache(0).k, before) and cache.allocator.table("a") == table
 
 
+def test_a_caches_tensors_of_some_layers_are_those_it_holds_now():
+    cache = KVCache([0, 1], slots=1, max_ctx=64, kv_heads=2, head_dim=4, dtype=torch.float32,
+                    device_of=lambda layer: "cpu")
+    assert [t.data_ptr() for t in cache.tensors([1, 7])] == [cache(1).k.data_ptr(), cache(1).v.data_ptr()]
+    assert cache.tensors([]) == []
+
+
 # ---------------------------------------------------------------------------- the server
 def test_server_budget_endpoint_auth_and_validation(tmp_path_factory):
     pytest.importorskip("fastapi")
