@@ -2,10 +2,10 @@
 
 A switch drops its references to the old placement's buffers and empties the caching allocator;
 a buffer a reference cycle still holds comes back only after ``gc.collect`` (about 0.1 s in a
-process holding a model). The executor used to infer that from the process's reserved VRAM, which
+process holding a model). The executor inferred that from the process's reserved VRAM alone, which
 counts every engine of the process: with two engines loaded (``benchmarks/paired_decode.py``), the
-first one's every switch collected (137–243 ms on the H200 machine, fiftieth session of sessions'
-notes, docs/BENCHMARKS.md). Weak references ask the buffers themselves.
+first one's every switch collected (137–243 ms on the H200 machine, forty-fifth GPU session,
+docs/BENCHMARKS.md). Weak references ask the buffers themselves first.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 
 class DroppedBuffers:
-    """Weak references to what a switch drops: tensors by their storage (a view elsewhere keeps the
-    storage, not the tensor object), other holders (a slot ring, an expert cache, decode graphs) as
-    objects."""
+    """Weak references to what a switch drops: tensors by their storage (any tensor over it keeps it,
+    not only a view of the one watched), other holders (a slot ring, an expert cache, decode graphs)
+    as objects."""
 
     def __init__(self) -> None:
         self._storages: list[StorageWeakRef] = []

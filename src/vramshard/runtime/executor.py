@@ -488,16 +488,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
             kept = sum(cache.bytes_on("cuda") for cache in list(self._kv_caches))  # (and below: what stays)
             parts["kv"], mark = time.perf_counter() - mark, time.perf_counter()
             keep = self._keeps_resident(config)
-            dropped.watch(self.ring, self.expert_cache, self.staging, self._router_buffer)
-            if not keep:
-                dropped.watch(self._resident_buffer, self.graphs)
-            else:
-                kept += self._resident_buffer.numel()
-                if self.graphs is not None and self._keeps_graphs(config):
-                    kept += self.graphs.pool_bytes
-                elif self.graphs is not None:
-                    dropped.watch(self.graphs)
-                    self.graphs = None  # (a new pool after the switch, as after any other)
+            kept += self._watch_dropped(config, keep, dropped)
             self._clear_vram(keep_resident=keep)
             self.report = StepReport()
             parts["drop"], mark = time.perf_counter() - mark, time.perf_counter()
@@ -539,6 +530,22 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
                 or not config.plans.uses_gpu:
             return False
         return config.plans.placements[0].names(home="vram") == self.placement.names(home="vram")
+
+    def _watch_dropped(self, config: _Config, keep_resident: bool, dropped: DroppedBuffers) -> int:
+        """Before a switch to ``config`` clears the placement's VRAM buffers: watch in ``dropped`` those it
+        drops, and drop the decode graphs where a switch keeping the resident weights cannot keep them
+        (:meth:`_keeps_graphs`); the bytes it keeps in VRAM (the resident buffer and the graphs' pool)."""
+        dropped.watch(self.ring, self.expert_cache, self.staging, self._router_buffer)
+        if not keep_resident:
+            dropped.watch(self._resident_buffer, self.graphs)
+            return 0
+        kept = self._resident_buffer.numel()
+        if self.graphs is not None and self._keeps_graphs(config):
+            kept += self.graphs.pool_bytes
+        elif self.graphs is not None:
+            dropped.watch(self.graphs)
+            self.graphs = None  # (a new pool after the switch, as after any other)
+        return kept
 
     def _keeps_graphs(self, config: _Config) -> bool:
         """Whether a switch to ``config`` that keeps the resident weights keeps the decode graphs over them
