@@ -367,7 +367,8 @@ class Engine:
     def _measured(self, stats) -> None:
         """A step's measurements, against the plan in force (the scheduler calls this after each)."""
         plans = self.executor.plans
-        self.budget.recent_tiers.append(plans.tiers[plans.index_for(stats.tokens)])
+        tier = plans.tiers[plans.index_for(stats.tokens)]
+        self.budget.recent_tiers.append(tier)
         trials = self._trials()
         if trials != self._trials_seen:
             # CPU projections chose their paths in the step, trying slower ones, or the worker tried a
@@ -378,8 +379,7 @@ class Engine:
         background = self.budget.background
         if background.busy or stats.end_time - stats.seconds < background.finished_at:
             return  # the background planner's Python held the GIL during the step: not a fair sample
-        self.cpu_check().add(plans.tiers[plans.index_for(stats.tokens)], stats.host_compute_s, stats.host_split_s,
-                             stats.context)
+        self.cpu_check().add(tier, stats.host_compute_s, stats.host_split_s, stats.context)
 
     def cpu_check(self) -> CpuCheck:
         """The host's time in each tier's CPU work, in the steps of the plan in force."""
