@@ -937,6 +937,54 @@ def test_a_re_plan_that_runs_the_measured_tier_alike_takes_the_record_and_is_not
     assert engine.plan is elsewhere and engine.budget.events[-1]["why"] == "revert"
 
 
+def _another_placement(tier_plan):
+    """Another family's placement of ``tier_plan``'s tier keeping the same sub-layers in VRAM."""
+    vram = {n for n, w in tier_plan.placement.where if w.home == "vram"}
+    family = next(f for f, p in tier_plan.placements.items() if p.where != tier_plan.placement.where
+                  and {n for n, w in p.where if w.home == "vram"} == vram)
+    return dataclasses.replace(tier_plan, family=family, placement=tier_plan.placements[family])
+
+
+@pytest.mark.parametrize("vram_alike", [True, False])
+def test_a_revert_keeps_what_other_tiers_cpu_work_was_fitted_to_since(tiny_model_dir, vram_alike):
+    """A revert judged at tier 1 gives up the profile the slower plan came from, but not what another
+    tier's own CPU work was fitted to since (a batch's tier, judged after a dispatch fit): that factor
+    stays in the profile, and that tier's placement of the plan in force stays where both plans lay out
+    VRAM alike; tier 1 runs as the faster plan's, and the tokens are the reference's."""
+    engine, reference = simulated_engine(tiny_model_dir("qwen3"))
+    prompt = [5, 9, 11, 13, 2, 7]
+    expected = reference.generate([prompt], 8)
+    plan, follower = engine.plan, engine.budget
+    largest = max(plan.tiers)
+    profile = follower.plan_settings().profile
+    current = dataclasses.replace(plan, tiers={**plan.tiers, 1: _another_placement(plan.tiers[1]),
+                                               largest: _another_placement(plan.tiers[largest])})
+    if not vram_alike:
+        current = dataclasses.replace(current, num_slots=current.num_slots + 1)
+
+    class Steps:  # a plan's measured single-sequence decode steps
+        def __init__(self, plan, median_s):
+            self.plan, self.plan_name, self.tier, self.median = plan, "steps", 1, median_s
+
+        def median_s(self):
+            return self.median
+
+    assert not follower._revert_if_slower(Steps(plan, 0.100))  # the record
+    fitted = profile.calibrated(cpu_rows={1: 1.3, largest: 1.8}, split_rows={largest: 1.2}, dispatch_scale=2.0)
+    follower.settings = dataclasses.replace(follower.plan_settings(), profile=fitted)
+    engine.plan = current
+    assert follower._revert_if_slower(Steps(current, 0.130))
+    now = follower.plan_settings().profile
+    assert dict(now.cpu_rows) == {largest: pytest.approx(1.8)} and dict(now.split_rows) == {largest: pytest.approx(1.2)}
+    assert now.dispatch_scale == profile.dispatch_scale  # the whole-step fit and tier 1's CPU fit given up
+    assert budget_follower.same_tier_steps(engine.plan, plan, 1)
+    assert budget_follower.same_tier_steps(engine.plan, current, largest) == vram_alike
+    assert (engine.plan is plan) != vram_alike
+    assert follower.calibrations[-1]["tiers_kept"] == ([largest] if vram_alike else [])
+    assert engine.executor.plans.placements == engine.plan.tiered().placements
+    assert engine.generate([prompt], 8) == expected
+
+
 def test_decode_steps_are_taken_to_the_plans_context_before_they_are_judged(h200):
     """The plan predicts its step at the context it reserves (32K here, its KV cache in host
     memory); a step at a shorter context is scaled by how the estimator has the step grow with its

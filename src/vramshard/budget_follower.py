@@ -295,7 +295,8 @@ class BudgetFollower:
     def _revert_if_slower(self, check) -> bool:
         """Keep the fastest measured decode plan under the budget in force; when the plan in force
         (``check``: its measured decode steps) runs more than REVERT_OFF_BY slower than it, put that
-        plan back in force with its profile. Returns whether it did (caller holds the executor lock)."""
+        plan back in force with its profile. Tiers whose own CPU work was fitted since that plan was
+        measured keep the fit (:meth:`_kept_fits`). Returns whether it did (caller holds the executor lock)."""
         engine, budget = self.engine, self.watcher.in_force
         if self._vision_tiered():
             return False  # its placements carry the vision phase's, which the language model's plan does not
@@ -307,25 +308,47 @@ class BudgetFollower:
         kv_forced = budgets.forced_kv_side(engine.executor.live_kv_positions(), settings)
         if kv_forced is False and best.plan.kv_on_gpu:
             return False  # the live caches no longer fit that plan's KV reservation
+        plan, profile, kept = self._kept_fits(best, check.tier)
         started = time.monotonic()
         try:
-            report = engine.executor.reconfigure(best.plan.tiered(), budget)
+            report = engine.executor.reconfigure(plan.tiered(), budget)
         except BudgetError as exc:
             log.warning("could not go back to plan %s (%s)", best.name, exc)
             return False
-        adaptation = budgets.adaptation_between(engine.model, engine.plan, best.plan, budget)
+        adaptation = budgets.adaptation_between(engine.model, engine.plan, plan, budget)
         log.info("decode steps of %s take %.1f ms, %.2fx the %.1f ms of %s measured before under this budget: "
-                 "going back to it and its profile; no more whole-step fits under this budget", check.plan_name,
-                 median * 1e3, median / best.median_s, best.median_s * 1e3, best.name)
+                 "going back to it and its profile%s; no more whole-step fits under this budget", check.plan_name,
+                 median * 1e3, median / best.median_s, best.median_s * 1e3, best.name,
+                 f" (tiers {sorted(kept)} as re-planned from their own CPU work's fit since)" if kept else "")
         self.calibrations.append({"time": time.time(), "plan": check.plan_name, "measured_s": median,
-                                  "reverted_to": best.name, "reverted_to_measured_s": best.median_s})
-        engine.plan = best.plan
-        self.settings = dataclasses.replace(settings, profile=best.profile)
+                                  "reverted_to": best.name, "reverted_to_measured_s": best.median_s,
+                                  "tiers_kept": sorted(kept)})
+        engine.plan = plan
+        self.settings = dataclasses.replace(settings, profile=profile)
         self.plan_cache = budgets.PlanCache()  # plans of the profile given up
         self.refine, self.refine_why = None, "refine"
         self.reverted.add(budgets.budget_key(budget))
         self._record(adaptation, report, "revert", started, started)
         return True
+
+    def _kept_fits(self, best: MeasuredPlan, tier: int) -> tuple[object, object, set[int]]:
+        """What a revert to ``best`` (its decode steps at ``tier`` measured faster) puts in force: its
+        plan and profile, but where other tiers' CPU work was timed and fitted since (a batch's tier
+        judged after a dispatch fit), those fits stay in the profile, and the plan in force's
+        placements for those tiers stay where both plans lay out VRAM alike (on the H100 machine a
+        revert at tier 1 threw away tier 64's fit, 1.83x, and ran 64 sequences on the placement priced
+        without it; docs/BENCHMARKS.md, forty-sixth GPU session). Returns (plan, profile, the tiers
+        whose placements stayed)."""
+        now = self.plan_settings().profile
+        fitted = calibrate.tiers_fitted_since(now, best.profile, set(best.plan.tiers) - {tier})
+        if not fitted:
+            return best.plan, best.profile, set()
+        profile = calibrate.with_row_factors_of(best.profile, now, fitted)
+        current = self.engine.plan
+        if current is None or not best.plan.holds_vram_as(current):
+            return best.plan, profile, set()
+        kept = {t for t in fitted if not same_tier_steps(best.plan, current, t)}
+        return (best.plan.with_tiers_of(current, kept) if kept else best.plan), profile, kept
 
     def _vision_tiered(self) -> bool:
         """Whether the engine's placements carry a vision phase's (a vision-language model's vision tier)."""

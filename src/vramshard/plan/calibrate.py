@@ -273,6 +273,28 @@ def fit_measured(model: Model, profile: Profile, plan: PlanSet, tier: int, measu
 _LEARNED: dict[tuple[str, str, str], learned_store.Factors] = {}
 
 
+def tiers_fitted_since(now: Profile, then: Profile, tiers) -> set[int]:
+    """Of ``tiers``, those whose CPU work ``now`` prices by a factor fitted since ``then``: its own entry in
+    the CPU factors by rows or the split parts' (:func:`fit_cpu_rows`) differs."""
+    return {tier for tier in tiers if dict(now.cpu_rows).get(tier) != dict(then.cpu_rows).get(tier)
+            or dict(now.split_rows).get(tier) != dict(then.split_rows).get(tier)}
+
+
+def with_row_factors_of(profile: Profile, fitted: Profile, tiers) -> Profile:
+    """``profile`` with ``fitted``'s own entries at ``tiers`` in its CPU factors by rows and the split
+    parts' (an entry ``fitted`` lacks is dropped); every other factor stays ``profile``'s."""
+    factors, theirs = profile.fitted_factors(), fitted.fitted_factors()
+    for key in ("cpu_rows", "split_rows"):
+        table, source = dict(map(tuple, factors[key])), dict(map(tuple, theirs[key]))
+        for tier in tiers:
+            if tier in source:
+                table[tier] = source[tier]
+            else:
+                table.pop(tier, None)
+        factors[key] = sorted(table.items())
+    return profile.with_fitted_factors(factors)
+
+
 def _key(profile: Profile, dtype) -> tuple[str, str, str] | None:
     """One measured profile (its machine and when it was measured) and a dtype; None for a
     synthetic profile, which no machine measured."""

@@ -3,6 +3,7 @@ family's prediction, the pinned set with the reasons for it, and the VRAM it nee
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -75,6 +76,23 @@ class PlanSet:
         teams = tuple(self.worker_team if s <= WORKER_TEAM_ROWS else None for s in sizes) if self.worker_team else ()
         return TieredPlacement(sizes, named, tuple(self.tiers[s].threads for s in sizes), self.expert_cache,
                                shares if any(shares) else (), teams, tuple(self.tiers[s].cpu_packed for s in sizes))
+
+    def holds_vram_as(self, other: "PlanSet") -> bool:
+        """Whether this plan lays out VRAM as ``other`` does: the same sub-layers pinned in the same order,
+        the same slots, KV side, expert cache and worker team; a placement of either at any tier then
+        runs over the other's buffers as they lie."""
+        return (self.pinned == other.pinned and self.need == other.need and self.num_slots == other.num_slots
+                and self.kv_on_gpu == other.kv_on_gpu and self.kv_layers_in_vram == other.kv_layers_in_vram
+                and self.expert_cache == other.expert_cache and self.worker_team == other.worker_team
+                and self.budget == other.budget and self.context == other.context
+                and set(self.tiers) == set(other.tiers))
+
+    def with_tiers_of(self, other: "PlanSet", tiers) -> "PlanSet":
+        """This plan with ``other``'s plans at ``tiers`` (both must hold VRAM alike: :meth:`holds_vram_as`)."""
+        if not self.holds_vram_as(other):
+            raise ValueError("plans that lay out VRAM differently cannot share their tiers' placements")
+        return dataclasses.replace(self, tiers={tier: other.tiers[tier] if tier in tiers else plan
+                                                for tier, plan in self.tiers.items()})
 
     def to_dict(self) -> dict:
         return {

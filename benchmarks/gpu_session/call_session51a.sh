@@ -1,0 +1,25 @@
+# ~6 min (written 2026-12-07 in session 51). The GPU tests of the executor, the budget follower and the calibration
+# (session 51 fixed the collect test's premise: a tiny engine's buffers are under the allocator's slack, so its
+# switch never looked at the process's VRAM; and a revert now keeps other tiers' CPU fits), the collect test once
+# more with the dropped buffers not asked (it must fail), then llama3-8b at 8 GiB with batch 64 against
+# layers:max twice (a revert at tier 1 threw tier 64's CPU fit away in the forty-sixth session's first call).
+source benchmarks/gpu_session/setup.sh || exit 1
+timeout 200 python3 -m pytest -m gpu -q -rfEs --tb=short -p no:cacheprovider tests/test_executor_gpu.py \
+  tests/test_calibrate.py tests/test_budget.py > $OUT/pytest_gpu_part.txt 2>&1
+echo "part rc $?"; tail -2 $OUT/pytest_gpu_part.txt; grep -E "^(FAILED|ERROR)" $OUT/pytest_gpu_part.txt | cut -c1-250
+cp src/vramshard/runtime/executor.py /tmp/executor.py
+python3 - <<'PY'
+path = "src/vramshard/runtime/executor.py"
+text = open(path).read()
+assert "if real_gpu and dropped.held() and" in text
+open(path, "w").write(text.replace("if real_gpu and dropped.held() and", "if real_gpu and"))
+PY
+timeout 90 python3 -m pytest -m gpu -q --tb=line -p no:cacheprovider tests/test_executor_gpu.py \
+  -k collects_garbage_only > $OUT/pytest_gpu_mutant.txt 2>&1
+echo "mutant rc $? (1: the test caught it)"; tail -2 $OUT/pytest_gpu_mutant.txt
+cp /tmp/executor.py src/vramshard/runtime/executor.py
+for run in a b; do
+  engine_step b64$run ${B64_S:-150} --models llama3-8b --budgets 8 --batch-sizes 64 --repeat 1 --deadline-s 130 \
+    --run-limit-s 10
+  grep -E "going back|tiers .* as re-planned" $OUT/b64$run.log | cut -c1-300
+done
