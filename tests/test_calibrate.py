@@ -897,44 +897,14 @@ def test_the_calibration_file_keeps_split_rows_and_reads_files_without_them(h200
     assert learned_store.read(*key, "torch.float16") == (((1, 1.2),), 1.5, ())
 
 
-def test_a_re_plan_that_runs_the_measured_tier_alike_takes_the_record_and_is_not_reverted(tiny_model_dir):
-    """Plans that differ only in other tiers decode alike: a slower median of the newer one (steps at a
-    longer context, a busy spell) is not the plan's doing, so it takes the record instead of being
-    reverted; one whose measured tier differs is judged against the record."""
-    engine, _ = simulated_engine(tiny_model_dir("qwen3"))
-    plan, follower = engine.plan, engine.budget
-    largest = max(plan.tiers)
-    chosen = plan.tiers[largest]
-    other = next(f for f, p in chosen.placements.items() if p.where != chosen.placement.where
-                 and {n for n, w in p.where if w.home == "vram"} == {n for n, w in chosen.placement.where
-                                                                   if w.home == "vram"})
-    elsewhere = dataclasses.replace(plan, tiers={**plan.tiers, largest: dataclasses.replace(
-        chosen, family=other, placement=chosen.placements[other])})
-    assert not budget_follower.same_placements(plan, elsewhere)
-    assert budget_follower.same_tier_steps(plan, elsewhere, 1)
-    assert not budget_follower.same_tier_steps(plan, elsewhere, largest)
+class DecodeSteps:
+    """A plan's measured single-sequence decode steps, as the engine's plan check gives them."""
 
-    class Steps:  # a plan's measured single-sequence decode steps
-        def __init__(self, plan, median_s):
-            self.plan, self.plan_name, self.tier, self.median = plan, "steps", 1, median_s
+    def __init__(self, plan, median_s):
+        self.plan, self.plan_name, self.tier, self.median = plan, "steps", 1, median_s
 
-        def median_s(self):
-            return self.median
-
-    assert not follower._revert_if_slower(Steps(plan, 0.100))
-    assert not follower._revert_if_slower(Steps(elsewhere, 0.116))  # 1.16x, its tier-1 steps run as plan's
-    (best,) = follower.fastest.values()
-    assert best.plan is elsewhere and best.median_s == 0.116 and engine.plan is plan
-    # A plan whose tier-1 steps differ is held to the record: 1.3x slower goes back to it.
-    tier_one = plan.tiers[1]
-    moved = next((f for f, p in tier_one.placements.items() if p.where != tier_one.placement.where
-                  and {n for n, w in p.where if w.home == "vram"} == {n for n, w in tier_one.placement.where
-                                                                    if w.home == "vram"}), None)
-    assert moved is not None
-    different = dataclasses.replace(plan, tiers={**plan.tiers, 1: dataclasses.replace(
-        tier_one, family=moved, placement=tier_one.placements[moved])})
-    assert follower._revert_if_slower(Steps(different, 1.3 * 0.116))
-    assert engine.plan is elsewhere and engine.budget.events[-1]["why"] == "revert"
+    def median_s(self):
+        return self.median
 
 
 def _another_placement(tier_plan):
@@ -943,6 +913,28 @@ def _another_placement(tier_plan):
     family = next(f for f, p in tier_plan.placements.items() if p.where != tier_plan.placement.where
                   and {n for n, w in p.where if w.home == "vram"} == vram)
     return dataclasses.replace(tier_plan, family=family, placement=tier_plan.placements[family])
+
+
+def test_a_re_plan_that_runs_the_measured_tier_alike_takes_the_record_and_is_not_reverted(tiny_model_dir):
+    """Plans that differ only in other tiers decode alike: a slower median of the newer one (steps at a
+    longer context, a busy spell) is not the plan's doing, so it takes the record instead of being
+    reverted; one whose measured tier differs is judged against the record."""
+    engine, _ = simulated_engine(tiny_model_dir("qwen3"))
+    plan, follower = engine.plan, engine.budget
+    largest = max(plan.tiers)
+    elsewhere = dataclasses.replace(plan, tiers={**plan.tiers, largest: _another_placement(plan.tiers[largest])})
+    assert not budget_follower.same_placements(plan, elsewhere)
+    assert budget_follower.same_tier_steps(plan, elsewhere, 1)
+    assert not budget_follower.same_tier_steps(plan, elsewhere, largest)
+
+    assert not follower._revert_if_slower(DecodeSteps(plan, 0.100))
+    assert not follower._revert_if_slower(DecodeSteps(elsewhere, 0.116))  # 1.16x, its tier-1 steps run as plan's
+    (best,) = follower.fastest.values()
+    assert best.plan is elsewhere and best.median_s == 0.116 and engine.plan is plan
+    # A plan whose tier-1 steps differ is held to the record: 1.3x slower goes back to it.
+    different = dataclasses.replace(plan, tiers={**plan.tiers, 1: _another_placement(plan.tiers[1])})
+    assert follower._revert_if_slower(DecodeSteps(different, 1.3 * 0.116))
+    assert engine.plan is elsewhere and engine.budget.events[-1]["why"] == "revert"
 
 
 @pytest.mark.parametrize("vram_alike", [True, False])
@@ -962,18 +954,11 @@ def test_a_revert_keeps_what_other_tiers_cpu_work_was_fitted_to_since(tiny_model
     if not vram_alike:
         current = dataclasses.replace(current, num_slots=current.num_slots + 1)
 
-    class Steps:  # a plan's measured single-sequence decode steps
-        def __init__(self, plan, median_s):
-            self.plan, self.plan_name, self.tier, self.median = plan, "steps", 1, median_s
-
-        def median_s(self):
-            return self.median
-
-    assert not follower._revert_if_slower(Steps(plan, 0.100))  # the record
+    assert not follower._revert_if_slower(DecodeSteps(plan, 0.100))  # the record
     fitted = profile.calibrated(cpu_rows={1: 1.3, largest: 1.8}, split_rows={largest: 1.2}, dispatch_scale=2.0)
     follower.settings = dataclasses.replace(follower.plan_settings(), profile=fitted)
     engine.plan = current
-    assert follower._revert_if_slower(Steps(current, 0.130))
+    assert follower._revert_if_slower(DecodeSteps(current, 0.130))
     now = follower.plan_settings().profile
     assert dict(now.cpu_rows) == {largest: pytest.approx(1.8)} and dict(now.split_rows) == {largest: pytest.approx(1.2)}
     assert now.dispatch_scale == profile.dispatch_scale  # the whole-step fit and tier 1's CPU fit given up
