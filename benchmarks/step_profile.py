@@ -16,16 +16,17 @@ compute the share of them that the profile balances against the kernels, ``+shar
 share). ``planned:G`` is the planner's plan for the step's tier
 (``--seqs`` rows, default 1) at a budget of G GiB on the ``--profile`` machine profile (its
 predicted step time is printed beside the measured one; ``planned:G@T`` runs it with T CPU
-threads). For each it prints one line of totals per decode step — wall ms, GPU
-kernel ms (memcpy excluded), host-to-device copy ms, time the host spent blocked on the GPU,
-CUDA launches, aten ops — and the top operators by host and by device time. If wall ≫ kernels
-+ copies the step is bound by the host (Python, dispatch, waiting); if kernels ≈ wall the
-kernels themselves are slow.
+threads; ``planned:G/FAMILY`` the placement it found for that family, e.g. ``planned:8/split``).
+For each it prints one line of totals per decode step — wall ms, GPU kernel ms (memcpy excluded),
+host-to-device copy ms, time the host spent blocked on the GPU, CUDA launches, aten ops — and the
+top operators by host and by device time. If wall ≫ kernels + copies the step is bound by the host
+(Python, dispatch, waiting); if kernels ≈ wall the kernels themselves are slow.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import resource
 import time
@@ -97,14 +98,25 @@ def step_split(prof, steps: int) -> dict:
 
 
 def planned_executor(model, host: HostLayouts, spec: str, args, result: dict) -> Executor:
-    """The planner's tier-1 plan at ``planned:G`` GiB, under that budget (``planned:G@T``: run
-    with T CPU threads instead of the plan's count)."""
+    """The planner's plan for the ``--seqs`` tier at ``planned:G`` GiB, under that budget
+    (``planned:G@T``: run with T CPU threads instead of the plan's count; ``planned:G/FAMILY``: the
+    placement the planner found for that family, e.g. ``split``, over the same pinned set, in place of
+    the one it chose)."""
     gib, _, forced = spec.split(":", 1)[1].removesuffix("+graphs").partition("@")
+    gib, _, family = gib.partition("/")
     budget = int(float(gib) * GiB)
     profile = load(args.profile, check_fingerprint=False)
     rows = args.seqs
     plan = Planner(model, profile, budget, context=rows * (args.ctx + 64), tiers=Tiers((rows,))).plan()
     tier = plan.tiers[rows]
+    result["chosen_family"] = tier.family
+    if family:
+        if family not in tier.placements:
+            raise ValueError(f"the planner found no {family!r} placement at {rows} row(s): it has "
+                             f"{sorted(tier.placements)}")
+        tier = dataclasses.replace(tier, family=family, placement=tier.placements[family],
+                                   predicted_s=tier.candidates[family])
+        plan = dataclasses.replace(plan, tiers={rows: tier})
     threads = int(forced) if forced else args.threads or tier.threads  # a sweep over the plan's count
     estimate = step_estimate(model, profile, plan, rows)
     result.update(family=tier.family, predicted_ms=tier.predicted_s * 1e3, threads=threads,
