@@ -30,7 +30,7 @@ for r in json.load(open(path))["placements"] if os.path.exists(path) else []:
     print(r["placement"], r.get("error") or {k: round(r[k], 1) for k in ("wall_ms", "predicted_ms", "host_compute_ms",
                                                                          "host_wait_ms") if k in r})
 PY
-for run in a b; do
+for run in ${RUNS:-a b}; do
   engine_step b64$run ${B64_S:-150} --models llama3-8b --budgets 8 --batch-sizes 64 --repeat 1 --deadline-s 130 \
     --run-limit-s 10
   grep -E "going back|tiers .* as re-planned" $OUT/b64$run.log | cut -c1-300
