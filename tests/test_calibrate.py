@@ -447,6 +447,9 @@ def test_later_engines_start_from_what_an_earlier_one_fitted(nemo_2gib, h200):
         made_up = synthetic(cpu_gflops=500, cpu_mem_gbps=40).calibrated(cpu_rows={1: 2.0})
         calibrate.learn(made_up, model.dtype)  # a synthetic profile measured nothing: not kept
         assert calibrate.with_learned(synthetic(cpu_gflops=500, cpu_mem_gbps=40), model.dtype).cpu_rows == ()
+        calibrate.learn(h200, model.dtype)  # a revert to the profile unfitted: later engines start from it
+        again = calibrate.with_learned(h200, model.dtype)
+        assert again.cpu_rows == () and again.split_rows == () and again.dispatch_scale == 1.0
     finally:
         calibrate.forget_learned()
 
@@ -938,11 +941,14 @@ def test_a_re_plan_that_runs_the_measured_tier_alike_takes_the_record_and_is_not
 
 
 @pytest.mark.parametrize("vram_alike", [True, False])
-def test_a_revert_keeps_what_other_tiers_cpu_work_was_fitted_to_since(tiny_model_dir, vram_alike):
+def test_a_revert_keeps_what_other_tiers_cpu_work_was_fitted_to_since(tiny_model_dir, monkeypatch, vram_alike):
     """A revert judged at tier 1 gives up the profile the slower plan came from, but not what another
     tier's own CPU work was fitted to since (a batch's tier, judged after a dispatch fit): that factor
     stays in the profile, and that tier's placement of the plan in force stays where both plans lay out
-    VRAM alike; tier 1 runs as the faster plan's, and the tokens are the reference's."""
+    VRAM alike; tier 1 runs as the faster plan's, later engines start from that profile, and the tokens are
+    the reference's."""
+    learned = []
+    monkeypatch.setattr(calibrate, "learn", lambda profile, dtype: learned.append(profile))
     engine, reference = simulated_engine(tiny_model_dir("qwen3"))
     prompt = [5, 9, 11, 13, 2, 7]
     expected = reference.generate([prompt], 8)
@@ -966,6 +972,7 @@ def test_a_revert_keeps_what_other_tiers_cpu_work_was_fitted_to_since(tiny_model
     assert budget_follower.same_tier_steps(engine.plan, current, largest) == vram_alike
     assert (engine.plan is plan) != vram_alike
     assert follower.calibrations[-1]["tiers_kept"] == ([largest] if vram_alike else [])
+    assert learned[-1] is now
     assert engine.executor.plans.placements == engine.plan.tiered().placements
     assert engine.generate([prompt], 8) == expected
 

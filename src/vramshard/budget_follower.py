@@ -295,8 +295,9 @@ class BudgetFollower:
     def _revert_if_slower(self, check) -> bool:
         """Keep the fastest measured decode plan under the budget in force; when the plan in force
         (``check``: its measured decode steps) runs more than REVERT_OFF_BY slower than it, put that
-        plan back in force with its profile. Tiers whose own CPU work was fitted since that plan was
-        measured keep the fit (:meth:`_kept_fits`). Returns whether it did (caller holds the executor lock)."""
+        plan back in force with its profile, which later engines of the process (and the calibration file)
+        start from too. Tiers whose own CPU work was fitted since that plan was measured keep the fit
+        (:meth:`_kept_fits`). Returns whether it did (caller holds the executor lock)."""
         engine, budget = self.engine, self.watcher.in_force
         if self._vision_tiered():
             return False  # its placements carry the vision phase's, which the language model's plan does not
@@ -325,6 +326,8 @@ class BudgetFollower:
                                   "tiers_kept": sorted(kept)})
         engine.plan = plan
         self.settings = dataclasses.replace(settings, profile=profile)
+        if self.learning:
+            calibrate.learn(profile, engine.model.dtype)  # (later engines start from it, not from the fit given up)
         self.plan_cache = budgets.PlanCache()  # plans of the profile given up
         self.refine, self.refine_why = None, "refine"
         self.reverted.add(budgets.budget_key(budget))

@@ -306,12 +306,16 @@ def _key(profile: Profile, dtype) -> tuple[str, str, str] | None:
 
 def learn(profile: Profile, dtype) -> None:
     """Keep ``profile``'s fitted ``cpu_rows``, ``dispatch_scale`` and ``split_rows`` for later
-    engines with ``dtype``: of this process, and of later ones through the calibration file."""
+    engines with ``dtype``: of this process, and of later ones through the calibration file. They
+    replace what was kept before, none included (a revert gave up the fits kept before: later engines
+    of an ABBA benchmark started from a dispatch fit their predecessor had reverted)."""
     key = _key(profile, dtype)
-    if key is not None and (profile.cpu_rows or profile.split_rows or profile.dispatch_scale != 1.0):
-        _LEARNED[key] = (profile.cpu_rows, profile.dispatch_scale, profile.split_rows)
-        if learned_store.enabled():
-            learned_store.write(*key, _LEARNED[key])
+    fitted = bool(profile.cpu_rows or profile.split_rows or profile.dispatch_scale != 1.0)
+    if key is None or not (fitted or key in _LEARNED):
+        return
+    _LEARNED[key] = (profile.cpu_rows, profile.dispatch_scale, profile.split_rows)
+    if learned_store.enabled():
+        learned_store.write(*key, _LEARNED[key])
 
 
 def with_learned(profile: Profile, dtype) -> Profile:
