@@ -15,7 +15,9 @@ it), batched throughput at batch 1/4/16/64 (16-token prompts, 16 new tokens each
 peak VRAM against the budget. Derived checks: batch-64 throughput of vramshard / baseline at
 8 GiB, and TTFT at 2 GiB / ((weights bytes - resident bytes) / h2d bandwidth + unconstrained TTFT);
 the largest batch's step bound (B tokens over (bytes outside VRAM) / (h2d + the profile's CPU weight
-rate at B rows)) and that bound over the baseline's measured batch, the most the engine could lead by.
+rate at B rows)) and that bound over the baseline's measured batch, the most the engine could lead by
+at decode steps; the run's bound (its prompt step as measured, each decode step after it at the step bound)
+over the baseline's batch; and the batch's decode steps alone against the baseline's.
 
 The planner uses the stored machine profile when there is one, else a synthetic profile fitted
 to bandwidths and a matmul speed measured here in seconds (``--profile PATH`` to give one).
@@ -163,6 +165,15 @@ def derived(cells: list[dict], weights: int, decode_bytes: int, bandwidth: dict,
                     bound = int(top) * (bandwidth["h2d"] + rate) * 1e9 / (weights - ours["resident_bytes"])
                     out[f"{key}_batch{top}_step_bound_tok_s"] = bound
                     out[f"{key}_batch{top}_step_bound_over_layers_max"] = bound / base["batched"][top]["tok_s"]
+                    # The whole run's bound: its prompt step as measured, every decode step after it at the bound.
+                    run = ours["batched"][top]
+                    if run.get("prefill_s") is not None and run.get("generated"):
+                        decode_steps = run["generated"] / int(top) - 1
+                        run_bound = run["generated"] / (run["prefill_s"] + decode_steps * int(top) / bound)
+                        out[f"{key}_batch{top}_run_bound_over_layers_max"] = run_bound / base["batched"][top]["tok_s"]
+                if ours["batched"][top].get("decode_tok_s") and base["batched"][top].get("decode_tok_s"):
+                    out[f"{key}_batch{top}_decode_speedup_vs_layers_max"] = (
+                        ours["batched"][top]["decode_tok_s"] / base["batched"][top]["decode_tok_s"])
             out[f"{key}_ttft_speedup_vs_layers_max"] = base["ttft_s"] / ours["ttft_s"]
             out[f"{key}_tg_speedup_vs_layers_max"] = (ours["tg_tok_s"] or 0) / (base["tg_tok_s"] or float("inf"))
             if ours.get("host_read_gb_s") and base.get("host_read_gb_s"):

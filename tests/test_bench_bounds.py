@@ -154,6 +154,13 @@ def test_engine_bench_bounds_a_batched_step_by_pcie_and_the_cpus_matmuls_at_that
     checks = derived(cells, 16e9, 15e9, {"h2d": 50.0, "cpu_read": 100.0, "device": 4000.0}, {64: 30.0, 1: 90.0})
     assert checks["8GiB_batch64_step_bound_tok_s"] == pytest.approx(64 * 80 / 10)  # 80 GB/s over 10 GB
     assert checks["8GiB_batch64_step_bound_over_layers_max"] == pytest.approx(512 / 200)
+    assert "8GiB_batch64_run_bound_over_layers_max" not in checks  # (no prompt step measured)
+    cells[0]["batched"]["64"].update(prefill_s=0.5, generated=1024, decode_tok_s=600.0)
+    cells[1]["batched"]["64"]["decode_tok_s"] = 300.0
+    checks = derived(cells, 16e9, 15e9, {"h2d": 50.0, "cpu_read": 100.0, "device": 4000.0}, {64: 30.0, 1: 90.0})
+    # 1024 tokens: the prompt step's 0.5 s, then 15 decode steps of 64 tokens at 512 tok/s (0.125 s each)
+    assert checks["8GiB_batch64_run_bound_over_layers_max"] == pytest.approx(1024 / (0.5 + 15 * 0.125) / 200)
+    assert checks["8GiB_batch64_decode_speedup_vs_layers_max"] == pytest.approx(2.0)
     assert "8GiB_batch64_step_bound_tok_s" not in derived(cells, 16e9, 15e9, {"h2d": 50.0, "cpu_read": 100.0,
                                                                              "device": 4000.0})
     model = shape_model("llama3-8b")
