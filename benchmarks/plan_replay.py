@@ -282,6 +282,17 @@ def baselines(args) -> None:
             measured = cell["decode_step_ms_median"]
             print(f"{name} {placement} at {cell['vram'] / GiB:g} GiB: predicted {predicted:.1f} ms, measured "
                   f"{measured:.1f} ms ({predicted / measured - 1:+.0%})")
+            # ... its batched decode steps (B sequences' next tokens), the step and the host's CPU work in it
+            for size, run in sorted((cell.get("batched") or {}).items(), key=lambda item: int(item[0])):
+                if not run.get("decode_step_ms_median") or not run.get("decode_host_compute_ms_median"):
+                    continue
+                rows = int(size)
+                batch_context = result["args"].get("batch_prompt", 16) + result["args"].get("batch_gen", 16) // 2
+                estimate = Estimator(model, profile).simulate(named, rows, batch_context, 2)
+                print(f"    batch {rows}: predicted step {estimate.seconds * 1e3:.1f} ms (CPU work "
+                      f"{estimate.cpu_busy * 1e3:.1f}), measured {run['decode_step_ms_median']:.1f} ms (CPU work "
+                      f"{run['decode_host_compute_ms_median']:.1f}: "
+                      f"{estimate.cpu_busy * 1e3 / run['decode_host_compute_ms_median'] - 1:+.0%})")
             # ... and as the planned engine's fits priced it when it re-planned (the factors by rows it fitted)
             for fit in fits:
                 rows = {int(m): f for m, f in (fit.get("cpu_rows") or {}).items()}

@@ -123,7 +123,8 @@ def test_plan_replay_predicts_the_baselines_of_an_engine_bench_run(tmp_path, cap
     result = {"profile": "docs/profiles/h200-run33.json (CPU times x1.50: the host's memory read now)",
               "args": {"pp": 1024, "tg": 32},
               "models": {"llama3-8b": {"cells": [
-                  {"engine": "layers:max", "placement": "layers:17", "vram": 8 * GiB, "decode_step_ms_median": 100.0},
+                  {"engine": "layers:max", "placement": "layers:17", "vram": 8 * GiB, "decode_step_ms_median": 100.0,
+                   "batched": {"64": {"decode_step_ms_median": 150.0, "decode_host_compute_ms_median": 140.0}}},
                   {"engine": "vramshard", "placement": "planned(...)", "vram": 8 * GiB, "decode_step_ms_median": 90.0}]}}}
     path = tmp_path / "engine.json"
     path.write_text(json.dumps(result))
@@ -134,9 +135,14 @@ def test_plan_replay_predicts_the_baselines_of_an_engine_bench_run(tmp_path, cap
     path.write_text(json.dumps(result))
     baselines(types.SimpleNamespace(result=str(path), profile=profile))
     plain = capsys.readouterr().out.strip().splitlines()
-    assert len(scaled) == len(plain) == 1 and plain[0].startswith("llama3-8b layers:17 at 8 GiB: predicted ")
+    assert len(scaled) == len(plain) == 2 and plain[0].startswith("llama3-8b layers:17 at 8 GiB: predicted ")
     ms = [float(line.split("predicted ")[1].split(" ms")[0]) for line in (scaled[0], plain[0])]
     assert 50 < ms[1] < 200 and ms[0] > 1.2 * ms[1]  # the CPU's 15 layers priced 1.5x slower
+    # ... and its batch of 64: the step and the CPU work in it, against the measured ones
+    assert plain[1].strip().startswith("batch 64: predicted step ")
+    assert "measured 150.0 ms (CPU work 140.0: " in plain[1]
+    cpu = [float(line.split("(CPU work ")[1].split(")")[0]) for line in (scaled[1], plain[1])]
+    assert cpu[0] == pytest.approx(1.5 * cpu[1], rel=0.02) and cpu[1] > 0
 
 
 def test_engine_bench_bounds_a_batched_step_by_pcie_and_the_cpus_matmuls_at_that_many_rows():
