@@ -161,8 +161,13 @@ def derived(cells: list[dict], weights: int, decode_bytes: int, bandwidth: dict,
                 if rate and weights > ours["resident_bytes"]:
                     # The most a step of `top` sequences' next tokens can do: every byte outside VRAM
                     # crosses PCIe or is computed by the CPU at the profile's rate for that many rows,
-                    # both at once and alone-fast, GPU compute free (an optimistic bound).
-                    bound = int(top) * (bandwidth["h2d"] + rate) * 1e9 / (weights - ours["resident_bytes"])
+                    # both at once and alone-fast, GPU compute free (an optimistic bound), and no faster
+                    # than host memory gives both readers together (the CPU's matmuls read their weights).
+                    rate_total = bandwidth["h2d"] + rate
+                    out[f"{key}_batch{top}_step_additive_bound_tok_s"] = (
+                        int(top) * rate_total * 1e9 / (weights - ours["resident_bytes"]))
+                    rate_total = min(rate_total, bandwidth.get("shared_total", rate_total))
+                    bound = int(top) * rate_total * 1e9 / (weights - ours["resident_bytes"])
                     out[f"{key}_batch{top}_step_bound_tok_s"] = bound
                     out[f"{key}_batch{top}_step_bound_over_layers_max"] = bound / base["batched"][top]["tok_s"]
                     # The whole run's bound: its prompt step as measured, every decode step after it at the bound.

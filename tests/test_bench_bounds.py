@@ -147,8 +147,9 @@ def test_plan_replay_predicts_the_baselines_of_an_engine_bench_run(tmp_path, cap
 
 def test_engine_bench_bounds_a_batched_step_by_pcie_and_the_cpus_matmuls_at_that_many_rows():
     """engine_bench's batched bound: a step of B sequences' next tokens with every byte outside VRAM over
-    PCIe or through the CPU's matmuls at B rows (the profile's weight rate), against the baseline's
-    measured batch; the CPU's rate comes from the profile for the model's FFN shape."""
+    PCIe or through the CPU's matmuls at B rows (the profile's weight rate), both no faster than host memory
+    shared gives them, against the baseline's measured batch; the CPU's rate comes from the profile for the
+    model's FFN shape."""
     from benchmarks.engine_bench import cpu_rows_gb_s, derived
     from vramshard.profile import synthetic
 
@@ -169,6 +170,11 @@ def test_engine_bench_bounds_a_batched_step_by_pcie_and_the_cpus_matmuls_at_that
     assert checks["8GiB_batch64_decode_speedup_vs_layers_max"] == pytest.approx(2.0)
     assert "8GiB_batch64_step_bound_tok_s" not in derived(cells, 16e9, 15e9, {"h2d": 50.0, "cpu_read": 100.0,
                                                                              "device": 4000.0})
+    # Host memory shared by both readers caps the sum: 60 GB/s together over the 10 GB outside VRAM.
+    shared = derived(cells, 16e9, 15e9, {"h2d": 50.0, "cpu_read": 100.0, "device": 4000.0, "shared_total": 60.0},
+                     {64: 30.0, 1: 90.0})
+    assert shared["8GiB_batch64_step_bound_tok_s"] == pytest.approx(64 * 60 / 10)
+    assert shared["8GiB_batch64_step_additive_bound_tok_s"] == pytest.approx(64 * 80 / 10)
     model = shape_model("llama3-8b")
     profile = synthetic(cpu_gflops=1000.0, gpu_gflops=100000.0, h2d_gbps=50.0, cpu_mem_gbps=100.0)
     one, many = cpu_rows_gb_s(profile, model, 1), cpu_rows_gb_s(profile, model, 256)
