@@ -60,6 +60,16 @@ def test_run_passes_the_penalties_to_the_sampler(capsys, model_dir, engine):
     assert code == 0 and out == expected + ("" if expected.endswith("\n") else "\n")
 
 
+def test_run_passes_min_p_to_the_sampler(capsys, model_dir, engine):
+    """--min-p 1 keeps only the likeliest token: a hot, seeded sample is then the greedy answer (and is not without it)."""
+    ids = engine.tokenizer.encode(PROMPT)
+    greedy = engine.tokenizer.decode(engine.generate([ids], 12)[0])
+    assert engine.tokenizer.decode(engine.generate([ids], 12, temperature=5.0, seed=2)[0]) != greedy
+    code, out, err = _run(capsys, "run", model_dir, "-p", PROMPT, "-n", 12, "--temp", 5.0, "--seed", 2,
+                          "--min-p", 1.0, "--device", "cpu")
+    assert code == 0 and out == greedy + ("" if greedy.endswith("\n") else "\n")
+
+
 def test_run_stop_string_cuts_output(capsys, model_dir, engine):
     ids = engine.tokenizer.encode(PROMPT)
     full = engine.tokenizer.decode(engine.generate([ids], 24, temperature=0.9, seed=5)[0])

@@ -3,7 +3,8 @@ presence and frequency penalties and logit bias, transformers' repetition penalt
 
 import pytest
 import torch
-from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+from transformers.generation.logits_process import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
+                                                   TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 from vramshard.errors import InvalidInputError
 from vramshard.runtime.sampler import Sampler, SamplingParams
@@ -61,7 +62,7 @@ def test_no_adjustment_is_plain_argmax_and_sampling_is_seeded():
 
 @pytest.mark.parametrize("field,value", [("presence_penalty", 2.5), ("frequency_penalty", -3.0),
                                          ("repetition_penalty", 0.0), ("logit_bias", ((1, 101.0),)),
-                                         ("logit_bias", ((-1, 1.0),))])
+                                         ("logit_bias", ((-1, 1.0),)), ("min_p", 1.5), ("min_p", -0.1)])
 def test_out_of_range_settings_are_refused(field, value):
     with pytest.raises(InvalidInputError, match=field):
         SamplingParams(**{field: value})
@@ -91,3 +92,23 @@ def test_a_step_wide_argmax_is_used_only_by_plain_greedy_samplers():
     assert not biased.plain_greedy and biased(logits, argmax=1) == 2
     sampled = Sampler(SamplingParams(temperature=1.0, seed=0))
     assert not sampled.plain_greedy
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p,min_p", [(0.7, 0, 1.0, 0.1), (1.3, 20, 0.9, 0.0), (1.0, 0, 0.8, 0.05),
+                                                          (2.0, 10, 0.95, 0.2), (1.0, 0, 1.0, 1.0)])
+def test_top_k_top_p_and_min_p_draw_from_transformers_distribution(temperature, top_k, top_p, min_p):
+    """The distribution a token is drawn from is transformers' warpers' (temperature, top-k, top-p, min-p in that
+    order): the same tokens kept, with the same probabilities once normalised; min-p 1 keeps the likeliest alone."""
+    logits = _logits(5)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    ours = Sampler(params).distribution(logits)
+    warped = TemperatureLogitsWarper(temperature)(None, logits[None].clone())
+    for warper in ([TopKLogitsWarper(top_k)] if top_k else []) + [TopPLogitsWarper(top_p), MinPLogitsWarper(min_p)]:
+        warped = warper(None, warped)
+    expected = torch.softmax(warped[0], dim=-1)
+    assert torch.equal(ours > 0, expected > 0)
+    torch.testing.assert_close(ours / ours.sum(), expected)
+    if min_p == 1.0:
+        assert int((ours > 0).sum()) == 1 and int(torch.argmax(ours)) == int(torch.argmax(logits))
+        assert {Sampler(SamplingParams(temperature=5.0, min_p=1.0, seed=s))(logits) for s in range(5)} == \
+            {int(torch.argmax(logits))}

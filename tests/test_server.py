@@ -204,6 +204,19 @@ def test_logit_bias_and_penalties_reach_the_sampler(client, engine):
     assert repeated.choices[0].text and plain.choices[0].text
 
 
+
+def test_min_p_reaches_the_sampler(client):
+    """min_p (an extension, as in vLLM and llama.cpp) of 1 keeps only the likeliest token: sampling at a high
+    temperature then gives the greedy answer, which it does not without it."""
+    def answer(**extra):
+        return client.completions.create(model=MODEL, prompt="The plan", max_tokens=8, temperature=5.0, seed=3,
+                                         extra_body=extra).choices[0].text
+
+    greedy = client.completions.create(model=MODEL, prompt="The plan", max_tokens=8, temperature=0).choices[0].text
+    assert answer(min_p=1.0) == greedy
+    assert answer() != greedy
+
+
 def test_logprobs_are_the_models_and_stream_as_they_come(client, engine):
     """Greedy tokens carry their log-probability under the model (the engine's own logits, log-softmaxed)
     and it is the best of the alternatives; streamed chunks carry the same, chat and completions."""

@@ -17,7 +17,7 @@ _ESCAPES = {"\\n": "\n", "\\t": "\t", "\\r": "\r"}
 
 def add_sampling_args(parser: argparse.ArgumentParser, max_new_tokens: int = 128,
                       temperature: float = 0.0) -> None:
-    """-n, --temp, --top-k, --top-p, --seed, the penalties, --stop."""
+    """-n, --temp, --top-k, --top-p, --min-p, --seed, the penalties, --stop."""
     group = parser.add_argument_group("sampling")
     group.add_argument("-n", "--max-new-tokens", type=int, default=max_new_tokens, metavar="N",
                        help=f"most tokens to generate (default {max_new_tokens})")
@@ -25,6 +25,9 @@ def add_sampling_args(parser: argparse.ArgumentParser, max_new_tokens: int = 128
                        help=f"sampling temperature; 0 is greedy (default {temperature})")
     group.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens (0: all)")
     group.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (default 1.0: off)")
+    group.add_argument("--min-p", type=float, default=0.0,
+                       help="drop tokens less likely than this fraction of the likeliest one (llama.cpp's and vLLM's "
+                            "min-p; default 0: off)")
     group.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
     group.add_argument("--repeat-penalty", "--repetition-penalty", dest="repetition_penalty", type=float, default=1.0,
                        help="divide the logits of tokens already in the prompt or answer by this (llama.cpp's "
@@ -161,7 +164,8 @@ def stream(engine, prompt_ids: list[int], args: argparse.Namespace, write: Calla
     stop_filter = StopStringFilter(stops)
     result = StreamResult(prompt_tokens=len(prompt_ids))
     tokens = engine.stream(prompt_ids, args.max_new_tokens if max_new_tokens is None else max_new_tokens,
-                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                           seed=args.seed,
                            repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
                            frequency_penalty=args.frequency_penalty,
                            **({} if scheduler is None else {"scheduler": scheduler}))

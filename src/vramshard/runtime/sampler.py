@@ -32,6 +32,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # transformers / vLLM / llama.cpp: > 0, 1 is off
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     logprobs: int | None = None  # report the chosen token's log-probability and this many alternatives
+    min_p: float = 0.0  # keep tokens at least this fraction as likely as the likeliest (llama.cpp, vLLM); 0: off
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -40,6 +41,8 @@ class SamplingParams:
             raise InvalidInputError(f"top_k must be >= 0, got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise InvalidInputError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise InvalidInputError(f"min_p must be in [0, 1], got {self.min_p}")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2 <= getattr(self, name) <= 2:
                 raise InvalidInputError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
@@ -140,6 +143,12 @@ class Sampler:
         return logits
 
     def _sample(self, logits: torch.Tensor) -> int:
+        return int(torch.multinomial(self.distribution(logits), 1, generator=self.generator))
+
+    def distribution(self, logits: torch.Tensor) -> torch.Tensor:
+        """The probabilities [V] a token is drawn from (temperature > 0): ``logits`` [V] over the temperature,
+        then top-k, top-p and min-p in transformers' order, each keeping at least one token (not normalised
+        after top-p and min-p: :func:`torch.multinomial` takes weights)."""
         p = self.params
         logits = logits.float().cpu() / p.temperature
         if p.top_k and p.top_k < logits.numel():
@@ -152,7 +161,9 @@ class Sampler:
             drop = sorted_probs.cumsum(0) - sorted_probs >= p.top_p
             sorted_probs[drop] = 0
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+        if p.min_p > 0:  # (the likeliest token always stays)
+            probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
+        return probs
 
 
 def token_logprob(logits: torch.Tensor, token: int, top: int) -> TokenLogprob:

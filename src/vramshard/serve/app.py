@@ -322,7 +322,8 @@ def _submit(state: ServerState, prompts: list[list[int]], body, max_tokens: list
         _check_context(state, len(prompt), limit)
     n = body.n or 1
     sampling = dict(temperature=1.0 if body.temperature is None else body.temperature, top_k=body.top_k or 0,
-                    top_p=1.0 if body.top_p is None else body.top_p, presence_penalty=body.presence_penalty or 0.0,
+                    top_p=1.0 if body.top_p is None else body.top_p, min_p=body.min_p or 0.0,
+                    presence_penalty=body.presence_penalty or 0.0,
                     frequency_penalty=body.frequency_penalty or 0.0,
                     repetition_penalty=body.repetition_penalty or 1.0, logit_bias=_logit_bias(state, body),
                     logprobs=_logprobs(body))

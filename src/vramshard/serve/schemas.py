@@ -35,6 +35,7 @@ class _Sampling(_Body):
     temperature: float | None = Field(None, ge=0, le=100)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=0)  # an extension (vLLM and llama.cpp accept it too)
+    min_p: float | None = Field(None, ge=0, le=1)  # an extension (vLLM and llama.cpp accept it too)
     n: int | None = Field(None, ge=1, le=MAX_N)
     stream: bool | None = None
     stream_options: StreamOptions | None = None
