@@ -60,6 +60,15 @@ def test_run_passes_the_penalties_to_the_sampler(capsys, model_dir, engine):
     assert code == 0 and out == expected + ("" if expected.endswith("\n") else "\n")
 
 
+def test_run_passes_the_repeat_window_to_the_sampler(capsys, model_dir, engine):
+    ids = engine.tokenizer.encode(PROMPT)
+    windowed = engine.tokenizer.decode(engine.generate([ids], 16, repetition_penalty=3.0, repeat_last_n=2)[0])
+    assert windowed != engine.tokenizer.decode(engine.generate([ids], 16, repetition_penalty=3.0)[0])
+    code, out, err = _run(capsys, "run", model_dir, "-p", PROMPT, "-n", 16, "--repeat-penalty", 3.0,
+                          "--repeat-last-n", 2, "--device", "cpu")
+    assert code == 0 and out == windowed + ("" if windowed.endswith("\n") else "\n")
+
+
 def test_run_passes_min_p_to_the_sampler(capsys, model_dir, engine):
     """--min-p 1 keeps only the likeliest token: a hot, seeded sample is then the greedy answer (and is not without it)."""
     ids = engine.tokenizer.encode(PROMPT)

@@ -26,6 +26,28 @@ def test_repetition_penalty_is_transformers():
     torch.testing.assert_close(sampler.adjust(logits), expected)
 
 
+@pytest.mark.parametrize("last_n", [3, 6, 100])
+def test_repetition_penalty_over_the_last_n_tokens_is_transformers_over_them(last_n):
+    """repeat_last_n (llama.cpp's): the penalty looks at the last N tokens of the prompt and answer, which is
+    transformers' penalty given those tokens alone; the window follows the tokens the sampler chooses."""
+    prompt, logits = [3, 7, 7, 11, 8], _logits(6)
+    sampler = Sampler(SamplingParams(repetition_penalty=1.3, repeat_last_n=last_n), prompt)
+    chosen = [sampler(_logits(7 + i)) for i in range(3)]  # greedy, penalised: the window moves on with them
+    window = (prompt + chosen)[-last_n:]
+    expected = RepetitionPenaltyLogitsProcessor(1.3)(torch.tensor([window]), logits[None].clone())[0]
+    torch.testing.assert_close(sampler.adjust(logits), expected)
+    if last_n < len(prompt + chosen):
+        assert not torch.equal(expected, RepetitionPenaltyLogitsProcessor(1.3)(torch.tensor([prompt + chosen]),
+                                                                               logits[None].clone())[0])
+
+
+def test_repeat_last_n_zero_turns_the_penalty_off():
+    params = SamplingParams(repetition_penalty=1.3, repeat_last_n=0)
+    assert not params.adjusts_logits and Sampler(params, [1, 2]).plain_greedy
+    logits = _logits(8)
+    torch.testing.assert_close(Sampler(params, list(range(V))).adjust(logits), logits)
+
+
 def test_presence_and_frequency_penalties_are_openais():
     sampler = Sampler(SamplingParams(presence_penalty=0.5, frequency_penalty=0.25), [1, 2, 3])
     for t in (5, 5, 5, 9):
@@ -62,7 +84,8 @@ def test_no_adjustment_is_plain_argmax_and_sampling_is_seeded():
 
 @pytest.mark.parametrize("field,value", [("presence_penalty", 2.5), ("frequency_penalty", -3.0),
                                          ("repetition_penalty", 0.0), ("logit_bias", ((1, 101.0),)),
-                                         ("logit_bias", ((-1, 1.0),)), ("min_p", 1.5), ("min_p", -0.1)])
+                                         ("logit_bias", ((-1, 1.0),)), ("min_p", 1.5), ("min_p", -0.1),
+                                         ("repeat_last_n", -2)])
 def test_out_of_range_settings_are_refused(field, value):
     with pytest.raises(InvalidInputError, match=field):
         SamplingParams(**{field: value})

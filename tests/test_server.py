@@ -205,6 +205,16 @@ def test_logit_bias_and_penalties_reach_the_sampler(client, engine):
 
 
 
+def test_the_repeat_window_reaches_the_sampler(client, engine):
+    """repeat_last_n (an extension, llama.cpp's): the answer is the engine's with that window, not the whole one's."""
+    ids = engine.tokenizer.encode("The plan")
+    windowed = engine.tokenizer.decode(engine.generate([ids], 8, repetition_penalty=3.0, repeat_last_n=2)[0])
+    assert windowed != engine.tokenizer.decode(engine.generate([ids], 8, repetition_penalty=3.0)[0])
+    answer = client.completions.create(model=MODEL, prompt="The plan", max_tokens=8, temperature=0,
+                                       extra_body={"repetition_penalty": 3.0, "repeat_last_n": 2})
+    assert answer.choices[0].text == windowed
+
+
 def test_min_p_reaches_the_sampler(client):
     """min_p (an extension, as in vLLM and llama.cpp) of 1 keeps only the likeliest token: sampling at a high
     temperature then gives the greedy answer, which it does not without it."""

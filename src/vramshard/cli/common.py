@@ -32,6 +32,9 @@ def add_sampling_args(parser: argparse.ArgumentParser, max_new_tokens: int = 128
     group.add_argument("--repeat-penalty", "--repetition-penalty", dest="repetition_penalty", type=float, default=1.0,
                        help="divide the logits of tokens already in the prompt or answer by this (llama.cpp's "
                             "--repeat-penalty; default 1.0: off)")
+    group.add_argument("--repeat-last-n", type=int, default=-1, metavar="N",
+                       help="the repeat penalty looks at the last N tokens of the prompt and answer (llama.cpp's "
+                            "--repeat-last-n; 0: off; default -1: all of them, as transformers and vLLM)")
     group.add_argument("--presence-penalty", type=float, default=0.0,
                        help="subtract this from the logits of tokens already generated (-2..2, default 0)")
     group.add_argument("--frequency-penalty", type=float, default=0.0,
@@ -166,7 +169,8 @@ def stream(engine, prompt_ids: list[int], args: argparse.Namespace, write: Calla
     tokens = engine.stream(prompt_ids, args.max_new_tokens if max_new_tokens is None else max_new_tokens,
                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                            seed=args.seed,
-                           repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+                           repetition_penalty=args.repetition_penalty, repeat_last_n=args.repeat_last_n,
+                           presence_penalty=args.presence_penalty,
                            frequency_penalty=args.frequency_penalty,
                            **({} if scheduler is None else {"scheduler": scheduler}))
     start = time.perf_counter()

@@ -1,16 +1,17 @@
-"""Choosing the next token from logits: greedy, or temperature with top-k / top-p; before either,
+"""Choosing the next token from logits: greedy, or temperature with top-k / top-p / min-p; before either,
 the logits may be adjusted by a bias per token and by penalties on the tokens already seen.
 
 The penalties follow the APIs users know them from: ``presence_penalty`` and
 ``frequency_penalty`` as OpenAI defines them (subtracted from the logits of tokens generated so
 far: once for any occurrence, and per occurrence), ``repetition_penalty`` as Hugging Face
 transformers, vLLM and llama.cpp's ``repeat_penalty`` do (the logit of every token of the prompt
-or of the answer so far is divided by it when positive, multiplied when negative).
+or of the answer so far is divided by it when positive, multiplied when negative), over the last
+``repeat_last_n`` tokens of the two where that is set (llama.cpp's ``repeat_last_n``).
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -33,6 +34,9 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     logprobs: int | None = None  # report the chosen token's log-probability and this many alternatives
     min_p: float = 0.0  # keep tokens at least this fraction as likely as the likeliest (llama.cpp, vLLM); 0: off
+    # The tokens repetition_penalty looks at: -1 the whole prompt and answer (transformers, vLLM), N > 0 the last N
+    # of them (llama.cpp's repeat_last_n, whose default is 64), 0 none (the penalty off, as in llama.cpp).
+    repeat_last_n: int = -1
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -48,6 +52,8 @@ class SamplingParams:
                 raise InvalidInputError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if not self.repetition_penalty > 0:
             raise InvalidInputError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.repeat_last_n < -1:
+            raise InvalidInputError(f"repeat_last_n must be -1 (all), 0 (off) or a token count, got {self.repeat_last_n}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise InvalidInputError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         for token, bias in self.logit_bias:
@@ -57,8 +63,12 @@ class SamplingParams:
 
     @property
     def adjusts_logits(self) -> bool:
-        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1
-                    or self.logit_bias)
+        return bool(self.presence_penalty or self.frequency_penalty or self.repeats or self.logit_bias)
+
+    @property
+    def repeats(self) -> bool:
+        """Whether the repetition penalty acts (a factor other than 1 over a window of at least one token)."""
+        return self.repetition_penalty != 1 and self.repeat_last_n != 0
 
 
 MAX_LOGPROBS = 20  # alternatives a request may ask for per token (OpenAI's top_logprobs limit)
@@ -87,7 +97,11 @@ class Sampler:
         else:
             self.generator.seed()
         self.generated: Counter[int] = Counter()
-        self.prompt = frozenset(prompt_ids) if params.repetition_penalty != 1 else frozenset()
+        self.prompt = frozenset(prompt_ids) if params.repeats and params.repeat_last_n < 0 else frozenset()
+        # The last repeat_last_n tokens of the prompt and answer, where the penalty looks at a window.
+        self.recent: deque[int] | None = None
+        if params.repeats and params.repeat_last_n > 0:
+            self.recent = deque(list(prompt_ids)[-params.repeat_last_n:], maxlen=params.repeat_last_n)
         self.last: TokenLogprob | None = None  # of the last token chosen, when params.logprobs is set
 
     @property
@@ -109,7 +123,7 @@ class Sampler:
         if logits is None:
             if self.needs_logits or argmax is None:
                 raise ValueError("this sampler reads the logits; only a plain greedy one takes the argmax alone")
-            self.generated[argmax] += 1
+            self.record(argmax)
             return argmax
         raw = logits
         if p.adjusts_logits:
@@ -118,10 +132,16 @@ class Sampler:
             token = argmax if argmax is not None and self.plain_greedy else int(torch.argmax(logits))
         else:
             token = self._sample(logits)
-        self.generated[token] += 1
+        self.record(token)
         if p.logprobs is not None:
             self.last = token_logprob(raw, token, p.logprobs)
         return token
+
+    def record(self, token: int) -> None:
+        """``token`` was chosen: the penalties count it from the next choice on."""
+        self.generated[token] += 1
+        if self.recent is not None:
+            self.recent.append(token)
 
     def adjust(self, logits: torch.Tensor) -> torch.Tensor:
         """Bias and penalties applied to float32 CPU logits [V] (a new tensor)."""
@@ -131,8 +151,9 @@ class Sampler:
         if p.logit_bias:
             ids = torch.tensor([t for t, _ in p.logit_bias if t < vocab], dtype=torch.long)
             logits[ids] += torch.tensor([b for t, b in p.logit_bias if t < vocab])
-        if p.repetition_penalty != 1:
-            seen = torch.tensor(sorted(t for t in self.prompt | self.generated.keys() if t < vocab), dtype=torch.long)
+        if p.repeats:
+            window = set(self.recent) if self.recent is not None else self.prompt | self.generated.keys()
+            seen = torch.tensor(sorted(t for t in window if t < vocab), dtype=torch.long)
             if seen.numel():
                 values = logits[seen]
                 logits[seen] = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)

@@ -325,7 +325,9 @@ def _submit(state: ServerState, prompts: list[list[int]], body, max_tokens: list
                     top_p=1.0 if body.top_p is None else body.top_p, min_p=body.min_p or 0.0,
                     presence_penalty=body.presence_penalty or 0.0,
                     frequency_penalty=body.frequency_penalty or 0.0,
-                    repetition_penalty=body.repetition_penalty or 1.0, logit_bias=_logit_bias(state, body),
+                    repetition_penalty=body.repetition_penalty or 1.0,
+                    repeat_last_n=-1 if body.repeat_last_n is None else body.repeat_last_n,
+                    logit_bias=_logit_bias(state, body),
                     logprobs=_logprobs(body))
     handles: list[RequestHandle] = []
     try:

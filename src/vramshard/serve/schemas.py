@@ -44,6 +44,7 @@ class _Sampling(_Body):
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repetition_penalty: float | None = Field(None, gt=0)  # an extension (vLLM; llama.cpp's repeat_penalty)
+    repeat_last_n: int | None = Field(None, ge=-1)  # an extension (llama.cpp's): the penalty's window, -1 all
     logprobs: Union[bool, int, None] = None  # chat: true/false; completions: alternatives per token (0-5)
     top_logprobs: int | None = Field(None, ge=0, le=20)  # chat: alternatives per token, with logprobs true
     logit_bias: dict[str, float] | None = Field(None, max_length=MAX_LOGIT_BIAS)
