@@ -293,8 +293,8 @@ class Engine:
         output), at a stop string (output cut before it; needs a tokenizer) or after
         ``max_new_tokens``. With ``seed``, prompt i samples with seed ``seed + i``.
         With ``pixel_values`` / ``image_grid_thw`` (see :meth:`logits`), the images of all
-        prompts in placeholder order. ``adjust``: ``min_p``, ``presence_penalty``, ``frequency_penalty``, ``repeat_last_n``,
-        ``repetition_penalty``, ``logit_bias`` (see :class:`~vramshard.runtime.sampler.SamplingParams`).
+        prompts in placeholder order. ``adjust``: ``min_p``, ``presence_penalty``, ``frequency_penalty``,
+        ``repetition_penalty``, ``repeat_last_n``, ``logit_bias`` (see :class:`~vramshard.runtime.sampler.SamplingParams`).
         """
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
             raise InvalidInputError("prompts must be a list of token-id lists")
