@@ -498,6 +498,8 @@ def test_gpu_profile_round_trip(tmp_path):
     assert summary["transfer_gbps"]["h2d"]["alone"] > 0.5 and "cuda" in summary["matmul_peak_gflops"]
     contended = [t for t in profile.data["matmul"] if t.get("contended")]
     assert contended and all(t["load_h2d_gbps"] > 0.5 for t in contended)
+    copies_beside = [t for t in profile.data["transfer"] if t["contended"]]  # and what the CPU read meanwhile
+    assert len(copies_beside) == 2 and all(t["load_cpu_gbps"] > 0.5 for t in copies_beside)
     from vramshard.runtime import zero_copy_experts
 
     if "host_experts_worker" in loaded.data:  # timed beside a host thread that launches work
@@ -536,8 +538,9 @@ def test_background_load_runs_and_reports_its_failure():
 
     from vramshard.profile import contention
 
-    with contention.cpu_load(m=4, k=256, n=512):
+    with contention.cpu_load(k=256, n=512) as reading:
         time.sleep(0.1)
+    assert reading.nbytes > 0 and reading.seconds >= 0.1
 
     def broken():
         raise ValueError("boom")
@@ -545,6 +548,35 @@ def test_background_load_runs_and_reports_its_failure():
     with pytest.raises(RuntimeError, match="test load failed"):
         with contention._background("test load", broken):
             time.sleep(0.1)
+
+
+def test_the_cpu_load_reads_its_weights_from_memory(monkeypatch):
+    """The CPU load beside the PCIe timings reads as a decode step's CPU work does: one-row products, each
+    over the next of copies of its weight that together pass twice the last-level cache (one weight read
+    over and over stays in a large L3, and the copies then ran beside no memory traffic at all)."""
+    import time
+
+    from vramshard.layers import sublayer
+    from vramshard.profile import bench_matmul, contention
+
+    monkeypatch.setattr(bench_matmul, "MIN_COLD_BYTES", 8 * 2**20)
+    monkeypatch.setattr(bench_matmul, "last_level_cache_bytes", lambda: 2 * 2**20)
+    read = []
+    real_linear = sublayer.linear
+
+    def recording(x, w, *args, **kwargs):
+        read.append((tuple(x.shape), w.data_ptr()))
+        return real_linear(x, w, *args, **kwargs)
+
+    monkeypatch.setattr(bench_matmul, "linear", recording)
+    with contention.cpu_load(k=512, n=1024) as reading:  # 1 MiB of bf16 a copy: 8 copies
+        time.sleep(0.2)
+    assert {shape for shape, _ in read} == {(1, 512)}
+    assert len({ptr for _, ptr in read}) == 8, "each product reads the next copy"
+    copy_bytes = 512 * 1024 * 2
+    # (the path's trials, before the load starts, make products of their own)
+    assert 0 < reading.nbytes <= len(read) * copy_bytes and reading.nbytes % copy_bytes == 0
+    assert reading.gbps > 0
 
 
 def test_cold_copies_span_twice_the_last_level_cache(monkeypatch):

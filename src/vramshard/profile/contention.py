@@ -2,8 +2,8 @@
 
 The CPU and the copy engine share the host memory controller, so each slows the other.
 ``pcie_load`` keeps the copy engine streaming host→device while the CPU is measured;
-``cpu_load`` keeps the CPU thread pool busy with a memory-bound matmul (a decode-time FFN
-on the CPU, the case that overlaps with streaming) while PCIe is measured.
+``cpu_load`` keeps the CPU thread pool reading host memory as a decode step's CPU work does (one-row
+products over weights that do not fit in the cache) while PCIe is measured.
 """
 
 from __future__ import annotations
@@ -73,15 +73,36 @@ def pcie_load(nbytes: int = 256 * 2**20, depth: int = 3):
 
 
 @contextlib.contextmanager
-def cpu_load(m: int = 16, k: int = 4096, n: int = 14336):
-    """While inside: a background thread runs fp32 ``[m, k] @ [k, n]`` on the torch CPU pool."""
-    import torch
-    import torch.nn.functional as F
+def cpu_load(k: int = 4096, n: int = 14336, dtype: str = "bf16"):
+    """While inside: a background thread runs one-row products ``linear(x[1, k], W[n, k])`` on the torch
+    CPU pool, each over the next of copies of ``W`` that together pass the last-level cache
+    (:func:`~vramshard.profile.bench_matmul.cold_copies`): the CPU's work at decode, which reads
+    every weight from memory once. Yields a :class:`LoadRate` with the weight bytes it read and the
+    seconds taken.
 
-    x = torch.randn(m, k)  # [M, K]
-    weight = torch.randn(n, k)  # [N, K], as nn.Linear stores it
-    with _background("CPU background load", lambda: F.linear(x, weight)):  # releases the GIL in the kernel
-        yield
+    Until session 53 this was an fp32 ``[16, 4096] @ [4096, 14336]`` over one weight: 235 MB, which a
+    large L3 keeps, so the copy engine beside it read host memory alone (the H100 and H200
+    profiles priced host→device copies at 55 GB/s alone and beside it, where a step's CPU reads
+    left the copies 43 GB/s, ``benchmarks.common.shared_read_bandwidth``).
+    """
+    import torch
+
+    from .bench_matmul import cold_copies, linear_over
+    from .spec import torch_dtype
+
+    torch_dt = torch_dtype(dtype)
+    weights = cold_copies(torch.randn(n, k, dtype=torch_dt) * 0.02)  # [N, K] each
+    product = linear_over(torch.randn(1, k, dtype=torch_dt), weights)  # x: [1, K]
+    rate = LoadRate()
+
+    def read_one() -> None:
+        product()  # releases the GIL in the kernel
+        rate.nbytes += weights[0].nbytes
+
+    start = time.perf_counter()
+    with _background("CPU background load", read_one):
+        yield rate
+    rate.seconds = time.perf_counter() - start
 
 
 @contextlib.contextmanager

@@ -227,9 +227,12 @@ def _measure_gpu(spec, top, w, cpu_args, gpu_args, progress, matmul, attention, 
     transfer_args = {"budget_s": max(spec.gpu_point_budget_s, 0.02), "progress": progress, "weight": w["transfer"]}
     directions = ("h2d", "d2h")
     alone = {d: measure_transfers(spec.transfer_sizes, d, label=f"{d} pinned", **transfer_args) for d in directions}
-    with cpu_load():
+    with cpu_load() as cpu_reading:
         contended = {d: measure_transfers(spec.transfer_sizes, d, label=f"{d} pinned, CPU busy", **transfer_args)
                      for d in directions}
+    for d in directions:  # what the CPU read meanwhile
+        contended[d]["load_cpu_gbps"] = round(cpu_reading.gbps, 2)
+    log.info("PCIe copies timed beside the CPU reading %.1f GB/s of weights", cpu_reading.gbps)
     for d in directions:  # alone once more, after: each size's faster copy kept (bench_transfer.faster_of)
         alone[d] = faster_of(alone[d], measure_transfers(spec.transfer_sizes, d, label=f"{d} pinned, again",
                                                          **transfer_args))
