@@ -11,6 +11,8 @@ sixth session" come from it.
     PYTHONPATH=src python -m benchmarks.plan_replay cache          # the expert cache's Python bookkeeping
     PYTHONPATH=src python -m benchmarks.plan_replay calibrate --result docs/results-planner-nemo-run7.json \
         --profile docs/profiles/h200-queued.json                       # in-situ CPU calibration, replayed
+    PYTHONPATH=src python -m benchmarks.plan_replay copies --profile docs/profiles/h100-run40.json \
+        --cpu-scale 1.69 --copies-gbps 43                              # copies priced beside CPU reads
     PYTHONPATH=src python -m benchmarks.plan_replay baselines --result docs/results-nemo-decode-run33.json \
         --profile docs/profiles/h200-run33.json                        # the layers:N cells' steps, predicted
 
@@ -46,6 +48,39 @@ def load_profile(path, contended_factor: float = 1.0):
         if table.get("contended"):
             table["seconds"] = [[t * contended_factor for t in row] for row in table["seconds"]]
     return Profile(data)
+
+
+def copies(args) -> None:
+    """llama3-8b's tier-1 plans at 2, 4 and 8 GiB (CPU times x``--cpu-scale``, as an engine scales them to
+    its host's read) with the profile's host→device copies beside CPU work as stored and at
+    ``--copies-gbps``: family, prediction, CPU and copy time, bytes streamed, and the ``layers:N``
+    baseline's prediction. Session 53's what-if: the stored profiles priced those copies at their alone
+    rate (the profiler's CPU load stayed in L3), where the shared-read check saw 43 GB/s."""
+    from vramshard.plan.estimator import Estimator
+    from vramshard.plan.memory import sublayer_triples
+    from vramshard.plan.placement import named_placement
+    from vramshard.plan.planner import Planner
+    from vramshard.plan.tiers import Tiers
+    from vramshard.profile.query import Profile
+    from vramshard.shapes import shape_model
+
+    model = shape_model("llama3-8b")
+    stored = load_profile(args.profile)
+    for label, gbps in (("as stored", None), (f"copies beside CPU work at {args.copies_gbps:g} GB/s", args.copies_gbps)):
+        data = copy.deepcopy(stored.data)
+        if gbps:
+            for table in data["transfer"]:
+                if table["contended"] and table["direction"] == "h2d":
+                    table["seconds"] = [max(s, b / (gbps * 1e9)) for b, s in zip(table["bytes"], table["seconds"])]
+        profile = Profile(data).calibrated(cpu_scale=args.cpu_scale)
+        for gib, layers in ((2, 2), (4, 7), (8, 17)):
+            tier = Planner(model, profile, gib * GiB, context=1088, tiers=Tiers((1, 64))).plan().tiers[1]
+            step = Estimator(model, profile).simulate(tier.placement, 1, 1088)
+            baseline = named_placement(f"layers:{layers}", sublayer_triples(model), model.args.num_hidden_layers)
+            base = Estimator(model, profile).simulate(baseline, 1, 1088)
+            print(f"{label}: {gib} GiB tier 1 {tier.family} {tier.predicted_s * 1e3:.1f} ms (CPU {step.cpu_busy * 1e3:.1f}, "
+                  f"copies {step.copy_busy * 1e3:.1f}, {step.bytes_streamed / 1e9:.2f} GB streamed); "
+                  f"layers:{layers} {base.seconds * 1e3:.1f} ms")
 
 
 def dense(args) -> None:
@@ -305,10 +340,14 @@ def baselines(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("dense", "tiers", "vlm", "moe", "cache", "calibrate", "baselines"))
+    parser.add_argument("what", choices=("dense", "tiers", "vlm", "moe", "cache", "calibrate", "baselines",
+                                                   "copies"))
     parser.add_argument("--profile", default=str(DEFAULT_PROFILE))
     parser.add_argument("--contended-factor", type=float, default=1.0,
                         help="scale the profile's contended CPU matmul times (a what-if)")
+    parser.add_argument("--copies-gbps", type=float, default=43.0,
+                        help="copies: host-to-device GB/s beside CPU work (a what-if)")
+    parser.add_argument("--cpu-scale", type=float, default=1.0, help="copies: the profile's CPU times scaled by this")
     parser.add_argument("--hit-rate", type=float, default=0.42, help="the measured expert-cache hit rate")
     parser.add_argument("--result", default=None,
                         help="calibrate: a planner_bench JSON; baselines: an engine_bench JSON")
@@ -316,7 +355,7 @@ def main() -> None:
     if args.what in ("calibrate", "baselines") and not args.result:
         parser.error(f"{args.what} needs --result: a planner_bench JSON (calibrate) or an engine_bench one (baselines)")
     {"dense": dense, "tiers": tiers, "vlm": vlm, "moe": moe, "cache": cache, "calibrate": calibrate,
-     "baselines": baselines}[args.what](args)
+     "baselines": baselines, "copies": copies}[args.what](args)
 
 
 if __name__ == "__main__":
