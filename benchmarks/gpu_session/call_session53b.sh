@@ -8,7 +8,7 @@ echo "copy_contention rc $?"; grep -E "bound|copies" $OUT/copy_contention.log | 
 timeout 150 python3 -m pytest -m gpu -q -rfEs --tb=short -p no:cacheprovider tests/test_profile.py \
   > $OUT/pytest_gpu_profile.txt 2>&1
 echo "profile tests rc $?"; tail -2 $OUT/pytest_gpu_profile.txt; grep -E "^(FAILED|ERROR)" $OUT/pytest_gpu_profile.txt | cut -c1-250
-timeout 150 python3 -m vramshard profile --quick --out $OUT/quick.json > $OUT/quick.log 2>&1; echo "quick profile rc $?"
+timeout 150 python3 -m vramshard.cli.main profile --quick --out $OUT/quick.json > $OUT/quick.log 2>&1; echo "quick profile rc $?"
 python3 - <<'PY'
 import json, os
 path = os.path.join(os.environ["OUT"], "quick.json")
