@@ -80,10 +80,11 @@ def cpu_load(k: int = 4096, n: int = 14336, dtype: str = "bf16"):
     every weight from memory once. Yields a :class:`LoadRate` with the weight bytes it read and the
     seconds taken.
 
-    Until session 53 this was an fp32 ``[16, 4096] @ [4096, 14336]`` over one weight: 235 MB, which a
-    large L3 keeps, so the copy engine beside it read host memory alone (the H100 and H200
-    profiles priced host→device copies at 55 GB/s alone and beside it, where a step's CPU reads
-    left the copies 43 GB/s, ``benchmarks.common.shared_read_bandwidth``).
+    Until session 53 this was an fp32 ``[16, 4096] @ [4096, 14336]`` over one weight of 235 MB, which
+    an L3 of 300 MiB (:mod:`~vramshard.profile.bench_matmul`'s note) can keep: the H100 and H200
+    profiles priced host→device copies at 55 GB/s beside it as alone, where engine_bench's shared
+    read (``benchmarks.common.shared_read_bandwidth``) saw them at 43 GB/s beside the CPU reading
+    memory (``benchmarks.copy_contention`` times both loads).
     """
     import torch
 
