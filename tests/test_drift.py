@@ -239,3 +239,110 @@ def test_the_benchmarks_plan_from_the_profile_scaled_as_an_engine_would(tmp_path
     foreign = save(Profile(data), tmp_path / "foreign.json")
     profile, source = planner_profile(str(foreign), {}, set())
     assert profile.cpu_scale == 1.0 and "another machine's" in source
+
+
+# --- copies beside CPU work (VRAMSHARD_COPY_DRIFT) -----------------------------------------------------
+
+def test_copy_scale_prices_copies_beside_cpu_work_only_and_travels_with_the_fitted_factors():
+    from vramshard.runtime.plan_wire import profile_from_wire, profile_to_wire
+
+    profile = this_machines(40.0)
+    size = drift.COPY_SIZE
+    before = {(d, c): profile.transfer_s(size, d, c) for d in ("h2d", "d2h") for c in (False, True)}
+    scaled = profile.calibrated(copy_scale=1.5)
+    for (direction, contended), seconds in before.items():
+        assert scaled.transfer_s(size, direction, contended) == pytest.approx(seconds * (1.5 if contended else 1.0))
+        assert profile.transfer_s(size, direction, contended) == seconds  # (the clones share a memo)
+    assert scaled.calibrated(copy_scale=2.0).copy_scale == pytest.approx(3.0)  # factors compose
+    assert scaled.matmul_s(1, 4096, 4096, "bf16", "cpu") == profile.matmul_s(1, 4096, 4096, "bf16", "cpu")
+    # A planning process gets it with the other fitted factors; factors stored before it had none.
+    assert profile_from_wire(profile_to_wire(scaled)).copy_scale == pytest.approx(1.5)
+    old = {k: v for k, v in scaled.fitted_factors().items() if k != "copy_scale"}
+    assert scaled.with_fitted_factors(old).copy_scale == 1.0
+    with pytest.raises(Exception, match="copy_scale"):
+        profile.calibrated(copy_scale=0.0)
+
+
+@pytest.fixture
+def copies_now(monkeypatch):
+    """The contended copy's seconds now, set by the test (None: the profile's own); counts the timings.
+    The switch is on and a GPU said to be there."""
+    state = {"seconds": None, "calls": 0}
+
+    def fake():
+        state["calls"] += 1
+        return state["seconds"]
+
+    monkeypatch.setattr(drift, "measure_copies", fake)
+    monkeypatch.setattr(drift, "gpu_here", lambda: True)
+    monkeypatch.setenv("VRAMSHARD_COPY_DRIFT", "on")
+    return state
+
+
+def test_copies_slower_beside_the_cpu_now_price_copies_beside_cpu_work_slower(copies_now):
+    profile = this_machines(40.0)
+    profiled = profile.transfer_s(drift.COPY_SIZE, "h2d", contended=True)
+    copies_now["seconds"] = 1.4 * profiled
+    scaled = drift.copies_corrected(profile)
+    assert scaled.copy_scale == pytest.approx(1.4) and scaled.cpu_scale == 1.0
+    assert scaled.transfer_s(2**26, "h2d", True) == pytest.approx(1.4 * profile.transfer_s(2**26, "h2d", True))
+    assert scaled.transfer_s(2**26, "h2d") == profile.transfer_s(2**26, "h2d")
+    assert drift.copies_corrected(profile).copy_scale == pytest.approx(1.4) and copies_now["calls"] == 1  # once
+    assert drift.copies_corrected(scaled) is scaled  # not scaled twice
+
+
+def test_copies_are_never_priced_faster_than_alone_nor_beyond_the_limits(copies_now):
+    data = copy.deepcopy(this_machines(40.0).data)
+    alone_tables = {t["direction"]: t for t in data["transfer"] if not t["contended"]}
+    for table in data["transfer"]:  # copies beside the CPU at 1/1.8 of their rate alone, as profiled
+        if table["contended"]:
+            table["seconds"] = [1.8 * s for s in alone_tables[table["direction"]]["seconds"]]
+    profile = Profile(data)
+    alone = profile.transfer_s(drift.COPY_SIZE, "h2d")
+    copies_now["seconds"] = 0.3 * alone  # a timing faster than copies alone go
+    assert drift.copies_corrected(profile).transfer_s(drift.COPY_SIZE, "h2d", True) == pytest.approx(alone)
+    drift.forget()
+    copies_now["seconds"] = 100 * alone
+    assert drift.copies_corrected(profile).copy_scale == pytest.approx(drift.COPY_LIMITS[1])
+
+
+@pytest.mark.parametrize("case", ["off", "within tolerance", "another machine", "no GPU"])
+def test_the_copy_check_leaves_the_profile_alone(copies_now, monkeypatch, case):
+    profile = this_machines(40.0)
+    copies_now["seconds"] = 1.05 * profile.transfer_s(drift.COPY_SIZE, "h2d", contended=True)
+    if case == "off":
+        monkeypatch.delenv("VRAMSHARD_COPY_DRIFT")  # off by default
+        copies_now["seconds"] *= 2
+    elif case == "another machine":
+        data = copy.deepcopy(profile.data)
+        data["fingerprint_hash"] = "0" * len(data["fingerprint_hash"])
+        profile = Profile(data)
+        copies_now["seconds"] *= 2
+    elif case == "no GPU":
+        monkeypatch.setattr(drift, "gpu_here", lambda: False)
+        copies_now["seconds"] *= 2
+    assert drift.copies_corrected(profile) is profile
+    assert copies_now["calls"] == (1 if case == "within tolerance" else 0)
+
+
+def test_an_engine_plans_with_copies_timed_beside_the_cpu_now(tiny_model_dir, reads_now, copies_now):
+    profile = this_machines(40.0)
+    copies_now["seconds"] = 2.0 * profile.transfer_s(drift.COPY_SIZE, "h2d", contended=True)
+    engine = Engine.load(tiny_model_dir("llama"), vram="512MiB", simulate_gpu=True, profile=profile,
+                         max_context=128)
+    assert engine.budget.settings.profile.copy_scale == pytest.approx(2.0)
+    assert len(engine.generate([[1, 2, 3]], max_new_tokens=2)[0]) == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_the_copy_beside_the_cpu_is_timed_for_real():
+    """On a GPU: the copy timed beside the CPU load is a real copy of COPY_SIZE, no faster than the copy
+    engine goes alone (within timing noise) and not absurdly slow."""
+    from vramshard.profile.bench_transfer import measure_transfers
+    from vramshard.profile.progress import ProgressSink
+
+    alone = measure_transfers([drift.COPY_SIZE], "h2d", budget_s=0.1, progress=ProgressSink(), label="h2d",
+                              weight=1.0)["seconds"][0]
+    beside = drift.measure_copies()
+    assert 0.9 * alone < beside < 20 * alone, (alone, beside)

@@ -61,6 +61,7 @@ class Drift:
 
 
 _CHECKED: dict[tuple[str, str], Drift] = {}  # (fingerprint hash, created) -> drift
+_COPIES: dict[tuple[str, str, str], float] = {}  # ("copies", fingerprint hash, created) -> seconds of the copy now
 _LOCK = threading.Lock()
 
 
@@ -145,7 +146,74 @@ def read_floor(profile: Profile, now_bps: float, dtype=None) -> float:
     return fastest / now_bps if fastest and now_bps > 0 else 0.0
 
 
+COPY_SIZE = 64 * 2**20  # the copies timed beside the CPU load (a slot fill of an 8B model's sub-layer)
+COPY_LIMITS = (0.5, 3.0)
+
+
+def copies_enabled() -> bool:
+    """``VRAMSHARD_COPY_DRIFT``: off by default until a GPU run has measured what it does to plans."""
+    return switch("VRAMSHARD_COPY_DRIFT", default=False)
+
+
+def copies_corrected(profile: Profile) -> Profile:
+    """``profile`` with its copies beside CPU work (contended host→device and device→host times) scaled to
+    how fast host→device copies run now beside the CPU reading memory as decode does (``copy_scale``).
+
+    The memory controller serves the CPU and the copy engine both, and how much it leaves the copies
+    moves with the host's state as the CPU's own read does: one H100 machine's copies ran at 55 GB/s
+    beside the profiler's CPU matmuls and at 43 GB/s beside a CPU reading memory (sessions 40 and 51;
+    the profiler's load until session 53 stayed in L3). Timed once per process and profile, on a
+    profile of this machine with GPU data, with ``VRAMSHARD_COPY_DRIFT=on`` (about half a second and
+    the load's cold weights, a few hundred MiB of host memory, while it runs); never priced faster than
+    the profile's copies alone."""
+    if not copies_enabled() or profile.copy_scale != 1.0 or not profile.has_gpu or not is_this_machines(profile) \
+            or not gpu_here():
+        return profile
+    key = ("copies", profile.fingerprint_hash, str(profile.data.get("created", "")))
+    with _LOCK:
+        if key not in _COPIES:
+            _COPIES[key] = measure_copies()
+            log.info("host-to-device copies beside the CPU reading memory: %.1f GB/s now; the profile has %.1f GB/s",
+                     COPY_SIZE / _COPIES[key] / 1e9, COPY_SIZE / profile.transfer_s(COPY_SIZE, "h2d", True) / 1e9)
+        now_s = _COPIES[key]
+    return scaled_copies(profile, now_s)
+
+
+def scaled_copies(profile: Profile, now_s: float) -> Profile:
+    """``profile`` with ``copy_scale`` set so that its contended ``COPY_SIZE`` host→device copy takes
+    ``now_s``, within :data:`COPY_LIMITS` and no faster than its copy alone; the profile itself within
+    :data:`TOLERANCE`."""
+    profiled = profile.transfer_s(COPY_SIZE, "h2d", contended=True)
+    scale = max(now_s / profiled, profile.transfer_s(COPY_SIZE, "h2d") / profiled)
+    scale = min(max(scale, COPY_LIMITS[0]), COPY_LIMITS[1])
+    if abs(math.log(scale)) <= math.log1p(TOLERANCE):
+        return profile
+    log.info("planning with the profile's copies beside CPU work x%.2f (timed beside the CPU reading memory now)",
+             scale)
+    return profile.calibrated(copy_scale=scale)
+
+
+def gpu_here() -> bool:
+    """Whether this process has a CUDA GPU to time copies to."""
+    return torch.cuda.is_available()
+
+
+def measure_copies() -> float:
+    """Seconds of one ``COPY_SIZE`` pinned host→device copy while the CPU reads memory as decode does
+    (:func:`~vramshard.profile.contention.cpu_load`; the median of the copies timed)."""
+    from .bench_transfer import measure_transfers
+    from .contention import cpu_load
+    from .progress import ProgressSink
+
+    with cpu_load():
+        time.sleep(0.05)  # (the load's first products)
+        table = measure_transfers([COPY_SIZE], "h2d", budget_s=0.2, progress=ProgressSink(), label="h2d beside the CPU",
+                                  weight=1.0)
+    return table["seconds"][0]
+
+
 def forget() -> None:
     """Drop this process's checks (tests; a machine whose load changed): the next engine times again."""
     with _LOCK:
         _CHECKED.clear()
+        _COPIES.clear()

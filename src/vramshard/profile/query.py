@@ -94,6 +94,7 @@ class Profile:
         # Split dense FFNs' CPU parts by rows as measured in the engine's steps, on top of cpu_rows
         self.split_rows: tuple[tuple[int, float], ...] = ()
         self.dispatch_scale = 1.0  # the host's cost of dispatching GPU work, as fitted in the engine's steps
+        self.copy_scale = 1.0  # copies beside CPU work (contended transfers) as timed on this host now
         self.thread_limit: int | None = None  # the most CPU threads the engine may use (see limited_to)
 
     # --- construction -------------------------------------------------------------------
@@ -115,7 +116,7 @@ class Profile:
 
     def calibrated(self, cpu_scale: float = 1.0, split_part_scale: float = 1.0,
                    cpu_rows: dict[int, float] | None = None, dispatch_scale: float = 1.0,
-                   split_rows: dict[int, float] | None = None) -> "Profile":
+                   split_rows: dict[int, float] | None = None, copy_scale: float = 1.0) -> "Profile":
         """This profile fitted to the engine's measured steps (:mod:`vramshard.plan.calibrate`): CPU
         compute times (matmuls, attention, the compiled pass over host experts) ``cpu_scale`` times
         longer, and a split FFN's CPU part (:meth:`split_part_factor`) ``split_part_scale`` times
@@ -123,12 +124,13 @@ class Profile:
         top of the factor the profile already had there (:meth:`cpu_row_factor`). ``dispatch_scale``:
         the host's cost of dispatching GPU work (:meth:`dispatch_s` on "cuda") that many times the
         profile's. ``split_rows``: {rows: factor} on a split FFN's CPU part of that many rows, on top
-        of everything else (:meth:`split_row_factor`). Transfers and the GPU's own times stay as
-        measured; the file is not changed. Factors compose."""
+        of everything else (:meth:`split_row_factor`). ``copy_scale``: copies beside CPU work (contended
+        transfers) that many times the profile's (:func:`vramshard.profile.drift.copies_corrected`). Copies
+        alone and the GPU's own times stay as measured; the file is not changed. Factors compose."""
         rows = dict(cpu_rows or {})
         split = dict(split_rows or {})
         for name, value in (("cpu_scale", cpu_scale), ("split_part_scale", split_part_scale),
-                            ("dispatch_scale", dispatch_scale),
+                            ("dispatch_scale", dispatch_scale), ("copy_scale", copy_scale),
                             *((f"the factor at {m} rows", f) for m, f in rows.items()),
                             *((f"the split parts' factor at {m} rows", f) for m, f in split.items())):
             if not math.isfinite(value) or value <= 0:
@@ -140,6 +142,7 @@ class Profile:
         clone.cpu_scale = self.cpu_scale * cpu_scale
         clone.split_part_scale = self.split_part_scale * split_part_scale
         clone.dispatch_scale = self.dispatch_scale * dispatch_scale
+        clone.copy_scale = self.copy_scale * copy_scale
         if rows:
             table = dict(self.cpu_rows)
             table.update({m: self.cpu_row_factor(m) * f for m, f in rows.items()})
@@ -166,7 +169,7 @@ class Profile:
         this dict's :meth:`with_fitted_factors` over :meth:`to_dict`."""
         return {"cpu_scale": self.cpu_scale, "split_part_scale": self.split_part_scale,
                 "dispatch_scale": self.dispatch_scale, "cpu_rows": [list(r) for r in self.cpu_rows],
-                "split_rows": [list(r) for r in self.split_rows]}
+                "split_rows": [list(r) for r in self.split_rows], "copy_scale": self.copy_scale}
 
     def with_fitted_factors(self, factors: dict) -> "Profile":
         """This profile with the factors of :meth:`fitted_factors` in place of its own."""
@@ -175,6 +178,7 @@ class Profile:
         clone.dispatch_scale = float(factors["dispatch_scale"])
         clone.cpu_rows = tuple((int(m), float(f)) for m, f in factors["cpu_rows"])
         clone.split_rows = tuple((int(m), float(f)) for m, f in factors["split_rows"])
+        clone.copy_scale = float(factors.get("copy_scale", 1.0))  # (not in the factors stored before session 53)
         return clone
 
     def cpu_row_factor(self, rows: int) -> float:
@@ -283,12 +287,12 @@ class Profile:
     def transfer_s(self, nbytes: int, direction: str = "h2d", contended: bool = False) -> float:
         """Seconds to copy ``nbytes`` between pinned host memory and the GPU.
 
-        ``direction``: "h2d" or "d2h". ``contended``: while the CPU computes.
+        ``direction``: "h2d" or "d2h". ``contended``: while the CPU computes (times ``copy_scale``).
         """
         key = (nbytes, direction, bool(contended))
-        seconds = self._transfers.get(key)
+        seconds = self._transfers.get(key)  # (the curve's time, which clones with other scales share)
         if seconds is not None:  # the planner's simulations ask the same few sizes thousands of times
-            return seconds
+            return seconds * self.copy_scale if contended else seconds
         if direction not in ("h2d", "d2h"):
             raise InvalidInputError(f"transfer direction must be 'h2d' or 'd2h', got {direction!r}")
         self._require_gpu("a PCIe transfer")
@@ -298,7 +302,7 @@ class Profile:
         if curve is None:
             raise ProfileError(f"the profile has no {direction} transfer data; re-run `vramshard profile`")
         seconds = self._transfers[key] = curve(nbytes)
-        return seconds
+        return seconds * self.copy_scale if contended else seconds
 
     def attention_s(
         self, n_new: int, context: int, heads: int, kv_heads: int, head_dim: int, dtype, device,
