@@ -7,7 +7,7 @@
 source benchmarks/gpu_session/setup.sh || exit 1
 timeout 60 python3 -m benchmarks.copy_contention --seconds 1 > $OUT/copy_contention.log 2>&1
 echo "copy_contention rc $?"; grep -E "bound|copies" $OUT/copy_contention.log | cut -c1-200
-timeout 120 python3 -m pytest -m gpu -q -rfEs --tb=short -p no:cacheprovider tests/test_profile.py tests/test_drift.py \
+timeout ${TESTS_S:-120} python3 -m pytest -m gpu -q -rfEs --tb=short -p no:cacheprovider tests/test_profile.py tests/test_drift.py \
   > $OUT/pytest_gpu_profile.txt 2>&1
 echo "profile/drift tests rc $?"; tail -2 $OUT/pytest_gpu_profile.txt
 grep -E "^(FAILED|ERROR)" $OUT/pytest_gpu_profile.txt | cut -c1-250
