@@ -496,6 +496,7 @@ def test_gpu_profile_round_trip(tmp_path):
     assert loaded.matmul_s(64, 512, 512, "fp32", "cpu", contended=True) > 0
     summary = loaded.summary()
     assert summary["transfer_gbps"]["h2d"]["alone"] > 0.5 and "cuda" in summary["matmul_peak_gflops"]
+    assert summary["transfer_gbps"]["h2d"]["cpu_read_beside"] > 0.5
     contended = [t for t in profile.data["matmul"] if t.get("contended")]
     assert contended and all(t["load_h2d_gbps"] > 0.5 for t in contended)
     copies_beside = [t for t in profile.data["transfer"] if t["contended"]]  # and what the CPU read meanwhile
@@ -577,6 +578,19 @@ def test_the_cpu_load_reads_its_weights_from_memory(monkeypatch):
     # (the path's trials, before the load starts, make products of their own)
     assert 0 < reading.nbytes <= len(read) * copy_bytes and reading.nbytes % copy_bytes == 0
     assert reading.gbps > 0
+
+
+def test_the_summary_says_what_the_cpu_read_beside_the_contended_copies():
+    from vramshard.profile.query import Profile
+    from vramshard.profile.synthetic import synthetic_data
+
+    data = synthetic_data(cpu_gflops=400, gpu_gflops=50_000, h2d_gbps=20, cpu_mem_gbps=40, gpu_mem_gbps=900)
+    assert "cpu_read_beside" not in Profile(data).summary()["transfer_gbps"]["h2d"]  # (profiles before session 53)
+    for table in data["transfer"]:
+        if table["contended"]:
+            table["load_cpu_gbps"] = 33.3 if table["direction"] == "h2d" else 31.0
+    pcie = Profile(data).summary()["transfer_gbps"]
+    assert pcie["h2d"]["cpu_read_beside"] == 33.3 and pcie["d2h"]["cpu_read_beside"] == 31.0
 
 
 def test_cold_copies_span_twice_the_last_level_cache(monkeypatch):

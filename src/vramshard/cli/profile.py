@@ -132,10 +132,12 @@ def print_summary(console, profile, path) -> None:
     console.print(peaks)
     if summary["transfer_gbps"]:
         pcie = Table(title="PCIe GB/s (pinned)")
-        for column in ("direction", "alone", "CPU busy"):
+        for column in ("direction", "alone", "CPU busy", "CPU read meanwhile"):
             pcie.add_column(column, justify="right")
         for direction, per in summary["transfer_gbps"].items():
-            pcie.add_row(direction, f"{per.get('alone', 0):.1f}", f"{per.get('contended', 0):.1f}")
+            beside = per.get("cpu_read_beside")
+            pcie.add_row(direction, f"{per.get('alone', 0):.1f}", f"{per.get('contended', 0):.1f}",
+                         f"{beside:.1f}" if beside else "-")
         console.print(pcie)
     else:
         console.print("  no GPU: CPU-only profile")

@@ -462,7 +462,7 @@ class Profile:
     def summary(self) -> dict:
         """Main figures: peak GFLOP/s per device and dtype (the median of the PEAK_POINTS fastest
         points of its table; ``matmul_fastest_point_gflops``: the fastest one), PCIe GB/s alone and
-        under CPU load, dispatch µs, thread counts. Plain JSON-able dict."""
+        under CPU load (with what the CPU read meanwhile, ``cpu_read_beside``, where recorded), dispatch µs, thread counts. Plain JSON-able dict."""
         peaks: dict[str, dict[str, float]] = {}
         fastest: dict[str, dict[str, float]] = {}
         for (device, dtype, threads, contended), table in self._matmul.items():
@@ -479,6 +479,9 @@ class Profile:
         for (direction, contended), curve in self._transfer.items():
             best = max(b / t / 1e9 for b, t in zip(curve.xs, curve.seconds))
             transfer.setdefault(direction, {})["contended" if contended else "alone"] = best
+        for table in self.data["transfer"]:  # what the CPU read beside the contended copies (since session 53)
+            if table.get("contended") and table.get("load_cpu_gbps"):
+                transfer[table["direction"]]["cpu_read_beside"] = float(table["load_cpu_gbps"])
         return {
             "matmul_peak_gflops": peaks,
             "matmul_fastest_point_gflops": fastest,
