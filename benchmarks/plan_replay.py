@@ -66,7 +66,8 @@ def copies(args) -> None:
 
     model = shape_model("llama3-8b")
     stored = load_profile(args.profile)
-    for label, gbps in (("as stored", None), (f"copies beside CPU work at {args.copies_gbps:g} GB/s", args.copies_gbps)):
+    cases = (("as stored", None), (f"copies beside CPU work at {args.copies_gbps:g} GB/s", args.copies_gbps))
+    for label, gbps in cases:
         data = copy.deepcopy(stored.data)
         if gbps:
             for table in data["transfer"]:
@@ -78,9 +79,9 @@ def copies(args) -> None:
             step = Estimator(model, profile).simulate(tier.placement, 1, 1088)
             baseline = named_placement(f"layers:{layers}", sublayer_triples(model), model.args.num_hidden_layers)
             base = Estimator(model, profile).simulate(baseline, 1, 1088)
-            print(f"{label}: {gib} GiB tier 1 {tier.family} {tier.predicted_s * 1e3:.1f} ms (CPU {step.cpu_busy * 1e3:.1f}, "
-                  f"copies {step.copy_busy * 1e3:.1f}, {step.bytes_streamed / 1e9:.2f} GB streamed); "
-                  f"layers:{layers} {base.seconds * 1e3:.1f} ms")
+            print(f"{label}: {gib} GiB tier 1 {tier.family} {tier.predicted_s * 1e3:.1f} ms "
+                  f"(CPU {step.cpu_busy * 1e3:.1f}, copies {step.copy_busy * 1e3:.1f}, "
+                  f"{step.bytes_streamed / 1e9:.2f} GB streamed); layers:{layers} {base.seconds * 1e3:.1f} ms")
 
 
 def dense(args) -> None:

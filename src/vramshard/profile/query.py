@@ -462,7 +462,8 @@ class Profile:
     def summary(self) -> dict:
         """Main figures: peak GFLOP/s per device and dtype (the median of the PEAK_POINTS fastest
         points of its table; ``matmul_fastest_point_gflops``: the fastest one), PCIe GB/s alone and
-        under CPU load (with what the CPU read meanwhile, ``cpu_read_beside``, where recorded), dispatch µs, thread counts. Plain JSON-able dict."""
+        under CPU load (with what the CPU read meanwhile, ``cpu_read_beside``, where recorded), dispatch
+        µs, thread counts. Plain JSON-able dict."""
         peaks: dict[str, dict[str, float]] = {}
         fastest: dict[str, dict[str, float]] = {}
         for (device, dtype, threads, contended), table in self._matmul.items():
