@@ -80,11 +80,11 @@ def cpu_load(k: int = 4096, n: int = 14336, dtype: str = "bf16"):
     every weight from memory once. Yields a :class:`LoadRate` with the weight bytes it read and the
     seconds taken.
 
-    Until session 53 this was an fp32 ``[16, 4096] @ [4096, 14336]`` over one weight of 235 MB, which
-    an L3 of 300 MiB (:mod:`~vramshard.profile.bench_matmul`'s note) can keep: the H100 and H200
-    profiles priced host→device copies at 55 GB/s beside it as alone, where engine_bench's shared
-    read (``benchmarks.common.shared_read_bandwidth``) saw them at 43 GB/s beside the CPU reading
-    memory (``benchmarks.copy_contention`` times both loads).
+    Until session 53 this was an fp32 ``[16, 4096] @ [4096, 14336]`` over one weight of 235 MB: the H100
+    and H200 profiles priced host→device copies beside it at their alone rate (55 GB/s). On an H100 machine
+    (``benchmarks.copy_contention``, docs/BENCHMARKS.md, forty-eighth GPU session) copies ran 0.4-0.8%
+    slower beside that load (22.8 GB/s of weight read) and 8-10% slower beside this one (92.1 GB/s read),
+    near the 48.9 GB/s they kept beside the CPU summing memory.
     """
     import torch
 

@@ -159,13 +159,13 @@ def copies_corrected(profile: Profile) -> Profile:
     """``profile`` with its copies beside CPU work (contended host→device and device→host times) scaled to
     how fast host→device copies run now beside the CPU reading memory as decode does (``copy_scale``).
 
-    The memory controller serves the CPU and the copy engine both, and how much it leaves the copies
-    moves with the host's state as the CPU's own read does: one H100 machine's copies ran at 55 GB/s
-    beside the profiler's CPU matmuls and at 43 GB/s beside a CPU reading memory (sessions 40 and 51;
-    the profiler's load until session 53 stayed in L3). Timed once per process and profile, on a
-    profile of this machine with GPU data, with ``VRAMSHARD_COPY_DRIFT=on`` (about half a second and
-    the load's cold weights, a few hundred MiB of host memory, while it runs); never priced faster than
-    the profile's copies alone."""
+    The memory controller serves the CPU and the copy engine both, and how much it leaves the copies moves with
+    the host's state as the CPU's own read does: H100 machines' copies kept 43 GB/s beside a CPU reading memory
+    in session 51's run and 48.9 GB/s in session 53's, against 55 alone; profiles made before session 53 priced
+    them at 55 beside the CPU too (their CPU load hardly read memory). Timed once per process and profile, on a
+    profile of this machine with GPU data, with ``VRAMSHARD_COPY_DRIFT=on`` (about half a second and the load's
+    cold weights, a few hundred MiB of host memory, while it runs); never priced faster than the profile's
+    copies alone."""
     if not copies_enabled() or profile.copy_scale != 1.0 or not profile.has_gpu or not is_this_machines(profile) \
             or not gpu_here():
         return profile
