@@ -69,4 +69,8 @@ echo "profile ${PROFILE:-docs/profiles/h200-run26b.json}"
 # (The device's copy may carry the .git of an earlier commit than its files: the files changed since it follow.)
 { git log --oneline -1; git status --short --untracked-files=no | head -40; } > "$OUT/commit.txt" 2>/dev/null || true
 # Which machine ran the call (calls of one session may get different ones with one fingerprint).
-{ hostname; cat /proc/sys/kernel/random/boot_id; nproc; grep -m1 "model name" /proc/cpuinfo; } > "$OUT/machine.txt" 2>/dev/null || true
+# The CPU's matrix instructions too: hosts of one fingerprint differ there (bf16 products at 64 rows ran 3.5x
+# slower on session 53's host than on the one profiled in session 40).
+{ hostname; cat /proc/sys/kernel/random/boot_id; nproc; grep -m1 "model name" /proc/cpuinfo;
+  grep -m1 -ow "flags.*" /proc/cpuinfo | tr ' ' '\n' | grep -E "^(amx|avx512_bf16|avx512_fp16|avx512f$)" | sort -u | tr '\n' ' ';
+  echo; lscpu 2>/dev/null | grep -E "^(Thread|Core|Socket|L3|Model:|CPU family)"; } > "$OUT/machine.txt" 2>/dev/null || true
