@@ -157,14 +157,17 @@ def shared_read_bandwidth(nbytes: int = 2**31, seconds: float = 1.0) -> dict:
 
 
 def scaled_to_this_host(profile, source: str, dtype=None) -> tuple[object, str]:
-    """``profile`` with its CPU side scaled to the host's memory read now, as an engine scales it when
-    it loads (:func:`vramshard.profile.drift.corrected`, ``dtype`` the model's), and ``source`` (where
-    it came from) saying by how much."""
+    """``profile`` with its CPU side scaled to the host's memory read and compute now, as an engine scales
+    it when it loads (:func:`vramshard.profile.drift.corrected`, ``dtype`` the model's), and ``source``
+    (where it came from) saying by how much."""
     from vramshard.profile import drift
 
     scaled = drift.corrected(profile, dtype)
     if scaled.cpu_scale != 1.0:
         source += f" (CPU times x{scaled.cpu_scale:.2f}: the host's memory read now)"
+    if scaled.compute_rows:
+        source += " (CPU compute by rows x" + ", x".join(f"{f:.2f} at {m}" for m, f in scaled.compute_rows) + \
+            ": the host's products now)"
     return scaled, source
 
 

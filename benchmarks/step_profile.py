@@ -14,7 +14,8 @@ weights (``VRAMSHARD_CPU_PACKED``); ``NAME+zerocopy`` has the GPU read host-memo
 (``VRAMSHARD_EXPERTS_ZERO_COPY``, e.g. ``experts-cpu+zerocopy``; ``+zerocopy+share`` has the CPU
 compute the share of them that the profile balances against the kernels, ``+share=0.4`` a given
 share). ``planned:G`` is the planner's plan for the step's tier
-(``--seqs`` rows, default 1) at a budget of G GiB on the ``--profile`` machine profile (its
+(``--seqs`` rows, default 1) at a budget of G GiB on the ``--profile`` machine profile, scaled to the
+host's memory read and CPU compute now as an engine scales it (its
 predicted step time is printed beside the measured one; ``planned:G@T`` runs it with T CPU
 threads; ``planned:G/FAMILY`` the placement it found for that family, e.g. ``planned:8/split``).
 For each it prints one line of totals per decode step — wall ms, GPU kernel ms (memcpy excluded),
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import logging
 import resource
 import time
@@ -48,7 +50,7 @@ from vramshard.runtime.executor import Executor
 from vramshard.runtime.host_weights import HostLayouts, pack_model
 from vramshard.shapes import random_weights, shape_config
 
-from .common import hardware, now, sync, write_json
+from .common import hardware, now, scaled_to_this_host, sync, write_json
 
 log = logging.getLogger("step_profile")
 GiB = 2**30
@@ -97,6 +99,15 @@ def step_split(prof, steps: int) -> dict:
             "launches": launches / steps, "aten_ops": aten / steps}
 
 
+@functools.cache
+def planning_profile(path: str, dtype) -> object:
+    """The profile at ``path`` scaled to this host's memory read and CPU compute now, as an engine plans
+    with it (:func:`benchmarks.common.scaled_to_this_host`); once per process."""
+    profile, source = scaled_to_this_host(load(path, check_fingerprint=False), path, dtype)
+    log.info("planning from %s", source)
+    return profile
+
+
 def planned_executor(model, host: HostLayouts, spec: str, args, result: dict) -> Executor:
     """The planner's plan for the ``--seqs`` tier at ``planned:G`` GiB, under that budget
     (``planned:G@T``: run with T CPU threads instead of the plan's count; ``planned:G/FAMILY``: the
@@ -105,7 +116,7 @@ def planned_executor(model, host: HostLayouts, spec: str, args, result: dict) ->
     gib, _, forced = spec.split(":", 1)[1].removesuffix("+graphs").partition("@")
     gib, _, family = gib.partition("/")
     budget = int(float(gib) * GiB)
-    profile = load(args.profile, check_fingerprint=False)
+    profile = planning_profile(args.profile, model.dtype)
     rows = args.seqs
     plan = Planner(model, profile, budget, context=rows * (args.ctx + 64), tiers=Tiers((rows,))).plan()
     tier = plan.tiers[rows]
@@ -155,7 +166,7 @@ def profile_placement(model, host: HostLayouts, spec: str, args) -> dict:
     executor = make_executor(model, host, spec, args, result)
     if share or result["placement"].endswith("+share"):
         executor.zero_copy_cpu_share = float(share.removeprefix("=")) if share else \
-            balanced_zero_copy_share(model, load(args.profile, check_fingerprint=False))
+            balanced_zero_copy_share(model, planning_profile(args.profile, model.dtype))
         result["zero_copy_cpu_share"] = executor.zero_copy_cpu_share
     rows = args.seqs
     kv = executor.new_kv_cache(rows, args.ctx + 64)

@@ -16,6 +16,7 @@ from vramshard.profile.query import Profile
 from vramshard.profile.synthetic import synthetic_data
 
 GB = 1e9
+REAL_MEASURE_COMPUTE = drift.measure_compute
 
 
 def this_machines(read_gb_s: float | None, gpu: bool = True) -> Profile:
@@ -31,8 +32,10 @@ def this_machines(read_gb_s: float | None, gpu: bool = True) -> Profile:
 
 
 @pytest.fixture(autouse=True)
-def fresh_checks():
+def fresh_checks(monkeypatch):
+    """Every test starts with no checks made, and without the compute check (its own tests fake or make it)."""
     drift.forget()
+    monkeypatch.setattr(drift, "measure_compute", lambda profile, dtype: None)
     yield
     drift.forget()
 
@@ -239,6 +242,131 @@ def test_the_benchmarks_plan_from_the_profile_scaled_as_an_engine_would(tmp_path
     foreign = save(Profile(data), tmp_path / "foreign.json")
     profile, source = planner_profile(str(foreign), {}, set())
     assert profile.cpu_scale == 1.0 and "another machine's" in source
+
+
+# --- CPU compute of many rows (VRAMSHARD_COMPUTE_DRIFT) -------------------------------------------------
+
+@pytest.fixture
+def computes_now(monkeypatch):
+    """The host's CPU product now over the profile's, by rows, set by the test; counts the timings."""
+    state = {"factors": {16: 1.0, 64: 1.0, 512: 1.0}, "calls": 0}
+
+    def fake(profile, dtype):
+        state["calls"] += 1
+        k, n = 4096, 14336
+        profiled = {m: profile.matmul_s(m, k, n, dtype, "cpu") for m in state["factors"]}
+        now = {m: profiled[m] * f for m, f in state["factors"].items()}
+        return drift.ComputeDrift((k, n), dtype, profiled, now, 0.0)
+
+    monkeypatch.setattr(drift, "measure_compute", fake)
+    return state
+
+
+def test_a_host_computing_many_rows_slower_prices_those_rows_slower_and_one_row_by_its_read(reads_now, computes_now):
+    profile = this_machines(40.0)  # the host reads as profiled
+    computes_now["factors"] = {16: 1.05, 64: 3.0, 512: 2.0}
+    scaled = drift.corrected(profile)
+    assert scaled.cpu_scale == 1.0 and dict(scaled.compute_rows) == pytest.approx({16: 1.05, 64: 3.0, 512: 2.0})
+    assert not scaled.cpu_rows  # (kept apart from what the engine fits)
+    for m, factor in ((1, 1.0), (4, 1.0), (8, 1.05), (16, 1.05), (32, 2.025), (64, 3.0), (512, 2.0), (2048, 2.0)):
+        assert scaled.matmul_s(m, 4096, 4096, "bf16", "cpu") == \
+            pytest.approx(factor * profile.matmul_s(m, 4096, 4096, "bf16", "cpu")), m
+    assert scaled.attention_s(64, 1024, 32, 8, 128, "bf16", "cpu") == \
+        pytest.approx(3.0 * profile.attention_s(64, 1024, 32, 8, 128, "bf16", "cpu"))
+    assert scaled.matmul_s(64, 4096, 4096, "bf16", "cuda") == profile.matmul_s(64, 4096, 4096, "bf16", "cuda")
+    assert drift.corrected(profile).compute_rows == scaled.compute_rows and computes_now["calls"] == 1  # once
+    assert drift.corrected(scaled) is scaled  # not twice
+
+
+def test_the_compute_factors_are_beyond_the_reads_scale_and_within_their_limits(reads_now, computes_now):
+    """Within TOLERANCE everywhere, none; else every row timed (rows between them interpolate)."""
+    reads_now["bps"] = 20 * GB  # the host reads at half the profile's rate: CPU times x2 already
+    computes_now["factors"] = {16: 2.1, 64: 6.0, 512: 100.0}
+    scaled = drift.corrected(this_machines(40.0))
+    assert scaled.cpu_scale == pytest.approx(2.0)
+    assert dict(scaled.compute_rows) == pytest.approx({16: 1.05, 64: 3.0, 512: drift.COMPUTE_LIMITS[1]})
+    assert scaled.matmul_s(64, 4096, 4096, "bf16", "cpu") == \
+        pytest.approx(6.0 * this_machines(40.0).matmul_s(64, 4096, 4096, "bf16", "cpu"))
+    drift.forget()
+    computes_now["factors"] = {16: 2.1, 64: 1.9, 512: 2.15}
+    assert not drift.corrected(this_machines(40.0)).compute_rows
+
+
+def test_the_engines_fit_composes_with_the_compute_factors_and_both_travel(reads_now, computes_now):
+    from vramshard.plan import calibrate
+    from vramshard.runtime.plan_wire import profile_from_wire, profile_to_wire
+
+    computes_now["factors"] = {16: 1.0, 64: 2.0, 512: 1.0}
+    scaled = drift.corrected(this_machines(40.0))
+    fitted = scaled.calibrated(cpu_rows={64: 1.5})
+    assert dict(fitted.cpu_rows) == {64: 1.5} and fitted.cpu_row_factor(64) == pytest.approx(3.0)
+    assert fitted.cpu_row_factor(512) == pytest.approx(1.0)  # (the fit at 64 rows is not a prompt chunk's)
+    assert fitted.fitted_row_factor(64) == pytest.approx(1.5)
+    assert dict(fitted.calibrated(cpu_rows={64: 2.0}).cpu_rows) == pytest.approx({64: 3.0})
+    wired = profile_from_wire(profile_to_wire(fitted))
+    assert wired.compute_rows == fitted.compute_rows and wired.cpu_rows == fitted.cpu_rows
+    old = {k: v for k, v in fitted.fitted_factors().items() if k != "compute_rows"}  # stored before session 54
+    assert fitted.with_fitted_factors(old).compute_rows == ()
+    # What an earlier engine fitted applies on top of the host's compute (not in place of it).
+    calibrate.forget_learned()
+    try:
+        calibrate.learn(fitted, torch.bfloat16)
+        again = calibrate.with_learned(scaled, torch.bfloat16)
+        assert again.cpu_row_factor(64) == pytest.approx(3.0) and dict(again.cpu_rows) == {64: 1.5}
+    finally:
+        calibrate.forget_learned()
+    with pytest.raises(Exception, match="compute factor"):
+        scaled.calibrated(compute_rows={64: -1.0})
+
+
+def test_read_bound_passes_keep_to_the_reads_scale(reads_now, computes_now):
+    """The C kernel's pass over routed experts reads each expert once: the compute factors leave it alone."""
+    profile = this_machines(40.0)
+    computes_now["factors"] = {16: 3.0, 64: 3.0, 512: 3.0}
+    scaled = drift.corrected(profile)
+    assert scaled.compute_rows
+    for rows in (1, 16, 64):
+        assert scaled.host_experts_rate("bf16", rows) == profile.host_experts_rate("bf16", rows)
+
+
+@pytest.mark.parametrize("switch", ["VRAMSHARD_COMPUTE_DRIFT", "VRAMSHARD_DRIFT_CHECK"])
+def test_the_compute_check_switched_off_times_nothing(reads_now, computes_now, monkeypatch, switch):
+    monkeypatch.setenv(switch, "off")
+    computes_now["factors"] = {64: 3.0}
+    assert not drift.corrected(this_machines(40.0)).compute_rows and computes_now["calls"] == 0
+
+
+def test_an_engine_plans_with_the_hosts_compute_now(tiny_model_dir, reads_now, computes_now):
+    computes_now["factors"] = {16: 2.0, 64: 2.0, 512: 2.0}
+    engine = Engine.load(tiny_model_dir("llama"), vram="512MiB", simulate_gpu=True, profile=this_machines(40.0),
+                         max_context=128)
+    assert dict(engine.budget.settings.profile.compute_rows) == pytest.approx({16: 2.0, 64: 2.0, 512: 2.0})
+    assert len(engine.generate([[1, 2, 3]], max_new_tokens=2)[0]) == 2
+
+
+def test_the_compute_timing_is_real_and_finds_a_profile_that_claimed_faster_products(monkeypatch):
+    """Not faked: a profile whose table says this host multiplied its products three times faster than it
+    does now is priced about three times slower at those rows (CI's noise allows 1.5x either way)."""
+    from vramshard.profile.bench_matmul import measure_matmul
+    from vramshard.profile.progress import ProgressSink
+
+    monkeypatch.setattr(drift, "COMPUTE_ELEMENTS", 2048 * 2048)
+    monkeypatch.setattr(drift, "COMPUTE_ROWS", (16, 64))
+    monkeypatch.setattr(drift, "measure_compute", REAL_MEASURE_COMPUTE)
+    profile = this_machines(None)
+    data = copy.deepcopy(profile.data)
+    (table,) = [t for t in data["matmul"] if t["device"] == "cpu" and t["dtype"] == "bf16"
+                and t["threads"] == profile.default_threads and not t["contended"]]
+    k, n = max((tuple(s) for s in table["shapes"] if s[0] * s[1] <= 2048 * 2048), key=lambda s: (s[0] * s[1], s))
+    here = measure_matmul("cpu", "bf16", [(k, n)], [16, 64], budget_s=0.05, cap_s=float("inf"),
+                          progress=ProgressSink(), label="here", weight=1.0)["seconds"][0]
+    row = table["shapes"].index([k, n])
+    for m, seconds in zip((16, 64), here):
+        table["seconds"][row][table["m"].index(m)] = seconds / 3
+    timed = drift.measure_compute(Profile(data), "bf16")
+    assert timed.shape == (k, n) and set(timed.now_s) == {16, 64}
+    for m, factor in timed.factors().items():
+        assert 2.0 < factor < 4.5, (m, factor)
 
 
 # --- copies beside CPU work (VRAMSHARD_COPY_DRIFT) -----------------------------------------------------

@@ -225,7 +225,7 @@ def _kernel_pass_s(profile: Profile, moe: MoEFFN, rows: int, contended: bool, th
     one = (profile.matmul_s(1, moe.hidden, 2 * moe.intermediate, dtype, "cpu", threads, contended)
            + profile.matmul_s(1, moe.intermediate, moe.hidden, dtype, "cpu", threads, contended))
     if rows > 1 and profile.cpu_rows:  # (the tables are one row's: the engine's fit at these rows instead)
-        one *= profile.cpu_row_factor(rows) / profile.cpu_row_factor(1)
+        one *= profile.fitted_row_factor(rows) / profile.fitted_row_factor(1)  # (read-bound: not compute_rows)
     return moe.expected_experts_touched(rows) * one
 
 

@@ -14,8 +14,15 @@ docs/BENCHMARKS.md, session 24), that scaling took the steps priced within 15% f
 CPU-computing baselines' from 43 to 52 of 73. The GPU side, PCIe included, repeats within 2%
 between profiles and is left as measured.
 
-One scale for all CPU work: prompt tiers are compute-bound rather than read-bound, and the
-engine's own fit of its measured steps (:mod:`vramshard.plan.calibrate`) corrects them by rows.
+Steps of many rows are bound by the CPU's arithmetic rather than its read, and hosts that read alike
+can compute far apart: the H100 machines share one fingerprint, and the profile measured in session 40
+multiplied bf16 ``[64, 4096] @ [4096, 14336]`` at 7.3 TFLOP/s where session 53's host, reading at 0.57x
+its rate, ran the same step's CPU work at about 2 TFLOP/s (3.5x the profile's time, 2x what the read
+alone allowed for). So the check also times one of the profile's own CPU products at :data:`COMPUTE_ROWS`
+rows (:func:`measure_compute`, a fraction of a second) and prices CPU compute of those rows by what it
+finds beyond the read's scale (``compute_rows``, :meth:`~vramshard.profile.query.Profile.calibrated`);
+the engine's own fit of its measured steps (:mod:`vramshard.plan.calibrate`) corrects what is left.
+``VRAMSHARD_COMPUTE_DRIFT=off`` keeps to the read's scale.
 
 It runs once per process for each profile, only on a profile of this machine that recorded its
 read bandwidth (same fingerprint; not a synthetic one; not one already scaled).
@@ -33,9 +40,10 @@ from dataclasses import dataclass
 import torch
 
 from ..env import switch
+from ..errors import ProfileError
 from .bench_memory import measure_cpu_read
 from .fingerprint import fingerprint_hash, machine_fingerprint
-from .query import Profile
+from .query import KERNEL_ROWS, Profile, dtype_name
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +68,42 @@ class Drift:
         return self.profiled_bps / self.now_bps
 
 
+@dataclass(frozen=True)
+class ComputeDrift:
+    """Seconds of one ``[rows, K] @ [K, N]`` CPU product (``shape`` = (K, N), ``dtype``, all threads) in
+    the profile's table and as timed now, by rows; and the check's wall time."""
+
+    shape: tuple[int, int]
+    dtype: str
+    profiled_s: dict[int, float]
+    now_s: dict[int, float]
+    took_s: float
+
+    def factors(self) -> dict[int, float]:
+        """{rows: now / profiled}: above 1, the host computes that many rows slower now."""
+        return {m: self.now_s[m] / self.profiled_s[m] for m in self.now_s}
+
+
+# The rows timed: a decode-sized step's torch paths (a few sequences, DECODE_ROWS of them) and a prompt
+# chunk's; rows the C kernel computes (KERNEL_ROWS and fewer) read their weights and follow the read.
+COMPUTE_ROWS = (16, 64, 512)
+COMPUTE_ELEMENTS = 64 * 2**20  # the largest weight timed: an 8B model's FFN projection (4096 x 14336)
+COMPUTE_BUDGET_S = 0.03  # per row count (the weight's making and its cold copies come on top)
+COMPUTE_LIMITS = (1 / 8, 8.0)  # beyond the read's scale; wider than LIMITS: the same product, timed here
+
 _CHECKED: dict[tuple[str, str], Drift] = {}  # (fingerprint hash, created) -> drift
+_COMPUTED: dict[tuple[str, str, str], ComputeDrift | None] = {}  # (fingerprint hash, created, dtype) -> timing
 _COPIES: dict[tuple[str, str, str], float] = {}  # ("copies", fingerprint hash, created) -> seconds of the copy now
 _LOCK = threading.Lock()
 
 
 def enabled() -> bool:
     return switch("VRAMSHARD_DRIFT_CHECK", default=True)
+
+
+def compute_enabled() -> bool:
+    """``VRAMSHARD_COMPUTE_DRIFT`` (on unless ``VRAMSHARD_DRIFT_CHECK`` is off): time CPU compute too."""
+    return enabled() and switch("VRAMSHARD_COMPUTE_DRIFT", default=True)
 
 
 def is_this_machines(profile: Profile) -> bool:
@@ -94,9 +131,11 @@ def measure(profile: Profile, budget_s: float = BUDGET_S) -> Drift | None:
 def corrected(profile: Profile, dtype=None) -> Profile:
     """``profile`` with its CPU compute scaled to how fast this host reads memory now (see the
     module), no further than its one-row products of ``dtype`` (the model's; None: any) allow
-    (:func:`read_floor`); the profile itself where the check does not apply or finds it within
+    (:func:`read_floor`), and its compute of many rows to how fast the host computes them now
+    (:func:`compute_factors`); the profile itself where the check does not apply or finds it within
     :data:`TOLERANCE`."""
-    if not enabled() or profile.cpu_scale != 1.0 or not profile.cpu_read_bps or not is_this_machines(profile):
+    if not enabled() or profile.cpu_scale != 1.0 or profile.cpu_rows or profile.compute_rows \
+            or not profile.cpu_read_bps or not is_this_machines(profile):
         return profile
     key = (profile.fingerprint_hash, str(profile.data.get("created", "")))
     with _LOCK:  # once per process and profile: engines built later reuse it
@@ -108,8 +147,18 @@ def corrected(profile: Profile, dtype=None) -> Profile:
             log.info("host memory read %.1f GB/s now, %.1f GB/s when profiled (checked in %.2f s)",
                      drift.now_bps / 1e9, drift.profiled_bps / 1e9, drift.took_s)
         drift = _CHECKED[key]
-    if abs(math.log(drift.scale)) <= math.log1p(TOLERANCE):
+    scale = read_scale(profile, drift, dtype)
+    rows = compute_factors(profile, dtype, scale)
+    if scale == 1.0 and not rows:
         return profile
+    return profile.calibrated(cpu_scale=scale, compute_rows=rows or None)
+
+
+def read_scale(profile: Profile, drift: Drift, dtype=None) -> float:
+    """The scale on ``profile``'s CPU compute that ``drift`` (the host's read then and now) asks for: 1
+    within :data:`TOLERANCE`, clamped to :data:`LIMITS`, no faster than :func:`read_floor`."""
+    if abs(math.log(drift.scale)) <= math.log1p(TOLERANCE):
+        return 1.0
     scale = min(max(drift.scale, LIMITS[0]), LIMITS[1])
     if scale != drift.scale:
         log.warning("the host reads memory at x%.2f the profile's rate now; planning with CPU times x%.2f. "
@@ -122,13 +171,74 @@ def corrected(profile: Profile, dtype=None) -> Profile:
                  "products already read their weights at %.1f GB/s, and the host reads %.1f GB/s now",
                  "as measured" if within else f"x{floor:.2f}", scale, profile.one_row_read_bps(dtype) / 1e9,
                  drift.now_bps / 1e9)
-        if within:
-            return profile
-        scale = floor
-    elif scale == drift.scale:
+        return 1.0 if within else floor
+    if scale == drift.scale:
         log.info("planning with the profile's CPU times x%.2f (the host reads memory %s now than when profiled)",
                  scale, "slower" if scale > 1 else "faster")
-    return profile.calibrated(cpu_scale=scale)
+    return scale
+
+
+def compute_factors(profile: Profile, dtype, scale: float) -> dict[int, float]:
+    """{rows: factor} on ``profile``'s CPU compute of that many rows beyond ``scale`` (the read's): this
+    host's time of the profile's product now over the table's (:func:`measure_compute`, once per process,
+    profile and dtype) over ``scale``, within :data:`COMPUTE_LIMITS`; where a row is off by more than
+    :data:`TOLERANCE` (then every row timed, so that rows between them interpolate between what was timed), none
+    where the check is off or the profile has no product to time."""
+    if not compute_enabled():
+        return {}
+    key = (profile.fingerprint_hash, str(profile.data.get("created", "")), _dtype(dtype))
+    with _LOCK:
+        if key not in _COMPUTED:
+            timed = _COMPUTED[key] = measure_compute(profile, key[2])
+            if timed is not None:
+                log.info("CPU %s [rows, %d] @ [%d, %d] now / when profiled, by rows: %s (checked in %.2f s)",
+                         timed.dtype, timed.shape[0], *timed.shape,
+                         ", ".join(f"{m}: {f:.2f}" for m, f in timed.factors().items()), timed.took_s)
+        timed = _COMPUTED[key]
+    if timed is None:
+        return {}
+    rows = {m: min(max(factor / scale, COMPUTE_LIMITS[0]), COMPUTE_LIMITS[1]) for m, factor in timed.factors().items()}
+    if all(abs(math.log(f)) <= math.log1p(TOLERANCE) for f in rows.values()):
+        return {}
+    if rows:
+        log.info("planning with the profile's CPU compute by rows x%s beyond the read's scale (the host computes "
+                 "them so now)", {m: round(f, 2) for m, f in rows.items()})
+    return rows
+
+
+def measure_compute(profile: Profile, dtype: str) -> ComputeDrift | None:
+    """Time the largest weight of ``profile``'s CPU matmul table in ``dtype`` up to :data:`COMPUTE_ELEMENTS`
+    at :data:`COMPUTE_ROWS` rows (those above the C kernel's that the table measured) the way the profiler
+    did (:func:`~vramshard.profile.bench_matmul.measure_matmul`, cold weights, the profile's threads); None
+    where the table has no such shape or rows."""
+    from .bench_matmul import measure_matmul
+    from .progress import ProgressSink
+
+    try:
+        shapes, ms = profile.matmul_grid(dtype, "cpu")
+    except ProfileError:
+        return None
+    rows = [m for m in COMPUTE_ROWS if m in ms and m > KERNEL_ROWS]
+    fitting = [tuple(s) for s in shapes if s[0] * s[1] <= COMPUTE_ELEMENTS]
+    if not rows or not fitting:
+        return None
+    k, n = max(fitting, key=lambda s: (s[0] * s[1], s))
+    started = time.perf_counter()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(profile.default_threads)
+    try:
+        table = measure_matmul("cpu", dtype, [(k, n)], rows, budget_s=COMPUTE_BUDGET_S, cap_s=math.inf,
+                               progress=ProgressSink(), label="CPU compute now", weight=1.0)
+    finally:
+        torch.set_num_threads(threads)
+    now = dict(zip(rows, table["seconds"][0]))
+    profiled = {m: profile.matmul_s(m, k, n, dtype, "cpu") for m in rows}
+    return ComputeDrift((k, n), dtype, profiled, now, time.perf_counter() - started)
+
+
+def _dtype(dtype) -> str:
+    """The dtype whose products the compute check times: the model's, else bf16."""
+    return dtype_name(dtype) if dtype is not None else "bf16"
 
 
 def read_floor(profile: Profile, now_bps: float, dtype=None) -> float:
@@ -216,4 +326,5 @@ def forget() -> None:
     """Drop this process's checks (tests; a machine whose load changed): the next engine times again."""
     with _LOCK:
         _CHECKED.clear()
+        _COMPUTED.clear()
         _COPIES.clear()

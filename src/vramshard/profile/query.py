@@ -91,6 +91,8 @@ class Profile:
         self.split_part_scale = 1.0  # a split FFN's CPU part as fitted to this machine while it runs
         # CPU compute by rows (tokens) as measured in the engine's steps: ((rows, factor), ...) sorted
         self.cpu_rows: tuple[tuple[int, float], ...] = ()
+        # CPU compute by rows as timed on this host when the engine loads (profile/drift.py), beside cpu_rows
+        self.compute_rows: tuple[tuple[int, float], ...] = ()
         # Split dense FFNs' CPU parts by rows as measured in the engine's steps, on top of cpu_rows
         self.split_rows: tuple[tuple[int, float], ...] = ()
         self.dispatch_scale = 1.0  # the host's cost of dispatching GPU work, as fitted in the engine's steps
@@ -116,7 +118,8 @@ class Profile:
 
     def calibrated(self, cpu_scale: float = 1.0, split_part_scale: float = 1.0,
                    cpu_rows: dict[int, float] | None = None, dispatch_scale: float = 1.0,
-                   split_rows: dict[int, float] | None = None, copy_scale: float = 1.0) -> "Profile":
+                   split_rows: dict[int, float] | None = None, copy_scale: float = 1.0,
+                   compute_rows: dict[int, float] | None = None) -> "Profile":
         """This profile fitted to the engine's measured steps (:mod:`vramshard.plan.calibrate`): CPU
         compute times (matmuls, attention, the compiled pass over host experts) ``cpu_scale`` times
         longer, and a split FFN's CPU part (:meth:`split_part_factor`) ``split_part_scale`` times
@@ -125,17 +128,22 @@ class Profile:
         the host's cost of dispatching GPU work (:meth:`dispatch_s` on "cuda") that many times the
         profile's. ``split_rows``: {rows: factor} on a split FFN's CPU part of that many rows, on top
         of everything else (:meth:`split_row_factor`). ``copy_scale``: copies beside CPU work (contended
-        transfers) that many times the profile's (:func:`vramshard.profile.drift.copies_corrected`). Copies
+        transfers) that many times the profile's (:func:`vramshard.profile.drift.copies_corrected`).
+        ``compute_rows``: {rows: factor} on CPU compute of that many rows as this host computes them now
+        against the profile's tables (:func:`vramshard.profile.drift.corrected`), kept apart from the
+        engine's fitted ``cpu_rows`` (:meth:`fitted_row_factor`); :meth:`cpu_row_factor` is both. Copies
         alone and the GPU's own times stay as measured; the file is not changed. Factors compose."""
         rows = dict(cpu_rows or {})
         split = dict(split_rows or {})
+        compute = dict(compute_rows or {})
         for name, value in (("cpu_scale", cpu_scale), ("split_part_scale", split_part_scale),
                             ("dispatch_scale", dispatch_scale), ("copy_scale", copy_scale),
                             *((f"the factor at {m} rows", f) for m, f in rows.items()),
-                            *((f"the split parts' factor at {m} rows", f) for m, f in split.items())):
+                            *((f"the split parts' factor at {m} rows", f) for m, f in split.items()),
+                            *((f"the host's compute factor at {m} rows", f) for m, f in compute.items())):
             if not math.isfinite(value) or value <= 0:
                 raise InvalidInputError(f"{name} must be a positive number, got {value!r}")
-        for what, table in (("cpu_rows", rows), ("split_rows", split)):
+        for what, table in (("cpu_rows", rows), ("split_rows", split), ("compute_rows", compute)):
             if any(not isinstance(m, int) or m < 1 for m in table):
                 raise InvalidInputError(f"{what} are keyed by whole row counts >= 1, got {sorted(table)}")
         clone = copy.copy(self)  # shares the read-only tables
@@ -145,8 +153,12 @@ class Profile:
         clone.copy_scale = self.copy_scale * copy_scale
         if rows:
             table = dict(self.cpu_rows)
-            table.update({m: self.cpu_row_factor(m) * f for m, f in rows.items()})
+            table.update({m: self.fitted_row_factor(m) * f for m, f in rows.items()})
             clone.cpu_rows = tuple(sorted(table.items()))
+        if compute:
+            table = dict(self.compute_rows)
+            table.update({m: _by_rows(self.compute_rows, m) * f for m, f in compute.items()})
+            clone.compute_rows = tuple(sorted(table.items()))
         if split:
             table = dict(self.split_rows)
             table.update({m: self.split_row_factor(m) * f for m, f in split.items()})
@@ -169,7 +181,8 @@ class Profile:
         this dict's :meth:`with_fitted_factors` over :meth:`to_dict`."""
         return {"cpu_scale": self.cpu_scale, "split_part_scale": self.split_part_scale,
                 "dispatch_scale": self.dispatch_scale, "cpu_rows": [list(r) for r in self.cpu_rows],
-                "split_rows": [list(r) for r in self.split_rows], "copy_scale": self.copy_scale}
+                "split_rows": [list(r) for r in self.split_rows], "copy_scale": self.copy_scale,
+                "compute_rows": [list(r) for r in self.compute_rows]}
 
     def with_fitted_factors(self, factors: dict) -> "Profile":
         """This profile with the factors of :meth:`fitted_factors` in place of its own."""
@@ -179,11 +192,20 @@ class Profile:
         clone.cpu_rows = tuple((int(m), float(f)) for m, f in factors["cpu_rows"])
         clone.split_rows = tuple((int(m), float(f)) for m, f in factors["split_rows"])
         clone.copy_scale = float(factors.get("copy_scale", 1.0))  # (not in the factors stored before session 53)
+        clone.compute_rows = tuple((int(m), float(f)) for m, f in factors.get("compute_rows", ()))  # (nor this, 54)
         return clone
 
     def cpu_row_factor(self, rows: int) -> float:
-        """The in-situ factor on CPU compute of ``rows`` rows: interpolated in log rows between the
-        row counts measured (:meth:`calibrated`), the nearest one's beyond them, 1 without any."""
+        """The in-situ factor on CPU compute of ``rows`` rows: the engine's fit (:meth:`fitted_row_factor`)
+        times the host's compute now against the profile's (``compute_rows``), each interpolated in log
+        rows between the row counts measured (:meth:`calibrated`), the nearest one's beyond them, 1
+        without any."""
+        if not (self.cpu_rows or self.compute_rows):
+            return 1.0  # (the planner asks this of every CPU time it prices)
+        return _by_rows(self.cpu_rows, rows) * _by_rows(self.compute_rows, rows)
+
+    def fitted_row_factor(self, rows: int) -> float:
+        """The factor the engine fitted to its own steps on CPU compute of ``rows`` rows (``cpu_rows``)."""
         return _by_rows(self.cpu_rows, rows)
 
     def split_row_factor(self, rows: int) -> float:
@@ -267,7 +289,7 @@ class Profile:
             seconds *= self._thread_ratio(dtype, threads, m, k, n)
         if contended:
             seconds *= self._ratio(("cpu", dtype, self.default_threads, True), full, m, k, n)
-        return seconds * self.cpu_scale * (self.cpu_row_factor(m) if self.cpu_rows else 1.0)
+        return seconds * self.cpu_scale * self.cpu_row_factor(m)
 
     def matmul_grid(self, dtype, device) -> tuple[list[tuple[int, int]], list[int]]:
         """The ``(K, N)`` shapes and the M values the all-cores table of ``dtype`` on ``device``
@@ -324,7 +346,7 @@ class Profile:
             threads = self._check_threads(threads)
             if threads != self.default_threads:
                 seconds *= self._thread_ratio(dtype, threads, max(n_new, 1), 4096, 4096)
-            seconds *= self.cpu_scale * (self.cpu_row_factor(n_new) if self.cpu_rows else 1.0)
+            seconds *= self.cpu_scale * self.cpu_row_factor(n_new)
         return seconds
 
     def split_part_factor(self, dtype) -> float:
@@ -351,8 +373,8 @@ class Profile:
             return None
         section = "host_experts_worker" if on_worker and self.worker_rates_measured and self.data.get(
             "host_experts_worker", {}).get(dtype_name(dtype)) else "host_experts"
-        return self._factor_by_rows(section, dtype, rows) / (
-            self.cpu_scale * (self.cpu_row_factor(rows) if self.cpu_rows else 1.0))
+        return self._factor_by_rows(section, dtype, rows) / (  # (a read-bound pass: not compute_rows)
+            self.cpu_scale * self.fitted_row_factor(rows))
 
     @property
     def worker_rates_measured(self) -> bool:
