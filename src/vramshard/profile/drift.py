@@ -86,7 +86,7 @@ class ComputeDrift:
 
 # The rows timed: a decode-sized step's torch paths (a few sequences, DECODE_ROWS of them) and a prompt
 # chunk's; rows the C kernel computes (KERNEL_ROWS and fewer) read their weights and follow the read.
-COMPUTE_ROWS = (16, 64, 512)
+COMPUTE_ROWS = (8, 16, 64, 512)
 COMPUTE_ELEMENTS = 64 * 2**20  # the largest weight timed: an 8B model's FFN projection (4096 x 14336)
 COMPUTE_BUDGET_S = 0.03  # per row count (the weight's making and its cold copies come on top)
 COMPUTE_LIMITS = (1 / 8, 8.0)  # beyond the read's scale; wider than LIMITS: the same product, timed here
