@@ -346,7 +346,7 @@ def test_an_engine_plans_with_the_hosts_compute_now(tiny_model_dir, reads_now, c
 
 def test_the_compute_timing_is_real_and_finds_a_profile_that_claimed_faster_products(monkeypatch):
     """Not faked: a profile whose table says this host multiplied its products three times faster than it
-    does now is priced about three times slower at those rows (CI's noise allows 1.5x either way)."""
+    does now is priced about three times slower at those rows (CI's noise allows 2x either way)."""
     from vramshard.profile.bench_matmul import measure_matmul
     from vramshard.profile.progress import ProgressSink
 
@@ -366,7 +366,7 @@ def test_the_compute_timing_is_real_and_finds_a_profile_that_claimed_faster_prod
     timed = drift.measure_compute(Profile(data), "bf16")
     assert timed.shape == (k, n) and set(timed.now_s) == {16, 64}
     for m, factor in timed.factors().items():
-        assert 2.0 < factor < 4.5, (m, factor)
+        assert 1.5 < factor < 6.0, (m, factor)
 
 
 # --- copies beside CPU work (VRAMSHARD_COPY_DRIFT) -----------------------------------------------------
