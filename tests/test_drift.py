@@ -320,13 +320,44 @@ def test_the_engines_fit_composes_with_the_compute_factors_and_both_travel(reads
 
 
 def test_read_bound_passes_keep_to_the_reads_scale(reads_now, computes_now):
-    """The C kernel's pass over routed experts reads each expert once: the compute factors leave it alone."""
-    profile = this_machines(40.0)
+    """The C kernel's pass over routed experts reads each expert once: the compute factors leave it alone
+    (the H100 machine's profile, which measured that pass, as if this machine's)."""
+    from pathlib import Path
+
+    from vramshard.profile import load
+
+    data = copy.deepcopy(load(Path(__file__).parent.parent / "docs/profiles/h100-run40.json",
+                              check_fingerprint=False).data)
+    data.update(fingerprint=machine_fingerprint(), fingerprint_hash=fingerprint_hash(machine_fingerprint()))
+    profile = Profile(data)
+    reads_now["bps"] = profile.cpu_read_bps
     computes_now["factors"] = {16: 3.0, 64: 3.0, 512: 3.0}
     scaled = drift.corrected(profile)
-    assert scaled.compute_rows
+    assert scaled.compute_rows and scaled.cpu_scale == 1.0
+    assert scaled.matmul_s(16, 4096, 4096, "bf16", "cpu") == \
+        pytest.approx(3 * profile.matmul_s(16, 4096, 4096, "bf16", "cpu"))
     for rows in (1, 16, 64):
+        assert profile.host_experts_rate("bf16", rows) is not None
         assert scaled.host_experts_rate("bf16", rows) == profile.host_experts_rate("bf16", rows)
+
+
+def test_vramshard_plan_prices_many_rows_by_the_hosts_compute_and_says_so(tmp_path, reads_now, computes_now, capsys):
+    from vramshard.cli.main import main
+    from vramshard.profile import save
+
+    path = save(this_machines(40.0), tmp_path / "profile.json")
+    plans = []
+    for factor in (1.0, 3.0):
+        drift.forget()
+        computes_now["factors"] = {8: factor, 16: factor, 64: factor, 512: factor}
+        assert main(["plan", "--shape", "nemo-8b", "--vram", "4GiB", "--ctx", "1024", "--tiers", "1,16",
+                     "--profile", str(path), "--json"]) == 0
+        plans.append(json.loads(capsys.readouterr().out))
+    same, slower = plans
+    assert not any("CPU compute by rows" in note for note in same["notes"])
+    assert any("CPU compute by rows x3.00 at 8" in note for note in slower["notes"])
+    assert slower["tiers"]["16"]["predicted_ms"] > same["tiers"]["16"]["predicted_ms"]
+    assert slower["tiers"]["1"]["predicted_ms"] == pytest.approx(same["tiers"]["1"]["predicted_ms"])
 
 
 @pytest.mark.parametrize("switch", ["VRAMSHARD_COMPUTE_DRIFT", "VRAMSHARD_DRIFT_CHECK"])
