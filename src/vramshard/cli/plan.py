@@ -57,8 +57,9 @@ def main(args) -> int:
                           f"{'faster' if profile.cpu_scale < 1 else 'slower'} now than when profiled "
                           "(VRAMSHARD_DRIFT_CHECK=off: as measured)")
     if profile.compute_rows:
-        plan.notes.append("profile's CPU compute by rows " + ", ".join(f"x{f:.2f} at {m}" for m, f in profile.compute_rows)
-                          + ": the host's products now (VRAMSHARD_COMPUTE_DRIFT=off: by the read alone)")
+        rows = ", ".join(f"x{f:.2f} at {m}" for m, f in profile.compute_rows)
+        plan.notes.append(f"profile's CPU compute by rows {rows}: the host's products now "
+                          "(VRAMSHARD_COMPUTE_DRIFT=off: by the read alone)")
     if profile.cpu_rows or profile.split_rows or profile.dispatch_scale != 1.0:
         plan.notes.append("with the factors engines fitted on this profile (`vramshard profile --show` lists them)")
     plan.notes.append(host_memory_note(model))
