@@ -2,13 +2,14 @@
 # products at 8, 16, 64 and 512 rows timed against the profile's when an engine loads; VRAMSHARD_COMPUTE_DRIFT):
 # its tests, the planner's tier-64 placements of llama3-8b at 8 GiB family by family with it (step_profile),
 # then llama3-8b at 8 GiB batch 64 against layers:max with the check on and off (ORDER, default "on off").
+# SKIP_TIER=1: not the family comparison (a shorter call: `SKIP_TIER=1 ORDER=on`, ~4 min).
 source benchmarks/gpu_session/setup.sh || exit 1
 timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_drift.py > $OUT/pytest_drift.txt 2>&1
 echo "drift tests rc $?"; tail -1 $OUT/pytest_drift.txt
 timeout 60 python3 -m benchmarks.compute_drift --profile "$PROFILE" --budget-s 0.1 > $OUT/compute_drift.log 2>&1
 echo "compute_drift rc $?"; grep -E "by rows|within" $OUT/compute_drift.log | cut -c1-300
-timeout ${TIER_S:-150} python3 -m benchmarks.step_profile --shape llama3-8b --seqs 64 --ctx 32 --steps 10 --warmup 12 \
-  --placements planned:8/search,planned:8/split,planned:8/dynamic,planned:8/static --rows 5 \
+[ -z "$SKIP_TIER" ] && timeout ${TIER_S:-150} python3 -m benchmarks.step_profile --shape llama3-8b --seqs 64 \
+  --ctx 32 --steps 10 --warmup 12 --placements planned:8/search,planned:8/split,planned:8/dynamic,planned:8/static --rows 5 \
   --profile "$PROFILE" --json $OUT/tier64.json > $OUT/tier64.log 2>&1; echo "tier64 rc $?"
 grep -E "CPU .* now / when profiled|compute by rows|memory read" $OUT/tier64.log | cut -c1-300
 python3 - <<'PY'
