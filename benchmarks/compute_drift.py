@@ -11,8 +11,10 @@ machine's (its fingerprint replaced) and the engine's checks run on it as they w
 llama3-8b's FFN products (gate/up ``[4096, 14336]``, down ``[14336, 4096]``) in the profile's dtype on all
 threads, each row count is timed here the way the profiler times it
 (:func:`~vramshard.profile.bench_matmul.measure_matmul`, cold weights) and set against the three prices:
-predicted over measured, with the measured TFLOP/s and weight GB/s. The bound beside them is the host's
-read (:func:`benchmarks.common.cpu_read_bandwidth`): no product's weight reads faster. Writes
+predicted over measured, with the measured TFLOP/s and weight GB/s; where the executor packs
+(``VRAMSHARD_CPU_PACKED=on`` without a GPU), each decode-sized row count prepacked too, against the profile's
+``packed_ffn`` factor and the one the check prices. The bound beside them is the host's read
+(:func:`benchmarks.common.cpu_read_bandwidth`): no product's weight reads faster. Writes
 ``$OUT/compute_drift.json``.
 """
 
@@ -31,7 +33,7 @@ from vramshard.profile import drift, load
 from vramshard.profile.bench_matmul import measure_matmul
 from vramshard.profile.fingerprint import fingerprint_hash, machine_fingerprint
 from vramshard.profile.progress import ProgressSink
-from vramshard.profile.query import Profile
+from vramshard.profile.query import DECODE_ROWS, Profile
 
 from .common import cpu_read_bandwidth, hardware, now, out_dir, versions, write_json
 
@@ -93,11 +95,18 @@ def main(argv=None) -> None:
                            progress=ProgressSink(), label="here", weight=1.0)
     cells = []
     for (k, n), measured in zip(table["shapes"], table["seconds"]):
+        packed = drift.measure_packed(args.dtype, k, n, [m for m in rows if m <= DECODE_ROWS])
         for m, seconds in zip(table["m"], measured):
             cell = {"k": k, "n": n, "rows": m, "measured_ms": seconds * 1e3, "tflops": 2 * m * k * n / seconds / 1e12,
                     "weight_gb_s": k * n * ITEMSIZE[args.dtype] / seconds / 1e9}
             for name, profile in prices.items():
                 cell[f"{name}_over_measured"] = profile.matmul_s(m, k, n, args.dtype, "cpu") / seconds
+            if m in packed:  # prepacked over plain: here, in the profile, as the check prices it
+                cell.update(packed_over_plain=packed[m] / seconds,
+                            stored_packed=stored.packed_ffn_factor(args.dtype, m),
+                            checked_packed=with_compute.packed_ffn_factor(args.dtype, m))
+                log.info("  prepacked: %.2f x plain here; the profile %.2f, checked %.2f", cell["packed_over_plain"],
+                         cell["stored_packed"], cell["checked_packed"])
             cells.append(cell)
             log.info("[%d, %d] @ [%d, %d]: %.2f ms here (%.2f TFLOP/s, %.0f GB/s); predicted / measured: %s", m, k, k,
                      n, seconds * 1e3, cell["tflops"], cell["weight_gb_s"],

@@ -249,14 +249,15 @@ def test_the_benchmarks_plan_from_the_profile_scaled_as_an_engine_would(tmp_path
 @pytest.fixture
 def computes_now(monkeypatch):
     """The host's CPU product now over the profile's, by rows, set by the test; counts the timings."""
-    state = {"factors": {16: 1.0, 64: 1.0, 512: 1.0}, "calls": 0}
+    state = {"factors": {16: 1.0, 64: 1.0, 512: 1.0}, "packed": {}, "calls": 0}
 
     def fake(profile, dtype):
         state["calls"] += 1
         k, n = 4096, 14336
         profiled = {m: profile.matmul_s(m, k, n, dtype, "cpu") for m in state["factors"]}
         now = {m: profiled[m] * f for m, f in state["factors"].items()}
-        return drift.ComputeDrift((k, n), dtype, profiled, now, 0.0)
+        packed = {m: now[m] * f for m, f in state["packed"].items()}  # (packed over plain, as set)
+        return drift.ComputeDrift((k, n), dtype, profiled, now, 0.0, packed)
 
     monkeypatch.setattr(drift, "measure_compute", fake)
     return state
@@ -319,17 +320,21 @@ def test_the_engines_fit_composes_with_the_compute_factors_and_both_travel(reads
         scaled.calibrated(compute_rows={64: -1.0})
 
 
-def test_read_bound_passes_keep_to_the_reads_scale(reads_now, computes_now):
-    """The C kernel's pass over routed experts reads each expert once: the compute factors leave it alone
-    (the H100 machine's profile, which measured that pass, as if this machine's)."""
+def stored_as_this_machines(name: str = "h100-run40.json") -> Profile:
+    """A stored profile of the GPU machines (which measured the experts' pass and prepacked FFNs) as if this one's."""
     from pathlib import Path
 
     from vramshard.profile import load
 
-    data = copy.deepcopy(load(Path(__file__).parent.parent / "docs/profiles/h100-run40.json",
-                              check_fingerprint=False).data)
+    data = copy.deepcopy(load(Path(__file__).parent.parent / "docs" / "profiles" / name, check_fingerprint=False).data)
     data.update(fingerprint=machine_fingerprint(), fingerprint_hash=fingerprint_hash(machine_fingerprint()))
-    profile = Profile(data)
+    return Profile(data)
+
+
+def test_read_bound_passes_keep_to_the_reads_scale(reads_now, computes_now):
+    """The C kernel's pass over routed experts reads each expert once: the compute factors leave it alone
+    (the H100 machine's profile, which measured that pass, as if this machine's)."""
+    profile = stored_as_this_machines()
     reads_now["bps"] = profile.cpu_read_bps
     computes_now["factors"] = {16: 3.0, 64: 3.0, 512: 3.0}
     scaled = drift.corrected(profile)
@@ -339,6 +344,62 @@ def test_read_bound_passes_keep_to_the_reads_scale(reads_now, computes_now):
     for rows in (1, 16, 64):
         assert profile.host_experts_rate("bf16", rows) is not None
         assert scaled.host_experts_rate("bf16", rows) == profile.host_experts_rate("bf16", rows)
+
+
+def test_prepacked_products_are_priced_and_packed_as_this_host_runs_them_now(reads_now, computes_now):
+    """h100-run40 timed bf16 FFNs prepacked at 0.60x plain at 64 rows; a host where packing buys nothing
+    (h200-run49's timed 1.22x) prices them as timed and no longer packs at those rows."""
+    from vramshard.plan.estimator import Estimator
+    from vramshard.runtime.plan_wire import profile_from_wire, profile_to_wire
+    from vramshard.shapes import shape_model
+
+    profile = stored_as_this_machines()
+    reads_now["bps"] = profile.cpu_read_bps
+    computes_now["factors"] = {8: 1.0, 16: 1.0, 64: 1.0, 512: 1.0}
+    computes_now["packed"] = {8: 1.3, 16: 1.25, 64: 1.2}
+    scaled = drift.corrected(profile, torch.bfloat16)
+    assert scaled.packed_now == ("bf16", ((8, 1.3), (16, 1.25), (64, 1.2)))
+    assert scaled.packed_ffn_factor("bf16", 64) == pytest.approx(1.2)
+    assert scaled.packed_ffn_factor("bf16", 32) == pytest.approx(1.225)
+    assert profile.packed_ffn_factor("bf16", 64) == pytest.approx(0.597, abs=1e-3)
+    for rows in (1, 512):  # the C kernel's rows and prompt chunks read plain weights: the profile's factor stays
+        assert scaled.packed_ffn_factor("bf16", rows) == profile.packed_ffn_factor("bf16", rows)
+    assert scaled.packed_ffn_factor("fp16", 64) == profile.packed_ffn_factor("fp16", 64)  # (another dtype's)
+    model = shape_model("llama3-8b")
+    assert Estimator(model, profile, cpu_packed=True).packs_at(64)
+    assert not Estimator(model, scaled, cpu_packed=True).packs_at(64)
+    assert profile_from_wire(profile_to_wire(scaled)).packed_now == scaled.packed_now
+    with pytest.raises(Exception, match="packed factors"):
+        profile.with_packed_now("bf16", {64: 0.0})
+
+
+def test_prepacked_products_within_tolerance_of_the_profile_leave_it_alone(reads_now, computes_now):
+    profile = stored_as_this_machines()
+    reads_now["bps"] = profile.cpu_read_bps
+    computes_now["factors"] = {8: 1.0, 16: 1.0, 64: 1.0, 512: 1.0}
+    computes_now["packed"] = {16: profile.packed_ffn_factor("bf16", 16) * 1.05,
+                              64: profile.packed_ffn_factor("bf16", 64) / 1.05}
+    assert drift.corrected(profile, torch.bfloat16) is profile
+
+
+def test_prepacked_products_are_timed_for_real_where_the_executor_packs(monkeypatch):
+    """Not faked: with packing on, the check times the executor's prepacked products at a decode step's rows
+    (not a prompt chunk's), each a real time; with packing off, none."""
+    from vramshard.runtime import cpu_packed
+
+    monkeypatch.setattr(drift, "COMPUTE_ELEMENTS", 1024 * 1024)
+    monkeypatch.setattr(drift, "COMPUTE_ROWS", (16, 64, 256))  # (the synthetic profile's grid has no 8 or 512)
+    monkeypatch.setattr(drift, "measure_compute", REAL_MEASURE_COMPUTE)
+    monkeypatch.setattr(cpu_packed, "MODE", "on")
+    profile = this_machines(None)
+    timed = drift.measure_compute(profile, "bf16")
+    if not timed.packed_s:
+        pytest.skip("oneDNN packs no bf16 products on this CPU")
+    assert set(timed.now_s) == {16, 64, 256} and set(timed.packed_s) == {16, 64}
+    assert all(1e-6 < s < 1.0 for s in timed.packed_s.values())
+    assert all(0.2 < f < 5.0 for f in timed.packed_factors().values())
+    monkeypatch.setattr(cpu_packed, "MODE", "off")
+    assert not drift.measure_compute(this_machines(None), "bf16").packed_s
 
 
 def test_vramshard_plan_prices_many_rows_by_the_hosts_compute_and_says_so(tmp_path, reads_now, computes_now, capsys):

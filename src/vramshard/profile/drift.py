@@ -35,7 +35,7 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -43,7 +43,7 @@ from ..env import switch
 from ..errors import ProfileError
 from .bench_memory import measure_cpu_read
 from .fingerprint import fingerprint_hash, machine_fingerprint
-from .query import KERNEL_ROWS, Profile, dtype_name
+from .query import DECODE_ROWS, KERNEL_ROWS, Profile, dtype_name
 
 log = logging.getLogger(__name__)
 
@@ -71,17 +71,24 @@ class Drift:
 @dataclass(frozen=True)
 class ComputeDrift:
     """Seconds of one ``[rows, K] @ [K, N]`` CPU product (``shape`` = (K, N), ``dtype``, all threads) in
-    the profile's table and as timed now, by rows; and the check's wall time."""
+    the profile's table and as timed now, by rows; the same product from oneDNN-prepacked weights now, at
+    a decode step's rows where the executor packs (``packed_s``; empty where it does not); and the check's
+    wall time."""
 
     shape: tuple[int, int]
     dtype: str
     profiled_s: dict[int, float]
     now_s: dict[int, float]
     took_s: float
+    packed_s: dict[int, float] = field(default_factory=dict)
 
     def factors(self) -> dict[int, float]:
         """{rows: now / profiled}: above 1, the host computes that many rows slower now."""
         return {m: self.now_s[m] / self.profiled_s[m] for m in self.now_s}
+
+    def packed_factors(self) -> dict[int, float]:
+        """{rows: packed / plain now} (the profile's ``packed_ffn`` factors, timed here)."""
+        return {m: self.packed_s[m] / self.now_s[m] for m in self.packed_s if m in self.now_s}
 
 
 # The rows timed: a decode-sized step's torch paths (a few sequences, DECODE_ROWS of them) and a prompt
@@ -149,9 +156,11 @@ def corrected(profile: Profile, dtype=None) -> Profile:
         drift = _CHECKED[key]
     scale = read_scale(profile, drift, dtype)
     rows = compute_factors(profile, dtype, scale)
-    if scale == 1.0 and not rows:
+    packed = packed_factors(profile, dtype)
+    if scale == 1.0 and not rows and not packed:
         return profile
-    return profile.calibrated(cpu_scale=scale, compute_rows=rows or None)
+    scaled = profile.calibrated(cpu_scale=scale, compute_rows=rows or None)
+    return scaled.with_packed_now(_dtype(dtype), packed) if packed else scaled
 
 
 def read_scale(profile: Profile, drift: Drift, dtype=None) -> float:
@@ -184,17 +193,7 @@ def compute_factors(profile: Profile, dtype, scale: float) -> dict[int, float]:
     profile and dtype) over ``scale``, within :data:`COMPUTE_LIMITS`; where a row is off by more than
     :data:`TOLERANCE` (then every row timed, so that rows between them interpolate between what was timed), none
     where the check is off or the profile has no product to time."""
-    if not compute_enabled():
-        return {}
-    key = (profile.fingerprint_hash, str(profile.data.get("created", "")), _dtype(dtype))
-    with _LOCK:
-        if key not in _COMPUTED:
-            timed = _COMPUTED[key] = measure_compute(profile, key[2])
-            if timed is not None:
-                log.info("CPU %s [rows, %d] @ [%d, %d] now / when profiled, by rows: %s (checked in %.2f s)",
-                         timed.dtype, timed.shape[0], *timed.shape,
-                         ", ".join(f"{m}: {f:.2f}" for m, f in timed.factors().items()), timed.took_s)
-        timed = _COMPUTED[key]
+    timed = _compute_timed(profile, dtype)
     if timed is None:
         return {}
     rows = {m: min(max(factor / scale, COMPUTE_LIMITS[0]), COMPUTE_LIMITS[1]) for m, factor in timed.factors().items()}
@@ -204,6 +203,43 @@ def compute_factors(profile: Profile, dtype, scale: float) -> dict[int, float]:
         log.info("planning with the profile's CPU compute by rows x%s beyond the read's scale (the host computes "
                  "them so now)", {m: round(f, 2) for m, f in rows.items()})
     return rows
+
+
+def packed_factors(profile: Profile, dtype) -> dict[int, float]:
+    """{rows: packed time over plain} as this host runs ``dtype``'s products now (:func:`measure_compute`),
+    where the executor packs and any row count is off the profile's ``packed_ffn`` factor by more than
+    :data:`TOLERANCE` (then every row timed); else none. The hosts' profiles disagree: ``h100-run40``
+    timed bf16 FFNs packed at 0.60x plain at 64 rows, ``h200-run49`` at 1.22x, and an engine priced and
+    packed its parts by the profile's."""
+    timed = _compute_timed(profile, dtype)
+    if timed is None or not timed.packed_s:
+        return {}
+    now = timed.packed_factors()
+    profiled = {m: profile.packed_ffn_factor(timed.dtype, m) for m in now}
+    if all(abs(math.log(f / profiled[m])) <= math.log1p(TOLERANCE) for m, f in now.items()):
+        return {}
+    log.info("planning with dense FFNs on the CPU prepacked at x%s plain by rows (timed now; the profile has %s)",
+             {m: round(f, 2) for m, f in now.items()}, {m: round(f, 2) for m, f in profiled.items()})
+    return now
+
+
+def _compute_timed(profile: Profile, dtype) -> ComputeDrift | None:
+    """The compute check's timing for ``profile`` and ``dtype`` (None: off, or nothing to time): made once per
+    process, profile and dtype."""
+    if not compute_enabled():
+        return None
+    key = (profile.fingerprint_hash, str(profile.data.get("created", "")), _dtype(dtype))
+    with _LOCK:
+        if key not in _COMPUTED:
+            timed = _COMPUTED[key] = measure_compute(profile, key[2])
+            if timed is not None:
+                log.info("CPU %s [rows, %d] @ [%d, %d] now / when profiled, by rows: %s%s (checked in %.2f s)",
+                         timed.dtype, timed.shape[0], *timed.shape,
+                         ", ".join(f"{m}: {f:.2f}" for m, f in timed.factors().items()),
+                         "; prepacked / plain now: " + ", ".join(f"{m}: {f:.2f}" for m, f in
+                                                                timed.packed_factors().items())
+                         if timed.packed_s else "", timed.took_s)
+        return _COMPUTED[key]
 
 
 def measure_compute(profile: Profile, dtype: str) -> ComputeDrift | None:
@@ -229,11 +265,40 @@ def measure_compute(profile: Profile, dtype: str) -> ComputeDrift | None:
     try:
         table = measure_matmul("cpu", dtype, [(k, n)], rows, budget_s=COMPUTE_BUDGET_S, cap_s=math.inf,
                                progress=ProgressSink(), label="CPU compute now", weight=1.0)
+        packed = measure_packed(dtype, k, n, [m for m in rows if m <= DECODE_ROWS])
     finally:
         torch.set_num_threads(threads)
     now = dict(zip(rows, table["seconds"][0]))
     profiled = {m: profile.matmul_s(m, k, n, dtype, "cpu") for m in rows}
-    return ComputeDrift((k, n), dtype, profiled, now, time.perf_counter() - started)
+    return ComputeDrift((k, n), dtype, profiled, now, time.perf_counter() - started, packed)
+
+
+def measure_packed(dtype: str, k: int, n: int, rows: list[int]) -> dict[int, float]:
+    """{rows: seconds} of ``[rows, K] @ [K, N]`` from oneDNN-prepacked cold weights
+    (:func:`~vramshard.runtime.cpu_packed.pack_weight`, the executor's), where the executor packs
+    (:func:`~vramshard.runtime.cpu_packed.packs`: beside a GPU by default) and oneDNN packs ``dtype`` here;
+    else none."""
+    from ..runtime import cpu_packed
+    from .bench_matmul import cold_copies, cycling
+    from .spec import torch_dtype
+    from .timing import time_cpu
+
+    if not rows or not cpu_packed.packs():
+        return {}
+    dt = torch_dtype(dtype)
+    try:
+        packed = [cpu_packed.pack_weight(w, max(rows)) for w in cold_copies(torch.randn(n, k, dtype=dt) * 0.02)]
+        cpu_packed.packed_linear(torch.zeros(1, k, dtype=dt), packed[0])
+    except RuntimeError as exc:  # (oneDNN cannot pack or run the dtype on this CPU: the executor runs plain)
+        log.debug("no prepacked %s products here: %s", dtype, exc)
+        return {}
+    seconds = {}
+    with torch.inference_mode():
+        for m in rows:
+            x = torch.randn(m, k, dtype=dt)
+            seconds[m] = time_cpu(cycling(len(packed), lambda i: cpu_packed.packed_linear(x, packed[i])),
+                                  COMPUTE_BUDGET_S)
+    return seconds
 
 
 def _dtype(dtype) -> str:

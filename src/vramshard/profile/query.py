@@ -93,6 +93,8 @@ class Profile:
         self.cpu_rows: tuple[tuple[int, float], ...] = ()
         # CPU compute by rows as timed on this host when the engine loads (profile/drift.py), beside cpu_rows
         self.compute_rows: tuple[tuple[int, float], ...] = ()
+        # oneDNN-prepacked over plain products of one dtype by rows as timed then, in place of the profile's
+        self.packed_now: tuple[str, tuple[tuple[int, float], ...]] | None = None
         # Split dense FFNs' CPU parts by rows as measured in the engine's steps, on top of cpu_rows
         self.split_rows: tuple[tuple[int, float], ...] = ()
         self.dispatch_scale = 1.0  # the host's cost of dispatching GPU work, as fitted in the engine's steps
@@ -182,7 +184,8 @@ class Profile:
         return {"cpu_scale": self.cpu_scale, "split_part_scale": self.split_part_scale,
                 "dispatch_scale": self.dispatch_scale, "cpu_rows": [list(r) for r in self.cpu_rows],
                 "split_rows": [list(r) for r in self.split_rows], "copy_scale": self.copy_scale,
-                "compute_rows": [list(r) for r in self.compute_rows]}
+                "compute_rows": [list(r) for r in self.compute_rows],
+                "packed_now": [self.packed_now[0], [list(r) for r in self.packed_now[1]]] if self.packed_now else None}
 
     def with_fitted_factors(self, factors: dict) -> "Profile":
         """This profile with the factors of :meth:`fitted_factors` in place of its own."""
@@ -193,6 +196,18 @@ class Profile:
         clone.split_rows = tuple((int(m), float(f)) for m, f in factors["split_rows"])
         clone.copy_scale = float(factors.get("copy_scale", 1.0))  # (not in the factors stored before session 53)
         clone.compute_rows = tuple((int(m), float(f)) for m, f in factors.get("compute_rows", ()))  # (nor this, 54)
+        packed = factors.get("packed_now")  # (nor this)
+        clone.packed_now = (str(packed[0]), tuple((int(m), float(f)) for m, f in packed[1])) if packed else None
+        return clone
+
+    def with_packed_now(self, dtype, rows: dict[int, float]) -> "Profile":
+        """This profile with ``dtype``'s dense FFNs on the CPU priced, oneDNN-prepacked, at ``rows`` ({rows:
+        packed time over plain}, as this host runs them now: :func:`vramshard.profile.drift.corrected`) in
+        place of the profile's ``packed_ffn`` factors (:meth:`packed_ffn_factor`). The file is not changed."""
+        if not rows or any(not isinstance(m, int) or m < 1 or not math.isfinite(f) or f <= 0 for m, f in rows.items()):
+            raise InvalidInputError(f"packed factors are positive numbers keyed by whole row counts >= 1, got {rows!r}")
+        clone = copy.copy(self)
+        clone.packed_now = (dtype_name(dtype), tuple(sorted((int(m), float(f)) for m, f in rows.items())))
         return clone
 
     def cpu_row_factor(self, rows: int) -> float:
@@ -357,7 +372,10 @@ class Profile:
     def packed_ffn_factor(self, dtype, rows: int) -> float:
         """A dense FFN's CPU time from oneDNN-prepacked weights over plain ones at ``rows`` (linear
         in log rows between the measured counts, the nearest beyond them; 1 when the profile did not
-        measure it or oneDNN could not pack the dtype here)."""
+        measure it or oneDNN could not pack the dtype here): as timed on this host when the engine loaded
+        where it was (:meth:`with_packed_now`, a decode step's rows), else the profile's."""
+        if self.packed_now and self.packed_now[0] == dtype_name(dtype) and KERNEL_ROWS < rows <= DECODE_ROWS:
+            return _by_rows(self.packed_now[1], rows)
         return self._factor_by_rows("packed_ffn", dtype, rows)
 
     def host_experts_rate(self, dtype, rows: int, on_worker: bool = False) -> float | None:

@@ -86,6 +86,16 @@ def packs(mode: str | None = None, gpu: bool | None = None) -> bool:
     return mode == "on" or (torch.cuda.is_available() if gpu is None else gpu)
 
 
+def pack_weight(weight: torch.Tensor, rows: int) -> torch.Tensor:
+    """``weight`` [N, K] reordered once into oneDNN's layout for products of about ``rows`` rows (opaque)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), rows)
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """``x`` [T, K] times a :func:`pack_weight` weight: [T, N]."""
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, None, "none", [], "")
+
+
 class PackedPart:
     """One split FFN's CPU part (its pieces' gate, up and down) as oneDNN-packed weights."""
 
@@ -95,15 +105,15 @@ class PackedPart:
         else:
             gate_up = torch.cat([part["gate_proj"], part["up_proj"]], dim=0)  # [2r, D]
         self.width = gate_up.shape[0] // 2  # r
-        self.gate_up = torch.ops.mkldnn._reorder_linear_weight(gate_up, rows)
-        self.down = torch.ops.mkldnn._reorder_linear_weight(part["down_proj"].contiguous(), rows)  # [D, r]
+        self.gate_up = pack_weight(gate_up, rows)
+        self.down = pack_weight(part["down_proj"], rows)  # [D, r]
         self.nbytes = gate_up.nbytes + part["down_proj"].nbytes  # (as plain; the packed size is opaque)
 
     def contribution(self, h: torch.Tensor) -> torch.Tensor:
         """The part's share of the FFN output for the normalized ``h`` [T, D], no residual."""
-        both = torch.ops.mkldnn._linear_pointwise(h.contiguous(), self.gate_up, None, "none", [], "")  # [T, 2r]
+        both = packed_linear(h, self.gate_up)  # [T, 2r]
         gated, lifted = both.split(self.width, dim=-1)
-        return torch.ops.mkldnn._linear_pointwise(F.silu(gated) * lifted, self.down, None, "none", [], "")
+        return packed_linear(F.silu(gated) * lifted, self.down)
 
 
 class PackedParts:
