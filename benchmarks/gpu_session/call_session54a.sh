@@ -7,11 +7,11 @@ source benchmarks/gpu_session/setup.sh || exit 1
 timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_drift.py > $OUT/pytest_drift.txt 2>&1
 echo "drift tests rc $?"; tail -1 $OUT/pytest_drift.txt
 timeout 60 python3 -m benchmarks.compute_drift --profile "$PROFILE" --budget-s 0.1 > $OUT/compute_drift.log 2>&1
-echo "compute_drift rc $?"; grep -E "by rows|within" $OUT/compute_drift.log | cut -c1-300
+echo "compute_drift rc $?"; grep -E "by rows|within|x plain" $OUT/compute_drift.log | cut -c1-300
 [ -z "$SKIP_TIER" ] && timeout ${TIER_S:-150} python3 -m benchmarks.step_profile --shape llama3-8b --seqs 64 \
   --ctx 32 --steps 10 --warmup 12 --placements planned:8/search,planned:8/split,planned:8/dynamic,planned:8/static --rows 5 \
   --profile "$PROFILE" --json $OUT/tier64.json > $OUT/tier64.log 2>&1; echo "tier64 rc $?"
-grep -E "CPU .* now / when profiled|compute by rows|memory read" $OUT/tier64.log | cut -c1-300
+grep -E "CPU .* now / when profiled|compute by rows|prepacked at|memory read" $OUT/tier64.log | cut -c1-300
 python3 - <<'PY'
 import json, os
 path = os.path.join(os.environ["OUT"], "tier64.json")
@@ -21,4 +21,4 @@ for r in json.load(open(path))["placements"] if os.path.exists(path) else []:
 PY
 switch_runs VRAMSHARD_COMPUTE_DRIFT "${ORDER:-on off}" b64 ${B64_S:-150} --models llama3-8b --budgets 8 \
   --batch-sizes 64 --repeat 1 --deadline-s 130 --run-limit-s 10
-grep -hE "now / when profiled|compute by rows" $OUT/b64_*.log | cut -c1-300
+grep -hE "now / when profiled|compute by rows|prepacked at" $OUT/b64_*.log | cut -c1-300
