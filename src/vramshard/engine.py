@@ -626,9 +626,9 @@ def host_bytes_to_load(model: Model) -> int:
 
 def planning_profile(profile, dtype):
     """The profile an engine plans with: ``profile`` (default: this machine's), its CPU side scaled to
-    the host's memory read now (:mod:`vramshard.profile.drift`; with ``VRAMSHARD_COPY_DRIFT=on`` its copies
-    beside CPU work too), with the factors earlier engines fitted on it for ``dtype``
-    (:func:`vramshard.plan.calibrate.with_learned`)."""
+    the host's memory read and CPU products now (:mod:`vramshard.profile.drift`; with
+    ``VRAMSHARD_COPY_DRIFT=on`` its copies beside CPU work too), with the factors earlier engines fitted
+    on it for ``dtype`` (:func:`vramshard.plan.calibrate.with_learned`)."""
     profile = drift.copies_corrected(drift.corrected(profile or machine_profile(), dtype))
     _say_if_timed_without_gemv(profile)
     if budget_follower.CALIBRATE:  # what an earlier engine measured on the same profile

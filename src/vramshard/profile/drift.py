@@ -190,18 +190,17 @@ def read_scale(profile: Profile, drift: Drift, dtype=None) -> float:
 def compute_factors(profile: Profile, dtype, scale: float) -> dict[int, float]:
     """{rows: factor} on ``profile``'s CPU compute of that many rows beyond ``scale`` (the read's): this
     host's time of the profile's product now over the table's (:func:`measure_compute`, once per process,
-    profile and dtype) over ``scale``, within :data:`COMPUTE_LIMITS`; where a row is off by more than
-    :data:`TOLERANCE` (then every row timed, so that rows between them interpolate between what was timed), none
-    where the check is off or the profile has no product to time."""
+    profile and dtype) over ``scale``, within :data:`COMPUTE_LIMITS`. Every row count timed where any is off
+    by more than :data:`TOLERANCE` (rows between them then interpolate between timings); none where none is,
+    the check is off, or the profile has no product to time."""
     timed = _compute_timed(profile, dtype)
     if timed is None:
         return {}
     rows = {m: min(max(factor / scale, COMPUTE_LIMITS[0]), COMPUTE_LIMITS[1]) for m, factor in timed.factors().items()}
     if all(abs(math.log(f)) <= math.log1p(TOLERANCE) for f in rows.values()):
         return {}
-    if rows:
-        log.info("planning with the profile's CPU compute by rows x%s beyond the read's scale (the host computes "
-                 "them so now)", {m: round(f, 2) for m, f in rows.items()})
+    log.info("planning with the profile's CPU compute by rows x%s beyond the read's scale (the host computes them so "
+             "now)", {m: round(f, 2) for m, f in rows.items()})
     return rows
 
 
