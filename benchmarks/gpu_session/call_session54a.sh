@@ -9,7 +9,8 @@ echo "drift tests rc $?"; tail -1 $OUT/pytest_drift.txt
 timeout 60 python3 -m benchmarks.compute_drift --profile "$PROFILE" --budget-s 0.1 > $OUT/compute_drift.log 2>&1
 echo "compute_drift rc $?"; grep -E "by rows|within|x plain" $OUT/compute_drift.log | cut -c1-300
 [ -z "$SKIP_TIER" ] && timeout ${TIER_S:-150} python3 -m benchmarks.step_profile --shape llama3-8b --seqs 64 \
-  --ctx 32 --steps 10 --warmup 12 --placements planned:8/search,planned:8/split,planned:8/dynamic,planned:8/static --rows 5 \
+  --ctx 32 --steps 10 --warmup 12 --rows 5 \
+  --placements planned:8/search,planned:8/split,planned:8/dynamic,planned:8/static \
   --profile "$PROFILE" --json $OUT/tier64.json > $OUT/tier64.log 2>&1; echo "tier64 rc $?"
 grep -E "CPU .* now / when profiled|compute by rows|prepacked at|memory read" $OUT/tier64.log | cut -c1-300
 python3 - <<'PY'

@@ -71,6 +71,7 @@ echo "profile ${PROFILE:-docs/profiles/h200-run26b.json}"
 # Which machine ran the call (calls of one session may get different ones with one fingerprint).
 # The CPU's matrix instructions too: hosts of one fingerprint differ there (bf16 products at 64 rows ran 3.5x
 # slower on session 53's host than on the one profiled in session 40).
+isa_flags() { grep -m1 -ow "flags.*" /proc/cpuinfo | tr ' ' '\n' | grep -E "^(amx|avx512_bf16|avx512_fp16|avx512f$)"; }
 { hostname; cat /proc/sys/kernel/random/boot_id; nproc; grep -m1 "model name" /proc/cpuinfo;
-  grep -m1 -ow "flags.*" /proc/cpuinfo | tr ' ' '\n' | grep -E "^(amx|avx512_bf16|avx512_fp16|avx512f$)" | sort -u | tr '\n' ' ';
-  echo; lscpu 2>/dev/null | grep -E "^(Thread|Core|Socket|L3|Model:|CPU family)"; } > "$OUT/machine.txt" 2>/dev/null || true
+  isa_flags | sort -u | tr '\n' ' '; echo; lscpu 2>/dev/null | grep -E "^(Thread|Core|Socket|L3|Model:|CPU family)";
+} > "$OUT/machine.txt" 2>/dev/null || true
