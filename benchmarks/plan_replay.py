@@ -15,6 +15,8 @@ sixth session" come from it.
         --cpu-scale 1.69 --copies-gbps 43                              # copies priced beside CPU reads
     PYTHONPATH=src python -m benchmarks.plan_replay baselines --result docs/results-nemo-decode-run33.json \
         --profile docs/profiles/h200-run33.json                        # the layers:N cells' steps, predicted
+    PYTHONPATH=src python -m benchmarks.plan_replay batch --profile docs/profiles/h100-run40.json \
+        --cpu-scale 1.76 --compute-rows 64:2.0,512:2.0 --packed 64:1.2  # a slower host's CPU, as checked
 
 ``--profile`` (default docs/profiles/h200-cold.json, the fifth session's H200 profile).
 """
@@ -82,6 +84,40 @@ def copies(args) -> None:
             print(f"{label}: {gib} GiB tier 1 {tier.family} {tier.predicted_s * 1e3:.1f} ms "
                   f"(CPU {step.cpu_busy * 1e3:.1f}, copies {step.copy_busy * 1e3:.1f}, "
                   f"{step.bytes_streamed / 1e9:.2f} GB streamed); layers:{layers} {base.seconds * 1e3:.1f} ms")
+
+
+def batch(args) -> None:
+    """llama3-8b's tier-64 plan at 8 GiB (64 sequences at 40 tokens of context, engine_bench's batch-64 decode)
+    against ``layers:17``, with the profile's CPU times x``--cpu-scale`` (the read's scale) and the compute
+    check's factors (``--compute-rows``, ``--packed``: rows:factor,...) as an engine on a host unlike the
+    profile's would price them: family, prediction, CPU and copy time, and the baseline's prediction."""
+    from vramshard.plan.estimator import Estimator, Mechanisms, fixed_mechanisms
+    from vramshard.plan.memory import sublayer_triples
+    from vramshard.plan.placement import named_placement
+    from vramshard.plan.planner import Planner
+    from vramshard.plan.tiers import Tiers
+    from vramshard.shapes import shape_model
+
+    def by_rows(text: str) -> dict[int, float]:
+        return {int(m): float(f) for m, f in (item.split(":") for item in text.split(",") if item)}
+
+    model = shape_model("llama3-8b")
+    profile = load_profile(args.profile).calibrated(cpu_scale=args.cpu_scale,
+                                                    compute_rows=by_rows(args.compute_rows) or None)
+    if args.packed:
+        profile = profile.with_packed_now(model.dtype, by_rows(args.packed))
+    rows, context = 64, 40
+    for packed in (False, True):  # the executor packs beside a GPU (VRAMSHARD_CPU_PACKED=auto)
+        with fixed_mechanisms(dataclasses.replace(Mechanisms.here(), cpu_packed=packed)):
+            plan = Planner(model, profile, 8 * GiB, context=rows * context, tiers=Tiers((1, rows))).plan()
+            estimator = Estimator(model, profile, threads=plan.tiers[rows].threads)
+        tier = plan.tiers[rows]
+        step = estimator.simulate(tier.placement, rows, context)
+        baseline = named_placement("layers:17", sublayer_triples(model), model.args.num_hidden_layers)
+        base = estimator.simulate(baseline, rows, context)
+        print(f"packing {'on' if packed else 'off'}: tier {rows} {tier.family} {tier.predicted_s * 1e3:.1f} ms (CPU "
+              f"{step.cpu_busy * 1e3:.1f}, copies {step.copy_busy * 1e3:.1f}; {tier.placement.summary()}); "
+              f"layers:17 {base.seconds * 1e3:.1f} ms: {base.seconds / tier.predicted_s:.2f}x")
 
 
 def dense(args) -> None:
@@ -342,13 +378,15 @@ def baselines(args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=("dense", "tiers", "vlm", "moe", "cache", "calibrate", "baselines",
-                                                   "copies"))
+                                                   "copies", "batch"))
     parser.add_argument("--profile", default=str(DEFAULT_PROFILE))
     parser.add_argument("--contended-factor", type=float, default=1.0,
                         help="scale the profile's contended CPU matmul times (a what-if)")
     parser.add_argument("--copies-gbps", type=float, default=43.0,
                         help="copies: host-to-device GB/s beside CPU work (a what-if)")
     parser.add_argument("--cpu-scale", type=float, default=1.0, help="copies: the profile's CPU times scaled by this")
+    parser.add_argument("--compute-rows", default="", help="batch: the compute check's factors, rows:factor,...")
+    parser.add_argument("--packed", default="", help="batch: prepacked over plain timed now, rows:factor,...")
     parser.add_argument("--hit-rate", type=float, default=0.42, help="the measured expert-cache hit rate")
     parser.add_argument("--result", default=None,
                         help="calibrate: a planner_bench JSON; baselines: an engine_bench JSON")
@@ -356,7 +394,7 @@ def main() -> None:
     if args.what in ("calibrate", "baselines") and not args.result:
         parser.error(f"{args.what} needs --result: a planner_bench JSON (calibrate) or an engine_bench one (baselines)")
     {"dense": dense, "tiers": tiers, "vlm": vlm, "moe": moe, "cache": cache, "calibrate": calibrate,
-     "baselines": baselines, "copies": copies}[args.what](args)
+     "baselines": baselines, "copies": copies, "batch": batch}[args.what](args)
 
 
 if __name__ == "__main__":
