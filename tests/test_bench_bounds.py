@@ -203,3 +203,23 @@ def test_moe_bench_bounds_experts_on_the_cpu_by_the_hosts_read_alone_and_any_cel
     assert bound["bound_tok_s"] == pytest.approx(145.0e9 / routed)  # (the shared cap, below 55 + 125)
     assert bound["host_read_bound_tok_s"] == pytest.approx(125.0e9 / routed)
     assert bound["pcie_bound_tok_s"] == pytest.approx(55.0e9 / routed)
+
+
+def test_plan_replay_batch_packs_at_64_rows_only_where_the_packed_factor_gains(capsys):
+    """plan_replay batch: with packing on, the profile's packed factor (0.60 at 64 rows in h100-run40) makes a
+    different tier-64 plan than packing off; the same factor timed at 1.2x plain makes the same plan (no packing)."""
+    import types
+    from pathlib import Path
+
+    from benchmarks.plan_replay import batch
+
+    profile = str(Path(__file__).resolve().parent.parent / "docs" / "profiles" / "h100-run40.json")
+    lines = {}
+    for packed in ("", "8:1.2,16:1.2,64:1.2"):
+        batch(types.SimpleNamespace(profile=profile, cpu_scale=1.76, compute_rows="8:1.2,16:1.4,64:2.0,512:2.0",
+                                    packed=packed))
+        off, on = capsys.readouterr().out.strip().splitlines()
+        assert off.startswith("packing off") and on.startswith("packing on")
+        lines[packed] = (off.split(": ", 1)[1], on.split(": ", 1)[1])
+    assert lines[""][0] != lines[""][1]
+    assert lines["8:1.2,16:1.2,64:1.2"][0] == lines["8:1.2,16:1.2,64:1.2"][1] == lines[""][0]
