@@ -1,7 +1,8 @@
 # ~8 min (written 2026-12-07 in session 54). Session 54's compute check (profile/drift.py: the host's CPU
 # products at 8, 16, 64 and 512 rows timed against the profile's when an engine loads; VRAMSHARD_COMPUTE_DRIFT):
 # its tests and the packed parts' (CPU and GPU), the planner's tier-64 placements of llama3-8b at 8 GiB family by
-# family with it (step_profile), then llama3-8b at 8 GiB batch 64 against layers:max with the check on and off (ORDER, default "on off").
+# family with it (step_profile), then llama3-8b at 8 GiB batch 64 against layers:max with the check on and off
+# (ORDER, default "on off").
 # SKIP_TIER=1: not the family comparison (a shorter call: `SKIP_TIER=1 ORDER=on`, ~4 min).
 source benchmarks/gpu_session/setup.sh || exit 1
 timeout 90 python3 -m pytest -q -rs -p no:cacheprovider tests/test_drift.py tests/test_cpu_packed.py > $OUT/pytest_drift.txt 2>&1
