@@ -10,6 +10,7 @@ import torch
 from vramshard import Engine
 from vramshard.layers.mlp import swiglu
 from vramshard.plan.placement import TieredPlacement
+from vramshard.profile.query import Profile
 from vramshard.runtime import cpu_packed
 
 from placement_helpers import PROMPT, trace_logits
@@ -155,7 +156,11 @@ def test_the_budget_followers_plans_are_packed_ahead_before_they_can_come_into_f
     ahead leaves the plan to come in as before."""
     from vramshard.runtime import budget as budgets
 
-    engine = Engine.load(tiny_model_dir("llama"), vram="64MiB", simulate_gpu=True, max_context=64)
+    # A profile with a GPU on every machine (this machine's had none on the development machine, where the plans
+    # were all-CPU and 64 MiB passed; the GPU machines refused 64 MiB, below the workspace's minimum of 147 MiB with
+    # the allocator's slack and cuBLAS's workspaces: forty-ninth GPU session).
+    profile = Profile.synthetic(cpu_gflops=400, gpu_gflops=50_000, h2d_gbps=20, cpu_mem_gbps=40, gpu_mem_gbps=900)
+    engine = Engine.load(tiny_model_dir("llama"), vram="192MiB", simulate_gpu=True, max_context=64, profile=profile)
     follower, seen = engine.budget, []
     budget = follower.watcher.in_force
 
