@@ -355,12 +355,13 @@ def test_prepacked_products_are_priced_and_packed_as_this_host_runs_them_now(rea
 
     profile = stored_as_this_machines()
     reads_now["bps"] = profile.cpu_read_bps
-    computes_now["factors"] = {8: 1.0, 16: 1.0, 64: 1.0, 512: 1.0}
-    computes_now["packed"] = {8: 1.3, 16: 1.25, 64: 1.2}
+    computes_now["factors"] = {16: 1.0, 64: 1.0, 512: 1.0}
+    computes_now["packed"] = {16: 1.25, 64: 1.2}
     scaled = drift.corrected(profile, torch.bfloat16)
-    assert scaled.packed_now == ("bf16", ((8, 1.3), (16, 1.25), (64, 1.2)))
+    assert scaled.packed_now == ("bf16", ((16, 1.25), (64, 1.2)))
     assert scaled.packed_ffn_factor("bf16", 64) == pytest.approx(1.2)
     assert scaled.packed_ffn_factor("bf16", 32) == pytest.approx(1.225)
+    assert scaled.packed_ffn_factor("bf16", 8) == pytest.approx(1.25)
     assert profile.packed_ffn_factor("bf16", 64) == pytest.approx(0.597, abs=1e-3)
     for rows in (1, 512):  # the C kernel's rows and prompt chunks read plain weights: the profile's factor stays
         assert scaled.packed_ffn_factor("bf16", rows) == profile.packed_ffn_factor("bf16", rows)
@@ -376,7 +377,7 @@ def test_prepacked_products_are_priced_and_packed_as_this_host_runs_them_now(rea
 def test_prepacked_products_within_tolerance_of_the_profile_leave_it_alone(reads_now, computes_now):
     profile = stored_as_this_machines()
     reads_now["bps"] = profile.cpu_read_bps
-    computes_now["factors"] = {8: 1.0, 16: 1.0, 64: 1.0, 512: 1.0}
+    computes_now["factors"] = {16: 1.0, 64: 1.0, 512: 1.0}
     computes_now["packed"] = {16: profile.packed_ffn_factor("bf16", 16) * 1.05,
                               64: profile.packed_ffn_factor("bf16", 64) / 1.05}
     assert drift.corrected(profile, torch.bfloat16) is profile
@@ -410,13 +411,13 @@ def test_vramshard_plan_prices_many_rows_by_the_hosts_compute_and_says_so(tmp_pa
     plans = []
     for factor in (1.0, 3.0):
         drift.forget()
-        computes_now["factors"] = {8: factor, 16: factor, 64: factor, 512: factor}
+        computes_now["factors"] = {16: factor, 64: factor, 512: factor}
         assert main(["plan", "--shape", "nemo-8b", "--vram", "4GiB", "--ctx", "1024", "--tiers", "1,16",
                      "--profile", str(path), "--json"]) == 0
         plans.append(json.loads(capsys.readouterr().out))
     same, slower = plans
     assert not any("CPU compute by rows" in note for note in same["notes"])
-    assert any("CPU compute by rows x3.00 at 8" in note for note in slower["notes"])
+    assert any("CPU compute by rows x3.00 at 16" in note for note in slower["notes"])
     assert slower["tiers"]["16"]["predicted_ms"] > same["tiers"]["16"]["predicted_ms"]
     assert slower["tiers"]["1"]["predicted_ms"] == pytest.approx(same["tiers"]["1"]["predicted_ms"])
 

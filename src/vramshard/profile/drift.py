@@ -91,9 +91,11 @@ class ComputeDrift:
         return {m: self.packed_s[m] / self.now_s[m] for m in self.packed_s if m in self.now_s}
 
 
-# The rows timed: a decode-sized step's torch paths (a few sequences, DECODE_ROWS of them) and a prompt
-# chunk's; rows the C kernel computes (KERNEL_ROWS and fewer) read their weights and follow the read.
-COMPUTE_ROWS = (8, 16, 64, 512)
+# The rows timed: the engine's decode tiers above the C kernel's rows (KERNEL_ROWS and fewer read their weights
+# and follow the read), 16 and 64 (DECODE_ROWS), and a prompt chunk's. Not 8 (session 54 timed it too): on the
+# forty-ninth GPU session's host bf16 [8, 14336] @ [14336, 4096] took 2.4-2.8 ms, longer than at 16 rows (1.5-1.6),
+# where [8, 4096] @ [4096, 14336] took 1.4-1.5; the one shape's factor priced the other's 8 rows at 1.9-2.1x.
+COMPUTE_ROWS = (16, 64, 512)
 COMPUTE_ELEMENTS = 64 * 2**20  # the largest weight timed: an 8B model's FFN projection (4096 x 14336)
 COMPUTE_BUDGET_S = 0.03  # per row count (the weight's making and its cold copies come on top)
 COMPUTE_LIMITS = (1 / 8, 8.0)  # beyond the read's scale; wider than LIMITS: the same product, timed here
