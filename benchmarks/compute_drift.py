@@ -30,10 +30,11 @@ import time
 import torch
 
 from vramshard.profile import drift, load
-from vramshard.profile.bench_matmul import measure_matmul
+from vramshard.profile.bench_matmul import cold_copies, measure_matmul
 from vramshard.profile.fingerprint import fingerprint_hash, machine_fingerprint
 from vramshard.profile.progress import ProgressSink
 from vramshard.profile.query import DECODE_ROWS, Profile
+from vramshard.profile.spec import torch_dtype
 
 from .common import cpu_read_bandwidth, hardware, now, out_dir, versions, write_json
 
@@ -95,7 +96,9 @@ def main(argv=None) -> None:
                            progress=ProgressSink(), label="here", weight=1.0)
     cells = []
     for (k, n), measured in zip(table["shapes"], table["seconds"]):
-        packed = drift.measure_packed(args.dtype, k, n, [m for m in rows if m <= DECODE_ROWS])
+        copies = cold_copies(torch.randn(n, k, dtype=torch_dtype(args.dtype)) * 0.02)  # [N, K] each
+        packed = drift.measure_packed(copies, [m for m in rows if m <= DECODE_ROWS])
+        del copies
         for m, seconds in zip(table["m"], measured):
             cell = {"k": k, "n": n, "rows": m, "measured_ms": seconds * 1e3, "tflops": 2 * m * k * n / seconds / 1e12,
                     "weight_gb_s": k * n * ITEMSIZE[args.dtype] / seconds / 1e9}

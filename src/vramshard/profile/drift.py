@@ -246,10 +246,12 @@ def _compute_timed(profile: Profile, dtype) -> ComputeDrift | None:
 def measure_compute(profile: Profile, dtype: str) -> ComputeDrift | None:
     """Time the largest weight of ``profile``'s CPU matmul table in ``dtype`` up to :data:`COMPUTE_ELEMENTS`
     at :data:`COMPUTE_ROWS` rows (those above the C kernel's that the table measured) the way the profiler
-    did (:func:`~vramshard.profile.bench_matmul.measure_matmul`, cold weights, the profile's threads); None
-    where the table has no such shape or rows."""
-    from .bench_matmul import measure_matmul
-    from .progress import ProgressSink
+    did (:func:`~vramshard.profile.bench_matmul.linear_over` cold copies, the CPU's path for the shape settled,
+    the profile's threads), and from the same copies prepacked (:func:`measure_packed`); None where the table
+    has no such shape or rows."""
+    from .bench_matmul import cold_copies, linear_over
+    from .spec import torch_dtype
+    from .timing import time_cpu
 
     try:
         shapes, ms = profile.matmul_grid(dtype, "cpu")
@@ -263,35 +265,35 @@ def measure_compute(profile: Profile, dtype: str) -> ComputeDrift | None:
     started = time.perf_counter()
     threads = torch.get_num_threads()
     torch.set_num_threads(profile.default_threads)
+    dt = torch_dtype(dtype)
     try:
-        table = measure_matmul("cpu", dtype, [(k, n)], rows, budget_s=COMPUTE_BUDGET_S, cap_s=math.inf,
-                               progress=ProgressSink(), label="CPU compute now", weight=1.0)
-        packed = measure_packed(dtype, k, n, [m for m in rows if m <= DECODE_ROWS])
+        copies = cold_copies(torch.randn(n, k, dtype=dt) * 0.02)  # [N, K] each
+        now = {m: time_cpu(linear_over(torch.randn(m, k, dtype=dt), copies), COMPUTE_BUDGET_S) for m in rows}
+        packed = measure_packed(copies, [m for m in rows if m <= DECODE_ROWS])
     finally:
         torch.set_num_threads(threads)
-    now = dict(zip(rows, table["seconds"][0]))
     profiled = {m: profile.matmul_s(m, k, n, dtype, "cpu") for m in rows}
     return ComputeDrift((k, n), dtype, profiled, now, time.perf_counter() - started, packed)
 
 
-def measure_packed(dtype: str, k: int, n: int, rows: list[int]) -> dict[int, float]:
-    """{rows: seconds} of ``[rows, K] @ [K, N]`` from oneDNN-prepacked cold weights
-    (:func:`~vramshard.runtime.cpu_packed.pack_weight`, the executor's), where the executor packs
-    (:func:`~vramshard.runtime.cpu_packed.packs`: beside a GPU by default) and oneDNN packs ``dtype`` here;
+def measure_packed(copies: list[torch.Tensor], rows: list[int]) -> dict[int, float]:
+    """{rows: seconds} of ``[rows, K]`` times the ``copies`` ([N, K] each, cold) prepacked as the executor packs
+    them (:func:`~vramshard.runtime.cpu_packed.pack_weight`), in turn, where the executor packs
+    (:func:`~vramshard.runtime.cpu_packed.packs`: beside a GPU by default) and oneDNN packs their dtype here;
     else none."""
     from ..runtime import cpu_packed
-    from .bench_matmul import cold_copies, cycling
-    from .spec import torch_dtype
+    from .bench_matmul import cycling
     from .timing import time_cpu
 
-    if not rows or not cpu_packed.packs():
+    if not rows or not copies or not cpu_packed.packs():
         return {}
-    dt = torch_dtype(dtype)
+    n, k = copies[0].shape
+    dt = copies[0].dtype
     try:
-        packed = [cpu_packed.pack_weight(w, max(rows)) for w in cold_copies(torch.randn(n, k, dtype=dt) * 0.02)]
+        packed = [cpu_packed.pack_weight(w, max(rows)) for w in copies]
         cpu_packed.packed_linear(torch.zeros(1, k, dtype=dt), packed[0])
     except RuntimeError as exc:  # (oneDNN cannot pack or run the dtype on this CPU: the executor runs plain)
-        log.debug("no prepacked %s products here: %s", dtype, exc)
+        log.debug("no prepacked %s products here: %s", dt, exc)
         return {}
     seconds = {}
     with torch.inference_mode():
