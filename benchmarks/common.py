@@ -244,6 +244,20 @@ def decode_read_bytes(model, context: int = 0) -> int:
     return sum(spec.nbytes for spec in specs.values()) + model.kv_bytes_per_token() * context
 
 
+def coded_link(bandwidth: dict, ratio: float) -> dict:
+    """``bandwidth`` (GB/s, as :func:`decode_bound_tok_s` takes it) in raw weight bytes where stream fills cross
+    the link coded at ``ratio`` link bytes a raw byte (:mod:`vramshard.runtime.wire_codec`): PCIe, alone and
+    beside the CPU's reads, carries 1/ratio raw bytes a byte, and the host memory that both readers share gives
+    the copies' share alike. ``bandwidth`` itself where ``ratio`` is 1 (fills raw)."""
+    if ratio >= 1:
+        return bandwidth
+    out = dict(bandwidth, h2d=bandwidth["h2d"] / ratio)
+    if "shared_h2d" in bandwidth:
+        out["shared_h2d"] = bandwidth["shared_h2d"] / ratio
+        out["shared_total"] = bandwidth["shared_cpu"] + out["shared_h2d"]
+    return out
+
+
 def decode_bound_tok_s(outside_bytes: int, bandwidth: dict, read_gb_s: float | None = None) -> tuple[float, float]:
     """(bound, additive bound) on decode tok/s where ``outside_bytes`` of weights are not resident: every one
     crosses PCIe or is read by the CPU, both at once at best (the additive bound), and no faster than host memory

@@ -48,10 +48,11 @@ import torch
 from vramshard.cli.bench import BenchSettings, EngineSpec, bench_engine
 from vramshard.layers.mlp import DenseFFN
 from vramshard.runtime.host_weights import HostLayouts, pack_model
+from vramshard.runtime.wire_codec import wire_ratio
 from vramshard.shapes import random_weights, shape_model
 
-from .common import (cpu_read_bandwidth, decode_bound_tok_s, decode_read_bytes, h2d_bandwidth, hardware, now, out_dir,
-                     scaled_to_this_host, shared_read_bandwidth, sync, write_json)
+from .common import (coded_link, cpu_read_bandwidth, decode_bound_tok_s, decode_read_bytes, h2d_bandwidth, hardware,
+                     now, out_dir, scaled_to_this_host, shared_read_bandwidth, sync, write_json)
 
 log = logging.getLogger("engine_bench")
 GiB = 2**30
@@ -351,8 +352,10 @@ def main() -> None:
             cells.append(cell)
             log.info("%s %s %s: %s", name, spec.label, spec.vram,
                      cell.get("error") or {k: cell.get(k) for k in ("placement", "ttft_s", "tg_tok_s", "peak_vram_bytes", "load_seconds")})
+            # The bounds count the link's bytes as the planned engine's fills move them (coded: runtime/wire_codec).
+            entry["wire_ratio"] = wire_ratio(model.dtype)
             entry["checks"] = derived_rounds(cells, model.nbytes, decode_read_bytes(model, args.pp + args.tg // 2),
-                                             bandwidth, cpu_rows)
+                                             coded_link(bandwidth, entry["wire_ratio"]), cpu_rows)
             results["elapsed_s"] = time.perf_counter() - t_start
             write_json(target, results)
         del host

@@ -61,6 +61,22 @@ def test_engine_bench_bounds_decode_by_the_smaller_of_the_two_readers_alone_and_
     assert roomy["8GiB_decode_bound_tok_s"] == pytest.approx(15.0)
 
 
+def test_engine_bench_bounds_coded_fills_by_the_raw_bytes_the_link_carries():
+    """With stream fills coded at ratio r, PCIe carries 1/r raw bytes a byte, alone and in the shared cap;
+    the CPU's read is unchanged; raw fills (r = 1) keep the measured rates."""
+    from benchmarks.common import coded_link, decode_bound_tok_s
+
+    measured = {"h2d": 50.0, "cpu_read": 100.0, "device": 4000.0, "shared_cpu": 80.0, "shared_h2d": 40.0,
+                "shared_total": 120.0}
+    assert coded_link(measured, 1.0) is measured
+    coded = coded_link(measured, 0.8)
+    assert coded["h2d"] == pytest.approx(62.5) and coded["cpu_read"] == 100.0
+    assert coded["shared_h2d"] == pytest.approx(50.0) and coded["shared_total"] == pytest.approx(130.0)
+    assert measured["h2d"] == 50.0  # (the measured rates kept as they were)
+    bound, additive = decode_bound_tok_s(10e9, coded)
+    assert additive == pytest.approx(16.25) and bound == pytest.approx(13.0)
+
+
 def test_engine_bench_judges_a_planned_cell_against_its_baseline_by_the_hosts_read_around_each():
     """Each cell carries the host's read before and after it: the checks give the planned cell's read over
     its baseline's (a lead partly the host's where it is off 1) and decode's bound at the planned cell's

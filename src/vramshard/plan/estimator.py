@@ -31,6 +31,7 @@ from ..layers.moe import GATHER_BYTES, MoEFFN
 from ..layers.sublayer import SubLayer
 from ..models.base import Model
 from ..profile.query import DECODE_ROWS, Profile
+from ..runtime.wire_codec import wire_ratio
 from .memory import expert_slot_bytes, streamed_bytes, sublayer_packed_bytes
 from .placement import Placement
 
@@ -120,12 +121,13 @@ class Mechanisms:
     cpu_gemv: bool
     zero_copy: tuple[bool, int]
     run_ahead_dense: bool = False  # split dense FFNs' CPU parts too
+    wire_codec: bool = False  # bf16 stream fills coded (runtime/wire_codec)
 
     @classmethod
     def here(cls) -> "Mechanisms":
         """This process's (or the fixed ones)."""
         return cls(run_ahead_enabled(), cpu_packed_enabled(), cpu_gemv_enabled(), zero_copy_enabled(),
-                   run_ahead_enabled(dense=True))
+                   run_ahead_enabled(dense=True), wire_codec_enabled())
 
 
 _fixed: Mechanisms | None = None
@@ -171,6 +173,16 @@ def cpu_packed_forced() -> bool:
     from ..runtime import cpu_packed  # (the mechanism's own switch)
 
     return cpu_packed.MODE == "on" and cpu_packed.packs()
+
+
+def wire_codec_enabled() -> bool:
+    """Whether the executor will stream bf16 weights coded (``VRAMSHARD_WIRE_CODEC``): each fill then
+    crosses the link in :data:`~vramshard.runtime.wire_codec.RATIO` of its bytes."""
+    if _fixed is not None:
+        return _fixed.wire_codec
+    from ..runtime import wire_codec  # (the mechanism's own switch)
+
+    return wire_codec.enabled()
 
 
 def cpu_gemv_enabled() -> bool:
@@ -302,6 +314,7 @@ class Estimator:
         self.zero_copy_efficiency = zero_copy_efficiency(profile)  # (of the copy engine's rate)
         self.zero_copy_cpu_share = zero_copy_cpu_share  # (of their host experts, computed by the CPU)
         self.sizes = sizes if sizes is not None else {}  # packed bytes by sub-layer name, filled lazily
+        self.wire_ratio = wire_ratio(model.dtype, wire_codec_enabled())  # link bytes a stream fill moves per byte
         self.profile = profile
         self.threads = threads
         self.dtype = model.dtype
@@ -408,7 +421,7 @@ class Estimator:
         return self.sizes[name]
 
     def copy_s(self, sublayer: SubLayer, contended: bool = False) -> float:
-        return self.profile.transfer_s(self.packed_bytes(sublayer.name), "h2d", contended)
+        return self.profile.transfer_s(round(self.packed_bytes(sublayer.name) * self.wire_ratio), "h2d", contended)
 
     # ------------------------------------------------------------------ dense FFN split CPU / GPU
     def fill_bytes(self, sublayer: SubLayer, where) -> int:
@@ -519,7 +532,7 @@ class Estimator:
         key = ("fill_s", sublayer.name, where.cpu_pieces if where.split else None, cpu_work)
         fill = self._cache.get(key)
         if fill is None:
-            nbytes = self.fill_bytes(sublayer, where)
+            nbytes = round(self.fill_bytes(sublayer, where) * self.wire_ratio)  # (over the link)
             fill = self._cache[key] = (nbytes, self.profile.transfer_s(nbytes, "h2d", cpu_work))
         return fill
 

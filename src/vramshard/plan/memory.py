@@ -17,6 +17,7 @@ from ..layers.moe import GATHER_BYTES
 from ..layers.rotary import ROTARY_ROWS
 from ..models.base import Model
 from ..runtime.kv_cache import DEFAULT_BLOCK_SIZE
+from ..runtime.wire_codec import STAGING_BYTES, wire_ratio
 from ..units import format_bytes
 from .placement import Placement
 
@@ -43,7 +44,7 @@ class VramNeed:
     """What a placement needs on the GPU."""
 
     resident: int  # weights pinned in VRAM
-    slots: int  # ring of slots for streamed weights
+    slots: int  # ring of slots for streamed weights (and the coded fills' staging: wire_staging_bytes)
     kv: int  # KV cache of GPU-attention layers
     workspace: int  # activations of the largest step, allocator slack
     experts: int = 0  # MoE split layers: their routers in VRAM, and the VRAM expert cache
@@ -245,12 +246,20 @@ def vram_need(model: Model, placement: Placement, kv_slots: int, max_context: in
     uses_gpu = placement.uses_gpu
     return VramNeed(
         resident=resident,
-        slots=num_slots * max(streamed, default=0) if streamed else 0,
+        slots=num_slots * max(streamed, default=0) + wire_staging_bytes(model) if streamed else 0,
         kv=kv,
         workspace=workspace_bytes(model, max_tokens, max_context, max_logit_rows, kv_slots) if uses_gpu else 0,
         experts=expert_split_bytes(model, placement) + (expert_cache if placement.expert_names("cache") else 0),
         kv_staging=kv_staging_bytes(model, kv_slots, max_context) if placement.staged_kv_names() else 0,
     )
+
+
+def wire_staging_bytes(model: Model) -> int:
+    """VRAM the coded stream fills stage their blocks in (:mod:`~vramshard.runtime.wire_codec`): its
+    staging buffer where the executor will code this model's fills, else 0."""
+    from .estimator import wire_codec_enabled  # (the mechanism as the estimator prices it)
+
+    return STAGING_BYTES if wire_ratio(model.dtype, wire_codec_enabled()) < 1 else 0
 
 
 def max_resident_layers(model: Model, budget: int, kv_slots: int, max_context: int, max_tokens: int) -> int:

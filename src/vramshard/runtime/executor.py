@@ -56,7 +56,7 @@ from .expert_split import ExpertSplitSteps
 from .host_weights import PackedWeights
 from .kv_cache import KVCache
 from .kv_staging import KVStaging
-from . import run_ahead, team_tuner, zero_copy_experts
+from . import run_ahead, team_tuner, wire_codec, zero_copy_experts
 from .cpu_down import DownCopies
 from .cpu_packed import PackedParts
 from .dropped import DroppedBuffers
@@ -218,6 +218,8 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         # memory while the rest are copied in (None: all copied in). See _run_hybrid.
         self.expert_cpu_share = expert_cpu_share
         self.decode_graphs = decode_graphs  # replay decode steps over resident runs from CUDA graphs
+        # Stream fills cross the link coded (VRAMSHARD_WIRE_CODEC; bf16 models): see runtime/wire_codec.
+        self.wire_codec = wire_codec.wire_ratio(model.dtype) < 1
         self._lock = threading.RLock()
         self.threads = threads
         self.sparing_core = False  # a core left to the planning process while it plans (spare_a_core)
@@ -418,6 +420,9 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
                                      self.gpu, self.copy_stream)
         if self.simulated or not self.uses_gpu:
             return
+        streamed = {item for p in self.plans.placements for item in _streamed(p, list(self.model))}
+        if self.wire_codec:
+            self._code({item[0] if isinstance(item, tuple) else item for item in streamed})
         if not keep_resident:
             self._load_resident()
         self._load_split()
@@ -428,11 +433,25 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
             else:
                 self.graphs = DecodeGraphs(self.resident, self.gpu, self.kv_plan[1], pool_limit=room,
                                            compile_backend=self.decode_compile)
-        streamed = {item for p in self.plans.placements for item in _streamed(p, list(self.model))}
         if streamed:
             slot_bytes = max(item_bytes(self.host, item) for item in streamed)
-            self.ring = SlotRing(slot_bytes, self.host, self.num_slots, self.gpu, self.copy_stream)
+            self.ring = SlotRing(slot_bytes, self.host, self.num_slots, self.gpu, self.copy_stream, self.wire_codec)
         torch.cuda.synchronize(self.gpu)
+
+    def _code(self, names) -> None:
+        """Give the host weights of the sub-layers ``names`` their coded blocks where they have none,
+        coded on the GPU (before this placement's VRAM is taken: the coder's temporaries are freed)."""
+        todo = [name for name in names if self.host[name].coded is None]
+        if not todo:
+            return
+        began = time.perf_counter()
+        for name in todo:
+            self.host[name].coded = wire_codec.CodedBuffer(self.host[name].buffer, self.gpu)
+        torch.cuda.empty_cache()
+        raw = sum(self.host[n].buffer.numel() for n in todo)
+        wire = sum(self.host[n].coded.wire_bytes() for n in todo)
+        log.info("coded %d streamed sub-layers' host weights for the link in %.2f s: %s over it for %s raw (x%.3f)",
+                 len(todo), time.perf_counter() - began, format_bytes(wire), format_bytes(raw), wire / max(raw, 1))
 
     def _clear_vram(self, keep_resident: bool = False) -> None:
         """Forget every VRAM buffer of the placement (KV caches are not the executor's to drop);

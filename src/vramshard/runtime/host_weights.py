@@ -24,6 +24,7 @@ from ..layers.mlp import DenseFFN
 from ..layers.sublayer import SubLayer, WeightSpec
 from ..plan.memory import align
 from .pinned_host import host_empty, pinned_empty
+from .wire_codec import CodedBuffer
 
 
 @dataclass
@@ -175,6 +176,7 @@ class PackedWeights:
     layout: PackedLayout
     buffer: torch.Tensor  # uint8 [layout.nbytes]
     views: dict[str, torch.Tensor]
+    coded: CodedBuffer | None = None  # the buffer's coded blocks, where its stream fills cross the link coded
 
 
 def pack_sublayer(sublayer: SubLayer, weights: dict[str, torch.Tensor], pin: bool,

@@ -10,6 +10,11 @@ An item of the ring's order is a sub-layer name (its whole packed buffer streams
 dense FFN split between the CPU and the GPU, ``(name, first)``: only its GPU part, pieces
 ``first..P-1`` (:class:`~vramshard.runtime.host_weights.SplitPart`), streams, so the copy
 engine fills the next layer's GPU part while the CPU computes this layer's CPU part.
+
+A ring made ``coded`` (the executor's, with ``VRAMSHARD_WIRE_CODEC`` on a bf16 model) fills the sub-layers
+whose host weights have coded blocks (:class:`~vramshard.runtime.wire_codec.CodedBuffer`) from them: they
+cross the link in about 0.75 of their bytes and are decoded on the copy stream through the ring's one
+staging buffer, so the slot's ``filled`` event still marks the weights ready.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch
 
 from ..plan.memory import align
 from .host_weights import PackedWeights
+from .wire_codec import STAGING_BYTES, FillStats
 
 StreamItem = str | tuple[str, int]  # a sub-layer streamed whole, or (dense FFN, first GPU piece) of a split
 
@@ -42,10 +48,11 @@ class Slot:
 
 
 class SlotRing:
-    """Streams the weights of ``order`` (stream items, run order) through ``num_slots`` slots."""
+    """Streams the weights of ``order`` (stream items, run order) through ``num_slots`` slots; ``coded``:
+    from the host weights' coded blocks where they have them (else raw, as without the codec)."""
 
     def __init__(self, slot_bytes: int, host: dict[str, PackedWeights], num_slots: int,
-                 device: torch.device, copy_stream: torch.cuda.Stream):
+                 device: torch.device, copy_stream: torch.cuda.Stream, coded: bool = False):
         self.order: list[StreamItem] = []
         self.host = host
         self.copy_stream = copy_stream
@@ -57,7 +64,9 @@ class SlotRing:
         self.pending: deque[tuple[StreamItem, Slot]] = deque()  # fills issued, not yet used, in order
         self._next_index = 0  # position in `order` of the next sub-layer to fill
         self._next_slot = 0
-        self.bytes_copied = 0
+        self.fills = FillStats()  # bytes over the link, and the raw bytes they stood for
+        self.coded = coded
+        self.staging = torch.empty(STAGING_BYTES, dtype=torch.uint8, device=device) if coded else None
 
     def set_order(self, order: list[StreamItem]) -> None:
         """The stream items of the placement about to run, in run order."""
@@ -68,22 +77,31 @@ class SlotRing:
 
     @property
     def nbytes(self) -> int:
-        return self.slot_bytes * len(self.slots)
+        return self.slot_bytes * len(self.slots) + (self.staging.numel() if self.staging is not None else 0)
+
+    @property
+    def bytes_copied(self) -> int:
+        """Bytes the fills so far moved over the link."""
+        return self.fills.wire
 
     def _issue_fill(self) -> None:
         item = self.order[self._next_index % len(self.order)]
         slot = self.slots[self._next_slot % len(self.slots)]
         with torch.cuda.stream(self.copy_stream):
             self.copy_stream.wait_event(slot.free)  # the previous user of the slot is done
-            if isinstance(item, tuple):  # the GPU part of a split FFN: a few contiguous ranges
-                name, first = item
-                part = self.host[name].layout.split_part(first)
-                part.fill(slot.buffer, self.host[name].buffer)
-                self.bytes_copied += sum(end - begin for begin, end, _ in part.copies)
-            else:
-                packed = self.host[item]
-                slot.buffer[: packed.layout.nbytes].copy_(packed.buffer, non_blocking=True)
-                self.bytes_copied += packed.layout.nbytes
+            name = item[0] if isinstance(item, tuple) else item
+            packed = self.host[name]
+            # The GPU part of a split FFN: a few contiguous ranges; else the whole buffer.
+            ranges = packed.layout.split_part(item[1]).copies if isinstance(item, tuple) \
+                else ((0, packed.layout.nbytes, 0),)
+            for begin, end, at in ranges:
+                target = slot.buffer[at : at + end - begin]
+                if self.coded and packed.coded is not None:
+                    packed.coded.fill(target, begin, end, self.staging, self.fills)
+                else:
+                    target.copy_(packed.buffer[begin:end], non_blocking=True)
+                    self.fills.wire += end - begin
+                    self.fills.raw += end - begin
             slot.filled.record(self.copy_stream)
         self.pending.append((item, slot))
         self._next_index += 1

@@ -1,0 +1,126 @@
+"""Stream fills raw and coded (runtime/wire_codec.py) on a GPU, against the link's bound, in one process.
+
+For the packed weights of real shapes (random, at std 0.02 as the benchmark models are, and with the heavy
+tails of trained weights), each timed with CUDA events on a copy stream as the ring runs them:
+
+- ``raw``: one pinned host->device copy of the buffer (the ring without the codec; also the link's rate);
+- ``coded``: :meth:`CodedBuffer.fill` through a staging buffer of the ring's size (copies of coded blocks,
+  each round decoded by one kernel launch);
+- ``decode``: the kernel alone over the whole buffer's coded blocks already in VRAM;
+- ``bound``: the coded bytes at the raw copy's rate (the decode free, the copy engine never idle).
+
+Also the seconds of coding each buffer on the GPU. Usage (a GPU machine):
+``PYTHONPATH=src:. python -m benchmarks.wire_codec --out results.json``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import time
+
+import torch
+
+from vramshard.runtime import wire_codec
+from vramshard.runtime.wire_codec import CodedBuffer, FillStats, decode_into
+
+log = logging.getLogger("wire_codec")
+
+# (name, dtype, matrices [rows, cols]) of one packed buffer each.
+SHAPES = [
+    ("llama3-8b FFN", torch.bfloat16, [(14336, 4096)] * 3),
+    ("llama3-8b attention", torch.bfloat16, [(6144, 4096), (4096, 4096)]),
+    ("qwen3-30b-a3b expert", torch.bfloat16, [(768, 2048)] * 3),
+    ("nemo-8b FFN (fp16)", torch.float16, [(14336, 5120)] * 3),
+]
+
+
+def packed(matrices, dtype, tails: bool, seed: int = 0) -> torch.Tensor:
+    """A pinned uint8 buffer of the matrices back to back, random at std 0.02 (made on the GPU);
+    ``tails``: divided by sqrt(uniform) as a t-like heavy tail."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    parts = []
+    for rows, cols in matrices:
+        x = torch.randn(rows, cols, device="cuda", generator=g) * 0.02
+        if tails:
+            x /= torch.rand(rows, cols, device="cuda", generator=g).clamp_min(1e-3).sqrt()
+        parts.append(x.to(dtype).view(torch.uint8).view(-1))
+    device_bytes = torch.cat(parts)
+    host = torch.empty(device_bytes.numel(), dtype=torch.uint8, pin_memory=True)
+    host.copy_(device_bytes)
+    return host
+
+
+def timed(fn, stream: torch.cuda.Stream, repeats: int) -> float:
+    """Median seconds of ``fn`` queued on ``stream`` (events around each run, after a warm-up)."""
+    times = []
+    for i in range(repeats + 1):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(stream):
+            start.record(stream)
+            fn()
+            end.record(stream)
+        end.synchronize()
+        if i:
+            times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def measure(name: str, dtype, matrices, tails: bool, repeats: int) -> dict:
+    host = packed(matrices, dtype, tails)
+    n = host.numel()
+    began = time.perf_counter()
+    coded = CodedBuffer(host, "cuda")
+    torch.cuda.synchronize()
+    encode_s = time.perf_counter() - began
+    target = torch.empty(n, dtype=torch.uint8, device="cuda")
+    staging = torch.empty(wire_codec.STAGING_BYTES, dtype=torch.uint8, device="cuda")
+    stream = torch.cuda.Stream()
+    raw_s = timed(lambda: target.copy_(host, non_blocking=True), stream, repeats)
+    coded_s = timed(lambda: coded.fill(target, 0, n, staging), stream, repeats)
+    torch.cuda.synchronize()
+    exact = torch.equal(target.cpu(), host)
+    row = {"buffer": name, "tails": tails, "dtype": str(dtype).split(".")[-1], "raw_bytes": n,
+           "wire_bytes": coded.wire_bytes(), "coded": coded.coded is not None, "overflowed_blocks": len(coded.overflow),
+           "encode_s": encode_s, "raw_s": raw_s, "coded_s": coded_s, "exact": exact,
+           "link_gb_s": n / raw_s / 1e9, "bound_s": coded.wire_bytes() / (n / raw_s)}
+    if coded.coded is not None:
+        on_device = coded.coded.cuda()
+        row["decode_s"] = timed(lambda: decode_into(on_device, target[: coded.blocks * wire_codec.BLOCK_BYTES].view(
+            torch.int16)), stream, repeats)
+    row["speedup"] = raw_s / coded_s
+    row["of_bound"] = row["bound_s"] / coded_s
+    stats = FillStats()
+    coded.fill(target, 0, n, staging, stats)
+    torch.cuda.synchronize()
+    log.info("%-22s %s: %.1f MB, wire x%.3f; raw %.2f ms (%.1f GB/s), coded %.2f ms (x%.2f faster, %.0f%% of its "
+             "bound %.2f ms), decode alone %s; coded in %.2f s; exact %s", name, "tails" if tails else "normal",
+             n / 1e6, coded.wire_bytes() / n, raw_s * 1e3, row["link_gb_s"], coded_s * 1e3, row["speedup"],
+             100 * row["of_bound"], row["bound_s"] * 1e3,
+             f"{row['decode_s'] * 1e3:.3f} ms" if "decode_s" in row else "-", encode_s, exact)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--out", default=None, help="write the rows as JSON here")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if not torch.cuda.is_available():
+        parser.error("this benchmark needs a CUDA GPU")
+    rows = [measure(name, dtype, matrices, tails, args.repeats)
+            for name, dtype, matrices in SHAPES for tails in ((False, True) if dtype == torch.bfloat16 else (False,))]
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "staging_bytes": wire_codec.STAGING_BYTES,
+              "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "rows": rows}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0 if all(r["exact"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

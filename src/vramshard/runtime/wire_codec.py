@@ -1,0 +1,233 @@
+"""bf16 weights over PCIe in 0.754 of their bytes, bit for bit.
+
+A streamed sub-layer's bytes cross the link once a step, so wherever the copy engine is the critical
+path, the link's bytes set the step. The exponents of weights, trained or random, take few values (a
+bf16 weight's 8 exponent bits carry about 2.6 bits), so each block of :data:`BLOCK` 16-bit words is
+coded in a fixed :data:`CODED_BLOCK` bytes::
+
+    table  uint8 [15]     the block's 15 most frequent exponents (codes 0..14)
+    flag   uint8          1: the block had more than ESCAPES escapes (its words are copied raw instead)
+    sm     uint8 [BLOCK]  each word's sign bit and 7 mantissa bits, as they are
+    codes  uint8 [BLOCK/2]  word 2i's code in the low nibble, word 2i+1's in the high one; 15: an escape
+    esc    uint8 [ESCAPES]  the exponents of the escaped words, in word order
+
+Blocks of a fixed size make any run of blocks one contiguous copy whose decode needs no index: one
+Triton program a block (:func:`decode_into`; torch's ops without a GPU) rebuilds the words at HBM speed.
+Any 16-bit words round-trip exactly; words whose exponent field takes many values (fp16 and fp32
+bytes, noise) overflow their blocks, which are then copied raw, and :class:`CodedBuffer` keeps such a
+buffer raw altogether.
+
+:class:`CodedBuffer` holds a packed host buffer's coded blocks beside it; :meth:`CodedBuffer.fill` puts
+any byte range of it in VRAM through a small staging buffer: the whole blocks inside the range coded,
+in rounds of at most the staging's size, the ragged ends and overflowed blocks raw.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import torch
+
+from ..env import switch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # no Triton (CPU-only torch): the torch decode serves
+    triton = None
+
+BLOCK = 4096  # 16-bit words a coded block holds (8 KiB raw)
+BLOCK_BYTES = 2 * BLOCK
+ESCAPES = 16  # escaped exponents a block holds
+ESCAPE = 15  # the code of an escaped word
+SM_AT = 16
+CODES_AT = SM_AT + BLOCK
+ESC_AT = CODES_AT + BLOCK // 2
+CODED_BLOCK = ESC_AT + ESCAPES  # 6176 bytes: 0.754 of the raw block
+RATIO = CODED_BLOCK / BLOCK_BYTES
+STAGING_BYTES = 4096 * CODED_BLOCK  # 24.1 MiB: the coded blocks of one round of a fill (32 MiB raw)
+MOST_OVERFLOW = 0.01  # a buffer with more of its blocks overflowed stays raw
+ENCODE_BLOCKS = 256  # blocks coded at once (its temporaries: about 33 MB)
+
+
+def enabled() -> bool:
+    """``$VRAMSHARD_WIRE_CODEC``: stream bf16 weights coded (off unless set on)."""
+    return switch("VRAMSHARD_WIRE_CODEC", False)
+
+
+def wire_ratio(dtype: torch.dtype, on: bool | None = None) -> float:
+    """Link bytes a streamed fill of weights of ``dtype`` moves per raw byte: :data:`RATIO` for bf16
+    with the codec on (``on``; None: :func:`enabled`), else 1."""
+    on = enabled() if on is None else on
+    return RATIO if on and dtype == torch.bfloat16 else 1.0
+
+
+def encode_blocks(words: torch.Tensor) -> torch.Tensor:
+    """Code int16 ``words`` [nblocks * BLOCK] (any device): uint8 [nblocks, CODED_BLOCK] there (a view,
+    rows not back to back)."""
+    if words.dim() != 1 or words.dtype != torch.int16 or words.numel() % BLOCK:
+        raise ValueError(f"encode_blocks takes int16 words in whole blocks of {BLOCK}, got "
+                         f"{tuple(words.shape)} {words.dtype}")
+    w = words.view(-1, BLOCK)
+    nb, device = w.shape[0], w.device
+    exponent = ((w >> 7) & 0xFF).to(torch.int64)
+    counts = torch.zeros(nb, 256, dtype=torch.int32, device=device)
+    counts.scatter_add_(1, exponent, torch.ones_like(exponent, dtype=torch.int32))
+    table = counts.topk(ESCAPE, dim=1).indices  # [nb, 15]
+    lookup = torch.full((nb, 256), ESCAPE, dtype=torch.uint8, device=device)
+    lookup.scatter_(1, table, torch.arange(ESCAPE, dtype=torch.uint8, device=device).expand(nb, ESCAPE))
+    code = lookup.gather(1, exponent)  # [nb, BLOCK]
+    escaped = code == ESCAPE
+    rank = escaped.to(torch.int32).cumsum(1) - 1
+    out = torch.zeros(nb, CODED_BLOCK + 1, dtype=torch.uint8, device=device)  # (+1: a column for the overflow)
+    out[:, :ESCAPE] = table.to(torch.uint8)
+    out[:, ESCAPE] = (rank[:, -1] >= ESCAPES).to(torch.uint8)
+    out[:, SM_AT:CODES_AT] = (((w >> 8) & 0x80) | (w & 0x7F)).to(torch.uint8)
+    pairs = code.view(nb, BLOCK // 2, 2)
+    out[:, CODES_AT:ESC_AT] = pairs[..., 0] | (pairs[..., 1] << 4)
+    column = torch.where(escaped & (rank < ESCAPES), ESC_AT + rank, CODED_BLOCK).to(torch.int64)
+    out.scatter_(1, column, exponent.to(torch.uint8))
+    return out[:, :CODED_BLOCK]
+
+
+def decode_torch(coded: torch.Tensor) -> torch.Tensor:
+    """The words of coded blocks ``coded`` (uint8 [nblocks * CODED_BLOCK]) with torch's ops: int16
+    [nblocks * BLOCK] on ``coded``'s device (overflowed blocks' words are garbage, as from the kernel)."""
+    c = coded.view(-1, CODED_BLOCK)
+    sm = c[:, SM_AT:CODES_AT].to(torch.int32)
+    pairs = c[:, CODES_AT:ESC_AT].to(torch.int32)
+    code = torch.stack([pairs & 15, pairs >> 4], dim=2).view(c.shape[0], BLOCK)
+    escaped = code == ESCAPE
+    exponent = c[:, :16].to(torch.int32).gather(1, code.to(torch.int64))
+    rank = (escaped.to(torch.int64).cumsum(1) - 1).clamp(0, ESCAPES - 1)
+    exponent = torch.where(escaped, c[:, ESC_AT:].to(torch.int32).gather(1, rank), exponent)
+    word = ((sm & 0x80) << 8) | (exponent << 7) | (sm & 0x7F)
+    return torch.where(word >= 0x8000, word - 0x10000, word).to(torch.int16).view(-1)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _decode(coded, out, BLOCK: tl.constexpr, CODED_BLOCK: tl.constexpr, SM_AT: tl.constexpr,
+                CODES_AT: tl.constexpr, ESC_AT: tl.constexpr):
+        b = tl.program_id(0).to(tl.int64)
+        base = coded + b * CODED_BLOCK
+        i = tl.arange(0, BLOCK)
+        sm = tl.load(base + SM_AT + i).to(tl.int32)
+        pair = tl.load(base + CODES_AT + i // 2).to(tl.int32)
+        code = (pair >> ((i % 2) * 4)) & 15
+        exponent = tl.load(base + code).to(tl.int32)
+        escaped = code == 15
+        rank = tl.cumsum(escaped.to(tl.int32), axis=0) - 1
+        raw = tl.load(base + ESC_AT + rank, mask=escaped, other=0).to(tl.int32)
+        exponent = tl.where(escaped, raw, exponent)
+        word = ((sm & 0x80) << 8) | (exponent << 7) | (sm & 0x7F)
+        keep = tl.load(base + 15) == 0  # an overflowed block is copied raw after
+        tl.store(out + b * BLOCK + i, word.to(tl.int16), mask=keep & (i < BLOCK))
+
+
+def decode_into(coded: torch.Tensor, out: torch.Tensor) -> None:
+    """Decode coded blocks (uint8 [nblocks * CODED_BLOCK]) into ``out`` (int16 [nblocks * BLOCK], same
+    device) on the current stream: one Triton launch on a GPU, torch's ops elsewhere. Overflowed blocks
+    are left as they were."""
+    blocks = coded.numel() // CODED_BLOCK
+    if coded.is_cuda and triton is not None:
+        _decode[(blocks,)](coded, out, BLOCK=BLOCK, CODED_BLOCK=CODED_BLOCK, SM_AT=SM_AT, CODES_AT=CODES_AT,
+                           ESC_AT=ESC_AT)
+        return
+    keep = coded.view(blocks, CODED_BLOCK)[:, ESCAPE] == 0
+    words = decode_torch(coded).view(blocks, BLOCK)
+    out.view(blocks, BLOCK)[keep] = words[keep]
+
+
+def pinned_like(n: int, pin: bool) -> torch.Tensor:
+    return torch.empty(n, dtype=torch.uint8, pin_memory=pin)
+
+
+@dataclass
+class FillStats:
+    """Bytes of fills so far: over the link, and what they stand for raw."""
+
+    wire: int = 0
+    raw: int = 0
+
+
+class CodedBuffer:
+    """The coded blocks of a packed host buffer ``raw`` (uint8, pinned where it is), made on
+    ``device`` (a GPU codes a model in seconds; the CPU in about 15 ns a word on two cores).
+
+    ``coded`` is None where more than :data:`MOST_OVERFLOW` of the blocks overflowed: such a buffer
+    (an fp16 or fp32 one) is not worth a decode, and fills copy it raw.
+    """
+
+    def __init__(self, raw: torch.Tensor, device: torch.device | str = "cpu", pin: bool | None = None):
+        if raw.dtype != torch.uint8 or raw.dim() != 1:
+            raise ValueError("a coded buffer needs a 1-D uint8 buffer")
+        self.raw = raw
+        self.blocks = raw.numel() // BLOCK_BYTES  # whole blocks; a ragged end is always copied raw
+        pin = raw.is_pinned() if pin is None else pin
+        coded = pinned_like(self.blocks * CODED_BLOCK, pin) if self.blocks else None
+        overflow: list[int] = []
+        for first in range(0, self.blocks, ENCODE_BLOCKS):
+            last = min(self.blocks, first + ENCODE_BLOCKS)
+            words = raw[first * BLOCK_BYTES : last * BLOCK_BYTES].to(device, non_blocking=True).view(torch.int16)
+            blocks = encode_blocks(words)
+            flags = blocks[:, ESCAPE].nonzero().view(-1)
+            overflow.extend(first + int(b) for b in flags.tolist())
+            if len(overflow) > MOST_OVERFLOW * self.blocks:
+                coded = None
+                break
+            coded[first * CODED_BLOCK : last * CODED_BLOCK].view(-1, CODED_BLOCK).copy_(blocks)
+        self.coded = coded
+        self.overflow = overflow if coded is not None else []
+
+    @property
+    def host_bytes(self) -> int:
+        """Host bytes the coded blocks take beside the raw buffer."""
+        return 0 if self.coded is None else self.coded.numel()
+
+    def wire_bytes(self, begin: int = 0, end: int | None = None) -> int:
+        """Bytes a fill of raw bytes [begin, end) moves over the link."""
+        end = self.raw.numel() if end is None else end
+        first, last = self._blocks(begin, end)
+        if self.coded is None or last <= first:
+            return end - begin
+        overflowed = bisect.bisect_left(self.overflow, last) - bisect.bisect_left(self.overflow, first)
+        return (end - begin) - (last - first) * BLOCK_BYTES + (last - first) * CODED_BLOCK + overflowed * BLOCK_BYTES
+
+    @staticmethod
+    def _blocks(begin: int, end: int) -> tuple[int, int]:
+        """The whole blocks inside [begin, end)."""
+        return -(-begin // BLOCK_BYTES), end // BLOCK_BYTES
+
+    def fill(self, target: torch.Tensor, begin: int, end: int, staging: torch.Tensor,
+             stats: FillStats | None = None) -> None:
+        """Put raw bytes [begin, end) into ``target`` (uint8 on the GPU, ``end - begin`` bytes, 2-byte
+        aligned) on the current stream: whole blocks coded, through ``staging`` (at least one block;
+        the stream's next copy into it waits for the decode before it), the rest raw."""
+        first, last = self._blocks(begin, end)
+        if self.coded is None or last <= first:
+            target.copy_(self.raw[begin:end], non_blocking=True)
+            if stats is not None:
+                stats.wire += end - begin
+                stats.raw += end - begin
+            return
+        head, tail = first * BLOCK_BYTES, last * BLOCK_BYTES
+        if head > begin:
+            target[: head - begin].copy_(self.raw[begin:head], non_blocking=True)
+        if end > tail:
+            target[tail - begin :].copy_(self.raw[tail:end], non_blocking=True)
+        per_round = max(1, staging.numel() // CODED_BLOCK)
+        for start in range(first, last, per_round):
+            stop = min(last, start + per_round)
+            stage = staging[: (stop - start) * CODED_BLOCK]
+            stage.copy_(self.coded[start * CODED_BLOCK : stop * CODED_BLOCK], non_blocking=True)
+            at = start * BLOCK_BYTES - begin
+            decode_into(stage, target[at : at + (stop - start) * BLOCK_BYTES].view(torch.int16))
+        for block in self.overflow[bisect.bisect_left(self.overflow, first) : bisect.bisect_left(self.overflow, last)]:
+            at = block * BLOCK_BYTES
+            target[at - begin : at - begin + BLOCK_BYTES].copy_(self.raw[at : at + BLOCK_BYTES], non_blocking=True)
+        if stats is not None:
+            stats.wire += self.wire_bytes(begin, end)
+            stats.raw += end - begin

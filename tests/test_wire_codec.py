@@ -1,0 +1,203 @@
+"""The link codec (runtime/wire_codec.py): any bytes round-trip exactly through its blocks, fills of any
+range put back the raw bytes, bf16 weights cross in RATIO of their bytes, and the planner prices and
+budgets what the executor will run."""
+
+import pytest
+import torch
+
+from vramshard.plan.estimator import Estimator, Mechanisms, fixed_mechanisms
+from vramshard.plan.memory import vram_need
+from vramshard.plan.placement import GPU_STREAMED, Placement
+from vramshard.models import build_model
+from vramshard.runtime import budget as budgets
+from vramshard.plan.tiers import Tiers
+from vramshard.profile.query import synthetic
+from vramshard.runtime import plan_wire, wire_codec
+from vramshard.runtime.wire_codec import (BLOCK, BLOCK_BYTES, CODED_BLOCK, ESCAPES, RATIO, STAGING_BYTES,
+                                          CodedBuffer, FillStats, decode_into, decode_torch, encode_blocks)
+from vramshard.shapes import shape_config, shape_model
+
+PROFILE = synthetic(cpu_gflops=1500, gpu_gflops=200_000, h2d_gbps=50, cpu_mem_gbps=80, gpu_mem_gbps=1500)
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def weights(n: int, seed: int = 0, dtype=torch.bfloat16) -> torch.Tensor:
+    """``n`` weights as raw bytes: normal at std 0.02, with heavy tails (a t-distribution's) in the second
+    half, as trained weights have, and a few zeros, infinities and NaNs."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g) * 0.02
+    half = n // 2
+    x[half:] = x[half:] / torch.rand(n - half, generator=g).clamp_min(1e-3).sqrt()
+    x[:: 997] = 0.0
+    x[5] = float("inf")
+    x[11] = float("nan")
+    x[17] = -0.0
+    return x.to(dtype).view(torch.uint8)
+
+
+def test_blocks_round_trip_any_words_bit_for_bit():
+    bf16 = weights(BLOCK * 8).view(torch.int16)
+    noise = torch.randint(-2**15, 2**15, (BLOCK * 3,), dtype=torch.int32, generator=torch.Generator().manual_seed(1))
+    noise = noise.to(torch.int16)
+    for words in (bf16, noise):
+        coded = encode_blocks(words)
+        assert coded.shape == (words.numel() // BLOCK, CODED_BLOCK)
+        flags = coded[:, 15]
+        back = decode_torch(coded.reshape(-1)).view(-1, BLOCK)
+        whole = words.view(-1, BLOCK)
+        # Every block that did not overflow its escapes decodes to its words exactly.
+        assert torch.equal(back[flags == 0], whole[flags == 0])
+    assert not encode_blocks(bf16)[:, 15].any()  # weights never overflow
+    assert encode_blocks(noise)[:, 15].all()  # noise always does
+
+
+def test_a_block_at_its_escape_limit_decodes_and_one_past_it_overflows():
+    words = torch.zeros(BLOCK, dtype=torch.int16)
+    # 15 frequent exponents fill the table; ESCAPES words of rarer exponents (each distinct) escape.
+    group = (BLOCK - ESCAPES) // 15
+    for i in range(15):
+        words[i * group : (i + 1) * group] = ((100 + i) << 7) | i
+    rare = torch.arange(ESCAPES + 1, dtype=torch.int16)
+    words[-ESCAPES:] = ((rare[:ESCAPES] + 1) << 7) | 0x15
+    coded = encode_blocks(words)
+    assert coded[0, 15] == 0
+    assert torch.equal(decode_torch(coded.reshape(-1)), words)
+    words[0] = ((ESCAPES + 1) << 7) | 0x2A  # one more escape (its group keeps its place in the table)
+    assert encode_blocks(words)[0, 15] == 1
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, gpu])])
+def test_fills_of_any_range_give_back_the_raw_bytes(device):
+    raw = weights(BLOCK * 150 + 777)  # a ragged last block
+    raw[BLOCK_BYTES * 7 : BLOCK_BYTES * 8] = torch.randint(0, 256, (BLOCK_BYTES,), dtype=torch.uint8)  # overflows
+    coded = CodedBuffer(raw, device)
+    assert coded.overflow == [7]
+    staging = torch.empty(3 * CODED_BLOCK, dtype=torch.uint8, device=device)  # rounds of 3 blocks
+    ranges = [(0, raw.numel()), (2, raw.numel() - 2), (BLOCK_BYTES, 5 * BLOCK_BYTES), (10, 300),
+              (BLOCK_BYTES - 2, 2 * BLOCK_BYTES + 2), (6 * BLOCK_BYTES + 4, 9 * BLOCK_BYTES)]
+    for begin, end in ranges:
+        target = torch.full((end - begin,), 0xAB, dtype=torch.uint8, device=device)
+        stats = FillStats()
+        coded.fill(target, begin, end, staging, stats)
+        assert torch.equal(target.cpu(), raw[begin:end]), (begin, end)
+        assert stats.raw == end - begin and stats.wire == coded.wire_bytes(begin, end)
+    whole = FillStats()
+    coded.fill(torch.empty_like(raw, device=device), 0, raw.numel(), staging, whole)
+    # 150 coded blocks, the overflowed one again raw, and the ragged end raw.
+    assert whole.wire == 150 * CODED_BLOCK + BLOCK_BYTES + 2 * 777
+
+
+def test_bf16_weights_cross_in_the_ratio_and_other_bytes_stay_raw():
+    bf16 = CodedBuffer(weights(BLOCK * 64))
+    assert bf16.coded is not None and bf16.wire_bytes() == 64 * CODED_BLOCK
+    assert bf16.wire_bytes() / bf16.raw.numel() == pytest.approx(RATIO) and RATIO < 0.76
+    fp16 = CodedBuffer(weights(BLOCK * 64, dtype=torch.float16))
+    assert fp16.coded is None and fp16.wire_bytes() == fp16.raw.numel() and fp16.host_bytes == 0
+    target = torch.empty_like(fp16.raw)
+    fp16.fill(target, 0, target.numel(), torch.empty(CODED_BLOCK, dtype=torch.uint8))
+    assert torch.equal(target, fp16.raw)
+
+
+def test_the_switch_reads_on_and_off(monkeypatch):
+    monkeypatch.delenv("VRAMSHARD_WIRE_CODEC", raising=False)
+    assert not wire_codec.enabled() and wire_codec.wire_ratio(torch.bfloat16) == 1.0
+    monkeypatch.setenv("VRAMSHARD_WIRE_CODEC", "on")
+    assert wire_codec.enabled()
+    assert wire_codec.wire_ratio(torch.bfloat16) == RATIO and wire_codec.wire_ratio(torch.float16) == 1.0
+
+
+def _mechanisms(codec: bool) -> Mechanisms:
+    return Mechanisms(False, False, False, (False, 0), False, codec)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_the_planner_prices_and_budgets_coded_fills(dtype):
+    """With the codec on, a bf16 model's streamed fills are priced at RATIO of their bytes and its plans
+    hold the staging buffer; an fp16 model's are as without it."""
+    model = shape_model("llama3-8b", getattr(torch, dtype))
+    placement = Placement("stream", tuple((s.name, GPU_STREAMED) for s in model))
+    ffn = next(s for s in model if s.kind == "ffn")
+    results = {}
+    for codec in (False, True):
+        with fixed_mechanisms(_mechanisms(codec)):
+            estimator = Estimator(model, PROFILE)
+            need = vram_need(model, placement, 1, 1024, 16)
+            results[codec] = (estimator.copy_s(ffn), need.slots, estimator.simulate(placement, 1, 1024).bytes_streamed)
+    coded = dtype == "bfloat16"
+    off, on = results[False], results[True]
+    if coded:
+        assert on[0] < 0.8 * off[0]
+        assert on[1] == off[1] + STAGING_BYTES
+        assert on[2] == pytest.approx(RATIO * off[2], rel=1e-3)
+    else:
+        assert on == off
+
+
+def test_the_planning_request_carries_the_codec():
+    model = build_model(shape_config("llama3-8b"), torch.bfloat16)
+    settings = budgets.PlanSettings(PROFILE, Tiers((1, 64)), 1024, 2, "llama3-8b")
+    for codec in (False, True):
+        request = plan_wire.request(plan_wire.model_recipe(model), settings, None, None, False, _mechanisms(codec))
+        *_, mechanisms = plan_wire.read_request(plan_wire.loads(plan_wire.dumps(request)))
+        assert mechanisms == _mechanisms(codec)
+
+
+@pytest.mark.gpu
+@gpu
+def test_the_kernel_decodes_as_torch_does():
+    raw = weights(BLOCK * 300)
+    coded = encode_blocks(raw.view(torch.int16).cuda()).reshape(-1).contiguous()
+    out = torch.zeros(BLOCK * 300, dtype=torch.int16, device="cuda")
+    decode_into(coded, out)
+    assert torch.equal(out.cpu(), raw.view(torch.int16))
+    assert torch.equal(decode_torch(coded).cpu(), raw.view(torch.int16))
+    assert coded.numel() <= STAGING_BYTES * 300 // 4096
+
+
+@pytest.fixture(scope="module")
+def bf16_llama(tmp_path_factory) -> str:
+    """A small bf16 Llama whose FFN matrices span whole coded blocks (256 x 1024: 64 blocks each)."""
+    import transformers as tf
+
+    config = tf.LlamaConfig(vocab_size=96, hidden_size=256, intermediate_size=1024, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                            bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(config).to(torch.bfloat16)
+    path = tmp_path_factory.mktemp("bf16_llama")
+    model.save_pretrained(path)
+    return str(path)
+
+
+def _streamed_placement(model, split: bool) -> Placement:
+    from vramshard.plan.placement import CPU, GPU_RESIDENT, split_ffn
+
+    fixed = {"embed": CPU, "head": GPU_RESIDENT}
+    return Placement("coded", tuple((s.name, fixed.get(s.kind) or (
+        split_ffn(5) if split and s.kind == "ffn" else GPU_STREAMED)) for s in model))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("split", [False, True], ids=["whole", "split"])
+def test_coded_fills_compute_the_same_logits_bit_for_bit(bf16_llama, monkeypatch, split):
+    """Streamed whole and as split FFNs' GPU parts, the engine's logits and greedy tokens with the codec
+    are those without it, bit for bit, while its fills cross the link in about RATIO of their bytes."""
+    from placement_helpers import PROMPT, trace_logits
+    from vramshard import Engine
+
+    out = {}
+    for codec in ("off", "on"):
+        monkeypatch.setenv("VRAMSHARD_WIRE_CODEC", codec)
+        engine = Engine.load(bf16_llama, device="cuda", dtype="bfloat16", max_context=64,
+                             placement=_streamed_placement(Engine.load(bf16_llama, device="cpu").model, split))
+        logits = trace_logits(engine)
+        fills = engine.executor.ring.fills
+        out[codec] = (logits, engine.generate([PROMPT], 12), fills.wire / fills.raw,
+                      engine.executor.report.bytes_streamed)
+        del engine
+    assert torch.equal(out["on"][0], out["off"][0])
+    assert out["on"][1] == out["off"][1]
+    assert out["off"][2] == 1.0 and out["on"][2] < 0.8
+    assert out["on"][3] < 0.8 * out["off"][3]
