@@ -31,9 +31,10 @@ from vramshard.plan.placement import named_placement
 from vramshard.runtime.executor import Executor
 from vramshard.runtime.graphs import DecodeGraphs
 from vramshard.runtime.host_weights import pack_model
+from vramshard.runtime.wire_codec import wire_ratio
 from vramshard.shapes import random_weights, shape_model
 
-from .common import cpu_read_bandwidth, h2d_bandwidth, hardware, now, out_dir, timed, write_json
+from .common import coded_link, cpu_read_bandwidth, h2d_bandwidth, hardware, now, out_dir, timed, write_json
 
 log = logging.getLogger("executor_bench")
 GiB = 2**30
@@ -131,7 +132,8 @@ def run_cell(model, host, spec, budget, args, bw, extra: list | None = None) -> 
         return cell
     resident = executor.need.resident
     non_resident = model.nbytes - resident
-    cell["bound_tok_s"] = (bw["h2d"] + bw["cpu_read"]) / max(non_resident, 1) if non_resident else None
+    link = coded_link(bw, wire_ratio(model.dtype) if executor.wire_codec else 1.0)  # (coded fills carry more)
+    cell["bound_tok_s"] = (link["h2d"] + link["cpu_read"]) / max(non_resident, 1) if non_resident else None
     cell["resident_gib"] = resident / GiB
     step = decode_seconds(executor, args.ctx, args.decode_steps)
     cell["decode_tok_s"] = 1 / step

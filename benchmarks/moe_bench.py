@@ -39,7 +39,7 @@ from vramshard.plan.memory import expert_slot_bytes, max_resident_layers, moe_la
 from vramshard.plan.placement import named_placement
 from vramshard.plan.planner import Planner, machine_profile
 from vramshard.plan.tiers import Tiers
-from vramshard.runtime import zero_copy_experts
+from vramshard.runtime import wire_codec, zero_copy_experts
 from vramshard.runtime.executor import Executor
 from vramshard.runtime.host_weights import PackedLayout, PackedWeights, _empty_host
 from vramshard.shapes import shape_model
@@ -244,7 +244,9 @@ def routed_bound(model, executor, bw) -> dict:
     # experts (a split layer keeps its main piece in VRAM).
     non_expert += sum(s.main_bytes for s in moe if s.name not in executor.resident
                       and s.name not in executor.split_weights)
-    total = missed + non_expert
+    # Coded stream fills (VRAMSHARD_WIRE_CODEC) carry the streamed non-expert weights in RATIO of their bytes; the
+    # routed experts' reads (cache fills, the GPU's zero-copy kernels, the CPU) are raw.
+    total = missed + non_expert * (wire_codec.RATIO if executor.wire_codec else 1.0)
     bandwidth = min(bw["h2d"] + bw["cpu_read"], bw["shared_total"])  # the memory bus may be the limit
     return {"routed_bytes_per_token": routed, "missed_routed_bytes": missed, "other_nonresident_bytes": non_expert,
             "bound_tok_s": bandwidth / total if total else None,

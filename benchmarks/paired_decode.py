@@ -31,9 +31,10 @@ import torch
 from vramshard import Engine
 from vramshard.cli.bench import BenchSettings, _prompts, warm_up
 from vramshard.runtime.host_weights import HostLayouts, pack_model
+from vramshard.runtime.wire_codec import wire_ratio
 from vramshard.shapes import random_weights, shape_model
 
-from .common import (cpu_read_bandwidth, decode_bound_tok_s, h2d_bandwidth, hardware, now, out_dir,
+from .common import (coded_link, cpu_read_bandwidth, decode_bound_tok_s, h2d_bandwidth, hardware, now, out_dir,
                      shared_read_bandwidth, write_json)
 from .engine_bench import MODELS, device_bandwidth, planner_profile
 
@@ -193,7 +194,8 @@ def main() -> None:
             entry["prompts"][str(pp)] = {
                 "rounds": rounds, "seconds": time.perf_counter() - began,
                 "planned_switches_in_rounds": [e.get("why") for e in list(planned.budget.events)[events_before:]],
-                "summary": summary(rounds, model.nbytes - planned.executor.need.resident, bandwidth)}
+                "summary": summary(rounds, model.nbytes - planned.executor.need.resident,
+                                   coded_link(bandwidth, wire_ratio(model.dtype)))}
             for decoding in pair:
                 decoding.close()
             # (engine_bench's cell line: gpu_session/switches_after_warmup.py ends a cell at it)

@@ -38,9 +38,11 @@ from vramshard.plan.planner import Planner
 from vramshard.plan.tiers import Tiers
 from vramshard.runtime.executor import Executor
 from vramshard.runtime.host_weights import HostLayouts, pack_model
+from vramshard.runtime.wire_codec import wire_ratio
 from vramshard.shapes import random_weights, shape_model
 
-from .common import cpu_read_bandwidth, decode_read_bytes, h2d_bandwidth, hardware, now, out_dir, shared_read_bandwidth, timed, write_json
+from .common import (coded_link, cpu_read_bandwidth, decode_read_bytes, h2d_bandwidth, hardware, now, out_dir,
+                     shared_read_bandwidth, timed, write_json)
 
 log = logging.getLogger("planner_bench")
 GiB = 2**30
@@ -102,8 +104,9 @@ def run_model(name: str, args, profile, bw, on_cell=None, deadline: float | None
         pinned_bytes = plan.need.resident
         # Host weight bytes a decode step reads, one way or the other (the embedding is a gather of one row per token).
         streamed_or_read = max(decode_read_bytes(model) - pinned_bytes, 1)
-        additive = (bw["h2d"] + bw["cpu_read"]) / streamed_or_read
-        shared = bw["shared_total"] / streamed_or_read
+        link = coded_link(bw, wire_ratio(model.dtype))  # (raw bytes the link carries: coded fills carry more)
+        additive = (link["h2d"] + link["cpu_read"]) / streamed_or_read
+        shared = link["shared_total"] / streamed_or_read
         bound = min(additive, shared)
         for tier, tier_plan in sorted(plan.tiers.items()):
             if deadline is not None and time.perf_counter() > deadline:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from benchmarks.common import decode_read_bytes
+from vramshard.runtime.wire_codec import RATIO
 from vramshard.models import build_model
 from vramshard.shapes import shape_config, shape_model
 
@@ -210,7 +211,7 @@ def test_moe_bench_bounds_experts_on_the_cpu_by_the_hosts_read_alone_and_any_cel
     model = shape_model("qwen3-30b-a3b")
     moe = [s for s in model if isinstance(s, MoEFFN)]
     executor = SimpleNamespace(resident={s.name for s in model if not isinstance(s, MoEFFN)}, expert_cache=None,
-                               split_weights={s.name: {} for s in moe})
+                               split_weights={s.name: {} for s in moe}, wire_codec=False)
     bw = {"h2d": 55.0e9, "cpu_read": 125.0e9, "shared_total": 145.0e9}
     bound = routed_bound(model, executor, bw)
     routed = bound["routed_bytes_per_token"]
@@ -219,6 +220,15 @@ def test_moe_bench_bounds_experts_on_the_cpu_by_the_hosts_read_alone_and_any_cel
     assert bound["bound_tok_s"] == pytest.approx(145.0e9 / routed)  # (the shared cap, below 55 + 125)
     assert bound["host_read_bound_tok_s"] == pytest.approx(125.0e9 / routed)
     assert bound["pcie_bound_tok_s"] == pytest.approx(55.0e9 / routed)
+    # A streamed attention's bytes count at the codec's ratio where its fills are coded (the experts' stay raw).
+    attention = next(s for s in model if s.kind == "attn")
+    executor.resident.discard(attention.name)
+    raw = routed_bound(model, executor, bw)
+    executor.wire_codec = True
+    coded = routed_bound(model, executor, bw)
+    assert raw["other_nonresident_bytes"] == coded["other_nonresident_bytes"] == attention.nbytes
+    assert coded["pcie_bound_tok_s"] == pytest.approx(55.0e9 / (routed + RATIO * attention.nbytes))
+    assert raw["pcie_bound_tok_s"] == pytest.approx(55.0e9 / (routed + attention.nbytes))
 
 
 def test_plan_replay_batch_packs_at_64_rows_only_where_the_packed_factor_gains(capsys):

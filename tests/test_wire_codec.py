@@ -201,3 +201,41 @@ def test_coded_fills_compute_the_same_logits_bit_for_bit(bf16_llama, monkeypatch
     assert out["on"][1] == out["off"][1]
     assert out["off"][2] == 1.0 and out["on"][2] < 0.8
     assert out["on"][3] < 0.8 * out["off"][3]
+
+
+def test_the_coded_copies_are_made_only_where_half_the_available_host_memory_holds_them():
+    raw = 1000 * BLOCK_BYTES
+    need = 1000 * CODED_BLOCK
+    assert wire_codec.host_room(raw, None) == need  # (unknown: no limit)
+    assert wire_codec.host_room(raw, 2 * need) == need
+    assert wire_codec.host_room(raw, 2 * need - 1) is None
+    assert wire_codec.host_room(raw + 1, None) == need + CODED_BLOCK  # (a part block counts whole)
+
+
+def test_vramshard_plan_says_where_fills_are_coded(tmp_path, monkeypatch, capsys):
+    """With the codec on, `vramshard plan` of a bf16 model that streams says so (and what it costs), and
+    predicts a faster prompt step (tier 512 streams its weights); off, nothing is said."""
+    import json
+
+    from vramshard.cli.main import main
+    from vramshard.profile import save
+    from vramshard.profile.fingerprint import fingerprint_hash, machine_fingerprint
+    from vramshard.profile.query import Profile
+    from vramshard.profile.synthetic import synthetic_data
+
+    data = synthetic_data(cpu_gflops=400, gpu_gflops=50_000, h2d_gbps=20, cpu_mem_gbps=40, gpu_mem_gbps=900)
+    fingerprint = machine_fingerprint()
+    data.update(synthetic=False, fingerprint=fingerprint, fingerprint_hash=fingerprint_hash(fingerprint),
+                created="2026-12-07T08:00:00+00:00")
+    path = save(Profile(data), tmp_path / "profile.json")
+    monkeypatch.setenv("VRAMSHARD_DRIFT_CHECK", "off")
+    planned = {}
+    for codec in ("off", "on"):
+        monkeypatch.setenv("VRAMSHARD_WIRE_CODEC", codec)
+        assert main(["plan", "--shape", "llama3-8b", "--vram", "4GiB", "--ctx", "1024", "--tiers", "1,512",
+                     "--profile", str(path), "--json"]) == 0
+        planned[codec] = json.loads(capsys.readouterr().out)
+    said = {codec: [n for n in plan["notes"] if "VRAMSHARD_WIRE_CODEC" in n] for codec, plan in planned.items()}
+    assert not said["off"] and len(said["on"]) == 1
+    assert "x0.754" in said["on"][0] and "pinned host memory" in said["on"][0]
+    assert planned["on"]["tiers"]["512"]["predicted_ms"] < 0.9 * planned["off"]["tiers"]["512"]["predicted_ms"]

@@ -60,6 +60,9 @@ def main(args) -> int:
         rows = ", ".join(f"x{f:.2f} at {m}" for m, f in profile.compute_rows)
         plan.notes.append(f"profile's CPU compute by rows {rows}: the host's products now "
                           "(VRAMSHARD_COMPUTE_DRIFT=off: by the read alone)")
+    coded = coded_fills_note(model, plan)
+    if coded:
+        plan.notes.append(coded)
     if profile.cpu_rows or profile.split_rows or profile.dispatch_scale != 1.0:
         plan.notes.append("with the factors engines fitted on this profile (`vramshard profile --show` lists them)")
     plan.notes.append(host_memory_note(model))
@@ -70,6 +73,22 @@ def main(args) -> int:
     if args.plot:
         plot_plan(plan, args.plot)
     return 0
+
+
+def coded_fills_note(model, plan) -> str | None:
+    """What coding stream fills for the link (``VRAMSHARD_WIRE_CODEC``) does to this plan, where it streams
+    a bf16 model's weights with the codec on; None otherwise."""
+    from ..plan.estimator import wire_codec_enabled
+    from ..runtime import wire_codec
+    from ..units import format_bytes
+
+    if wire_codec.wire_ratio(model.dtype, wire_codec_enabled()) == 1.0 or not plan.need.slots:
+        return None
+    most = wire_codec.host_room(model.nbytes - plan.need.resident, None)
+    return (f"stream fills coded for PCIe (VRAMSHARD_WIRE_CODEC): priced at x{wire_codec.RATIO:.3f} of their bytes, "
+            f"{format_bytes(wire_codec.STAGING_BYTES)} of staging in the slots; their coded copies take up to "
+            f"{format_bytes(most)} more of pinned host memory (none where that is over "
+            f"{round(100 * wire_codec.HOST_SHARE)}% of what is available at load: then the fills stay raw)")
 
 
 def host_memory_note(model) -> str:

@@ -4,7 +4,9 @@ It alone owns the CUDA streams, events, VRAM slots and pinned buffers. One loop 
 the sub-layers in model order: each computes where the placement says, activations
 cross PCIe only where consecutive sub-layers change device, and streamed weights
 arrive through a :class:`~vramshard.runtime.streaming.SlotRing` that the copy engine
-fills ahead of the compute.
+fills ahead of the compute (with ``VRAMSHARD_WIRE_CODEC`` a bf16 model's fills cross coded: the
+placements' streamed sub-layers are coded once, on the GPU, when their VRAM is laid out;
+:mod:`~vramshard.runtime.wire_codec`).
 
 MoE ``ffn[i]`` split at their experts (home ``experts``) keep norm and router in VRAM;
 after the router ran, their experts run on the CPU (the routed hidden states cross to
@@ -53,6 +55,7 @@ from ..units import format_bytes
 from .graphs import DecodeGraphs
 from .expert_cache import CachedExperts, CacheStats, ExpertCache
 from .expert_split import ExpertSplitSteps
+from .host_allowance import available_host_bytes
 from .host_weights import PackedWeights
 from .kv_cache import KVCache
 from .kv_staging import KVStaging
@@ -444,11 +447,19 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         todo = [name for name in names if self.host[name].coded is None]
         if not todo:
             return
+        raw = sum(self.host[n].buffer.numel() for n in todo)
+        available = available_host_bytes()
+        if wire_codec.host_room(raw, available) is None:
+            log.warning("not coding the streamed weights for the link: their coded copies would take %s of host "
+                        "memory, over %d%% of the %s available; their fills stay raw (VRAMSHARD_WIRE_CODEC)",
+                        format_bytes(-(-raw // wire_codec.BLOCK_BYTES) * wire_codec.CODED_BLOCK),
+                        round(100 * wire_codec.HOST_SHARE), format_bytes(available))
+            self.wire_codec = False
+            return
         began = time.perf_counter()
         for name in todo:
             self.host[name].coded = wire_codec.CodedBuffer(self.host[name].buffer, self.gpu)
         torch.cuda.empty_cache()
-        raw = sum(self.host[n].buffer.numel() for n in todo)
         wire = sum(self.host[n].coded.wire_bytes() for n in todo)
         log.info("coded %d streamed sub-layers' host weights for the link in %.2f s: %s over it for %s raw (x%.3f)",
                  len(todo), time.perf_counter() - began, format_bytes(wire), format_bytes(raw), wire / max(raw, 1))

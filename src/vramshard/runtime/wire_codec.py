@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from ..env import switch
+from .pinned_host import host_empty, pinned_empty
 
 try:
     import triton
@@ -61,6 +62,18 @@ def wire_ratio(dtype: torch.dtype, on: bool | None = None) -> float:
     with the codec on (``on``; None: :func:`enabled`), else 1."""
     on = enabled() if on is None else on
     return RATIO if on and dtype == torch.bfloat16 else 1.0
+
+
+HOST_SHARE = 0.5  # the coded copies may take at most this share of the host's available memory
+
+
+def host_room(raw_bytes: int, available: int | None) -> int | None:
+    """The coded copies' host bytes for ``raw_bytes`` of streamed weights where they fit in
+    :data:`HOST_SHARE` of the ``available`` host memory (None where unknown: no limit); None where
+    they do not fit (their fills then stay raw: pinned memory past what the host has gets the process
+    killed mid-load)."""
+    need = -(-raw_bytes // BLOCK_BYTES) * CODED_BLOCK
+    return need if available is None or need <= HOST_SHARE * available else None
 
 
 def encode_blocks(words: torch.Tensor) -> torch.Tensor:
@@ -141,10 +154,6 @@ def decode_into(coded: torch.Tensor, out: torch.Tensor) -> None:
     out.view(blocks, BLOCK)[keep] = words[keep]
 
 
-def pinned_like(n: int, pin: bool) -> torch.Tensor:
-    return torch.empty(n, dtype=torch.uint8, pin_memory=pin)
-
-
 @dataclass
 class FillStats:
     """Bytes of fills so far: over the link, and what they stand for raw."""
@@ -167,7 +176,8 @@ class CodedBuffer:
         self.raw = raw
         self.blocks = raw.numel() // BLOCK_BYTES  # whole blocks; a ragged end is always copied raw
         pin = raw.is_pinned() if pin is None else pin
-        coded = pinned_like(self.blocks * CODED_BLOCK, pin) if self.blocks else None
+        # Exactly its size (torch's pinned allocator would round each up to a power of two: pinned_host).
+        coded = (pinned_empty if pin else host_empty)(self.blocks * CODED_BLOCK) if self.blocks else None
         overflow: list[int] = []
         for first in range(0, self.blocks, ENCODE_BLOCKS):
             last = min(self.blocks, first + ENCODE_BLOCKS)
