@@ -966,8 +966,8 @@ def test_moe_bench_bound_counts_the_main_pieces_of_moe_layers_neither_split_nor_
 
     bw = {"h2d": 50e9, "cpu_read": 80e9, "shared_total": 100e9}
     names = [s.name for s in QWEN15 if isinstance(s, MoEFFN)]
-    split = SimpleNamespace(resident={}, split_weights=dict.fromkeys(names), expert_cache=None)
-    whole = SimpleNamespace(resident={}, split_weights={}, expert_cache=None)
+    split = SimpleNamespace(resident={}, split_weights=dict.fromkeys(names), expert_cache=None, wire_codec=False)
+    whole = SimpleNamespace(resident={}, split_weights={}, expert_cache=None, wire_codec=False)
     extra = routed_bound(QWEN15, whole, bw)["other_nonresident_bytes"] - \
         routed_bound(QWEN15, split, bw)["other_nonresident_bytes"]
     assert extra == sum(QWEN15[n].main_bytes for n in names) > 24 * 60e6
