@@ -439,7 +439,8 @@ def test_an_engine_plans_with_the_hosts_compute_now(tiny_model_dir, reads_now, c
 
 def test_the_compute_timing_is_real_and_finds_a_profile_that_claimed_faster_products(monkeypatch):
     """Not faked: a profile whose table says this host multiplied its products three times faster than it
-    does now is priced about three times slower at those rows (CI's noise allows 2x either way)."""
+    does now is priced about three times slower at those rows (CI's noise allows 2x either way; two real
+    timings seconds apart, so up to three tries: one ran 7x beside another process's tests in session 55)."""
     from vramshard.profile.bench_matmul import measure_matmul
     from vramshard.profile.progress import ProgressSink
 
@@ -451,15 +452,21 @@ def test_the_compute_timing_is_real_and_finds_a_profile_that_claimed_faster_prod
     (table,) = [t for t in data["matmul"] if t["device"] == "cpu" and t["dtype"] == "bf16"
                 and t["threads"] == profile.default_threads and not t["contended"]]
     k, n = max((tuple(s) for s in table["shapes"] if s[0] * s[1] <= 2048 * 2048), key=lambda s: (s[0] * s[1], s))
-    here = measure_matmul("cpu", "bf16", [(k, n)], [16, 64], budget_s=0.05, cap_s=float("inf"),
-                          progress=ProgressSink(), label="here", weight=1.0)["seconds"][0]
     row = table["shapes"].index([k, n])
-    for m, seconds in zip((16, 64), here):
-        table["seconds"][row][table["m"].index(m)] = seconds / 3
-    timed = drift.measure_compute(Profile(data), "bf16")
-    assert timed.shape == (k, n) and set(timed.now_s) == {16, 64}
-    for m, factor in timed.factors().items():
-        assert 1.5 < factor < 6.0, (m, factor)
+    tries = []
+    for _ in range(3):
+        here = measure_matmul("cpu", "bf16", [(k, n)], [16, 64], budget_s=0.05, cap_s=float("inf"),
+                              progress=ProgressSink(), label="here", weight=1.0)["seconds"][0]
+        for m, seconds in zip((16, 64), here):
+            table["seconds"][row][table["m"].index(m)] = seconds / 3
+        drift.forget()
+        timed = drift.measure_compute(Profile(data), "bf16")
+        assert timed.shape == (k, n) and set(timed.now_s) == {16, 64}
+        tries.append(timed.factors())
+        if all(1.5 < factor < 6.0 for factor in tries[-1].values()):
+            break
+    else:
+        raise AssertionError(f"factors by rows in three tries: {tries}")
 
 
 # --- copies beside CPU work (VRAMSHARD_COPY_DRIFT) -----------------------------------------------------

@@ -164,7 +164,7 @@ class FillStats:
 
 class CodedBuffer:
     """The coded blocks of a packed host buffer ``raw`` (uint8, pinned where it is), made on
-    ``device`` (a GPU codes a model in seconds; the CPU in about 15 ns a word on two cores).
+    ``device`` (a GPU codes a model in seconds; the CPU of the 2-core development machine 9-16 ns a word).
 
     ``coded`` is None where more than :data:`MOST_OVERFLOW` of the blocks overflowed: such a buffer
     (an fp16 or fp32 one) is not worth a decode, and fills copy it raw.
