@@ -239,3 +239,14 @@ def test_vramshard_plan_says_where_fills_are_coded(tmp_path, monkeypatch, capsys
     assert not said["off"] and len(said["on"]) == 1
     assert "x0.754" in said["on"][0] and "pinned host memory" in said["on"][0]
     assert planned["on"]["tiers"]["512"]["predicted_ms"] < 0.9 * planned["off"]["tiers"]["512"]["predicted_ms"]
+
+
+def test_the_exponent_statistics_tell_weights_from_noise():
+    from benchmarks.wire_codec import exponent_stats
+
+    weights = exponent_stats(torch.randn(BLOCK * 16, generator=torch.Generator().manual_seed(0)) * 0.02, "normal")
+    assert 2.0 < weights["entropy_bits"] < 3.5 and weights["blocks"] == 16 and weights["overflowed"] == 0
+    assert weights["escapes_max"] <= ESCAPES
+    bits = torch.randint(-2**15, 2**15, (BLOCK * 4,), dtype=torch.int32, generator=torch.Generator().manual_seed(1))
+    noise = exponent_stats(bits.to(torch.int16).view(torch.bfloat16), "noise")
+    assert noise["entropy_bits"] > 7.0 and noise["overflowed"] == 4
