@@ -250,3 +250,27 @@ def test_the_exponent_statistics_tell_weights_from_noise():
     bits = torch.randint(-2**15, 2**15, (BLOCK * 4,), dtype=torch.int32, generator=torch.Generator().manual_seed(1))
     noise = exponent_stats(bits.to(torch.int16).view(torch.bfloat16), "noise")
     assert noise["entropy_bits"] > 7.0 and noise["overflowed"] == 4
+
+
+def _has_flags(*flags: str) -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return all(flag in line.split() for flag in flags)
+
+
+@pytest.mark.skipif(not _has_flags("avx512bw", "avx512vbmi"), reason="the probe needs AVX-512BW and VBMI")
+def test_the_cpu_probe_of_coded_rows_computes_the_product(tmp_path):
+    """benchmarks/coded_gemv.py's C probe (rows decoded in registers, escapes corrected after) gives float64
+    W @ x within float32 rounding, as the raw loops do (its exit code says so)."""
+    import json
+
+    from benchmarks.coded_gemv import main
+
+    out = tmp_path / "probe.json"
+    assert main(["--rows", "256", "--repeats", "3", "--cold-mib", "4", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert results["coded probe"]["bytes"] == 256 * CODED_BLOCK
+    assert all(results[k]["max_rel_error"] < 1e-4 for k in ("engine kernel", "raw probe", "coded probe"))
