@@ -18,6 +18,7 @@ import argparse
 import ctypes
 import json
 import logging
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -44,6 +45,7 @@ def build() -> ctypes.CDLL:
     if done.returncode:
         raise SystemExit(f"the probe did not build (it needs AVX-512BW and VBMI): {done.stderr[-400:]}")
     lib = ctypes.CDLL(str(target))
+    shutil.rmtree(target.parent)  # (loaded: the file is no longer needed)
     p, n, i = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     lib.vs_coded_rows.argtypes = [p, n, p, p, i]
     lib.vs_raw_rows.argtypes = [p, n, p, p, i]
