@@ -392,10 +392,10 @@ def test_prepacked_products_are_timed_for_real_where_the_executor_packs(monkeypa
     monkeypatch.setattr(drift, "COMPUTE_ROWS", (16, 64, 256))  # (the synthetic profile's grid has no 8 or 512)
     monkeypatch.setattr(drift, "measure_compute", REAL_MEASURE_COMPUTE)
     monkeypatch.setattr(cpu_packed, "MODE", "on")
+    if not cpu_packed.packs():  # (decided before the timing: an empty timing where oneDNN packs fails the test)
+        pytest.skip("torch has no oneDNN here: nothing is packed")
     profile = this_machines(None)
     timed = drift.measure_compute(profile, "bf16")
-    if not timed.packed_s:
-        pytest.skip("oneDNN packs no bf16 products on this CPU")
     assert set(timed.now_s) == {16, 64, 256} and set(timed.packed_s) == {16, 64}
     assert all(1e-6 < s < 1.0 for s in timed.packed_s.values())
     assert all(0.2 < f < 5.0 for f in timed.packed_factors().values())

@@ -84,7 +84,7 @@ def coded_fills_note(model, plan) -> str | None:
 
     if wire_codec.wire_ratio(model.dtype, wire_codec_enabled()) == 1.0 or not plan.need.slots:
         return None
-    most = wire_codec.host_room(model.nbytes - plan.need.resident, None)
+    most = wire_codec.coded_bytes(model.nbytes - plan.need.resident)
     return (f"stream fills coded for PCIe (VRAMSHARD_WIRE_CODEC): priced at x{wire_codec.RATIO:.3f} of their bytes, "
             f"{format_bytes(wire_codec.STAGING_BYTES)} of staging in the slots; their coded copies take up to "
             f"{format_bytes(most)} more of pinned host memory (none where that is over "

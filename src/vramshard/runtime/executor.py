@@ -452,7 +452,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         if wire_codec.host_room(raw, available) is None:
             log.warning("not coding the streamed weights for the link: their coded copies would take %s of host "
                         "memory, over %d%% of the %s available; their fills stay raw (VRAMSHARD_WIRE_CODEC)",
-                        format_bytes(-(-raw // wire_codec.BLOCK_BYTES) * wire_codec.CODED_BLOCK),
+                        format_bytes(wire_codec.coded_bytes(raw)),
                         round(100 * wire_codec.HOST_SHARE), format_bytes(available))
             self.wire_codec = False
             return

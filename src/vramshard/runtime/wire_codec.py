@@ -69,12 +69,17 @@ def wire_ratio(dtype: torch.dtype, on: bool | None = None) -> float:
 HOST_SHARE = 0.5  # the coded copies may take at most this share of the host's available memory
 
 
+def coded_bytes(raw_bytes: int) -> int:
+    """The most host bytes the coded blocks of ``raw_bytes`` of weights take (a part block counts whole)."""
+    return -(-raw_bytes // BLOCK_BYTES) * CODED_BLOCK
+
+
 def host_room(raw_bytes: int, available: int | None) -> int | None:
     """The coded copies' host bytes for ``raw_bytes`` of streamed weights where they fit in
     :data:`HOST_SHARE` of the ``available`` host memory (None where unknown: no limit); None where
     they do not fit (their fills then stay raw: pinned memory past what the host has gets the process
     killed mid-load)."""
-    need = -(-raw_bytes // BLOCK_BYTES) * CODED_BLOCK
+    need = coded_bytes(raw_bytes)
     return need if available is None or need <= HOST_SHARE * available else None
 
 
