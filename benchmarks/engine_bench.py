@@ -159,16 +159,16 @@ def derived(cells: list[dict], weights: int, decode_bytes: int, bandwidth: dict,
                 out[f"{key}_batch{top}_speedup_vs_layers_max"] = (
                     ours["batched"][top]["tok_s"] / base["batched"][top]["tok_s"])
                 rate = (cpu_rows or {}).get(int(top))
-                if rate and weights > ours["resident_bytes"]:
+                if rate and weights > resident_weights(ours):
                     # The most a step of `top` sequences' next tokens can do: every byte outside VRAM
                     # crosses PCIe or is computed by the CPU at the profile's rate for that many rows,
                     # both at once and alone-fast, GPU compute free (an optimistic bound), and no faster
                     # than host memory gives both readers together (the CPU's matmuls read their weights).
                     rate_total = bandwidth["h2d"] + rate
                     out[f"{key}_batch{top}_step_additive_bound_tok_s"] = (
-                        int(top) * rate_total * 1e9 / (weights - ours["resident_bytes"]))
+                        int(top) * rate_total * 1e9 / (weights - resident_weights(ours)))
                     rate_total = min(rate_total, bandwidth.get("shared_total", rate_total))
-                    bound = int(top) * rate_total * 1e9 / (weights - ours["resident_bytes"])
+                    bound = int(top) * rate_total * 1e9 / (weights - resident_weights(ours))
                     out[f"{key}_batch{top}_step_bound_tok_s"] = bound
                     out[f"{key}_batch{top}_step_bound_over_layers_max"] = bound / base["batched"][top]["tok_s"]
                     # The whole run's bound: its prompt step as measured, every decode step after it at the bound.
@@ -187,14 +187,14 @@ def derived(cells: list[dict], weights: int, decode_bytes: int, bandwidth: dict,
                 out[f"{key}_host_read_vramshard_over_layers_max"] = (
                     statistics.mean(ours["host_read_gb_s"]) / statistics.mean(base["host_read_gb_s"]))
         if ours and free:
-            bound = (weights - ours["resident_bytes"]) / (bandwidth["h2d"] * 1e9) + free["ttft_s"]
+            bound = (weights - resident_weights(ours)) / (bandwidth["h2d"] * 1e9) + free["ttft_s"]
             out[f"{key}_ttft_bound_s"] = bound
             out[f"{key}_ttft_over_bound"] = ours["ttft_s"] / bound
-        if ours and ours.get("tg_tok_s") and weights > ours["resident_bytes"]:
+        if ours and ours.get("tg_tok_s") and weights > resident_weights(ours):
             # Decode's bound at the budget: every byte not resident crosses PCIe or is read by the CPU,
             # both at once at best, and no faster than host memory gives both readers together (the
             # smaller figure, as planner_bench and the report take it; the sum of the rates alone kept).
-            outside = weights - ours["resident_bytes"]
+            outside = weights - resident_weights(ours)
             bound, additive = decode_bound_tok_s(outside, bandwidth)
             out[f"{key}_decode_additive_bound_tok_s"] = additive
             out[f"{key}_decode_bound_tok_s"] = bound
@@ -243,6 +243,11 @@ def _gemv_off(off: bool):
             os.environ.pop("VRAMSHARD_CPU_GEMV", None)
         else:
             os.environ["VRAMSHARD_CPU_GEMV"] = before
+
+def resident_weights(row: dict) -> int:
+    """Bytes of weights a cell kept in VRAM (coded pins hold more weights than their bytes; older rows: the bytes)."""
+    return row.get("resident_weight_bytes", row["resident_bytes"])
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

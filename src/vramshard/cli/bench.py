@@ -358,6 +358,8 @@ def bench_engine(model, host, spec: EngineSpec, settings: BenchSettings, device:
         executor = engine.executor
         row.update(placement=executor.plans.name, budget=engine.vram_budget, uses_gpu=executor.uses_gpu,
                    resident_bytes=executor.need.resident, vram_plan_bytes=executor.need.total,
+                   # (the weights those bytes hold: more where pins are kept coded)
+                   resident_weight_bytes=executor.resident_weight_bytes,
                    vram_plan={**dataclasses.asdict(executor.need), "total": executor.need.total},
                    kv_layers_in_vram=len(executor.kv_layers_on_gpu),
                    planned=engine.plan is not None, load_seconds=engine.load_seconds,

@@ -24,6 +24,8 @@ import contextlib
 from collections import Counter
 from dataclasses import dataclass, field
 
+import torch
+
 from ..layers.attention import Attention
 from ..layers import cpu_gemv as gemv_kernel  # (as gemv_kernel: Estimator takes a cpu_gemv flag)
 from ..layers.mlp import DenseFFN
@@ -52,6 +54,12 @@ GATHER_LAUNCHES = 14  # kernel launches of a few-token MoE step over gathered ca
 # when it came in).
 RELEASE_CALLS = 2
 COPY_ISSUE_CALLS = 5
+COPY, DECODE = "copy", "decode"  # the engines a stream slot's fill runs on (timeline resources)
+# A decode of pinned coded weights into their slot produces raw bytes at this share of the rate a one-row
+# bf16 product reads weights on the GPU (the profile's): on the fiftieth session's H100 the Triton decode
+# rebuilt a llama3-8b FFN's 352.3 MB in 0.314 ms (1.12 TB/s, benchmarks/wire_codec.py, "decode alone")
+# where the H100 profile's [1, 4096] @ [4096, 14336] product reads 2.73 TB/s.
+DECODE_SHARE = 0.41
 HOST_GATHER_BPS = 10e9  # rows of a host KV cache gathered into / scattered from pinned buffers (one thread)
 
 
@@ -122,12 +130,13 @@ class Mechanisms:
     zero_copy: tuple[bool, int]
     run_ahead_dense: bool = False  # split dense FFNs' CPU parts too
     wire_codec: bool = False  # bf16 stream fills coded (runtime/wire_codec)
+    vram_codec: bool = False  # pinned bf16 weights may be kept coded in VRAM (runtime/vram_coded)
 
     @classmethod
     def here(cls) -> "Mechanisms":
         """This process's (or the fixed ones)."""
         return cls(run_ahead_enabled(), cpu_packed_enabled(), cpu_gemv_enabled(), zero_copy_enabled(),
-                   run_ahead_enabled(dense=True), wire_codec_enabled())
+                   run_ahead_enabled(dense=True), wire_codec_enabled(), vram_codec_enabled())
 
 
 _fixed: Mechanisms | None = None
@@ -183,6 +192,15 @@ def wire_codec_enabled() -> bool:
     from ..runtime import wire_codec  # (the mechanism's own switch)
 
     return wire_codec.enabled()
+
+
+def vram_codec_enabled() -> bool:
+    """Whether the planner may keep pinned bf16 weights coded in VRAM (``VRAMSHARD_VRAM_CODEC``)."""
+    if _fixed is not None:
+        return _fixed.vram_codec
+    from ..runtime import vram_coded  # (the mechanism's own switch)
+
+    return vram_coded.enabled()
 
 
 def cpu_gemv_enabled() -> bool:
@@ -420,6 +438,10 @@ class Estimator:
             self.sizes[name] = sublayer_packed_bytes(self.model, name)
         return self.sizes[name]
 
+    def decode_s(self, sublayer: SubLayer) -> float:
+        """One decode of ``sublayer`` pinned coded into its stream slot (:mod:`~vramshard.runtime.vram_coded`)."""
+        return self.packed_bytes(sublayer.name) / vram_decode_bps(self.profile)
+
     def copy_s(self, sublayer: SubLayer, contended: bool = False) -> float:
         return self.profile.transfer_s(round(self.packed_bytes(sublayer.name) * self.wire_ratio), "h2d", contended)
 
@@ -517,23 +539,25 @@ class Estimator:
         streams = bool(placement.names(home="stream") or placement.expert_names("cache"))
         cpu_work = bool(placement.names(compute="cpu") or placement.expert_names("host") or placement.split_names())
         # A token step does not run the vision encoder: a language model's plan does not place it.
-        order = [s for s in self.model if s.kind != "vision" and where[s.name].home == "stream"]
-        fills = [self._fill(s, where[s.name], cpu_work) for s in order]  # (bytes, copy seconds) of each
+        # The ring's order: streamed sub-layers (filled by the copy engine) and those pinned coded (decoded).
+        order = [s for s in self.model if s.kind != "vision" and (where[s.name].home == "stream" or where[s.name].coded)]
+        fills = [(0, self.decode_s(s), DECODE) if where[s.name].coded else self._fill(s, where[s.name], cpu_work)
+                 for s in order]  # (bytes over the link, seconds, engine) of each
         # Simulate two consecutive steps; the second is the steady state.
         est = self._simulate_steps(where, order, fills, n_tokens, context, num_slots, streams, cpu_work, steps=2)
-        est.bytes_streamed = int(sum(nbytes for nbytes, _ in fills)
+        est.bytes_streamed = int(sum(nbytes for nbytes, _, _ in fills)
                                  + sum(self.expert_miss_bytes(self.model[n], n_tokens)
                                        for n in placement.expert_names("cache")))
         return est
 
-    def _fill(self, sublayer: SubLayer, where, cpu_work: bool) -> tuple[int, float]:
-        """(bytes, copy seconds) of one stream-slot fill of ``sublayer`` placed at ``where``, the copy
+    def _fill(self, sublayer: SubLayer, where, cpu_work: bool) -> tuple[int, float, str]:
+        """(bytes, copy seconds, COPY) of one stream-slot fill of ``sublayer`` placed at ``where``, the copy
         beside CPU work where ``cpu_work``."""
         key = ("fill_s", sublayer.name, where.cpu_pieces if where.split else None, cpu_work)
         fill = self._cache.get(key)
         if fill is None:
             nbytes = round(self.fill_bytes(sublayer, where) * self.wire_ratio)  # (over the link)
-            fill = self._cache[key] = (nbytes, self.profile.transfer_s(nbytes, "h2d", cpu_work))
+            fill = self._cache[key] = (nbytes, self.profile.transfer_s(nbytes, "h2d", cpu_work), COPY)
         return fill
 
     def _cpu_costs(self, costs: dict, sublayer: SubLayer, n_tokens: int, context: int,
@@ -557,13 +581,15 @@ class Estimator:
     def _simulate_steps(self, where, order, fills, n_tokens, context, num_slots, streams, cpu_work,
                         steps) -> StepEstimate:
         """The last of ``steps`` consecutive steps: its time and busy times, the timeline of all.
-        ``fills``: (bytes, copy seconds) of each sub-layer of the streaming ``order``."""
+        ``fills``: (bytes, seconds, engine) of each fill of the ring's ``order``: the copy engine's, or a
+        decode of a sub-layer pinned coded on the executor's decode stream."""
         costs = self._step_costs.get((n_tokens, context, streams))
         if costs is None:
             costs = self._step_costs[n_tokens, context, streams] = {}
         py = 0.0  # the Python thread (it also does the CPU compute)
         gpu_free = 0.0
         copy_free = 0.0
+        decode_free = 0.0  # the decode stream (sub-layers pinned coded into their slots)
         cpu_busy = gpu_busy = copy_busy = split_busy = 0.0
         timeline = []
         copies = CopyEngineSpans(timeline)
@@ -600,17 +626,20 @@ class Estimator:
             return on_worker(name, landed, router_done, alone, beside)
 
         def issue_fill(at: float):
-            nonlocal fills_issued, copy_free, copy_busy
+            nonlocal fills_issued, copy_free, copy_busy, decode_free
             index = fills_issued
             sublayer = order[index % n_stream]
             previous_user = index - num_slots
             free_at = slot_released.get(previous_user, 0.0) if previous_user >= 0 else 0.0
-            start = max(at, copy_free, free_at)
-            seconds = fills[index % n_stream][1]
-            copy_free = start + seconds
-            copy_busy += seconds
-            fill_done[index] = copy_free
-            timeline.append((sublayer.name, "copy", start, copy_free))
+            _, seconds, engine = fills[index % n_stream]
+            if engine == DECODE:
+                start = max(at, decode_free, free_at)
+                decode_free = fill_done[index] = start + seconds
+            else:
+                start = max(at, copy_free, free_at)
+                copy_free = fill_done[index] = start + seconds
+                copy_busy += seconds
+            timeline.append((sublayer.name, engine, start, fill_done[index]))
             fills_issued += 1
 
         if n_stream:
@@ -784,7 +813,7 @@ class Estimator:
                                                           self.compute_s(sublayer, "cuda", n_tokens, context))
                 launch, kernels = gpu
                 ready = x_ready
-                if w.home == "stream":
+                if w.home == "stream" or w.coded:
                     ready = max(ready, fill_done[uses])
                 if w.stages_kv:
                     prefix, new = self.staging_bytes(sublayer, n_tokens, context)
@@ -807,7 +836,7 @@ class Estimator:
                     copy_free = written_back = copy_start + self.profile.transfer_s(new, "d2h", cpu_work)
                     copy_busy += copy_free - copy_start
                     timeline.append((sublayer.name + " kv out", "copy", copy_start, copy_free))
-                if w.home == "stream":
+                if w.home == "stream" or w.coded:
                     slot_released[uses] = gpu_free
                     uses += 1
                     issue_fill(py)
@@ -820,6 +849,12 @@ class Estimator:
         began, cpu0, gpu0, copy0 = last_start
         return StepEstimate(py - began, cpu_busy - cpu0, gpu_busy - gpu0, copy_busy - copy0, 0, timeline,
                             split_busy - split0)
+
+
+def vram_decode_bps(profile: Profile) -> float:
+    """Raw bytes a second the GPU decodes pinned coded weights at (:data:`DECODE_SHARE` of its one-row read)."""
+    seconds = profile.matmul_s(1, 4096, 14336, torch.bfloat16, "cuda")
+    return DECODE_SHARE * 4096 * 14336 * 2 / seconds
 
 
 def uniform_hit_rate(model: Model, cache_slots: int, cached_layers: int | None = None) -> float:

@@ -17,6 +17,7 @@ from ..layers.moe import GATHER_BYTES
 from ..layers.rotary import ROTARY_ROWS
 from ..models.base import Model
 from ..runtime.kv_cache import DEFAULT_BLOCK_SIZE
+from ..runtime.vram_coded import vram_bytes as coded_vram_bytes
 from ..runtime.wire_codec import STAGING_BYTES, wire_ratio
 from ..units import format_bytes
 from .placement import Placement
@@ -234,7 +235,10 @@ def vram_need(model: Model, placement: Placement, kv_slots: int, max_context: in
     gpu_attention = 0
     for sublayer in model:
         w = where[sublayer.name]
-        if w.home == "vram":
+        if w.home == "vram" and w.coded:  # held coded, decoded into a slot of the ring each step
+            resident += coded_vram_bytes(sublayer_packed_bytes(model, sublayer.name))
+            streamed.append(sublayer_packed_bytes(model, sublayer.name))
+        elif w.home == "vram":
             resident += sublayer_packed_bytes(model, sublayer.name)
         elif w.home == "stream":
             streamed.append(streamed_bytes(model, sublayer.name, w))

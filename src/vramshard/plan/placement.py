@@ -17,6 +17,10 @@ through a small VRAM cache for the step (:mod:`~vramshard.runtime.kv_staging`): 
 chunks then run attention on the GPU while decode steps may still run it on the CPU, and
 the KV cache never moves between tiers.
 
+A sub-layer pinned in VRAM may be kept there coded (``Where.coded``, bf16 weights in about 0.754 of their
+bytes, :mod:`~vramshard.runtime.vram_coded`): each step decodes it into a stream slot just before it computes,
+so the same VRAM pins about a third more of the model.
+
 A dense ``ffn[i]`` may be split between the CPU and the GPU inside the layer:
 ``Where("gpu", "stream", cpu_pieces=k)`` computes pieces ``0..k-1`` of its intermediate
 dimension on the CPU from host memory while pieces ``k..P-1`` (P: the FFN's
@@ -38,6 +42,7 @@ Home = Literal["vram", "stream", "host", "experts"]  # pinned in VRAM | streamed
 ExpertHome = Literal["host", "cache"]  # experts on the CPU | routed experts copied into the VRAM expert cache
 KVHome = Literal["host"]  # GPU attention over a KV cache in host memory (None: the KV cache is beside the compute)
 HOST_KV_TAG = "kv@host"  # how ``to_list`` / JSON write ``kv="host"``
+CODED_TAG = "coded"  # how ``to_list`` / JSON write ``coded=True``
 
 NAMED = ("cpu", "gpu", "layers:N", "layers:max", "stream", "stream-hostkv", "static", "experts-cpu",
          "experts-stream")
@@ -52,6 +57,7 @@ class Where:
     experts: ExpertHome | None = None  # only with home "experts"
     kv: KVHome | None = None  # only for GPU attention: "host" stages a host-memory KV cache through VRAM
     cpu_pieces: int | None = None  # only for a streamed dense FFN: its first pieces computed on the CPU
+    coded: bool = False  # only for pinned weights: kept coded in VRAM, decoded into a stream slot each step
 
     def __post_init__(self):
         valid = {("cpu", "host"), ("gpu", "vram"), ("gpu", "stream"), ("gpu", "experts")}
@@ -80,6 +86,12 @@ class Where:
                 raise InvalidInputError(
                     f"invalid placement compute={self.compute} home={self.home} cpu_pieces={self.cpu_pieces}: a split "
                     "FFN streams its GPU part (compute gpu, home stream) and has no KV cache")
+        if self.coded not in (False, True):
+            raise InvalidInputError(f"invalid placement coded={self.coded!r}: coded is true or false")
+        if self.coded and (self.compute, self.home) != ("gpu", "vram"):
+            raise InvalidInputError(
+                f"invalid placement compute={self.compute} home={self.home} coded: only weights pinned in VRAM "
+                "(compute gpu, home vram) are kept coded there")
 
     @property
     def split(self) -> bool:
@@ -101,21 +113,29 @@ class Where:
             return "gpu+experts@cpu" if self.experts == "host" else "gpu+expert-cache"
         if self.split:
             return f"cpu:{self.cpu_pieces}+gpu+stream"
-        text = {"host": "cpu", "vram": "gpu", "stream": "gpu+stream"}[self.home]
+        text = {"host": "cpu", "vram": "gpu", "stream": "gpu+stream"}[self.home] + ("+coded" if self.coded else "")
         return text + "+kv@cpu" if self.kv == "host" else text
 
     def to_list(self) -> list:
         """[compute, home]; for the MoE split [compute, home, experts]; for GPU attention over a
-        host KV cache [compute, home, "kv@host"]; for a split dense FFN [compute, home, cpu_pieces]."""
+        host KV cache [compute, home, "kv@host"]; for a split dense FFN [compute, home, cpu_pieces];
+        pinned weights kept coded add "coded" (after "kv@host")."""
         return [self.compute, self.home] + ([self.experts] if self.experts else []) \
-            + ([HOST_KV_TAG] if self.kv == "host" else []) + ([self.cpu_pieces] if self.split else [])
+            + ([HOST_KV_TAG] if self.kv == "host" else []) + ([self.cpu_pieces] if self.split else []) \
+            + ([CODED_TAG] if self.coded else [])
 
     @classmethod
     def from_list(cls, items: list) -> "Where":
         """Inverse of :meth:`to_list`."""
-        if len(items) < 2 or len(items) > 3:
-            raise InvalidInputError(f"a placement entry is [compute, home] with at most one more field, got {items}")
+        if len(items) < 2 or len(items) > 4:
+            raise InvalidInputError(f"a placement entry is [compute, home] with at most two more fields, got {items}")
         compute, home, *rest = items
+        if CODED_TAG in rest:
+            if rest not in ([CODED_TAG], [HOST_KV_TAG, CODED_TAG]):
+                raise InvalidInputError(f"a coded placement entry is [compute, home(, kv@host), coded], got {items}")
+            return cls(compute, home, kv="host" if rest[0] == HOST_KV_TAG else None, coded=True)
+        if len(rest) > 1:
+            raise InvalidInputError(f"a placement entry is [compute, home] with at most one more field, got {items}")
         if rest == [HOST_KV_TAG]:
             return cls(compute, home, kv="host")
         if len(rest) == 1 and isinstance(rest[0], int) and not isinstance(rest[0], bool):
@@ -128,6 +148,8 @@ GPU_RESIDENT = Where("gpu", "vram")
 GPU_STREAMED = Where("gpu", "stream")
 GPU_RESIDENT_HOST_KV = Where("gpu", "vram", kv="host")  # attention only: resident weights, KV staged from host
 GPU_STREAMED_HOST_KV = Where("gpu", "stream", kv="host")  # attention only: streamed weights, KV staged from host
+GPU_CODED = Where("gpu", "vram", coded=True)  # pinned coded, decoded into a stream slot each step
+GPU_CODED_HOST_KV = Where("gpu", "vram", kv="host", coded=True)  # attention only: the same, KV staged from host
 EXPERTS_CPU = Where("gpu", "experts", "host")
 EXPERTS_CACHED = Where("gpu", "experts", "cache")
 
@@ -166,6 +188,10 @@ class Placement:
     def staged_kv_names(self) -> list[str]:
         """Attention sub-layers computed on the GPU over a host-memory KV cache (staged through VRAM)."""
         return [n for n, w in self.where if w.stages_kv]
+
+    def coded_names(self) -> list[str]:
+        """Sub-layers pinned in VRAM coded (``Where.coded``): decoded into a stream slot each step."""
+        return [n for n, w in self.where if w.coded]
 
     def split_names(self) -> list[str]:
         """Dense FFNs split between the CPU and the GPU (``Where.cpu_pieces``)."""
@@ -217,6 +243,8 @@ class Placement:
             text += f", {len(self.staged_kv_names())} GPU attention over host KV"
         if self.split_names():
             text += f", {len(self.split_names())} FFNs split CPU/GPU"
+        if self.coded_names():
+            text += f", {len(self.coded_names())} of the resident coded"
         return text
 
 

@@ -69,6 +69,11 @@ class PlanSet:
                     "for the others")
         return "on the GPU" if self.kv_on_gpu else "on the CPU"
 
+    @property
+    def coded_names(self) -> list[str]:
+        """Pinned sub-layers kept coded in VRAM (``Where.coded``; the same at every tier)."""
+        return self.tiers[min(self.tiers)].placement.coded_names() if self.tiers else []
+
     def tiered(self) -> TieredPlacement:
         sizes = tuple(sorted(self.tiers))
         named = tuple(Placement(f"{self.tiers[s].family}@{s}", self.tiers[s].placement.where) for s in sizes)
@@ -103,7 +108,7 @@ class PlanSet:
                      "workspace": self.need.workspace, "experts": self.need.experts,
                      "kv_staging": self.need.kv_staging, "total": self.need.total},
             "expert_cache": self.expert_cache, "expert_hit_rate": self.expert_hit_rate,
-            "worker_team": self.worker_team,
+            "worker_team": self.worker_team, "coded": self.coded_names,
             "pinned": [{"name": r.name, "bytes": r.nbytes, "score": r.score,
                         "saved_ms": {str(t): s * 1e3 for t, s in r.saved_s.items()}} for r in self.reasons],
             "tiers": {str(t): {"family": p.family, "threads": p.threads, "predicted_ms": p.predicted_s * 1e3,

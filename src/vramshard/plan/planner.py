@@ -32,6 +32,11 @@ over its host KV cache staged through a one-layer VRAM cache (``Where.kv == "hos
 chunks gain most (CPU attention projections are compute-bound); every family, the balance and
 the search consider it per tier, costed with its staging copies.
 
+Where the planning process's mechanisms allow it (``VRAMSHARD_VRAM_CODEC``, bf16 weights), the pinned set is
+also chosen with its attention and dense FFNs kept coded in VRAM (``Where.coded``, about 0.754 of their bytes,
+:mod:`~vramshard.runtime.vram_coded`): about a third more of the model pinned, each coded sub-layer decoded
+into a stream slot every step on its own stream. The variant predicted faster over the tiers is taken.
+
 The KV cache lives in VRAM, in host memory, or (dense models, ``VRAMSHARD_KV_SPLIT=on``), where the
 whole of it does not fit beside the weights worth pinning, split by layer: the attention layers pinned in VRAM
 keep their caches beside them, each pinned layer counting its cache against the budget, and the
@@ -51,12 +56,14 @@ from ..layers.moe import MoEFFN
 from ..models.base import Model
 from ..profile.query import Profile
 from ..units import format_bytes
-from .estimator import Estimator
-from .memory import (VramNeed, kv_positions, kv_staging_bytes, split_router_bytes, sublayer_packed_bytes,
+from ..runtime.vram_coded import codes as vram_codes
+from .estimator import Estimator, vram_codec_enabled
+from .memory import (VramNeed, coded_vram_bytes, kv_positions, kv_staging_bytes, split_router_bytes, sublayer_packed_bytes,
                      workspace_bytes)
 from .moe_variants import MoEVariants
-from .placement import (CPU, EXPERTS_CACHED, EXPERTS_CPU, GPU_RESIDENT, GPU_RESIDENT_HOST_KV, GPU_STREAMED,
-                        GPU_STREAMED_HOST_KV, Placement, TieredPlacement, Where, split_ffn)
+from .placement import (CPU, EXPERTS_CACHED, EXPERTS_CPU, GPU_CODED, GPU_CODED_HOST_KV, GPU_RESIDENT,
+                        GPU_RESIDENT_HOST_KV, GPU_STREAMED, GPU_STREAMED_HOST_KV, Placement, TieredPlacement, Where,
+                        split_ffn)
 from .plan_set import WORKER_TEAM_ROWS, PinReason, PlanSet, TierPlan
 from .tiers import Tiers
 
@@ -122,6 +129,11 @@ class Planner(MoEVariants):
         # others running whole (streamed or on the CPU).
         self.moe_split = set(self.moe)
         self.moe_fixed = split_router_bytes(model, self.moe)  # main pieces of every MoE layer (one buffer)
+        # Sub-layers that may be pinned coded (VRAMSHARD_VRAM_CODEC, bf16): attention and dense FFNs, which a
+        # stream slot holds; and those the variant being planned pins coded (candidates while it chooses).
+        self.codable = [s.name for s in model if s.kind in ("attn", "ffn") and s.name not in self.moe] \
+            if vram_codes(model.dtype, vram_codec_enabled()) else []
+        self.coded_pins: set[str] = set()
 
 
     # ------------------------------------------------------------------ public
@@ -202,7 +214,11 @@ class Planner(MoEVariants):
         """VRAM that pinning ``sublayer`` takes: its weights, and an attention layer's KV cache where
         pinned attention keeps it beside it (``kv_beside_pinned``)."""
         kv = self.layer_kv_bytes() if sublayer.kind == "attn" and self.kv_beside_pinned else 0
-        return self.sizes[sublayer.name] + kv
+        return self._resident_bytes(sublayer.name) + kv
+
+    def _resident_bytes(self, name: str) -> int:
+        """VRAM the weights of ``name`` take pinned: coded where the variant being planned pins it coded."""
+        return coded_vram_bytes(self.sizes[name]) if name in self.coded_pins else self.sizes[name]
 
     # ------------------------------------------------------------------ variants
     def _score(self, plan: PlanSet) -> float:
@@ -236,6 +252,17 @@ class Planner(MoEVariants):
         room -= staging if self.stage_attention else 0
         pinned, reasons = self._choose_pinned(room, kv_on_gpu, search)
         streaming = self._planned(kv_on_gpu, workspace, kv, slots, pinned, reasons, self._pin_note, search)
+        coded = self._coded_variant(kv_on_gpu, workspace, kv, slots, room, search)
+        if coded is not None:
+            with_codes, without = self._score(coded), self._score(streaming)
+            verdict = "kept coded in VRAM" if with_codes < without else "not coded: raw pins predicted faster"
+            winner = coded if with_codes < without else streaming
+            winner.notes.append(
+                f"pinned set {verdict} ({len(coded.coded_names)} coded sub-layers, "
+                f"{format_bytes(sum(self.sizes[n] for n in coded.pinned))} of weights pinned in "
+                f"{format_bytes(coded.need.resident)}; predicted {with_codes * 1e3:.2f} against "
+                f"{without * 1e3:.2f} ms per token summed over tiers raw)")
+            streaming = winner
         unstreamed = self._unstreamed_variant(kv_on_gpu, workspace, kv, budget, search)
         if unstreamed is None or self._score(unstreamed) > self._score(streaming) * (1 + STREAMING_TIE):
             return streaming
@@ -244,6 +271,23 @@ class Planner(MoEVariants):
             f"(predicted {self._score(unstreamed) * 1e3:.2f} against {self._score(streaming) * 1e3:.2f} ms per "
             "token summed over tiers with streaming)")
         return unstreamed
+
+    def _coded_variant(self, kv_on_gpu: bool, workspace: int, kv: int, slots: int, room: float,
+                       search: bool) -> PlanSet | None:
+        """The plan whose pinned set is chosen with its attention and dense FFNs kept coded in VRAM (each
+        priced at its coded bytes, the decode into its slot a cost of pinning it); None where nothing may
+        be coded (the switch off, not bf16) or nothing coded was pinned."""
+        if not self.codable:
+            return None
+        self.coded_pins = set(self.codable)
+        try:
+            pinned, reasons = self._choose_pinned(room, kv_on_gpu, search)
+            self.coded_pins = {name for name in pinned if name in self.codable}
+            if not self.coded_pins:
+                return None
+            return self._planned(kv_on_gpu, workspace, kv, slots, pinned, reasons, self._pin_note, search)
+        finally:
+            self.coded_pins = set()
 
     def _unstreamed_variant(self, kv_on_gpu: bool, workspace: int, kv: int, budget: float,
                             search: bool) -> PlanSet | None:
@@ -274,11 +318,12 @@ class Planner(MoEVariants):
         if self.kv_beside_pinned:
             kv = self.layer_kv_bytes() * sum(1 for s in self.model if s.kind == "attn" and s.name in pinned)
         staged = any(p.placement.staged_kv_names() for p in tiers.values())
-        streams = any(p.placement.names(home="stream") for p in tiers.values())  # split FFNs stream too
+        # (split FFNs stream too; sub-layers pinned coded are decoded into the ring's slots)
+        streams = any(p.placement.names(home="stream") or p.placement.coded_names() for p in tiers.values())
         split = {n for p in tiers.values() for n in p.placement.expert_names()}
         caches = any(p.placement.expert_names("cache") for p in tiers.values())
         routers = split_router_bytes(self.model, split)
-        need = VramNeed(resident=sum(self.sizes[n] for n in pinned), slots=slots if streams else 0,
+        need = VramNeed(resident=sum(self._resident_bytes(n) for n in pinned), slots=slots if streams else 0,
                         kv=kv, workspace=workspace, experts=routers + (self.expert_cache if caches else 0),
                         kv_staging=self.staging if staged else 0)
         plan = PlanSet(self.name, self.budget, self.context, kv_on_gpu or kv > 0, self.num_slots, need, pinned, reasons,
@@ -338,6 +383,8 @@ class Planner(MoEVariants):
             saved = {}
             for tier in self.tiers.sizes:
                 pinned_s = est.compute_s(sublayer, "cuda", tier, self.context) + est.launch_s(sublayer, "cuda", tier)
+                if sublayer.name in self.coded_pins:
+                    pinned_s += est.decode_s(sublayer)  # (on its own stream: an upper price)
                 if host_kv:
                     pinned_s += self._staging_s(sublayer, tier)
                 saved[tier] = max(0.0, self._unpinned_s(sublayer, tier, kv_on_gpu) - pinned_s)
@@ -442,6 +489,8 @@ class Planner(MoEVariants):
             return CPU  # token steps never run the vision encoder
         if sublayer.name in pinned:
             host_kv = sublayer.kind == "attn" and not kv_on_gpu and not self.kv_beside_pinned
+            if sublayer.name in self.coded_pins:
+                return GPU_CODED_HOST_KV if host_kv else GPU_CODED
             return GPU_RESIDENT_HOST_KV if host_kv else GPU_RESIDENT
         if sublayer.kind == "attn":
             if kv_on_gpu:

@@ -8,19 +8,21 @@ from ..units import format_bytes
 from .planner import FAMILIES, PlanSet
 
 COLORS = {"vram": "#2b8a3e", "stream": "#1971c2", "host": "#e8590c", "experts": "#9c36b5", "split": "#f59f00",
-          "kv@host": "#66d9e8"}
+          "kv@host": "#66d9e8", "coded": "#8ce99a"}
 LABELS = {"vram": "GPU, resident", "stream": "GPU, streamed", "host": "CPU",
           "experts": "GPU router, experts on CPU / cached", "split": "FFN split: CPU + GPU (streamed part)",
-          "kv@host": "GPU attention over a host KV cache"}
+          "kv@host": "GPU attention over a host KV cache", "coded": "GPU, resident coded (decoded each step)"}
 
 
 def category(where) -> str:
     """The colour key of one placement entry: its weights' home, or a split FFN, or GPU attention
-    whose KV cache stays in host memory."""
+    whose KV cache stays in host memory, or weights pinned coded."""
     if getattr(where, "split", False):
         return "split"
     if getattr(where, "stages_kv", False):
         return "kv@host"
+    if getattr(where, "coded", False):
+        return "coded"
     return where.home
 
 

@@ -59,7 +59,7 @@ from .host_allowance import available_host_bytes
 from .host_weights import PackedWeights
 from .kv_cache import KVCache
 from .kv_staging import KVStaging
-from . import run_ahead, team_tuner, wire_codec, zero_copy_experts
+from . import run_ahead, team_tuner, vram_coded, wire_codec, zero_copy_experts
 from .cpu_down import DownCopies
 from .cpu_packed import PackedParts
 from .dropped import DroppedBuffers
@@ -258,7 +258,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         self._team_tuner: team_tuner.TeamTuner | None = None  # that team by the worker's times (made with the worker)
         self._tuned_tokens: int | None = None  # tokens of the step running, where the tuner gave its team
         self.team_trial_steps = 0  # steps run so far with a team on trial (the engine does not fit them)
-        self.compute_stream = self.copy_stream = None
+        self.compute_stream = self.copy_stream = self.decode_stream = None
         self._vram_before = 0
         self._reserved_after_step = 0  # VRAM reserved after the last step, less _vram_before
         self._clear_vram()
@@ -281,6 +281,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
                 raise ValueError(f"placement {p.name} does not place {', '.join(missing[:3])}")
         kv_gpu = self._kv_layers_on_gpu(plans)
         self._check_ffn_splits(plans)
+        self._check_coded(plans)
         split = self._expert_split(plans)
         cache_bytes = self._expert_cache_bytes(plans, split, expert_cache)
         kv_slots, max_context = self.kv_plan
@@ -291,6 +292,17 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
             raise InvalidInputError(f"placement {plans.name} computes on the GPU, but no CUDA GPU is available")
         staged = any(p.staged_kv_names() for p in plans.placements)
         return _Config(plans, budget, frozenset(kv_gpu), staged, frozenset(split), cache_bytes, need)
+
+    def _check_coded(self, plans: TieredPlacement) -> None:
+        """Sub-layers pinned coded are bf16 attention or dense FFNs (what a stream slot holds and the code fits)."""
+        coded = sorted({n for p in plans.placements for n in p.coded_names()})
+        if coded and self.model.dtype != torch.bfloat16:
+            raise InvalidInputError(f"placement {plans.name} keeps {', '.join(coded[:3])} coded in VRAM, but the "
+                                    f"model's weights are {self.model.dtype} (the code is for bf16 weights)")
+        wrong = [n for n in coded if self.model[n].kind not in ("attn", "ffn") or isinstance(self.model[n], MoEFFN)]
+        if wrong:
+            raise InvalidInputError(f"placement {plans.name} keeps {', '.join(wrong[:3])} coded in VRAM: only "
+                                    "attention and dense FFN sub-layers are kept coded (decoded into a stream slot)")
 
     def _apply(self, config: _Config, timeline: Timeline | None = None) -> None:
         """Make ``config`` current, with the host-side work it needs (``timeline``: where that work's
@@ -412,6 +424,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         torch.backends.cuda.enable_cudnn_sdp(False)
         self.compute_stream = process_stream(self.gpu, "compute")  # (one per process: see streams.py)
         self.copy_stream = process_stream(self.gpu, "copy")
+        self.decode_stream = process_stream(self.gpu, "decode")  # pinned coded weights into their slots
 
     def _load_vram(self, keep_resident: bool = False) -> None:
         """Resident weights, split routers, the expert cache, the stream ring and the KV staging
@@ -424,8 +437,9 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         if self.simulated or not self.uses_gpu:
             return
         streamed = {item for p in self.plans.placements for item in _streamed(p, list(self.model))}
+        coded = set(self.placement.coded_names())
         if self.wire_codec:
-            self._code({item[0] if isinstance(item, tuple) else item for item in streamed})
+            self._code({item[0] if isinstance(item, tuple) else item for item in streamed} - coded)
         if not keep_resident:
             self._load_resident()
         self._load_split()
@@ -438,7 +452,8 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
                                            compile_backend=self.decode_compile)
         if streamed:
             slot_bytes = max(item_bytes(self.host, item) for item in streamed)
-            self.ring = SlotRing(slot_bytes, self.host, self.num_slots, self.gpu, self.copy_stream, self.wire_codec)
+            self.ring = SlotRing(slot_bytes, self.host, self.num_slots, self.gpu, self.copy_stream, self.wire_codec,
+                                 self._vram_coded, self.decode_stream)
         torch.cuda.synchronize(self.gpu)
 
     def _code(self, names) -> None:
@@ -470,6 +485,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         if not keep_resident:
             self.resident: dict[str, dict[str, torch.Tensor]] = {}
             self._resident_buffer: torch.Tensor | None = None
+            self._vram_coded: dict[str, vram_coded.VramCoded] = {}  # pinned coded sub-layers (Where.coded)
             self.graphs: DecodeGraphs | None = None  # captured over the resident weights: dropped with them
         self._router_buffer: torch.Tensor | None = None  # routers of split MoE sub-layers, back to back
         self.ring: SlotRing | None = None
@@ -482,6 +498,11 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         self._gpu_steps = 0  # steps run on the GPU since then (every REFRESH_STEPS-th lets the cache admit)
         self.staging: KVStaging | None = None  # GPU attention over host KV caches: one layer's KV in VRAM
         self._sim_slot: torch.Tensor | None = None  # a simulated GPU's slot for split FFNs' GPU parts
+
+    @property
+    def resident_weight_bytes(self) -> int:
+        """Packed bytes of the weights the placement pins in VRAM (raw or coded: those no step moves)."""
+        return sum(self.host[name].layout.nbytes for name in self.placement.names(home="vram"))
 
     def reserved_bytes(self) -> int:
         """``torch.cuda.memory_reserved`` of the engine's GPU now (0 without a real GPU)."""
@@ -559,7 +580,9 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         if not KEEP_RESIDENT or self.gpu is None or self.simulated or self._resident_buffer is None \
                 or not config.plans.uses_gpu:
             return False
-        return config.plans.placements[0].names(home="vram") == self.placement.names(home="vram")
+        new = config.plans.placements[0]
+        return new.names(home="vram") == self.placement.names(home="vram") \
+            and new.coded_names() == self.placement.coded_names()
 
     def _watch_dropped(self, config: _Config, keep_resident: bool, dropped: DroppedBuffers) -> int:
         """Before a switch to ``config`` clears the placement's VRAM buffers: watch in ``dropped`` those it
@@ -567,9 +590,9 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         (:meth:`_keeps_graphs`); the bytes it keeps in VRAM (the resident buffer and the graphs' pool)."""
         dropped.watch(self.ring, self.expert_cache, self.staging, self._router_buffer)
         if not keep_resident:
-            dropped.watch(self._resident_buffer, self.graphs)
+            dropped.watch(self._resident_buffer, self.graphs, *(c.buffer for c in self._vram_coded.values()))
             return 0
-        kept = self._resident_buffer.numel()
+        kept = self._resident_buffer.numel() + sum(c.vram_bytes for c in self._vram_coded.values())
         if self.graphs is not None and self._keeps_graphs(config):
             kept += self.graphs.pool_bytes
         elif self.graphs is not None:
@@ -617,8 +640,12 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
 
     def _load_resident(self) -> None:
         """Copy each VRAM-resident sub-layer's packed buffer into VRAM: one transfer per sub-layer,
-        the same layout as on the host, so fused views come for free here too."""
-        names = self.placement.names(home="vram")
+        the same layout as on the host, so fused views come for free here too. Those pinned coded
+        (``Where.coded``) are coded on the GPU and kept so (:mod:`~vramshard.runtime.vram_coded`)."""
+        coded = set(self.placement.coded_names())
+        names = [name for name in self.placement.names(home="vram") if name not in coded]
+        if coded:
+            self._load_coded(sorted(coded, key=[s.name for s in self.model].index))
         if not names:
             return
         total = sum(self.host[name].layout.nbytes for name in names)
@@ -634,6 +661,22 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
             self.resident[name] = DictExperts(views, sublayer.num_experts, stack=True) \
                 if isinstance(sublayer, MoEFFN) else views
             cursor += packed.layout.nbytes
+
+    def _load_coded(self, names: list[str]) -> None:
+        """Code the sub-layers ``names`` on the GPU and keep them coded in VRAM (their coder's temporaries
+        freed before the rest of the placement's VRAM is taken)."""
+        began = time.perf_counter()
+        for name in names:
+            try:
+                self._vram_coded[name] = vram_coded.VramCoded(self.host[name].buffer, self.gpu)
+            except vram_coded.CodingError as exc:
+                raise InvalidInputError(f"placement {self.placement.name} keeps {name} coded in VRAM, but {exc}; "
+                                        "plan without VRAMSHARD_VRAM_CODEC") from None
+        torch.cuda.empty_cache()
+        raw = sum(c.nbytes for c in self._vram_coded.values())
+        held = sum(c.vram_bytes for c in self._vram_coded.values())
+        log.info("kept %d pinned sub-layers coded in VRAM (coded in %.2f s): %s for %s raw (x%.3f)", len(names),
+                 time.perf_counter() - began, format_bytes(held), format_bytes(raw), held / max(raw, 1))
 
 
     def _kv_layers_on_gpu(self, plans: TieredPlacement) -> set[int]:
@@ -877,7 +920,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
                     x, crossed = self._run_split(sublayer, here, x)
                     crossings += crossed
                     continue
-                streamed = here.home == "stream"
+                streamed = here.home == "stream" or here.coded  # (pinned coded: decoded into a slot)
                 weights = self.ring.acquire(sublayer.name, compute) if streamed else self.resident[sublayer.name]
                 if here.stages_kv:  # GPU attention over its host KV cache, staged through VRAM
                     x = self.staging.run(sublayer, weights, x, step)
@@ -1001,7 +1044,8 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
 
 def _streamed(placement: Placement, sublayers: list) -> list[StreamItem]:
     """What ``placement`` streams of ``sublayers``, in run order (the ring's fill order): sub-layer
-    names, and (name, cpu_pieces) for the GPU part of a split FFN."""
+    names, and (name, cpu_pieces) for the GPU part of a split FFN; sub-layers pinned coded take their
+    turn too (decoded into their slot)."""
     where = placement.as_dict()
     return [(s.name, where[s.name].cpu_pieces) if where[s.name].split else s.name
-            for s in sublayers if where[s.name].home == "stream"]
+            for s in sublayers if where[s.name].home == "stream" or where[s.name].coded]

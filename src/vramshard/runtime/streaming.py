@@ -15,6 +15,10 @@ A ring made ``coded`` (the executor's, with ``VRAMSHARD_WIRE_CODEC`` on a bf16 m
 whose host weights have coded blocks (:class:`~vramshard.runtime.wire_codec.CodedBuffer`) from them: they
 cross the link in about 0.75 of their bytes and are decoded on the copy stream through the ring's one
 staging buffer, so the slot's ``filled`` event still marks the weights ready.
+
+Sub-layers pinned in VRAM coded (:class:`~vramshard.runtime.vram_coded.VramCoded`, ``vram_coded``) take their
+turn in the ring's order too: their fill is a decode from VRAM on the ring's ``decode_stream``, so it runs
+beside the copy engine's fills rather than queued behind them.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import torch
 
 from ..plan.memory import align
 from .host_weights import PackedWeights
+from .vram_coded import VramCoded
 from .wire_codec import STAGING_BYTES, FillStats
 
 StreamItem = str | tuple[str, int]  # a sub-layer streamed whole, or (dense FFN, first GPU piece) of a split
@@ -49,10 +54,12 @@ class Slot:
 
 class SlotRing:
     """Streams the weights of ``order`` (stream items, run order) through ``num_slots`` slots; ``coded``:
-    from the host weights' coded blocks where they have them (else raw, as without the codec)."""
+    from the host weights' coded blocks where they have them (else raw, as without the codec);
+    ``vram_coded``: sub-layers kept coded in VRAM, filled by a decode on ``decode_stream``."""
 
     def __init__(self, slot_bytes: int, host: dict[str, PackedWeights], num_slots: int,
-                 device: torch.device, copy_stream: torch.cuda.Stream, coded: bool = False):
+                 device: torch.device, copy_stream: torch.cuda.Stream, coded: bool = False,
+                 vram_coded: dict[str, VramCoded] | None = None, decode_stream: torch.cuda.Stream | None = None):
         self.order: list[StreamItem] = []
         self.host = host
         self.copy_stream = copy_stream
@@ -67,6 +74,11 @@ class SlotRing:
         self.fills = FillStats()  # bytes over the link, and the raw bytes they stood for
         self.coded = coded
         self.staging = torch.empty(STAGING_BYTES, dtype=torch.uint8, device=device) if coded else None
+        self.vram_coded = vram_coded or {}
+        if self.vram_coded and decode_stream is None:
+            raise ValueError("a ring with sub-layers coded in VRAM needs a decode stream")
+        self.decode_stream = decode_stream
+        self.decodes = 0  # fills decoded from VRAM so far
 
     def set_order(self, order: list[StreamItem]) -> None:
         """The stream items of the placement about to run, in run order."""
@@ -87,6 +99,25 @@ class SlotRing:
     def _issue_fill(self) -> None:
         item = self.order[self._next_index % len(self.order)]
         slot = self.slots[self._next_slot % len(self.slots)]
+        coded = self.vram_coded.get(item) if isinstance(item, str) else None
+        if coded is not None:
+            self._decode(coded, slot)
+        else:
+            self._copy(item, slot)
+        self.pending.append((item, slot))
+        self._next_index += 1
+        self._next_slot += 1
+
+    def _decode(self, coded: VramCoded, slot: Slot) -> None:
+        """Fill ``slot`` with a sub-layer pinned coded: decoded in VRAM, beside the copy engine's fills."""
+        with torch.cuda.stream(self.decode_stream):
+            self.decode_stream.wait_event(slot.free)  # the previous user of the slot is done
+            coded.decode(slot.buffer[: coded.nbytes])
+            slot.filled.record(self.decode_stream)
+        self.decodes += 1
+
+    def _copy(self, item: StreamItem, slot: Slot) -> None:
+        """Fill ``slot`` with ``item`` from host memory over the link (coded where the ring codes)."""
         with torch.cuda.stream(self.copy_stream):
             self.copy_stream.wait_event(slot.free)  # the previous user of the slot is done
             name = item[0] if isinstance(item, tuple) else item
@@ -103,9 +134,6 @@ class SlotRing:
                     self.fills.wire += end - begin
                     self.fills.raw += end - begin
             slot.filled.record(self.copy_stream)
-        self.pending.append((item, slot))
-        self._next_index += 1
-        self._next_slot += 1
 
     def acquire(self, name: StreamItem, compute_stream: torch.cuda.Stream) -> dict[str, torch.Tensor]:
         """Weights of stream item ``name`` in VRAM (for a split FFN's GPU part: the part's views,

@@ -1,0 +1,232 @@
+"""Pinned weights kept coded in VRAM (runtime/vram_coded, Where.coded): the placement's data, the coded
+buffer's decode, the VRAM accounting, the estimator's and the planner's prices, and (GPU) the engine's
+logits with coded pins equal to those with raw pins, bit for bit."""
+
+import pytest
+import torch
+
+from vramshard.errors import InvalidInputError
+from vramshard.plan.estimator import Estimator, Mechanisms, fixed_mechanisms, vram_decode_bps
+from vramshard.plan.memory import sublayer_packed_bytes, vram_need
+from vramshard.plan.placement import CPU, GPU_CODED, GPU_RESIDENT, GPU_STREAMED, Placement, Where
+from vramshard.plan.planner import Planner
+from vramshard.plan.tiers import Tiers
+from vramshard.profile.query import synthetic
+from vramshard.runtime import budget as budgets
+from vramshard.runtime import plan_wire, vram_coded
+from vramshard.runtime.vram_coded import CodingError, VramCoded
+from vramshard.runtime.wire_codec import BLOCK, BLOCK_BYTES, CODED_BLOCK, ESCAPES
+from vramshard.shapes import shape_model
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+# A client machine's link and CPU beside a GPU whose memory decodes quickly.
+PROFILE = synthetic(cpu_gflops=1500, gpu_gflops=200_000, h2d_gbps=25, cpu_mem_gbps=60, gpu_mem_gbps=1500)
+
+
+def _mechanisms(vram_codec: bool) -> Mechanisms:
+    return Mechanisms(False, False, False, (False, 0), False, False, vram_codec)
+
+
+def _weights(n: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, generator=g) * 0.02).to(torch.bfloat16).view(torch.uint8)
+
+
+def test_a_coded_pin_is_plain_data_and_only_for_pinned_weights():
+    for where in (GPU_CODED, Where("gpu", "vram", kv="host", coded=True)):
+        assert Where.from_list(where.to_list()) == where
+        assert "coded" in str(where)
+    placement = Placement("p", (("attn[0]", GPU_CODED), ("ffn[0]", GPU_RESIDENT), ("head", CPU)))
+    assert Placement.from_json(placement.to_json()) == placement
+    assert placement.coded_names() == ["attn[0]"]
+    for compute, home in (("gpu", "stream"), ("cpu", "host")):
+        with pytest.raises(InvalidInputError, match="coded"):
+            Where(compute, home, coded=True)
+    with pytest.raises(InvalidInputError, match="coded"):
+        Where.from_list(["gpu", "vram", "coded", "kv@host"])
+
+
+def test_a_coded_buffer_decodes_its_bytes_with_a_ragged_end_and_overflowed_blocks():
+    raw = _weights(BLOCK * 150 + 19)  # 150 blocks and a ragged end
+    words = raw[: BLOCK * 300].view(torch.int16)
+    # Block 3 takes too many exponents for its escapes: it is kept raw beside the coded ones.
+    words[3 * BLOCK : 3 * BLOCK + 15 + ESCAPES + 5] = ((torch.arange(15 + ESCAPES + 5, dtype=torch.int16) + 1) << 7)
+    coded = VramCoded(raw, "cpu")
+    assert coded.blocks == raw.numel() // BLOCK_BYTES and coded.tail == raw.numel() % BLOCK_BYTES
+    assert coded.overflow.tolist() == [3]
+    assert coded.vram_bytes == coded.blocks * CODED_BLOCK + coded.tail + BLOCK_BYTES
+    assert coded.vram_bytes <= vram_coded.vram_bytes(raw.numel())
+    target = torch.full((raw.numel(),), 0xAB, dtype=torch.uint8)
+    coded.decode(target)
+    assert torch.equal(target, raw)
+
+
+def test_bytes_that_are_not_bf16_weights_are_not_coded():
+    noise = torch.randint(0, 256, (BLOCK_BYTES * 200,), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    with pytest.raises(CodingError, match="overflowed"):
+        VramCoded(noise, "cpu")
+
+
+def test_the_switch_and_the_dtype_decide_what_may_be_coded(monkeypatch):
+    monkeypatch.setenv("VRAMSHARD_VRAM_CODEC", "on")
+    assert vram_coded.codes(torch.bfloat16) and not vram_coded.codes(torch.float16)
+    monkeypatch.setenv("VRAMSHARD_VRAM_CODEC", "off")
+    assert not vram_coded.codes(torch.bfloat16)
+
+
+def _llama_placement(model, coded: bool) -> Placement:
+    """Layer 0 pinned (coded or raw), the rest streamed, the embedding on the CPU, the head on the GPU."""
+    def where(s):
+        if s.kind == "embed":
+            return CPU
+        if s.kind == "head":
+            return GPU_RESIDENT
+        if s.layer == 0:
+            return GPU_CODED if coded else GPU_RESIDENT
+        return GPU_STREAMED
+    return Placement("coded" if coded else "raw", tuple((s.name, where(s)) for s in model))
+
+
+def test_coded_pins_take_their_coded_bytes_and_a_slot():
+    model = shape_model("llama3-8b", torch.bfloat16)
+    raw, coded = (vram_need(model, _llama_placement(model, c), 1, 1024, 16) for c in (False, True))
+    layer0 = sum(sublayer_packed_bytes(model, n) for n in ("attn[0]", "ffn[0]"))
+    head = sublayer_packed_bytes(model, "head")
+    assert raw.resident == layer0 + head
+    assert coded.resident == head + sum(vram_coded.vram_bytes(sublayer_packed_bytes(model, n))
+                                        for n in ("attn[0]", "ffn[0]"))
+    assert 0.75 * layer0 < coded.resident - head < 0.77 * layer0
+    assert coded.slots == raw.slots  # (the streamed FFNs size the slots already)
+    # Alone (nothing streamed), the coded pins still need the ring's slots.
+    alone = Placement("alone", tuple((n, CPU if w == GPU_STREAMED or n == "head" else w)
+                                     for n, w in _llama_placement(model, True).where))
+    assert vram_need(model, alone, 1, 1024, 16).slots == 2 * sublayer_packed_bytes(model, "ffn[0]")
+
+
+def test_the_estimator_decodes_coded_pins_beside_the_link():
+    """A coded pin costs its decode on its own engine, not the link: the step with layer 0 coded is priced
+    near the raw one, far under layer 0 streamed, and moves no more bytes over the link."""
+    model = shape_model("llama3-8b", torch.bfloat16)
+    est = Estimator(model, PROFILE)
+    raw, coded = (est.simulate(_llama_placement(model, c), 1, 1024) for c in (False, True))
+    streamed = Placement("s", tuple((n, GPU_STREAMED if w == GPU_RESIDENT and n != "head" else w)
+                                    for n, w in _llama_placement(model, False).where))
+    all_streamed = est.simulate(streamed, 1, 1024)
+    assert coded.bytes_streamed == raw.bytes_streamed < all_streamed.bytes_streamed
+    decodes = [e for e in coded.timeline if e[1] == "decode"]
+    assert {e[0] for e in decodes} == {"attn[0]", "ffn[0]"}
+    ffn = model["ffn[0]"]
+    assert est.decode_s(ffn) == pytest.approx(sublayer_packed_bytes(model, "ffn[0]") / vram_decode_bps(PROFILE))
+    assert coded.seconds < raw.seconds + 2 * (est.decode_s(ffn) + est.decode_s(model["attn[0]"]))
+    assert coded.seconds < all_streamed.seconds
+
+
+@pytest.mark.parametrize("budget_gib", [6, 8])
+def test_the_planner_pins_more_weights_coded_within_the_budget(budget_gib):
+    model = shape_model("llama3-8b", torch.bfloat16)
+    budget = budget_gib * 2**30
+    plans = {}
+    for codec in (False, True):
+        with fixed_mechanisms(_mechanisms(codec)):
+            plans[codec] = Planner(model, PROFILE, budget, context=1024, tiers=Tiers((1, 64))).plan()
+    raw, coded = plans[False], plans[True]
+    assert not raw.coded_names
+    assert coded.coded_names and set(coded.coded_names) <= set(coded.pinned)
+    assert coded.need.total <= budget
+    pinned_bytes = {c: sum(sublayer_packed_bytes(model, n) for n in plans[c].pinned) for c in plans}
+    assert pinned_bytes[True] > 1.25 * pinned_bytes[False]
+    for tier in (1, 64):
+        assert coded.tiers[tier].predicted_s < raw.tiers[tier].predicted_s
+        assert coded.tiers[tier].placement.coded_names() == coded.coded_names  # (the same pins at every tier)
+    assert any("kept coded in VRAM" in note for note in coded.notes)
+    # The executor's own account of the plan's VRAM is the planner's.
+    tiered = coded.tiered()
+    from vramshard.plan.memory import tiered_vram_need
+    assert tiered_vram_need(model, tiered, 1, 1024, 64).resident == coded.need.resident
+
+
+def test_the_planner_leaves_pins_raw_where_decoding_costs_more_than_it_saves():
+    """A GPU whose memory decodes slowly (a laptop's 200 GB/s): coding the pins is priced slower, and not taken."""
+    slow = synthetic(cpu_gflops=1500, gpu_gflops=200_000, h2d_gbps=25, cpu_mem_gbps=60, gpu_mem_gbps=200)
+    model = shape_model("llama3-8b", torch.bfloat16)
+    with fixed_mechanisms(_mechanisms(True)):
+        plan = Planner(model, slow, 8 * 2**30, context=1024, tiers=Tiers((1, 64))).plan()
+    assert not plan.coded_names
+    assert any("not coded" in note for note in plan.notes)
+
+
+def test_fp16_models_are_never_coded():
+    model = shape_model("llama3-8b", torch.float16)
+    with fixed_mechanisms(_mechanisms(True)):
+        plan = Planner(model, PROFILE, 8 * 2**30, context=1024, tiers=Tiers((1,))).plan()
+    assert not plan.coded_names
+
+
+def test_the_planning_request_carries_the_switch():
+    model = shape_model("llama3-8b", torch.bfloat16)
+    settings = budgets.PlanSettings(PROFILE, Tiers((1, 64)), 1024, 2, "llama3-8b")
+    for codec in (False, True):
+        request = plan_wire.request(plan_wire.model_recipe(model), settings, None, None, False, _mechanisms(codec))
+        *_, mechanisms = plan_wire.read_request(plan_wire.loads(plan_wire.dumps(request)))
+        assert mechanisms == _mechanisms(codec)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_executor_refuses_coded_pins_it_cannot_keep(tiny_model_dir, dtype):
+    """Coded pins of fp32 weights, or of a sub-layer no stream slot holds (the head), are refused by name."""
+    from vramshard import Engine
+    from vramshard.runtime.executor import Executor
+
+    engine = Engine.load(tiny_model_dir("llama", dtype), device="cpu")
+    model = engine.model
+    coded = ("attn",) if dtype == torch.float32 else ("attn", "head")
+    placement = Placement("p", tuple((s.name, GPU_CODED if s.kind in coded else CPU) for s in model))
+    with pytest.raises(InvalidInputError, match="bf16" if dtype == torch.float32 else "head"):
+        Executor(model, engine.executor.host, placement, simulate_gpu=True)
+
+
+@pytest.fixture(scope="module")
+def bf16_llama(tmp_path_factory) -> str:
+    """A small bf16 Llama whose FFN matrices span whole coded blocks (256 x 1024: 64 blocks each)."""
+    import transformers as tf
+
+    config = tf.LlamaConfig(vocab_size=96, hidden_size=256, intermediate_size=1024, num_hidden_layers=3,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                            bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(config).to(torch.bfloat16)
+    path = tmp_path_factory.mktemp("bf16_llama_coded")
+    model.save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("wire", ["off", "on"])
+def test_coded_pins_compute_the_same_logits_bit_for_bit(bf16_llama, monkeypatch, wire):
+    """Layers 0 and 1 pinned coded (decoded into the ring's slots), layer 2 streamed: the engine's logits and
+    greedy tokens are those of the same pins raw, bit for bit, and the coded pins hold less VRAM."""
+    from placement_helpers import PROMPT, trace_logits
+    from vramshard import Engine
+
+    monkeypatch.setenv("VRAMSHARD_WIRE_CODEC", wire)
+    model = Engine.load(bf16_llama, device="cpu").model
+
+    def placement(coded: bool) -> Placement:
+        pin = GPU_CODED if coded else GPU_RESIDENT
+        return Placement("p", tuple((s.name, CPU if s.kind == "embed" else GPU_RESIDENT if s.kind == "head"
+                                     else pin if s.layer in (0, 1) else GPU_STREAMED) for s in model))
+
+    out = {}
+    for coded in (False, True):
+        engine = Engine.load(bf16_llama, device="cuda", dtype="bfloat16", max_context=64, placement=placement(coded))
+        logits = trace_logits(engine)
+        ex = engine.executor
+        out[coded] = (logits, engine.generate([PROMPT], 12), ex.ring.decodes, ex.need.resident,
+                      ex.report.bytes_streamed)
+        del engine, ex
+    assert torch.equal(out[True][0], out[False][0])
+    assert out[True][1] == out[False][1]
+    assert out[False][2] == 0 and out[True][2] > 0
+    assert out[True][3] < out[False][3]
+    assert out[True][4] == out[False][4]  # (decodes move nothing over the link)
