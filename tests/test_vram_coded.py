@@ -16,7 +16,8 @@ from vramshard.runtime import budget as budgets
 from vramshard.runtime import plan_wire, vram_coded
 from vramshard.runtime.vram_coded import CodingError, VramCoded
 from vramshard.runtime.wire_codec import BLOCK, BLOCK_BYTES, CODED_BLOCK, ESCAPES
-from vramshard.shapes import shape_model
+from vramshard.models import build_model
+from vramshard.shapes import shape_config, shape_model
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 # A client machine's link and CPU beside a GPU whose memory decodes quickly.
@@ -233,3 +234,17 @@ def test_coded_pins_compute_the_same_logits_bit_for_bit(bf16_llama, monkeypatch,
         assert out[other][2] == 0
     assert out[GPU_CODED][2] > 0
     assert 0 < out[GPU_CODED][3] < 0.8 * out[GPU_CODED][4]  # (the coded pins' VRAM against their raw bytes)
+
+
+def test_only_sub_layers_whose_coded_buffer_is_smaller_may_be_coded():
+    """A sub-layer of a few MiB codes into no less VRAM than it takes raw (the allocator's 2 MiB rounding):
+    the planner never codes those; every attention and dense FFN of an 8B shape it may."""
+    big = shape_model("llama3-8b", torch.bfloat16)
+    with fixed_mechanisms(_mechanisms(True)):
+        assert len(Planner(big, PROFILE, 8 * 2**30).codable) == 2 * big.args.num_hidden_layers
+        config = {**shape_config("llama3-8b"), "hidden_size": 256, "intermediate_size": 1024,
+                  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 512}
+        small = build_model(config, torch.bfloat16)
+        assert Planner(small, PROFILE, 2**30).codable == []
+    with fixed_mechanisms(_mechanisms(False)):
+        assert Planner(big, PROFILE, 8 * 2**30).codable == []

@@ -540,7 +540,8 @@ class Estimator:
         cpu_work = bool(placement.names(compute="cpu") or placement.expert_names("host") or placement.split_names())
         # A token step does not run the vision encoder: a language model's plan does not place it.
         # The ring's order: streamed sub-layers (filled by the copy engine) and those pinned coded (decoded).
-        order = [s for s in self.model if s.kind != "vision" and (where[s.name].home == "stream" or where[s.name].coded)]
+        order = [s for s in self.model
+                 if s.kind != "vision" and (where[s.name].home == "stream" or where[s.name].coded)]
         fills = [(0, self.decode_s(s), DECODE) if where[s.name].coded else self._fill(s, where[s.name], cpu_work)
                  for s in order]  # (bytes over the link, seconds, engine) of each
         # Simulate two consecutive steps; the second is the steady state.

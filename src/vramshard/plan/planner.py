@@ -130,10 +130,11 @@ class Planner(MoEVariants):
         self.moe_split = set(self.moe)
         self.moe_fixed = split_router_bytes(model, self.moe)  # main pieces of every MoE layer (one buffer)
         # Sub-layers that may be pinned coded (VRAMSHARD_VRAM_CODEC, bf16): attention and dense FFNs, which a
-        # stream slot holds; and those the variant being planned pins coded (candidates while it chooses).
-        self.codable = [s.name for s in model if s.kind in ("attn", "ffn") and s.name not in self.moe] \
+        # stream slot holds (and whose coded buffer, rounded as the allocator rounds it, is the smaller).
+        self.codable = [s.name for s in model if s.kind in ("attn", "ffn") and s.name not in self.moe
+                        and coded_vram_bytes(self.sizes[s.name]) < self.sizes[s.name]] \
             if vram_codes(model.dtype, vram_codec_enabled()) else []
-        self.coded_pins: set[str] = set()
+        self.coded_pins: set[str] = set()  # those the variant being planned pins coded (candidates while it chooses)
 
 
     # ------------------------------------------------------------------ public

@@ -31,7 +31,8 @@ def enabled() -> bool:
 
 
 def codes(dtype: torch.dtype, on: bool | None = None) -> bool:
-    """Whether pinned weights of ``dtype`` may be kept coded: bf16 with the switch on (``on``; None: :func:`enabled`)."""
+    """Whether pinned weights of ``dtype`` may be kept coded: bf16 with the switch on (``on``; None:
+    :func:`enabled`)."""
     return (enabled() if on is None else on) and dtype == torch.bfloat16
 
 
@@ -56,7 +57,8 @@ class VramCoded:
     """The packed host buffer ``raw`` (uint8) coded on ``device`` and kept there.
 
     One buffer holds the coded blocks and the ragged end raw; another the raw bytes of each overflowed block
-    (none in bf16 weights: the fiftieth GPU session's random ones, normal and heavy-tailed). Raises :class:`CodingError` where more than ``MOST_OVERFLOW`` of the blocks overflow.
+    (none in bf16 weights: the fiftieth GPU session's random ones, normal and heavy-tailed). Raises
+    :class:`CodingError` where more than ``MOST_OVERFLOW`` of the blocks overflow.
     """
 
     def __init__(self, raw: torch.Tensor, device: torch.device | str):
