@@ -80,6 +80,8 @@ STREAMING_TIE = 0.02
 # cache at 1.00x on another machine. In the A/B on one machine (call_session45b.sh, forty-first GPU session)
 # the planner never split at those hosts' CPU scales (1.9-2.1): no gain shown, so it stays off.
 KV_SPLIT = switch("VRAMSHARD_KV_SPLIT", False)
+# Shares of the codable sub-layers (VRAMSHARD_VRAM_CODEC) the coded variant of the pinned set offers coded.
+CODED_SHARES = (0.25, 0.5, 0.75, 1.0)
 __all__ = ["FAMILIES", "MOE_FAMILIES", "WORKER_TEAM_ROWS", "PinReason", "PlanSet", "Planner", "TierPlan",
            "machine_profile"]
 
@@ -275,18 +277,42 @@ class Planner(MoEVariants):
 
     def _coded_variant(self, kv_on_gpu: bool, workspace: int, kv: int, slots: int, room: float,
                        search: bool) -> PlanSet | None:
-        """The plan whose pinned set is chosen with its attention and dense FFNs kept coded in VRAM (each
-        priced at its coded bytes, the decode into its slot a cost of pinning it); None where nothing may
-        be coded (the switch off, not bf16) or nothing coded was pinned."""
+        """The plan whose pinned set is chosen with some of its attention and dense FFNs kept coded in VRAM
+        (each priced at its coded bytes, the decode into its slot a cost of pinning it); None where nothing
+        may be coded (the switch off, not bf16) or nothing coded was pinned.
+
+        How much to code: each share of :data:`CODED_SHARES` of the codable sub-layers (FFNs first: most of
+        the bytes and the least time saved per byte; then attention) is tried, its pinned set chosen and its
+        tiers priced without search, and the fastest share planned in full. The decodes run on their own
+        stream, free while the step's other work is longer; past that each costs its time, so on a GPU with
+        slow memory a part coded can beat both all and none."""
         if not self.codable:
             return None
-        self.coded_pins = set(self.codable)
+        ranked = sorted(self.codable, key=lambda name: self.model[name].kind != "ffn")  # (stable: model order)
+        trials = []
         try:
-            pinned, reasons = self._choose_pinned(room, kv_on_gpu, search)
-            self.coded_pins = {name for name in pinned if name in self.codable}
-            if not self.coded_pins:
+            for share in CODED_SHARES:
+                candidates = set(ranked[: max(1, round(share * len(ranked)))])
+                self.coded_pins = candidates
+                pinned, reasons = self._choose_pinned(room, kv_on_gpu, search)
+                self.coded_pins = {name for name in pinned if name in candidates}
+                if not self.coded_pins:
+                    continue
+                predicted = sum(self._plan_tier(t, set(pinned), kv_on_gpu, search=False).predicted_s / t
+                                for t in self.tiers.sizes)
+                trials.append((predicted, share, pinned, reasons, self._pin_note, self.coded_pins))
+            best = None
+            # The search moves the prices of shares apart: the two best without it are planned in full.
+            for _, share, pinned, reasons, note, self.coded_pins in sorted(trials, key=lambda t: t[0])[:2 if search else 1]:
+                plan = self._planned(kv_on_gpu, workspace, kv, slots, pinned, reasons, note, search)
+                if best is None or self._score(plan) < self._score(best[1]):
+                    best = (share, plan)
+            if best is None:
                 return None
-            return self._planned(kv_on_gpu, workspace, kv, slots, pinned, reasons, self._pin_note, search)
+            share, plan = best
+            plan.notes.append(f"coded pins: {share:.0%} of the codable sub-layers offered coded, of "
+                              f"{', '.join(f'{s:.0%}' for s in CODED_SHARES)} (the two fastest without search planned)")
+            return plan
         finally:
             self.coded_pins = set()
 
