@@ -271,3 +271,13 @@ def test_on_a_gpu_of_middling_memory_the_planner_codes_a_part_of_the_pins(monkey
     assert made._score(part) < made._score(raw)
     assert made._score(part) < made._score(every)
     assert any(note.startswith("coded pins:") for note in part.notes)
+
+
+def test_the_prediction_table_compares_coded_and_raw_pins():
+    from benchmarks.vram_codec_plans import TIERS, plan_cells
+
+    fast = synthetic(cpu_gflops=1000, gpu_gflops=100_000, h2d_gbps=50, cpu_mem_gbps=80, gpu_mem_gbps=1790)
+    [row] = plan_cells(shape_model("llama3-8b", torch.bfloat16), fast, [12])
+    assert row["raw"]["coded_sub_layers"] == 0 < row["coded"]["coded_sub_layers"]
+    assert row["coded"]["pinned_weight_gib"] > row["raw"]["pinned_weight_gib"]
+    assert all(row["coded"]["predicted_ms"][t] < row["raw"]["predicted_ms"][t] for t in TIERS)
