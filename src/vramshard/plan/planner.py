@@ -35,7 +35,9 @@ the search consider it per tier, costed with its staging copies.
 Where the planning process's mechanisms allow it (``VRAMSHARD_VRAM_CODEC``, bf16 weights), the pinned set is
 also chosen with its attention and dense FFNs kept coded in VRAM (``Where.coded``, about 0.754 of their bytes,
 :mod:`~vramshard.runtime.vram_coded`): about a third more of the model pinned, each coded sub-layer decoded
-into a stream slot every step on its own stream. The variant predicted faster over the tiers is taken.
+into a stream slot every step on its own stream. A share of them may be coded (the decodes are free only while
+the step's other work is longer: :meth:`Planner._coded_variant`); the variant predicted faster over the tiers
+is taken.
 
 The KV cache lives in VRAM, in host memory, or (dense models, ``VRAMSHARD_KV_SPLIT=on``), where the
 whole of it does not fit beside the weights worth pinning, split by layer: the attention layers pinned in VRAM
@@ -58,8 +60,8 @@ from ..profile.query import Profile
 from ..units import format_bytes
 from ..runtime.vram_coded import codes as vram_codes
 from .estimator import Estimator, vram_codec_enabled
-from .memory import (VramNeed, coded_vram_bytes, kv_positions, kv_staging_bytes, split_router_bytes, sublayer_packed_bytes,
-                     workspace_bytes)
+from .memory import (VramNeed, coded_vram_bytes, kv_positions, kv_staging_bytes, split_router_bytes,
+                     sublayer_packed_bytes, workspace_bytes)
 from .moe_variants import MoEVariants
 from .placement import (CPU, EXPERTS_CACHED, EXPERTS_CPU, GPU_CODED, GPU_CODED_HOST_KV, GPU_RESIDENT,
                         GPU_RESIDENT_HOST_KV, GPU_STREAMED, GPU_STREAMED_HOST_KV, Placement, TieredPlacement, Where,
