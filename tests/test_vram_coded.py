@@ -281,3 +281,20 @@ def test_the_prediction_table_compares_coded_and_raw_pins():
     assert row["raw"]["coded_sub_layers"] == 0 < row["coded"]["coded_sub_layers"]
     assert row["coded"]["pinned_weight_gib"] > row["raw"]["pinned_weight_gib"]
     assert all(row["coded"]["predicted_ms"][t] < row["raw"]["predicted_ms"][t] for t in TIERS)
+
+
+def test_a_coded_plan_crosses_the_wire_and_says_what_its_pins_hold():
+    from rich.console import Console
+
+    from vramshard.plan.report import print_plan
+
+    model = shape_model("llama3-8b", torch.bfloat16)
+    with fixed_mechanisms(_mechanisms(True)):
+        plan = Planner(model, PROFILE, 8 * 2**30, context=1024, tiers=Tiers((1, 64))).plan()
+    back = plan_wire.plan_from_wire(plan_wire.loads(plan_wire.dumps(plan_wire.plan_to_wire(plan))))
+    assert back.coded_names == plan.coded_names and back.pinned_weight_bytes == plan.pinned_weight_bytes
+    assert plan.pinned_weight_bytes == sum(sublayer_packed_bytes(model, n) for n in plan.pinned) > plan.need.resident
+    console = Console(record=True, width=200)
+    print_plan(plan, console)
+    text = console.export_text()
+    assert f"{len(plan.coded_names)} sub-layers coded" in text

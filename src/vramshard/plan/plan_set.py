@@ -59,6 +59,7 @@ class PlanSet:
     # Where only some layers' KV caches are in VRAM (those of the attention layers pinned there), how many;
     # None: all of them where kv_on_gpu, else none.
     kv_layers_in_vram: int | None = None
+    pinned_weight_bytes: int = 0  # packed bytes of the pinned weights (more than need.resident where pins are coded)
 
     @property
     def kv_side(self) -> str:
@@ -108,7 +109,7 @@ class PlanSet:
                      "workspace": self.need.workspace, "experts": self.need.experts,
                      "kv_staging": self.need.kv_staging, "total": self.need.total},
             "expert_cache": self.expert_cache, "expert_hit_rate": self.expert_hit_rate,
-            "worker_team": self.worker_team, "coded": self.coded_names,
+            "worker_team": self.worker_team, "coded": self.coded_names, "pinned_weight_bytes": self.pinned_weight_bytes,
             "pinned": [{"name": r.name, "bytes": r.nbytes, "score": r.score,
                         "saved_ms": {str(t): s * 1e3 for t, s in r.saved_s.items()}} for r in self.reasons],
             "tiers": {str(t): {"family": p.family, "threads": p.threads, "predicted_ms": p.predicted_s * 1e3,

@@ -357,7 +357,8 @@ class Planner(MoEVariants):
                         kv_staging=self.staging if staged else 0)
         plan = PlanSet(self.name, self.budget, self.context, kv_on_gpu or kv > 0, self.num_slots, need, pinned, reasons,
                        tiers, expert_cache=self.expert_cache if caches else 0,
-                       expert_hit_rate=self.estimator.expert_hit_rate if caches else 0.0)
+                       expert_hit_rate=self.estimator.expert_hit_rate if caches else 0.0,
+                       pinned_weight_bytes=sum(self.sizes[n] for n in pinned))
         if self.kv_beside_pinned and kv > 0:
             plan.kv_layers_in_vram = kv // self.layer_kv_bytes()
         if note:

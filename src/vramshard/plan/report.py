@@ -34,7 +34,9 @@ def print_plan(plan: PlanSet, console=None) -> None:
     console.print(f"[bold]{plan.model_name}[/]: budget {format_bytes(plan.budget) if plan.budget else 'unlimited'}, "
                   f"context {plan.context} tokens, KV cache {plan.kv_side}")
     need = plan.need
-    console.print(f"VRAM: pinned weights {format_bytes(need.resident)} + slots {format_bytes(need.slots)} + "
+    coded = plan.coded_names
+    held = f" ({format_bytes(plan.pinned_weight_bytes)} of weights, {len(coded)} sub-layers coded)" if coded else ""
+    console.print(f"VRAM: pinned weights {format_bytes(need.resident)}{held} + slots {format_bytes(need.slots)} + "
                   f"KV {format_bytes(need.kv)} + workspace {format_bytes(need.workspace)}"
                   + (f" + experts {format_bytes(need.experts)}" if need.experts else "")
                   + (f" + KV staging {format_bytes(need.kv_staging)}" if need.kv_staging else "") + " = "

@@ -146,6 +146,7 @@ def plan_to_wire(plan: PlanSet) -> dict:
                   for t in plan.tiers.values()],
         "notes": list(plan.notes), "expert_cache": plan.expert_cache, "expert_hit_rate": plan.expert_hit_rate,
         "worker_team": plan.worker_team, "kv_layers_in_vram": plan.kv_layers_in_vram,
+        "pinned_weight_bytes": plan.pinned_weight_bytes,
     }
 
 
@@ -164,7 +165,7 @@ def plan_from_wire(data: dict) -> PlanSet:
             [PinReason(name, int(nbytes), {int(t): float(s) for t, s in saved}, float(score))
              for name, nbytes, saved, score in data["reasons"]],
             tiers, list(data["notes"]), int(data["expert_cache"]), float(data["expert_hit_rate"]), data["worker_team"],
-            data["kv_layers_in_vram"])
+            data["kv_layers_in_vram"], int(data.get("pinned_weight_bytes", 0)))
     except (KeyError, TypeError, ValueError) as exc:
         raise WireError(f"a plan from the planning process that cannot be read: {type(exc).__name__}: {exc}") from None
 
