@@ -76,3 +76,19 @@ def _load_beside_not_followed(monkeypatch):
 
     monkeypatch.setattr(host_load, "ENABLED", False)
     monkeypatch.setenv("VRAMSHARD_FOLLOW_HOST_LOAD", "off")
+
+
+@pytest.fixture(scope="session")
+def bf16_llama(tmp_path_factory) -> str:
+    """A small bf16 Llama (three layers) whose FFN matrices span whole coded blocks (256 x 1024: 64 blocks
+    each): the codecs' GPU tests (tests/test_wire_codec.py, tests/test_vram_coded.py)."""
+    import transformers as tf
+
+    config = tf.LlamaConfig(vocab_size=96, hidden_size=256, intermediate_size=1024, num_hidden_layers=3,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                            bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(config).to(torch.bfloat16)
+    path = tmp_path_factory.mktemp("bf16_llama")
+    model.save_pretrained(path)
+    return str(path)

@@ -155,21 +155,6 @@ def test_the_kernel_decodes_as_torch_does():
     assert coded.numel() <= STAGING_BYTES * 300 // 4096
 
 
-@pytest.fixture(scope="module")
-def bf16_llama(tmp_path_factory) -> str:
-    """A small bf16 Llama whose FFN matrices span whole coded blocks (256 x 1024: 64 blocks each)."""
-    import transformers as tf
-
-    config = tf.LlamaConfig(vocab_size=96, hidden_size=256, intermediate_size=1024, num_hidden_layers=2,
-                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                            bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    torch.manual_seed(0)
-    model = tf.LlamaForCausalLM(config).to(torch.bfloat16)
-    path = tmp_path_factory.mktemp("bf16_llama")
-    model.save_pretrained(path)
-    return str(path)
-
-
 def _streamed_placement(model, split: bool) -> Placement:
     from vramshard.plan.placement import CPU, GPU_RESIDENT, split_ffn
 
