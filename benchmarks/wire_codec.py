@@ -5,7 +5,9 @@ tails of trained weights), each timed with CUDA events on a copy stream as the r
 
 - ``raw``: one pinned host->device copy of the buffer (the ring without the codec; also the link's rate);
 - ``coded``: :meth:`CodedBuffer.fill` through a staging buffer of the ring's size (copies of coded blocks,
-  each round decoded by one kernel launch);
+  each round decoded by one kernel launch on the copy stream);
+- ``overlapped``: the same through the staging's two halves, each round decoded on a stream of its own
+  beside the next round's copy (:class:`OverlappedDecode`, what the executor's ring does on a GPU);
 - ``decode``: the kernel alone over the whole buffer's coded blocks already in VRAM;
 - ``bound``: the coded bytes at the raw copy's rate (the decode free, the copy engine never idle).
 
@@ -28,7 +30,7 @@ import time
 import torch
 
 from vramshard.runtime import wire_codec
-from vramshard.runtime.wire_codec import CodedBuffer, FillStats, decode_into
+from vramshard.runtime.wire_codec import CodedBuffer, FillStats, OverlappedDecode, decode_into
 
 log = logging.getLogger("wire_codec")
 
@@ -86,9 +88,15 @@ def measure(name: str, dtype, matrices, tails: bool, repeats: int) -> dict:
     coded_s = timed(lambda: coded.fill(target, 0, n, staging), stream, repeats)
     torch.cuda.synchronize()
     exact = torch.equal(target.cpu(), host)
+    # The ring's way on a GPU: rounds through the staging's halves, decoded on their own stream.
+    overlap = OverlappedDecode(staging, torch.cuda.Stream())
+    target.fill_(0)
+    overlap_s = timed(lambda: coded.fill(target, 0, n, staging, None, overlap), stream, repeats)
+    torch.cuda.synchronize()
+    exact = exact and torch.equal(target.cpu(), host)
     row = {"buffer": name, "tails": tails, "dtype": str(dtype).split(".")[-1], "raw_bytes": n,
            "wire_bytes": coded.wire_bytes(), "coded": coded.coded is not None, "overflowed_blocks": len(coded.overflow),
-           "encode_s": encode_s, "raw_s": raw_s, "coded_s": coded_s, "exact": exact,
+           "encode_s": encode_s, "raw_s": raw_s, "coded_s": coded_s, "overlap_s": overlap_s, "exact": exact,
            "link_gb_s": n / raw_s / 1e9, "bound_s": coded.wire_bytes() / (n / raw_s)}
     if coded.coded is not None:
         on_device = coded.coded.cuda()
@@ -96,13 +104,16 @@ def measure(name: str, dtype, matrices, tails: bool, repeats: int) -> dict:
             torch.int16)), stream, repeats)
     row["speedup"] = raw_s / coded_s
     row["of_bound"] = row["bound_s"] / coded_s
+    row["overlap_speedup"] = raw_s / overlap_s
+    row["overlap_of_bound"] = row["bound_s"] / overlap_s
     stats = FillStats()
     coded.fill(target, 0, n, staging, stats)
     torch.cuda.synchronize()
     log.info("%-22s %s: %.1f MB, wire x%.3f; raw %.2f ms (%.1f GB/s), coded %.2f ms (x%.2f faster, %.0f%% of its "
-             "bound %.2f ms), decode alone %s; coded in %.2f s; exact %s", name, "tails" if tails else "normal",
-             n / 1e6, coded.wire_bytes() / n, raw_s * 1e3, row["link_gb_s"], coded_s * 1e3, row["speedup"],
-             100 * row["of_bound"], row["bound_s"] * 1e3,
+             "bound %.2f ms), overlapped %.2f ms (%.0f%%), decode alone %s; coded in %.2f s; exact %s", name,
+             "tails" if tails else "normal", n / 1e6, coded.wire_bytes() / n, raw_s * 1e3, row["link_gb_s"],
+             coded_s * 1e3, row["speedup"], 100 * row["of_bound"], row["bound_s"] * 1e3, overlap_s * 1e3,
+             100 * row["overlap_of_bound"],
              f"{row['decode_s'] * 1e3:.3f} ms" if "decode_s" in row else "-", encode_s, exact)
     return row
 

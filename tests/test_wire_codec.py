@@ -14,7 +14,8 @@ from vramshard.plan.tiers import Tiers
 from vramshard.profile.query import synthetic
 from vramshard.runtime import plan_wire, wire_codec
 from vramshard.runtime.wire_codec import (BLOCK, BLOCK_BYTES, CODED_BLOCK, ESCAPES, RATIO, STAGING_BYTES,
-                                          CodedBuffer, FillStats, decode_into, decode_torch, encode_blocks)
+                                          CodedBuffer, FillStats, OverlappedDecode, decode_into, decode_torch,
+                                          encode_blocks)
 from vramshard.shapes import shape_config, shape_model
 
 PROFILE = synthetic(cpu_gflops=1500, gpu_gflops=200_000, h2d_gbps=50, cpu_mem_gbps=80, gpu_mem_gbps=1500)
@@ -86,6 +87,18 @@ def test_fills_of_any_range_give_back_the_raw_bytes(device):
     coded.fill(torch.empty_like(raw, device=device), 0, raw.numel(), staging, whole)
     # 150 coded blocks, the overflowed one again raw, and the ragged end raw.
     assert whole.wire == 150 * CODED_BLOCK + BLOCK_BYTES + 2 * 777
+    if device == "cuda":  # the ring's way: rounds through the staging's halves, decoded on a stream of their own
+        overlap = OverlappedDecode(torch.empty(6 * CODED_BLOCK, dtype=torch.uint8, device=device), torch.cuda.Stream())
+        copy = torch.cuda.Stream()
+        for begin, end in ranges:
+            target = torch.full((end - begin,), 0xAB, dtype=torch.uint8, device=device)
+            copy.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(copy):
+                coded.fill(target, begin, end, staging, None, overlap)
+                after = target.clone()  # (on the copy stream: after the fill's last decode)
+            torch.cuda.synchronize()
+            assert torch.equal(after.cpu(), raw[begin:end]), (begin, end)
+        assert overlap.rounds > len(ranges)
 
 
 def test_bf16_weights_cross_in_the_ratio_and_other_bytes_stay_raw():

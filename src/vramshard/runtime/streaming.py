@@ -13,8 +13,10 @@ engine fills the next layer's GPU part while the CPU computes this layer's CPU p
 
 A ring made ``coded`` (the executor's, with ``VRAMSHARD_WIRE_CODEC`` on a bf16 model) fills the sub-layers
 whose host weights have coded blocks (:class:`~vramshard.runtime.wire_codec.CodedBuffer`) from them: they
-cross the link in about 0.75 of their bytes and are decoded on the copy stream through the ring's one
-staging buffer, so the slot's ``filled`` event still marks the weights ready.
+cross the link in about 0.75 of their bytes, through the ring's one staging buffer, and are decoded on the
+decode stream where the ring has one (each round beside the next round's copy:
+:class:`~vramshard.runtime.wire_codec.OverlappedDecode`), else on the copy stream; the copy stream waits
+for a fill's last decode before the slot's ``filled`` event, which still marks the weights ready.
 
 Sub-layers pinned in VRAM coded (:class:`~vramshard.runtime.vram_coded.VramCoded`, ``vram_coded``) take their
 turn in the ring's order too: their fill is a decode from VRAM on the ring's ``decode_stream``, so it runs
@@ -31,7 +33,7 @@ import torch
 from ..plan.memory import align
 from .host_weights import PackedWeights
 from .vram_coded import VramCoded
-from .wire_codec import STAGING_BYTES, FillStats
+from .wire_codec import STAGING_BYTES, FillStats, OverlappedDecode
 
 StreamItem = str | tuple[str, int]  # a sub-layer streamed whole, or (dense FFN, first GPU piece) of a split
 
@@ -79,6 +81,9 @@ class SlotRing:
             raise ValueError("a ring with sub-layers coded in VRAM needs a decode stream")
         self.decode_stream = decode_stream
         self.decodes = 0  # fills decoded from VRAM so far
+        # Coded fills' rounds: through the staging's halves, decoded on the decode stream, where there is one.
+        self.overlap = OverlappedDecode(self.staging, decode_stream) \
+            if self.staging is not None and decode_stream is not None else None
 
     def set_order(self, order: list[StreamItem]) -> None:
         """The stream items of the placement about to run, in run order."""
@@ -128,7 +133,7 @@ class SlotRing:
             for begin, end, at in ranges:
                 target = slot.buffer[at : at + end - begin]
                 if self.coded and packed.coded is not None:
-                    packed.coded.fill(target, begin, end, self.staging, self.fills)
+                    packed.coded.fill(target, begin, end, self.staging, self.fills, self.overlap)
                 else:
                     target.copy_(packed.buffer[begin:end], non_blocking=True)
                     self.fills.wire += end - begin
