@@ -283,3 +283,35 @@ def test_a_coded_plan_crosses_the_wire_and_says_what_its_pins_hold():
     print_plan(plan, console)
     text = console.export_text()
     assert f"{len(plan.coded_names)} sub-layers coded" in text
+
+
+def test_a_measured_decode_rate_prices_the_decodes_and_a_bad_one_is_refused():
+    """The profile's ``vram_decode`` (measured where the kernel runs) prices each decode; without it the
+    GPU's one-row read at DECODE_SHARE does; a table with a zero time is not a profile."""
+    from vramshard.errors import ProfileError
+    from vramshard.plan.estimator import DECODE_SHARE
+    from vramshard.profile.query import Profile
+
+    model = shape_model("llama3-8b", torch.bfloat16)
+    ffn = model["ffn[0]"]
+    data = PROFILE.to_dict()
+    read = 4096 * 14336 * 2 / PROFILE.matmul_s(1, 4096, 14336, torch.bfloat16, "cuda")
+    assert vram_decode_bps(PROFILE) == pytest.approx(DECODE_SHARE * read)
+    measured = Profile.from_dict({**data, "vram_decode": {"bytes": 352_321_536, "seconds": 0.001}})
+    assert vram_decode_bps(measured) == pytest.approx(352.321536e9)
+    assert Estimator(model, measured).decode_s(ffn) \
+        == pytest.approx(sublayer_packed_bytes(model, "ffn[0]") / 352.321536e9)
+    assert measured.summary()["vram_decode_gb_s"] == pytest.approx(352.321536)
+    with pytest.raises(ProfileError, match="decode of coded weights"):
+        Profile.from_dict({**data, "vram_decode": {"bytes": 352_321_536, "seconds": 0}})
+
+
+@pytest.mark.gpu
+@gpu
+def test_the_profiler_measures_the_decode_of_coded_weights():
+    from vramshard.profile.bench_decode import RAW_BYTES, measure_vram_decode
+    from vramshard.profile.progress import ProgressSink
+
+    table = measure_vram_decode(budget_s=0.05, progress=ProgressSink(), weight=1.0)
+    assert table is not None and 0.99 * RAW_BYTES <= table["bytes"] <= RAW_BYTES
+    assert 1e9 < table["bytes"] / table["seconds"] < 20e12  # (between 1 GB/s and 20 TB/s)

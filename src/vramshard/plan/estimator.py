@@ -853,7 +853,10 @@ class Estimator:
 
 
 def vram_decode_bps(profile: Profile) -> float:
-    """Raw bytes a second the GPU decodes pinned coded weights at (:data:`DECODE_SHARE` of its one-row read)."""
+    """Raw bytes a second the GPU decodes pinned coded weights at: as the profile measured it, else
+    :data:`DECODE_SHARE` of its one-row read."""
+    if profile.vram_decode_bps:
+        return profile.vram_decode_bps
     seconds = profile.matmul_s(1, 4096, 14336, torch.bfloat16, "cuda")
     return DECODE_SHARE * 4096 * 14336 * 2 / seconds
 

@@ -269,6 +269,13 @@ class Profile:
         return table["copy_seconds"] / table["seconds"] if table else None
 
     @property
+    def vram_decode_bps(self) -> float | None:
+        """Raw bytes a second the GPU rebuilds from coded weights in VRAM, as measured (``vram_decode``), else
+        None."""
+        table = self.data.get("vram_decode")
+        return table["bytes"] / table["seconds"] if table else None
+
+    @property
     def fingerprint_hash(self) -> str:
         return self.data["fingerprint_hash"]
 
@@ -541,6 +548,7 @@ class Profile:
                                 "copy_engine": self.data["zero_copy"]["bytes"]
                                 / self.data["zero_copy"]["copy_seconds"] / 1e9}
                                if "zero_copy" in self.data else None),
+            "vram_decode_gb_s": self.vram_decode_bps / 1e9 if self.vram_decode_bps else None,
             "cpu_threads": self.threads,
             "default_threads": self.default_threads,
             "cpu_read_gb_s": self.cpu_read_bps / 1e9 if self.cpu_read_bps else None,

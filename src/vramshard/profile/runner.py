@@ -20,6 +20,7 @@ from .bench_memory import measure_cpu_read
 from .bench_packed import measure_packed_ffn
 from .bench_split import measure_split_part
 from .bench_transfer import faster_of, measure_transfers
+from .bench_decode import measure_vram_decode
 from .bench_zero_copy import measure_zero_copy
 from .contention import cpu_load, pcie_load
 from .fingerprint import fingerprint_hash, machine_fingerprint
@@ -58,7 +59,8 @@ def _total_weight(spec: BenchmarkSpec, threads: list[int], use_gpu: bool, w: dic
         total += sum(torch_dtype(d) in host_experts.DTYPES for d in spec.dtypes) * w["split"]
     if use_gpu:
         total += (full + attn) * w["gpu"] + w["dispatch"]
-        total += (6 * len(spec.transfer_sizes) + 1) * w["transfer"]  # (alone twice, contended; the zero-copy reads)
+        # (alone twice, contended; the zero-copy reads; the decode of coded weights)
+        total += (6 * len(spec.transfer_sizes) + 2) * w["transfer"]
         if spec.cpu_contention:
             total += ratio * w["cpu"]
     return total
@@ -144,7 +146,7 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
                         if rates.worker:
                             host_experts_on_worker[dtype] = rates.worker
                             worker_teams[dtype] = rates.teams
-            zero_copy = None
+            zero_copy = vram_decode = None
             if use_gpu:
                 _measure_gpu(spec, top, w, cpu_args, gpu_args, progress, matmul, attention, transfer, dispatch)
                 try:  # (an optional table: a failure here costs it, not the profile's minutes)
@@ -153,6 +155,12 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
                 except Exception as exc:  # (Triton compile errors are not RuntimeErrors)
                     log.warning("the GPU's zero-copy expert reads were not measured (%s); the planner takes "
                                 "its default share of the copy engine for them", exc)
+                try:
+                    vram_decode = measure_vram_decode(budget_s=max(spec.gpu_point_budget_s, 0.05), progress=progress,
+                                                      weight=w["transfer"])
+                except Exception as exc:
+                    log.warning("the GPU's decode of coded weights was not measured (%s); the planner prices it "
+                                "from the GPU's one-row read", exc)
             for round_ in range(2, spec.cpu_rounds + 1):
                 _cpu_round(spec, top, round_, cpu_args, matmul, attention)
             reads.append(measure_cpu_read(READ_BUDGET_S))  # the host's state over the whole profile
@@ -180,6 +188,8 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
             data["host_experts_cpu_gemv"] = cpu_gemv.isa()
     if zero_copy is not None:
         data["zero_copy"] = zero_copy
+    if vram_decode is not None:
+        data["vram_decode"] = vram_decode
     if host_experts_on_worker:
         data["host_experts_worker"] = host_experts_on_worker
         data["host_experts_worker_teams"] = worker_teams

@@ -40,6 +40,9 @@ cores, GB/s, the mean of a timing before the CPU tables and one after), and the 
   GPU's kernels straight from pinned host memory (:mod:`~vramshard.profile.bench_zero_copy`) and the copy
   engine's copy of the same bytes (absent: the estimator takes the H200 machine's 92%; measured where the
   kernels run, since 2026-12-06);
+- ``vram_decode`` (optional): ``{bytes, seconds}``, the raw bytes one Triton decode of coded bf16 weights
+  rebuilds in VRAM and its seconds (:mod:`~vramshard.profile.bench_decode`; since 2026-12-07; absent: the
+  estimator prices decodes from the GPU's one-row read);
 - ``elapsed_by_table_s`` (optional): ``{table: seconds}``, where the profile's wall time went, by
   table (``"cpu matmul bf16 threads=16"``, ``"cuda attention fp16"``, …; see
   :class:`~vramshard.profile.progress.TableClock`).
@@ -142,6 +145,12 @@ def validate(data) -> None:
             raise ProfileError("profile 'zero_copy' section must hold bytes, seconds and copy_seconds")
         for key in ("bytes", "seconds", "copy_seconds"):
             _positive(zero_copy.get(key), f"zero-copy expert reads: {key}")
+    vram_decode = data.get("vram_decode")
+    if vram_decode is not None:
+        if not isinstance(vram_decode, dict):
+            raise ProfileError("profile 'vram_decode' section must hold bytes and seconds")
+        for key in ("bytes", "seconds"):
+            _positive(vram_decode.get(key), f"decode of coded weights: {key}")
     by_table = data.get("elapsed_by_table_s", {})
     if not isinstance(by_table, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
                                                  and math.isfinite(v) and v >= 0 for v in by_table.values()):
