@@ -464,7 +464,8 @@ def test_cli_show_prints_the_factors_engines_fitted_on_the_profile(tiny_profile,
 
 def test_show_prints_the_gpus_zero_copy_reads_against_the_copy_engine(tmp_path, capsys):
     """A profile with its ``zero_copy`` table: ``--show`` says how fast the GPU's kernels read routed
-    experts from pinned host memory, and what share of the copy engine's rate that is."""
+    experts from pinned host memory, and what share of the copy engine's rate that is; with its
+    ``vram_decode`` table, how fast the GPU decodes coded weights."""
     from vramshard.cli.main import main
 
     data = copy.deepcopy(synthetic(cpu_gflops=50, gpu_gflops=20_000, h2d_gbps=25, cpu_threads=2).data)
@@ -475,6 +476,10 @@ def test_show_prints_the_gpus_zero_copy_reads_against_the_copy_engine(tmp_path, 
     assert main(["profile", "--show", "--out", str(save(profile, tmp_path / "z.json"))]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "pinned host memory: 30.2 GB/s, 56% of the copy engine's 53.9" in out
+    assert "decoded in VRAM" not in out
+    data["vram_decode"] = {"bytes": 352_321_536, "seconds": 0.0003}
+    assert main(["profile", "--show", "--out", str(save(Profile(data), tmp_path / "d.json"))]) == 0
+    assert "coded weights decoded in VRAM at 1174 GB/s" in " ".join(capsys.readouterr().out.split())
     del data["zero_copy"]
     assert Profile(data).summary()["zero_copy_gb_s"] is None
 

@@ -145,6 +145,9 @@ def print_summary(console, profile, path) -> None:
         reads = summary["zero_copy_gb_s"]
         console.print(f"  routed experts read by the GPU's kernels from pinned host memory: {reads['kernels']:.1f} GB/s, "
                       f"{reads['kernels'] / reads['copy_engine']:.0%} of the copy engine's {reads['copy_engine']:.1f}")
+    if summary.get("vram_decode_gb_s"):
+        console.print(f"  coded weights decoded in VRAM at {summary['vram_decode_gb_s']:.0f} GB/s of raw bytes "
+                      "(pinned weights kept coded: VRAMSHARD_VRAM_CODEC)")
     dispatch = ", ".join(f"{device} {us:.1f} µs" for device, us in summary["dispatch_us"].items())
     console.print(f"  dispatch cost per sub-layer: {dispatch}")
     if summary["split_part_factor"]:
