@@ -272,3 +272,56 @@ def test_the_cpu_probe_of_coded_rows_computes_the_product(tmp_path):
     results = json.loads(out.read_text())["results"]
     assert results["coded probe"]["bytes"] == 256 * CODED_BLOCK
     assert all(results[k]["max_rel_error"] < 1e-4 for k in ("engine kernel", "raw probe", "coded probe"))
+
+
+def test_an_engine_whose_host_cannot_hold_the_coded_copies_plans_raw_fills(tiny_model_dir, monkeypatch):
+    """The link codec on, a bf16 model: where half the host memory left beside the pinned weights holds the coded
+    copies of every streamable sub-layer the engine's plans price coded fills; where it does not, they price raw
+    fills (in this process and in the planning process's request), as the executor will make them."""
+    from vramshard import Engine, engine as engine_module
+    from vramshard.plan.memory import sublayer_packed_bytes
+
+    monkeypatch.setenv("VRAMSHARD_WIRE_CODEC", "on")
+    path = tiny_model_dir("llama", torch.bfloat16)
+    model = Engine.load(path, device="cpu").model
+    weights = sum(sublayer_packed_bytes(model, s.name) for s in model)
+    streamable = sum(sublayer_packed_bytes(model, s.name) for s in model if s.kind in ("attn", "ffn"))
+    assert wire_codec.holds_coded_copies(streamable, weights, None)
+    assert wire_codec.holds_coded_copies(streamable, weights, weights + 2 * wire_codec.coded_bytes(streamable))
+    assert not wire_codec.holds_coded_copies(streamable, weights, weights + 2 * wire_codec.coded_bytes(streamable) - 1)
+    from vramshard.plan.estimator import wire_codec_enabled
+
+    priced = []
+
+    class Planner(engine_module.Planner):  # the load's planner: what it prices
+        def __init__(self, *args, **kwargs):
+            priced.append(wire_codec_enabled())
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "Planner", Planner)
+    monkeypatch.setattr(budgets, "Planner", Planner)  # (re-plans made in this process)
+    for room, coded in ((2 * wire_codec.coded_bytes(streamable), True), (wire_codec.coded_bytes(streamable), False)):
+        monkeypatch.setattr(engine_module, "available_host_bytes", lambda: weights + room)
+        engine = Engine.load(path, vram=2**30, simulate_gpu=True, profile=PROFILE, max_step_tokens=16)
+        assert priced.pop() is coded
+        settings = engine.budget.settings
+        assert settings.wire_codec is (None if coded else False)
+        assert settings.mechanisms().wire_codec is coded
+        assert engine.executor.wire_codec is coded
+        # The planning process is asked to price the same (its request, caught before a child is started).
+        from vramshard.runtime import plan_process
+
+        asked = []
+
+        def request(*args):
+            asked.append(args[-1])
+            raise plan_process.NotBuildable("caught")
+
+        monkeypatch.setattr(plan_process.plan_wire, "request", request)
+        with pytest.raises(plan_process.NotBuildable, match="caught"):
+            plan_process.PlanProcess().make_plan(engine.model, settings, 2**30)
+        assert asked[0].wire_codec is coded
+        budgets.make_plan(engine.model, settings, 2**30, search=False)
+        assert priced.pop() is coded
+        with settings.pricing():
+            assert Estimator(engine.model, PROFILE).wire_ratio == (RATIO if coded else 1.0)

@@ -28,13 +28,16 @@ from .layers.step import Step
 from .loading.checkpoint import Checkpoint, open_checkpoint
 from .models import Model, build_model
 from .plan import calibrate
-from .plan.memory import LOGIT_ROWS, max_resident_layers, moe_layers, sublayer_triples, vram_need
+from .plan.memory import (LOGIT_ROWS, max_resident_layers, moe_layers, sublayer_packed_bytes, sublayer_triples,
+                          vram_need)
 from .plan.placement import Placement, TieredPlacement, named_placement
 from .plan.planner import Planner, machine_profile, named_plan
 from .plan.tiers import Tiers
 from .profile import drift
 from .runtime import budget as budgets
+from .runtime import wire_codec
 from .runtime.executor import Executor
+from .runtime.host_allowance import available_host_bytes
 from .runtime.host_weights import PackedWeights, pack_model, splits_ffns
 from .runtime.kv_cache import DEFAULT_BLOCK_SIZE
 from .runtime.plan_check import CpuCheck, DecodeCheck
@@ -73,6 +76,24 @@ class GenerationStats:
         # The first generated token comes out of the prefill step.
         decoded = max(self.generated_tokens - 1, 0)
         return decoded / self.decode_s if self.decode_s else 0.0
+
+
+def _link_codec(model: Model) -> bool | None:
+    """Whether an engine of ``model`` streams its fills coded: None (the switch, VRAMSHARD_WIRE_CODEC) where the host
+    can hold the coded copies of every sub-layer a plan may stream beside the pinned weights, else False (its
+    plans then price raw fills, as its executor will make them), with a warning."""
+    if wire_codec.wire_ratio(model.dtype) == 1:
+        return None
+    streamable = sum(sublayer_packed_bytes(model, s.name) for s in model if s.kind in ("attn", "ffn"))
+    weights = sum(sublayer_packed_bytes(model, s.name) for s in model)
+    available = available_host_bytes()
+    if wire_codec.holds_coded_copies(streamable, weights, available):
+        return None
+    log.warning("not coding stream fills for the link (VRAMSHARD_WIRE_CODEC): the coded copies of the streamable "
+                "weights (%s) would take over %d%% of the %s of host memory left beside the pinned weights; plans "
+                "price raw fills", format_bytes(wire_codec.coded_bytes(streamable)),
+                round(100 * wire_codec.HOST_SHARE), format_bytes(max(0, available - weights)))
+    return False
 
 
 class Engine:
@@ -220,13 +241,15 @@ class Engine:
         kv_tokens = kv_tokens or max(1, max_batch) * context
         tiers = tiers or Tiers(tuple(t for t in Tiers().sizes if t <= max_step_tokens) or (max_step_tokens,))
         plan_set = settings = None
+        link_codec = _link_codec(model) if gpu_side else None
         if gpu_side:
             profile = planning_profile(profile, model.dtype).limited_to(threads)
-            settings = budgets.PlanSettings(profile, tiers, kv_tokens, num_slots, name)
+            settings = budgets.PlanSettings(profile, tiers, kv_tokens, num_slots, name, wire_codec=link_codec)
         with timeline.phase("plan"):
             if placement is None and gpu_side and budget is not None:
-                plan_set = Planner(model, settings.profile, budget, context=kv_tokens, tiers=tiers,
-                                   num_slots=num_slots, name=name, split_ffns=can_split).plan()
+                with settings.pricing():
+                    plan_set = Planner(model, settings.profile, budget, context=kv_tokens, tiers=tiers,
+                                       num_slots=num_slots, name=name, split_ffns=can_split).plan()
                 placement = plan_set.tiered()
             else:
                 placement = choose_placement(model, placement, "cuda" if simulate_gpu else device, budget,
@@ -244,7 +267,7 @@ class Engine:
                             max_context=kv_tokens, kv_slots=1, num_slots=num_slots, threads=threads,
                             device=device if device != "cpu" else "cuda", simulate_gpu=simulate_gpu,
                             decode_graphs=decode_graphs and device != "cpu" and not simulate_gpu,
-                            decode_compile=decode_compile)
+                            decode_compile=decode_compile, wire_codec_on=link_codec)
         timeline.merge(executor.setup)
         log.info("%s", executor.describe())
         log.info("loaded %s in %s", name, timeline.describe())

@@ -162,9 +162,10 @@ def _vision_plans(engine, vision: VisionOptions, patches: int, profile, budget: 
     planned_at, failed_at = None, None  # the last budget that planned, the last that did not
     for _ in range(VISION_PLAN_TRIES):
         try:
-            plan_set = Planner(text, profile, budget, context=slots * ctx, tiers=settings.tiers,
-                               num_slots=settings.num_slots, name=engine.model_name, kv_on_gpu=kv_on_gpu,
-                               split_ffns=splits_ffns(list(model), executor.host)).plan()
+            with settings.pricing():
+                plan_set = Planner(text, profile, budget, context=slots * ctx, tiers=settings.tiers,
+                                   num_slots=settings.num_slots, name=engine.model_name, kv_on_gpu=kv_on_gpu,
+                                   split_ffns=splits_ffns(list(model), executor.host)).plan()
         except BudgetError:
             if chosen is None:
                 raise

@@ -15,6 +15,8 @@ a GPU; the executor's ``reconfigure`` then applies it.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import math
 import threading
@@ -27,6 +29,7 @@ from ..models.base import Model
 from ..plan.memory import VramNeed
 from ..plan.placement import CPU, Placement
 from ..plan import planner as planner_module
+from ..plan.estimator import Mechanisms, fixed_mechanisms
 from ..plan.planner import PlanSet, Planner, TierPlan
 from ..plan.tiers import Tiers
 from ..units import AUTO, auto_margin, format_bytes, is_auto, parse_size
@@ -326,10 +329,22 @@ class PlanSettings:
     split_ffns: bool = True  # the host packing lets plans split dense FFNs between the CPU and the GPU
     # whether plans may split the KV cache by layer (None: VRAMSHARD_KV_SPLIT as this process read it)
     kv_split: bool | None = None
+    # whether this engine's stream fills cross the link coded (None: VRAMSHARD_WIRE_CODEC as this process reads
+    # it; False where the host cannot hold the coded copies: wire_codec.holds_coded_copies)
+    wire_codec: bool | None = None
 
     def splits_kv(self) -> bool:
         """:attr:`kv_split`, None read as this process's switch (a planning process is told it)."""
         return planner_module.KV_SPLIT if self.kv_split is None else self.kv_split
+
+    def mechanisms(self) -> Mechanisms:
+        """The mechanisms this engine's plans price: this process's, with this engine's link codec."""
+        here = Mechanisms.here()
+        return here if self.wire_codec is None else dataclasses.replace(here, wire_codec=self.wire_codec)
+
+    def pricing(self):
+        """A context in which estimators price :meth:`mechanisms` (a plan made in this process)."""
+        return fixed_mechanisms(self.mechanisms()) if self.wire_codec is not None else contextlib.nullcontext()
 
 
 @dataclass(frozen=True)
@@ -411,9 +426,10 @@ def make_plan(model: Model, settings: PlanSettings, budget: int | None, kv_on_gp
               search: bool = True) -> PlanSet:
     """The planner's plan under ``budget`` bytes as they are (see :func:`plan_for_budget`), made here."""
     try:
-        return Planner(model, settings.profile, budget, context=settings.context, tiers=settings.tiers,
-                       num_slots=settings.num_slots, name=settings.name, kv_on_gpu=kv_on_gpu,
-                       split_ffns=settings.split_ffns, search=search, kv_split=settings.splits_kv()).plan()
+        with settings.pricing():
+            return Planner(model, settings.profile, budget, context=settings.context, tiers=settings.tiers,
+                           num_slots=settings.num_slots, name=settings.name, kv_on_gpu=kv_on_gpu,
+                           split_ffns=settings.split_ffns, search=search, kv_split=settings.splits_kv()).plan()
     except BudgetError as exc:
         if kv_on_gpu:
             raise

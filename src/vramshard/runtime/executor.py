@@ -194,6 +194,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
     decode slower, while on the worker the balanced share of 0.556 decoded at 15.32 against 12.45
     tok/s for the kernels alone, twenty-third GPU session; in the twenty-fourth a share of 0.375
     decoded at 3.98 tok/s, likely on a one-thread kernel from the compile cache: docs/BENCHMARKS.md).
+    wire_codec_on: whether stream fills of bf16 weights cross the link coded (None: ``VRAMSHARD_WIRE_CODEC``).
 
     :meth:`reconfigure` switches to another placement while running (a VRAM budget that changed),
     rebuilding only the VRAM side: the host weights stay, KV caches move where the new placement
@@ -207,7 +208,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
                  expert_cache: int | None = None, simulate_gpu: bool = False, decode_graphs: bool = False,
                  expert_cpu_share: float | None = None, decode_compile: str | None = None,
                  expert_prefetch: bool = False, experts_zero_copy: bool | None = None,
-                 zero_copy_cpu_share: float | None = None):
+                 zero_copy_cpu_share: float | None = None, wire_codec_on: bool | None = None):
         self.model = model
         if zero_copy_cpu_share is not None and not 0.0 <= zero_copy_cpu_share <= 1.0:
             raise ValueError(f"zero_copy_cpu_share must be a share between 0 and 1, got {zero_copy_cpu_share}")
@@ -221,8 +222,9 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         # memory while the rest are copied in (None: all copied in). See _run_hybrid.
         self.expert_cpu_share = expert_cpu_share
         self.decode_graphs = decode_graphs  # replay decode steps over resident runs from CUDA graphs
-        # Stream fills cross the link coded (VRAMSHARD_WIRE_CODEC; bf16 models): see runtime/wire_codec.
-        self.wire_codec = wire_codec.wire_ratio(model.dtype) < 1
+        # Stream fills cross the link coded (VRAMSHARD_WIRE_CODEC, or ``wire_codec_on``; bf16 models): see
+        # runtime/wire_codec.
+        self.wire_codec = wire_codec.wire_ratio(model.dtype, wire_codec_on) < 1
         self._lock = threading.RLock()
         self.threads = threads
         self.sparing_core = False  # a core left to the planning process while it plans (spare_a_core)

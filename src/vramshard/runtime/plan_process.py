@@ -53,7 +53,7 @@ from pathlib import Path
 from ..env import switch
 from ..errors import VramshardError
 from ..models.base import Model
-from ..plan.estimator import Mechanisms, fixed_mechanisms
+from ..plan.estimator import fixed_mechanisms
 from ..plan.planner import PlanSet
 from . import plan_wire
 from .budget import PlanSettings, make_plan
@@ -112,7 +112,7 @@ class PlanProcess:
         if recipe is None:
             raise NotBuildable("the model was not built from a config.json dict: the planning process "
                                "cannot build it")
-        request = plan_wire.request(recipe, settings, budget, kv_on_gpu, search, Mechanisms.here())
+        request = plan_wire.request(recipe, settings, budget, kv_on_gpu, search, settings.mechanisms())
         with self._counting:
             self.asking += 1
         try:

@@ -84,6 +84,14 @@ def host_room(raw_bytes: int, available: int | None) -> int | None:
     return need if available is None or need <= HOST_SHARE * available else None
 
 
+def holds_coded_copies(streamable_bytes: int, weights_bytes: int, available: int | None) -> bool:
+    """Whether the host can hold the coded copies of ``streamable_bytes`` of weights (every sub-layer a plan
+    may stream) once the pinned copy of all ``weights_bytes`` is made: within :data:`HOST_SHARE` of the
+    ``available`` memory left then (unknown: yes). An engine decides it before planning, so that its plans
+    price the link as its fills will cross it (:class:`~vramshard.runtime.budget.PlanSettings`)."""
+    return available is None or host_room(streamable_bytes, available - weights_bytes) is not None
+
+
 def encode_blocks(words: torch.Tensor) -> torch.Tensor:
     """Code int16 ``words`` [nblocks * BLOCK] (any device): uint8 [nblocks, CODED_BLOCK] there (a view,
     rows not back to back)."""
