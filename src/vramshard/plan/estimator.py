@@ -440,7 +440,11 @@ class Estimator:
 
     def decode_s(self, sublayer: SubLayer) -> float:
         """One decode of ``sublayer`` pinned coded into its stream slot (:mod:`~vramshard.runtime.vram_coded`)."""
-        return self.packed_bytes(sublayer.name) / vram_decode_bps(self.profile)
+        key = ("decode", sublayer.name)
+        seconds = self._cache.get(key)
+        if seconds is None:
+            seconds = self._cache[key] = self.packed_bytes(sublayer.name) / vram_decode_bps(self.profile)
+        return seconds
 
     def copy_s(self, sublayer: SubLayer, contended: bool = False) -> float:
         return self.profile.transfer_s(round(self.packed_bytes(sublayer.name) * self.wire_ratio), "h2d", contended)
