@@ -101,3 +101,28 @@ def test_the_calibration_times_a_vision_language_models_steps_without_its_vision
     language_model = Model(vl7b.args, [s for s in vl7b if s.kind != "vision"], vl7b.dtype)
     text = calibrate.step_seconds(language_model, h200_profile, plan_set, 256)
     assert whole == pytest.approx(text)
+
+
+@pytest.mark.parametrize("link_codec", [None, False])
+def test_the_vision_phase_plans_price_the_link_as_the_engine_crosses_it(vl7b, h200_profile, monkeypatch, link_codec):
+    """With the link codec switched on, the language model's plans beside the vision phase price coded fills unless
+    the engine decided its host cannot hold them (``PlanSettings.wire_codec`` False)."""
+    from vramshard.plan import planner
+    from vramshard.plan.estimator import wire_codec_enabled
+
+    monkeypatch.setenv("VRAMSHARD_WIRE_CODEC", "on")
+    monkeypatch.setattr(vlm, "splits_ffns", lambda sublayers, host: True)
+    priced = []
+
+    class Planner(planner.Planner):
+        def __init__(self, *args, **kwargs):
+            priced.append(wire_codec_enabled())
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(planner, "Planner", Planner)
+    engine = planning_engine(vl7b, h200_profile, 8 * GiB, 1024)
+    settings = dataclasses.replace(engine.budget.plan_settings(), wire_codec=link_codec)
+    engine.budget.plan_settings = lambda: settings
+    options = dataclasses.replace(vlm.VisionOptions(), plan_pixels=PIXELS_1440P)
+    vlm._vision_plans(engine, options, PIXELS_1440P // vl7b.args.vision.patch_size ** 2, h200_profile, 8 * GiB)
+    assert priced and all(p is (link_codec is None) for p in priced)
