@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..env import switch
-from .wire_codec import BLOCK_BYTES, CODED_BLOCK, ENCODE_BLOCKS, ESCAPE, MOST_OVERFLOW, decode_into, encode_blocks
+from .wire_codec import BLOCK_BYTES, CODED_BLOCK, MOST_OVERFLOW, code_blocks, decode_into
 
 ALLOCATION = 2 * 2**20  # the caching allocator rounds large blocks to this
 
@@ -71,15 +71,10 @@ class VramCoded:
         # The coded blocks and the ragged end in one buffer; the raw bytes of overflowed blocks (rare) apart.
         self.buffer = torch.empty(coded_end + self.tail, dtype=torch.uint8, device=device)
         self.coded = self.buffer[:coded_end]
-        overflow = []
-        for first in range(0, self.blocks, ENCODE_BLOCKS):
-            last = min(self.blocks, first + ENCODE_BLOCKS)
-            words = raw[first * BLOCK_BYTES : last * BLOCK_BYTES].to(device, non_blocking=True).view(torch.int16)
-            blocks = encode_blocks(words)
-            overflow.extend(first + int(b) for b in blocks[:, ESCAPE].nonzero().view(-1).tolist())
-            if len(overflow) > most_overflow_blocks(self.nbytes):
-                raise CodingError(f"{len(overflow)} of {self.blocks} blocks overflowed: not bf16 weights")
-            self.coded[first * CODED_BLOCK : last * CODED_BLOCK].view(-1, CODED_BLOCK).copy_(blocks)
+        overflow = code_blocks(raw, self.coded, device, most_overflow_blocks(self.nbytes))
+        if overflow is None:
+            raise CodingError(f"over {most_overflow_blocks(self.nbytes)} of {self.blocks} blocks overflowed: "
+                              "not bf16 weights")
         self.rest = self.buffer[coded_end:]
         if self.tail:
             self.rest.copy_(raw[self.blocks * BLOCK_BYTES :], non_blocking=True)

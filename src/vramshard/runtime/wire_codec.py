@@ -120,6 +120,23 @@ def encode_blocks(words: torch.Tensor) -> torch.Tensor:
     return out[:, :CODED_BLOCK]
 
 
+def code_blocks(raw: torch.Tensor, coded: torch.Tensor, device, most_overflow: float) -> list[int] | None:
+    """Code the whole blocks of the uint8 buffer ``raw`` into ``coded`` (uint8 [blocks * CODED_BLOCK], on any
+    device), :data:`ENCODE_BLOCKS` at a time on ``device``: the indices of the blocks that overflowed, or None
+    once more than ``most_overflow`` of them did (``coded`` then holds only a part)."""
+    blocks = raw.numel() // BLOCK_BYTES
+    overflow: list[int] = []
+    for first in range(0, blocks, ENCODE_BLOCKS):
+        last = min(blocks, first + ENCODE_BLOCKS)
+        words = raw[first * BLOCK_BYTES : last * BLOCK_BYTES].to(device, non_blocking=True).view(torch.int16)
+        coded_part = encode_blocks(words)
+        overflow.extend(first + int(b) for b in coded_part[:, ESCAPE].nonzero().view(-1).tolist())
+        if len(overflow) > most_overflow:
+            return None
+        coded[first * CODED_BLOCK : last * CODED_BLOCK].view(-1, CODED_BLOCK).copy_(coded_part)
+    return overflow
+
+
 def decode_torch(coded: torch.Tensor) -> torch.Tensor:
     """The words of coded blocks ``coded`` (uint8 [nblocks * CODED_BLOCK]) with torch's ops: int16
     [nblocks * BLOCK] on ``coded``'s device (overflowed blocks' words are garbage, as from the kernel)."""
@@ -194,19 +211,9 @@ class CodedBuffer:
         pin = raw.is_pinned() if pin is None else pin
         # Exactly its size (torch's pinned allocator would round each up to a power of two: pinned_host).
         coded = (pinned_empty if pin else host_empty)(self.blocks * CODED_BLOCK) if self.blocks else None
-        overflow: list[int] = []
-        for first in range(0, self.blocks, ENCODE_BLOCKS):
-            last = min(self.blocks, first + ENCODE_BLOCKS)
-            words = raw[first * BLOCK_BYTES : last * BLOCK_BYTES].to(device, non_blocking=True).view(torch.int16)
-            blocks = encode_blocks(words)
-            flags = blocks[:, ESCAPE].nonzero().view(-1)
-            overflow.extend(first + int(b) for b in flags.tolist())
-            if len(overflow) > MOST_OVERFLOW * self.blocks:
-                coded = None
-                break
-            coded[first * CODED_BLOCK : last * CODED_BLOCK].view(-1, CODED_BLOCK).copy_(blocks)
-        self.coded = coded
-        self.overflow = overflow if coded is not None else []
+        overflow = code_blocks(raw, coded, device, MOST_OVERFLOW * self.blocks) if coded is not None else []
+        self.coded = coded if overflow is not None else None
+        self.overflow = overflow or []
 
     @property
     def host_bytes(self) -> int:
