@@ -146,6 +146,28 @@ def test_the_planner_pins_more_weights_coded_within_the_budget(budget_gib):
     assert tiered_vram_need(model, tiered, 1, 1024, 64).resident == coded.need.resident
 
 
+@pytest.mark.parametrize("wire,vram", [(True, True), (True, False), (False, True)])
+@pytest.mark.parametrize("budget_gib", [8, 12])
+def test_the_executor_counts_the_plans_vram_as_the_planner_does(wire, vram, budget_gib):
+    """The executor's account of a plan (with the coded link's staging buffer where its fills cross coded)
+    is the planner's, so a plan that fills its budget loads (the fifty-second GPU session: llama3-8b at 12 GiB,
+    planned to the byte with coded pins, refused by the executor for the staging the planner left out)."""
+    from pathlib import Path
+
+    from vramshard.plan.memory import tiered_vram_need
+    from vramshard.profile.store import load
+
+    profile = load(Path(__file__).parents[1] / "docs/profiles/h100-run40.json", check_fingerprint=False)
+    model = shape_model("llama3-8b", torch.bfloat16)
+    budget = budget_gib * 2**30
+    mechanisms = Mechanisms(False, False, False, (False, 0), False, wire, vram)
+    with fixed_mechanisms(mechanisms):
+        plan = Planner(model, profile, budget, context=2048, tiers=Tiers((1, 64, 1024))).plan()
+    need = tiered_vram_need(model, plan.tiered(), 1, 2048, 1024, wire_coded=wire)
+    assert need == plan.need
+    assert need.total <= budget
+
+
 def test_the_planner_leaves_pins_raw_where_decoding_costs_more_than_it_saves():
     """A GPU whose memory decodes slowly (a laptop's 200 GB/s): coding the pins is priced slower, and not taken."""
     slow = synthetic(cpu_gflops=1500, gpu_gflops=200_000, h2d_gbps=25, cpu_mem_gbps=60, gpu_mem_gbps=200)

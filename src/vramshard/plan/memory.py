@@ -224,10 +224,13 @@ def split_router_bytes(model: Model, names) -> int:
 
 
 def vram_need(model: Model, placement: Placement, kv_slots: int, max_context: int, max_tokens: int,
-              num_slots: int = 2, max_logit_rows: int | None = None, expert_cache: int = 0) -> VramNeed:
+              num_slots: int = 2, max_logit_rows: int | None = None, expert_cache: int = 0,
+              wire_coded: bool | None = None) -> VramNeed:
     """VRAM a placement needs for ``kv_slots`` sequences of up to ``max_context`` tokens.
 
     expert_cache: bytes of the VRAM expert cache, counted when the placement caches experts.
+    wire_coded: whether its stream fills cross the link coded (their staging buffer counted with the
+    slots); None: as the estimator prices the link (:func:`wire_staging_bytes`).
     """
     where = placement.as_dict()
     resident = 0
@@ -250,7 +253,7 @@ def vram_need(model: Model, placement: Placement, kv_slots: int, max_context: in
     uses_gpu = placement.uses_gpu
     return VramNeed(
         resident=resident,
-        slots=num_slots * max(streamed, default=0) + wire_staging_bytes(model) if streamed else 0,
+        slots=num_slots * max(streamed, default=0) + wire_staging_bytes(model, wire_coded) if streamed else 0,
         kv=kv,
         workspace=workspace_bytes(model, max_tokens, max_context, max_logit_rows, kv_slots) if uses_gpu else 0,
         experts=expert_split_bytes(model, placement) + (expert_cache if placement.expert_names("cache") else 0),
@@ -258,12 +261,14 @@ def vram_need(model: Model, placement: Placement, kv_slots: int, max_context: in
     )
 
 
-def wire_staging_bytes(model: Model) -> int:
+def wire_staging_bytes(model: Model, wire_coded: bool | None = None) -> int:
     """VRAM the coded stream fills stage their blocks in (:mod:`~vramshard.runtime.wire_codec`): its
-    staging buffer where the executor will code this model's fills, else 0."""
+    staging buffer where this model's fills cross the link coded, else 0. ``wire_coded``: whether the
+    executor codes them; None: as the estimator prices the link."""
     from .estimator import wire_codec_enabled  # (the mechanism as the estimator prices it)
 
-    return STAGING_BYTES if wire_ratio(model.dtype, wire_codec_enabled()) < 1 else 0
+    coded = wire_codec_enabled() if wire_coded is None else wire_coded
+    return STAGING_BYTES if wire_ratio(model.dtype, coded) < 1 else 0
 
 
 def max_resident_layers(model: Model, budget: int, kv_slots: int, max_context: int, max_tokens: int) -> int:
@@ -288,11 +293,13 @@ def sublayer_triples(model: Model) -> list[tuple[str, str, int | None]]:
 
 
 def tiered_vram_need(model: Model, plans, kv_slots: int, max_context: int, max_tokens: int,
-                     num_slots: int = 2, expert_cache: int = 0) -> VramNeed:
+                     num_slots: int = 2, expert_cache: int = 0, wire_coded: bool | None = None) -> VramNeed:
     """VRAM of a :class:`TieredPlacement`: shared resident weights, the largest ring, KV, workspace,
     the routers of every sub-layer some tier splits at its experts, the expert cache, and the KV
-    staging cache when some tier runs GPU attention over a host KV cache."""
-    needs = [vram_need(model, p, kv_slots, max_context, max_tokens, num_slots) for p in plans.placements]
+    staging cache when some tier runs GPU attention over a host KV cache. ``wire_coded``: as for
+    :func:`vram_need`."""
+    needs = [vram_need(model, p, kv_slots, max_context, max_tokens, num_slots, wire_coded=wire_coded)
+             for p in plans.placements]
     split = {name for p in plans.placements for name in p.expert_names()}
     caches = any(p.expert_names("cache") for p in plans.placements)
     experts = split_router_bytes(model, split) + (expert_cache if caches else 0)

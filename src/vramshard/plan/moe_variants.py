@@ -64,7 +64,7 @@ class MoEVariants:
         quick_tiers = Tiers(tuple(sorted({self.tiers.sizes[0], self.tiers.largest})))
         for whole in (True, False):
             self._stream_whole_moe(whole)
-            minimum = workspace + self.num_slots * self.slot_bytes + self.moe_fixed + least_cache
+            minimum = workspace + self.ring_bytes() + self.moe_fixed + least_cache
             for kv_on_gpu in self._kv_choices():
                 kv_here = kv if kv_on_gpu else 0
                 room = budget - minimum - kv_here
@@ -81,7 +81,7 @@ class MoEVariants:
             options = self._partial_split_options(workspace, kv, least_cache)
         if not options:
             self._stream_whole_moe(False)
-            minimum = workspace + self.num_slots * self.slot_bytes
+            minimum = workspace + self.ring_bytes()
             raise BudgetError(
                 f"a VRAM budget of {format_bytes(self.budget)} is below the minimum of {format_bytes(minimum)} "
                 f"for this MoE model (workspace {format_bytes(workspace)}, {self.num_slots} streaming slots for "
@@ -128,7 +128,7 @@ class MoEVariants:
         options = []
         for whole in (True, False):
             self._stream_whole_moe(whole)
-            minimum = workspace + self.num_slots * self.slot_bytes
+            minimum = workspace + self.ring_bytes()
             for kv_on_gpu in self._kv_choices():
                 room = budget - minimum - (kv if kv_on_gpu else 0)
                 if room < 0:

@@ -61,7 +61,7 @@ from ..units import format_bytes
 from ..runtime.vram_coded import codes as vram_codes
 from .estimator import Estimator, vram_codec_enabled
 from .memory import (VramNeed, coded_vram_bytes, kv_positions, kv_staging_bytes, split_router_bytes,
-                     sublayer_packed_bytes, workspace_bytes)
+                     sublayer_packed_bytes, wire_staging_bytes, workspace_bytes)
 from .moe_variants import MoEVariants
 from .placement import (CPU, EXPERTS_CACHED, EXPERTS_CPU, GPU_CODED, GPU_CODED_HOST_KV, GPU_RESIDENT,
                         GPU_RESIDENT_HOST_KV, GPU_STREAMED, GPU_STREAMED_HOST_KV, Placement, TieredPlacement, Where,
@@ -141,6 +141,11 @@ class Planner(MoEVariants):
         self.coded_pins: set[str] = set()  # those the variant being planned pins coded (candidates while it chooses)
 
 
+    def ring_bytes(self) -> int:
+        """VRAM of the streaming slots, sized for the largest streamable sub-layer, with the staging buffer
+        of coded link fills where the link is priced coded (as :func:`~.memory.vram_need` counts them)."""
+        return self.num_slots * self.slot_bytes + wire_staging_bytes(self.model)
+
     # ------------------------------------------------------------------ public
     def plan(self) -> PlanSet:
         plans = self._plan()
@@ -158,7 +163,7 @@ class Planner(MoEVariants):
             return self._plan_moe()
         workspace = workspace_bytes(self.model, self.tiers.largest, self.context, kv_slots=self.kv_slots)
         kv = self.kv_bytes()
-        slots = self.num_slots * self.slot_bytes
+        slots = self.ring_bytes()
         minimum = workspace + slots
         if self.budget is not None and self.budget < minimum:
             raise BudgetError(
@@ -251,7 +256,7 @@ class Planner(MoEVariants):
             pinned, reasons = [s.name for s in self.model if kv_on_gpu or s.kind != "attn"], []
             self.stage_attention = False
             return self._planned(kv_on_gpu, workspace, kv, 0, pinned, reasons, None, search)
-        slots = self.num_slots * self.slot_bytes
+        slots = self.ring_bytes()
         room = budget - workspace - kv - slots - self._moe_reserved()
         self.stage_attention = not kv_on_gpu and room >= staging
         room -= staging if self.stage_attention else 0

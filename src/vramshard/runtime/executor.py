@@ -288,7 +288,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         cache_bytes = self._expert_cache_bytes(plans, split, expert_cache)
         kv_slots, max_context = self.kv_plan
         need = tiered_vram_need(self.model, plans, kv_slots, max_context, self.max_tokens, self.num_slots,
-                                cache_bytes)
+                                cache_bytes, wire_coded=self.wire_codec)
         need.check(budget, f"placement {plans.name}")
         if plans.uses_gpu and not self.simulated and not torch.cuda.is_available():
             raise InvalidInputError(f"placement {plans.name} computes on the GPU, but no CUDA GPU is available")
