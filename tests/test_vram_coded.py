@@ -62,6 +62,28 @@ def test_a_coded_buffer_decodes_its_bytes_with_a_ragged_end_and_overflowed_block
     assert torch.equal(target, raw)
 
 
+def test_a_coded_host_copy_is_copied_in_not_coded_again(monkeypatch):
+    """Where the link codec has coded the host buffer already, the coded pin takes its blocks and overflowed
+    blocks from there (a plan switch then copies, not codes); a host copy of other bytes is not used."""
+    from vramshard.runtime.wire_codec import CodedBuffer
+
+    raw = _weights(BLOCK * 150 + 19, seed=3)
+    words = raw[: BLOCK * 300].view(torch.int16)
+    words[5 * BLOCK : 5 * BLOCK + 15 + ESCAPES + 5] = ((torch.arange(15 + ESCAPES + 5, dtype=torch.int16) + 1) << 7)
+    host = CodedBuffer(raw)
+    fresh = VramCoded(raw, "cpu")
+    assert not fresh.copied
+    monkeypatch.setattr(vram_coded, "code_blocks", lambda *a, **k: pytest.fail("coded again"))
+    copied = VramCoded(raw, "cpu", host)
+    assert copied.copied and copied.overflow.tolist() == [5]
+    assert torch.equal(copied.buffer, fresh.buffer) and torch.equal(copied.patches, fresh.patches)
+    target = torch.zeros_like(raw)
+    copied.decode(target)
+    assert torch.equal(target, raw)
+    with pytest.raises(pytest.fail.Exception, match="coded again"):  # (another buffer's copy: coded anew)
+        VramCoded(raw.clone(), "cpu", host)
+
+
 def test_bytes_that_are_not_bf16_weights_are_not_coded():
     noise = torch.randint(0, 256, (BLOCK_BYTES * 200,), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
     with pytest.raises(CodingError, match="overflowed"):
@@ -234,6 +256,9 @@ def test_coded_pins_compute_the_same_logits_bit_for_bit(bf16_llama, monkeypatch,
         coded = list(ex._vram_coded.values())
         out[pin] = (logits, engine.generate([PROMPT], 12), ex.ring.decodes,
                     sum(c.vram_bytes for c in coded), sum(c.nbytes for c in coded))
+        if pin == GPU_CODED and wire == "on":  # coded pins from the link's coded host copies; link decodes apart
+            assert coded and all(c.copied for c in coded)
+            assert ex.ring.overlap is not None and ex.ring.overlap.stream != ex.ring.decode_stream
         del engine, ex, coded
     for other in (GPU_RESIDENT, GPU_STREAMED):
         assert torch.equal(out[GPU_CODED][0], out[other][0])
@@ -305,6 +330,20 @@ def test_a_coded_plan_crosses_the_wire_and_says_what_its_pins_hold():
     print_plan(plan, console)
     text = console.export_text()
     assert f"{len(plan.coded_names)} sub-layers coded" in text
+    # With the link coded too, the host holds the coded copies of the streamed sub-layers and of the coded pins
+    # (the executor loads those from them), not of the pins kept raw.
+    from vramshard.cli.plan import coded_fills_note
+    from vramshard.runtime import wire_codec
+    from vramshard.units import format_bytes
+
+    with fixed_mechanisms(Mechanisms(False, False, False, (False, 0), False, True, True)):
+        both = Planner(model, PROFILE, 8 * 2**30, context=1024, tiers=Tiers((1, 64))).plan()
+        note = coded_fills_note(model, both)
+    raw_pins = set(both.pinned) - set(both.coded_names)
+    assert both.coded_names and raw_pins
+    held = sum(sublayer_packed_bytes(model, s.name) for s in model
+               if s.kind in ("attn", "ffn") and s.name not in raw_pins)
+    assert f"take up to {format_bytes(wire_codec.coded_bytes(held))} more" in note
 
 
 def test_a_measured_decode_rate_prices_the_decodes_and_a_bad_one_is_refused():

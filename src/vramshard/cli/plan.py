@@ -84,9 +84,15 @@ def coded_fills_note(model, plan) -> str | None:
 
     if wire_codec.wire_ratio(model.dtype, wire_codec_enabled()) == 1.0 or not plan.need.slots:
         return None
-    most = wire_codec.coded_bytes(model.nbytes - plan.need.resident)
+    from ..plan.memory import sublayer_packed_bytes
+
+    # The attention and FFNs not pinned raw: those streamed and those pinned coded (loaded from their coded copies).
+    raw_pins = set(plan.pinned) - set(plan.coded_names)
+    most = wire_codec.coded_bytes(sum(sublayer_packed_bytes(model, s.name) for s in model
+                                      if s.kind in ("attn", "ffn") and s.name not in raw_pins))
     return (f"stream fills coded for PCIe (VRAMSHARD_WIRE_CODEC): priced at x{wire_codec.RATIO:.3f} of their bytes, "
-            f"{format_bytes(wire_codec.STAGING_BYTES)} of staging in the slots; their coded copies take up to "
+            f"{format_bytes(wire_codec.STAGING_BYTES)} of staging in the slots; their coded copies (and those of the "
+            f"pins kept coded) take up to "
             f"{format_bytes(most)} more of pinned host memory (none where that is over "
             f"{round(100 * wire_codec.HOST_SHARE)}% of what is available at load: then the fills stay raw)")
 

@@ -440,8 +440,8 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
             return
         streamed = {item for p in self.plans.placements for item in _streamed(p, list(self.model))}
         coded = set(self.placement.coded_names())
-        if self.wire_codec:
-            self._code({item[0] if isinstance(item, tuple) else item for item in streamed} - coded)
+        if self.wire_codec:  # (the coded pins too: a switch then copies their coded blocks in, not codes them)
+            self._code({item[0] if isinstance(item, tuple) else item for item in streamed} | coded)
         if not keep_resident:
             self._load_resident()
         self._load_split()
@@ -669,16 +669,18 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         freed before the rest of the placement's VRAM is taken)."""
         began = time.perf_counter()
         for name in names:
-            try:
-                self._vram_coded[name] = vram_coded.VramCoded(self.host[name].buffer, self.gpu)
+            try:  # (from the link codec's coded host copy where there is one)
+                self._vram_coded[name] = vram_coded.VramCoded(self.host[name].buffer, self.gpu, self.host[name].coded)
             except vram_coded.CodingError as exc:
                 raise InvalidInputError(f"placement {self.placement.name} keeps {name} coded in VRAM, but {exc}; "
                                         "plan without VRAMSHARD_VRAM_CODEC") from None
         torch.cuda.empty_cache()
         raw = sum(c.nbytes for c in self._vram_coded.values())
         held = sum(c.vram_bytes for c in self._vram_coded.values())
-        log.info("kept %d pinned sub-layers coded in VRAM (coded in %.2f s): %s for %s raw (x%.3f)", len(names),
-                 time.perf_counter() - began, format_bytes(held), format_bytes(raw), held / max(raw, 1))
+        copied = sum(c.copied for c in self._vram_coded.values())
+        log.info("kept %d pinned sub-layers coded in VRAM (%d copied from coded host copies; in %.2f s): %s for %s raw "
+                 "(x%.3f)", len(names), copied, time.perf_counter() - began, format_bytes(held), format_bytes(raw),
+                 held / max(raw, 1))
 
 
     def _kv_layers_on_gpu(self, plans: TieredPlacement) -> set[int]:

@@ -13,8 +13,8 @@ engine fills the next layer's GPU part while the CPU computes this layer's CPU p
 
 A ring made ``coded`` (the executor's, with ``VRAMSHARD_WIRE_CODEC`` on a bf16 model) fills the sub-layers
 whose host weights have coded blocks (:class:`~vramshard.runtime.wire_codec.CodedBuffer`) from them: they
-cross the link in about 0.75 of their bytes, through the ring's one staging buffer, and are decoded on the
-decode stream where the ring has one (each round beside the next round's copy:
+cross the link in about 0.75 of their bytes, through the ring's one staging buffer, and are decoded on a
+stream of their own where the ring has a decode stream (each round beside the next round's copy:
 :class:`~vramshard.runtime.wire_codec.OverlappedDecode`), else on the copy stream; the copy stream waits
 for a fill's last decode before the slot's ``filled`` event, which still marks the weights ready.
 
@@ -81,8 +81,10 @@ class SlotRing:
             raise ValueError("a ring with sub-layers coded in VRAM needs a decode stream")
         self.decode_stream = decode_stream
         self.decodes = 0  # fills decoded from VRAM so far
-        # Coded fills' rounds: through the staging's halves, decoded on the decode stream, where there is one.
-        self.overlap = OverlappedDecode(self.staging, decode_stream) \
+        # Coded fills' rounds: through the staging's halves, decoded on a stream of their own (where the ring has a
+        # decode stream: on a GPU). Not on the pins' decode stream: a pin's decode waits there for its slot to be
+        # free, and link rounds queued behind it would hold the copy engine until the step's compute caught up.
+        self.overlap = OverlappedDecode(self.staging, torch.cuda.Stream(device=device)) \
             if self.staging is not None and decode_stream is not None else None
 
     def set_order(self, order: list[StreamItem]) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..env import switch
-from .wire_codec import BLOCK_BYTES, CODED_BLOCK, MOST_OVERFLOW, code_blocks, decode_into
+from .wire_codec import BLOCK_BYTES, CODED_BLOCK, MOST_OVERFLOW, CodedBuffer, code_blocks, decode_into
 
 ALLOCATION = 2 * 2**20  # the caching allocator rounds large blocks to this
 
@@ -61,7 +61,9 @@ class VramCoded:
     :class:`CodingError` where more than ``MOST_OVERFLOW`` of the blocks overflow.
     """
 
-    def __init__(self, raw: torch.Tensor, device: torch.device | str):
+    def __init__(self, raw: torch.Tensor, device: torch.device | str, host: CodedBuffer | None = None):
+        """``host``: the coded blocks of ``raw`` already made in host memory (the link codec's), copied in
+        rather than coded again: a switch of plans that codes pins again then takes a copy, not a coding."""
         if raw.dtype != torch.uint8 or raw.dim() != 1 or raw.numel() % 2:
             raise ValueError("a coded sub-layer needs a 1-D uint8 buffer of 16-bit words")
         self.nbytes = raw.numel()
@@ -71,7 +73,13 @@ class VramCoded:
         # The coded blocks and the ragged end in one buffer; the raw bytes of overflowed blocks (rare) apart.
         self.buffer = torch.empty(coded_end + self.tail, dtype=torch.uint8, device=device)
         self.coded = self.buffer[:coded_end]
-        overflow = code_blocks(raw, self.coded, device, most_overflow_blocks(self.nbytes))
+        self.copied = host is not None and host.coded is not None and host.raw.data_ptr() == raw.data_ptr() \
+            and host.raw.numel() == self.nbytes
+        if self.copied:
+            self.coded.copy_(host.coded, non_blocking=True)
+            overflow = list(host.overflow) if len(host.overflow) <= most_overflow_blocks(self.nbytes) else None
+        else:
+            overflow = code_blocks(raw, self.coded, device, most_overflow_blocks(self.nbytes))
         if overflow is None:
             raise CodingError(f"over {most_overflow_blocks(self.nbytes)} of {self.blocks} blocks overflowed: "
                               "not bf16 weights")
