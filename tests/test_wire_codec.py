@@ -325,3 +325,21 @@ def test_an_engine_whose_host_cannot_hold_the_coded_copies_plans_raw_fills(tiny_
         assert priced.pop() is coded
         with settings.pricing():
             assert Estimator(engine.model, PROFILE).wire_ratio == (RATIO if coded else 1.0)
+
+
+def test_where_the_host_lacks_room_the_pins_go_without_coded_copies_but_the_link_stays_coded(bf16_llama, monkeypatch):
+    """The coded host copies of sub-layers pinned coded in VRAM only spare a switch their coding: where the host
+    has no room for them, they are not made and the link's fills stay coded; for streamed sub-layers the same lack
+    of room leaves the fills raw (the executor's ``_code``, checked before anything is coded)."""
+    from vramshard import Engine
+    from vramshard.runtime import executor as executor_module
+
+    engine = Engine.load(bf16_llama, device="cpu", dtype="bfloat16")
+    ex = engine.executor
+    names = [s.name for s in engine.model if s.kind == "ffn"]
+    monkeypatch.setattr(executor_module, "available_host_bytes", lambda: 1)
+    ex.wire_codec = True
+    ex._code(names, pins=True)
+    assert ex.wire_codec and all(ex.host[n].coded is None for n in names)
+    ex._code(names)
+    assert not ex.wire_codec and all(ex.host[n].coded is None for n in names)

@@ -440,8 +440,10 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
             return
         streamed = {item for p in self.plans.placements for item in _streamed(p, list(self.model))}
         coded = set(self.placement.coded_names())
-        if self.wire_codec:  # (the coded pins too: a switch then copies their coded blocks in, not codes them)
-            self._code({item[0] if isinstance(item, tuple) else item for item in streamed} | coded)
+        if self.wire_codec:
+            self._code({item[0] if isinstance(item, tuple) else item for item in streamed} - coded)
+        if self.wire_codec and coded:  # the coded pins' too, where the host has room: a switch then copies them in
+            self._code(coded, pins=True)
         if not keep_resident:
             self._load_resident()
         self._load_split()
@@ -458,15 +460,22 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
                                  self._vram_coded, self.decode_stream)
         torch.cuda.synchronize(self.gpu)
 
-    def _code(self, names) -> None:
+    def _code(self, names, pins: bool = False) -> None:
         """Give the host weights of the sub-layers ``names`` their coded blocks where they have none,
-        coded on the GPU (before this placement's VRAM is taken: the coder's temporaries are freed)."""
+        coded on the GPU (before this placement's VRAM is taken: the coder's temporaries are freed).
+        Where the host lacks the room the link's fills stay raw; ``pins`` (sub-layers pinned coded in VRAM,
+        whose coded host copies only spare a switch their coding): then those alone go without."""
         todo = [name for name in names if self.host[name].coded is None]
         if not todo:
             return
         raw = sum(self.host[n].buffer.numel() for n in todo)
         available = available_host_bytes()
         if wire_codec.host_room(raw, available) is None:
+            if pins:
+                log.info("the pins kept coded in VRAM have no coded host copies (%s would pass %d%% of the %s "
+                         "available): a switch codes them again", format_bytes(wire_codec.coded_bytes(raw)),
+                         round(100 * wire_codec.HOST_SHARE), format_bytes(available))
+                return
             log.warning("not coding the streamed weights for the link: their coded copies would take %s of host "
                         "memory, over %d%% of the %s available; their fills stay raw (VRAMSHARD_WIRE_CODEC)",
                         format_bytes(wire_codec.coded_bytes(raw)),
@@ -478,8 +487,9 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
             self.host[name].coded = wire_codec.CodedBuffer(self.host[name].buffer, self.gpu)
         torch.cuda.empty_cache()
         wire = sum(self.host[n].coded.wire_bytes() for n in todo)
-        log.info("coded %d streamed sub-layers' host weights for the link in %.2f s: %s over it for %s raw (x%.3f)",
-                 len(todo), time.perf_counter() - began, format_bytes(wire), format_bytes(raw), wire / max(raw, 1))
+        log.info("coded %d %s sub-layers' host weights for the link in %.2f s: %s over it for %s raw (x%.3f)",
+                 len(todo), "pinned" if pins else "streamed", time.perf_counter() - began, format_bytes(wire),
+                 format_bytes(raw), wire / max(raw, 1))
 
     def _clear_vram(self, keep_resident: bool = False) -> None:
         """Forget every VRAM buffer of the placement (KV caches are not the executor's to drop);

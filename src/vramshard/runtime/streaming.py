@@ -82,8 +82,9 @@ class SlotRing:
         self.decode_stream = decode_stream
         self.decodes = 0  # fills decoded from VRAM so far
         # Coded fills' rounds: through the staging's halves, decoded on a stream of their own (where the ring has a
-        # decode stream: on a GPU). Not on the pins' decode stream: a pin's decode waits there for its slot to be
-        # free, and link rounds queued behind it would hold the copy engine until the step's compute caught up.
+        # decode stream: on a GPU). Not on the pins' decode stream, which runs in order: a pin's decode queued there
+        # behind a link fill's rounds waited for that fill's copies, and a round behind a pin's decode waited for
+        # the pin's slot to be freed, the copy engine with it.
         self.overlap = OverlappedDecode(self.staging, torch.cuda.Stream(device=device)) \
             if self.staging is not None and decode_stream is not None else None
 

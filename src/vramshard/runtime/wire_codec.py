@@ -281,8 +281,9 @@ class OverlappedDecode:
     decode, and decoded on the decode stream once copied; so each round's copy runs beside the decode of the
     round before (one staging buffer, one stream, serialised them: a llama3-8b FFN's fill took 5.26-5.32 ms
     against its coded bytes' bound of 4.79 ms, its decodes 0.31-0.35 ms of it; fiftieth and fifty-first GPU
-    sessions). The ring gives it a stream of its own: on the pinned coded weights' decode stream its rounds queued
-    behind decodes that wait for a free slot, and the copy engine with them (fifty-second GPU session)."""
+    sessions). The ring gives it a stream of its own: on the pinned coded weights' decode stream (in order) the pins'
+    decodes queued behind link rounds waiting for their copies, and link rounds behind pin decodes waiting for a free
+    slot (fifty-second GPU session)."""
 
     def __init__(self, staging: torch.Tensor, decode_stream: torch.cuda.Stream):
         half = staging.numel() // 2 // CODED_BLOCK * CODED_BLOCK
