@@ -15,7 +15,7 @@ from vramshard.profile.query import synthetic
 from vramshard.runtime import budget as budgets
 from vramshard.runtime import plan_wire, vram_coded
 from vramshard.runtime.vram_coded import CodingError, VramCoded
-from vramshard.runtime.wire_codec import BLOCK, BLOCK_BYTES, CODED_BLOCK, ESCAPES
+from vramshard.runtime.wire_codec import BLOCK, BLOCK_BYTES, CODED_BLOCK, ESCAPES, STAGING_BYTES
 from vramshard.models import build_model
 from vramshard.shapes import shape_config, shape_model
 
@@ -112,7 +112,7 @@ def _llama_placement(model, coded: bool) -> Placement:
 
 def test_coded_pins_take_their_coded_bytes_and_a_slot():
     model = shape_model("llama3-8b", torch.bfloat16)
-    raw, coded = (vram_need(model, _llama_placement(model, c), 1, 1024, 16) for c in (False, True))
+    raw, coded = (vram_need(model, _llama_placement(model, c), 1, 1024, 16, wire_coded=False) for c in (False, True))
     layer0 = sum(sublayer_packed_bytes(model, n) for n in ("attn[0]", "ffn[0]"))
     head = sublayer_packed_bytes(model, "head")
     assert raw.resident == layer0 + head
@@ -123,7 +123,10 @@ def test_coded_pins_take_their_coded_bytes_and_a_slot():
     # Alone (nothing streamed), the coded pins still need the ring's slots.
     alone = Placement("alone", tuple((n, CPU if w == GPU_STREAMED or n == "head" else w)
                                      for n, w in _llama_placement(model, True).where))
-    assert vram_need(model, alone, 1, 1024, 16).slots == 2 * sublayer_packed_bytes(model, "ffn[0]")
+    assert vram_need(model, alone, 1, 1024, 16, wire_coded=False).slots == 2 * sublayer_packed_bytes(model, "ffn[0]")
+    # With the link coded, the ring's staging too (the executor's ring has it).
+    assert vram_need(model, alone, 1, 1024, 16, wire_coded=True).slots \
+        == 2 * sublayer_packed_bytes(model, "ffn[0]") + STAGING_BYTES
 
 
 def test_the_estimator_decodes_coded_pins_beside_the_link():

@@ -113,11 +113,11 @@ def test_bf16_weights_cross_in_the_ratio_and_other_bytes_stay_raw():
 
 
 def test_the_switch_reads_on_and_off(monkeypatch):
-    monkeypatch.delenv("VRAMSHARD_WIRE_CODEC", raising=False)
-    assert not wire_codec.enabled() and wire_codec.wire_ratio(torch.bfloat16) == 1.0
-    monkeypatch.setenv("VRAMSHARD_WIRE_CODEC", "on")
+    monkeypatch.delenv("VRAMSHARD_WIRE_CODEC", raising=False)  # (on by default)
     assert wire_codec.enabled()
     assert wire_codec.wire_ratio(torch.bfloat16) == RATIO and wire_codec.wire_ratio(torch.float16) == 1.0
+    monkeypatch.setenv("VRAMSHARD_WIRE_CODEC", "off")
+    assert not wire_codec.enabled() and wire_codec.wire_ratio(torch.bfloat16) == 1.0
 
 
 def _mechanisms(codec: bool) -> Mechanisms:
