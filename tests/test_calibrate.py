@@ -854,7 +854,7 @@ def test_split_parts_slower_than_predicted_get_their_own_factor_and_whole_cpu_la
 
 def test_the_rest_of_the_cpu_work_is_fitted_first_then_the_split_parts_on_top(h200, monkeypatch):
     monkeypatch.setattr(calibrate, "MIN_CPU_S", 0.0)  # the plan's CPU work beside its splits is small
-    monkeypatch.setenv("VRAMSHARD_WIRE_CODEC", "off")  # (coded fills stream the sub-layer this plan computes on the CPU)
+    monkeypatch.setenv("VRAMSHARD_WIRE_CODEC", "off")  # (coded fills stream the sub-layer it computes on the CPU)
     model = shape_model("llama3-8b")
     plan = Planner(model, h200, 2 * GiB, context=1088, tiers=Tiers((1,))).plan()  # a sub-layer on the CPU too
     assert [n for n in plan.tiers[1].placement.names(compute="cpu") if n != "embed"]
