@@ -1,7 +1,7 @@
 """The planned engine's decode against a baseline's, both loaded at once and stepped in turns: a paired A/B.
 
     PYTHONPATH=src python -m benchmarks.paired_decode --model llama3-8b --budgets 2,8 [--pps 1024,16] [--rounds 8]
-        [--steps 16] [--baseline layers:max] [--profile PATH] [--json out.json] [--simulate]
+        [--steps 16] [--batch N] [--baseline layers:max] [--profile PATH] [--json out.json] [--simulate]
 
 On the lent GPU hosts the same engine decoded 1.36-1.56x faster or slower from one cell to the next (forty-fourth
 GPU session: `layers:17` at 11.63 then 7.47 tok/s a minute apart), so engine_bench's cells, each engine alone for
@@ -12,6 +12,9 @@ lengths) each engine is given one request of that prompt, and ``--rounds`` round
 each follow, in the order planned, baseline, then baseline, planned, and so on (ABBA), seconds apart. Each round gives the two engines' median decode step and
 its ratio; the host's memory read is measured after every round, and decode's bound (every byte not resident
 crossing PCIe or read by the CPU, at once; :func:`benchmarks.common.decode_bound_tok_s`) at that read.
+
+With ``--batch N`` each engine decodes N requests of each prompt length together (``--pps 16 --batch 64``:
+engine_bench's batch-64 throughput, paired), and the rounds compare their steps, each of N tokens.
 
 Reported per budget and prompt length: each round's figures, the median and geometric mean of the rounds'
 speedups and their range, each engine's median step over all rounds against the bound, and any switch the planned
@@ -44,29 +47,36 @@ SIMULATED_H2D_GB_S = 25.0  # --simulate's nominal PCIe (no GPU to measure)
 
 
 class Decoding:
-    """One engine decoding one long request, a segment of steps at a time."""
+    """One engine decoding ``batch`` long requests together (one, by default), a segment of steps at a time:
+    each step then makes ``batch`` tokens, one a request."""
 
-    def __init__(self, label: str, engine, settings: BenchSettings, new_tokens: int, prompt_tokens: int | None = None):
-        self.label, self.engine = label, engine
-        self.scheduler = engine.scheduler(max_seqs=1, max_context=settings.max_context,
+    def __init__(self, label: str, engine, settings: BenchSettings, new_tokens: int, prompt_tokens: int | None = None,
+                 batch: int = 1):
+        self.label, self.engine, self.batch = label, engine, batch
+        self.scheduler = engine.scheduler(max_seqs=batch, max_context=settings.max_context,
                                           kv_tokens=settings.kv_tokens, ignore_eos=True)
-        prompt = _prompts(1, prompt_tokens or settings.pp, engine.args.vocab_size, settings.seed)[0]
-        self.request = self.scheduler.add(prompt, max_new_tokens=new_tokens)
-        while self.request.first_token_s is None and self.scheduler.has_work:  # the prompt read
+        prompts = _prompts(batch, prompt_tokens or settings.pp, engine.args.vocab_size, settings.seed)
+        self.requests = [self.scheduler.add(prompt, max_new_tokens=new_tokens) for prompt in prompts]
+        while any(r.first_token_s is None for r in self.requests) and self.scheduler.has_work:  # the prompts read
             self.scheduler.step()
 
     def segment(self, steps: int) -> list[float]:
-        """Seconds of each of the next ``steps`` decode steps."""
+        """Seconds of each of the next ``steps`` decode steps (every request's next token in each)."""
         seconds = []
         for _ in range(steps):
             if not self.scheduler.has_work:
-                raise RuntimeError(f"{self.label}: its request ended early; give it more new tokens")
+                raise RuntimeError(f"{self.label}: its requests ended early; give them more new tokens")
             self.scheduler.step()
-            seconds.append(self.scheduler.history[-1].seconds)
+            step = self.scheduler.history[-1]
+            if step.decode_tokens != self.batch or step.prefill_tokens:
+                raise RuntimeError(f"{self.label}: a step decoded {step.decode_tokens} of its {self.batch} requests "
+                                   f"(and read {step.prefill_tokens} prompt tokens): not a step of the batch")
+            seconds.append(step.seconds)
         return seconds
 
     def close(self) -> None:
-        self.request.cancel()
+        for request in self.requests:
+            request.cancel()
         while self.scheduler.has_work:
             self.scheduler.step()
 
@@ -88,9 +98,10 @@ def paired_rounds(planned: Decoding, baseline: Decoding, rounds: int, steps: int
     return out
 
 
-def summary(rounds: list[dict], outside_bytes: int | None, bandwidth: dict | None) -> dict:
-    """The rounds' speedups (median, geometric mean, range) and each engine's median step against decode's bound
-    at the rounds' median read (``outside_bytes``: the planned plan's weights not resident)."""
+def summary(rounds: list[dict], outside_bytes: int | None, bandwidth: dict | None, batch: int = 1) -> dict:
+    """The rounds' speedups (median, geometric mean, range), each engine's median step and its tokens a second
+    (``batch`` a step), and at one sequence each engine's median step against decode's bound at the rounds' median
+    read (``outside_bytes``: the planned plan's weights not resident)."""
     speedups = [r["speedup"] for r in rounds]
     out = {"rounds": len(rounds), "speedup_median": statistics.median(speedups),
            "speedup_geometric_mean": statistics.geometric_mean(speedups),
@@ -98,14 +109,17 @@ def summary(rounds: list[dict], outside_bytes: int | None, bandwidth: dict | Non
            "rounds_planned_ahead": sum(s > 1 for s in speedups),
            "planned_step_ms_median": statistics.median(r["planned_step_ms"] for r in rounds),
            "baseline_step_ms_median": statistics.median(r["baseline_step_ms"] for r in rounds),
-           "planned_plans": sorted({r["planned_plan"] for r in rounds})}
+           "planned_plans": sorted({r["planned_plan"] for r in rounds}), "batch": batch}
+    out["planned_tok_s"] = batch * 1e3 / out["planned_step_ms_median"]
+    out["baseline_tok_s"] = batch * 1e3 / out["baseline_step_ms_median"]
     reads = [r["host_read_gb_s"] for r in rounds if r.get("host_read_gb_s")]
-    if outside_bytes and bandwidth and reads:
+    if reads:
+        out["host_read_gb_s_range"] = [min(reads), max(reads)]
+    if outside_bytes and bandwidth and reads and batch == 1:
         bound, _ = decode_bound_tok_s(outside_bytes, bandwidth, statistics.median(reads))
         out["decode_bound_tok_s_at_median_read"] = bound
         out["planned_fraction_of_bound"] = 1e3 / out["planned_step_ms_median"] / bound
         out["baseline_fraction_of_bound"] = 1e3 / out["baseline_step_ms_median"] / bound
-        out["host_read_gb_s_range"] = [min(reads), max(reads)]
     return out
 
 
@@ -142,6 +156,9 @@ def main() -> None:
                              "(\"1024,16\": the 1K context and a short chat's)")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--steps", type=int, default=16, help="decode steps of each engine a round")
+    parser.add_argument("--batch", type=int, default=1,
+                        help="requests each engine decodes together (e.g. 64 with --pps 16: the batched "
+                             "throughput of engine_bench's batch 64, paired); the rounds compare their steps")
     parser.add_argument("--profile", default=None, help="machine profile for the planner")
     parser.add_argument("--layers", type=int, default=None, help="cut the model to N layers")
     parser.add_argument("--simulate", action="store_true",
@@ -154,8 +171,13 @@ def main() -> None:
         raise SystemExit("paired_decode needs a CUDA GPU (--simulate: a smoke test on the CPU)")
     pps = [int(pp) for pp in args.pps.split(",") if pp]
     new_tokens = args.rounds * args.steps + 8
-    # (tg: the decode a request runs; the warm-up reads the longest prompt, then the shortest at batch 1)
-    settings = BenchSettings(max(pps), new_tokens, (1,), min(pps) if len(pps) > 1 else 16, 16)
+    if args.batch < 1:
+        raise SystemExit(f"--batch must be at least 1, got {args.batch}")
+    if args.batch == 1:
+        # (tg: the decode a request runs; the warm-up reads the longest prompt, then the shortest at batch 1)
+        settings = BenchSettings(max(pps), new_tokens, (1,), min(pps) if len(pps) > 1 else 16, 16)
+    else:  # (KV for the batch's requests at the longest prompt; the warm-up runs the batch's shape)
+        settings = BenchSettings(max(pps), new_tokens, (args.batch,), max(pps), new_tokens)
     bandwidth = measured_bandwidth(args.simulate)
     if args.simulate:
         from vramshard.profile.query import synthetic
@@ -187,15 +209,15 @@ def main() -> None:
             "prompts": {}}
         for pp in pps:  # (one pair of requests at a time: each engine's KV pool holds one)
             events_before = len(planned.budget.events)
-            pair = [Decoding("vramshard", planned, settings, new_tokens, pp),
-                    Decoding(args.baseline, baseline, settings, new_tokens, pp)]
+            pair = [Decoding("vramshard", planned, settings, new_tokens, pp, args.batch),
+                    Decoding(args.baseline, baseline, settings, new_tokens, pp, args.batch)]
             began = time.perf_counter()
             rounds = paired_rounds(*pair, args.rounds, args.steps, read_gb_s=lambda: cpu_read_bandwidth() / 1e9)
             entry["prompts"][str(pp)] = {
                 "rounds": rounds, "seconds": time.perf_counter() - began,
                 "planned_switches_in_rounds": [e.get("why") for e in list(planned.budget.events)[events_before:]],
-                "summary": summary(rounds, model.nbytes - planned.executor.need.resident,
-                                   coded_link(bandwidth, wire_ratio(model.dtype)))}
+                "summary": summary(rounds, model.nbytes - planned.executor.resident_weight_bytes,
+                                   coded_link(bandwidth, wire_ratio(model.dtype)), args.batch)}
             for decoding in pair:
                 decoding.close()
             # (engine_bench's cell line: gpu_session/switches_after_warmup.py ends a cell at it)

@@ -50,3 +50,25 @@ def test_decodes_bound_is_the_smaller_of_the_two_readers_at_once_and_the_shared_
     # at half the read: the CPU's share and the shared cap both halve
     assert decode_bound_tok_s(10**9, bandwidth, 50.0) == (pytest.approx(60.0), pytest.approx(100.0))
     assert decode_bound_tok_s(10**9, {"h2d": 50.0, "cpu_read": 100.0}) == (pytest.approx(150.0),) * 2
+
+
+def test_batched_rounds_time_steps_of_the_whole_batch(tiny_model_dir):
+    """With a batch, each engine's steps decode all its requests (a step that does not is refused), and the
+    summary gives each engine's tokens a second; decode's bound (one sequence's) is left out."""
+    batch = 3
+    settings = BenchSettings(pp=6, tg=30, batch_sizes=(batch,), batch_prompt=6, batch_gen=30)
+    fast = Decoding("vramshard", Engine.load(tiny_model_dir("qwen3"), device="cpu"), settings, 30, 6, batch)
+    slow = slowed(Decoding("layers:max", Engine.load(tiny_model_dir("qwen3"), device="cpu"), settings, 30, 6, batch),
+                  0.02)
+    assert len(fast.requests) == batch and all(r.first_token_s is not None for r in fast.requests)
+    rounds = paired_rounds(fast, slow, 2, 4, read_gb_s=lambda: 100.0)
+    assert all(step.decode_tokens == batch for step in list(fast.scheduler.history)[-8:])
+    out = summary(rounds, 10**9, {"h2d": 50.0, "cpu_read": 100.0}, batch)
+    assert out["batch"] == batch and out["speedup_min"] > 1
+    assert out["planned_tok_s"] == pytest.approx(batch * 1e3 / out["planned_step_ms_median"])
+    assert out["baseline_tok_s"] < out["planned_tok_s"]
+    assert "decode_bound_tok_s_at_median_read" not in out and out["host_read_gb_s_range"] == [100.0, 100.0]
+    fast.requests[0].cancel()  # (a step of two of the three: not the batch's)
+    with pytest.raises(RuntimeError, match="decoded 2 of its 3"):
+        fast.segment(2)
+    fast.close(), slow.close()
