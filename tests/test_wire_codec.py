@@ -7,7 +7,7 @@ import torch
 
 from vramshard.plan.estimator import Estimator, Mechanisms, fixed_mechanisms
 from vramshard.plan.memory import vram_need
-from vramshard.plan.placement import GPU_STREAMED, Placement
+from vramshard.plan.placement import CPU, GPU_STREAMED, Placement
 from vramshard.models import build_model
 from vramshard.runtime import budget as budgets
 from vramshard.plan.tiers import Tiers
@@ -343,3 +343,19 @@ def test_where_the_host_lacks_room_the_pins_go_without_coded_copies_but_the_link
     assert ex.wire_codec and all(ex.host[n].coded is None for n in names)
     ex._code(names)
     assert not ex.wire_codec and all(ex.host[n].coded is None for n in names)
+
+
+@pytest.mark.parametrize("link_coded", [False, True])
+def test_the_executor_counts_the_staging_by_its_own_link(bf16_llama, monkeypatch, link_coded):
+    """An executor whose fills cross coded counts the ring's staging buffer in its VRAM, one whose fills cross
+    raw does not, whatever the switch says (an engine decides its link before planning: PlanSettings)."""
+    from vramshard import Engine
+    from vramshard.runtime.executor import Executor
+
+    monkeypatch.setenv("VRAMSHARD_WIRE_CODEC", "off" if link_coded else "on")
+    engine = Engine.load(bf16_llama, device="cpu", dtype="bfloat16")
+    model = engine.model
+    placement = Placement("p", tuple((s.name, GPU_STREAMED if s.kind in ("attn", "ffn") else CPU) for s in model))
+    ex = Executor(model, engine.executor.host, placement, simulate_gpu=True, wire_codec_on=link_coded)
+    largest = max(engine.executor.host[s.name].layout.nbytes for s in model if s.kind in ("attn", "ffn"))
+    assert ex.need.slots == 2 * largest + (STAGING_BYTES if link_coded else 0)
