@@ -6,4 +6,4 @@ source benchmarks/gpu_session/setup.sh || exit 1
 VRAMSHARD_VRAM_CODEC=${VRAM:-off} timeout ${PAIRED_S:-230} python3 -m benchmarks.paired_decode --model llama3-8b \
   --budgets 8 --pps 16 --batch 64 --rounds ${ROUNDS:-3} --steps 4 --profile "$PROFILE" --json $OUT/paired_b64.json \
   > $OUT/paired_b64.log 2>&1
-echo "paired rc $?"; grep -vE "^[0-9]{4}-" $OUT/paired_b64.log | tail -25 | cut -c1-220
+echo "paired rc $?"; grep -E "vramshard [0-9]|round|Error|error" $OUT/paired_b64.log | tail -12 | cut -c1-400
