@@ -495,6 +495,9 @@ def test_gpu_profile_round_trip(tmp_path):
     assert loaded.matmul_s(64, 1024, 1024, "bf16", "cuda") > 0
     assert loaded.attention_s(8, 512, 4, 2, 64, "bf16", "cuda") > 0
     assert loaded.dispatch_s("cuda") > 0
+    # A graph's replay: timed, dearer with more kernels, and cheaper for the host than launching them eagerly.
+    assert 0 < loaded.graph_replay_s(10) < loaded.graph_replay_s(1000)
+    assert loaded.graph_replay_s(10) < loaded.dispatch_s("cuda")
     sizes = [loaded.transfer_s(b, d) for d in ("h2d", "d2h") for b in (2**16, 2**22, 2**24)]
     assert sizes[0] < sizes[2] and sizes[3] < sizes[5]
     assert loaded.transfer_s(2**22, contended=True) > 0

@@ -232,7 +232,8 @@ class BudgetFollower:
         # With the CPU work fitted from its own timing, the rest of the gap is the host's dispatch of
         # the GPU work (the tenth GPU session: 27-57 ms a step, about twice the estimator's charge).
         fit = calibrate.fit_dispatch if timed else calibrate.fit
-        fitted = fit(engine.model, settings.profile, engine.plan, check.median_s(), check.tier)
+        with settings.pricing():  # (the engine's own link and graphs, as its plans were priced)
+            fitted = fit(engine.model, settings.profile, engine.plan, check.median_s(), check.tier)
         if fitted is None:
             return
         if timed and self.learning:
@@ -407,12 +408,15 @@ class BudgetFollower:
             self.load_shift.settle()  # (judged under the load beside the engine now)
         settings = self.plan_settings()
         split = check.split_of(ready)
-        fitted = calibrate.fit_cpu_rows(engine.model, settings.profile, engine.plan, ready, split)
+        with settings.pricing():
+            fitted = calibrate.fit_cpu_rows(engine.model, settings.profile, engine.plan, ready, split)
         if fitted is None:
             return False
         if self.learning:
             calibrate.learn(fitted.profile, engine.model.dtype)
-        predicted = {tier: calibrate.cpu_seconds(engine.model, settings.profile, engine.plan, tier) for tier in ready}
+        with settings.pricing():
+            predicted = {tier: calibrate.cpu_seconds(engine.model, settings.profile, engine.plan, tier)
+                         for tier in ready}
         split_rows = dict(fitted.profile.split_rows)
         self.calibrations.append({"time": time.time(), "plan": engine.executor.plans.name,
                                   "cpu_measured_s": ready, "cpu_split_measured_s": split,
@@ -520,7 +524,8 @@ class BudgetFollower:
             tiers = Tiers(tuple(sorted(plan.tiers))) if plan is not None else \
                 Tiers(tuple(t for t in Tiers().sizes if t <= engine.max_step_tokens) or (engine.max_step_tokens,))
             slots = plan.num_slots if plan is not None and plan.num_slots else engine.executor.num_slots
-            self.settings = budgets.PlanSettings(machine_profile(), tiers, engine.kv_tokens, slots, engine.model_name)
+            self.settings = budgets.PlanSettings(machine_profile(), tiers, engine.kv_tokens, slots, engine.model_name,
+                                                 decode_graphs=engine.executor.decode_graphs)
         return self.settings
 
     # ------------------------------------------------------------------ adapting

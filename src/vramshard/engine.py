@@ -244,7 +244,8 @@ class Engine:
         link_codec = _link_codec(model) if gpu_side else None
         if gpu_side:
             profile = planning_profile(profile, model.dtype).limited_to(threads)
-            settings = budgets.PlanSettings(profile, tiers, kv_tokens, num_slots, name, wire_codec=link_codec)
+            settings = budgets.PlanSettings(profile, tiers, kv_tokens, num_slots, name, wire_codec=link_codec,
+                                            decode_graphs=decode_graphs and device != "cpu" and not simulate_gpu)
         with timeline.phase("plan"):
             if placement is None and gpu_side and budget is not None:
                 with settings.pricing():
@@ -457,8 +458,11 @@ class Engine:
         if self._decode_check is None or self._decode_check.plan is not plan:
             tier = min(plan.tiers) if plan is not None else 1
             predicted = plan.tiers[tier].predicted_s if plan is not None and tier == 1 else None
-            to_planned = calibrate.by_context(self.model, self.budget.plan_settings().profile, plan, tier) \
-                if predicted is not None else None
+            to_planned = None
+            if predicted is not None:
+                settings = self.budget.plan_settings()
+                with settings.pricing():
+                    to_planned = calibrate.by_context(self.model, settings.profile, plan, tier)
             self._decode_check = DecodeCheck(self.executor.plans.name, predicted, tier, plan, to_planned)
         return self._decode_check
 

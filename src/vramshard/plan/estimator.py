@@ -16,6 +16,10 @@ normalized input to the other device, its contribution back).
 
 CPU work runs at the profile's contended pace only while the copy engine is busy
 (:class:`CopyEngineSpans`): both read host memory, and a copy leaves a matmul less of it.
+
+Decode steps (tiers up to the largest batch bucket) replay each run of GPU-resident sub-layers from a
+CUDA graph where the executor does (:mod:`~vramshard.runtime.graphs`): the host then pays one replay a
+run (:meth:`Estimator.replay_s`), not each sub-layer's launches; the kernels cost what they cost.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from ..layers.moe import GATHER_BYTES, MoEFFN
 from ..layers.sublayer import SubLayer
 from ..models.base import Model
 from ..profile.query import DECODE_ROWS, Profile
+from ..runtime.graphs import BATCH_BUCKETS, resident_runs
 from ..runtime.wire_codec import wire_ratio
 from .memory import expert_slot_bytes, streamed_bytes, sublayer_packed_bytes
 from .placement import Placement
@@ -60,6 +65,14 @@ COPY, DECODE = "copy", "decode"  # the engines a stream slot's fill runs on (tim
 # rebuilt a llama3-8b FFN's 352.3 MB in 0.314 ms (1.12 TB/s, benchmarks/wire_codec.py, "decode alone")
 # where the H100 profile's [1, 4096] @ [4096, 14336] product reads 2.73 TB/s.
 DECODE_SHARE = 0.41
+# The executor's host work around one decode-graph replay, in launches (DecodeGraphs.run: the coverage check,
+# the step's index arrays packed and copied in one transfer, the replay, the output's view).
+REPLAY_CALLS = 4
+# Where the profile did not time a graph's replay: each of the graph's kernels costs the host this share of an
+# eager launch. The fifty-second GPU session's H100 (torch 2.11+cu130) decoded llama3-8b with every weight in
+# VRAM, one graph of about 1,000 kernels, in 6.9 ms a step where the H100 profile prices its kernels at 6.5 ms
+# and an eager launch at 14.6 us: at most 0.4 us a kernel (under CUDA 12 an H200 took 2.2 us, an earlier session).
+GRAPH_KERNEL_SHARE = 0.02
 HOST_GATHER_BPS = 10e9  # rows of a host KV cache gathered into / scattered from pinned buffers (one thread)
 
 
@@ -131,12 +144,14 @@ class Mechanisms:
     run_ahead_dense: bool = False  # split dense FFNs' CPU parts too
     wire_codec: bool = False  # bf16 stream fills coded (runtime/wire_codec)
     vram_codec: bool = False  # pinned bf16 weights may be kept coded in VRAM (runtime/vram_coded)
+    decode_graphs: bool = False  # decode steps replay runs of resident sub-layers from CUDA graphs (runtime/graphs)
 
     @classmethod
     def here(cls) -> "Mechanisms":
         """This process's (or the fixed ones)."""
         return cls(run_ahead_enabled(), cpu_packed_enabled(), cpu_gemv_enabled(), zero_copy_enabled(),
-                   run_ahead_enabled(dense=True), wire_codec_enabled(), vram_codec_enabled())
+                   run_ahead_enabled(dense=True), wire_codec_enabled(), vram_codec_enabled(),
+                   decode_graphs_enabled())
 
 
 _fixed: Mechanisms | None = None
@@ -201,6 +216,15 @@ def vram_codec_enabled() -> bool:
     from ..runtime import vram_coded  # (the mechanism's own switch)
 
     return vram_coded.enabled()
+
+
+def decode_graphs_enabled() -> bool:
+    """Whether the executor will replay decode steps over runs of resident sub-layers from CUDA graphs: as an
+    engine does by default (``Engine.load(decode_graphs=True)``) wherever this process has a CUDA GPU; an
+    engine that runs them eagerly plans under :func:`fixed_mechanisms` saying so."""
+    if _fixed is not None:
+        return _fixed.decode_graphs
+    return torch.cuda.is_available()
 
 
 def cpu_gemv_enabled() -> bool:
@@ -303,6 +327,8 @@ class Estimator:
     launches go on meanwhile; by default as the executor will run. zero_copy: a decode step's
     host-memory experts are read by the GPU from pinned memory (``VRAMSHARD_EXPERTS_ZERO_COPY``),
     on the GPU stream and the PCIe link, with no host round trip; by default as the executor will run.
+    graphs: decode steps replay each run of GPU-resident sub-layers from a CUDA graph (the executor's
+    ``decode_graphs``); by default as an engine in this process runs (:func:`decode_graphs_enabled`).
     cpu_packed: dense FFNs on the CPU (whole or a split's CPU part) from oneDNN-prepacked weights
     (``VRAMSHARD_CPU_PACKED``), at the profile's :meth:`~Profile.packed_ffn_factor`; by default as
     the executor will run. cpu_gemv: one-row dense FFNs and split parts by the C kernel from the plain
@@ -316,8 +342,9 @@ class Estimator:
                  sizes: dict[str, int] | None = None, costs: dict | None = None, run_ahead: bool | None = None,
                  zero_copy: bool | None = None, cpu_packed: bool | None = None,
                  zero_copy_cpu_share: float = 0.0, cpu_gemv: bool | None = None,
-                 run_ahead_dense: bool | None = None):
+                 run_ahead_dense: bool | None = None, graphs: bool | None = None):
         self.model = model
+        self.graphs = decode_graphs_enabled() if graphs is None else graphs  # (decode steps replay resident runs)
         self.cpu_packed = cpu_packed_enabled() if cpu_packed is None else cpu_packed
         self.packed_forced = cpu_packed is None and cpu_packed_forced()
         self.cpu_gemv = cpu_gemv_enabled() if cpu_gemv is None else cpu_gemv
@@ -421,6 +448,30 @@ class Estimator:
         if seconds is None:
             seconds = self._dispatch[device] = self.profile.dispatch_s(device)
         return seconds
+
+    def replay_s(self, kernels: int) -> float:
+        """The host's seconds to replay a decode graph of ``kernels`` kernels, with the executor's work around
+        it (:data:`REPLAY_CALLS`): as the profile timed a replay, else :data:`GRAPH_KERNEL_SHARE` of an
+        eager launch a kernel."""
+        launch = self.dispatch_s("cuda") / DISPATCH_LAUNCHES
+        replay = self.profile.graph_replay_s(kernels)
+        if replay is None:
+            replay = kernels * GRAPH_KERNEL_SHARE * launch
+        return REPLAY_CALLS * launch + replay
+
+    def replayed_launches(self, placement: Placement, n_tokens: int) -> dict[str, float]:
+        """{sub-layer: the host's launch seconds} of the sub-layers a decode step of ``n_tokens`` sequences
+        replays from CUDA graphs under ``placement``: the whole run's replay on its first sub-layer, 0 on
+        the others (empty: no graphs, or not a decode step the executor's graphs cover)."""
+        if not self.graphs or n_tokens > BATCH_BUCKETS[-1]:
+            return {}
+        sublayers = [s for s in self.model if s.kind != "vision"]
+        replayed = {}
+        for begin, end in resident_runs(placement, sublayers):
+            run = sublayers[begin:end]
+            replayed.update((s.name, 0.0) for s in run)
+            replayed[run[0].name] = self.replay_s(sum(s.launches for s in run))
+        return replayed
 
     def launch_s(self, sublayer: SubLayer, device: str, n_tokens: int) -> float:
         """Python + launch overhead of one sub-layer's forward."""
@@ -548,8 +599,10 @@ class Estimator:
                  if s.kind != "vision" and (where[s.name].home == "stream" or where[s.name].coded)]
         fills = [(0, self.decode_s(s), DECODE) if where[s.name].coded else self._fill(s, where[s.name], cpu_work)
                  for s in order]  # (bytes over the link, seconds, engine) of each
+        replayed = self.replayed_launches(placement, n_tokens)
         # Simulate two consecutive steps; the second is the steady state.
-        est = self._simulate_steps(where, order, fills, n_tokens, context, num_slots, streams, cpu_work, steps=2)
+        est = self._simulate_steps(where, order, fills, n_tokens, context, num_slots, streams, cpu_work, steps=2,
+                                   replayed=replayed)
         est.bytes_streamed = int(sum(nbytes for nbytes, _, _ in fills)
                                  + sum(self.expert_miss_bytes(self.model[n], n_tokens)
                                        for n in placement.expert_names("cache")))
@@ -584,10 +637,12 @@ class Estimator:
         return cost
 
     def _simulate_steps(self, where, order, fills, n_tokens, context, num_slots, streams, cpu_work,
-                        steps) -> StepEstimate:
+                        steps, replayed=None) -> StepEstimate:
         """The last of ``steps`` consecutive steps: its time and busy times, the timeline of all.
         ``fills``: (bytes, seconds, engine) of each fill of the ring's ``order``: the copy engine's, or a
-        decode of a sub-layer pinned coded on the executor's decode stream."""
+        decode of a sub-layer pinned coded on the executor's decode stream. ``replayed``: the host's launch
+        seconds of sub-layers replayed from CUDA graphs (:meth:`replayed_launches`)."""
+        replayed = replayed or {}
         costs = self._step_costs.get((n_tokens, context, streams))
         if costs is None:
             costs = self._step_costs[n_tokens, context, streams] = {}
@@ -817,6 +872,7 @@ class Estimator:
                     gpu = costs[sublayer.name, "cuda"] = (self.launch_s(sublayer, "cuda", n_tokens),
                                                           self.compute_s(sublayer, "cuda", n_tokens, context))
                 launch, kernels = gpu
+                launch = replayed.get(sublayer.name, launch)
                 ready = x_ready
                 if w.home == "stream" or w.coded:
                     ready = max(ready, fill_done[uses])

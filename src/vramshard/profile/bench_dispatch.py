@@ -1,4 +1,5 @@
-"""Fixed cost of dispatching one tiny sub-layer (Python + kernel launches) on each side.
+"""Fixed cost of dispatching one tiny sub-layer (Python + kernel launches) on each side, and of
+replaying its kernels from a CUDA graph.
 
 The sub-layer is a norm, two small projections, an activation and a residual on one
 token: its arithmetic is negligible, so its time is the per-sub-layer overhead.
@@ -10,6 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from .timing import time_wall_cuda
+
+TINY_LAUNCHES = 10  # kernels of one _tiny_sublayer on the GPU
+LONG_GRAPH = 32  # tiny sub-layers captured in the long graph of measure_graph_replay
 
 
 def _tiny_sublayer(x, norm_weight, w_up, w_down):
@@ -48,3 +52,49 @@ def time_cpu_fastest(fn, budget_s: float, batches: int = 15) -> float:
             fn()
         best = min(best, (time.perf_counter() - start) / reps)
     return best
+
+
+def measure_graph_replay(budget_s: float) -> dict[str, float]:
+    """Host seconds to replay a CUDA graph: ``{"cuda_graph": one replay of one tiny sub-layer's
+    TINY_LAUNCHES kernels, "cuda_graph_node": each kernel more}``, from graphs of one and of
+    LONG_GRAPH tiny sub-layers. Only the host's issuing is timed (each batch of replays is waited
+    for after its clock stops): what a decode step's host thread pays for a run of sub-layers that
+    the executor replays (:mod:`~vramshard.runtime.graphs`), its kernels being priced apart."""
+    import time
+
+    x = torch.randn(1, 64, device="cuda")  # [T, D]
+    norm_weight = torch.ones(64, device="cuda")
+    w_up = torch.randn(128, 64, device="cuda")
+    w_down = torch.randn(64, 128, device="cuda")
+
+    def captured(sublayers: int) -> torch.cuda.CUDAGraph:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up off the default stream, as capture asks
+            _tiny_sublayer(x, norm_weight, w_up, w_down)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            h = x
+            for _ in range(sublayers):
+                h = _tiny_sublayer(h, norm_weight, w_up, w_down)
+        return graph
+
+    def host_s(graph: torch.cuda.CUDAGraph, share: float, batches: int = 15, reps: int = 8) -> float:
+        graph.replay()
+        torch.cuda.synchronize()
+        best, deadline = float("inf"), time.perf_counter() + share
+        for batch in range(batches):
+            start = time.perf_counter()
+            for _ in range(reps):
+                graph.replay()
+            best = min(best, (time.perf_counter() - start) / reps)
+            torch.cuda.synchronize()
+            if batch >= 2 and time.perf_counter() > deadline:
+                break
+        return best
+
+    one, long = captured(1), captured(LONG_GRAPH)
+    single, many = host_s(one, budget_s / 2), host_s(long, budget_s / 2)
+    node = max(0.0, (many - single) / ((LONG_GRAPH - 1) * TINY_LAUNCHES))
+    return {"cuda_graph": single, "cuda_graph_node": max(node, 1e-9)}

@@ -445,6 +445,18 @@ class Profile:
             return float(self.data["dispatch"][device]) * self.dispatch_scale
         return float(self.data["dispatch"][device])
 
+    def graph_replay_s(self, kernels: int) -> float | None:
+        """The host's seconds to replay a CUDA graph of ``kernels`` kernels (scaled as :meth:`dispatch_s`
+        on "cuda"), from the profile's replay of one tiny sub-layer and its cost per kernel more; None where
+        the profile did not measure it (made before session 58, or without a GPU)."""
+        dispatch = self.data["dispatch"]
+        if "cuda_graph" not in dispatch or "cuda_graph_node" not in dispatch:
+            return None
+        from .bench_dispatch import TINY_LAUNCHES
+
+        node = float(dispatch["cuda_graph_node"])
+        return max(0.0, float(dispatch["cuda_graph"]) + (kernels - TINY_LAUNCHES) * node) * self.dispatch_scale
+
     # --- helpers ------------------------------------------------------------------------
     def _cpu_full(self, dtype: str) -> MatmulTable:
         table = self._matmul.get(("cpu", dtype, self.default_threads, False))

@@ -13,7 +13,7 @@ from .. import __version__
 from ..errors import ProfileError
 from ..layers import host_experts
 from .bench_attention import measure_attention
-from .bench_dispatch import measure_dispatch
+from .bench_dispatch import measure_dispatch, measure_graph_replay
 from .bench_experts import measure_host_experts
 from .bench_matmul import measure_matmul
 from .bench_memory import measure_cpu_read
@@ -225,6 +225,7 @@ def _measure_gpu(spec, top, w, cpu_args, gpu_args, progress, matmul, attention, 
     """GPU matmul, attention, dispatch, PCIe alone and contended (CPU threads = ``top``)."""
     progress.step("cuda dispatch cost")
     dispatch["cuda"] = measure_dispatch("cuda", DISPATCH_BUDGET_S)
+    dispatch.update(measure_graph_replay(DISPATCH_BUDGET_S / 2))
     progress.advance(w["dispatch"])
     for dtype in spec.dtypes:
         table = measure_matmul("cuda", dtype, spec.shapes, spec.ms, label=f"cuda matmul {dtype}", **gpu_args)

@@ -11,7 +11,9 @@ cores, GB/s, the mean of a timing before the CPU tables and one after), and the 
 - ``transfer``: list of ``{direction: "h2d"|"d2h", contended, bytes: [...], seconds: [...]}``;
 - ``attention``: list of ``{device, dtype, threads, heads, kv_heads, head_dim, n_new: [...],
   context: [...], seconds: [[per context] per n_new], estimated}``;
-- ``dispatch``: ``{"cpu": seconds, "cuda": seconds}``;
+- ``dispatch``: ``{"cpu": seconds, "cuda": seconds}``, and where measured (profiles since session 58)
+  ``"cuda_graph"``: the host's seconds to replay a CUDA graph of the same sub-layer's kernels,
+  ``"cuda_graph_node"``: its seconds per kernel more in a graph;
 - ``split_part`` (optional): ``{dtype: factor}``, a split dense FFN's CPU part's time per byte
   over the whole FFN's (absent: 1);
 - ``packed_ffn`` (optional): ``{dtype: {rows: factor}}``, a dense FFN's CPU time from

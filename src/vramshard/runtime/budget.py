@@ -332,19 +332,28 @@ class PlanSettings:
     # whether this engine's stream fills cross the link coded (None: VRAMSHARD_WIRE_CODEC as this process reads
     # it; False where the host cannot hold the coded copies: wire_codec.holds_coded_copies)
     wire_codec: bool | None = None
+    # whether this engine replays decode steps from CUDA graphs (None: as an engine in this process would by
+    # default, estimator.decode_graphs_enabled)
+    decode_graphs: bool | None = None
 
     def splits_kv(self) -> bool:
         """:attr:`kv_split`, None read as this process's switch (a planning process is told it)."""
         return planner_module.KV_SPLIT if self.kv_split is None else self.kv_split
 
     def mechanisms(self) -> Mechanisms:
-        """The mechanisms this engine's plans price: this process's, with this engine's link codec."""
-        here = Mechanisms.here()
-        return here if self.wire_codec is None else dataclasses.replace(here, wire_codec=self.wire_codec)
+        """The mechanisms this engine's plans price: this process's, with this engine's link codec and decode
+        graphs."""
+        mechanisms = Mechanisms.here()
+        if self.wire_codec is not None:
+            mechanisms = dataclasses.replace(mechanisms, wire_codec=self.wire_codec)
+        if self.decode_graphs is not None:
+            mechanisms = dataclasses.replace(mechanisms, decode_graphs=self.decode_graphs)
+        return mechanisms
 
     def pricing(self):
         """A context in which estimators price :meth:`mechanisms` (a plan made in this process)."""
-        return fixed_mechanisms(self.mechanisms()) if self.wire_codec is not None else contextlib.nullcontext()
+        own = self.wire_codec is not None or self.decode_graphs is not None
+        return fixed_mechanisms(self.mechanisms()) if own else contextlib.nullcontext()
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,8 @@ def request(recipe: dict, settings: PlanSettings, budget: int | None, kv_on_gpu:
             "mechanisms": {"run_ahead": mechanisms.run_ahead, "run_ahead_dense": mechanisms.run_ahead_dense,
                            "cpu_packed": mechanisms.cpu_packed,
                            "cpu_gemv": mechanisms.cpu_gemv, "zero_copy": list(mechanisms.zero_copy),
-                           "wire_codec": mechanisms.wire_codec, "vram_codec": mechanisms.vram_codec}}
+                           "wire_codec": mechanisms.wire_codec, "vram_codec": mechanisms.vram_codec,
+                           "decode_graphs": mechanisms.decode_graphs}}
 
 
 def read_request(message: dict) -> tuple[Model, PlanSettings, int | None, bool | None, bool, Mechanisms]:
@@ -121,7 +122,8 @@ def read_request(message: dict) -> tuple[Model, PlanSettings, int | None, bool |
         m = message["mechanisms"]
         mechanisms = Mechanisms(bool(m["run_ahead"]), bool(m["cpu_packed"]), bool(m["cpu_gemv"]),
                                 (bool(m["zero_copy"][0]), int(m["zero_copy"][1])), bool(m["run_ahead_dense"]),
-                                bool(m.get("wire_codec", False)), bool(m.get("vram_codec", False)))
+                                bool(m.get("wire_codec", False)), bool(m.get("vram_codec", False)),
+                                bool(m.get("decode_graphs", False)))
         return (build_from_recipe(message["model"]), settings, message["budget"], message["kv_on_gpu"],
                 bool(message["search"]), mechanisms)
     except (KeyError, TypeError, ValueError, IndexError) as exc:
