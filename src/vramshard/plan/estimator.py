@@ -68,11 +68,11 @@ DECODE_SHARE = 0.41
 # The executor's host work around one decode-graph replay, in launches (DecodeGraphs.run: the coverage check,
 # the step's index arrays packed and copied in one transfer, the replay, the output's view).
 REPLAY_CALLS = 4
-# Where the profile did not time a graph's replay: each of the graph's kernels costs the host this share of an
-# eager launch. The fifty-second GPU session's H100 (torch 2.11+cu130) decoded llama3-8b with every weight in
-# VRAM, one graph of about 1,000 kernels, in 6.9 ms a step where the H100 profile prices its kernels at 6.5 ms
-# and an eager launch at 14.6 us: at most 0.4 us a kernel (under CUDA 12 an H200 took 2.2 us, an earlier session).
-GRAPH_KERNEL_SHARE = 0.02
+# Where the profile did not time a graph's replay: a replay costs the host this share of an eager launch, however
+# many kernels the graph holds. The fifty-third GPU session's H100 (torch 2.11+cu130) replayed the dispatch
+# probe's 10 kernels in 2.73 us of host time, and 1.3 ns more a kernel in a graph of 320, where it launched them
+# eagerly at 8.4 us each (under CUDA 12 an H200 had taken 2.2 us a kernel: an earlier session).
+GRAPH_REPLAY_SHARE = 0.33
 HOST_GATHER_BPS = 10e9  # rows of a host KV cache gathered into / scattered from pinned buffers (one thread)
 
 
@@ -451,12 +451,12 @@ class Estimator:
 
     def replay_s(self, kernels: int) -> float:
         """The host's seconds to replay a decode graph of ``kernels`` kernels, with the executor's work around
-        it (:data:`REPLAY_CALLS`): as the profile timed a replay, else :data:`GRAPH_KERNEL_SHARE` of an
-        eager launch a kernel."""
+        it (:data:`REPLAY_CALLS`): as the profile timed a replay, else :data:`GRAPH_REPLAY_SHARE` of an
+        eager launch."""
         launch = self.dispatch_s("cuda") / DISPATCH_LAUNCHES
         replay = self.profile.graph_replay_s(kernels)
         if replay is None:
-            replay = kernels * GRAPH_KERNEL_SHARE * launch
+            replay = GRAPH_REPLAY_SHARE * launch
         return REPLAY_CALLS * launch + replay
 
     def replayed_launches(self, placement: Placement, n_tokens: int) -> dict[str, float]:
