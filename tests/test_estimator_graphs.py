@@ -2,6 +2,7 @@
 from a CUDA graph (one replay's host cost), every other sub-layer launched eagerly."""
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -100,3 +101,22 @@ def test_with_graphs_priced_the_planner_predicts_a_resident_plan_faster():
     eager, replayed = predicted(False), predicted(True)
     assert replayed[0] < eager[0]  # decode: its resident runs replayed
     assert replayed[1] == pytest.approx(eager[1], rel=0.02)  # a prompt chunk is not a decode step
+
+
+def test_vramshard_plan_prices_the_graphs_unless_told_not_to(tmp_path, capsys):
+    from vramshard.cli.main import main
+    from vramshard.profile.store import save
+
+    path = save(PROFILE, tmp_path / "profile.json")
+    planned = {}
+    for flag in ("--cuda-graphs", "--no-cuda-graphs"):
+        assert main(["plan", "--shape", "llama3-8b", "--vram", "12GiB", "--ctx", "1024", "--tiers", "1,512",
+                     "--profile", str(path), "--json", flag]) == 0
+        planned[flag] = json.loads(capsys.readouterr().out)
+    said = {flag: [n for n in plan["notes"] if "CUDA graphs" in n or "every launch eager" in n]
+            for flag, plan in planned.items()}
+    assert "replayed from CUDA graphs" in said["--cuda-graphs"][0]
+    assert "every launch eager" in said["--no-cuda-graphs"][0] and len(said["--no-cuda-graphs"]) == 1
+    graphs, eager = planned["--cuda-graphs"]["tiers"], planned["--no-cuda-graphs"]["tiers"]
+    assert graphs["1"]["predicted_ms"] < eager["1"]["predicted_ms"]
+    assert graphs["512"]["predicted_ms"] == pytest.approx(eager["512"]["predicted_ms"], rel=0.02)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 
 from .common import add_threads_arg
@@ -17,6 +19,9 @@ def register(subparsers) -> None:
     p.add_argument("--slots", type=int, default=2, help="streaming slots in the ring (default 2)")
     p.add_argument("--profile", default=None, help="profile file (default: this machine's)")
     p.add_argument("--dtype", default=None, help="weights dtype (default: the checkpoint's)")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="price decode steps as an engine with CUDA graphs runs them: runs of resident sub-layers "
+                        "replayed (default: on, where the profile has a GPU; --no-cuda-graphs: every launch eager)")
     add_threads_arg(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw where each sub-layer runs per tier")
@@ -27,6 +32,7 @@ def main(args) -> int:
     from ..config import parse_dtype
     from ..errors import InvalidInputError
     from ..models import build_model
+    from ..plan.estimator import Mechanisms, fixed_mechanisms
     from ..plan.planner import Planner, machine_profile
     from ..plan.report import plot_plan, print_plan
     from ..plan.tiers import Tiers
@@ -50,8 +56,15 @@ def main(args) -> int:
     budget = resolve_budget(args.vram, None)[0] if is_auto(args.vram) else parse_size(args.vram)
     # As an engine would plan: the host's read bandwidth now, the factors engines fitted here.
     profile = planning_profile(machine_profile(args.profile), model.dtype).limited_to(args.threads)
-    plan = Planner(model, profile, budget, context=args.ctx, tiers=tiers,
-                   num_slots=args.slots, name=name).plan()
+    # As an engine on the profile's machine would price its decode steps (its graphs on by default).
+    graphs = args.cuda_graphs and profile.has_gpu
+    with fixed_mechanisms(dataclasses.replace(Mechanisms.here(), decode_graphs=graphs)):
+        plan = Planner(model, profile, budget, context=args.ctx, tiers=tiers,
+                       num_slots=args.slots, name=name).plan()
+    if profile.has_gpu:
+        plan.notes.append("decode tiers priced with runs of resident sub-layers replayed from CUDA graphs, as an "
+                          "engine runs them (--no-cuda-graphs: every launch eager)" if graphs else
+                          "decode tiers priced with every launch eager (--no-cuda-graphs)")
     if profile.cpu_scale != 1.0:
         plan.notes.append(f"profile's CPU times x{profile.cpu_scale:.2f}: the host reads memory "
                           f"{'faster' if profile.cpu_scale < 1 else 'slower'} now than when profiled "
