@@ -471,6 +471,13 @@ def test_fitted_factors_are_kept_for_later_processes_of_the_same_measured_profil
     again = calibrate.with_learned(h200, model.dtype)
     assert again.cpu_rows == fitted.profile.cpu_rows and again.dispatch_scale == pytest.approx(1.8)
     calibrate.forget_learned()
+    # A file from before the decode graphs were priced: its CPU factors hold, its dispatch factor does not.
+    kept = json.loads(stored.read_text())
+    stored.write_text(json.dumps({k: v for k, v in kept.items() if k != "dispatch_pricing"}))
+    older = calibrate.with_learned(h200, model.dtype)
+    assert older.cpu_rows == fitted.profile.cpu_rows and older.dispatch_scale == 1.0
+    stored.write_text(json.dumps(kept))
+    calibrate.forget_learned()
     remeasured = type(h200).from_dict({**h200.to_dict(), "created": "2027-01-01T00:00:00"})
     assert calibrate.with_learned(remeasured, model.dtype) is remeasured  # factors of another measurement
     monkeypatch.setenv("VRAMSHARD_CALIBRATION_STORE", "off")

@@ -26,11 +26,12 @@ def slowed(decoding: Decoding, seconds: float) -> Decoding:
 def test_rounds_alternate_the_engines_and_time_each_ones_own_steps(tiny_model_dir):
     settings = BenchSettings(pp=8, tg=40, batch_sizes=(1,), batch_prompt=4, batch_gen=4)
     fast = Decoding("vramshard", Engine.load(tiny_model_dir("qwen3"), device="cpu"), settings, 40)
-    slow = slowed(Decoding("layers:max", Engine.load(tiny_model_dir("qwen3"), device="cpu"), settings, 40), 0.02)
+    slow = slowed(Decoding("layers:max", Engine.load(tiny_model_dir("qwen3"), device="cpu"), settings, 40), 0.05)
     reads = iter([100.0, 90.0, 110.0, 95.0])
     rounds = paired_rounds(fast, slow, 4, 5, read_gb_s=lambda: next(reads))
     assert [r["order"] for r in rounds] == [["vramshard", "layers:max"], ["layers:max", "vramshard"]] * 2
-    assert all(r["baseline_step_ms"] >= r["planned_step_ms"] + 19 for r in rounds)  # (its own 20 ms more)
+    # (its own 50 ms more, less room for a busy host's noise: 19 of 20 ms failed beside another test run)
+    assert all(r["baseline_step_ms"] >= r["planned_step_ms"] + 40 for r in rounds)
     assert all(r["speedup"] > 1 for r in rounds) and [r["host_read_gb_s"] for r in rounds] == [100, 90, 110, 95]
     assert len(fast.scheduler.history) >= 20 and len(slow.scheduler.history) >= 20
     bandwidth = {"h2d": 50.0, "cpu_read": 100.0, "shared_total": 120.0}

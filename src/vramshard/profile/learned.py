@@ -11,6 +11,10 @@ them: ``calibration-<fingerprint hash>.json`` in the cache directory, next to
                                     "split_rows": {"1": 1.3}, "updated": "2026-12-01T22:40:00Z"}}}
 
 ``split_rows`` (split FFN parts' CPU work by rows, on top of ``cpu_rows``) may be missing: none fitted.
+``dispatch_pricing`` says how the estimator priced the GPU dispatch the ``dispatch_scale`` was fitted against:
+:data:`DISPATCH_PRICING` since decode steps' resident runs are priced as CUDA-graph replays (session 58), absent
+before, when every launch was priced eager. A ``dispatch_scale`` fitted under another pricing is not used (the CPU
+factors are: they scale measured CPU work, priced alike in both).
 
 The factors are multipliers on one profile's measurements: a profile measured again (another
 ``profile_created``) starts afresh, and the next fit replaces the file. Written atomically. A
@@ -33,6 +37,7 @@ from .store import write_atomically
 log = logging.getLogger(__name__)
 
 SCHEMA = 1
+DISPATCH_PRICING = 2  # 2: resident runs of decode steps priced as CUDA-graph replays; 1 (or absent): all launches eager
 Rows = tuple[tuple[int, float], ...]  # (rows, factor) pairs, sorted
 Factors = tuple[Rows, float, Rows]  # (cpu_rows, dispatch_scale, split_rows)
 
@@ -57,12 +62,16 @@ def read_all(fingerprint_hash: str, created: str) -> dict[str, Factors]:
     data = _read_file(path(fingerprint_hash))
     if data is None or data.get("profile_created") != created:
         return {}
+    same_pricing = data.get("dispatch_pricing", 1) == DISPATCH_PRICING
+    if not same_pricing:
+        log.info("not using the dispatch factor in %s: fitted while the estimator priced GPU dispatch otherwise "
+                 "(every launch eager); the engine fits it again", path(fingerprint_hash))
     kept = {}
     for dtype, entry in data["factors"].items():
         try:
             rows = tuple(sorted((int(r), float(f)) for r, f in entry.get("cpu_rows", {}).items()))
             split = tuple(sorted((int(r), float(f)) for r, f in entry.get("split_rows", {}).items()))
-            factors = rows, float(entry.get("dispatch_scale", 1.0)), split
+            factors = rows, float(entry.get("dispatch_scale", 1.0)) if same_pricing else 1.0, split
         except (TypeError, ValueError, AttributeError):
             log.warning("ignoring the fitted factors for %s in %s: not numbers", dtype, path(fingerprint_hash))
             continue
@@ -79,8 +88,9 @@ def write(fingerprint_hash: str, created: str, dtype: str, factors: Factors) -> 
     measurement stay). A failure to write is logged, never raised: the engine runs on."""
     target = path(fingerprint_hash)
     data = _read_file(target, quiet=True)
-    if data is None or data.get("profile_created") != created:
-        data = {"schema": SCHEMA, "fingerprint_hash": fingerprint_hash, "profile_created": created, "factors": {}}
+    if data is None or data.get("profile_created") != created or data.get("dispatch_pricing") != DISPATCH_PRICING:
+        data = {"schema": SCHEMA, "fingerprint_hash": fingerprint_hash, "profile_created": created,
+                "dispatch_pricing": DISPATCH_PRICING, "factors": {}}
     rows, dispatch, split = factors
     data["factors"][dtype] = {"cpu_rows": {str(r): f for r, f in rows}, "dispatch_scale": dispatch,
                               "split_rows": {str(r): f for r, f in split},
