@@ -87,7 +87,8 @@ def test_planning_prices_the_graphs_an_engine_runs():
             assert decode_graphs_enabled() is graphs
             assert Estimator(LLAMA, PROFILE).graphs is graphs
         # A planning process is told the engine's choice.
-        *_, mechanisms = read_request(request(model_recipe(LLAMA), settings, 8 * 2**30, None, True, settings.mechanisms()))
+        asked = request(model_recipe(LLAMA), settings, 8 * 2**30, None, True, settings.mechanisms())
+        *_, mechanisms = read_request(asked)
         assert mechanisms.decode_graphs is graphs
     assert decode_graphs_enabled() is torch.cuda.is_available()  # outside: as an engine here would run
 

@@ -6,7 +6,8 @@ source benchmarks/gpu_session/setup.sh || exit 1
 timeout ${TESTS_S:-150} python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider tests/test_vram_coded.py \
   tests/test_wire_codec.py tests/test_executor_gpu.py tests/test_estimator_graphs.py \
   tests/test_profile.py::test_gpu_profile_round_trip > $OUT/pytest_vram_coded.txt 2>&1
-echo "tests rc $?"; tail -2 $OUT/pytest_vram_coded.txt; grep -E "^(FAILED|ERROR)" $OUT/pytest_vram_coded.txt | cut -c1-250
+echo "tests rc $?"; tail -2 $OUT/pytest_vram_coded.txt
+grep -E "^(FAILED|ERROR)" $OUT/pytest_vram_coded.txt | cut -c1-250
 python3 -c "from vramshard.profile.bench_dispatch import measure_dispatch as d, measure_graph_replay as g
 print('eager tiny sub-layer', d('cuda', 0.5), 'graph replay', g(0.5))"
 for vram in ${VRAM_CODECS:-on off}; do
