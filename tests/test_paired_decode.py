@@ -30,8 +30,9 @@ def test_rounds_alternate_the_engines_and_time_each_ones_own_steps(tiny_model_di
     reads = iter([100.0, 90.0, 110.0, 95.0])
     rounds = paired_rounds(fast, slow, 4, 5, read_gb_s=lambda: next(reads))
     assert [r["order"] for r in rounds] == [["vramshard", "layers:max"], ["layers:max", "vramshard"]] * 2
-    # (its own 50 ms more, less room for a busy host's noise: 19 of 20 ms failed beside another test run)
-    assert all(r["baseline_step_ms"] >= r["planned_step_ms"] + 40 for r in rounds)
+    # Each engine's own steps: the slowed one's all sleep 50 ms, the other's none (a tiny model's step takes a few ms;
+    # a difference of the two medians failed twice beside another test run on this 2-core machine).
+    assert all(r["baseline_step_ms"] >= 50 > r["planned_step_ms"] for r in rounds)
     assert all(r["speedup"] > 1 for r in rounds) and [r["host_read_gb_s"] for r in rounds] == [100, 90, 110, 95]
     assert len(fast.scheduler.history) >= 20 and len(slow.scheduler.history) >= 20
     bandwidth = {"h2d": 50.0, "cpu_read": 100.0, "shared_total": 120.0}
