@@ -479,7 +479,13 @@ def test_show_prints_the_gpus_zero_copy_reads_against_the_copy_engine(tmp_path, 
     assert "decoded in VRAM" not in out
     data["vram_decode"] = {"bytes": 352_321_536, "seconds": 0.0003}
     assert main(["profile", "--show", "--out", str(save(Profile(data), tmp_path / "d.json"))]) == 0
-    assert "coded weights decoded in VRAM at 1174 GB/s" in " ".join(capsys.readouterr().out.split())
+    out = " ".join(capsys.readouterr().out.split())
+    assert "coded weights decoded in VRAM at 1174 GB/s" in out and "CUDA graph" not in out
+    data["dispatch"].update(cuda_graph=2.73e-6, cuda_graph_node=1.3e-9)  # (the H100's, fifty-third GPU session)
+    assert main(["profile", "--show", "--out", str(save(Profile(data), tmp_path / "g.json"))]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "replayed from a CUDA graph: 2.7 µs of host time (+1.3 ns a kernel more)" in out
+    assert "cuda_graph" not in out  # not listed as a device beside cpu and cuda
     del data["zero_copy"]
     assert Profile(data).summary()["zero_copy_gb_s"] is None
 

@@ -148,8 +148,13 @@ def print_summary(console, profile, path) -> None:
     if summary.get("vram_decode_gb_s"):
         console.print(f"  coded weights decoded in VRAM at {summary['vram_decode_gb_s']:.0f} GB/s of raw bytes "
                       "(pinned weights kept coded: VRAMSHARD_VRAM_CODEC)")
-    dispatch = ", ".join(f"{device} {us:.1f} µs" for device, us in summary["dispatch_us"].items())
+    eager = {device: us for device, us in summary["dispatch_us"].items() if not device.startswith("cuda_graph")}
+    dispatch = ", ".join(f"{device} {us:.1f} µs" for device, us in eager.items())
     console.print(f"  dispatch cost per sub-layer: {dispatch}")
+    if "cuda_graph" in summary["dispatch_us"]:
+        graph = summary["dispatch_us"]
+        console.print(f"  the same kernels replayed from a CUDA graph: {graph['cuda_graph']:.1f} µs of host time "
+                      f"(+{graph.get('cuda_graph_node', 0.0) * 1e3:.1f} ns a kernel more)")
     if summary["split_part_factor"]:
         factors = ", ".join(f"{dtype} {f:.2f}x" for dtype, f in summary["split_part_factor"].items())
         console.print(f"  split FFN, CPU part's time per byte over the whole FFN's: {factors}")
