@@ -686,15 +686,18 @@ class Estimator:
             return on_worker(name, landed, router_done, alone, beside)
 
         def issue_fill(at: float):
-            nonlocal fills_issued, copy_free, copy_busy, decode_free
+            nonlocal fills_issued, copy_free, copy_busy, decode_free, gpu_free, gpu_busy
             index = fills_issued
             sublayer = order[index % n_stream]
             previous_user = index - num_slots
             free_at = slot_released.get(previous_user, 0.0) if previous_user >= 0 else 0.0
             _, seconds, engine = fills[index % n_stream]
             if engine == DECODE:
-                start = max(at, decode_free, free_at)
-                decode_free = fill_done[index] = start + seconds
+                # A decode reads and writes VRAM as the compute kernels read it: on a stream of its own, it shares
+                # the GPU's memory with them, so the GPU's time is theirs and its together.
+                start = max(at, decode_free, free_at, gpu_free)
+                decode_free = fill_done[index] = gpu_free = start + seconds
+                gpu_busy += seconds
             else:
                 start = max(at, copy_free, free_at)
                 copy_free = fill_done[index] = start + seconds
