@@ -39,7 +39,7 @@ from torch.profiler import ProfilerActivity, profile
 from vramshard.layers.step import Step
 from vramshard.models import build_model
 from vramshard.plan.calibrate import step_estimate
-from vramshard.plan.estimator import Mechanisms, balanced_zero_copy_share, fixed_mechanisms
+from vramshard.plan.estimator import balanced_zero_copy_share, pricing_graphs
 from vramshard.plan.memory import expert_slot_bytes, moe_layers, sublayer_triples
 from vramshard.plan.placement import TieredPlacement, named_placement
 from vramshard.plan.planner import Planner
@@ -119,7 +119,7 @@ def planned_executor(model, host: HostLayouts, spec: str, args, result: dict) ->
     profile = planning_profile(args.profile, model.dtype)
     rows = args.seqs
     graphs = spec.endswith("+graphs")  # (the plan and its prediction price the graphs as the executor runs)
-    with fixed_mechanisms(dataclasses.replace(Mechanisms.here(), decode_graphs=graphs)):
+    with pricing_graphs(graphs):
         plan = Planner(model, profile, budget, context=rows * (args.ctx + 64), tiers=Tiers((rows,))).plan()
     tier = plan.tiers[rows]
     result["chosen_family"] = tier.family
@@ -131,7 +131,7 @@ def planned_executor(model, host: HostLayouts, spec: str, args, result: dict) ->
                                    predicted_s=tier.candidates[family])
         plan = dataclasses.replace(plan, tiers={rows: tier})
     threads = int(forced) if forced else args.threads or tier.threads  # a sweep over the plan's count
-    with fixed_mechanisms(dataclasses.replace(Mechanisms.here(), decode_graphs=graphs)):
+    with pricing_graphs(graphs):
         estimate = step_estimate(model, profile, plan, rows)
     result.update(family=tier.family, predicted_ms=tier.predicted_s * 1e3, threads=threads,
                   predicted_cpu_busy_ms=estimate.cpu_busy * 1e3, predicted_copy_busy_ms=estimate.copy_busy * 1e3)

@@ -1,14 +1,13 @@
 """The estimator prices decode steps as the executor runs them: each run of GPU-resident sub-layers replayed
 from a CUDA graph (one replay's host cost), every other sub-layer launched eagerly."""
 
-import dataclasses
 import json
 
 import pytest
 import torch
 
 from vramshard.plan.estimator import (BATCH_BUCKETS, DISPATCH_LAUNCHES, GRAPH_REPLAY_SHARE, REPLAY_CALLS, Estimator,
-                                      Mechanisms, decode_graphs_enabled, fixed_mechanisms)
+                                      decode_graphs_enabled, pricing_graphs)
 from vramshard.plan.placement import CPU, GPU_RESIDENT, GPU_STREAMED, Placement
 from vramshard.plan.planner import Planner
 from vramshard.plan.tiers import Tiers
@@ -95,7 +94,7 @@ def test_planning_prices_the_graphs_an_engine_runs():
 
 def test_with_graphs_priced_the_planner_predicts_a_resident_plan_faster():
     def predicted(graphs: bool) -> float:
-        with fixed_mechanisms(dataclasses.replace(Mechanisms.here(), decode_graphs=graphs)):
+        with pricing_graphs(graphs):
             plan = Planner(LLAMA, PROFILE, 12 * 2**30, context=1024, tiers=Tiers((1, 512))).plan()
         return plan.tiers[1].predicted_s, plan.tiers[512].predicted_s
 

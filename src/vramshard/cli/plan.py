@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 
 from .common import add_threads_arg
@@ -32,7 +31,7 @@ def main(args) -> int:
     from ..config import parse_dtype
     from ..errors import InvalidInputError
     from ..models import build_model
-    from ..plan.estimator import Mechanisms, fixed_mechanisms
+    from ..plan.estimator import pricing_graphs
     from ..plan.planner import Planner, machine_profile
     from ..plan.report import plot_plan, print_plan
     from ..plan.tiers import Tiers
@@ -58,7 +57,7 @@ def main(args) -> int:
     profile = planning_profile(machine_profile(args.profile), model.dtype).limited_to(args.threads)
     # As an engine on the profile's machine would price its decode steps (its graphs on by default).
     graphs = args.cuda_graphs and profile.has_gpu
-    with fixed_mechanisms(dataclasses.replace(Mechanisms.here(), decode_graphs=graphs)):
+    with pricing_graphs(graphs):
         plan = Planner(model, profile, budget, context=args.ctx, tiers=tiers,
                        num_slots=args.slots, name=name).plan()
     if profile.has_gpu:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -166,6 +167,11 @@ def fixed_mechanisms(mechanisms: Mechanisms):
         yield
     finally:
         _fixed = before
+
+
+def pricing_graphs(on: bool):
+    """Estimators made inside price decode graphs ``on`` or not, the other mechanisms as this process's."""
+    return fixed_mechanisms(dataclasses.replace(Mechanisms.here(), decode_graphs=on))
 
 
 def run_ahead_enabled(dense: bool = False) -> bool:
