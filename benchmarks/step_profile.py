@@ -27,9 +27,11 @@ top operators by host and by device time. If wall ≫ kernels + copies the step 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import dataclasses
 import functools
 import logging
+import pstats
 import resource
 import time
 
@@ -221,12 +223,38 @@ def profile_placement(model, host: HostLayouts, spec: str, args) -> dict:
         path = f"{args.trace}/trace_{spec.replace(':', '-').replace('+', '_')}.json"
         prof.export_chrome_trace(path)
         result["trace"] = path
+    if args.pystats:
+        with torch.inference_mode():
+            result["python"] = python_stats(lambda: executor.forward(token, decode_step()), args.pystats)
     averages = prof.key_averages()
     result["top_host"] = top(averages, "self_cpu_time_total", args.rows)
     result["top_device"] = top(averages, "self_device_time_total", args.rows)
     del executor, kv
     torch.cuda.empty_cache()
     return result
+
+
+def python_stats(step, rows: int, steps: int = 3) -> dict:
+    """Where the host's time goes in ``steps`` calls of ``step`` by Python function (cProfile: it slows
+    Python calls, so read the shares, not the totals): the ``rows`` functions with the most time of
+    their own, and the ``rows`` with the most time including what they call, ms a step."""
+    profiler = cProfile.Profile()
+    sync()
+    profiler.enable()
+    for _ in range(steps):
+        step()
+    sync()
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats  # {(file, line, name): (calls, primitive calls, own s, total s, callers)}
+
+    def rows_by(index: int) -> list[dict]:
+        ranked = sorted(stats.items(), key=lambda item: item[1][index], reverse=True)[:rows]
+        return [{"function": f"{file.rsplit('/', 2)[-1]}:{line}:{name}", "calls": calls / steps,
+                 "own_ms": own / steps * 1e3, "total_ms": total / steps * 1e3}
+                for (file, line, name), (_, calls, own, total, _) in ranked]
+
+    total = sum(entry[2] for entry in stats.values())
+    return {"total_ms": total / steps * 1e3, "by_own": rows_by(2), "by_total": rows_by(3)}
 
 
 def top(averages, key: str, rows: int) -> list[dict]:
@@ -253,6 +281,9 @@ def main() -> None:
                         help="machine profile for planned:G placements")
     parser.add_argument("--rows", type=int, default=20)
     parser.add_argument("--trace", default=None, help="folder for chrome traces")
+    parser.add_argument("--pystats", type=int, default=0, metavar="ROWS",
+                        help="also run three steps under cProfile and keep the ROWS Python functions with the most "
+                             "host time (their own, and with what they call)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -287,6 +318,12 @@ def main() -> None:
         for title, rows in (("host", result["top_host"]), ("device", result["top_device"])):
             log.info("  top by %s time (us over 3 steps, calls):\n%s", title,
                      "\n".join(f"    {r['us']:10.0f}  {r['calls']:6d}  {r['name']}" for r in rows))
+        if "python" in result:
+            for key in ("by_own", "by_total"):
+                log.info("  Python functions %s (cProfile, %.1f ms a step in all; ms a step, calls a step):\n%s",
+                         key.replace("_", " "), result["python"]["total_ms"],
+                         "\n".join(f"    {r['own_ms']:8.2f} {r['total_ms']:8.2f} {r['calls']:8.1f}  {r['function']}"
+                                   for r in result["python"][key]))
     if args.json:
         write_json(args.json, results)
 
