@@ -87,17 +87,34 @@ def test_fills_of_any_range_give_back_the_raw_bytes(device):
     coded.fill(torch.empty_like(raw, device=device), 0, raw.numel(), staging, whole)
     # 150 coded blocks, the overflowed one again raw, and the ragged end raw.
     assert whole.wire == 150 * CODED_BLOCK + BLOCK_BYTES + 2 * 777
-    if device == "cuda":  # the ring's way: rounds through the staging's halves, decoded on a stream of their own
-        overlap = OverlappedDecode(torch.empty(6 * CODED_BLOCK, dtype=torch.uint8, device=device), torch.cuda.Stream())
-        copy = torch.cuda.Stream()
+    if device == "cuda":
+        overlapped_fills_give_back_the_raw_bytes(coded, raw, ranges)
+
+
+def overlapped_fills_give_back_the_raw_bytes(coded: CodedBuffer, raw: torch.Tensor, ranges) -> None:
+    """The ring's way: rounds through the staging's halves, decoded on a stream of their own; each range's fill
+    made three times into one target: round by round, then captured as a graph, then replayed from it (and the
+    same round by round throughout with the graphs off)."""
+    copy = torch.cuda.Stream()
+    staging = torch.empty(6 * CODED_BLOCK, dtype=torch.uint8, device="cuda")
+    for graphs in (True, False):
+        overlap = OverlappedDecode(staging, torch.cuda.Stream(), graphs=graphs)
+        with_blocks = 0
         for begin, end in ranges:
-            target = torch.full((end - begin,), 0xAB, dtype=torch.uint8, device=device)
-            copy.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(copy):
-                coded.fill(target, begin, end, staging, None, overlap)
-                after = target.clone()  # (on the copy stream: after the fill's last decode)
-            torch.cuda.synchronize()
-            assert torch.equal(after.cpu(), raw[begin:end]), (begin, end)
+            first, last = CodedBuffer._blocks(begin, end)
+            with_blocks += last > first
+            target = torch.empty(end - begin, dtype=torch.uint8, device="cuda")
+            for _ in range(3):
+                target.fill_(0xAB)
+                copy.wait_stream(torch.cuda.current_stream())
+                stats = FillStats()
+                with torch.cuda.stream(copy):
+                    coded.fill(target, begin, end, staging, stats, overlap)
+                    after = target.clone()  # (on the copy stream: after the fill's last decode)
+                torch.cuda.synchronize()
+                assert torch.equal(after.cpu(), raw[begin:end]), (begin, end, graphs)
+                assert stats.raw == end - begin and stats.wire == coded.wire_bytes(begin, end)
+        assert (overlap.captures, overlap.replays) == ((with_blocks, 2 * with_blocks) if graphs else (0, 0))
         assert overlap.rounds > len(ranges)
 
 
@@ -191,9 +208,11 @@ def test_coded_fills_compute_the_same_logits_bit_for_bit(bf16_llama, monkeypatch
         engine = Engine.load(bf16_llama, device="cuda", dtype="bfloat16", max_context=64,
                              placement=_streamed_placement(Engine.load(bf16_llama, device="cpu").model, split))
         logits = trace_logits(engine)
-        fills = engine.executor.ring.fills
-        out[codec] = (logits, engine.generate([PROMPT], 12), fills.wire / fills.raw,
+        ring = engine.executor.ring
+        out[codec] = (logits, engine.generate([PROMPT], 12), ring.fills.wire / ring.fills.raw,
                       engine.executor.report.bytes_streamed)
+        if codec == "on":  # the fills after each one's first two replayed from their graphs (FILL_GRAPHS)
+            assert ring.overlap.captures > 0 and ring.overlap.replays > ring.overlap.captures
         del engine
     assert torch.equal(out["on"][0], out["off"][0])
     assert out["on"][1] == out["off"][1]

@@ -22,18 +22,23 @@ buffer raw altogether.
 :class:`CodedBuffer` holds a packed host buffer's coded blocks beside it; :meth:`CodedBuffer.fill` puts
 any byte range of it in VRAM through a small staging buffer: the whole blocks inside the range coded,
 in rounds of at most the staging's size, the ragged ends and overflowed blocks raw. On a GPU the rounds
-alternate between the staging's two halves and decode on their own stream (:class:`OverlappedDecode`).
+alternate between the staging's two halves and decode on their own stream (:class:`OverlappedDecode`), and a
+fill made before is replayed from a CUDA graph of its copies and decodes (:data:`FILL_GRAPHS`).
 """
 
 from __future__ import annotations
 
 import bisect
+import logging
+import weakref
 from dataclasses import dataclass
 
 import torch
 
 from ..env import switch
 from .pinned_host import host_empty, pinned_empty
+
+log = logging.getLogger(__name__)
 
 try:
     import triton
@@ -50,6 +55,11 @@ CODES_AT = SM_AT + BLOCK
 ESC_AT = CODES_AT + BLOCK // 2
 CODED_BLOCK = ESC_AT + ESCAPES  # 6176 bytes: 0.754 of the raw block
 RATIO = CODED_BLOCK / BLOCK_BYTES
+# A coded fill issued round by round cost the host about 80 us a round (a copy, a Triton launch, four event calls
+# and the stream switches between them), some 20 ms of each llama3-8b decode step planned at 8 GiB (fifty-fourth GPU
+# session: the host thread, which also computes the split FFNs' CPU parts, was busy the whole step); replayed from
+# a graph the whole fill is one launch. Off: every fill issued round by round.
+FILL_GRAPHS = switch("VRAMSHARD_FILL_GRAPHS", True)
 STAGING_BYTES = 4096 * CODED_BLOCK  # 24.1 MiB: the coded blocks of one round of a fill (32 MiB raw)
 MOST_OVERFLOW = 0.01  # a buffer with more of its blocks overflowed stays raw
 ENCODE_BLOCKS = 256  # blocks coded at once (its temporaries: about 33 MB)
@@ -242,7 +252,8 @@ class CodedBuffer:
         aligned) on the current stream: whole blocks coded, through ``staging`` (at least one block;
         the stream's next copy into it waits for the decode before it), the rest raw. With ``overlap``
         (a GPU's), the rounds go through its two halves instead and decode on its stream, each round's
-        copy beside the decode of the round before; the current stream then waits for the last decode."""
+        copy beside the decode of the round before; the current stream then waits for the last decode; and a
+        fill of these bytes into ``target`` made before is replayed from its graph (:meth:`OverlappedDecode.graph_of`)."""
         first, last = self._blocks(begin, end)
         if self.coded is None or last <= first:
             target.copy_(self.raw[begin:end], non_blocking=True)
@@ -250,6 +261,18 @@ class CodedBuffer:
                 stats.wire += end - begin
                 stats.raw += end - begin
             return
+        graph = overlap.graph_of(self, target, begin, end) if overlap is not None and overlap.graphs else None
+        if graph is not None:
+            graph.replay()  # (on the current stream, where the rounds would be issued)
+        else:
+            self._fill_blocks(target, begin, end, first, last, staging, overlap)
+        if stats is not None:
+            stats.wire += self.wire_bytes(begin, end)
+            stats.raw += end - begin
+
+    def _fill_blocks(self, target: torch.Tensor, begin: int, end: int, first: int, last: int, staging: torch.Tensor,
+                     overlap: "OverlappedDecode | None") -> None:
+        """Issue a fill of raw bytes [begin, end) whose whole blocks are ``first..last-1``: see :meth:`fill`."""
         head, tail = first * BLOCK_BYTES, last * BLOCK_BYTES
         if head > begin:
             target[: head - begin].copy_(self.raw[begin:head], non_blocking=True)
@@ -272,9 +295,6 @@ class CodedBuffer:
             target[at - begin : at - begin + BLOCK_BYTES].copy_(self.raw[at : at + BLOCK_BYTES], non_blocking=True)
         if overlap is not None:
             overlap.finish()
-        if stats is not None:
-            stats.wire += self.wire_bytes(begin, end)
-            stats.raw += end - begin
 
 
 class OverlappedDecode:
@@ -285,9 +305,15 @@ class OverlappedDecode:
     against its coded bytes' bound of 4.79 ms, its decodes 0.31-0.35 ms of it; fiftieth and fifty-first GPU
     sessions). The ring gives it a stream of its own: on the pinned coded weights' decode stream (in order) the pins'
     decodes queued behind link rounds waiting for their copies, and link rounds behind pin decodes waiting for a free
-    slot (fifty-second GPU session)."""
+    slot (fifty-second GPU session).
 
-    def __init__(self, staging: torch.Tensor, decode_stream: torch.cuda.Stream):
+    With ``graphs``, the second fill of the same bytes into the same place (a streamed sub-layer's fill into the
+    same slot, a step later) is captured as a CUDA graph of its copies and decodes, and that fill and every one
+    after it is one replay (:meth:`graph_of`); the first runs round by round, so the decode kernel is built for
+    its arguments before any capture. A graph holds the addresses it was captured with: it is kept for that coded
+    buffer (and goes with it), that target and this staging, and a fill into any other place is captured anew."""
+
+    def __init__(self, staging: torch.Tensor, decode_stream: torch.cuda.Stream, graphs: bool | None = None):
         half = staging.numel() // 2 // CODED_BLOCK * CODED_BLOCK
         if half < CODED_BLOCK:
             raise ValueError("an overlapped decode needs a staging buffer of at least two coded blocks")
@@ -298,6 +324,58 @@ class OverlappedDecode:
         self.decoded = (torch.cuda.Event(), torch.cuda.Event())
         self.rounds = 0
         self._last: torch.cuda.Event | None = None  # the last decode of the fill under way
+        self.graphs = FILL_GRAPHS if graphs is None else graphs
+        # {coded buffer: {(target address, begin, end): its fill's graph, or None: seen once, or failed to capture}}
+        self._graphs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._unused: list[bool] | None = None  # while capturing: the halves no round of the capture has used yet
+        self.captures = 0  # fills captured as graphs
+        self.replays = 0  # fills replayed from them
+
+    def graph_of(self, coded: "CodedBuffer", target: torch.Tensor, begin: int, end: int) -> "torch.cuda.CUDAGraph | None":
+        """The graph of ``coded``'s fill of raw bytes [begin, end) into ``target``: captured now if this fill was
+        made once before; None the first time (fill it round by round) or where its capture failed."""
+        fills = self._graphs.setdefault(coded, {})
+        key = (target.data_ptr(), begin, end)
+        if key not in fills:
+            fills[key] = None  # seen: the next fill of these bytes into this place is captured
+            return None
+        graph = fills[key]
+        if graph is False:
+            return None
+        if graph is None:
+            first, last = coded._blocks(begin, end)
+            graph = fills[key] = self._capture(lambda: coded._fill_blocks(target, begin, end, first, last, None, self))
+            if graph is False:
+                return None
+        self.replays += 1
+        return graph
+
+    def _capture(self, issue) -> "torch.cuda.CUDAGraph | bool":
+        """A CUDA graph of the work ``issue`` queues on the current stream and, through this decode's events, on
+        the decode stream; False (logged once) where the capture fails. Nothing runs while capturing."""
+        eager = (self.copied, self.decoded, self.rounds, self._last)
+        self.copied = (torch.cuda.Event(), torch.cuda.Event())
+        self.decoded = (torch.cuda.Event(), torch.cuda.Event())
+        self.rounds, self._last, self._unused = 0, None, [True, True]
+        graph = torch.cuda.CUDAGraph()
+        try:
+            # thread_local: the run-ahead worker's CUDA calls on its own thread may go on meanwhile.
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                issue()
+            finally:
+                graph.capture_end()
+        except RuntimeError as exc:
+            if self.graphs:
+                log.warning("a coded fill could not be captured as a CUDA graph (%s); coded fills go round by round",
+                            exc)
+            self.graphs = False  # (one failure: every later fill round by round)
+            return False
+        finally:
+            self.copied, self.decoded, self.rounds, self._last = eager
+            self._unused = None
+        self.captures += 1
+        return graph
 
     def round(self, source: torch.Tensor, out: torch.Tensor) -> None:
         """Copy the coded blocks ``source`` (host) into the next half on the current stream, and decode them
@@ -306,7 +384,10 @@ class OverlappedDecode:
         self.rounds += 1
         copy_stream = torch.cuda.current_stream()
         stage = self.halves[turn][: source.numel()]
-        copy_stream.wait_event(self.decoded[turn])  # the half's previous round is decoded
+        if self._unused is None or not self._unused[turn]:
+            copy_stream.wait_event(self.decoded[turn])  # the half's previous round is decoded
+        if self._unused is not None:  # (a capture waits only on its own rounds: a replay follows whole fills)
+            self._unused[turn] = False
         stage.copy_(source, non_blocking=True)
         self.copied[turn].record(copy_stream)
         self.stream.wait_event(self.copied[turn])
