@@ -88,13 +88,16 @@ def test_fills_of_any_range_give_back_the_raw_bytes(device):
     # 150 coded blocks, the overflowed one again raw, and the ragged end raw.
     assert whole.wire == 150 * CODED_BLOCK + BLOCK_BYTES + 2 * 777
     if device == "cuda":
-        overlapped_fills_give_back_the_raw_bytes(coded, raw, ranges)
+        assert not coded.capturable  # (pageable: a graph cannot copy from it)
+        overlapped_fills_give_back_the_raw_bytes(coded, raw, ranges, captured=False)
+        pinned = raw.pin_memory()
+        overlapped_fills_give_back_the_raw_bytes(CodedBuffer(pinned, device), pinned, ranges, captured=True)
 
 
-def overlapped_fills_give_back_the_raw_bytes(coded: CodedBuffer, raw: torch.Tensor, ranges) -> None:
+def overlapped_fills_give_back_the_raw_bytes(coded: CodedBuffer, raw: torch.Tensor, ranges, captured: bool) -> None:
     """The ring's way: rounds through the staging's halves, decoded on a stream of their own; each range's fill
-    made three times into one target: round by round, then captured as a graph, then replayed from it (and the
-    same round by round throughout with the graphs off)."""
+    made three times into one target: round by round, then (from page-locked memory, ``captured``) captured as a
+    graph, then replayed from it; the same round by round throughout with the graphs off."""
     copy = torch.cuda.Stream()
     staging = torch.empty(6 * CODED_BLOCK, dtype=torch.uint8, device="cuda")
     for graphs in (True, False):
@@ -114,7 +117,8 @@ def overlapped_fills_give_back_the_raw_bytes(coded: CodedBuffer, raw: torch.Tens
                 torch.cuda.synchronize()
                 assert torch.equal(after.cpu(), raw[begin:end]), (begin, end, graphs)
                 assert stats.raw == end - begin and stats.wire == coded.wire_bytes(begin, end)
-        assert (overlap.captures, overlap.replays) == ((with_blocks, 2 * with_blocks) if graphs else (0, 0))
+        assert (overlap.captures, overlap.replays) == ((with_blocks, 2 * with_blocks) if graphs and captured else (0, 0))
+        assert overlap.graphs == graphs  # (no capture failed)
         assert overlap.rounds > len(ranges)
 
 

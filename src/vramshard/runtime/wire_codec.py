@@ -226,6 +226,8 @@ class CodedBuffer:
         overflow = code_blocks(raw, coded, device, MOST_OVERFLOW * self.blocks) if coded is not None else []
         self.coded = coded if overflow is not None else None
         self.overflow = overflow or []
+        # A CUDA graph copies from page-locked memory only: fills from pageable buffers go round by round.
+        self.capturable = self.coded is not None and raw.is_pinned() and self.coded.is_pinned()
 
     @property
     def host_bytes(self) -> int:
@@ -261,7 +263,8 @@ class CodedBuffer:
                 stats.wire += end - begin
                 stats.raw += end - begin
             return
-        graph = overlap.graph_of(self, target, begin, end) if overlap is not None and overlap.graphs else None
+        graph = overlap.graph_of(self, target, begin, end) if overlap is not None and overlap.graphs \
+            and self.capturable else None
         if graph is not None:
             graph.replay()  # (on the current stream, where the rounds would be issued)
         else:
