@@ -117,7 +117,8 @@ def overlapped_fills_give_back_the_raw_bytes(coded: CodedBuffer, raw: torch.Tens
                 torch.cuda.synchronize()
                 assert torch.equal(after.cpu(), raw[begin:end]), (begin, end, graphs)
                 assert stats.raw == end - begin and stats.wire == coded.wire_bytes(begin, end)
-        assert (overlap.captures, overlap.replays) == ((with_blocks, 2 * with_blocks) if graphs and captured else (0, 0))
+        want = (with_blocks, 2 * with_blocks) if graphs and captured else (0, 0)
+        assert (overlap.captures, overlap.replays) == want
         assert overlap.graphs == graphs  # (no capture failed)
         assert overlap.rounds > len(ranges)
 

@@ -255,7 +255,8 @@ class CodedBuffer:
         the stream's next copy into it waits for the decode before it), the rest raw. With ``overlap``
         (a GPU's), the rounds go through its two halves instead and decode on its stream, each round's
         copy beside the decode of the round before; the current stream then waits for the last decode; and a
-        fill of these bytes into ``target`` made before is replayed from its graph (:meth:`OverlappedDecode.graph_of`)."""
+        fill of these bytes into ``target`` made before is replayed from its graph
+        (:meth:`OverlappedDecode.graph_of`)."""
         first, last = self._blocks(begin, end)
         if self.coded is None or last <= first:
             target.copy_(self.raw[begin:end], non_blocking=True)
@@ -334,7 +335,8 @@ class OverlappedDecode:
         self.captures = 0  # fills captured as graphs
         self.replays = 0  # fills replayed from them
 
-    def graph_of(self, coded: "CodedBuffer", target: torch.Tensor, begin: int, end: int) -> "torch.cuda.CUDAGraph | None":
+    def graph_of(self, coded: "CodedBuffer", target: torch.Tensor, begin: int,
+                 end: int) -> "torch.cuda.CUDAGraph | None":
         """The graph of ``coded``'s fill of raw bytes [begin, end) into ``target``: captured now if this fill was
         made once before; None the first time (fill it round by round) or where its capture failed."""
         fills = self._graphs.setdefault(coded, {})
