@@ -19,7 +19,8 @@ host's memory read and CPU compute now as an engine scales it (its
 predicted step time is printed beside the measured one; ``planned:G@T`` runs it with T CPU
 threads; ``planned:G/FAMILY`` the placement it found for that family, e.g. ``planned:8/split``).
 For each it prints one line of totals per decode step — wall ms, GPU kernel ms (memcpy excluded),
-host-to-device copy ms, time the host spent blocked on the GPU, CUDA launches, aten ops — and the
+host-to-device copy ms, time the host spent blocked on the GPU, CUDA launches, aten ops; for ``planned:G``
+also the bytes its split FFNs' CPU parts read and its fills move, and the rates they ran at — and the
 top operators by host and by device time. If wall ≫ kernels + copies the step is bound by the host
 (Python, dispatch, waiting); if kernels ≈ wall the kernels themselves are slow.
 """
@@ -136,12 +137,19 @@ def planned_executor(model, host: HostLayouts, spec: str, args, result: dict) ->
     with pricing_graphs(graphs):
         estimate = step_estimate(model, profile, plan, rows)
     result.update(family=tier.family, predicted_ms=tier.predicted_s * 1e3, threads=threads,
-                  predicted_cpu_busy_ms=estimate.cpu_busy * 1e3, predicted_copy_busy_ms=estimate.copy_busy * 1e3)
+                  predicted_cpu_busy_ms=estimate.cpu_busy * 1e3, predicted_copy_busy_ms=estimate.copy_busy * 1e3,
+                  split_part_gb=split_part_bytes(model, tier.placement) / 1e9,
+                  streamed_gb=estimate.bytes_streamed / 1e9)
     tiered = TieredPlacement((rows,), (tier.placement,), (threads,), plan.expert_cache)
     # (the workspace the plan counted, for its one tier: one of 64 rows took 12.01 GiB of a 12 GiB plan whose coded
     # pins filled it to the byte, fifty-third GPU session)
     return Executor(model, host.for_placement(tiered), tiered, budget=budget, max_tokens=rows,
                     max_context=rows * (args.ctx + 64), decode_graphs=graphs)
+
+
+def split_part_bytes(model, placement) -> int:
+    """Weight bytes a step's split dense FFNs' CPU parts read (gate, up and down rows; one row of x)."""
+    return sum(model[name].part_bytes(0, placement[name].cpu_pieces) for name in placement.split_names())
 
 
 def make_executor(model, host: HostLayouts, spec: str, args, result: dict) -> Executor:
@@ -191,10 +199,11 @@ def profile_placement(model, host: HostLayouts, spec: str, args) -> dict:
         sync()
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0 = time.perf_counter()
-        host_compute = host_wait = 0.0
+        host_compute = host_split = host_wait = 0.0
         for _ in range(args.steps):
             executor.forward(token, decode_step())
             host_compute += executor.report.host_compute_s
+            host_split += executor.report.host_split_s
             host_wait += executor.report.host_wait_s
             position += 1
         sync()
@@ -202,13 +211,18 @@ def profile_placement(model, host: HostLayouts, spec: str, args) -> dict:
         # Minor page faults a step: fresh host memory touched for the first time (allocations).
         faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / args.steps
         result.update(rows=rows, host_compute_ms=host_compute / args.steps * 1e3,
-                      host_wait_ms=host_wait / args.steps * 1e3, minor_faults=faults)
+                      host_split_ms=host_split / args.steps * 1e3, host_wait_ms=host_wait / args.steps * 1e3,
+                      minor_faults=faults)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(3):
                 executor.forward(token, decode_step())
                 position += 1
             sync()
     result.update(wall_ms=wall_ms, peak_vram_gib=executor.peak_vram() / GiB, **step_split(prof, 3))
+    if result.get("split_part_gb") and result["host_split_ms"]:  # the rates the step ran its parts and copies at
+        result["split_part_gbps"] = result["split_part_gb"] / result["host_split_ms"] * 1e3
+    if result.get("streamed_gb") and result["h2d_copy_ms"]:
+        result["copy_gbps"] = result["streamed_gb"] / result["h2d_copy_ms"] * 1e3
     if executor.decode_compile:
         import torch._dynamo.utils as dynamo_utils
 

@@ -35,7 +35,8 @@ if os.path.exists(sys.argv[1]):
     data = json.load(open(sys.argv[1]))
     for r in data if isinstance(data, list) else data.get("results", data.get("placements", [])):
         print(r.get("placement"), "wall", round(r.get("wall_ms", 0), 1), "host compute", round(r.get("host_compute_ms", 0), 1),
-              "predicted", round(r.get("predicted_ms", 0), 1), "predicted cpu", round(r.get("predicted_cpu_busy_ms", 0), 1))
+              "predicted", round(r.get("predicted_ms", 0), 1), "predicted cpu", round(r.get("predicted_cpu_busy_ms", 0), 1),
+              "parts GB/s", round(r.get("split_part_gbps", 0), 1), "copies GB/s", round(r.get("copy_gbps", 0), 1))
 PY
 }
 
