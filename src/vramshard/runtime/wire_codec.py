@@ -329,7 +329,7 @@ class OverlappedDecode:
         self.rounds = 0
         self._last: torch.cuda.Event | None = None  # the last decode of the fill under way
         self.graphs = FILL_GRAPHS if graphs is None else graphs
-        # {coded buffer: {(target address, begin, end): its fill's graph, or None: seen once, or failed to capture}}
+        # {coded buffer: {(target address, begin, end): its fill's graph; None: seen once; False: its capture failed}}
         self._graphs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._unused: list[bool] | None = None  # while capturing: the halves no round of the capture has used yet
         self.captures = 0  # fills captured as graphs
@@ -370,10 +370,8 @@ class OverlappedDecode:
                 issue()
             finally:
                 graph.capture_end()
-        except RuntimeError as exc:
-            if self.graphs:
-                log.warning("a coded fill could not be captured as a CUDA graph (%s); coded fills go round by round",
-                            exc)
+        except RuntimeError as exc:  # (graph_of asks only while the graphs are on: logged once)
+            log.warning("a coded fill could not be captured as a CUDA graph (%s); coded fills go round by round", exc)
             self.graphs = False  # (one failure: every later fill round by round)
             return False
         finally:
