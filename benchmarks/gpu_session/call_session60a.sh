@@ -1,0 +1,16 @@
+# ~9 min (written 2026-12-07 in session 59 for the next session; `timeout_s` 590). Coded fills replayed from CUDA
+# graphs (VRAMSHARD_FILL_GRAPHS, on by default since session 59) in the engine: llama3-8b at 8 GiB, decode (tg) and
+# batch 64 against layers:max (layers:17 there), one process with them on and one off (engine_bench; its decode check's dispatch fit
+# says how much host work is left unpriced), then the step profile with the parts' and copies' rates
+# (step_profile's split_part_gbps and copy_gbps). ORDER: the switch's values in process order (default "on off").
+source benchmarks/gpu_session/setup.sh || exit 1
+for graphs in ${ORDER:-on off}; do
+  ( export VRAMSHARD_FILL_GRAPHS=$graphs
+    engine_step fills_$graphs ${ENGINE_S:-200} --models llama3-8b --budgets 8 --batch-sizes 1,64 --repeat 1 \
+      --deadline-s $(( ${ENGINE_S:-200} - 40 )) --run-limit-s 10
+    grep -E "fitted|took" $OUT/fills_$graphs.log | cut -c1-260 | tail -4 )
+done
+VRAMSHARD_WIRE_CODEC=on timeout ${STEPS_S:-100} python3 -m benchmarks.step_profile --shape llama3-8b \
+  --placements planned:8+graphs,planned:12+graphs --profile "$PROFILE" --pystats 40 --json $OUT/steps.json \
+  > $OUT/steps.log 2>&1
+echo "step_profile rc $?"; step_summary $OUT/steps.json
