@@ -7,7 +7,9 @@ tails of trained weights), each timed with CUDA events on a copy stream as the r
 - ``coded``: :meth:`CodedBuffer.fill` through a staging buffer of the ring's size (copies of coded blocks,
   each round decoded by one kernel launch on the copy stream);
 - ``overlapped``: the same through the staging's two halves, each round decoded on a stream of its own
-  beside the next round's copy (:class:`OverlappedDecode`, what the executor's ring does on a GPU);
+  beside the next round's copy (:class:`OverlappedDecode`, what the executor's ring does on a GPU), issued round
+  by round; ``graph``: the same fill replayed from the CUDA graph captured at its second run (what the ring does
+  by default, ``VRAMSHARD_FILL_GRAPHS``); with the host's seconds to issue each;
 - ``decode``: the kernel alone over the whole buffer's coded blocks already in VRAM;
 - ``bound``: the coded bytes at the raw copy's rate (the decode free, the copy engine never idle).
 
@@ -59,18 +61,24 @@ def packed(matrices, dtype, tails: bool, seed: int = 0) -> torch.Tensor:
     return host
 
 
-def timed(fn, stream: torch.cuda.Stream, repeats: int) -> float:
-    """Median seconds of ``fn`` queued on ``stream`` (events around each run, after a warm-up)."""
-    times = []
-    for i in range(repeats + 1):
+def timed(fn, stream: torch.cuda.Stream, repeats: int, warmup: int = 1, host: list | None = None) -> float:
+    """Median seconds of ``fn`` queued on ``stream`` (events around each run, after ``warmup`` runs); ``host``:
+    appended the median host seconds of queuing it."""
+    times, issues = [], []
+    for i in range(repeats + warmup):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with torch.cuda.stream(stream):
             start.record(stream)
+            began = time.perf_counter()
             fn()
+            issued = time.perf_counter() - began
             end.record(stream)
         end.synchronize()
-        if i:
+        if i >= warmup:
             times.append(start.elapsed_time(end) / 1e3)
+            issues.append(issued)
+    if host is not None:
+        host.append(statistics.median(issues))
     return statistics.median(times)
 
 
@@ -88,15 +96,20 @@ def measure(name: str, dtype, matrices, tails: bool, repeats: int) -> dict:
     coded_s = timed(lambda: coded.fill(target, 0, n, staging), stream, repeats)
     torch.cuda.synchronize()
     exact = torch.equal(target.cpu(), host)
-    # The ring's way on a GPU: rounds through the staging's halves, decoded on their own stream.
-    overlap = OverlappedDecode(staging, torch.cuda.Stream())
-    target.fill_(0)
-    overlap_s = timed(lambda: coded.fill(target, 0, n, staging, None, overlap), stream, repeats)
-    torch.cuda.synchronize()
-    exact = exact and torch.equal(target.cpu(), host)
+    # The ring's way on a GPU: rounds through the staging's halves, decoded on their own stream; issued round by round,
+    # and replayed from the graph captured at the second fill (VRAMSHARD_FILL_GRAPHS; two warm-up fills).
+    issue, filled = [], {}
+    for graphs in (False, True):
+        overlap = OverlappedDecode(staging, torch.cuda.Stream(), graphs=graphs)
+        target.fill_(0)
+        filled[graphs] = timed(lambda: coded.fill(target, 0, n, staging, None, overlap), stream, repeats, 2, issue)
+        torch.cuda.synchronize()
+        exact = exact and torch.equal(target.cpu(), host)
+    overlap_s, graph_s = filled[False], filled[True]
     row = {"buffer": name, "tails": tails, "dtype": str(dtype).split(".")[-1], "raw_bytes": n,
            "wire_bytes": coded.wire_bytes(), "coded": coded.coded is not None, "overflowed_blocks": len(coded.overflow),
            "encode_s": encode_s, "raw_s": raw_s, "coded_s": coded_s, "overlap_s": overlap_s, "exact": exact,
+           "graph_s": graph_s, "overlap_issue_s": issue[0], "graph_issue_s": issue[1],
            "link_gb_s": n / raw_s / 1e9, "bound_s": coded.wire_bytes() / (n / raw_s)}
     if coded.coded is not None:
         on_device = coded.coded.cuda()
@@ -110,10 +123,11 @@ def measure(name: str, dtype, matrices, tails: bool, repeats: int) -> dict:
     coded.fill(target, 0, n, staging, stats)
     torch.cuda.synchronize()
     log.info("%-22s %s: %.1f MB, wire x%.3f; raw %.2f ms (%.1f GB/s), coded %.2f ms (x%.2f faster, %.0f%% of its "
-             "bound %.2f ms), overlapped %.2f ms (%.0f%%), decode alone %s; coded in %.2f s; exact %s", name,
+             "bound %.2f ms), overlapped %.2f ms (%.0f%%; host %.0f us to issue), from its graph %.2f ms (host %.0f "
+             "us), decode alone %s; coded in %.2f s; exact %s", name,
              "tails" if tails else "normal", n / 1e6, coded.wire_bytes() / n, raw_s * 1e3, row["link_gb_s"],
              coded_s * 1e3, row["speedup"], 100 * row["of_bound"], row["bound_s"] * 1e3, overlap_s * 1e3,
-             100 * row["overlap_of_bound"],
+             100 * row["overlap_of_bound"], issue[0] * 1e6, graph_s * 1e3, issue[1] * 1e6,
              f"{row['decode_s'] * 1e3:.3f} ms" if "decode_s" in row else "-", encode_s, exact)
     return row
 
