@@ -17,6 +17,8 @@ sixth session" come from it.
         --profile docs/profiles/h200-run33.json                        # the layers:N cells' steps, predicted
     PYTHONPATH=src python -m benchmarks.plan_replay batch --profile docs/profiles/h100-run40.json \
         --cpu-scale 1.76 --compute-rows 64:2.0,512:2.0 --packed 64:1.2  # a slower host's CPU, as checked
+    PYTHONPATH=src python -m benchmarks.plan_replay step --profile docs/profiles/h100-run40.json --cpu-scale 1.19 \
+        --compute-rows 16:1.26,64:0.96,512:0.89 --cpu-factor 1.36 --copies-gbps 45  # a step's inputs as measured
 
 ``--profile`` (default docs/profiles/h200-cold.json, the fifth session's H200 profile).
 """
@@ -84,6 +86,36 @@ def copies(args) -> None:
             print(f"{label}: {gib} GiB tier 1 {tier.family} {tier.predicted_s * 1e3:.1f} ms "
                   f"(CPU {step.cpu_busy * 1e3:.1f}, copies {step.copy_busy * 1e3:.1f}, "
                   f"{step.bytes_streamed / 1e9:.2f} GB streamed); layers:{layers} {base.seconds * 1e3:.1f} ms")
+
+
+def step(args) -> None:
+    """One plan's decode step priced again with the CPU and the copies at the rates a GPU session measured: the
+    planner's tier-1 plan for llama3-8b at ``--budget`` GiB on the profile scaled as the engine scaled it
+    (``--cpu-scale``, ``--compute-rows``), decode graphs priced, then the same placement with its CPU times a further
+    x``--cpu-factor`` and its copies beside CPU work at ``--copies-gbps``, each alone and both. Session 59's what-if:
+    is the estimator's step right where its inputs are (the fifty-fourth GPU session's planned:8 step ran 50.5-52.1 ms,
+    priced 36.1, its CPU parts 1.36-1.42x their price, its copies at ~45 GB/s)?"""
+    from vramshard.plan.estimator import Estimator, pricing_graphs
+    from vramshard.plan.planner import Planner
+    from vramshard.plan.tiers import Tiers
+    from vramshard.profile.drift import COPY_SIZE
+    from vramshard.shapes import shape_model
+
+    model = shape_model("llama3-8b")
+    rows = {int(m): float(f) for m, f in (item.split(":") for item in args.compute_rows.split(",") if item)}
+    stored = load_profile(args.profile)
+    profile = stored.calibrated(cpu_scale=args.cpu_scale, compute_rows=rows or None)
+    with pricing_graphs(True):
+        tier = Planner(model, profile, int(args.budget * GiB), context=1088, tiers=Tiers((1,))).plan().tiers[1]
+        copy_scale = COPY_SIZE / (args.copies_gbps * 1e9) / stored.transfer_s(COPY_SIZE, "h2d", contended=True)
+        for label, cpu, copies in (("as planned", 1.0, 1.0), (f"CPU x{args.cpu_factor:g}", args.cpu_factor, 1.0),
+                                   (f"copies at {args.copies_gbps:g} GB/s", 1.0, copy_scale),
+                                   ("both", args.cpu_factor, copy_scale)):
+            priced = stored.calibrated(cpu_scale=args.cpu_scale * cpu, compute_rows=rows or None,
+                                       copy_scale=max(copies, 1.0))
+            est = Estimator(model, priced).simulate(tier.placement, 1, 1088)
+            print(f"{args.budget:g} GiB tier 1 {tier.family}, {label}: {est.seconds * 1e3:.1f} ms (CPU "
+                  f"{est.cpu_busy * 1e3:.1f}, copies {est.copy_busy * 1e3:.1f}, GPU {est.gpu_busy * 1e3:.1f})")
 
 
 def batch(args) -> None:
@@ -378,13 +410,15 @@ def baselines(args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=("dense", "tiers", "vlm", "moe", "cache", "calibrate", "baselines",
-                                                   "copies", "batch"))
+                                                   "copies", "batch", "step"))
     parser.add_argument("--profile", default=str(DEFAULT_PROFILE))
     parser.add_argument("--contended-factor", type=float, default=1.0,
                         help="scale the profile's contended CPU matmul times (a what-if)")
     parser.add_argument("--copies-gbps", type=float, default=43.0,
                         help="copies: host-to-device GB/s beside CPU work (a what-if)")
     parser.add_argument("--cpu-scale", type=float, default=1.0, help="copies: the profile's CPU times scaled by this")
+    parser.add_argument("--cpu-factor", type=float, default=1.0, help="step: the CPU times a further x this")
+    parser.add_argument("--budget", type=float, default=8.0, help="step: GiB")
     parser.add_argument("--compute-rows", default="", help="batch: the compute check's factors, rows:factor,...")
     parser.add_argument("--packed", default="", help="batch: prepacked over plain timed now, rows:factor,...")
     parser.add_argument("--hit-rate", type=float, default=0.42, help="the measured expert-cache hit rate")
@@ -394,7 +428,7 @@ def main() -> None:
     if args.what in ("calibrate", "baselines") and not args.result:
         parser.error(f"{args.what} needs --result: a planner_bench JSON (calibrate) or an engine_bench one (baselines)")
     {"dense": dense, "tiers": tiers, "vlm": vlm, "moe": moe, "cache": cache, "calibrate": calibrate,
-     "baselines": baselines, "copies": copies, "batch": batch}[args.what](args)
+     "baselines": baselines, "copies": copies, "batch": batch, "step": step}[args.what](args)
 
 
 if __name__ == "__main__":

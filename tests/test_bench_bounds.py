@@ -249,3 +249,24 @@ def test_plan_replay_batch_packs_at_64_rows_only_where_the_packed_factor_gains(c
         lines[packed] = (off.split(": ", 1)[1], on.split(": ", 1)[1])
     assert lines[""][0] != lines[""][1]
     assert lines["8:1.2,16:1.2,64:1.2"][0] == lines["8:1.2,16:1.2,64:1.2"][1] == lines[""][0]
+
+
+def test_plan_replay_step_prices_one_placement_with_its_cpu_and_copies_slowed(capsys):
+    """plan_replay step: the plan's own step, then the same placement with its CPU work x the factor (its CPU time
+    grows by that factor) and its copies beside CPU work at the rate given (their time is the streamed bytes at that
+    rate, or more), and both: each at least as slow as the plan's own."""
+    import re
+    import types
+    from pathlib import Path
+
+    from benchmarks.plan_replay import step
+
+    profile = str(Path(__file__).resolve().parent.parent / "docs" / "profiles" / "h100-run40.json")
+    step(types.SimpleNamespace(profile=profile, cpu_scale=1.19, compute_rows="16:1.26,64:0.96,512:0.89",
+                               cpu_factor=1.5, copies_gbps=30.0, budget=8.0))
+    rows = [tuple(float(x) for x in re.search(r": ([\d.]+) ms \(CPU ([\d.]+), copies ([\d.]+)", line).groups())
+            for line in capsys.readouterr().out.strip().splitlines()]
+    (step_ms, cpu, copies), slower_cpu, slower_copies, both = rows
+    assert slower_cpu[1] == pytest.approx(1.5 * cpu, rel=0.05) and slower_cpu[2] == pytest.approx(copies, rel=0.01)
+    assert slower_copies[1] == pytest.approx(cpu, rel=0.01) and slower_copies[2] > 1.5 * copies  # (55 -> 30 GB/s)
+    assert min(slower_cpu[0], slower_copies[0]) > step_ms and both[0] >= max(slower_cpu[0], slower_copies[0]) - 0.1
