@@ -123,6 +123,60 @@ def overlapped_fills_give_back_the_raw_bytes(coded: CodedBuffer, raw: torch.Tens
         assert overlap.rounds > len(ranges)
 
 
+
+def test_fill_graphs_are_captured_at_a_fills_second_run_and_kept_per_buffer_and_place(monkeypatch):
+    """The bookkeeping of the fill graphs, without a GPU (torch's events and graphs faked; the GPU test above runs
+    the real ones): a fill's first run goes round by round, its second is captured and replayed, later ones replay
+    that graph; another target or range is another fill; a buffer's graphs go with it; a capture that fails turns
+    the graphs off, and that fill and every later one go round by round."""
+    import gc
+
+    class FakeGraph:
+        fail = False
+
+        def __init__(self):
+            self.replays = 0
+
+        def capture_begin(self, capture_error_mode):
+            assert capture_error_mode == "thread_local"
+
+        def capture_end(self):
+            if FakeGraph.fail:
+                raise RuntimeError("capture invalidated")
+
+        def replay(self):
+            self.replays += 1
+
+    monkeypatch.setattr(wire_codec.torch.cuda, "Event", lambda: object())
+    monkeypatch.setattr(wire_codec.torch.cuda, "CUDAGraph", FakeGraph)
+    issued = []
+    monkeypatch.setattr(CodedBuffer, "_fill_blocks", lambda self, target, begin, end, *rest: issued.append(
+        (target.data_ptr(), begin, end)))
+    coded = CodedBuffer(weights(BLOCK * 8))
+    coded.capturable = True  # (as a pinned buffer's)
+    overlap = OverlappedDecode(torch.empty(4 * CODED_BLOCK, dtype=torch.uint8), decode_stream=None, graphs=True)
+    a, b = torch.empty(BLOCK_BYTES * 8, dtype=torch.uint8), torch.empty(BLOCK_BYTES * 8, dtype=torch.uint8)
+    whole = (0, BLOCK_BYTES * 8)
+    for _ in range(4):
+        coded.fill(a, *whole, staging=None, overlap=overlap)
+    # Round by round once; captured once (the fake issues nothing while capturing, as a capture runs nothing).
+    assert issued == [(a.data_ptr(), *whole)] * 2 and (overlap.captures, overlap.replays) == (1, 3)
+    graph = overlap._graphs[coded][(a.data_ptr(), *whole)]
+    assert graph.replays == 3
+    coded.fill(b, *whole, staging=None, overlap=overlap)  # another place: round by round first
+    coded.fill(a[:BLOCK_BYTES * 4], 0, BLOCK_BYTES * 4, staging=None, overlap=overlap)  # another range
+    assert len(issued) == 4 and overlap.replays == 3
+    del coded
+    gc.collect()
+    assert len(overlap._graphs) == 0  # (the graphs went with their buffer)
+    FakeGraph.fail = True
+    other = CodedBuffer(weights(BLOCK * 8, seed=1))
+    other.capturable = True
+    for _ in range(3):
+        other.fill(a, *whole, staging=None, overlap=overlap)
+    assert not overlap.graphs and overlap.captures == 1 and len(issued) == 4 + 3 + 1  # (+1: the failed capture's)
+
+
 def test_bf16_weights_cross_in_the_ratio_and_other_bytes_stay_raw():
     bf16 = CodedBuffer(weights(BLOCK * 64))
     assert bf16.coded is not None and bf16.wire_bytes() == 64 * CODED_BLOCK
