@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 from ..errors import InvalidInputError
@@ -62,7 +63,9 @@ def main(args: argparse.Namespace) -> int:
     if args.no_gpu:
         overrides["gpu"] = False
     spec = BenchmarkSpec.quick_spec(**overrides) if args.quick else BenchmarkSpec.full(**overrides)
-    with _RichProgress(console) as progress:
+    # Off a terminal (a log, a pipe) a bar draws nothing: a line for each table instead, so that a profile cut
+    # short still shows how far it got.
+    with (_RichProgress(console) if console.is_terminal else _TableLines(console)) as progress:
         profile = run_profile(spec, progress)
     path = store.save(profile, target)
     size = path.stat().st_size
@@ -101,6 +104,37 @@ class _RichProgress:
 
     def advance(self, weight: float) -> None:
         self._progress.advance(self._task, weight)
+
+
+class _TableLines:
+    """One printed line for each table the profiler starts, with the seconds since it began and the measurements'
+    expected total: the progress of a profile whose output is not a terminal."""
+
+    def __init__(self, console):
+        self._console = console
+        self._table: str | None = None
+        self._began = time.perf_counter()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def start(self, total_weight: float) -> None:
+        self._began = time.perf_counter()
+        self._console.print(f"profiling: about {total_weight:.0f} s of measurements expected", highlight=False)
+
+    def step(self, label: str) -> None:
+        from ..profile.progress import table_of
+
+        table = table_of(label)
+        if table != self._table:
+            self._table = table
+            self._console.print(f"  {time.perf_counter() - self._began:6.1f} s  {table}", highlight=False)
+
+    def advance(self, weight: float) -> None:
+        pass
 
 
 def print_summary(console, profile, path) -> None:
