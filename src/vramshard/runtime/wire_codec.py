@@ -377,6 +377,9 @@ class OverlappedDecode:
         finally:
             self.copied, self.decoded, self.rounds, self._last = eager
             self._unused = None
+        if not self.captures:
+            log.info("coded fills replay from CUDA graphs from their second run on (VRAMSHARD_FILL_GRAPHS=off: "
+                     "round by round)")
         self.captures += 1
         return graph
 
