@@ -447,24 +447,27 @@ def test_cli_show_existing_profile(tiny_profile, tmp_path, capsys):
     assert main(["profile", "--threads", "a,b"]) == 3
 
 
-def test_cli_profile_off_a_terminal_prints_a_line_a_table(tiny_profile, tmp_path, capsys, monkeypatch):
-    """Where its output is not a terminal (a log, a pipe: capsys), `vramshard profile` prints one line for each table
-    it starts, so a profile stopped by a time limit still shows how far it got; a bar would draw nothing there."""
+def test_cli_profile_off_a_terminal_prints_a_line_a_table(tiny_profile, tmp_path, caplog, monkeypatch):
+    """Where its output is not a terminal (a log, a pipe: pytest's capture), `vramshard profile` logs a line for each
+    table it starts (the profiler's own, at INFO), so a profile stopped by a time limit still shows how far it got;
+    a bar would draw nothing there."""
     import vramshard.profile.runner as runner
     from vramshard.cli.main import main
+    from vramshard.profile.progress import ProgressSink, TableClock
 
-    def measured(spec, progress):
-        progress.start(12.0)
+    def measured(spec, progress=None):
+        clock = TableClock(progress or ProgressSink())  # (as run_profile wraps the CLI's sink)
+        clock.start(12.0)
         for label in ("cpu matmul bf16 M=1 K=4096 N=4096", "cpu matmul bf16 M=16 K=4096 N=4096", "h2d 64 KiB",
                       "h2d 256 KiB", "dispatch cuda"):
-            progress.step(label)
-            progress.advance(1.0)
+            clock.step(label)
+            clock.advance(1.0)
         return tiny_profile
 
     monkeypatch.setattr(runner, "run_profile", measured)
     assert main(["profile", "--quick", "--out", str(tmp_path / "p.json")]) == 0
-    lines = [line.split(" s  ", 1)[1] for line in capsys.readouterr().out.splitlines() if " s  " in line]
-    assert lines == ["cpu matmul bf16", "h2d", "dispatch cuda"]
+    lines = [r.getMessage().split(" (")[0] for r in caplog.records if r.getMessage().startswith("profiling ")]
+    assert lines == ["profiling cpu matmul bf16", "profiling h2d", "profiling dispatch cuda"]
 
 
 def test_cli_show_prints_the_factors_engines_fitted_on_the_profile(tiny_profile, cache, capsys):

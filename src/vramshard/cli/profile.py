@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import argparse
-import time
+import logging
 from pathlib import Path
 
 from ..errors import InvalidInputError
@@ -57,16 +57,20 @@ def main(args: argparse.Namespace) -> int:
             print_summary(console, profile, existing)
             return 0
 
+    from ..profile.progress import TableClock
     from ..profile.runner import run_profile
 
     overrides = {"threads": threads}
     if args.no_gpu:
         overrides["gpu"] = False
     spec = BenchmarkSpec.quick_spec(**overrides) if args.quick else BenchmarkSpec.full(**overrides)
-    # Off a terminal (a log, a pipe) a bar draws nothing: a line for each table instead, so that a profile cut
-    # short still shows how far it got.
-    with (_RichProgress(console) if console.is_terminal else _TableLines(console)) as progress:
-        profile = run_profile(spec, progress)
+    if console.is_terminal:
+        with _RichProgress(console) as progress:
+            profile = run_profile(spec, progress)
+    else:  # (a log, a pipe: a bar draws nothing there) the profiler's line for each table it starts, so that a
+        # profile cut short still shows how far it got
+        logging.getLogger(TableClock.__module__).setLevel(logging.INFO)
+        profile = run_profile(spec)
     path = store.save(profile, target)
     size = path.stat().st_size
     console.print(f"profile written to [bold]{path}[/bold] ({size / 1024:.0f} KiB, "
@@ -104,37 +108,6 @@ class _RichProgress:
 
     def advance(self, weight: float) -> None:
         self._progress.advance(self._task, weight)
-
-
-class _TableLines:
-    """One printed line for each table the profiler starts, with the seconds since it began and the measurements'
-    expected total: the progress of a profile whose output is not a terminal."""
-
-    def __init__(self, console):
-        self._console = console
-        self._table: str | None = None
-        self._began = time.perf_counter()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def start(self, total_weight: float) -> None:
-        self._began = time.perf_counter()
-        self._console.print(f"profiling: about {total_weight:.0f} s of measurements expected", highlight=False)
-
-    def step(self, label: str) -> None:
-        from ..profile.progress import table_of
-
-        table = table_of(label)
-        if table != self._table:
-            self._table = table
-            self._console.print(f"  {time.perf_counter() - self._began:6.1f} s  {table}", highlight=False)
-
-    def advance(self, weight: float) -> None:
-        pass
 
 
 def print_summary(console, profile, path) -> None:

@@ -31,11 +31,6 @@ class ProgressSink:
 _POINT = re.compile(r" (M=\d+|new=\d+|\d+ KiB)\b.*$")
 
 
-def table_of(label: str) -> str:
-    """The table a point's ``label`` belongs to: the label less the point's coordinates."""
-    return _POINT.sub("", label)
-
-
 class TableClock(ProgressSink):
     """Passes everything on to ``inner`` and adds up the wall time by table: from each point's
     ``step`` to the next one's, under the point's label less its coordinates (``"cpu matmul bf16
@@ -56,7 +51,7 @@ class TableClock(ProgressSink):
         self.inner.start(total_weight)
 
     def step(self, label: str) -> None:
-        table = table_of(label)
+        table = _POINT.sub("", label)
         if self._open is None or self._open[0] != table:
             log.info("profiling %s (%.1f s in)", table, time.perf_counter() - self._began)
         self._close()
