@@ -98,7 +98,7 @@ def step(args) -> None:
     from vramshard.plan.estimator import Estimator, pricing_graphs
     from vramshard.plan.planner import Planner
     from vramshard.plan.tiers import Tiers
-    from vramshard.profile.drift import COPY_SIZE
+    from vramshard.profile.drift import COPY_SIZE, scaled_copies
     from vramshard.shapes import shape_model
 
     model = shape_model("llama3-8b")
@@ -107,12 +107,12 @@ def step(args) -> None:
     profile = stored.calibrated(cpu_scale=args.cpu_scale, compute_rows=rows or None)
     with pricing_graphs(True):
         tier = Planner(model, profile, int(args.budget * GiB), context=1088, tiers=Tiers((1,))).plan().tiers[1]
-        copy_scale = COPY_SIZE / (args.copies_gbps * 1e9) / stored.transfer_s(COPY_SIZE, "h2d", contended=True)
-        for label, cpu, copies in (("as planned", 1.0, 1.0), (f"CPU x{args.cpu_factor:g}", args.cpu_factor, 1.0),
-                                   (f"copies at {args.copies_gbps:g} GB/s", 1.0, copy_scale),
-                                   ("both", args.cpu_factor, copy_scale)):
-            priced = stored.calibrated(cpu_scale=args.cpu_scale * cpu, compute_rows=rows or None,
-                                       copy_scale=max(copies, 1.0))
+        copy_s = COPY_SIZE / (args.copies_gbps * 1e9)  # (as the engine's copy check would find it)
+        for label, cpu, copies in (("as planned", 1.0, False), (f"CPU x{args.cpu_factor:g}", args.cpu_factor, False),
+                                   (f"copies at {args.copies_gbps:g} GB/s", 1.0, True),
+                                   ("both", args.cpu_factor, True)):
+            priced = stored.calibrated(cpu_scale=args.cpu_scale * cpu, compute_rows=rows or None)
+            priced = scaled_copies(priced, copy_s) if copies else priced
             est = Estimator(model, priced).simulate(tier.placement, 1, 1088)
             print(f"{args.budget:g} GiB tier 1 {tier.family}, {label}: {est.seconds * 1e3:.1f} ms (CPU "
                   f"{est.cpu_busy * 1e3:.1f}, copies {est.copy_busy * 1e3:.1f}, GPU {est.gpu_busy * 1e3:.1f})")
