@@ -46,6 +46,7 @@ from vramshard.profile.bench_matmul import cold_copies, linear_over
 from vramshard.profile.runner import run_profile
 from vramshard.profile.spec import torch_dtype
 from vramshard.profile.timing import time_cpu, time_cuda
+from vramshard.runtime.host_load import OtherLoad
 
 # (M, K, N): none of these (K, N) is in the full grid except where noted; M 3, 48 and 1536 are off
 # its M grid (powers of two), the others on it.
@@ -71,16 +72,33 @@ DRIFT_PROBES = [(1, 4096, 14336, "bf16"), (64, 4096, 14336, "bf16"), (1, 4096, 1
 
 
 def cpu_probe(when: str) -> dict:
-    """Seconds of the DRIFT_PROBES matmuls on the CPU now (cold weights, as the profile times them)."""
+    """Seconds of the DRIFT_PROBES matmuls on the CPU now (cold weights, as the profile times them), and the
+    cores other processes kept busy meanwhile with the steal among them (None where /proc cannot say)."""
     times = {}
+    load = OtherLoad()
+    load.cores()  # (starts the count)
     with torch.inference_mode():
         for m, k, n, dtype in DRIFT_PROBES:
             dt = torch_dtype(dtype)
             weights = cold_copies(torch.randn(n, k, dtype=dt))
             times[f"{dtype} {m}x{k}x{n}"] = time_cpu(linear_over(torch.randn(m, k, dtype=dt), weights), 0.3)
             del weights
-    print(f"cpu probe {when}: " + ", ".join(f"{key} {t * 1e3:.2f} ms" for key, t in times.items()), flush=True)
-    return {"when": when, "seconds": times}
+    others = load.cores()
+    beside = {"others_cores": others, "steal_cores": load.steal if others is not None else None}
+    print(f"cpu probe {when}: " + ", ".join(f"{key} {t * 1e3:.2f} ms" for key, t in times.items())
+          + (f" (other work {others:.2f} cores, {load.steal:.2f} stolen)" if others is not None else ""), flush=True)
+    return {"when": when, "seconds": times, "beside": beside}
+
+
+def beside_line(name: str, profile) -> str:
+    """What ran on the CPUs beside a profile's measurement (``host_beside``, since 2026-12-07), as one line."""
+    beside = profile.data.get("host_beside")
+    if not beside:
+        return f"{name}: not recorded"
+    busiest = sorted(beside["by_table"].items(), key=lambda item: -item[1]["others_cores"])[:3]
+    return (f"{name}: {beside['others_cores']:.2f} cores busy with other work, {beside['steal_cores']:.2f} stolen; "
+            "most beside " + ", ".join(f"{table} ({row['others_cores']:.2f}, {row['steal_cores']:.2f} stolen)"
+                                       for table, row in busiest))
 
 
 def drift(probes: list[dict]) -> list[dict]:
@@ -325,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_probes": probes, "cpu_drift_pct": drift(probes),
         "total_elapsed_s": time.perf_counter() - started,
         "run2_elapsed_by_table_s": latest.data.get("elapsed_by_table_s", {}),
+        "host_beside": {"run1": first.data.get("host_beside"), "run2": second.data.get("host_beside")},
     }
     out_path.write_text(json.dumps(report, indent=1))
 
@@ -334,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     slowest = sorted(report["run2_elapsed_by_table_s"].items(), key=lambda item: -item[1])[:8]
     if slowest:
         print("where the last run's time went (s): " + ", ".join(f"{table} {seconds:.0f}" for table, seconds in slowest))
+    print("other work on the CPUs while each run measured: " + "; ".join(
+        beside_line(name, profile) for name, profile in (("run 1", first), ("run 2", second))))
     print("main figures: run 1 | run 2 | difference")
     for device, per in summary_1["matmul_peak_gflops"].items():
         for dtype, value in per.items():

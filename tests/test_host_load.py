@@ -44,8 +44,9 @@ def test_the_cores_busy_outside_this_process_come_from_the_kernels_counters(tmp_
     clock.now += 2.0
     assert load.cores() == pytest.approx((1200 - 400) / 100 / 2.0)
     assert load.own == pytest.approx(400 / 100 / 2.0)  # (this process's cores, same readings)
+    assert load.steal == pytest.approx(100 / 100 / 2.0)  # (of the others' cores, the virtual machine's host's)
     clock.now += 1.0  # nothing more: nobody busy
-    assert load.cores() == 0.0
+    assert load.cores() == 0.0 and load.steal == 0.0
     assert load.cores() is None  # no time passed
 
 

@@ -107,6 +107,56 @@ def test_a_table_clock_sums_each_points_time_under_its_table(monkeypatch, caplog
                        "profiling cpu attention bf16 (3.8 s in)"]
 
 
+def test_a_table_clock_keeps_the_cores_other_work_took_beside_each_table(monkeypatch):
+    """With a load reader, read at each point's end, the clock averages the cores other processes kept busy
+    (and the steal among them) over each table's points, weighted by their time, and over the whole run."""
+    from vramshard.profile import progress as progress_module
+
+    now = [0.0]
+    monkeypatch.setattr(progress_module.time, "perf_counter", lambda: now[0])
+
+    class Load:  # (runtime/host_load.OtherLoad's interface: the average since the last reading)
+        available = True
+
+        def __init__(self):
+            self.readings = [None, (2.0, 1.0), (1.0, 0.0), (0.0, 0.0), (4.0, 3.0)]  # (others, steal) per reading
+            self.steal = None
+
+        def cores(self):
+            reading = self.readings.pop(0)
+            self.steal = None if reading is None else reading[1]
+            return None if reading is None else reading[0]
+
+    clock = progress_module.TableClock(progress_module.ProgressSink(), load=Load())
+    clock.start(1.0)  # (the first reading only starts the count)
+    for label, spent in (("cpu matmul bf16 threads=16 M=1 K=256 N=256", 1.0),
+                         ("cpu matmul bf16 threads=16 M=2 K=256 N=256", 3.0),
+                         ("h2d pinned 64 KiB", 0.5), ("cpu attention bf16 new=1 context=512", 0.5)):
+        clock.step(label)
+        now[0] += spent
+    clock.finish()
+    beside = clock.beside()
+    assert beside["by_table"] == {"cpu matmul bf16 threads=16": {"others_cores": 1.25, "steal_cores": 0.25},
+                                  "h2d pinned": {"others_cores": 0.0, "steal_cores": 0.0},
+                                  "cpu attention bf16": {"others_cores": 4.0, "steal_cores": 3.0}}
+    assert beside["others_cores"] == pytest.approx((2.0 + 3.0 + 0.0 + 2.0) / 5.0, abs=1e-3)
+    assert beside["steal_cores"] == pytest.approx((1.0 + 0.0 + 0.0 + 1.5) / 5.0, abs=1e-3)
+    # No reader, or one that cannot read the counters: nothing kept.
+    unavailable = Load()
+    unavailable.available = False
+    assert progress_module.TableClock(progress_module.ProgressSink(), load=unavailable).beside() is None
+
+
+def test_a_profile_keeps_what_ran_beside_it_where_the_kernel_says(tiny_profile):
+    beside = tiny_profile.data.get("host_beside")
+    if not os.path.exists("/proc/stat"):
+        assert beside is None
+        return
+    assert beside is not None and beside["by_table"] and 0.0 <= beside["steal_cores"] <= beside["others_cores"] + 1e-3
+    assert set(beside["by_table"]) <= set(tiny_profile.data["elapsed_by_table_s"])
+    assert tiny_profile.summary()["host_beside_cores"] == {k: beside[k] for k in ("others_cores", "steal_cores")}
+
+
 def test_cpu_only_profile_has_no_gpu_data(tiny_profile):
     assert not tiny_profile.has_gpu
     assert tiny_profile.summary()["transfer_gbps"] == {}
@@ -160,7 +210,7 @@ def test_interrupted_overwrite_keeps_old_file(tiny_profile, tmp_path, monkeypatc
     assert target.read_bytes() == before and len(list(tmp_path.iterdir())) == 1
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncated", "negative", "schema", "table time"])
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "negative", "schema", "table time", "beside"])
 def test_corrupt_file_is_rejected_clearly(tiny_profile, tmp_path, damage):
     target = save(tiny_profile, tmp_path / "p.json")
     text = target.read_text()
@@ -174,6 +224,9 @@ def test_corrupt_file_is_rejected_clearly(tiny_profile, tmp_path, damage):
         target.write_text(json.dumps(data))
     elif damage == "table time":
         data["elapsed_by_table_s"] = {"cpu matmul fp32 threads=1": "soon"}
+        target.write_text(json.dumps(data))
+    elif damage == "beside":
+        data["host_beside"] = {"others_cores": 0.5, "steal_cores": 0.1, "by_table": {"h2d pinned": {"others_cores": -1}}}
         target.write_text(json.dumps(data))
     else:
         del data["schema"]

@@ -129,6 +129,13 @@ def print_summary(console, profile, path) -> None:
     slowest = sorted(data.get("elapsed_by_table_s", {}).items(), key=lambda item: -item[1])[:5]
     if slowest:
         console.print("  slowest tables: " + ", ".join(f"{table} {seconds:.0f} s" for table, seconds in slowest))
+    beside = data.get("host_beside")
+    if beside:
+        busiest = max(beside["by_table"].items(), key=lambda item: item[1]["others_cores"], default=None)
+        console.print(f"  other work on the CPUs meanwhile: {beside['others_cores']:.2f} cores on average, "
+                      f"{beside['steal_cores']:.2f} of them stolen by the virtual machine's host"
+                      + (f"; most beside {busiest[0]} ({busiest[1]['others_cores']:.2f} cores, "
+                         f"{busiest[1]['steal_cores']:.2f} stolen)" if busiest else ""))
     peaks = Table(title="peak matmul GFLOP/s")
     peaks.add_column("device")
     dtypes = sorted({d for per in summary["matmul_peak_gflops"].values() for d in per})

@@ -37,16 +37,26 @@ class TableClock(ProgressSink):
     threads=16"``). What a table prepares before its first point (weights, cold copies) counts to
     the point before it. :meth:`finish` closes the last point; ``seconds`` holds the sums. Each table's
     start is logged (INFO) with the seconds since the profile's, so a profile cut short (a time limit,
-    Ctrl-C) still says where its time went."""
+    Ctrl-C) still says where its time went.
 
-    def __init__(self, inner: ProgressSink):
+    With ``load`` (a :class:`~vramshard.runtime.host_load.OtherLoad`, read at each point's end) it also
+    keeps what ran on the CPUs beside each table (:meth:`beside_by_table`): the cores other processes kept
+    busy, and of them the steal (a virtual machine's host running its other guests on its CPUs). The
+    host CPU of the GPU machine timed the same product 2.4x apart minutes apart (fifty-fifth GPU session);
+    this says whether other work took the CPUs meanwhile."""
+
+    def __init__(self, inner: ProgressSink, load=None):
         self.inner = inner
         self.seconds: dict[str, float] = {}
+        self.load = load if load is not None and load.available else None
+        self._beside: dict[str, list[float]] = {}  # table: [seconds read, others' cores x s, steal's cores x s]
         self._open: tuple[str, float] | None = None
         self._began = time.perf_counter()
 
     def start(self, total_weight: float) -> None:
         self._began = time.perf_counter()
+        if self.load is not None:
+            self.load.cores()  # (starts the count)
         log.info("profiling: about %.0f s of measurements expected", total_weight)
         self.inner.start(total_weight)
 
@@ -66,8 +76,27 @@ class TableClock(ProgressSink):
         self._close()
         return {table: round(seconds, 2) for table, seconds in self.seconds.items()}
 
+    def beside(self) -> dict | None:
+        """What ran beside the profile: ``{"others_cores", "steal_cores", "by_table": {table: {"others_cores",
+        "steal_cores"}}}``, the cores other processes kept busy on average (over the whole profile, and over
+        each table's points) and the steal among them; None without a load reader or a reading."""
+        sums = [sum(column) for column in zip(*self._beside.values())] if self._beside else [0.0]
+        if sums[0] <= 0:
+            return None
+
+        def cores(seconds: float, others: float, steal: float) -> dict[str, float]:
+            return {"others_cores": round(others / seconds, 3), "steal_cores": round(steal / seconds, 3)}
+        return {**cores(*sums), "by_table": {table: cores(*row) for table, row in self._beside.items() if row[0] > 0}}
+
     def _close(self) -> None:
         if self._open is not None:
             table, began = self._open
-            self.seconds[table] = self.seconds.get(table, 0.0) + time.perf_counter() - began
+            seconds = time.perf_counter() - began
+            self.seconds[table] = self.seconds.get(table, 0.0) + seconds
             self._open = None
+            others = self.load.cores() if self.load is not None else None  # (since the point's start)
+            if others is not None:
+                sums = self._beside.setdefault(table, [0.0, 0.0, 0.0])
+                sums[0] += seconds
+                sums[1] += others * seconds
+                sums[2] += (self.load.steal or 0.0) * seconds

@@ -522,7 +522,8 @@ class Profile:
         """Main figures: peak GFLOP/s per device and dtype (the median of the PEAK_POINTS fastest
         points of its table; ``matmul_fastest_point_gflops``: the fastest one), PCIe GB/s alone and
         under CPU load (with what the CPU read meanwhile, ``cpu_read_beside``, where recorded), dispatch
-        µs, thread counts. Plain JSON-able dict."""
+        µs, thread counts, the cores other work kept busy beside the profile (``host_beside_cores``, where
+        recorded). Plain JSON-able dict."""
         peaks: dict[str, dict[str, float]] = {}
         fastest: dict[str, dict[str, float]] = {}
         for (device, dtype, threads, contended), table in self._matmul.items():
@@ -564,6 +565,8 @@ class Profile:
             "cpu_threads": self.threads,
             "default_threads": self.default_threads,
             "cpu_read_gb_s": self.cpu_read_bps / 1e9 if self.cpu_read_bps else None,
+            "host_beside_cores": ({key: self.data["host_beside"][key] for key in ("others_cores", "steal_cores")}
+                                  if "host_beside" in self.data else None),
             "has_gpu": self.has_gpu,
         }
 

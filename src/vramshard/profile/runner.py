@@ -25,6 +25,7 @@ from .bench_zero_copy import measure_zero_copy
 from .contention import cpu_load, pcie_load
 from .fingerprint import fingerprint_hash, machine_fingerprint
 from ..layers import cpu_gemv
+from ..runtime import host_load
 from .progress import ProgressSink, TableClock
 from .query import Profile
 from .schema import SCHEMA, VERSION
@@ -83,7 +84,8 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
     """
     spec = spec or BenchmarkSpec.full()
     spec.validate()
-    clock = TableClock(progress or ProgressSink())  # where the profile's time goes (``elapsed_by_table_s``)
+    # Where the profile's time goes (``elapsed_by_table_s``) and what else ran on the CPUs meanwhile (``host_beside``).
+    clock = TableClock(progress or ProgressSink(), load=host_load.OtherLoad())
     progress = clock
     use_gpu = torch.cuda.is_available() if spec.gpu is None else spec.gpu
     if use_gpu and not torch.cuda.is_available():
@@ -176,6 +178,9 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
         "matmul": matmul, "transfer": transfer, "attention": attention, "dispatch": dispatch,
         "elapsed_by_table_s": clock.finish(),
     }
+    beside = clock.beside()
+    if beside is not None:
+        data["host_beside"] = beside
     if cpu_gemv.computes(1):  # its one-row CPU products went through the C kernel (layers/cpu_gemv.py)
         data["cpu_gemv"] = cpu_gemv.isa()
     if split_part:

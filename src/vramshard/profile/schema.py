@@ -47,7 +47,10 @@ cores, GB/s, the mean of a timing before the CPU tables and one after), and the 
   estimator prices decodes from the GPU's one-row read);
 - ``elapsed_by_table_s`` (optional): ``{table: seconds}``, where the profile's wall time went, by
   table (``"cpu matmul bf16 threads=16"``, ``"cuda attention fp16"``, …; see
-  :class:`~vramshard.profile.progress.TableClock`).
+  :class:`~vramshard.profile.progress.TableClock`);
+- ``host_beside`` (optional, since 2026-12-07): ``{others_cores, steal_cores, by_table: {table: {others_cores,
+  steal_cores}}}``, the cores other processes kept busy while the profile ran (on average, and over each
+  table's points) and the steal among them (a virtual machine's host running its other guests; Linux only).
 
 GPU tables are absent when the machine has no CUDA device.
 """
@@ -157,3 +160,16 @@ def validate(data) -> None:
     if not isinstance(by_table, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
                                                  and math.isfinite(v) and v >= 0 for v in by_table.values()):
         raise ProfileError("profile 'elapsed_by_table_s' section must map tables to seconds (numbers ≥ 0)")
+    beside = data.get("host_beside")
+    if beside is not None:
+        by_table = beside.get("by_table") if isinstance(beside, dict) else None
+        if not isinstance(by_table, dict) or not all(_cores_beside(row) for row in (beside, *by_table.values())):
+            raise ProfileError("profile 'host_beside' section must hold others_cores and steal_cores (numbers ≥ 0), "
+                               "overall and in by_table for each table")
+
+
+def _cores_beside(row) -> bool:
+    """Whether ``row`` is a ``host_beside`` entry: others_cores and steal_cores, finite numbers ≥ 0."""
+    return isinstance(row, dict) and all(
+        isinstance(row.get(key), (int, float)) and not isinstance(row.get(key), bool) and math.isfinite(row[key])
+        and row[key] >= 0 for key in ("others_cores", "steal_cores"))

@@ -38,6 +38,7 @@ SATURATED = 0.9  # of the cores busy (the engine's work and the rest) beyond whi
 # /proc/stat's first line: "cpu user nice system idle iowait irq softirq steal guest guest_nice" in
 # clock ticks; guest time is already counted in user. Busy: all but idle and iowait.
 _BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user nice system irq softirq steal
+_STEAL_FIELD = 7  # the time a virtual machine's host ran something else while this machine's CPUs wanted to run
 
 
 def available() -> bool:
@@ -65,10 +66,13 @@ class OtherLoad:
         self.stat_path, self.self_path, self.clock = stat_path, self_path, clock
         self.children, self.proc = children, proc  # (pids whose CPU time is this process's work, e.g. its planner)
         self.ticks_per_second = _ticks_per_second()
-        # (time, busy ticks of all, {None: this process's ticks, child pid: its ticks})
-        self._last: tuple[float, int, dict] | None = None
+        # (time, (busy ticks of all, steal ticks), {None: this process's ticks, child pid: its ticks})
+        self._last: tuple[float, tuple[int, int], dict] | None = None
         self.available = os.path.exists(stat_path) and os.path.exists(self_path)
         self.own: float | None = None  # the cores this process (and its children) kept busy, same readings
+        # The cores' worth of the others' time that was steal, same readings: a virtual machine's host running
+        # its other guests on this machine's CPUs (part of what :meth:`cores` returns).
+        self.steal: float | None = None
 
     def cores(self) -> float | None:
         """Cores busy outside this process on average since the last reading (None: the first reading,
@@ -85,18 +89,21 @@ class OtherLoad:
         if last is None or reading[0] <= last[0]:
             return None
         own = sum(ticks - last[2][pid] for pid, ticks in reading[2].items() if pid in last[2])  # (seen in both)
-        others = (reading[1] - last[1]) - own
+        others = (reading[1][0] - last[1][0]) - own
         seconds = reading[0] - last[0]
         self.own = own / self.ticks_per_second / seconds
+        self.steal = max(0, reading[1][1] - last[1][1]) / self.ticks_per_second / seconds
         return max(0.0, others / self.ticks_per_second / seconds)
 
-    def _busy_ticks(self) -> int:
+    def _busy_ticks(self) -> tuple[int, int]:
+        """(busy ticks of all CPUs, the steal among them) so far."""
         with open(self.stat_path) as f:
             first = f.readline().split()
         if not first or first[0] != "cpu":
             raise ValueError(f"{self.stat_path} does not start with the all-CPU line")
         values = [int(v) for v in first[1:]]
-        return sum(values[i] for i in _BUSY_FIELDS if i < len(values))
+        steal = values[_STEAL_FIELD] if _STEAL_FIELD < len(values) else 0
+        return sum(values[i] for i in _BUSY_FIELDS if i < len(values)), steal
 
     def _own_ticks(self) -> dict:
         ticks = {None: _process_ticks(self.self_path)}
