@@ -226,7 +226,8 @@ def test_corrupt_file_is_rejected_clearly(tiny_profile, tmp_path, damage):
         data["elapsed_by_table_s"] = {"cpu matmul fp32 threads=1": "soon"}
         target.write_text(json.dumps(data))
     elif damage == "beside":
-        data["host_beside"] = {"others_cores": 0.5, "steal_cores": 0.1, "by_table": {"h2d pinned": {"others_cores": -1}}}
+        data["host_beside"] = {"others_cores": 0.5, "steal_cores": 0.1,
+                               "by_table": {"h2d pinned": {"others_cores": -1}}}
         target.write_text(json.dumps(data))
     else:
         del data["schema"]
