@@ -25,7 +25,8 @@ Every run stops stepping after ``--run-limit-s``; cells are skipped once ``--dea
 spent, and the JSON is rewritten after every cell, so a cut-short run still reports.
 
 Each cell records the host's memory read just before and after it (``host_read_gb_s``): on shared hosts it
-moved 1.6x within minutes (session 48). The checks give the planned cell's read over its baseline's
+moved 1.6x within minutes (session 48); and the cores other processes kept busy over it, with the steal among
+them (``host_beside_cores``, Linux). The checks give the planned cell's read over its baseline's
 (``*_host_read_vramshard_over_layers_max``: a lead is the engine's only where that is near 1) and decode's
 bound at the read around the planned cell (``*_decode_fraction_of_bound_at_cell_read``).
 With ``--abba`` each budget's planned engine and baseline run twice, planned-baseline-baseline-planned, and
@@ -47,6 +48,8 @@ import torch
 
 from vramshard.cli.bench import BenchSettings, EngineSpec, bench_engine
 from vramshard.layers.mlp import DenseFFN
+from vramshard.runtime import plan_process
+from vramshard.runtime.host_load import OtherLoad
 from vramshard.runtime.host_weights import HostLayouts, pack_model
 from vramshard.runtime.wire_codec import wire_ratio
 from vramshard.shapes import random_weights, shape_model
@@ -345,6 +348,8 @@ def main() -> None:
                 log.warning("deadline: skipping %s %s %s", name, spec.label, spec.vram)
                 continue
             read_before = cpu_read_bandwidth() / 1e9
+            beside = OtherLoad(children=plan_process.child_pids)  # (the engine's planning process is its own)
+            beside.cores()  # (starts the count)
             t0 = time.perf_counter()
             with _gemv_off(spec.label.endswith("+no-gemv")):
                 cell = bench_engine(model, host, spec, settings, device="cuda", profile=profile)
@@ -352,6 +357,11 @@ def main() -> None:
             # The host's read just before and after the cell: shared hosts moved 1.6x within minutes (session 48),
             # so a planned cell and its baseline compare only where their reads are near (see `derived`).
             cell["host_read_gb_s"] = [read_before, cpu_read_bandwidth() / 1e9]
+            # The cores other processes kept busy over the cell, and the steal among them (a virtual machine's host
+            # running its other guests: the fifty-fifth session's host timed one product 2.4x apart minutes apart).
+            others = beside.cores()
+            if others is not None:
+                cell["host_beside_cores"] = {"others": round(others, 3), "steal": round(beside.steal, 3)}
             if round_ is not None:
                 cell["round"] = round_
             cells.append(cell)

@@ -2,7 +2,8 @@
 tok/s, batched tok/s, the cell's seconds, its load phases, decode measured over predicted, its TTFT runs
 and stalls (slowest decode step ms, decode steps over twice the median, slowest prompt step ms), the
 attention layers whose KV cache is in VRAM at the end ("kv N"), the host's read GB/s before and after it
-("read A-B"), its round under --abba, any error; then the model's checks.
+("read A-B"), the cores other processes kept busy over it and the steal among them ("beside O/S"), its round
+under --abba, any error; then the model's checks.
 
     python3 benchmarks/gpu_session/engine_summary.py $OUT/nemo_decode.json
 """
@@ -22,10 +23,11 @@ def main(path: str) -> None:
             stalls = [cell.get(k) and round(cell[k], 1) for k in
                       ("decode_step_ms_max", "decode_steps_over_2x_median", "prompt_step_ms_max")]
             read = "-".join(f"{r:.0f}" for r in cell.get("host_read_gb_s") or [])
+            beside = cell.get("host_beside_cores")
             print(cell.get("engine"), cell.get("vram"), cell.get("tg_tok_s"), batched, cell.get("cell_s"), load,
                   (cell.get("decode_vs_plan") or {}).get("measured_over_predicted"), ttft, stalls,
                   f"kv {cell.get('kv_layers_in_vram_at_end')}", f"read {read}" if read else "",
-                  f"round {cell['round']}" if cell.get("round") else "", cell.get("error", ""))
+                  f"beside {beside['others']:.2f}/{beside['steal']:.2f}" if beside else "", f"round {cell['round']}" if cell.get("round") else "", cell.get("error", ""))
         print(model.get("checks"))
 
 
