@@ -84,9 +84,11 @@ def cpu_probe(when: str) -> dict:
             times[f"{dtype} {m}x{k}x{n}"] = time_cpu(linear_over(torch.randn(m, k, dtype=dt), weights), 0.3)
             del weights
     others = load.cores()
-    beside = {"others_cores": others, "steal_cores": load.steal if others is not None else None}
+    beside = ({"others_cores": others, "steal_cores": load.steal, "own_cores": load.own} if others is not None
+              else None)
     print(f"cpu probe {when}: " + ", ".join(f"{key} {t * 1e3:.2f} ms" for key, t in times.items())
-          + (f" (other work {others:.2f} cores, {load.steal:.2f} stolen)" if others is not None else ""), flush=True)
+          + (f" (other work {others:.2f} cores, {load.steal:.2f} stolen; the probe's {load.own:.2f})"
+             if others is not None else ""), flush=True)
     return {"when": when, "seconds": times, "beside": beside}
 
 
@@ -96,7 +98,8 @@ def beside_line(name: str, profile) -> str:
     if not beside:
         return f"{name}: not recorded"
     busiest = sorted(beside["by_table"].items(), key=lambda item: -item[1]["others_cores"])[:3]
-    return (f"{name}: {beside['others_cores']:.2f} cores busy with other work, {beside['steal_cores']:.2f} stolen; "
+    return (f"{name}: {beside['others_cores']:.2f} cores busy with other work, {beside['steal_cores']:.2f} stolen, "
+            f"{beside.get('own_cores', float('nan')):.2f} with the profile's; "
             "most beside " + ", ".join(f"{table} ({row['others_cores']:.2f}, {row['steal_cores']:.2f} stolen)"
                                        for table, row in busiest))
 

@@ -119,12 +119,13 @@ def test_a_table_clock_keeps_the_cores_other_work_took_beside_each_table(monkeyp
         available = True
 
         def __init__(self):
-            self.readings = [None, (2.0, 1.0), (1.0, 0.0), (0.0, 0.0), (4.0, 3.0)]  # (others, steal) per reading
-            self.steal = None
+            # (others, steal, own) per reading
+            self.readings = [None, (2.0, 1.0, 16.0), (1.0, 0.0, 12.0), (0.0, 0.0, 1.0), (4.0, 3.0, 8.0)]
+            self.steal = self.own = None
 
         def cores(self):
             reading = self.readings.pop(0)
-            self.steal = None if reading is None else reading[1]
+            self.steal, self.own = (None, None) if reading is None else reading[1:]
             return None if reading is None else reading[0]
 
     clock = progress_module.TableClock(progress_module.ProgressSink(), load=Load())
@@ -136,11 +137,13 @@ def test_a_table_clock_keeps_the_cores_other_work_took_beside_each_table(monkeyp
         now[0] += spent
     clock.finish()
     beside = clock.beside()
-    assert beside["by_table"] == {"cpu matmul bf16 threads=16": {"others_cores": 1.25, "steal_cores": 0.25},
-                                  "h2d pinned": {"others_cores": 0.0, "steal_cores": 0.0},
-                                  "cpu attention bf16": {"others_cores": 4.0, "steal_cores": 3.0}}
+    assert beside["by_table"] == {
+        "cpu matmul bf16 threads=16": {"others_cores": 1.25, "steal_cores": 0.25, "own_cores": 13.0},
+        "h2d pinned": {"others_cores": 0.0, "steal_cores": 0.0, "own_cores": 1.0},
+        "cpu attention bf16": {"others_cores": 4.0, "steal_cores": 3.0, "own_cores": 8.0}}
     assert beside["others_cores"] == pytest.approx((2.0 + 3.0 + 0.0 + 2.0) / 5.0, abs=1e-3)
     assert beside["steal_cores"] == pytest.approx((1.0 + 0.0 + 0.0 + 1.5) / 5.0, abs=1e-3)
+    assert beside["own_cores"] == pytest.approx((16.0 + 36.0 + 0.5 + 4.0) / 5.0, abs=1e-3)
     # No reader, or one that cannot read the counters: nothing kept.
     unavailable = Load()
     unavailable.available = False

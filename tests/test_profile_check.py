@@ -111,3 +111,16 @@ def test_the_host_read_is_a_main_figure_when_both_profiles_recorded_it():
     assert "host memory read GB/s" not in profile_check.compare(first, second)  # (profiles before 2026-12-04)
     first["cpu_read_gb_s"], second["cpu_read_gb_s"] = 100.0, 90.0
     assert profile_check.compare(first, second)["host memory read GB/s"] == pytest.approx(-10.0)
+
+
+def test_the_check_says_what_ran_beside_each_run_where_the_profile_recorded_it():
+    """``beside_line``: the cores others and steal took beside a profile (``host_beside``, since 2026-12-07), its
+    busiest tables first; an older profile says it was not recorded."""
+    data = copy.deepcopy(synthetic(gpu_gflops=50_000).data)
+    assert profile_check.beside_line("run 1", Profile(data)) == "run 1: not recorded"
+    data["host_beside"] = {"others_cores": 0.5, "steal_cores": 0.25, "own_cores": 15.5, "by_table": {
+        "cpu matmul bf16 threads=16": {"others_cores": 0.1, "steal_cores": 0.0, "own_cores": 16.0},
+        "cpu matmul fp32 threads=16": {"others_cores": 2.0, "steal_cores": 1.5, "own_cores": 15.0}}}
+    line = profile_check.beside_line("run 2", Profile(data))
+    assert line.startswith("run 2: 0.50 cores busy with other work, 0.25 stolen, 15.50 with the profile's")
+    assert line.index("fp32 threads=16 (2.00, 1.50 stolen)") < line.index("bf16 threads=16 (0.10, 0.00 stolen)")

@@ -40,8 +40,9 @@ class TableClock(ProgressSink):
     Ctrl-C) still says where its time went.
 
     With ``load`` (a :class:`~vramshard.runtime.host_load.OtherLoad`, read at each point's end) it also
-    keeps what ran on the CPUs beside each table (:meth:`beside_by_table`): the cores other processes kept
-    busy, and of them the steal (a virtual machine's host running its other guests on its CPUs). The
+    keeps what ran on the CPUs beside each table (:meth:`beside`): the cores other processes kept busy, and
+    of them the steal (a virtual machine's host running its other guests on its CPUs), and the cores the
+    profile's own threads kept busy. The
     host CPU of the GPU machine timed the same product 2.4x apart minutes apart (fifty-fifth GPU session);
     this says whether other work took the CPUs meanwhile."""
 
@@ -49,7 +50,8 @@ class TableClock(ProgressSink):
         self.inner = inner
         self.seconds: dict[str, float] = {}
         self.load = load if load is not None and load.available else None
-        self._beside: dict[str, list[float]] = {}  # table: [seconds read, others' cores x s, steal's cores x s]
+        # table: [seconds read, others' cores x s, steal's cores x s, own cores x s]
+        self._beside: dict[str, list[float]] = {}
         self._open: tuple[str, float] | None = None
         self._began = time.perf_counter()
 
@@ -77,15 +79,17 @@ class TableClock(ProgressSink):
         return {table: round(seconds, 2) for table, seconds in self.seconds.items()}
 
     def beside(self) -> dict | None:
-        """What ran beside the profile: ``{"others_cores", "steal_cores", "by_table": {table: {"others_cores",
-        "steal_cores"}}}``, the cores other processes kept busy on average (over the whole profile, and over
-        each table's points) and the steal among them; None without a load reader or a reading."""
+        """What ran beside the profile: ``{"others_cores", "steal_cores", "own_cores", "by_table": {table: {...the
+        same}}}``, the cores other processes kept busy on average (over the whole profile, and over each
+        table's points), the steal among them, and the cores the profile's own threads kept busy; None without
+        a load reader or a reading."""
         sums = [sum(column) for column in zip(*self._beside.values())] if self._beside else [0.0]
         if sums[0] <= 0:
             return None
 
-        def cores(seconds: float, others: float, steal: float) -> dict[str, float]:
-            return {"others_cores": round(others / seconds, 3), "steal_cores": round(steal / seconds, 3)}
+        def cores(seconds: float, others: float, steal: float, own: float) -> dict[str, float]:
+            return {"others_cores": round(others / seconds, 3), "steal_cores": round(steal / seconds, 3),
+                    "own_cores": round(own / seconds, 3)}
         return {**cores(*sums), "by_table": {table: cores(*row) for table, row in self._beside.items() if row[0] > 0}}
 
     def _close(self) -> None:
@@ -96,7 +100,8 @@ class TableClock(ProgressSink):
             self._open = None
             others = self.load.cores() if self.load is not None else None  # (since the point's start)
             if others is not None:
-                sums = self._beside.setdefault(table, [0.0, 0.0, 0.0])
+                sums = self._beside.setdefault(table, [0.0, 0.0, 0.0, 0.0])
                 sums[0] += seconds
                 sums[1] += others * seconds
                 sums[2] += (self.load.steal or 0.0) * seconds
+                sums[3] += (self.load.own or 0.0) * seconds

@@ -48,9 +48,10 @@ cores, GB/s, the mean of a timing before the CPU tables and one after), and the 
 - ``elapsed_by_table_s`` (optional): ``{table: seconds}``, where the profile's wall time went, by
   table (``"cpu matmul bf16 threads=16"``, ``"cuda attention fp16"``, …; see
   :class:`~vramshard.profile.progress.TableClock`);
-- ``host_beside`` (optional, since 2026-12-07): ``{others_cores, steal_cores, by_table: {table: {others_cores,
-  steal_cores}}}``, the cores other processes kept busy while the profile ran (on average, and over each
-  table's points) and the steal among them (a virtual machine's host running its other guests; Linux only).
+- ``host_beside`` (optional, since 2026-12-07): ``{others_cores, steal_cores, own_cores, by_table: {table:
+  {the same}}}``, the cores other processes kept busy while the profile ran (on average, and over each table's
+  points), the steal among them (a virtual machine's host running its other guests), and the cores the
+  profile's own threads kept busy (Linux only; own_cores may be absent).
 
 GPU tables are absent when the machine has no CUDA device.
 """
