@@ -158,6 +158,8 @@ def test_a_profile_keeps_what_ran_beside_it_where_the_kernel_says(tiny_profile):
     assert beside is not None and beside["by_table"] and 0.0 <= beside["steal_cores"] <= beside["others_cores"] + 1e-3
     assert set(beside["by_table"]) <= set(tiny_profile.data["elapsed_by_table_s"])
     assert tiny_profile.summary()["host_beside_cores"] == {k: beside[k] for k in ("others_cores", "steal_cores")}
+    # (the CPU timings its steal guard took again, and those still stolen after their retries: counts)
+    assert all(isinstance(beside[key], int) and beside[key] >= 0 for key in ("retimed_points", "stolen_points"))
 
 
 def test_cpu_only_profile_has_no_gpu_data(tiny_profile):

@@ -122,5 +122,5 @@ def test_the_check_says_what_ran_beside_each_run_where_the_profile_recorded_it()
         "cpu matmul bf16 threads=16": {"others_cores": 0.1, "steal_cores": 0.0, "own_cores": 16.0},
         "cpu matmul fp32 threads=16": {"others_cores": 2.0, "steal_cores": 1.5, "own_cores": 15.0}}}
     line = profile_check.beside_line("run 2", Profile(data))
-    assert line.startswith("run 2: 0.50 cores busy with other work, 0.25 stolen, 15.50 with the profile's")
+    assert line.startswith("run 2: 0.50 cores busy with other work, 0.25 stolen, 15.50 with the profile's, 0 CPU")
     assert line.index("fp32 threads=16 (2.00, 1.50 stolen)") < line.index("bf16 threads=16 (0.10, 0.00 stolen)")

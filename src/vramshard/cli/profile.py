@@ -135,6 +135,8 @@ def print_summary(console, profile, path) -> None:
         console.print(f"  other work on the CPUs meanwhile: {beside['others_cores']:.2f} cores on average, "
                       f"{beside['steal_cores']:.2f} of them stolen by the virtual machine's host"
                       + (f" (the profile's own threads: {beside['own_cores']:.2f})" if "own_cores" in beside else "")
+                      + (f"; {beside['retimed_points']} CPU timings taken again under steal"
+                         if beside.get("retimed_points") else "")
                       + (f"; most beside {busiest[0]} ({busiest[1]['others_cores']:.2f} cores, "
                          f"{busiest[1]['steal_cores']:.2f} stolen)" if busiest else ""))
     peaks = Table(title="peak matmul GFLOP/s")

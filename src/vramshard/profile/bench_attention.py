@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from .bench_matmul import MAX_COPIES, cold_bytes, cycling, repair_row
 from .progress import ProgressSink
 from .spec import torch_dtype
-from .timing import time_cpu, time_cuda
+from .timing import StealGuard, time_cpu, time_cuda
 
 
 def sdpa_gqa(q, k, v):
@@ -66,9 +66,12 @@ def cycling_cache_reads(q: torch.Tensor, ring: torch.Tensor, kv_heads: int, cont
 def measure_attention(
     device: str, dtype: str, heads: int, kv_heads: int, head_dim: int, n_new_list, context_list, *,
     budget_s: float, cap_s: float, progress: ProgressSink, label: str, weight: float,
+    steal_guard: StealGuard | None = None,
 ) -> dict:
-    """Seconds on the ``n_new`` × ``context`` grid; returns the table's fields."""
+    """Seconds on the ``n_new`` × ``context`` grid; returns the table's fields (on the CPU timed
+    through ``steal_guard`` where given)."""
     torch_dt = torch_dtype(dtype)
+    timed_cpu = steal_guard.time if steal_guard is not None else time_cpu
     n_new_list = sorted(int(n) for n in n_new_list)
     context_list = sorted(int(c) for c in context_list)
     seconds: list[list[float]] = []
@@ -80,7 +83,7 @@ def measure_attention(
     def run(n_new: int, context: int) -> float:
         q = torch.randn(1, heads, n_new, head_dim, dtype=torch_dt, device=device)  # [B, H, T, D]
         if ring is not None:
-            return time_cpu(cycling_cache_reads(q, ring, kv_heads, context, head_dim), budget_s)
+            return timed_cpu(cycling_cache_reads(q, ring, kv_heads, context, head_dim), budget_s)
         k = torch.randn(1, kv_heads, context, head_dim, dtype=torch_dt, device=device)  # [B, Hkv, C, D]
         v = torch.randn_like(k)
         return time_cuda(lambda: sdpa_gqa(q, k, v), budget_s)

@@ -15,7 +15,7 @@ from ..layers import cpu_linear
 from ..layers.sublayer import linear
 from .progress import ProgressSink
 from .spec import torch_dtype
-from .timing import time_cpu, time_cuda
+from .timing import StealGuard, time_cpu, time_cuda
 
 # Weights are read from memory, not cache, when the model runs: each timed call uses the
 # next of several copies whose total is twice the last-level cache (CPU L3; a GPU's L2 is far
@@ -103,6 +103,7 @@ def repair_row(row: list[float], measured: list[bool], remeasure) -> None:
 def measure_matmul(
     device: str, dtype: str, shapes, ms, *, budget_s: float, cap_s: float,
     progress: ProgressSink, label: str, weight: float,
+    steal_guard: StealGuard | None = None,
 ) -> dict:
     """Measure ``shapes`` × ``ms`` and return the table's fields.
 
@@ -110,8 +111,10 @@ def measure_matmul(
     ``s`` at ``ms[j]``. A point whose run would take more than ``cap_s`` (predicted from
     the previous M) is not run: it is estimated at the best throughput measured so far in
     this table (never below the previous M's time); ``estimated`` counts those.
+    On the CPU ``steal_guard`` times each point (again where a virtual machine's host stole its CPUs).
     """
     torch_dt = torch_dtype(dtype)
+    timed_cpu = steal_guard.time if steal_guard is not None else time_cpu
     ms = sorted(int(m) for m in ms)
     shapes = sorted(((int(k), int(n)) for k, n in shapes), key=lambda s: (s[0] * s[1], s))
     seconds: list[list[float]] = []
@@ -123,7 +126,7 @@ def measure_matmul(
 
         def run(m: int) -> float:
             fn = linear_over(torch.randn(m, k, dtype=torch_dt, device=device), weights)  # x: [M, K]
-            return time_cuda(fn, budget_s) if device == "cuda" else time_cpu(fn, budget_s)
+            return time_cuda(fn, budget_s) if device == "cuda" else timed_cpu(fn, budget_s)
 
         row: list[float] = []
         measured: list[bool] = []

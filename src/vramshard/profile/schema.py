@@ -51,7 +51,9 @@ cores, GB/s, the mean of a timing before the CPU tables and one after), and the 
 - ``host_beside`` (optional, since 2026-12-07): ``{others_cores, steal_cores, own_cores, by_table: {table:
   {the same}}}``, the cores other processes kept busy while the profile ran (on average, and over each table's
   points), the steal among them (a virtual machine's host running its other guests), and the cores the
-  profile's own threads kept busy (Linux only; own_cores may be absent).
+  profile's own threads kept busy (Linux only; own_cores may be absent); ``retimed_points`` and
+  ``stolen_points`` (optional counts): CPU timings taken again because steal reached a quarter of a core over
+  them, and those still under steal after their retries (:class:`~vramshard.profile.timing.StealGuard`).
 
 GPU tables are absent when the machine has no CUDA device.
 """
@@ -167,6 +169,9 @@ def validate(data) -> None:
         if not isinstance(by_table, dict) or not all(_cores_beside(row) for row in (beside, *by_table.values())):
             raise ProfileError("profile 'host_beside' section must hold others_cores and steal_cores (numbers ≥ 0), "
                                "overall and in by_table for each table")
+        if not all(isinstance(beside.get(key, 0), int) and not isinstance(beside.get(key, 0), bool)
+                   and beside.get(key, 0) >= 0 for key in ("retimed_points", "stolen_points")):
+            raise ProfileError("profile 'host_beside' section's retimed_points and stolen_points must be counts ≥ 0")
 
 
 def _cores_beside(row) -> bool:
