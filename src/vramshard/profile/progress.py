@@ -42,9 +42,8 @@ class TableClock(ProgressSink):
     With ``load`` (a :class:`~vramshard.runtime.host_load.OtherLoad`, read at each point's end) it also
     keeps what ran on the CPUs beside each table (:meth:`beside`): the cores other processes kept busy, and
     of them the steal (a virtual machine's host running its other guests on its CPUs), and the cores the
-    profile's own threads kept busy. The
-    host CPU of the GPU machine timed the same product 2.4x apart minutes apart (fifty-fifth GPU session);
-    this says whether other work took the CPUs meanwhile."""
+    profile's own threads kept busy. The host CPU of the GPU machine timed the same product 2.4x apart
+    minutes apart (fifty-fifth GPU session); this says whether other work took the CPUs meanwhile."""
 
     def __init__(self, inner: ProgressSink, load=None):
         self.inner = inner
