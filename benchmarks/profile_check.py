@@ -14,7 +14,9 @@ error. Each CPU point is therefore also timed beside a reference: the nearest po
 measured (:func:`matmul_reference`, :func:`attention_reference`), timed right after it in the same
 round. The prediction scaled by that reference's direct time over its table time is the
 *drift-corrected* prediction; its error is the interpolation's, apart from the two timings' noise.
-Both errors are reported.
+Both errors are reported. Each probe and each run also says what else ran on the CPUs meanwhile (other
+processes' cores and a virtual machine's steal, ``/proc/stat``); the held-out CPU points are timed again
+where steal took a quarter of a core or more over them (``timing.StealGuard``, as the profile's own).
 
     python benchmarks/profile_check.py [--out PATH] [--quick] [--second-quick] [--budget-s 540]
                                        [--against PROFILE.json]

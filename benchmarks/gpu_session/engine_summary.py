@@ -27,7 +27,8 @@ def main(path: str) -> None:
             print(cell.get("engine"), cell.get("vram"), cell.get("tg_tok_s"), batched, cell.get("cell_s"), load,
                   (cell.get("decode_vs_plan") or {}).get("measured_over_predicted"), ttft, stalls,
                   f"kv {cell.get('kv_layers_in_vram_at_end')}", f"read {read}" if read else "",
-                  f"beside {beside['others']:.2f}/{beside['steal']:.2f}" if beside else "", f"round {cell['round']}" if cell.get("round") else "", cell.get("error", ""))
+                  f"beside {beside['others']:.2f}/{beside['steal']:.2f}" if beside else "",
+                  f"round {cell['round']}" if cell.get("round") else "", cell.get("error", ""))
         print(model.get("checks"))
 
 
