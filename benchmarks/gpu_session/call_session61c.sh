@@ -3,6 +3,9 @@
 # engine_bench batch 64 against layers:17 in ABBA order, each cell now with the cores other processes kept busy over it
 # and the steal among them (engine_summary's "beside O/S"). The fifty-fifth session ran batch 64 at 2.88x layers:17 in
 # engine_bench (paired 2.10x and 2.40x) against 3x asked; its planned steps took 108-153 ms, the batched bound 80.
+# With call_session61a.sh's profile of this boot on the machine (bench_out/profile-run61a.json) both price from it:
+# the step's price then needs no scaling from another host's profile (PROFILE= overrides).
+[ -z "${PROFILE:-}" ] && [ -f bench_out/profile-run61a.json ] && export PROFILE=bench_out/profile-run61a.json
 source benchmarks/gpu_session/setup.sh || exit 1
 VRAMSHARD_WIRE_CODEC=on timeout ${STEPS_S:-150} python3 -m benchmarks.step_profile --shape llama3-8b --seqs 64 \
   --placements planned:8+graphs --profile "$PROFILE" --pystats 40 --json $OUT/steps64.json > $OUT/steps64.log 2>&1
