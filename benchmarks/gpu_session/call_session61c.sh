@@ -1,6 +1,6 @@
 # ~9 min (written 2026-12-07 in session 60; `timeout_s` 590). Where a planned batch-64 step at 8 GiB goes: llama3-8b
-# planned:8 at tier 64 (`step_profile --seqs 64`, fill graphs and link codec on, cProfile of the host) and at tier 1, then
-# engine_bench batch 64 against layers:17 in ABBA order, each cell now with the cores other processes kept busy over it
+# planned:8 at tier 64 (`step_profile --seqs 64`, fill graphs and link codec on, cProfile of the host) and at tier 1,
+# then engine_bench batch 64 against layers:17 in ABBA order, each cell now with the cores other processes kept busy over it
 # and the steal among them (engine_summary's "beside O/S"). The fifty-fifth session ran batch 64 at 2.88x layers:17 in
 # engine_bench (paired 2.10x and 2.40x) against 3x asked; its planned steps took 108-153 ms, the batched bound 80.
 # With call_session61a.sh's profile of this boot on the machine (bench_out/profile-run61a.json) both price from it:
