@@ -160,8 +160,7 @@ def validate(data) -> None:
         for key in ("bytes", "seconds"):
             _positive(vram_decode.get(key), f"decode of coded weights: {key}")
     by_table = data.get("elapsed_by_table_s", {})
-    if not isinstance(by_table, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                 and math.isfinite(v) and v >= 0 for v in by_table.values()):
+    if not isinstance(by_table, dict) or not all(_at_least_zero(v) for v in by_table.values()):
         raise ProfileError("profile 'elapsed_by_table_s' section must map tables to seconds (numbers ≥ 0)")
     beside = data.get("host_beside")
     if beside is not None:
@@ -169,13 +168,16 @@ def validate(data) -> None:
         if not isinstance(by_table, dict) or not all(_cores_beside(row) for row in (beside, *by_table.values())):
             raise ProfileError("profile 'host_beside' section must hold others_cores and steal_cores (numbers ≥ 0), "
                                "overall and in by_table for each table")
-        if not all(isinstance(beside.get(key, 0), int) and not isinstance(beside.get(key, 0), bool)
-                   and beside.get(key, 0) >= 0 for key in ("retimed_points", "stolen_points")):
+        if not all(isinstance(beside.get(key, 0), int) and _at_least_zero(beside.get(key, 0))
+                   for key in ("retimed_points", "stolen_points")):
             raise ProfileError("profile 'host_beside' section's retimed_points and stolen_points must be counts ≥ 0")
+
+
+def _at_least_zero(value) -> bool:
+    """Whether ``value`` is a finite number ≥ 0 (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
 def _cores_beside(row) -> bool:
     """Whether ``row`` is a ``host_beside`` entry: others_cores and steal_cores, finite numbers ≥ 0."""
-    return isinstance(row, dict) and all(
-        isinstance(row.get(key), (int, float)) and not isinstance(row.get(key), bool) and math.isfinite(row[key])
-        and row[key] >= 0 for key in ("others_cores", "steal_cores"))
+    return isinstance(row, dict) and all(_at_least_zero(row.get(key)) for key in ("others_cores", "steal_cores"))
