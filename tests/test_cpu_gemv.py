@@ -60,6 +60,42 @@ def test_every_build_computes_the_rows_times_the_weight(isa, dtype):
             torch.testing.assert_close(y.double(), expected, rtol=0, atol=2e-5 * expected.abs().max().item() + 1e-6)
 
 
+def _swiglu_reference(x, gate, up, down):
+    """A SwiGLU in float64, the activation rounded once to the dtype as the kernel does."""
+    act = (torch.nn.functional.silu(x.double() @ gate.double().T) * (x.double() @ up.double().T)).to(x.dtype)
+    return act.double() @ down.double().T
+
+
+@needs_kernel
+@pytest.mark.parametrize("isa", ["native", "avx2", "plain"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_every_build_computes_a_swiglu_part_in_one_call(isa, dtype):
+    """vs_swiglu (cpu_gemv.swiglu's one call): gate and up row slices of wider weights, down a column slice
+    (by rows) or stored transposed (a split FFN's), for up to four rows, as float64 does with the activation
+    rounded once; what it refuses it refuses with -1."""
+    lib = _build(isa)
+    g = torch.Generator().manual_seed(5)
+    hidden, width = 70, 37  # past the vector widths, with tails; blocks of four rows and a remainder
+    wide = torch.randn(2 * width + 6, hidden, generator=g).to(dtype) * 0.2
+    gate, up = wide[:width], wide[width + 3 : 2 * width + 3]
+    by_rows = (torch.randn(hidden, width + 9, generator=g).to(dtype) * 0.2)[:, 4 : 4 + width]
+    stored = (torch.randn(width + 5, hidden + 2, generator=g).to(dtype) * 0.2)[2 : 2 + width, 1 : 1 + hidden]
+    for down in (by_rows, stored.t()):
+        for rows in (1, 2, 4):
+            x = torch.randn(rows, hidden, generator=g).to(dtype)
+            out = torch.full((rows, hidden), 7.0, dtype=dtype)
+            assert lib.vs_swiglu(*cpu_gemv._swiglu_args(x, gate, up, down, out), 3) == 0
+            expected = _swiglu_reference(x, gate, up, down)
+            torch.testing.assert_close(out.double(), expected, rtol=0, atol=1e-2 * expected.abs().max().item())
+            # each row's sums are the same whatever rows come with it
+            one = torch.empty(1, hidden, dtype=dtype)
+            assert lib.vs_swiglu(*cpu_gemv._swiglu_args(x[-1:].clone(), gate, up, down, one), 3) == 0
+            assert torch.equal(one, out[-1:])
+    x, out = torch.randn(5, hidden).to(dtype), torch.empty(5, hidden, dtype=dtype)
+    assert lib.vs_swiglu(*cpu_gemv._swiglu_args(x, gate, up, stored.t(), out), 2) == -1  # transposed: four rows
+    assert lib.vs_swiglu(*cpu_gemv._swiglu_args(x, gate, up, by_rows, out), 2) == 0
+
+
 def _routed_reference(x, gate_up, down, experts, weights, keep=None):
     """A few tokens' routed experts in float64, the activation rounded once to the dtype as the kernel does."""
     width = gate_up.shape[1] // 2
@@ -381,3 +417,40 @@ def test_a_bound_experts_part_waits_for_its_word_computes_and_raises_its_ticket(
     assert ticket.item() == 2
     assert cpu_gemv.bind_routed_experts_part(x, gate_up, down, experts, weights, out.float()) is None  # out's dtype
     assert cpu_gemv.bind_routed_experts_part(x.float(), gate_up, down, experts, weights, out) is None  # the kernel's
+
+
+@needs_kernel
+def test_a_bound_swiglu_part_waits_for_its_word_computes_and_raises_its_ticket():
+    """A split dense FFN's CPU part as one C call for the run-ahead worker (DenseFFN.contribution_part): bound
+    while its input is still to be written, it computes nothing before the ready word reaches its number; then
+    writes what contribution computes (down stored transposed, as split FFNs keep it) and raises the ticket.
+    Tensors the kernel does not take give no part (the worker runs the Python job)."""
+    import threading
+
+    dtype = torch.bfloat16
+    ffn, weights = _ffn(dtype, hidden=64, intermediate=96)
+    whole = _whole(ffn, weights)
+    part_weights = ffn.pieces_of(whole, 0, 5)
+    h = torch.zeros(2, ffn.hidden, dtype=dtype)
+    out = torch.full((2, ffn.hidden), 7.0, dtype=dtype)
+    part = ffn.contribution_part(part_weights, h, out)
+    assert part is not None
+    ready, ticket = torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+    status, waited = part.run(ready, ticket, 1, 0.02, 2)
+    assert status == part.NOT_READY and waited >= 0.015 and ticket.item() == 0 and (out == 7).all()
+    value = torch.randn(2, ffn.hidden, generator=torch.Generator().manual_seed(3)).to(dtype)
+
+    def land():  # the input's copy, then the ready word
+        h.copy_(value)
+        ready.numpy()[0] = 1
+
+    threading.Timer(0.05, land).start()  # (runs while the call waits: the GIL is free)
+    status, waited = part.run(ready, ticket, 1, 5.0, torch.get_num_threads())  # (contribution's team: its sums)
+    assert status == 0 and 0.04 < waited < 2.0 and ticket.item() == 1
+    torch.testing.assert_close(out, ffn.contribution(part_weights, value), rtol=0, atol=0)
+    expected = _swiglu_reference(value, part_weights["gate_proj"], part_weights["up_proj"], part_weights["down_proj"])
+    torch.testing.assert_close(out.double(), expected, rtol=0, atol=1e-2 * expected.abs().max().item())
+    assert ffn.contribution_part(part_weights, h, out.float()) is None  # out's dtype
+    assert ffn.contribution_part(part_weights, h.float(), out) is None  # the kernel's dtypes
+    assert ffn.contribution_part(part_weights, torch.zeros(5, ffn.hidden, dtype=dtype),
+                                 torch.zeros(5, ffn.hidden, dtype=dtype)) is None  # past its rows

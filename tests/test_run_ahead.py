@@ -244,3 +244,35 @@ def test_host_experts_on_the_worker_as_one_bound_call_or_a_python_job(one_call, 
             ahead.drain()
         assert ahead.ticket.item() == number
     ahead.close()
+
+
+@needs_kernel
+@pytest.mark.parametrize("one_call", [True, False])
+def test_a_split_ffns_cpu_part_on_the_worker_as_one_bound_call_or_a_python_job(one_call, monkeypatch):
+    """A split dense FFN's few-row CPU part as the executor hands it to the worker (RunAhead.result_on with the
+    FFN's contribution_part): with VRAMSHARD_RUN_AHEAD_ONE_CALL on, the bound C call runs instead of the Python
+    job, once the ready word comes (late), and writes what contribution computes; it is not counted as an
+    expert kernel. Off: the Python job, the same sums."""
+    from test_split_ffn import _ffn, _whole
+
+    monkeypatch.setattr(run_ahead, "ONE_CALL", one_call)
+    _stand_in_for_the_gpu(monkeypatch)
+    ffn, weights = _ffn(torch.bfloat16, hidden=64, intermediate=96)
+    part = ffn.pieces_of(_whole(ffn, weights), 0, 5)
+    h = torch.randn(1, ffn.hidden, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    filled = []
+
+    def fill(out):
+        filled.append(True)
+        out.copy_(ffn.contribution(part, h))
+
+    ahead = run_ahead.RunAhead()
+    number = ahead.copied()
+    ahead.ready[0] = number - 1  # the GPU writes it 0.1 s from now
+    threading.Timer(0.1, lambda: ahead.ready.__setitem__(0, number)).start()
+    y = ahead.result_on(torch.device("cpu"), number, h, fill, lambda out: ffn.contribution_part(part, h, out))
+    computing, waiting = ahead.drain()
+    ahead.close()
+    assert ahead.ticket.item() == number and filled == ([] if one_call else [True])
+    torch.testing.assert_close(y, ffn.contribution(part, h))  # (the worker's team may sum in another order)
+    assert waiting >= 0.08 and 0 < computing < 0.08 and ahead.last_parts["expert_kernel_s"] == 0

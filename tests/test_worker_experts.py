@@ -258,14 +258,14 @@ def test_on_the_worker_the_profile_times_the_pass_as_the_worker_runs_it(monkeypa
 
     monkeypatch.setattr(run_ahead, "ONE_CALL", one_call)
     runs = []
-    real_run = cpu_gemv.ExpertsPart.run
+    real_run = cpu_gemv.BoundPart.run
 
     def counted(self, ready, ticket, number, seconds, threads):
         status, waited = real_run(self, ready, ticket, number, seconds, threads)
         runs.append((status, int(ticket[0])))
         return status, waited
 
-    monkeypatch.setattr(cpu_gemv.ExpertsPart, "run", counted)
+    monkeypatch.setattr(cpu_gemv.BoundPart, "run", counted)
     measured = measure_host_experts("bf16", 256, 128, 2, [1, 2], budget_s=0.02, progress=ProgressSink(),
                                     weight=1.0, on_worker=True)
     assert set(measured.worker) == {"1", "2"} and all(rate > 0 for rate in measured.worker.values())

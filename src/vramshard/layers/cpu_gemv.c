@@ -26,6 +26,11 @@
  *   the weights' dtype, then its runs of output rows (each expert's rows of a run read in one pass),
  *   each row summed over the experts in float32 and rounded once: every routed expert read once, one
  *   OpenMP team and one call for the layer.
+ *   vs_swiglu: y[T, D] = down(silu(G x) * (U x)) for a few rows: a dense FFN's SwiGLU, or a split FFN's CPU
+ *   pieces (G, U [R, D] at their row strides; down [D, R] by rows, or stored transposed as split FFNs keep it),
+ *   the products as vs_rows_times_weight / vs_rows_times_columns, the activation rounded once to the dtype,
+ *   the output too: one call for the part, where three products and torch's activation took the GIL back
+ *   between them.
  *   vs_decode_attention: one new token's attention over a sequence's cached keys and values (a paged cache's
  *   rows [L, Hkv, D], by head; query head h reads key/value head h / (H / Hkv)): each thread a run of
  *   positions for every head (flash-decoding), each key and value row read once, a running maximum and sum
@@ -40,6 +45,7 @@
  *   vs_routed_experts_part: vs_wait_word for a run-ahead part's input, vs_routed_experts, then the part's
  *   ticket raised, in one call: the run-ahead worker's host-expert part with no Python (and no wait for the
  *   GIL) between the GPU's word and the ticket the GPU waits for.
+ *   vs_swiglu_part: the same for a split dense FFN's CPU part (vs_swiglu).
  * Three ways to the same sums, chosen when compiled: AVX-512 (with AVX512-BF16's pairwise dot
  * products for bf16 where the CPU has them), AVX2 + F16C, and plain C.
  */
@@ -440,6 +446,42 @@ done:
   return status;
 }
 
+/* y[T, D] = down(silu(x G^T) * (x U^T)) in `dtype`: G, U [R, D] (row r at G + r * ldg, U + r * ldu; ldg, ldu >= D);
+ * down [D, R] by rows (row d at DN + d * ldd, ldd >= R: a column slice of a wider weight), or where `dn_columns`
+ * stored transposed (DN [R, D], row r at DN + r * ldd, ldd >= D; T <= VS_COLUMN_ROWS); x, y [T, D] rows
+ * contiguous. The gate and up products in float32, the activation rounded once to `dtype`, the down product
+ * in float32 rounded once. Returns 0, -1 for arguments it does not take, -2 where its buffers could not be
+ * allocated. */
+int vs_swiglu(int dtype, const uint16_t *G, long ldg, const uint16_t *U, long ldu, const uint16_t *DN, long ldd,
+              int dn_columns, const uint16_t *x, long T, long D, long R, uint16_t *y, int threads) {
+  if ((dtype != VS_BF16 && dtype != VS_FP16) || T < 1 || T > VS_MAX_ROWS || D < 1 || R < 1 || ldg < D || ldu < D ||
+      threads < 1 || (dn_columns ? (T > VS_COLUMN_ROWS || ldd < D) : ldd < R))
+    return -1;
+  float *both = (float *)malloc(sizeof(float) * (2 * T * R + T * D));  /* gate [T, R], up [T, R], out [T, D] */
+  uint16_t *act = (uint16_t *)malloc(sizeof(uint16_t) * T * R);
+  float *scratch = dn_columns ? (float *)malloc(sizeof(float) * threads * T * D) : NULL;
+  int status = 0;
+  if (!both || !act || (dn_columns && !scratch)) {
+    status = -2;
+    goto done;
+  }
+  float *gate = both, *up = both + T * R, *out = both + 2 * T * R;
+  vs_rows_times_weight(dtype, G, ldg, x, gate, T, R, D, threads);
+  vs_rows_times_weight(dtype, U, ldu, x, up, T, R, D, threads);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (long i = 0; i < T * R; i++) act[i] = vs_half(dtype, gate[i] / (1.0f + expf(-gate[i])) * up[i]);
+  if (dn_columns)
+    vs_rows_times_columns(dtype, DN, ldd, act, out, T, R, D, threads, scratch);
+  else
+    vs_rows_times_weight(dtype, DN, ldd, act, out, T, D, R, threads);
+  for (long i = 0; i < T * D; i++) y[i] = vs_half(dtype, out[i]);
+done:
+  free(both);
+  free(act);
+  free(scratch);
+  return status;
+}
+
 /* a[0:D] (float32) . b[0:D] (dtype). */
 static inline float vs_dot_f(int dtype, const float *a, const uint16_t *b, long D) {
   long d = 0;
@@ -744,6 +786,23 @@ int vs_routed_experts_part(const volatile int64_t *ready, volatile int64_t *tick
   __atomic_thread_fence(__ATOMIC_ACQUIRE);  /* the input the word announces is read after the word */
   int status = vs_routed_experts(dtype, GU, gu_e, gu_r, DN, dn_e, dn_r, x, T, chosen, chosen_t, chosen_a, routing,
                                  weights_dtype, weights_t, weights_a, NULL, 0, 0, k, D, F, E, y, threads);
+  __atomic_store_n(ticket, number, __ATOMIC_RELEASE);  /* after every store of y */
+  return status;
+}
+
+/* A run-ahead part of a split dense FFN in one call: as vs_routed_experts_part, with vs_swiglu's computing (every
+ * argument after waited_ns is vs_swiglu's). */
+int vs_swiglu_part(const volatile int64_t *ready, volatile int64_t *ticket, int64_t number, long ns, long *waited_ns,
+                   int dtype, const uint16_t *G, long ldg, const uint16_t *U, long ldu, const uint16_t *DN, long ldd,
+                   int dn_columns, const uint16_t *x, long T, long D, long R, uint16_t *y, int threads) {
+  struct timespec start, now;
+  clock_gettime(CLOCK_MONOTONIC, &start);
+  int64_t seen = vs_wait_word(ready, number, ns);
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  *waited_ns = (now.tv_sec - start.tv_sec) * 1000000000L + (now.tv_nsec - start.tv_nsec);
+  if (seen < number) return 1;
+  __atomic_thread_fence(__ATOMIC_ACQUIRE);  /* the input the word announces is read after the word */
+  int status = vs_swiglu(dtype, G, ldg, U, ldu, DN, ldd, dn_columns, x, T, D, R, y, threads);
   __atomic_store_n(ticket, number, __ATOMIC_RELEASE);  /* after every store of y */
   return status;
 }

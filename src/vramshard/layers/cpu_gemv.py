@@ -87,8 +87,29 @@ def swiglu(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Te
     weights (gate/up [r, D], down [D, r], a column slice of a wider one or stored transposed included),
     the activation in float32 rounded once to ``h``'s dtype before ``down``. Each row's sums are the
     same whatever rows come with it. Returns [T, D] in ``h``'s dtype."""
+    lib = library()
+    if hasattr(lib, "vs_swiglu"):  # one call (an earlier revision's source, built by benchmarks, has it not)
+        out = torch.empty(h.shape, dtype=h.dtype)
+        h = h.contiguous()
+        _check(lib.vs_swiglu(*_swiglu_args(h, gate, up, down, out), torch.get_num_threads()),
+               "its buffers for the FFN's products", lambda: _describe_swiglu(h, gate, up, down))
+        return out
     act = (torch.nn.functional.silu(rows_times_weight(h, gate)) * rows_times_weight(h, up)).to(h.dtype)
     return rows_times_weight(act, down).to(h.dtype)
+
+
+def _swiglu_args(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, out: torch.Tensor) -> tuple:
+    """``vs_swiglu``'s arguments but the thread count, for tensors :func:`serves_swiglu` takes (``h`` and ``out``
+    [T, D] rows contiguous)."""
+    columns = not _by_rows(down)  # stored transposed: down.T [R, D] by rows
+    return (DTYPES[h.dtype], gate.data_ptr(), gate.stride(0), up.data_ptr(), up.stride(0), down.data_ptr(),
+            down.stride(1) if columns else down.stride(0), int(columns), h.data_ptr(), h.shape[0], h.shape[1],
+            gate.shape[0], out.data_ptr())
+
+
+def _describe_swiglu(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> str:
+    return (f"the SwiGLU of x {tuple(h.shape)} (gate {tuple(gate.shape)}, up {tuple(up.shape)}, down "
+            f"{tuple(down.shape)} strides {down.stride()}, {h.dtype})")
 
 
 def _compiler() -> str | None:
@@ -193,6 +214,15 @@ def _load(flags: tuple[str, ...] = FLAGS):
                                                ctypes.c_void_p,  # ready, ticket, number, ns, waited_ns
                                                *lib.vs_routed_experts.argtypes[:16],  # (no keep)
                                                *lib.vs_routed_experts.argtypes[19:]]
+    if hasattr(lib, "vs_swiglu"):
+        lib.vs_swiglu.restype = ctypes.c_int
+        lib.vs_swiglu.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,  # G, U
+                                  ctypes.c_void_p, ctypes.c_long, ctypes.c_int,  # down, its stride, by columns
+                                  ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long,  # x, T, D, R
+                                  ctypes.c_void_p, ctypes.c_int]  # y, threads
+        lib.vs_swiglu_part.restype = ctypes.c_int
+        lib.vs_swiglu_part.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_long,
+                                       ctypes.c_void_p, *lib.vs_swiglu.argtypes]  # ready, ticket, number, ns, waited
     if hasattr(lib, "vs_decode_attention"):
         lib.vs_decode_attention.restype = ctypes.c_int
         lib.vs_decode_attention.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,  # q, H, D
@@ -423,32 +453,33 @@ def wait_for_word(word: torch.Tensor, at_least: int, seconds: float, lib=None) -
     return lib.vs_wait_word(word.data_ptr(), int(at_least), max(0, int(seconds * 1e9)))
 
 
-class ExpertsPart:
-    """A routed-experts call bound to its tensors ahead of time, for the run-ahead worker: :meth:`run` waits for
-    the part's ready word, computes into ``out`` and raises the part's ticket in one C call, the GIL free
-    throughout (:func:`bind_routed_experts_part`)."""
+class BoundPart:
+    """A run-ahead part's C call bound to its tensors ahead of time, for the run-ahead worker: :meth:`run` waits
+    for the part's ready word, computes into its output and raises the part's ticket in one C call, the GIL free
+    throughout (:func:`bind_routed_experts_part`, :func:`bind_swiglu_part`)."""
 
     NOT_READY = 1  # run's status where the ready word did not come within the wait
 
-    def __init__(self, lib, args: tuple, tensors: tuple, describe):
-        self._call, self._args, self._describe = lib.vs_routed_experts_part, args, describe
+    def __init__(self, call, args: tuple, tensors: tuple, scratch: str, describe, experts: bool):
+        self._call, self._args, self._scratch, self._describe = call, args, scratch, describe
+        self.experts = experts  # a MoE layer's routed experts (else a dense FFN's part)
         self._tensors = tensors  # what the arguments point into: alive as long as the part
         self._waited = ctypes.c_long(0)
 
     def run(self, ready: torch.Tensor, ticket: torch.Tensor, number: int, seconds: float,
             threads: int) -> tuple[int, float]:
         """Wait up to ``seconds`` for ``ready[0] >= number``; then compute and set ``ticket[0] = number``.
-        Returns (:data:`NOT_READY` or 0, seconds waited); raises as :func:`routed_experts` for a status the
+        Returns (:data:`NOT_READY` or 0, seconds waited); raises as the unbound call would for a status the
         kernel refused (the ticket raised all the same)."""
         status = self._call(ready.data_ptr(), ticket.data_ptr(), int(number), max(0, int(seconds * 1e9)),
                             ctypes.byref(self._waited), *self._args, int(threads))
         if status not in (0, self.NOT_READY):
-            _check(status, "its scratch for the routed experts", self._describe)
+            _check(status, self._scratch, self._describe)
         return status, self._waited.value * 1e-9
 
 
 def bind_routed_experts_part(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: torch.Tensor,
-                             weights: torch.Tensor, out: torch.Tensor, lib=None) -> ExpertsPart | None:
+                             weights: torch.Tensor, out: torch.Tensor, lib=None) -> BoundPart | None:
     """:func:`routed_experts` of ``x`` into ``out`` [T, D] (``x``'s dtype, rows contiguous) bound ahead of its
     inputs' values: ``x``, ``experts`` and ``weights`` may still be on their way (a copy from the GPU the
     part's ready word announces), so only their layout is checked here (as :func:`serves_experts` checks it);
@@ -466,9 +497,29 @@ def bind_routed_experts_part(x: torch.Tensor, gate_up: torch.Tensor, down: torch
             down.stride(0), down.stride(1), x.data_ptr(), T, experts.data_ptr(), experts.stride(0), experts.stride(1),
             weights.data_ptr(), ROUTING_DTYPES[weights.dtype], weights.stride(0), weights.stride(1), k, D, two_f // 2,
             E, out.data_ptr())
-    return ExpertsPart(lib, args, (x, gate_up, down, experts, weights, out),
-                       lambda: f"the routed experts {experts.tolist()} of {E} (gate_up {tuple(gate_up.shape)}, "
-                               f"down {tuple(down.shape)}, {x.dtype})")
+
+    def describe() -> str:
+        return (f"the routed experts {experts.tolist()} of {E} (gate_up {tuple(gate_up.shape)}, "
+                f"down {tuple(down.shape)}, {x.dtype})")
+
+    return BoundPart(lib.vs_routed_experts_part, args, (x, gate_up, down, experts, weights, out),
+                     "its scratch for the routed experts", describe, experts=True)
+
+
+def bind_swiglu_part(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, out: torch.Tensor,
+                     lib=None) -> BoundPart | None:
+    """:func:`swiglu` of ``h`` [T, D] into ``out`` (``h``'s shape and dtype, contiguous) bound ahead of ``h``'s
+    values (a copy from the GPU the part's ready word announces): a split dense FFN's CPU part on the run-ahead
+    worker. None where the kernel does not take these tensors (:func:`serves_swiglu`; ``h`` rows contiguous), or
+    the library is older than the call."""
+    lib = lib or library()
+    if lib is None or not hasattr(lib, "vs_swiglu_part") or not (h.dim() == 2 and h.is_contiguous()) \
+            or not serves_swiglu(h, gate, up, down):
+        return None
+    if not (out.device.type == "cpu" and out.dtype == h.dtype and out.shape == h.shape and out.is_contiguous()):
+        return None
+    return BoundPart(lib.vs_swiglu_part, _swiglu_args(h, gate, up, down, out), (h, gate, up, down, out),
+                     "its buffers for the FFN's products", lambda: _describe_swiglu(h, gate, up, down), experts=False)
 
 
 _scratches = threading.local()  # per calling thread: the host thread and the run-ahead worker

@@ -193,7 +193,7 @@ def routed(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: 
 
 
 def routed_part(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: torch.Tensor,
-                weights: torch.Tensor, out: torch.Tensor) -> cpu_gemv.ExpertsPart | None:
+                weights: torch.Tensor, out: torch.Tensor) -> cpu_gemv.BoundPart | None:
     """:func:`routed` of every assignment, written into ``out``, as one C call bound ahead of its inputs'
     values (:func:`~vramshard.layers.cpu_gemv.bind_routed_experts_part`: the run-ahead worker's part, the
     GIL free from its wait for the inputs to its ticket); None where :func:`routed` would not take the C

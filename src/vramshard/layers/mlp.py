@@ -179,6 +179,15 @@ class DenseFFN(SubLayer):
             return swiglu_fused_into(h, w["gate_up_proj"], w["down_proj"], out, work)
         return swiglu_into(h, w["gate_proj"], w["up_proj"], w["down_proj"], out, work)
 
+    def contribution_part(self, w: Mapping[str, torch.Tensor], h: torch.Tensor,
+                          out: torch.Tensor) -> cpu_gemv.BoundPart | None:
+        """:meth:`contribution` of ``h`` [T, D] into ``out`` as one bound C call, where the C kernel computes it
+        from ``w`` as it lies (host memory, a few rows): the run-ahead worker runs it with ``h``'s values still
+        on their way (:func:`~vramshard.layers.cpu_gemv.bind_swiglu_part`). None elsewhere: the caller runs
+        :meth:`contribution`."""
+        gate, up = w["gate_up_proj"].chunk(2, dim=0) if "gate_up_proj" in w else (w["gate_proj"], w["up_proj"])
+        return cpu_gemv.bind_swiglu_part(h, gate, up, w["down_proj"], out)
+
     @staticmethod
     def work_elements(w: Mapping[str, torch.Tensor], rows: int) -> int:
         """Elements of :meth:`contribution_into`'s ``work`` for ``rows`` rows of the FFN (or pieces) ``w``."""

@@ -345,7 +345,7 @@ class MoEFFN(SubLayer):
         return self._run_grouped(source, h, routing, only)
 
     def experts_part(self, source: ExpertWeights, h: torch.Tensor, routing: Routing,
-                     out: torch.Tensor) -> cpu_gemv.ExpertsPart | None:
+                     out: torch.Tensor) -> cpu_gemv.BoundPart | None:
         """:meth:`run_experts` (every assignment) into ``out`` [T, D] as one bound C call, where run_experts
         would compute it with the C kernel (host memory, the stacked experts): the run-ahead worker runs it
         with its inputs' values still on their way (:func:`~vramshard.layers.host_experts.routed_part`).

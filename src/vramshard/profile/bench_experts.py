@@ -19,7 +19,7 @@ against 0.76 ms alone (twenty-third GPU session, ``benchmarks.compiled_gil``), a
 CPU share of the zero-copy experts decoded at 15.3 tok/s where the rate alone predicted 22.9.
 
 On the worker the pass is timed as the worker runs it: as one bound C call
-(:class:`~vramshard.layers.cpu_gemv.ExpertsPart`, its ready word already up) where the executor's worker
+(:class:`~vramshard.layers.cpu_gemv.BoundPart`, its ready word already up) where the executor's worker
 takes that call (``VRAMSHARD_RUN_AHEAD_ONE_CALL``, since session 47), else the layer's own code as above.
 
 How large the worker's OpenMP team should be is measured too: the one-token pass beside Python with

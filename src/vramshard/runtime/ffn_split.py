@@ -180,8 +180,10 @@ class FFNSplitSteps:
                 work = ahead.buffers.work(sublayer.work_elements(cpu_part, rows), h_host.dtype)
                 return ahead.result_on(self.gpu, number, h_host,
                                        lambda out: sublayer.contribution_into(cpu_part, h_host, out, work))
-        # Few rows: the C kernel up to its rows, else the projections tuned per shape; into the pinned buffer.
-        return ahead.result_on(self.gpu, number, h_host, lambda out: out.copy_(sublayer.contribution(cpu_part, h_host)))
+        # Few rows: the C kernel up to its rows (one bound call, where it takes the part), else the projections
+        # tuned per shape; into the pinned buffer.
+        return ahead.result_on(self.gpu, number, h_host, lambda out: out.copy_(sublayer.contribution(cpu_part, h_host)),
+                               lambda out: sublayer.contribution_part(cpu_part, h_host, out))
 
     def _cpu_contribution(self, sublayer: DenseFFN, weights: dict[str, torch.Tensor], h: torch.Tensor,
                           cpu_pieces: int) -> torch.Tensor:

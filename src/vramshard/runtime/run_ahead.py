@@ -51,7 +51,10 @@ experts, ``on`` split dense FFNs' CPU parts too, ``off`` neither. In the thirty-
 (docs/BENCHMARKS.md; H100, qwen3-30b-a3b at 8 GiB, off/on/off/on in four processes) the planned engine
 decoded 16.6 and 13.6 tok/s without the worker and 20.6 and 18.3 with it, experts-cpu 13.8 and 15.1 against
 18.9 and 18.1. Dense split steps have not gained from it (nemo-8b at 8 GiB, thirty-first session: 10.83
-tok/s with it, 10.95 without; llama3-8b's 64-row step, thirteenth: 167 ms against 121).
+tok/s with it, 10.95 without; llama3-8b's 64-row step, thirteenth: 167 ms against 121), when each part was a
+Python job around three products that took the GIL back between them; since session 61 a part of up to the C
+kernel's rows is one bound call as host experts are (:func:`~vramshard.layers.cpu_gemv.bind_swiglu_part`). Not yet
+run on a GPU.
 """
 
 from __future__ import annotations
@@ -103,9 +106,10 @@ SPIN_S = number("VRAMSHARD_RUN_AHEAD_SPIN_US", 500.0) * 1e-6
 # (each poll takes the GIL from the host thread for a moment: few, while the host dispatches).
 YIELDING_POLLS = 50
 POLL_SLEEP_S = 20e-6
-# Host-expert parts as one bound C call (VRAMSHARD_RUN_AHEAD_ONE_CALL, default on): the worker waits for the
+# Host-expert parts (since session 61 split dense FFNs' few-row parts too) as one bound C call
+# (VRAMSHARD_RUN_AHEAD_ONE_CALL, default on): the worker waits for the
 # ready word, computes into the result buffer and raises the ticket without Python, and so without taking the
-# GIL back, between the GPU's word and the ticket the GPU waits for (cpu_gemv.ExpertsPart). Off: the part is a
+# GIL back, between the GPU's word and the ticket the GPU waits for (cpu_gemv.BoundPart). Off: the part is a
 # Python job around the same kernel (a C wait, the kernel's call, the copy into the buffer, the ticket). In the
 # forty-first GPU session experts-cpu's worker spent 5.2 ms of a 54 ms step in that Python beside the kernel's
 # 39.5 ms. With the one call (forty-second GPU session, five A/B pairs on two H100 machines) qwen3-30b-a3b at
@@ -245,9 +249,9 @@ class RunAhead:
             _write_word[(1,)](self.ready, self._issued)
         return self._issued
 
-    def submit(self, number: int, job: Callable[[], None] | cpu_gemv.ExpertsPart) -> None:
+    def submit(self, number: int, job: Callable[[], None] | cpu_gemv.BoundPart) -> None:
         """Run ``job`` (it writes part ``number``'s CPU result into its buffer, reading only host
-        memory; or a bound C call that does, :class:`~vramshard.layers.cpu_gemv.ExpertsPart`) on the
+        memory; or a bound C call that does, :class:`~vramshard.layers.cpu_gemv.BoundPart`) on the
         worker once its input has landed, with the host thread's CPU thread count (less the host
         thread's own core: :func:`worker_threads`), then raise the ticket; queue the GPU's wait for it
         on the current stream."""
@@ -264,7 +268,7 @@ class RunAhead:
 
     def result_on(self, device: torch.device, number: int, like: torch.Tensor,
                   fill: Callable[[torch.Tensor], object],
-                  bind: Callable[[torch.Tensor], cpu_gemv.ExpertsPart | None] | None = None) -> torch.Tensor:
+                  bind: Callable[[torch.Tensor], cpu_gemv.BoundPart | None] | None = None) -> torch.Tensor:
         """Part ``number`` as a whole: ``fill`` writes its result (shaped and typed as ``like``,
         [T, D]) into a pinned buffer on the worker; returns the result's copy on ``device``, queued
         behind the GPU's wait for it (nothing here waits). ``bind``: the part as one C call into that
@@ -320,9 +324,9 @@ class RunAhead:
             began = time.perf_counter()
             idle = began - done if self._parts else 0.0  # (a step's first part waits while the host samples)
             kernel_before = host_experts.kernel_seconds()
-            if isinstance(job, cpu_gemv.ExpertsPart):
+            if isinstance(job, cpu_gemv.BoundPart):
                 computing = self._run_bound(number, job, threads)
-                kernel = time.perf_counter() - computing  # (the call's computing is the kernel's)
+                kernel = time.perf_counter() - computing if job.experts else 0.0  # (the call's computing)
             else:
                 computing = self._run(number, job, threads)
                 kernel = host_experts.kernel_seconds() - kernel_before
@@ -359,8 +363,8 @@ class RunAhead:
             self._ticket_view[0] = number  # the GPU goes on, whatever happened
         return computing
 
-    def _run_bound(self, number: int, part: cpu_gemv.ExpertsPart, threads: int) -> float:
-        """Part ``number`` as its one C call (:class:`~vramshard.layers.cpu_gemv.ExpertsPart`): the call waits
+    def _run_bound(self, number: int, part: cpu_gemv.BoundPart, threads: int) -> float:
+        """Part ``number`` as its one C call (:class:`~vramshard.layers.cpu_gemv.BoundPart`): the call waits
         for the ready word, computes and raises the ticket; where the word has not come within ``SPIN_S``,
         the worker polls for it as :meth:`_run` does and calls again. Returns when it began computing."""
         began = time.perf_counter()
