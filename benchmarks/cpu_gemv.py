@@ -8,7 +8,8 @@ For each row count (``--rows``, default 1 and 4) and each shape of an 8B model's
 and a split part's share of it) it times the rows through: ``F.linear`` on the plain
 weight, oneDNN's prepacked weight (``mkldnn._linear_pointwise``, the split parts' path beside a GPU
 since session 31) and the C kernel on the plain weight; then a whole split part (SwiGLU of 6 of 16
-pieces: gate, up, and down's share, stored transposed) by the prepacked part and by the C kernel. Every timing walks
+pieces: gate, up, and down's share, stored transposed) by the prepacked part and by the C kernel, in one call and (as
+before session 61) in three with torch's activation between them. Every timing walks
 eight weights in turn (about 0.9 GB at bf16), so each call reads its weight from memory, not from the
 last-level cache. GB/s is weight bytes per second; the bound is the host's read
 (``benchmarks.common.cpu_read_bandwidth``: the sum of a float32 buffer, as the profile measures it).
@@ -91,7 +92,15 @@ def _split_part(dtype: torch.dtype, reps: int) -> dict:
     if cpu_gemv.library() is not None:
         row["gemv_gb_s"] = nbytes / median_seconds(
             lambda: [cpu_gemv.swiglu(h, p["gate_proj"], p["up_proj"], p["down_proj"]) for p in parts], reps) / 1e9
+        # The part as three calls of the kernel with torch's activation between them (before session 61's one call).
+        row["gemv_three_calls_gb_s"] = nbytes / median_seconds(
+            lambda: [_three_calls(h, p["gate_proj"], p["up_proj"], p["down_proj"]) for p in parts], reps) / 1e9
     return row
+
+
+def _three_calls(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    act = (F.silu(cpu_gemv.rows_times_weight(h, gate)) * cpu_gemv.rows_times_weight(h, up)).to(h.dtype)
+    return cpu_gemv.rows_times_weight(act, down).to(h.dtype)
 
 
 def main() -> None:
