@@ -1,6 +1,7 @@
 """The estimator's CPU work beside the copy engine: the contended pace only while copies run."""
 
 import pytest
+import torch
 
 from vramshard.plan.estimator import CopyEngineSpans, Estimator
 from vramshard.plan.placement import CPU, GPU_RESIDENT, GPU_STREAMED, Placement, Where
@@ -128,6 +129,31 @@ def test_run_ahead_takes_the_hosts_launches_off_a_split_step_but_not_below_its_r
     assert ahead_free == pytest.approx(plain_free, rel=0.1)
     assert Estimator(NEMO, profile).run_ahead is False  # as the executor runs here (no GPU, or off)
     assert AHEAD_LAUNCHES > 0
+
+
+def test_bound_run_ahead_prices_only_parts_the_c_kernel_computes_on_the_worker():
+    """VRAMSHARD_RUN_AHEAD=bound: a split FFN's CPU part goes to the worker where it runs as one bound C call (up
+    to the C kernel's rows, half precision): priced as ``run_ahead_dense`` prices it there, as the host thread's
+    elsewhere; without the C kernel, nowhere."""
+    from vramshard.layers import cpu_gemv
+
+    profile = synthetic(**CLIENT, dispatch_us={"cpu": 20, "cuda": 400})
+    placement = split_placement(8)
+    model = NEMO
+
+    def step(rows, **switches):
+        return Estimator(model, profile, run_ahead=False, cpu_gemv=True, **switches).simulate(placement, rows, 1024)
+
+    assert model.dtype in (torch.bfloat16, torch.float16)
+    few, many = 1, cpu_gemv.FFN_ROWS + 1
+    for rows, on_worker in ((few, True), (many, False)):
+        bound = step(rows, run_ahead_bound=True)
+        worker, host = step(rows, run_ahead_dense=True), step(rows)
+        assert bound.seconds == pytest.approx((worker if on_worker else host).seconds, rel=1e-9)
+        assert worker.seconds != pytest.approx(host.seconds, rel=1e-3)  # (the check can fail)
+    no_kernel = Estimator(model, profile, run_ahead=False, cpu_gemv=False, run_ahead_bound=True)
+    assert no_kernel.simulate(placement, few, 1024).seconds == pytest.approx(
+        Estimator(model, profile, run_ahead=False, cpu_gemv=False).simulate(placement, few, 1024).seconds, rel=1e-9)
 
 
 def test_run_ahead_moe_experts_on_the_cpu_overlap_the_hosts_launches():

@@ -149,21 +149,28 @@ def test_run_ahead_is_on_unless_turned_off(monkeypatch):
     assert_opt_out(monkeypatch, run_ahead, "VRAMSHARD_RUN_AHEAD")
 
 
-@pytest.mark.parametrize("value, experts, dense", [(None, True, False), ("auto", True, False), ("on", True, True),
-                                                   ("off", False, False), ("sometimes", True, False)])
-def test_run_ahead_gives_the_worker_host_experts_by_default_and_dense_parts_when_on(monkeypatch, value, experts,
-                                                                                     dense):
-    """auto (the default): MoE layers' host experts only; on: split dense FFNs' CPU parts too."""
+@pytest.mark.parametrize("value, experts, bound, dense", [
+    (None, True, False, False), ("auto", True, False, False), ("bound", True, True, False), ("on", True, True, True),
+    ("off", False, False, False), ("sometimes", True, False, False)])
+def test_run_ahead_gives_the_worker_host_experts_by_default_and_dense_parts_when_asked(monkeypatch, value, experts,
+                                                                                       bound, dense):
+    """auto (the default): MoE layers' host experts only; bound: split dense FFNs' CPU parts too where they run as
+    one bound C call (a few bf16/fp16 rows through the C kernel); on: every split part."""
+    from vramshard.layers import cpu_gemv
+
     if value is None:
         monkeypatch.delenv("VRAMSHARD_RUN_AHEAD", raising=False)
     else:
         monkeypatch.setenv("VRAMSHARD_RUN_AHEAD", value)
     try:
         module = importlib.reload(run_ahead)
-        assert (module.ENABLED, module.DENSE) == (experts, dense)
+        assert (module.ENABLED, module.BOUND, module.DENSE) == (experts, bound, dense)
         monkeypatch.setattr(module.torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(module, "WAIT", "stream")
-        assert (module.available(), module.available(dense=True)) == (experts, dense)
+        assert (module.available(), module.available(dense=True)) == (experts, bound)
+        monkeypatch.setattr(cpu_gemv, "computes", lambda rows: 1 <= rows <= 4)  # (as where the kernel builds)
+        assert module.takes_dense(1, torch.bfloat16) is bound and module.takes_dense(4, torch.float16) is bound
+        assert module.takes_dense(5, torch.bfloat16) is dense and module.takes_dense(1, torch.float32) is dense
     finally:
         monkeypatch.undo()
         importlib.reload(run_ahead)

@@ -146,13 +146,14 @@ class Mechanisms:
     wire_codec: bool = False  # bf16 stream fills coded (runtime/wire_codec)
     vram_codec: bool = False  # pinned bf16 weights may be kept coded in VRAM (runtime/vram_coded)
     decode_graphs: bool = False  # decode steps replay runs of resident sub-layers from CUDA graphs (runtime/graphs)
+    run_ahead_bound: bool = False  # split dense FFNs' CPU parts that run as one bound C call (few rows, the C kernel)
 
     @classmethod
     def here(cls) -> "Mechanisms":
         """This process's (or the fixed ones)."""
         return cls(run_ahead_enabled(), cpu_packed_enabled(), cpu_gemv_enabled(), zero_copy_enabled(),
                    run_ahead_enabled(dense=True), wire_codec_enabled(), vram_codec_enabled(),
-                   decode_graphs_enabled())
+                   decode_graphs_enabled(), run_ahead_bound_enabled())
 
 
 _fixed: Mechanisms | None = None
@@ -175,14 +176,25 @@ def pricing_graphs(on: bool):
 
 
 def run_ahead_enabled(dense: bool = False) -> bool:
-    """Whether the executor will hand MoE layers' host experts (or, ``dense``, split dense FFNs' CPU
-    parts) to its run-ahead worker (read when an estimator is made: the benchmarks switch it per
+    """Whether the executor will hand MoE layers' host experts (or, ``dense``, every split dense FFN's CPU
+    part) to its run-ahead worker (read when an estimator is made: the benchmarks switch it per
     placement)."""
     if _fixed is not None:
         return _fixed.run_ahead_dense if dense else _fixed.run_ahead
     from ..runtime import run_ahead  # (the mechanism's own switch; nothing else of it is used here)
 
-    return run_ahead.available(dense)
+    return run_ahead.available(dense) and (run_ahead.DENSE or not dense)
+
+
+def run_ahead_bound_enabled() -> bool:
+    """Whether the executor will hand its run-ahead worker the split dense FFNs' CPU parts that run as one bound
+    C call (``VRAMSHARD_RUN_AHEAD=bound``: few rows through the C kernel; :func:`~vramshard.runtime.run_ahead.
+    bound_part`)."""
+    if _fixed is not None:
+        return _fixed.run_ahead_bound
+    from ..runtime import run_ahead
+
+    return run_ahead.available(dense=True) and run_ahead.BOUND and run_ahead.ONE_CALL
 
 
 def cpu_packed_enabled() -> bool:
@@ -348,7 +360,7 @@ class Estimator:
                  sizes: dict[str, int] | None = None, costs: dict | None = None, run_ahead: bool | None = None,
                  zero_copy: bool | None = None, cpu_packed: bool | None = None,
                  zero_copy_cpu_share: float = 0.0, cpu_gemv: bool | None = None,
-                 run_ahead_dense: bool | None = None, graphs: bool | None = None):
+                 run_ahead_dense: bool | None = None, graphs: bool | None = None, run_ahead_bound: bool | None = None):
         self.model = model
         self.graphs = decode_graphs_enabled() if graphs is None else graphs  # (decode steps replay resident runs)
         self.cpu_packed = cpu_packed_enabled() if cpu_packed is None else cpu_packed
@@ -357,9 +369,14 @@ class Estimator:
         self.gemv_rows = gemv_kernel.FFN_ROWS if self.cpu_gemv else 0  # (the most rows of dense FFN work it takes)
         # Host experts, and split FFNs' CPU parts, on the executor's run-ahead worker (None: as the executor will run).
         self.run_ahead = run_ahead_enabled() if run_ahead is None else run_ahead
+        as_executor = run_ahead is None and run_ahead_dense is None
         if run_ahead_dense is None:
             run_ahead_dense = run_ahead_enabled(dense=True) if run_ahead is None else run_ahead
         self.run_ahead_dense = run_ahead_dense
+        # ... or of them those that run as one bound C call (by default as the executor will, or as run_ahead_dense)
+        if run_ahead_bound is None:
+            run_ahead_bound = run_ahead_bound_enabled() if as_executor else run_ahead_dense
+        self.run_ahead_bound = run_ahead_bound
         available, self.zero_copy_rows = zero_copy_enabled()
         self.zero_copy = available if zero_copy is None else zero_copy  # (host experts read by the GPU)
         self.zero_copy_efficiency = zero_copy_efficiency(profile)  # (of the copy engine's rate)
@@ -438,6 +455,11 @@ class Estimator:
         ``benchmarks.cpu_gemv`` and ``benchmarks.kernel_revisions``); the profile's tables of more rows time
         torch's paths."""
         return 1 if 1 < rows <= self.gemv_rows and self.profile.cpu_gemv else rows
+
+    def _bound_part(self, rows: int) -> bool:
+        """Whether a split FFN's CPU part of ``rows`` rows runs as one bound C call (the run-ahead worker's, where
+        ``run_ahead_bound``): the C kernel computes it, in bf16 or fp16."""
+        return self.cpu_gemv and 1 <= rows <= self.gemv_rows and self.dtype in (torch.bfloat16, torch.float16)
 
     def _matmul(self, m: float, k: int, n: int, device: str, contended: bool) -> float:
         if m <= 0:
@@ -749,7 +771,8 @@ class Estimator:
                         h_ready = py
                     else:  # the norm on the GPU (negligible), from the GPU part's slot: after its fill
                         h_ready = max(gpu_free, x_ready, fill_done[uses])
-                    ahead = self.run_ahead_dense and x_device == "cuda"
+                    ahead = x_device == "cuda" and (self.run_ahead_dense or self.run_ahead_bound
+                                                    and self._bound_part(n_tokens))
                     if ahead:
                         launch += self.dispatch_s("cuda") * AHEAD_LAUNCHES / DISPATCH_LAUNCHES
                         py = buffer_free(py)

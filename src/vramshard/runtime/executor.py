@@ -367,7 +367,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         step that needs them, where a decode-sized tier computes on the CPU, at that tier's thread
         count, and at the run-ahead worker's where it will compute split parts or experts."""
         smallest = (1,) + tuple(t + 1 for t in plans.tiers[:-1])  # the fewest tokens of each tier's steps
-        ahead = run_ahead.available() and not self.simulated  # (host experts; split parts where run_ahead.DENSE)
+        ahead = run_ahead.available() and not self.simulated  # (host experts; split parts: run_ahead.takes_dense)
         for tier, fewest, placement, threads, team in zip(plans.tiers, smallest, plans.placements, plans.threads,
                                                           plans.worker_threads or (None,) * len(plans.tiers)):
             if fewest > max(cpu_linear.MAX_TOKENS, cpu_swiglu.MAX_ROWS):
@@ -379,7 +379,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
                 continue
             use_cpu_threads(self._tier_threads(threads))
             counts = [torch.get_num_threads()]
-            if ahead and any(where[s.name].cpu_pieces and run_ahead.DENSE or where[s.name].experts == "host"
+            if ahead and any(where[s.name].cpu_pieces and run_ahead.BOUND or where[s.name].experts == "host"
                              for s in on_cpu):
                 counts.append(run_ahead.worker_threads(counts[0], team))  # (as submit gives the worker)
             packed = self._packed.enabled and plans.packs(tier)
@@ -990,10 +990,11 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
             if self._tuned_tokens is not None and self._team_tuner is not None and self._worker_parts.get("parts"):
                 self._team_tuner.observe(self._tuned_tokens, self._worker_parts["team"], computing)
 
-    def _ahead(self, dense: bool = False) -> run_ahead.RunAhead | None:
+    def _ahead(self, dense: bool = False, rows: int = 0) -> run_ahead.RunAhead | None:
         """The run-ahead worker (made on the first split FFN that uses it), None where it is off (for
-        split dense FFNs' CPU parts, ``dense``, or for MoE layers' host experts)."""
-        if dense and not run_ahead.DENSE:
+        split dense FFNs' CPU parts of ``rows`` rows, ``dense``: :func:`~run_ahead.takes_dense`, or for MoE
+        layers' host experts)."""
+        if dense and not run_ahead.takes_dense(rows, self.model.dtype):
             return None
         if self._run_ahead is None and not self._run_ahead_tried:
             self._run_ahead_tried = True

@@ -145,7 +145,7 @@ class FFNSplitSteps:
             return y + y_back, 2
         h = sublayer.norm(gpu_part, x)  # [T, D] on the GPU
         h_host = h.to("cpu", non_blocking=True)  # queued before the GPU part: it does not wait for it
-        ahead = self._ahead(dense=True)
+        ahead = self._ahead(dense=True, rows=h.shape[0])
         if ahead is not None:
             number = ahead.copied()  # the worker starts once h_host has landed
             y = x + sublayer.contribution(gpu_part, h)

@@ -47,7 +47,8 @@ takes where it measures it faster (:mod:`~vramshard.layers.cpu_swiglu`), seven t
 projection. Not yet run on a GPU.
 
 ``VRAMSHARD_RUN_AHEAD``: ``auto`` (the default since session 42) gives the worker MoE layers' host
-experts, ``on`` split dense FFNs' CPU parts too, ``off`` neither. In the thirty-seventh GPU session
+experts, ``bound`` also split dense FFNs' CPU parts that run as one bound C call (few rows through the C
+kernel, :func:`bound_part`), ``on`` every split part, ``off`` nothing. In the thirty-seventh GPU session
 (docs/BENCHMARKS.md; H100, qwen3-30b-a3b at 8 GiB, off/on/off/on in four processes) the planned engine
 decoded 16.6 and 13.6 tok/s without the worker and 20.6 and 18.3 with it, experts-cpu 13.8 and 15.1 against
 18.9 and 18.1. Dense split steps have not gained from it (nemo-8b at 8 GiB, thirty-first session: 10.83
@@ -82,9 +83,10 @@ except ImportError:  # no Triton (CPU-only torch): available() is False
 
 log = logging.getLogger(__name__)
 
-MODE = choice("VRAMSHARD_RUN_AHEAD", ("auto", "on", "off"), "auto")
+MODE = choice("VRAMSHARD_RUN_AHEAD", ("auto", "bound", "on", "off"), "auto")
 ENABLED = MODE != "off"  # the worker computes MoE layers' host experts
-DENSE = MODE == "on"  # ... and split dense FFNs' CPU parts
+BOUND = MODE in ("bound", "on")  # ... and split dense FFNs' CPU parts that run as one bound call
+DENSE = MODE == "on"  # ... and every split dense FFN's CPU part
 # Polls of the ticket before the GPU stops waiting (each a read of host memory over PCIe, about a
 # microsecond: about a minute, far beyond any CPU part, e.g. ~0.2 s for a 2048-row prompt chunk's;
 # only a ticket never raised meets it, and the step that sees the flag fails).
@@ -171,8 +173,21 @@ def hand_the_gil_over_quickly() -> None:
 
 def available(dense: bool = False) -> bool:
     """Whether run-ahead steps can run here (asked for, a GPU, and Triton for the kernels): for MoE
-    layers' host experts, or (``dense``) for split dense FFNs' CPU parts."""
-    return ENABLED and (DENSE or not dense) and torch.cuda.is_available() and (triton is not None or WAIT == "stream")
+    layers' host experts, or (``dense``) for split dense FFNs' CPU parts (some: :func:`takes_dense`)."""
+    return ENABLED and (BOUND or DENSE or not dense) and torch.cuda.is_available() \
+        and (triton is not None or WAIT == "stream")
+
+
+def bound_part(rows: int, dtype: torch.dtype) -> bool:
+    """Whether a split dense FFN's CPU part of ``rows`` rows in ``dtype`` runs as one bound C call
+    (:func:`~vramshard.layers.cpu_gemv.bind_swiglu_part`): the C kernel computes it here, as one call."""
+    return ONE_CALL and dtype in cpu_gemv.DTYPES and cpu_gemv.computes(rows)
+
+
+def takes_dense(rows: int, dtype: torch.dtype) -> bool:
+    """Whether the worker takes a split dense FFN's CPU part of ``rows`` rows in ``dtype`` (where it runs at
+    all, :func:`available`): every part where ``on``, one that runs as one bound call where ``bound``."""
+    return DENSE or (BOUND and bound_part(rows, dtype))
 
 
 if triton is not None:
