@@ -454,3 +454,73 @@ def test_a_bound_swiglu_part_waits_for_its_word_computes_and_raises_its_ticket()
     assert ffn.contribution_part(part_weights, h.float(), out) is None  # the kernel's dtypes
     assert ffn.contribution_part(part_weights, torch.zeros(5, ffn.hidden, dtype=dtype),
                                  torch.zeros(5, ffn.hidden, dtype=dtype)) is None  # past its rows
+
+
+needs_tiles = pytest.mark.skipif(cpu_gemv.library() is None or not cpu_gemv.tiles_here(),
+                                 reason="no CPU matrix tiles (AMX) here")
+
+
+@needs_tiles
+def test_the_matrix_tiles_compute_the_rows_times_the_weight():
+    """vs_amx_rows_times_weight: 1 to 64 rows of bf16 x against weights by rows (whole, a column slice), with
+    N % 16 rows and K % 32 columns past the tiles' blocks, as float64 does; each row's sums whatever rows come
+    with it; what it refuses, refused."""
+    g = torch.Generator().manual_seed(7)
+    for n, k in ((37, 4101), (64, 96), (16, 32), (5, 7)):
+        wide = torch.randn(n, k + 13, generator=g).to(torch.bfloat16)
+        for w in (wide[:, :k].contiguous(), wide[:, 5:5 + k]):
+            for rows in (1, 5, 16, 17, 33, 64):
+                x = torch.randn(rows, k, generator=g).to(torch.bfloat16)
+                y = cpu_gemv.amx_rows_times_weight(x, w)
+                expected = x.double() @ w.double().T
+                assert y.shape == (rows, n)
+                torch.testing.assert_close(y.double(), expected, rtol=0, atol=2e-5 * expected.abs().max().item() + 1e-6)
+                assert torch.equal(cpu_gemv.amx_rows_times_weight(x[-1:], w), y[-1:])
+    with pytest.raises(ValueError, match="through the matrix tiles"):
+        cpu_gemv.amx_rows_times_weight(torch.randn(65, 32).to(torch.bfloat16), torch.randn(16, 32).to(torch.bfloat16))
+    with pytest.raises(ValueError, match="through the matrix tiles"):
+        cpu_gemv.amx_rows_times_weight(torch.randn(4, 32).half(), torch.randn(16, 32).half())
+
+
+@needs_tiles
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_a_few_dozen_rows_of_ffn_work_take_the_matrix_tiles_where_asked(monkeypatch, mode):
+    """VRAMSHARD_CPU_AMX=on: bf16 FFN work of 5 to 64 rows from weights by rows (a split FFN's part with its down
+    row-major, a whole FFN) goes through the C kernel's tiles, as float64 does with the activation rounded once;
+    a down stored transposed, fp16 and 65 rows keep torch's paths; off (the default): none of it."""
+    monkeypatch.setenv("VRAMSHARD_CPU_AMX", mode)
+    g = torch.Generator().manual_seed(8)
+    hidden, width = 70, 40
+    gate, up = (torch.randn(width, hidden, generator=g) * 0.2).to(torch.bfloat16), \
+        (torch.randn(width, hidden, generator=g) * 0.2).to(torch.bfloat16)
+    down = (torch.randn(hidden, width + 6, generator=g) * 0.2).to(torch.bfloat16)[:, 3:3 + width]
+    for rows in (5, 16, 64):
+        h = torch.randn(rows, hidden, generator=g).to(torch.bfloat16)
+        assert cpu_gemv.serves_swiglu(h, gate, up, down) is (mode == "on")
+        assert not cpu_gemv.serves_swiglu(h, gate, up, down.t().contiguous().t())  # stored transposed
+        assert not cpu_gemv.serves_swiglu(h.half(), gate.half(), up.half(), down.half())
+        if mode == "on":
+            expected = _swiglu_reference(h, gate, up, down)
+            torch.testing.assert_close(swiglu(h, gate, up, down).double(), expected, rtol=0,
+                                       atol=1e-2 * expected.abs().max().item())
+    assert not cpu_gemv.serves_swiglu(torch.randn(65, hidden).to(torch.bfloat16), gate, up, down)
+
+
+@needs_tiles
+def test_split_ffns_of_a_few_dozen_rows_by_the_tiles_match_the_cpu_reference(tiny_model_dir, monkeypatch):
+    """bf16 split engine with VRAMSHARD_CPU_AMX=on: the prompt's rows (more than the one-row kernel's) go through
+    the tiles, their parts from the row-major copy of down (none prepacked); the logits are the float32 CPU
+    reference's within bf16's rounding."""
+    path = tiny_model_dir("llama")
+    expected = trace_logits(Engine.load(path, device="cpu", dtype="float32"))
+    monkeypatch.setattr(cpu_packed, "MODE", "on")  # packing asked for: the tiles' rows skip it
+    monkeypatch.setenv("VRAMSHARD_CPU_AMX", "on")
+    reference = Engine.load(path, device="cpu", dtype="bfloat16")
+    placement = _split_placement(reference.model, [3, 15])
+    rows = []
+    monkeypatch.setattr(cpu_gemv, "swiglu", lambda h, *a, _real=cpu_gemv.swiglu: rows.append(h.shape[0]) or _real(h, *a))
+    split = Engine.load(path, placement=placement, simulate_gpu=True, max_context=64, dtype="bfloat16")
+    got = trace_logits(split)
+    assert len(PROMPT) > cpu_gemv.FFN_ROWS and len(PROMPT) in rows
+    torch.testing.assert_close(got.float(), expected, rtol=0, atol=0.06 * expected.abs().max().item())
+    assert not split.executor._packed._parts

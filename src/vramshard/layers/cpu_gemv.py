@@ -45,6 +45,7 @@ COLUMN_ROWS = 4  # rows of x a weight stored transposed takes (VS_COLUMN_ROWS)
 # F.linear, at eight 17.5-18.9 against 26.3-26.5 (docs/BENCHMARKS.md, session 36). VRAMSHARD_CPU_GEMV_ROWS=1
 # gives it one row only, as before session 36.
 FFN_ROWS = cpu_gemv_rows()
+AMX_ROWS = 64  # rows of x the product through the CPU's matrix tiles takes (VS_AMX_ROWS)
 MODES = ("auto", "on", "off")
 DTYPES = {torch.bfloat16: 0, torch.float16: 1}  # the C source's VS_BF16 / VS_FP16
 ROUTING_DTYPES = {**DTYPES, torch.float32: 2}  # routing weights may be float32 too (VS_FP32)
@@ -74,6 +75,44 @@ def computes(rows: int) -> bool:
     return 1 <= rows <= FFN_ROWS and wanted() and library() is not None
 
 
+def tiles_here() -> bool:
+    """Whether the CPU's matrix tiles (AMX) compute bf16 products here: the library built with them, and the
+    operating system lets this process use them (whether FFN work goes through them is :func:`amx`'s)."""
+    lib = library()
+    return lib is not None and hasattr(lib, "vs_amx_ready") and bool(lib.vs_amx_ready())
+
+
+def amx() -> bool:
+    """Whether bf16 FFN work of ``FFN_ROWS + 1`` to :data:`AMX_ROWS` rows goes through the CPU's matrix tiles
+    (AMX) here: ``VRAMSHARD_CPU_AMX`` ``on`` or ``auto`` (``off``, the default, until a GPU machine's host has
+    timed it in the engine), the kernel wanted, and the tiles here (:func:`tiles_here`)."""
+    return choice("VRAMSHARD_CPU_AMX", MODES, "off") != "off" and wanted() and tiles_here()
+
+
+def amx_rows_times_weight(x: torch.Tensor, w: torch.Tensor, lib=None) -> torch.Tensor:
+    """``x[T, K] @ w[N, K].T`` in float32 through the matrix tiles, for bf16 ``x`` (1 <= T <= :data:`AMX_ROWS`, rows
+    contiguous) and ``w`` by rows (a column slice of a wider weight included): where :func:`tiles_here`. For
+    tests and the profile; FFN work reaches it through :func:`swiglu`."""
+    lib = lib or library()
+    x = x.contiguous()
+    out = torch.empty(x.shape[0], w.shape[0], dtype=torch.float32)
+    ok = x.dtype == w.dtype == torch.bfloat16 and x.dim() == 2 and w.dim() == 2 and x.shape[1] == w.shape[1] \
+        and _by_rows(w) and x.device.type == w.device.type == "cpu"
+    status = lib.vs_amx_rows_times_weight(w.data_ptr(), w.stride(0), x.data_ptr(), out.data_ptr(), x.shape[0],
+                                          w.shape[0], w.shape[1], torch.get_num_threads()) if ok else -1
+    if status == -3:
+        raise RuntimeError("the CPU's matrix tiles are not there (tiles_here)")
+    _check(status, "its buffer for x's column pairs", lambda: f"x {tuple(x.shape)} @ w {tuple(w.shape)} (strides "
+                                                           f"{w.stride()}, {x.dtype}) through the matrix tiles")
+    return out
+
+
+def amx_computes(rows: int, dtype: torch.dtype) -> bool:
+    """Whether dense FFN work of ``rows`` rows in ``dtype`` goes through the matrix tiles (:func:`amx`) from weights
+    by rows (a split part's down needs its row-major copy: :mod:`~vramshard.runtime.cpu_down`)."""
+    return FFN_ROWS < rows <= AMX_ROWS and dtype == torch.bfloat16 and amx()
+
+
 def serves(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether the one-token projection ``x[1, K] @ w[N, K].T`` may take this kernel (one candidate of
     :mod:`.cpu_linear`'s): one row, wanted here, the library built, shapes it takes. Projections of more
@@ -83,7 +122,8 @@ def serves(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 
 def swiglu(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """``down(silu(gate(h)) * up(h))`` for a few rows ``h`` [T, D] (T <= :data:`FFN_ROWS`) from the plain
+    """``down(silu(gate(h)) * up(h))`` for a few rows ``h`` [T, D] (T <= :data:`FFN_ROWS`, or more through the
+    matrix tiles: :func:`amx_computes`) from the plain
     weights (gate/up [r, D], down [D, r], a column slice of a wider one or stored transposed included),
     the activation in float32 rounded once to ``h``'s dtype before ``down``. Each row's sums are the
     same whatever rows come with it. Returns [T, D] in ``h``'s dtype."""
@@ -214,6 +254,12 @@ def _load(flags: tuple[str, ...] = FLAGS):
                                                ctypes.c_void_p,  # ready, ticket, number, ns, waited_ns
                                                *lib.vs_routed_experts.argtypes[:16],  # (no keep)
                                                *lib.vs_routed_experts.argtypes[19:]]
+    if hasattr(lib, "vs_amx_ready"):
+        lib.vs_amx_ready.restype = ctypes.c_int
+        lib.vs_amx_ready.argtypes = []
+        lib.vs_amx_rows_times_weight.restype = ctypes.c_int
+        lib.vs_amx_rows_times_weight.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
+                                                 ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_int]
     if hasattr(lib, "vs_swiglu"):
         lib.vs_swiglu.restype = ctypes.c_int
         lib.vs_swiglu.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,  # G, U
@@ -276,9 +322,14 @@ def _takes_weight(w: torch.Tensor, dtype: torch.dtype, rows: int, k: int) -> boo
 
 def serves_swiglu(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> bool:
     """Whether :func:`swiglu` computes this SwiGLU of a few rows (gate/up [r, D], down [D, r]) here:
-    dense FFN work of ``h``'s rows goes through the kernel (:func:`computes`), shapes it takes."""
+    dense FFN work of ``h``'s rows goes through the kernel (:func:`computes`), shapes it takes; or, where
+    its rows go through the matrix tiles (:func:`amx_computes`), bf16 weights by rows."""
     rows = h.shape[0] if h.dim() == 2 else 0
-    return computes(rows) and takes(h, gate) and _takes_weight(up, h.dtype, rows, h.shape[1]) \
+    if computes(rows):
+        return takes(h, gate) and _takes_weight(up, h.dtype, rows, h.shape[1]) \
+            and _takes_weight(down, h.dtype, rows, gate.shape[0])
+    return amx_computes(rows, h.dtype) and h.device.type == "cpu" and not h.requires_grad \
+        and _takes_weight(gate, h.dtype, rows, h.shape[1]) and _takes_weight(up, h.dtype, rows, h.shape[1]) \
         and _takes_weight(down, h.dtype, rows, gate.shape[0])
 
 

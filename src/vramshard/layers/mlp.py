@@ -60,7 +60,9 @@ def swiglu_into(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: tor
     """``swiglu`` into given buffers: the gate and up products in the flat ``work`` (at least
     2·T·r elements, r: rows of gate), the result in ``out`` [T, D]; nothing is allocated (except
     by the compiled call, where chosen: :mod:`.cpu_swiglu`; the products here are plain ``torch.mm``,
-    with no path choice of their own to wait for)."""
+    with no path choice of their own to wait for). Where the C kernel serves (:mod:`.cpu_gemv`), its call."""
+    if h.device.type == "cpu" and cpu_gemv.serves_swiglu(h, gate, up, down):
+        return _into(out, cpu_gemv.swiglu(h, gate, up, down))
     if not cpu_swiglu.wanted(h):
         return _swiglu_into(h, gate, up, down, out, work)
     return _into(out, cpu_swiglu.swiglu(h, gate, up, down, lambda: _swiglu_into(h, gate, up, down, out, work), ()))
@@ -79,6 +81,8 @@ def _swiglu_into(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: to
 def swiglu_fused_into(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, out: torch.Tensor,
                       work: torch.Tensor) -> torch.Tensor:
     """``swiglu_fused`` into given buffers (``work``: at least T·2F elements, flat)."""
+    if h.device.type == "cpu" and cpu_gemv.serves_swiglu(h, *gate_up.chunk(2, dim=0), down):
+        return _into(out, cpu_gemv.swiglu(h, *gate_up.chunk(2, dim=0), down))
     if not cpu_swiglu.wanted(h):
         return _swiglu_fused_into(h, gate_up, down, out, work)
     gate, up = gate_up.chunk(2, dim=0)

@@ -81,11 +81,16 @@ class FFNSplitSteps:
         row-major down copy: above the C kernel's rows, in prompt chunks or at a tier that does not pack."""
         names = set()
         for tier, placement in zip(plans.tiers, plans.placements):
-            if cpu_gemv.computes(tier) or (tier <= DECODE_ROWS and self._packed.enabled and plans.packs(tier)):
+            if cpu_gemv.computes(tier) or (tier <= DECODE_ROWS and self._packed.enabled and self._packs(plans, tier)):
                 continue
             names.update(name for name, where in placement.as_dict().items()
                          if isinstance(self.model[name], DenseFFN) and (where.cpu_pieces or where.compute == "cpu"))
         return names
+
+    def _packs(self, plans: TieredPlacement, rows: int) -> bool:
+        """Whether ``plans`` pack dense FFN work of ``rows`` rows on the CPU (none that the C kernel's matrix tiles
+        compute: :func:`~vramshard.layers.cpu_gemv.amx_computes`)."""
+        return plans.packs(rows) and not cpu_gemv.amx_computes(rows, self.model.dtype)
 
     def _parts_read_first(self, plans: TieredPlacement):
         """(FFN name, pieces on the CPU, the part's views, rows, whether its tier packs) of each CPU part
@@ -94,7 +99,7 @@ class FFNSplitSteps:
             if cpu_gemv.computes(tier) or (index > 0 and tier > DECODE_ROWS):
                 continue  # parts of a few rows read the plain weights as they lie; prompt chunks copy in theirs
             rows = tier if tier <= DECODE_ROWS else 1  # (a single plan for every step size: as one-row steps)
-            packs = plans.packs(rows)
+            packs = self._packs(plans, rows)
             for name, where in placement.as_dict().items():
                 sublayer = self.model[name]
                 if not isinstance(sublayer, DenseFFN) or not (where.cpu_pieces or where.compute == "cpu"):
@@ -172,11 +177,12 @@ class FFNSplitSteps:
         ``h_host`` has landed; returns its result's copy on the GPU (nothing here waits)."""
         rows = h_host.shape[0]
         if not cpu_gemv.computes(rows):
-            packed = self._packed.get(sublayer.name, cpu_pieces, cpu_part, rows)  # (packed here, on first use)
+            tiles = cpu_gemv.amx_computes(rows, h_host.dtype)  # (through the matrix tiles: one call, not packed)
+            packed = None if tiles else self._packed.get(sublayer.name, cpu_pieces, cpu_part, rows)  # (on first use)
             if packed is not None:
                 return ahead.result_on(self.gpu, number, h_host, lambda out: out.copy_(packed.contribution(h_host)))
             cpu_part = self._down_copies.part(sublayer.name, cpu_pieces, cpu_part)  # (down row-major)
-            if FFNBuffers.wanted(rows):
+            if FFNBuffers.wanted(rows) and not tiles:
                 work = ahead.buffers.work(sublayer.work_elements(cpu_part, rows), h_host.dtype)
                 return ahead.result_on(self.gpu, number, h_host,
                                        lambda out: sublayer.contribution_into(cpu_part, h_host, out, work))
@@ -197,7 +203,9 @@ class FFNSplitSteps:
         rows = h.shape[0]
         if cpu_gemv.computes(rows):
             return sublayer.contribution(weights, h)
-        packed = self._packed.get(sublayer.name, cpu_pieces, weights, rows)
+        # (rows through the matrix tiles: from the weights with down row-major, not packed)
+        packed = None if cpu_gemv.amx_computes(rows, h.dtype) else self._packed.get(sublayer.name, cpu_pieces,
+                                                                                    weights, rows)
         if packed is not None:
             y = packed.contribution(h)
             return self._ffn_buffers.result(rows, h.shape[-1], h.dtype).copy_(y) if FFNBuffers.wanted(rows) else y

@@ -181,7 +181,7 @@ def available(dense: bool = False) -> bool:
 def bound_part(rows: int, dtype: torch.dtype) -> bool:
     """Whether a split dense FFN's CPU part of ``rows`` rows in ``dtype`` runs as one bound C call
     (:func:`~vramshard.layers.cpu_gemv.bind_swiglu_part`): the C kernel computes it here, as one call."""
-    return ONE_CALL and dtype in cpu_gemv.DTYPES and cpu_gemv.computes(rows)
+    return ONE_CALL and dtype in cpu_gemv.DTYPES and (cpu_gemv.computes(rows) or cpu_gemv.amx_computes(rows, dtype))
 
 
 def takes_dense(rows: int, dtype: torch.dtype) -> bool:
