@@ -323,6 +323,42 @@ def test_prepacked_cpu_ffns_take_the_profiles_packed_factor_not_the_split_slices
         assert packed.part_s(ffn, "cpu", rows, 0, 8) == pytest.approx(plain.part_s(ffn, "cpu", rows, 0, 8))
 
 
+def test_ffn_work_through_the_matrix_tiles_takes_the_profiles_tiles_factor_not_packing(monkeypatch):
+    """VRAMSHARD_CPU_AMX: bf16 dense FFN work of more rows than the one-row kernel's and up to the tiles' (a whole
+    FFN, a split part) is priced at the profile's tiles factor of torch's time, never packed; fewer rows, more rows,
+    another dtype and the switch off keep their pricing."""
+    import copy
+
+    from vramshard.layers import cpu_gemv
+    from vramshard.layers.mlp import DenseFFN
+    from vramshard.plan.estimator import DISPATCH_LAUNCHES, PART_LAUNCHES
+    from vramshard.profile.query import Profile
+
+    data = copy.deepcopy(synthetic(**CLIENT).data)
+    data["packed_ffn"] = {"bf16": {"1": 0.5, "64": 0.5}}
+    data["tiles_ffn"] = {"bf16": {"16": 0.9, "64": 0.6}}
+    profile = Profile(data)
+    assert profile.tiles_ffn_factor("bf16", 32) == pytest.approx(0.75) and profile.tiles_ffn_factor("fp16", 64) == 1
+    model = shape_model("llama3-8b")
+    ffn = next(s for s in model if isinstance(s, DenseFFN))
+    monkeypatch.setattr(cpu_gemv, "amx", lambda: False)
+    plain = Estimator(model, profile, cpu_packed=False, cpu_gemv=True)
+    packed = Estimator(model, profile, cpu_packed=True, cpu_gemv=True)
+    monkeypatch.setattr(cpu_gemv, "amx", lambda: True)
+    tiles = Estimator(model, profile, cpu_packed=True, cpu_gemv=True)
+    assert tiles.amx and not plain.amx
+    for rows, factor in ((16, 0.9), (64, 0.6)):
+        assert packed.packs_at(rows) and not tiles.packs_at(rows)
+        assert tiles.compute_s(ffn, "cpu", rows, 1024) == pytest.approx(factor * plain.compute_s(ffn, "cpu", rows, 1024))
+        launches = plain.dispatch_s("cpu") * (PART_LAUNCHES + 3) / DISPATCH_LAUNCHES  # (a CPU part's, not scaled)
+        assert tiles.part_s(ffn, "cpu", rows, 0, 6) - launches == pytest.approx(
+            factor * (plain.part_s(ffn, "cpu", rows, 0, 6) - launches))
+    for rows in (1, 65, 512):
+        assert tiles.compute_s(ffn, "cpu", rows, 1024) == pytest.approx(packed.compute_s(ffn, "cpu", rows, 1024))
+    fp16 = shape_model("nemo-8b")
+    assert not Estimator(fp16, profile, cpu_packed=True, cpu_gemv=True).amx
+
+
 def test_one_row_ffns_by_the_c_kernel_take_no_packed_factor():
     """cpu_gemv: where the C kernel computes one-row dense FFNs and split parts from the plain weights
     (layers/cpu_gemv.py), a one-row step is priced as plain even with packing on; more rows stay packed."""

@@ -783,6 +783,30 @@ def test_the_profile_times_dense_ffns_from_prepacked_weights_by_rows():
         Profile(data)
 
 
+def test_the_profile_times_ffns_through_the_matrix_tiles_where_they_are(monkeypatch):
+    """tiles_ffn: bf16 only, at the packed rows the tiles would take (more than the one-row kernel's, up to 64),
+    whatever VRAMSHARD_CPU_AMX says; absent where there are no tiles; a bad section is refused with its name."""
+    from vramshard.layers import cpu_gemv
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("needs oneDNN")
+    monkeypatch.setenv("VRAMSHARD_CPU_AMX", "off")
+    spec = tiny_spec(threads=[torch.get_num_threads()], dtypes=["bf16", "fp16"], split_ffn=(256, 512),
+                     packed_rows=[1, 16, 64])
+    if cpu_gemv.library() is not None and cpu_gemv.tiles_here():
+        profile = run_profile(spec)
+        factors = profile.data["tiles_ffn"]
+        assert set(factors) == {"bf16"} and set(factors["bf16"]) == {"16", "64"}
+        assert all(0.01 < f < 100 for f in factors["bf16"].values())
+        assert profile.tiles_ffn_factor("bf16", 64) == pytest.approx(factors["bf16"]["64"])
+        data = copy.deepcopy(profile.data)
+        data["tiles_ffn"]["bf16"] = {"16": -1.0}
+        with pytest.raises(ProfileError, match="matrix-tile FFN factor"):
+            Profile(data)
+    monkeypatch.setattr(cpu_gemv, "tiles_here", lambda: False)
+    assert "tiles_ffn" not in run_profile(spec).data
+
+
 def test_the_profile_times_routed_experts_in_the_pass_by_rows(tmp_path, capsys):
     """host_experts: the pass's rate per row count (the C kernel's where it builds, saying so) (its assignments' bytes per second, the layer's
     own code) for the half-precision dtypes only; the estimator times a MoE layer's CPU experts

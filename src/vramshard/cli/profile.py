@@ -177,6 +177,7 @@ def print_summary(console, profile, path) -> None:
         console.print(f"  split FFN, CPU part's time per byte over the whole FFN's: {factors}")
     experts_by = f"C kernel ({profile.host_experts_cpu_gemv})" if profile.host_experts_cpu_gemv else "compiled pass"
     for key, what, unit in (("packed_ffn_factor", "dense FFN on the CPU, oneDNN-prepacked over plain", "x"),
+                            ("tiles_ffn_factor", "dense FFN on the CPU, the C kernel's matrix tiles over torch", "x"),
                             ("host_experts_gb_s", f"MoE experts on the CPU, {experts_by}", " GB/s"),
                             ("host_experts_worker_gb_s", "the same on the run-ahead worker beside the host thread"
                              if profile.worker_rates_measured else

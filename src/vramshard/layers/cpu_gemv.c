@@ -292,18 +292,19 @@ int vs_amx_rows_times_weight(const uint16_t *W, long ldw, const uint16_t *x, flo
   if (T < 1 || T > VS_AMX_ROWS || N < 0 || K < 1 || ldw < K || threads < 1) return -1;
   if (!vs_amx_ready()) return -3;
 #if VS_AMX
-  long steps = K / 32, whole = steps * 32, blocks = N / 16, groups = (T + 15) / 16;
-  /* x's first `whole` columns as column pairs: xv[kk][t] = (x[t][2kk], x[t][2kk + 1]), rows of x past T zero. */
-  uint32_t *xv = (uint32_t *)aligned_alloc(64, sizeof(uint32_t) * (whole / 2 > 0 ? whole / 2 : 1) * VS_AMX_ROWS);
+  long steps = K / 32, whole = steps * 32, blocks = N / 16, groups = (T + 15) / 16, ld = groups * 16;
+  /* x's first `whole` columns as column pairs: xv[kk][t] = (x[t][2kk], x[t][2kk + 1]), t < ld (rows of x past T
+   * zero). */
+  uint32_t *xv = (uint32_t *)aligned_alloc(64, sizeof(uint32_t) * (whole / 2 > 0 ? whole / 2 : 1) * ld);
   if (!xv) return -2;
 #pragma omp parallel num_threads(threads)
   {
 #pragma omp for schedule(static)
     for (long kk = 0; kk < whole / 2; kk++)
-      for (long t = 0; t < VS_AMX_ROWS; t++) {
+      for (long t = 0; t < ld; t++) {
         uint32_t pair = 0;
         if (t < T) memcpy(&pair, x + t * K + 2 * kk, sizeof pair);
-        xv[kk * VS_AMX_ROWS + t] = pair;
+        xv[kk * ld + t] = pair;
       }
     vs_tiles cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -322,20 +323,20 @@ int vs_amx_rows_times_weight(const uint16_t *W, long ldw, const uint16_t *x, flo
       _tile_zero(2);
       _tile_zero(3);
       for (long s = 0; s < steps; s++) {
-        const uint32_t *xs = xv + s * 16 * VS_AMX_ROWS;
+        const uint32_t *xs = xv + s * 16 * ld;
         _tile_loadd(4, w + s * 32, ldw * (long)sizeof(uint16_t));
-        _tile_loadd(5, xs, VS_AMX_ROWS * 4);
+        _tile_loadd(5, xs, ld * 4);
         _tile_dpbf16ps(0, 4, 5);
         if (groups > 1) {
-          _tile_loadd(6, xs + 16, VS_AMX_ROWS * 4);
+          _tile_loadd(6, xs + 16, ld * 4);
           _tile_dpbf16ps(1, 4, 6);
         }
         if (groups > 2) {
-          _tile_loadd(5, xs + 32, VS_AMX_ROWS * 4);
+          _tile_loadd(5, xs + 32, ld * 4);
           _tile_dpbf16ps(2, 4, 5);
         }
         if (groups > 3) {
-          _tile_loadd(6, xs + 48, VS_AMX_ROWS * 4);
+          _tile_loadd(6, xs + 48, ld * 4);
           _tile_dpbf16ps(3, 4, 6);
         }
       }

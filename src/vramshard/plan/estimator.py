@@ -367,6 +367,9 @@ class Estimator:
         self.packed_forced = cpu_packed is None and cpu_packed_forced()
         self.cpu_gemv = cpu_gemv_enabled() if cpu_gemv is None else cpu_gemv
         self.gemv_rows = gemv_kernel.FFN_ROWS if self.cpu_gemv else 0  # (the most rows of dense FFN work it takes)
+        # bf16 FFN work of more rows through its matrix tiles (VRAMSHARD_CPU_AMX; the same switch in a planning
+        # process, which inherits this one's environment)
+        self.amx = self.cpu_gemv and model.dtype == torch.bfloat16 and gemv_kernel.amx()
         # Host experts, and split FFNs' CPU parts, on the executor's run-ahead worker (None: as the executor will run).
         self.run_ahead = run_ahead_enabled() if run_ahead is None else run_ahead
         as_executor = run_ahead is None and run_ahead_dense is None
@@ -407,8 +410,14 @@ class Estimator:
         (docs/profiles/h100-run34.json, h200-run33.json), and packing them in the first steps of a
         tier stalled those steps 2.2-3.6 s (docs/BENCHMARKS.md, thirty-first GPU session).
         ``VRAMSHARD_CPU_PACKED=on`` packs at every such tier, whatever the profile says."""
-        return (self.cpu_packed and rows <= DECODE_ROWS and rows > self.gemv_rows
+        return (self.cpu_packed and rows <= DECODE_ROWS and rows > self.gemv_rows and not self.tiles_at(rows)
                 and (self.packed_forced or self.profile.packed_ffn_factor(self.dtype, rows) < PACK_GAIN))
+
+    def tiles_at(self, rows: int) -> bool:
+        """Whether dense FFN work of ``rows`` rows on the CPU goes through the C kernel's matrix tiles (as the
+        executor computes it: :func:`~vramshard.layers.cpu_gemv.amx_computes`), priced at the profile's
+        :meth:`~Profile.tiles_ffn_factor` of torch's time (1 where the profile did not measure it)."""
+        return self.amx and self.gemv_rows < rows <= gemv_kernel.AMX_ROWS
 
     # ------------------------------------------------------------------ one sub-layer
     def logit_rows(self, n_tokens: int) -> int:
@@ -418,7 +427,8 @@ class Estimator:
     def compute_s(self, sublayer: SubLayer, device: str, n_tokens: int, context: int,
                   contended: bool = False) -> float:
         """Kernel time of one sub-layer (``device`` "cpu" or "cuda"), launch overhead excluded."""
-        key = (sublayer.name, device, n_tokens, context, contended, self.threads, self.cpu_packed, self.cpu_gemv)
+        key = (sublayer.name, device, n_tokens, context, contended, self.threads, self.cpu_packed, self.cpu_gemv,
+               self.amx)
         if key in self._cache:
             return self._cache[key]
         rows = self.logit_rows(n_tokens) if sublayer.kind == "head" else n_tokens
@@ -429,6 +439,8 @@ class Estimator:
             seconds += count * self._matmul(m, k, n, device, contended)
         if device == "cpu" and self.packs_at(n_tokens) and isinstance(sublayer, DenseFFN):
             seconds *= self.profile.packed_ffn_factor(self.dtype, n_tokens)
+        elif device == "cpu" and self.tiles_at(n_tokens) and isinstance(sublayer, DenseFFN):
+            seconds *= self.profile.tiles_ffn_factor(self.dtype, n_tokens)
         passed = host_pass_s(self.profile, sublayer, n_tokens, contended, threads=self.threads, gemv=self.cpu_gemv) \
             if device == "cpu" and isinstance(sublayer, MoEFFN) else None
         if passed is not None:  # its experts in the compiled pass
@@ -543,7 +555,7 @@ class Estimator:
         """Time of pieces ``[first, last)`` of a dense FFN on ``device``, launches included (the CPU
         part also counts the norm and the residual add)."""
         key = ("part", sublayer.name, device, n_tokens, first, last, contended, self.threads, self.cpu_packed,
-               self.cpu_gemv)
+               self.cpu_gemv, self.amx)
         if key not in self._cache:
             rows = self._ffn_rows(n_tokens) if device == "cpu" else n_tokens
             kernels = sum(self._matmul(m, k, n, device, contended) for m, k, n in
@@ -552,8 +564,11 @@ class Estimator:
                 kernels *= self.profile.packed_ffn_factor(self.dtype, n_tokens)  # packed once: no slices
                 if last - first < sublayer.num_pieces:
                     kernels *= self.profile.split_part_scale  # as the engine fitted split parts in situ
-            elif device == "cpu" and last - first < sublayer.num_pieces:
-                kernels *= self.profile.split_part_factor(self.dtype)  # sliced weights read slower
+            elif device == "cpu":
+                if self.tiles_at(n_tokens):
+                    kernels *= self.profile.tiles_ffn_factor(self.dtype, n_tokens)  # (down from its row-major copy)
+                if last - first < sublayer.num_pieces:
+                    kernels *= self.profile.split_part_factor(self.dtype)  # sliced weights read slower
             if device == "cpu" and last - first < sublayer.num_pieces:
                 kernels *= self.profile.split_row_factor(n_tokens)  # as the engine fitted split parts by rows
             launches = PART_LAUNCHES + (3 if device == "cpu" else 0)

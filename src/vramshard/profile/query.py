@@ -385,6 +385,12 @@ class Profile:
             return _by_rows(self.packed_now[1], rows)
         return self._factor_by_rows("packed_ffn", dtype, rows)
 
+    def tiles_ffn_factor(self, dtype, rows: int) -> float:
+        """A dense FFN's CPU time through the C kernel's matrix tiles over torch's at ``rows`` (between the measured
+        counts as :meth:`packed_ffn_factor`; 1 when the profile did not measure it: no tiles on its machine, or a
+        profile from before session 61)."""
+        return self._factor_by_rows("tiles_ffn", dtype, rows)
+
     def host_experts_rate(self, dtype, rows: int, on_worker: bool = False) -> float | None:
         """Bytes per second of the CPU's one pass over a step's routed experts at ``rows`` (the C
         kernel's where :attr:`host_experts_cpu_gemv`, else the compiled one: its assignments' expert
@@ -550,6 +556,7 @@ class Profile:
             "dispatch_us": {device: s * 1e6 for device, s in self.data["dispatch"].items()},
             "split_part_factor": dict(self.data.get("split_part", {})),
             "packed_ffn_factor": dict(self.data.get("packed_ffn", {})),
+            "tiles_ffn_factor": dict(self.data.get("tiles_ffn", {})),
             "host_experts_gb_s": {dtype: {rows: rate / 1e9 for rows, rate in by_rows.items()}
                                   for dtype, by_rows in self.data.get("host_experts", {}).items()},
             "host_experts_worker_gb_s": {dtype: {rows: rate / 1e9 for rows, rate in by_rows.items()}

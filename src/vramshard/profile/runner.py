@@ -17,7 +17,7 @@ from .bench_dispatch import measure_dispatch, measure_graph_replay
 from .bench_experts import measure_host_experts
 from .bench_matmul import measure_matmul
 from .bench_memory import measure_cpu_read
-from .bench_packed import measure_packed_ffn
+from .bench_packed import measure_packed_ffn, measure_tiles_ffn, tiles_rows
 from .bench_split import measure_split_part
 from .bench_transfer import faster_of, measure_transfers
 from .bench_decode import measure_vram_decode
@@ -57,6 +57,8 @@ def _total_weight(spec: BenchmarkSpec, threads: list[int], use_gpu: bool, w: dic
     total = (full * spec.cpu_rounds + ratio * (len(threads) - 1) + attn * spec.cpu_rounds) * w["cpu"] + w["dispatch"]
     if spec.split_ffn:
         total += len(spec.dtypes) * w["split"] * (2 if spec.packed_rows else 1)
+        if "bf16" in spec.dtypes and tiles_rows(spec.packed_rows) and cpu_gemv.tiles_here():
+            total += w["split"]
     if spec.host_experts:
         total += sum(torch_dtype(d) in host_experts.DTYPES for d in spec.dtypes) * w["split"]
     if use_gpu:
@@ -102,6 +104,7 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
     dispatch: dict[str, float] = {}
     split_part: dict[str, float] = {}
     packed_ffn: dict[str, dict[str, float]] = {}
+    tiles_ffn: dict[str, dict[str, float]] = {}
     host_expert_factors: dict[str, dict[str, float]] = {}
     host_experts_on_worker: dict[str, dict[str, float]] = {}
     worker_teams: dict[str, dict[str, float]] = {}
@@ -142,6 +145,11 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
                                                      weight=w["split"])
                         if factors is not None:  # (None: oneDNN cannot pack this dtype here)
                             packed_ffn[dtype] = factors
+                        tiles = measure_tiles_ffn(dtype, *spec.split_ffn, spec.packed_rows,
+                                                  budget_s=4 * spec.point_budget_s, progress=progress,
+                                                  weight=w["split"])
+                        if tiles is not None:  # (None: no matrix tiles here, or not this dtype)
+                            tiles_ffn[dtype] = tiles
                 if spec.host_experts and torch_dtype(dtype) in host_experts.DTYPES:
                     # On the run-ahead worker too where there is one (it needs a GPU).
                     rates = measure_host_experts(dtype, *spec.host_experts, spec.host_expert_rows,
@@ -194,6 +202,8 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
         data["split_part"] = split_part
     if packed_ffn:
         data["packed_ffn"] = packed_ffn
+    if tiles_ffn:
+        data["tiles_ffn"] = tiles_ffn
     if host_expert_factors:
         data["host_experts"] = host_expert_factors
         if cpu_gemv.computes(1):  # (the same switch and build: routed experts went through it too)

@@ -18,6 +18,8 @@ cores, GB/s, the mean of a timing before the CPU tables and one after), and the 
   over the whole FFN's (absent: 1);
 - ``packed_ffn`` (optional): ``{dtype: {rows: factor}}``, a dense FFN's CPU time from
   oneDNN-prepacked weights over plain ones (absent: 1; a dtype oneDNN cannot pack is absent);
+- ``tiles_ffn`` (optional, since session 61): ``{dtype: {rows: factor}}``, a dense FFN's CPU time through the C
+  kernel's matrix tiles (AMX) over torch's (absent: 1; only bf16, where the tiles are);
 - ``host_experts`` (optional): ``{dtype: {rows: bytes per second}}``, the rate of the CPU's
   compiled pass over a MoE layer's routed experts: its assignments' expert bytes over its time
   (absent: the estimator times experts on the CPU from the matmul tables);
@@ -144,6 +146,7 @@ def validate(data) -> None:
     for dtype, value in split_part.items():
         _positive(value, f"split FFN part factor for {dtype}")
     _factors_by_rows(data, "packed_ffn", "packed FFN factor")
+    _factors_by_rows(data, "tiles_ffn", "matrix-tile FFN factor")
     _factors_by_rows(data, "host_experts", "routed experts' compiled pass rate")
     _factors_by_rows(data, "host_experts_worker", "routed experts' compiled pass rate on the run-ahead worker")
     _factors_by_rows(data, "host_experts_worker_teams", "the one-token pass's rate on the run-ahead worker", "threads")
