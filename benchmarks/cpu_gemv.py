@@ -9,7 +9,9 @@ and a split part's share of it) it times the rows through: ``F.linear`` on the p
 weight, oneDNN's prepacked weight (``mkldnn._linear_pointwise``, the split parts' path beside a GPU
 since session 31) and the C kernel on the plain weight; then a whole split part (SwiGLU of 6 of 16
 pieces: gate, up, and down's share, stored transposed) by the prepacked part and by the C kernel, in one call and (as
-before session 61) in three with torch's activation between them. Every timing walks
+before session 61) in three with torch's activation between them; then the same part at ``--tiles-rows`` rows
+(default 16 and 64) through the C kernel's matrix tiles (AMX, where the CPU has them), oneDNN-prepacked and by
+torch, its down row-major. Every timing walks
 eight weights in turn (about 0.9 GB at bf16), so each call reads its weight from memory, not from the
 last-level cache. GB/s is weight bytes per second; the bound is the host's read
 (``benchmarks.common.cpu_read_bandwidth``: the sum of a float32 buffer, as the profile measures it).
@@ -103,6 +105,32 @@ def _three_calls(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: to
     return cpu_gemv.rows_times_weight(act, down).to(h.dtype)
 
 
+def _tiles_part(dtype: torch.dtype, reps: int, rows: int) -> dict | None:
+    """The split part of :func:`_split_part` at ``rows`` rows, its down row-major (as the executor copies it for
+    many rows): through the C kernel's matrix tiles (``VRAMSHARD_CPU_AMX``), oneDNN-prepacked, and torch's."""
+    from vramshard.layers.mlp import _swiglu
+
+    if dtype != torch.bfloat16 or cpu_gemv.library() is None or not cpu_gemv.tiles_here():
+        return None
+    hidden, inter, pieces, on_cpu = 4096, 14336, 16, 6
+    r = inter // pieces * on_cpu
+    parts = [{"gate_proj": torch.randn(r, hidden).to(dtype), "up_proj": torch.randn(r, hidden).to(dtype),
+              "down_proj": torch.randn(hidden, r).to(dtype)} for _ in range(COPIES)]
+    h = torch.randn(rows, hidden).to(dtype)
+    nbytes = COPIES * 3 * r * hidden * dtype.itemsize
+    row = {"shape": f"split part: {on_cpu} of {pieces} pieces (r={r}), down row-major", "rows": rows}
+    row["tiles_gb_s"] = nbytes / median_seconds(
+        lambda: [cpu_gemv.swiglu(h, p["gate_proj"], p["up_proj"], p["down_proj"]) for p in parts], reps) / 1e9
+    row["linear_gb_s"] = nbytes / median_seconds(
+        lambda: [_swiglu(h, p["gate_proj"], p["up_proj"], p["down_proj"]) for p in parts], reps) / 1e9
+    try:
+        packed = [PackedPart(p, rows) for p in parts]
+        row["packed_gb_s"] = nbytes / median_seconds(lambda: [p.contribution(h) for p in packed], reps) / 1e9
+    except RuntimeError as exc:
+        row["packed_gb_s"], row["packed_error"] = None, str(exc).splitlines()[0]
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
@@ -110,6 +138,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--rows", default="1,4", help="rows of x for the projections (the kernel serves one row in "
                                                       "the engine; more are measured to judge whether it should)")
+    parser.add_argument("--tiles-rows", default="16,64", help="rows of a split part through the matrix tiles "
+                                                             "(where the CPU has them), against oneDNN and torch")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -131,6 +161,11 @@ def main() -> None:
                     log.info("%s", {key: round(v, 2) if isinstance(v, float) else v for key, v in row.items()})
         result["rows"].append(_split_part(dtype, args.reps))
         log.info("%s", {key: round(v, 2) if isinstance(v, float) else v for key, v in result["rows"][-1].items()})
+        for rows in (int(r) for r in args.tiles_rows.split(",") if r):
+            row = _tiles_part(dtype, args.reps, rows)
+            if row is not None:
+                result["rows"].append(row)
+                log.info("%s", {key: round(v, 2) if isinstance(v, float) else v for key, v in row.items()})
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
