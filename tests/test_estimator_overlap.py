@@ -357,6 +357,8 @@ def test_ffn_work_through_the_matrix_tiles_takes_the_profiles_tiles_factor_not_p
         assert tiles.compute_s(ffn, "cpu", rows, 1024) == pytest.approx(packed.compute_s(ffn, "cpu", rows, 1024))
     fp16 = shape_model("nemo-8b")
     assert not Estimator(fp16, profile, cpu_packed=True, cpu_gemv=True).amx
+    # A part through the tiles is one bound call: the worker takes it where VRAMSHARD_RUN_AHEAD=bound.
+    assert tiles._bound_part(64) and not plain._bound_part(64) and not tiles._bound_part(65)
 
 
 def test_one_row_ffns_by_the_c_kernel_take_no_packed_factor():

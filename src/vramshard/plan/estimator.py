@@ -470,8 +470,9 @@ class Estimator:
 
     def _bound_part(self, rows: int) -> bool:
         """Whether a split FFN's CPU part of ``rows`` rows runs as one bound C call (the run-ahead worker's, where
-        ``run_ahead_bound``): the C kernel computes it, in bf16 or fp16."""
-        return self.cpu_gemv and 1 <= rows <= self.gemv_rows and self.dtype in (torch.bfloat16, torch.float16)
+        ``run_ahead_bound``): the C kernel computes it, in bf16 or fp16, or through its matrix tiles."""
+        return (self.cpu_gemv and 1 <= rows <= self.gemv_rows and self.dtype in (torch.bfloat16, torch.float16)
+                or self.tiles_at(rows))
 
     def _matmul(self, m: float, k: int, n: int, device: str, contended: bool) -> float:
         if m <= 0:
