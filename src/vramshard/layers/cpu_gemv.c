@@ -908,6 +908,19 @@ int64_t vs_wait_word(const volatile int64_t *word, int64_t wanted, long ns) {
   return seen;
 }
 
+/* A run-ahead part's wait (as vs_wait_word, up to `ns` nanoseconds) for *ready >= number: 1 once it is (what the
+ * word announces is read after it), 0 where it has not come; *waited_ns: the nanoseconds waited. */
+static int vs_part_ready(const volatile int64_t *ready, int64_t number, long ns, long *waited_ns) {
+  struct timespec start, now;
+  clock_gettime(CLOCK_MONOTONIC, &start);
+  int64_t seen = vs_wait_word(ready, number, ns);
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  *waited_ns = (now.tv_sec - start.tv_sec) * 1000000000L + (now.tv_nsec - start.tv_nsec);
+  if (seen < number) return 0;
+  __atomic_thread_fence(__ATOMIC_ACQUIRE);  /* the input the word announces is read after the word */
+  return 1;
+}
+
 /* A run-ahead part of routed experts in one call, the GIL free from the wait for its input to the ticket that
  * lets the GPU go on: waits (as vs_wait_word) up to `ns` nanoseconds for *ready >= number; where the word has
  * not come, returns 1 and touches nothing else. Else computes as vs_routed_experts (every other argument is
@@ -919,13 +932,7 @@ int vs_routed_experts_part(const volatile int64_t *ready, volatile int64_t *tick
                            long dn_e, long dn_r, const uint16_t *x, long T, const int64_t *chosen, long chosen_t,
                            long chosen_a, const void *routing, int weights_dtype, long weights_t, long weights_a,
                            long k, long D, long F, long E, uint16_t *y, int threads) {
-  struct timespec start, now;
-  clock_gettime(CLOCK_MONOTONIC, &start);
-  int64_t seen = vs_wait_word(ready, number, ns);
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  *waited_ns = (now.tv_sec - start.tv_sec) * 1000000000L + (now.tv_nsec - start.tv_nsec);
-  if (seen < number) return 1;
-  __atomic_thread_fence(__ATOMIC_ACQUIRE);  /* the input the word announces is read after the word */
+  if (!vs_part_ready(ready, number, ns, waited_ns)) return 1;
   int status = vs_routed_experts(dtype, GU, gu_e, gu_r, DN, dn_e, dn_r, x, T, chosen, chosen_t, chosen_a, routing,
                                  weights_dtype, weights_t, weights_a, NULL, 0, 0, k, D, F, E, y, threads);
   __atomic_store_n(ticket, number, __ATOMIC_RELEASE);  /* after every store of y */
@@ -937,13 +944,7 @@ int vs_routed_experts_part(const volatile int64_t *ready, volatile int64_t *tick
 int vs_swiglu_part(const volatile int64_t *ready, volatile int64_t *ticket, int64_t number, long ns, long *waited_ns,
                    int dtype, const uint16_t *G, long ldg, const uint16_t *U, long ldu, const uint16_t *DN, long ldd,
                    int dn_columns, const uint16_t *x, long T, long D, long R, uint16_t *y, int threads) {
-  struct timespec start, now;
-  clock_gettime(CLOCK_MONOTONIC, &start);
-  int64_t seen = vs_wait_word(ready, number, ns);
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  *waited_ns = (now.tv_sec - start.tv_sec) * 1000000000L + (now.tv_nsec - start.tv_nsec);
-  if (seen < number) return 1;
-  __atomic_thread_fence(__ATOMIC_ACQUIRE);  /* the input the word announces is read after the word */
+  if (!vs_part_ready(ready, number, ns, waited_ns)) return 1;
   int status = vs_swiglu(dtype, G, ldg, U, ldu, DN, ldd, dn_columns, x, T, D, R, y, threads);
   __atomic_store_n(ticket, number, __ATOMIC_RELEASE);  /* after every store of y */
   return status;
