@@ -788,8 +788,6 @@ def test_the_profile_times_ffns_through_the_matrix_tiles_where_they_are(monkeypa
     whatever VRAMSHARD_CPU_AMX says; absent where there are no tiles; a bad section is refused with its name."""
     from vramshard.layers import cpu_gemv
 
-    if not torch.backends.mkldnn.is_available():
-        pytest.skip("needs oneDNN")
     monkeypatch.setenv("VRAMSHARD_CPU_AMX", "off")
     spec = tiny_spec(threads=[torch.get_num_threads()], dtypes=["bf16", "fp16"], split_ffn=(256, 512),
                      packed_rows=[1, 16, 64])

@@ -81,11 +81,11 @@ def _swiglu_into(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: to
 def swiglu_fused_into(h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, out: torch.Tensor,
                       work: torch.Tensor) -> torch.Tensor:
     """``swiglu_fused`` into given buffers (``work``: at least T·2F elements, flat)."""
-    if h.device.type == "cpu" and cpu_gemv.serves_swiglu(h, *gate_up.chunk(2, dim=0), down):
-        return _into(out, cpu_gemv.swiglu(h, *gate_up.chunk(2, dim=0), down))
+    gate, up = gate_up.chunk(2, dim=0)
+    if h.device.type == "cpu" and cpu_gemv.serves_swiglu(h, gate, up, down):
+        return _into(out, cpu_gemv.swiglu(h, gate, up, down))
     if not cpu_swiglu.wanted(h):
         return _swiglu_fused_into(h, gate_up, down, out, work)
-    gate, up = gate_up.chunk(2, dim=0)
     return _into(out, cpu_swiglu.swiglu(h, gate, up, down, lambda: _swiglu_fused_into(h, gate_up, down, out, work), ()))
 
 
