@@ -115,8 +115,9 @@ def test_run_ahead_takes_the_hosts_launches_off_a_split_step_but_not_below_its_r
     plain = estimator.simulate(placement, rows, 1024)
     ahead = Estimator(NEMO, profile, run_ahead=True).simulate(placement, rows, 1024)
     splits = len(placement.split_names())
-    # The host's launches a step, and the two copies it issues for each split (h out, the part back).
-    launches = splits * (PART_LAUNCHES * 400e-6 / DISPATCH_LAUNCHES + 2 * 400e-6) + sum(
+    # The host's launches a step, the two copies it issues for each split (h out, the part back) and its fills.
+    fills = sum(estimator.fill_issue_s(NEMO[name], placement[name]) for name in placement.split_names())
+    launches = splits * (PART_LAUNCHES * 400e-6 / DISPATCH_LAUNCHES + 2 * 400e-6) + fills + sum(
         estimator.launch_s(s, "cuda", rows) for s in NEMO if s.kind not in ("ffn", "embed"))
     assert ahead.cpu_busy == pytest.approx(plain.cpu_busy, rel=0.05)
     assert ahead.copy_busy == pytest.approx(plain.copy_busy, rel=1e-6)
@@ -359,6 +360,22 @@ def test_ffn_work_through_the_matrix_tiles_takes_the_profiles_tiles_factor_not_p
     assert not Estimator(fp16, profile, cpu_packed=True, cpu_gemv=True).amx
     # A part through the tiles is one bound call: the worker takes it where VRAMSHARD_RUN_AHEAD=bound.
     assert tiles._bound_part(64) and not plain._bound_part(64) and not tiles._bound_part(65)
+    # A planning process prices the tiles as the engine's process will run them, whatever its own switch says.
+    import dataclasses
+
+    from vramshard.plan.estimator import Mechanisms, fixed_mechanisms
+    from vramshard.plan.tiers import Tiers
+    from vramshard.runtime import budget as budgets
+    from vramshard.runtime.plan_wire import model_recipe, read_request, request
+
+    for here in (False, True):
+        monkeypatch.setattr(cpu_gemv, "amx", lambda: here)
+        settings = budgets.PlanSettings(profile, Tiers((1,)), 1024, 2, "llama3-8b")
+        *_, there = read_request(request(model_recipe(model), settings, None, None, False, Mechanisms.here()))
+        assert there.amx is here
+        monkeypatch.setattr(cpu_gemv, "amx", lambda: not here)
+        with fixed_mechanisms(dataclasses.replace(there, cpu_gemv=True)):
+            assert Estimator(model, profile, cpu_packed=True).amx is here
 
 
 def test_one_row_ffns_by_the_c_kernel_take_no_packed_factor():

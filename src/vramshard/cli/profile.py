@@ -165,6 +165,10 @@ def print_summary(console, profile, path) -> None:
     if summary.get("vram_decode_gb_s"):
         console.print(f"  coded weights decoded in VRAM at {summary['vram_decode_gb_s']:.0f} GB/s of raw bytes "
                       "(pinned weights kept coded: VRAMSHARD_VRAM_CODEC)")
+    if summary.get("fill_issue_us"):
+        issue = summary["fill_issue_us"]
+        console.print(f"  a coded stream fill costs the host {issue['graph']:.1f} µs + {issue['graph_round']:.1f} µs a "
+                      f"round from its CUDA graph, {issue['round']:.1f} µs a round issued round by round")
     eager = {device: us for device, us in summary["dispatch_us"].items() if not device.startswith("cuda_graph")}
     dispatch = ", ".join(f"{device} {us:.1f} µs" for device, us in eager.items())
     console.print(f"  dispatch cost per sub-layer: {dispatch}")

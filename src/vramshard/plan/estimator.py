@@ -25,6 +25,7 @@ run (:meth:`Estimator.replay_s`), not each sub-layer's launches; the kernels cos
 from __future__ import annotations
 
 import contextlib
+import math
 from collections import Counter
 import dataclasses
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ from ..layers.sublayer import SubLayer
 from ..models.base import Model
 from ..profile.query import DECODE_ROWS, Profile
 from ..runtime.graphs import BATCH_BUCKETS, resident_runs
-from ..runtime.wire_codec import wire_ratio
+from ..runtime.wire_codec import ROUND_RAW_BYTES, wire_ratio
 from .memory import expert_slot_bytes, streamed_bytes, sublayer_packed_bytes
 from .placement import Placement
 
@@ -60,6 +61,13 @@ GATHER_LAUNCHES = 14  # kernel launches of a few-token MoE step over gathered ca
 # when it came in).
 RELEASE_CALLS = 2
 COPY_ISSUE_CALLS = 5
+# The host's calls to issue one stream-slot fill (SlotRing._copy, _decode) besides its copies, each priced as one
+# call of a coded round's issue (Profile.fill_call_s): the fill stream's context, the wait for the slot's last
+# reader, the slot's event; a coded pin's decode adds its kernel. A coded range's fill is priced as the profile
+# timed the ring's (Profile.fill_issue_s), the calls included.
+FILL_CALLS = 3
+DECODE_FILL_CALLS = 4
+SPLIT_FILL_RANGES = 3  # coded host ranges of a split FFN's GPU part (its gate, up and down rows; its norm raw)
 COPY, DECODE = "copy", "decode"  # the engines a stream slot's fill runs on (timeline resources)
 # A decode of pinned coded weights into their slot produces raw bytes at this share of the rate a one-row
 # bf16 product reads weights on the GPU (the profile's): on the fiftieth session's H100 the Triton decode
@@ -147,13 +155,15 @@ class Mechanisms:
     vram_codec: bool = False  # pinned bf16 weights may be kept coded in VRAM (runtime/vram_coded)
     decode_graphs: bool = False  # decode steps replay runs of resident sub-layers from CUDA graphs (runtime/graphs)
     run_ahead_bound: bool = False  # split dense FFNs' CPU parts that run as one bound C call (few rows, the C kernel)
+    fill_graphs: bool = True  # coded stream fills replayed from CUDA graphs (runtime/wire_codec.FILL_GRAPHS)
+    amx: bool = False  # bf16 FFN work of a few dozen rows through the CPU's matrix tiles (layers/cpu_gemv.amx)
 
     @classmethod
     def here(cls) -> "Mechanisms":
         """This process's (or the fixed ones)."""
         return cls(run_ahead_enabled(), cpu_packed_enabled(), cpu_gemv_enabled(), zero_copy_enabled(),
                    run_ahead_enabled(dense=True), wire_codec_enabled(), vram_codec_enabled(),
-                   decode_graphs_enabled(), run_ahead_bound_enabled())
+                   decode_graphs_enabled(), run_ahead_bound_enabled(), fill_graphs_enabled(), amx_enabled())
 
 
 _fixed: Mechanisms | None = None
@@ -225,6 +235,24 @@ def wire_codec_enabled() -> bool:
     from ..runtime import wire_codec  # (the mechanism's own switch)
 
     return wire_codec.enabled()
+
+
+def fill_graphs_enabled() -> bool:
+    """Whether the executor will replay coded stream fills from CUDA graphs (``VRAMSHARD_FILL_GRAPHS``) rather
+    than issue them round by round: the host's cost of each fill."""
+    if _fixed is not None:
+        return _fixed.fill_graphs
+    from ..runtime import wire_codec  # (the mechanism's own switch)
+
+    return wire_codec.FILL_GRAPHS
+
+
+def amx_enabled() -> bool:
+    """Whether the executor will compute bf16 FFN work of a few dozen rows through the CPU's matrix tiles
+    (``VRAMSHARD_CPU_AMX``, where the tiles are: :func:`~vramshard.layers.cpu_gemv.amx`)."""
+    if _fixed is not None:
+        return _fixed.amx
+    return gemv_kernel.amx()
 
 
 def vram_codec_enabled() -> bool:
@@ -367,9 +395,8 @@ class Estimator:
         self.packed_forced = cpu_packed is None and cpu_packed_forced()
         self.cpu_gemv = cpu_gemv_enabled() if cpu_gemv is None else cpu_gemv
         self.gemv_rows = gemv_kernel.FFN_ROWS if self.cpu_gemv else 0  # (the most rows of dense FFN work it takes)
-        # bf16 FFN work of more rows through its matrix tiles (VRAMSHARD_CPU_AMX; the same switch in a planning
-        # process, which inherits this one's environment)
-        self.amx = self.cpu_gemv and model.dtype == torch.bfloat16 and gemv_kernel.amx()
+        # bf16 FFN work of more rows through its matrix tiles (VRAMSHARD_CPU_AMX)
+        self.amx = self.cpu_gemv and model.dtype == torch.bfloat16 and amx_enabled()
         # Host experts, and split FFNs' CPU parts, on the executor's run-ahead worker (None: as the executor will run).
         self.run_ahead = run_ahead_enabled() if run_ahead is None else run_ahead
         as_executor = run_ahead is None and run_ahead_dense is None
@@ -386,6 +413,7 @@ class Estimator:
         self.zero_copy_cpu_share = zero_copy_cpu_share  # (of their host experts, computed by the CPU)
         self.sizes = sizes if sizes is not None else {}  # packed bytes by sub-layer name, filled lazily
         self.wire_ratio = wire_ratio(model.dtype, wire_codec_enabled())  # link bytes a stream fill moves per byte
+        self.fill_graphs = fill_graphs_enabled()  # (coded fills: the host's issue of each)
         self.profile = profile
         self.threads = threads
         self.dtype = model.dtype
@@ -641,26 +669,42 @@ class Estimator:
         # The ring's order: streamed sub-layers (filled by the copy engine) and those pinned coded (decoded).
         order = [s for s in self.model
                  if s.kind != "vision" and (where[s.name].home == "stream" or where[s.name].coded)]
-        fills = [(0, self.decode_s(s), DECODE) if where[s.name].coded else self._fill(s, where[s.name], cpu_work)
-                 for s in order]  # (bytes over the link, seconds, engine) of each
+        fills = [(0, self.decode_s(s), DECODE, self.profile.fill_call_s() * DECODE_FILL_CALLS)
+                 if where[s.name].coded else self._fill(s, where[s.name], cpu_work)
+                 for s in order]  # (bytes over the link, seconds, engine, the host's seconds to issue it) of each
         replayed = self.replayed_launches(placement, n_tokens)
         # Simulate two consecutive steps; the second is the steady state.
         est = self._simulate_steps(where, order, fills, n_tokens, context, num_slots, streams, cpu_work, steps=2,
                                    replayed=replayed)
-        est.bytes_streamed = int(sum(nbytes for nbytes, _, _ in fills)
+        est.bytes_streamed = int(sum(nbytes for nbytes, *_ in fills)
                                  + sum(self.expert_miss_bytes(self.model[n], n_tokens)
                                        for n in placement.expert_names("cache")))
         return est
 
-    def _fill(self, sublayer: SubLayer, where, cpu_work: bool) -> tuple[int, float, str]:
-        """(bytes, copy seconds, COPY) of one stream-slot fill of ``sublayer`` placed at ``where``, the copy
-        beside CPU work where ``cpu_work``."""
+    def _fill(self, sublayer: SubLayer, where, cpu_work: bool) -> tuple[int, float, str, float]:
+        """(bytes, copy seconds, COPY, the host's seconds to issue it) of one stream-slot fill of ``sublayer``
+        placed at ``where``, the copy beside CPU work where ``cpu_work``."""
         key = ("fill_s", sublayer.name, where.cpu_pieces if where.split else None, cpu_work)
         fill = self._cache.get(key)
         if fill is None:
             nbytes = round(self.fill_bytes(sublayer, where) * self.wire_ratio)  # (over the link)
-            fill = self._cache[key] = (nbytes, self.profile.transfer_s(nbytes, "h2d", cpu_work), COPY)
+            fill = self._cache[key] = (nbytes, self.profile.transfer_s(nbytes, "h2d", cpu_work), COPY,
+                                       self.fill_issue_s(sublayer, where))
         return fill
+
+    def fill_issue_s(self, sublayer: SubLayer, where) -> float:
+        """The host's seconds to issue one stream-slot fill of ``sublayer`` placed at ``where``: a copy a host
+        range raw, or each coded range (a split's gate, up and down rows) as the profile timed a coded fill of its
+        rounds, replayed from its CUDA graph or round by round (:attr:`fill_graphs`). The thread that issues
+        fills also queues the GPU's work and computes the CPU's (fifty-fifth GPU session: ~0.28 ms a coded fill
+        inside a planned llama3-8b decode step, unpriced before)."""
+        call = self.profile.fill_call_s()
+        ranges = SPLIT_FILL_RANGES + 1 if where.split else 1
+        if self.wire_ratio >= 1:
+            return call * (FILL_CALLS + ranges)
+        coded = SPLIT_FILL_RANGES if where.split else 1
+        rounds = math.ceil(self.fill_bytes(sublayer, where) / coded / ROUND_RAW_BYTES)
+        return coded * self.profile.fill_issue_s(rounds, self.fill_graphs) + (ranges - coded) * call
 
     def _cpu_costs(self, costs: dict, sublayer: SubLayer, n_tokens: int, context: int,
                    streams: bool) -> tuple[float, float, float]:
@@ -729,13 +773,15 @@ class Estimator:
             landed = router_done + self.profile.transfer_s(act_bytes, "d2h")
             return on_worker(name, landed, router_done, alone, beside)
 
-        def issue_fill(at: float):
+        def issue_fill(at: float) -> float:
+            """The ring's next fill, its issue begun by the host at ``at``: the host's seconds to issue it."""
             nonlocal fills_issued, copy_free, copy_busy, decode_free, gpu_free, gpu_busy
             index = fills_issued
             sublayer = order[index % n_stream]
             previous_user = index - num_slots
             free_at = slot_released.get(previous_user, 0.0) if previous_user >= 0 else 0.0
-            _, seconds, engine = fills[index % n_stream]
+            _, seconds, engine, host = fills[index % n_stream]
+            at += host  # (the copies and decodes begin once issued)
             if engine == DECODE:
                 # A decode reads and writes VRAM as the compute kernels read it: on a stream of its own, it shares
                 # the GPU's memory with them, so the GPU's time is theirs and its together.
@@ -748,10 +794,11 @@ class Estimator:
                 copy_busy += seconds
             timeline.append((sublayer.name, engine, start, fill_done[index]))
             fills_issued += 1
+            return host
 
         if n_stream:
             for _ in range(min(num_slots, n_stream)):
-                issue_fill(0.0)
+                py += issue_fill(py)
         uses = 0
         x_device, x_ready = "cpu", 0.0
         act_bytes = n_tokens * self.model.args.hidden_size * self.dtype.itemsize
@@ -800,7 +847,7 @@ class Estimator:
                     timeline.append((sublayer.name, "gpu", start, gpu_done))
                     slot_released[uses] = gpu_done
                     uses += 1
-                    issue_fill(py)
+                    py += issue_fill(py)
                     if ahead:  # the worker computes once h has landed; the GPU adds its part after both
                         landed = h_ready + self.profile.transfer_s(act_bytes, "d2h")
                         gpu_free = x_ready = on_worker(sublayer.name, landed, gpu_done, cpu_alone, cpu_beside)
@@ -948,7 +995,7 @@ class Estimator:
                 if w.home == "stream" or w.coded:
                     slot_released[uses] = gpu_free
                     uses += 1
-                    issue_fill(py)
+                    py += issue_fill(py)
             # Logits back to the host.
             if x_device == "cuda":
                 py = max(py, x_ready) + self.crossing_s(logit_bytes, "d2h")

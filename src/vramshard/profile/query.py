@@ -463,6 +463,23 @@ class Profile:
         node = float(dispatch["cuda_graph_node"])
         return max(0.0, float(dispatch["cuda_graph"]) + (kernels - TINY_LAUNCHES) * node) * self.dispatch_scale
 
+    def fill_issue_s(self, rounds: int, graphs: bool = True) -> float:
+        """The host's seconds to issue one coded stream fill of ``rounds`` rounds as the ring does: replayed from
+        its CUDA graph (``graphs``) or round by round; as the profile timed it (``fill_issue``), else as the
+        fifty-fifth GPU session's H100 host did against its dispatch cost (:data:`FILL_ISSUE_H100`) at this
+        profile's. Scaled as :meth:`dispatch_s` on "cuda" (an engine's fit of its host work)."""
+        figures, scale = self.data.get("fill_issue"), self.dispatch_scale
+        if figures is None:
+            figures, scale = FILL_ISSUE_H100, self.dispatch_s("cuda") / FILL_ISSUE_H100_DISPATCH_S
+        rounds = max(int(rounds), 1)
+        seconds = figures["graph"] + rounds * figures["graph_round"] if graphs else rounds * figures["round"]
+        return seconds * scale
+
+    def fill_call_s(self) -> float:
+        """The host's seconds of one call of a stream fill's issue (a copy, a kernel's launch, an event's record or
+        wait, a stream's switch): a round issued round by round makes :data:`FILL_ROUND_CALLS` of them."""
+        return self.fill_issue_s(1, graphs=False) / FILL_ROUND_CALLS
+
     # --- helpers ------------------------------------------------------------------------
     def _cpu_full(self, dtype: str) -> MatmulTable:
         table = self._matmul.get(("cpu", dtype, self.default_threads, False))
@@ -569,6 +586,8 @@ class Profile:
                                 / self.data["zero_copy"]["copy_seconds"] / 1e9}
                                if "zero_copy" in self.data else None),
             "vram_decode_gb_s": self.vram_decode_bps / 1e9 if self.vram_decode_bps else None,
+            "fill_issue_us": ({key: seconds * 1e6 for key, seconds in self.data["fill_issue"].items()}
+                              if "fill_issue" in self.data else None),
             "cpu_threads": self.threads,
             "default_threads": self.default_threads,
             "cpu_read_gb_s": self.cpu_read_bps / 1e9 if self.cpu_read_bps else None,
@@ -577,6 +596,17 @@ class Profile:
             "has_gpu": self.has_gpu,
         }
 
+
+# A coded fill's host issue where the profile did not time it (``fill_issue``): `python3 -m benchmarks.wire_codec`
+# on the fifty-fifth GPU session's H100 host (torch 2.11+cu130) replayed fills of 1, 5 and 21 rounds in 12, 36 and
+# 112 us of host time, and issued them round by round in 115, 561 and 2221 us; its two full profiles timed the
+# dispatch probe (one tiny sub-layer's launches) at 110.5 and 102.4 us. A profile without the figures takes them at
+# its own dispatch cost.
+FILL_ISSUE_H100 = {"graph": 10e-6, "graph_round": 4.8e-6, "round": 106e-6}
+FILL_ISSUE_H100_DISPATCH_S = 106e-6
+# Host calls of a coded round issued by itself (OverlappedDecode.round): the wait for its staging half, the copy, its
+# event, the decode stream's wait, the switch to that stream and back, the decode, its event.
+FILL_ROUND_CALLS = 8
 
 # New tokens from which attention follows the query heads' work rather than the KV bytes read.
 COMPUTE_BOUND_TOKENS = 16

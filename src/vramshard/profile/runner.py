@@ -21,6 +21,7 @@ from .bench_packed import measure_packed_ffn, measure_tiles_ffn, tiles_rows
 from .bench_split import measure_split_part
 from .bench_transfer import faster_of, measure_transfers
 from .bench_decode import measure_vram_decode
+from .bench_fill_issue import measure_fill_issue
 from .bench_zero_copy import measure_zero_copy
 from .contention import cpu_load, pcie_load
 from .fingerprint import fingerprint_hash, machine_fingerprint
@@ -62,7 +63,7 @@ def _total_weight(spec: BenchmarkSpec, threads: list[int], use_gpu: bool, w: dic
     if spec.host_experts:
         total += sum(torch_dtype(d) in host_experts.DTYPES for d in spec.dtypes) * w["split"]
     if use_gpu:
-        total += (full + attn) * w["gpu"] + w["dispatch"]
+        total += (full + attn) * w["gpu"] + 2 * w["dispatch"]  # (launches and graphs; a coded fill's issue)
         # (alone twice, contended; the zero-copy reads; the decode of coded weights)
         total += (6 * len(spec.transfer_sizes) + 2) * w["transfer"]
         if spec.cpu_contention:
@@ -160,7 +161,7 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
                         if rates.worker:
                             host_experts_on_worker[dtype] = rates.worker
                             worker_teams[dtype] = rates.teams
-            zero_copy = vram_decode = None
+            zero_copy = vram_decode = fill_issue = None
             if use_gpu:
                 _measure_gpu(spec, top, w, cpu_args, gpu_args, progress, matmul, attention, transfer, dispatch)
                 try:  # (an optional table: a failure here costs it, not the profile's minutes)
@@ -175,6 +176,12 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
                 except Exception as exc:
                     log.warning("the GPU's decode of coded weights was not measured (%s); the planner prices it "
                                 "from the GPU's one-row read", exc)
+                try:
+                    fill_issue = measure_fill_issue(budget_s=DISPATCH_BUDGET_S, progress=progress,
+                                                    weight=w["dispatch"])
+                except Exception as exc:
+                    log.warning("the host's cost of issuing a coded fill was not measured (%s); the planner takes "
+                                "the fifty-fifth GPU session's H100 figures", exc)
             for round_ in range(2, spec.cpu_rounds + 1):
                 _cpu_round(spec, top, round_, cpu_args, matmul, attention)
             reads.append(measure_cpu_read(READ_BUDGET_S))  # the host's state over the whole profile
@@ -212,6 +219,8 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
         data["zero_copy"] = zero_copy
     if vram_decode is not None:
         data["vram_decode"] = vram_decode
+    if fill_issue is not None:
+        data["fill_issue"] = fill_issue
     if host_experts_on_worker:
         data["host_experts_worker"] = host_experts_on_worker
         data["host_experts_worker_teams"] = worker_teams

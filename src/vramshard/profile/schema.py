@@ -47,6 +47,11 @@ cores, GB/s, the mean of a timing before the CPU tables and one after), and the 
 - ``vram_decode`` (optional): ``{bytes, seconds}``, the raw bytes one Triton decode of coded bf16 weights
   rebuilds in VRAM and its seconds (:mod:`~vramshard.profile.bench_decode`; since 2026-12-07; absent: the
   estimator prices decodes from the GPU's one-row read);
+- ``fill_issue`` (optional, since session 62): ``{graph, graph_round, round}``, the host's seconds to issue one
+  coded stream fill as the ring does, replayed from its CUDA graph (``graph``, and ``graph_round`` each round of
+  :data:`~vramshard.runtime.wire_codec.ROUND_RAW_BYTES` more), and each round of one issued round by round
+  (:mod:`~vramshard.profile.bench_fill_issue`; absent: the estimator takes the fifty-fifth GPU session's H100
+  figures);
 - ``elapsed_by_table_s`` (optional): ``{table: seconds}``, where the profile's wall time went, by
   table (``"cpu matmul bf16 threads=16"``, ``"cuda attention fp16"``, …; see
   :class:`~vramshard.profile.progress.TableClock`);
@@ -162,6 +167,12 @@ def validate(data) -> None:
             raise ProfileError("profile 'vram_decode' section must hold bytes and seconds")
         for key in ("bytes", "seconds"):
             _positive(vram_decode.get(key), f"decode of coded weights: {key}")
+    fill_issue = data.get("fill_issue")
+    if fill_issue is not None:
+        if not isinstance(fill_issue, dict):
+            raise ProfileError("profile 'fill_issue' section must hold graph, graph_round and round")
+        for key in ("graph", "graph_round", "round"):
+            _positive(fill_issue.get(key), f"a coded fill's host issue: {key}")
     by_table = data.get("elapsed_by_table_s", {})
     if not isinstance(by_table, dict) or not all(_at_least_zero(v) for v in by_table.values()):
         raise ProfileError("profile 'elapsed_by_table_s' section must map tables to seconds (numbers ≥ 0)")

@@ -110,7 +110,8 @@ def request(recipe: dict, settings: PlanSettings, budget: int | None, kv_on_gpu:
                            "cpu_packed": mechanisms.cpu_packed,
                            "cpu_gemv": mechanisms.cpu_gemv, "zero_copy": list(mechanisms.zero_copy),
                            "wire_codec": mechanisms.wire_codec, "vram_codec": mechanisms.vram_codec,
-                           "decode_graphs": mechanisms.decode_graphs, "run_ahead_bound": mechanisms.run_ahead_bound}}
+                           "decode_graphs": mechanisms.decode_graphs, "run_ahead_bound": mechanisms.run_ahead_bound,
+                           "fill_graphs": mechanisms.fill_graphs, "amx": mechanisms.amx}}
 
 
 def read_request(message: dict) -> tuple[Model, PlanSettings, int | None, bool | None, bool, Mechanisms]:
@@ -123,7 +124,8 @@ def read_request(message: dict) -> tuple[Model, PlanSettings, int | None, bool |
         mechanisms = Mechanisms(bool(m["run_ahead"]), bool(m["cpu_packed"]), bool(m["cpu_gemv"]),
                                 (bool(m["zero_copy"][0]), int(m["zero_copy"][1])), bool(m["run_ahead_dense"]),
                                 bool(m.get("wire_codec", False)), bool(m.get("vram_codec", False)),
-                                bool(m.get("decode_graphs", False)), bool(m.get("run_ahead_bound", False)))
+                                bool(m.get("decode_graphs", False)), bool(m.get("run_ahead_bound", False)),
+                                bool(m.get("fill_graphs", True)), bool(m.get("amx", False)))
         return (build_from_recipe(message["model"]), settings, message["budget"], message["kv_on_gpu"],
                 bool(message["search"]), mechanisms)
     except (KeyError, TypeError, ValueError, IndexError) as exc:

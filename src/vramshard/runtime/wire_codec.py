@@ -61,6 +61,8 @@ RATIO = CODED_BLOCK / BLOCK_BYTES
 # a graph the whole fill is one launch. Off: every fill issued round by round.
 FILL_GRAPHS = switch("VRAMSHARD_FILL_GRAPHS", True)
 STAGING_BYTES = 4096 * CODED_BLOCK  # 24.1 MiB: the coded blocks of one round of a fill (32 MiB raw)
+# Raw bytes one round of an overlapped fill carries (a staging half of coded blocks; OverlappedDecode.half_bytes).
+ROUND_RAW_BYTES = STAGING_BYTES // 2 // CODED_BLOCK * BLOCK_BYTES  # 16 MiB
 MOST_OVERFLOW = 0.01  # a buffer with more of its blocks overflowed stays raw
 ENCODE_BLOCKS = 256  # blocks coded at once (its temporaries: about 33 MB)
 
