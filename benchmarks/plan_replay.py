@@ -95,7 +95,8 @@ def step(args) -> None:
     x``--cpu-factor`` and its copies beside CPU work at ``--copies-gbps``, each alone and both. Session 59's what-if:
     is the estimator's step right where its inputs are (the fifty-fourth GPU session's planned:8 step ran 50.5-52.1 ms,
     priced 36.1, its CPU parts 1.36-1.42x their price, its copies at ~45 GB/s)?"""
-    from vramshard.plan.estimator import Estimator, pricing_graphs
+    from vramshard.plan.estimator import Estimator
+    from vramshard.plan.mechanisms import pricing_graphs
     from vramshard.plan.planner import Planner
     from vramshard.plan.tiers import Tiers
     from vramshard.profile.drift import COPY_SIZE, scaled_copies
@@ -123,7 +124,8 @@ def batch(args) -> None:
     against ``layers:17``, with the profile's CPU times x``--cpu-scale`` (the read's scale) and the compute
     check's factors (``--compute-rows``, ``--packed``: rows:factor,...) as an engine on a host unlike the
     profile's would price them: family, prediction, CPU and copy time, and the baseline's prediction."""
-    from vramshard.plan.estimator import Estimator, Mechanisms, fixed_mechanisms
+    from vramshard.plan.estimator import Estimator
+    from vramshard.plan.mechanisms import Mechanisms, fixed_mechanisms
     from vramshard.plan.memory import sublayer_triples
     from vramshard.plan.placement import named_placement
     from vramshard.plan.planner import Planner

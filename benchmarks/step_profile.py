@@ -42,7 +42,8 @@ from torch.profiler import ProfilerActivity, profile
 from vramshard.layers.step import Step
 from vramshard.models import build_model
 from vramshard.plan.calibrate import step_estimate
-from vramshard.plan.estimator import balanced_zero_copy_share, pricing_graphs
+from vramshard.plan.estimator import balanced_zero_copy_share
+from vramshard.plan.mechanisms import pricing_graphs
 from vramshard.plan.memory import expert_slot_bytes, moe_layers, sublayer_triples
 from vramshard.plan.placement import TieredPlacement, named_placement
 from vramshard.plan.planner import Planner

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from vramshard.plan.estimator import Mechanisms, fixed_mechanisms
+from vramshard.plan.mechanisms import Mechanisms, fixed_mechanisms
 from vramshard.plan.planner import Planner
 from vramshard.plan.tiers import Tiers
 from vramshard.profile import load

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from vramshard.errors import ProfileError
-from vramshard.plan.estimator import (FILL_CALLS, SPLIT_FILL_RANGES, Estimator, Mechanisms,
-                                      fill_graphs_enabled, fixed_mechanisms)
+from vramshard.plan.estimator import FILL_CALLS, SPLIT_FILL_RANGES, Estimator
+from vramshard.plan.mechanisms import Mechanisms, fill_graphs_enabled, fixed_mechanisms
 from vramshard.plan.placement import CPU, GPU_RESIDENT, GPU_STREAMED, Placement, split_ffn
 from vramshard.plan.memory import split_part_bytes, sublayer_packed_bytes
 from vramshard.profile.query import (FILL_ISSUE_H100, FILL_ISSUE_H100_DISPATCH_S, FILL_ROUND_CALLS, Profile,

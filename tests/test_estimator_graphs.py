@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from vramshard.plan.estimator import (BATCH_BUCKETS, DISPATCH_LAUNCHES, GRAPH_REPLAY_SHARE, REPLAY_CALLS, Estimator,
-                                      decode_graphs_enabled, pricing_graphs)
+from vramshard.plan.estimator import BATCH_BUCKETS, DISPATCH_LAUNCHES, GRAPH_REPLAY_SHARE, REPLAY_CALLS, Estimator
+from vramshard.plan.mechanisms import decode_graphs_enabled, pricing_graphs
 from vramshard.plan.placement import CPU, GPU_RESIDENT, GPU_STREAMED, Placement
 from vramshard.plan.planner import Planner
 from vramshard.plan.tiers import Tiers

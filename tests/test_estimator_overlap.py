@@ -363,7 +363,7 @@ def test_ffn_work_through_the_matrix_tiles_takes_the_profiles_tiles_factor_not_p
     # A planning process prices the tiles as the engine's process will run them, whatever its own switch says.
     import dataclasses
 
-    from vramshard.plan.estimator import Mechanisms, fixed_mechanisms
+    from vramshard.plan.mechanisms import Mechanisms, fixed_mechanisms
     from vramshard.plan.tiers import Tiers
     from vramshard.runtime import budget as budgets
     from vramshard.runtime.plan_wire import model_recipe, read_request, request
@@ -385,7 +385,7 @@ def test_one_row_ffns_by_the_c_kernel_take_no_packed_factor():
 
     from vramshard.layers.mlp import DenseFFN
     from vramshard.profile.query import Profile
-    from vramshard.plan.estimator import cpu_gemv_enabled
+    from vramshard.plan.mechanisms import cpu_gemv_enabled
     from vramshard.layers import cpu_gemv
 
     data = copy.deepcopy(synthetic(**CLIENT).data)

@@ -10,7 +10,7 @@ import torch
 from vramshard.errors import BudgetError
 from vramshard.models import build_model
 from vramshard.models.base import Model
-from vramshard.plan.estimator import Mechanisms, fixed_mechanisms
+from vramshard.plan.mechanisms import Mechanisms, fixed_mechanisms
 from vramshard.plan.tiers import Tiers
 from vramshard.profile.query import synthetic
 from vramshard.runtime import budget as budgets
@@ -106,6 +106,20 @@ def test_the_process_prices_the_callers_mechanisms(planned):
     assert here != other  # (the mechanisms change the estimates: the check can fail)
 
 
+def test_every_mechanism_crosses_the_wire():
+    """Each mechanism, set against its default, comes back as sent; one the child does not know is refused."""
+    import dataclasses
+
+    base = Mechanisms(run_ahead=False, cpu_packed=False, cpu_gemv=False, zero_copy=(False, 0))
+    for field in dataclasses.fields(Mechanisms):
+        value = (True, 7) if field.name == "zero_copy" else not getattr(base, field.name)
+        sent = dataclasses.replace(base, **{field.name: value})
+        assert Mechanisms.from_wire(plan_wire.loads(plan_wire.dumps(sent.to_wire()))) == sent, field.name
+    with pytest.raises(ValueError, match="unknown here: \\['tensor_cores'\\]"):
+        Mechanisms.from_wire({**base.to_wire(), "tensor_cores": True})
+    assert Mechanisms.from_wire({k: v for k, v in base.to_wire().items() if k != "amx"}).amx is False  # (default)
+
+
 def test_a_planner_error_is_raised_here_as_it_was_there(planned):
     model, settings, child = planned
     with pytest.raises(BudgetError) as there:
@@ -196,7 +210,7 @@ def test_a_child_whose_engine_went_away_mid_plan_ends_quietly(planned, budget):
     import subprocess
     import sys
 
-    from vramshard.plan.estimator import Mechanisms
+    from vramshard.plan.mechanisms import Mechanisms
 
     model, settings, _ = planned
     source = str(Path(plan_process.__file__).resolve().parents[2])

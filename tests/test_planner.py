@@ -202,7 +202,7 @@ def test_a_named_placement_packs_only_at_the_tiers_where_the_profile_finds_packe
     (``Estimator.packs_at``), not at every one: its name stays; ``VRAMSHARD_CPU_PACKED=on`` packs at every
     decode-sized tier."""
     from vramshard import Engine
-    from vramshard.plan.estimator import Mechanisms, fixed_mechanisms
+    from vramshard.plan.mechanisms import Mechanisms, fixed_mechanisms
     from vramshard.plan.placement import named_placement
     from vramshard.plan.planner import named_plan
     from vramshard.plan.memory import sublayer_triples
@@ -244,7 +244,8 @@ def test_a_few_rows_of_dense_ffn_work_on_the_cpu_are_priced_as_the_kernel_reads_
     reads each weight row once for all of them: where the profile's one-row tables went through it, those
     rows are priced as one row; more rows, a profile timed otherwise, or no kernel keep the tables' rows."""
     from vramshard.layers import cpu_gemv
-    from vramshard.plan.estimator import Estimator, Mechanisms, fixed_mechanisms
+    from vramshard.plan.estimator import Estimator
+    from vramshard.plan.mechanisms import Mechanisms, fixed_mechanisms
     from vramshard.profile.query import Profile
     from vramshard.profile.synthetic import synthetic_data
 
@@ -269,7 +270,8 @@ def test_tiers_pack_the_cpu_work_only_where_the_profile_finds_packed_weights_fas
     """Each tier's plan says whether its dense FFNs' CPU work reads weights prepacked for oneDNN: only
     decode-sized tiers where the profile's packed factor is below PACK_GAIN (not at the few rows the
     C kernel computes); the estimator prices the tier as it says, and the flags reach the placement."""
-    from vramshard.plan.estimator import PACK_GAIN, Estimator, Mechanisms, fixed_mechanisms
+    from vramshard.plan.estimator import PACK_GAIN, Estimator
+    from vramshard.plan.mechanisms import Mechanisms, fixed_mechanisms
     from vramshard.plan.placement import TieredPlacement
     from vramshard.profile.query import Profile
     from vramshard.profile.synthetic import synthetic_data

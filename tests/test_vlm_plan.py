@@ -108,7 +108,7 @@ def test_the_vision_phase_plans_price_the_link_as_the_engine_crosses_it(vl7b, h2
     """With the link codec switched on, the language model's plans beside the vision phase price coded fills unless
     the engine decided its host cannot hold them (``PlanSettings.wire_codec`` False)."""
     from vramshard.plan import planner
-    from vramshard.plan.estimator import wire_codec_enabled
+    from vramshard.plan.mechanisms import wire_codec_enabled
 
     monkeypatch.setenv("VRAMSHARD_WIRE_CODEC", "on")
     monkeypatch.setattr(vlm, "splits_ffns", lambda sublayers, host: True)

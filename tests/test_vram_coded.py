@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from vramshard.errors import InvalidInputError
-from vramshard.plan.estimator import Estimator, Mechanisms, fixed_mechanisms, vram_decode_bps
+from vramshard.plan.estimator import Estimator, vram_decode_bps
+from vramshard.plan.mechanisms import Mechanisms, fixed_mechanisms
 from vramshard.plan.memory import sublayer_packed_bytes, vram_need
 from vramshard.plan.placement import CPU, GPU_CODED, GPU_RESIDENT, GPU_STREAMED, Placement, Where
 from vramshard.plan.planner import Planner

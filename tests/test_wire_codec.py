@@ -5,7 +5,8 @@ budgets what the executor will run."""
 import pytest
 import torch
 
-from vramshard.plan.estimator import Estimator, Mechanisms, fixed_mechanisms
+from vramshard.plan.estimator import Estimator
+from vramshard.plan.mechanisms import Mechanisms, fixed_mechanisms
 from vramshard.plan.memory import vram_need
 from vramshard.plan.placement import CPU, GPU_STREAMED, Placement
 from vramshard.models import build_model
@@ -367,7 +368,7 @@ def test_an_engine_whose_host_cannot_hold_the_coded_copies_plans_raw_fills(tiny_
     assert wire_codec.holds_coded_copies(streamable, weights, None)
     assert wire_codec.holds_coded_copies(streamable, weights, weights + 2 * wire_codec.coded_bytes(streamable))
     assert not wire_codec.holds_coded_copies(streamable, weights, weights + 2 * wire_codec.coded_bytes(streamable) - 1)
-    from vramshard.plan.estimator import wire_codec_enabled
+    from vramshard.plan.mechanisms import wire_codec_enabled
 
     priced = []
 

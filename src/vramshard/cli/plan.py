@@ -31,7 +31,7 @@ def main(args) -> int:
     from ..config import parse_dtype
     from ..errors import InvalidInputError
     from ..models import build_model
-    from ..plan.estimator import pricing_graphs
+    from ..plan.mechanisms import pricing_graphs
     from ..plan.planner import Planner, machine_profile
     from ..plan.report import plot_plan, print_plan
     from ..plan.tiers import Tiers
@@ -90,7 +90,7 @@ def main(args) -> int:
 def coded_fills_note(model, plan) -> str | None:
     """What coding stream fills for the link (``VRAMSHARD_WIRE_CODEC``) does to this plan, where it streams
     a bf16 model's weights with the codec on; None otherwise."""
-    from ..plan.estimator import wire_codec_enabled
+    from ..plan.mechanisms import wire_codec_enabled
     from ..runtime import wire_codec
     from ..units import format_bytes
 

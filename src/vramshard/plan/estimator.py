@@ -24,10 +24,8 @@ run (:meth:`Estimator.replay_s`), not each sub-layer's launches; the kernels cos
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections import Counter
-import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -41,6 +39,9 @@ from ..models.base import Model
 from ..profile.query import DECODE_ROWS, Profile
 from ..runtime.graphs import BATCH_BUCKETS, resident_runs
 from ..runtime.wire_codec import ROUND_RAW_BYTES, wire_ratio
+from .mechanisms import (amx_enabled, cpu_gemv_enabled, cpu_packed_enabled, cpu_packed_forced, decode_graphs_enabled,
+                         fill_graphs_enabled, run_ahead_bound_enabled, run_ahead_enabled, wire_codec_enabled,
+                         zero_copy_enabled)
 from .memory import expert_slot_bytes, streamed_bytes, sublayer_packed_bytes
 from .placement import Placement
 
@@ -50,7 +51,8 @@ from .placement import Placement
 # those steps better. Replayed over the report's 146 measured decode steps (session 24,
 # docs/BENCHMARKS.md) 10 fits the eager resident steps (median +58%/+152% -> -20%/+26%) but prices
 # the CPU-computing baselines further from their measurements (median |error| 29% -> 37%); the
-# host work of split and streamed sub-layers needs its own term, timed on a GPU, before it changes.
+# host work of split and streamed sub-layers needs its own term, timed on a GPU, before it changes. Since
+# session 62 the ring's fills have theirs (Estimator.fill_issue_s); the 5 is still the tenth session's fit.
 DISPATCH_LAUNCHES = 5
 PART_LAUNCHES = 6  # kernel launches of one part of a split FFN (gate/up, silu, mul, down, add)
 AHEAD_LAUNCHES = 5  # more for a part on the run-ahead worker (ready word, wait, submit, its two copies)
@@ -139,149 +141,6 @@ class CopyEngineSpans:
         return now + left * alone_s
 
 
-@dataclass(frozen=True)
-class Mechanisms:
-    """How the executor of this process will run the work an estimator prices: each read from the
-    mechanism's own switch (``VRAMSHARD_*``, and whether there is a GPU beside it), unless fixed by
-    :func:`fixed_mechanisms` (a planning process prices the engine's process's, see
-    :mod:`~vramshard.runtime.plan_process`)."""
-
-    run_ahead: bool  # MoE layers' host experts on the run-ahead worker
-    cpu_packed: bool
-    cpu_gemv: bool
-    zero_copy: tuple[bool, int]
-    run_ahead_dense: bool = False  # split dense FFNs' CPU parts too
-    wire_codec: bool = False  # bf16 stream fills coded (runtime/wire_codec)
-    vram_codec: bool = False  # pinned bf16 weights may be kept coded in VRAM (runtime/vram_coded)
-    decode_graphs: bool = False  # decode steps replay runs of resident sub-layers from CUDA graphs (runtime/graphs)
-    run_ahead_bound: bool = False  # split dense FFNs' CPU parts that run as one bound C call (few rows, the C kernel)
-    fill_graphs: bool = True  # coded stream fills replayed from CUDA graphs (runtime/wire_codec.FILL_GRAPHS)
-    amx: bool = False  # bf16 FFN work of a few dozen rows through the CPU's matrix tiles (layers/cpu_gemv.amx)
-
-    @classmethod
-    def here(cls) -> "Mechanisms":
-        """This process's (or the fixed ones)."""
-        return cls(run_ahead_enabled(), cpu_packed_enabled(), cpu_gemv_enabled(), zero_copy_enabled(),
-                   run_ahead_enabled(dense=True), wire_codec_enabled(), vram_codec_enabled(),
-                   decode_graphs_enabled(), run_ahead_bound_enabled(), fill_graphs_enabled(), amx_enabled())
-
-
-_fixed: Mechanisms | None = None
-
-
-@contextlib.contextmanager
-def fixed_mechanisms(mechanisms: Mechanisms):
-    """Estimators made inside price ``mechanisms``, not this process's switches."""
-    global _fixed
-    before, _fixed = _fixed, mechanisms
-    try:
-        yield
-    finally:
-        _fixed = before
-
-
-def pricing_graphs(on: bool):
-    """Estimators made inside price decode graphs ``on`` or not, the other mechanisms as this process's."""
-    return fixed_mechanisms(dataclasses.replace(Mechanisms.here(), decode_graphs=on))
-
-
-def run_ahead_enabled(dense: bool = False) -> bool:
-    """Whether the executor will hand MoE layers' host experts (or, ``dense``, every split dense FFN's CPU
-    part) to its run-ahead worker (read when an estimator is made: the benchmarks switch it per
-    placement)."""
-    if _fixed is not None:
-        return _fixed.run_ahead_dense if dense else _fixed.run_ahead
-    from ..runtime import run_ahead  # (the mechanism's own switch; nothing else of it is used here)
-
-    return run_ahead.available(dense) and (run_ahead.DENSE or not dense)
-
-
-def run_ahead_bound_enabled() -> bool:
-    """Whether the executor will hand its run-ahead worker the split dense FFNs' CPU parts that run as one bound
-    C call (``VRAMSHARD_RUN_AHEAD=bound``: few rows through the C kernel; :func:`~vramshard.runtime.run_ahead.
-    bound_part`)."""
-    if _fixed is not None:
-        return _fixed.run_ahead_bound
-    from ..runtime import run_ahead
-
-    return run_ahead.available(dense=True) and run_ahead.BOUND and run_ahead.ONE_CALL
-
-
-def cpu_packed_enabled() -> bool:
-    """Whether the executor will compute dense FFNs on the CPU from prepacked weights
-    (``VRAMSHARD_CPU_PACKED``: on, or auto beside a CUDA GPU; where oneDNN is there)."""
-    if _fixed is not None:
-        return _fixed.cpu_packed
-    from ..runtime import cpu_packed  # (the mechanism's own switch)
-
-    return cpu_packed.packs()
-
-
-def cpu_packed_forced() -> bool:
-    """Whether packing was asked for outright (``VRAMSHARD_CPU_PACKED=on``: every part packed, whatever
-    the profile says it gains); never under :func:`fixed_mechanisms`."""
-    if _fixed is not None:
-        return False
-    from ..runtime import cpu_packed  # (the mechanism's own switch)
-
-    return cpu_packed.MODE == "on" and cpu_packed.packs()
-
-
-def wire_codec_enabled() -> bool:
-    """Whether the executor will stream bf16 weights coded (``VRAMSHARD_WIRE_CODEC``): each fill then
-    crosses the link in :data:`~vramshard.runtime.wire_codec.RATIO` of its bytes."""
-    if _fixed is not None:
-        return _fixed.wire_codec
-    from ..runtime import wire_codec  # (the mechanism's own switch)
-
-    return wire_codec.enabled()
-
-
-def fill_graphs_enabled() -> bool:
-    """Whether the executor will replay coded stream fills from CUDA graphs (``VRAMSHARD_FILL_GRAPHS``) rather
-    than issue them round by round: the host's cost of each fill."""
-    if _fixed is not None:
-        return _fixed.fill_graphs
-    from ..runtime import wire_codec  # (the mechanism's own switch)
-
-    return wire_codec.FILL_GRAPHS
-
-
-def amx_enabled() -> bool:
-    """Whether the executor will compute bf16 FFN work of a few dozen rows through the CPU's matrix tiles
-    (``VRAMSHARD_CPU_AMX``, where the tiles are: :func:`~vramshard.layers.cpu_gemv.amx`)."""
-    if _fixed is not None:
-        return _fixed.amx
-    return gemv_kernel.amx()
-
-
-def vram_codec_enabled() -> bool:
-    """Whether the planner may keep pinned bf16 weights coded in VRAM (``VRAMSHARD_VRAM_CODEC``)."""
-    if _fixed is not None:
-        return _fixed.vram_codec
-    from ..runtime import vram_coded  # (the mechanism's own switch)
-
-    return vram_coded.enabled()
-
-
-def decode_graphs_enabled() -> bool:
-    """Whether the executor will replay decode steps over runs of resident sub-layers from CUDA graphs: as an
-    engine does by default (``Engine.load(decode_graphs=True)``) wherever this process has a CUDA GPU; an
-    engine that runs them eagerly plans under :func:`fixed_mechanisms` saying so."""
-    if _fixed is not None:
-        return _fixed.decode_graphs
-    return torch.cuda.is_available()
-
-
-def cpu_gemv_enabled() -> bool:
-    """Whether the executor will compute one-row dense FFNs and split parts on the CPU by the C kernel
-    from the plain weights (``VRAMSHARD_CPU_GEMV``: on, or auto beside a CUDA GPU; where it builds),
-    rather than from prepacked ones."""
-    if _fixed is not None:
-        return _fixed.cpu_gemv
-    return gemv_kernel.computes(1)  # (the kernel's own switch)
-
-
 def host_pass_s(profile: Profile, moe: MoEFFN, rows: int, contended: bool = False,
                 on_worker: bool = False, threads: int | None = None, gemv: bool | None = None) -> float | None:
     """Seconds of the CPU's one pass over a step's routed experts at ``rows`` tokens
@@ -333,16 +192,6 @@ def _cpu_expert_count(share: float, experts: int) -> int:
     from ..runtime.zero_copy_experts import cpu_expert_count  # (the executor's own rule)
 
     return cpu_expert_count(share, experts)
-
-
-def zero_copy_enabled() -> tuple[bool, int]:
-    """Whether the executor's GPU kernels will read host-memory experts themselves
-    (``VRAMSHARD_EXPERTS_ZERO_COPY``), and up to how many tokens a step."""
-    if _fixed is not None:
-        return _fixed.zero_copy
-    from ..runtime import zero_copy_experts  # (the mechanism's own switch and limit)
-
-    return zero_copy_experts.available(), zero_copy_experts.ROWS
 
 
 # What the zero-copy kernels read of pinned host memory against the copy engine's rate where the

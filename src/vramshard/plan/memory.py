@@ -265,7 +265,7 @@ def wire_staging_bytes(model: Model, wire_coded: bool | None = None) -> int:
     """VRAM the coded stream fills stage their blocks in (:mod:`~vramshard.runtime.wire_codec`): its
     staging buffer where this model's fills cross the link coded, else 0. ``wire_coded``: whether the
     executor codes them; None: as the estimator prices the link."""
-    from .estimator import wire_codec_enabled  # (the mechanism as the estimator prices it)
+    from .mechanisms import wire_codec_enabled
 
     coded = wire_codec_enabled() if wire_coded is None else wire_coded
     return STAGING_BYTES if wire_ratio(model.dtype, coded) < 1 else 0

@@ -59,7 +59,8 @@ from ..models.base import Model
 from ..profile.query import Profile
 from ..units import format_bytes
 from ..runtime.vram_coded import codes as vram_codes
-from .estimator import Estimator, vram_codec_enabled
+from .estimator import Estimator
+from .mechanisms import vram_codec_enabled
 from .memory import (VramNeed, coded_vram_bytes, kv_positions, kv_staging_bytes, split_router_bytes,
                      sublayer_packed_bytes, wire_staging_bytes, workspace_bytes)
 from .moe_variants import MoEVariants

@@ -29,7 +29,7 @@ from ..models.base import Model
 from ..plan.memory import VramNeed
 from ..plan.placement import CPU, Placement
 from ..plan import planner as planner_module
-from ..plan.estimator import Mechanisms, fixed_mechanisms
+from ..plan.mechanisms import Mechanisms, fixed_mechanisms
 from ..plan.planner import PlanSet, Planner, TierPlan
 from ..plan.tiers import Tiers
 from ..units import AUTO, auto_margin, format_bytes, is_auto, parse_size
@@ -333,7 +333,7 @@ class PlanSettings:
     # it; False where the host cannot hold the coded copies: wire_codec.holds_coded_copies)
     wire_codec: bool | None = None
     # whether this engine replays decode steps from CUDA graphs (None: as an engine in this process would by
-    # default, estimator.decode_graphs_enabled)
+    # default, mechanisms.decode_graphs_enabled)
     decode_graphs: bool | None = None
 
     def splits_kv(self) -> bool:

@@ -15,7 +15,7 @@ it serves the plans of every engine of this process, one at a time, and is stopp
 came for ``IDLE_EXIT_S`` (its memory, mostly torch's, comes back; the next request starts another,
 about 2 s). Each request carries the model's shapes, the plan settings (the machine profile with
 its fitted factors), the budget and how this process's executor runs its CPU work
-(:class:`~vramshard.plan.estimator.Mechanisms`), so the child prices exactly what this process's
+(:class:`~vramshard.plan.mechanisms.Mechanisms`), so the child prices exactly what this process's
 own planner would: the plan is the same.
 
 The child runs at the idle scheduling class (Linux ``SCHED_IDLE``; elsewhere at the lowest
@@ -53,7 +53,7 @@ from pathlib import Path
 from ..env import switch
 from ..errors import VramshardError
 from ..models.base import Model
-from ..plan.estimator import fixed_mechanisms
+from ..plan.mechanisms import fixed_mechanisms
 from ..plan.planner import PlanSet
 from . import plan_wire
 from .budget import PlanSettings, make_plan

@@ -17,7 +17,7 @@ from ..config import parse_dtype
 from ..errors import VramshardError
 from ..models import build_model
 from ..models.base import Model
-from ..plan.estimator import Mechanisms
+from ..plan.mechanisms import Mechanisms
 from ..plan.memory import VramNeed
 from ..plan.placement import Placement
 from ..plan.plan_set import PinReason, PlanSet, TierPlan
@@ -106,12 +106,7 @@ def request(recipe: dict, settings: PlanSettings, budget: int | None, kv_on_gpu:
             "context": settings.context, "num_slots": settings.num_slots, "name": settings.name,
             "split_ffns": settings.split_ffns, "kv_split": settings.splits_kv(), "budget": budget,
             "kv_on_gpu": kv_on_gpu, "search": search,
-            "mechanisms": {"run_ahead": mechanisms.run_ahead, "run_ahead_dense": mechanisms.run_ahead_dense,
-                           "cpu_packed": mechanisms.cpu_packed,
-                           "cpu_gemv": mechanisms.cpu_gemv, "zero_copy": list(mechanisms.zero_copy),
-                           "wire_codec": mechanisms.wire_codec, "vram_codec": mechanisms.vram_codec,
-                           "decode_graphs": mechanisms.decode_graphs, "run_ahead_bound": mechanisms.run_ahead_bound,
-                           "fill_graphs": mechanisms.fill_graphs, "amx": mechanisms.amx}}
+            "mechanisms": mechanisms.to_wire()}
 
 
 def read_request(message: dict) -> tuple[Model, PlanSettings, int | None, bool | None, bool, Mechanisms]:
@@ -120,12 +115,7 @@ def read_request(message: dict) -> tuple[Model, PlanSettings, int | None, bool |
         settings = PlanSettings(profile_from_wire(message["profile"]), Tiers(tuple(message["tiers"])),
                                 int(message["context"]), int(message["num_slots"]), message["name"],
                                 bool(message["split_ffns"]), bool(message["kv_split"]))
-        m = message["mechanisms"]
-        mechanisms = Mechanisms(bool(m["run_ahead"]), bool(m["cpu_packed"]), bool(m["cpu_gemv"]),
-                                (bool(m["zero_copy"][0]), int(m["zero_copy"][1])), bool(m["run_ahead_dense"]),
-                                bool(m.get("wire_codec", False)), bool(m.get("vram_codec", False)),
-                                bool(m.get("decode_graphs", False)), bool(m.get("run_ahead_bound", False)),
-                                bool(m.get("fill_graphs", True)), bool(m.get("amx", False)))
+        mechanisms = Mechanisms.from_wire(message["mechanisms"])
         return (build_from_recipe(message["model"]), settings, message["budget"], message["kv_on_gpu"],
                 bool(message["search"]), mechanisms)
     except (KeyError, TypeError, ValueError, IndexError) as exc:
