@@ -19,6 +19,7 @@ sixth session" come from it.
         --cpu-scale 1.76 --compute-rows 64:2.0,512:2.0 --packed 64:1.2  # a slower host's CPU, as checked
     PYTHONPATH=src python -m benchmarks.plan_replay step --profile docs/profiles/h100-run40.json --cpu-scale 1.19 \
         --compute-rows 16:1.26,64:0.96,512:0.89 --cpu-factor 1.36 --copies-gbps 45  # a step's inputs as measured
+    PYTHONPATH=src python -m benchmarks.plan_replay fills --profile docs/profiles/h100-run60.json  # fills' issue priced
 
 ``--profile`` (default docs/profiles/h200-cold.json, the fifth session's H200 profile).
 """
@@ -117,6 +118,43 @@ def step(args) -> None:
             est = Estimator(model, priced).simulate(tier.placement, 1, 1088)
             print(f"{args.budget:g} GiB tier 1 {tier.family}, {label}: {est.seconds * 1e3:.1f} ms (CPU "
                   f"{est.cpu_busy * 1e3:.1f}, copies {est.copy_busy * 1e3:.1f}, GPU {est.gpu_busy * 1e3:.1f})")
+
+
+def fills(args) -> None:
+    """llama3-8b's tier-1 and tier-64 plans at 2, 4 and 8 GiB (the profile's CPU times x``--cpu-scale``), decode
+    graphs priced and the link coded, with the host's issue of each stream fill priced (the profile's ``fill_issue``,
+    else the H100's figures at its dispatch cost: session 62) and with it free: family, prediction, the step's fills'
+    issue on the host, and the predicted step of the other pricing's plan."""
+    import dataclasses
+
+    from vramshard.plan.estimator import Estimator
+    from vramshard.plan.mechanisms import Mechanisms, fixed_mechanisms
+    from vramshard.plan.planner import Planner
+    from vramshard.plan.tiers import Tiers
+    from vramshard.profile.query import Profile
+    from vramshard.shapes import shape_model
+
+    model = shape_model("llama3-8b")
+    stored = load_profile(args.profile)
+    nothing = {"graph": 1e-12, "graph_round": 1e-12, "round": 1e-12}
+    priced = stored.calibrated(cpu_scale=args.cpu_scale)
+    free = Profile(dict(copy.deepcopy(stored.data), fill_issue=nothing)).calibrated(cpu_scale=args.cpu_scale)
+    mechanisms = dataclasses.replace(Mechanisms.here(), cpu_gemv=True, cpu_packed=True, wire_codec=True,
+                                     decode_graphs=True, fill_graphs=True)
+    with fixed_mechanisms(mechanisms):
+        for gib in (2, 4, 8):
+            plans = {label: Planner(model, profile, gib * GiB, context=1088, tiers=Tiers((1, 64))).plan()
+                     for label, profile in (("priced", priced), ("free", free))}
+            for tier in (1, 64):
+                a, b = plans["priced"].tiers[tier], plans["free"].tiers[tier]
+                est = Estimator(model, priced)
+                where = a.placement.as_dict()
+                issue = sum(est.fill_issue_s(model[name], where[name]) for name in a.placement.names(home="stream"))
+                other = est.simulate(b.placement, tier, 1088).seconds
+                print(f"{gib} GiB tier {tier}: fills priced {a.family} {a.predicted_s * 1e3:.1f} ms "
+                      f"({len(a.placement.names(home='stream'))} fills, {issue * 1e3:.2f} ms of host issue); "
+                      f"free {b.family} {b.predicted_s * 1e3:.1f} ms, that plan priced {other * 1e3:.1f} ms"
+                      f"{'' if a.placement == b.placement else ' (another plan)'}")
 
 
 def batch(args) -> None:
@@ -412,7 +450,7 @@ def baselines(args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=("dense", "tiers", "vlm", "moe", "cache", "calibrate", "baselines",
-                                                   "copies", "batch", "step"))
+                                                   "copies", "batch", "step", "fills"))
     parser.add_argument("--profile", default=str(DEFAULT_PROFILE))
     parser.add_argument("--contended-factor", type=float, default=1.0,
                         help="scale the profile's contended CPU matmul times (a what-if)")
@@ -430,7 +468,7 @@ def main() -> None:
     if args.what in ("calibrate", "baselines") and not args.result:
         parser.error(f"{args.what} needs --result: a planner_bench JSON (calibrate) or an engine_bench one (baselines)")
     {"dense": dense, "tiers": tiers, "vlm": vlm, "moe": moe, "cache": cache, "calibrate": calibrate,
-     "baselines": baselines, "copies": copies, "batch": batch, "step": step}[args.what](args)
+     "baselines": baselines, "copies": copies, "batch": batch, "step": step, "fills": fills}[args.what](args)
 
 
 if __name__ == "__main__":
