@@ -10,7 +10,7 @@
 # 3. The same at 1 row: the parts on the host thread and (+ahead) on the worker, ABAB in one process (wall, host
 #    compute, the parts' and copies' rates; cProfile of the host thread after the timed steps).
 # 4. benchmarks.cpu_gemv: a split part at 1 row (one call against three) and at 16 and 64 rows (tiles, oneDNN, torch).
-# 5. The GPU tests of the run-ahead worker and the split FFNs.
+# 5. The GPU tests of the run-ahead worker and the split FFNs, and (session 62) of the profile's coded fill issue.
 [ -z "${PROFILE:-}" ] && [ -f bench_out/profile-run61a.json ] && export PROFILE=bench_out/profile-run61a.json
 source benchmarks/gpu_session/setup.sh || exit 1
 W=/tmp/call61d; mkdir -p $W
@@ -32,6 +32,7 @@ echo "seqs 1 rc $? load $(cut -d' ' -f1-3 /proc/loadavg)"; step_summary $W/steps
 timeout ${GEMV_S:-60} python3 -m benchmarks.cpu_gemv --rows 1 --reps 7 --out $W/cpu_gemv.json > $W/cpu_gemv.log 2>&1
 echo "cpu_gemv rc $?"; grep -E "split part|host read" $W/cpu_gemv.log | cut -c1-300; keep
 timeout ${TESTS_S:-150} python3 -m pytest -m gpu -q -rfEs --tb=short -p no:cacheprovider tests/test_run_ahead.py \
-  tests/test_executor_gpu.py tests/test_split_ffn.py tests/test_cpu_gemv.py > $W/pytest_gpu.txt 2>&1
+  tests/test_executor_gpu.py tests/test_split_ffn.py tests/test_cpu_gemv.py tests/test_estimator_fills.py \
+  > $W/pytest_gpu.txt 2>&1
 echo "gpu tests rc $?"; tail -2 $W/pytest_gpu.txt; grep -E "^(FAILED|ERROR)" $W/pytest_gpu.txt | cut -c1-250; keep
 ls -la $OUT
