@@ -140,7 +140,7 @@ def fills(args) -> None:
     priced = stored.calibrated(cpu_scale=args.cpu_scale)
     free = Profile(dict(copy.deepcopy(stored.data), fill_issue=nothing)).calibrated(cpu_scale=args.cpu_scale)
     mechanisms = dataclasses.replace(Mechanisms.here(), cpu_gemv=True, cpu_packed=True, wire_codec=True,
-                                     decode_graphs=True, fill_graphs=True)
+                                     decode_graphs=True, fill_graphs=True, amx=False)  # (as beside a GPU)
     with fixed_mechanisms(mechanisms):
         for gib in (2, 4, 8):
             plans = {label: Planner(model, profile, gib * GiB, context=1088, tiers=Tiers((1, 64))).plan()
@@ -179,8 +179,8 @@ def batch(args) -> None:
     if args.packed:
         profile = profile.with_packed_now(model.dtype, by_rows(args.packed))
     rows, context = 64, 40
-    for packed in (False, True):  # the executor packs beside a GPU (VRAMSHARD_CPU_PACKED=auto)
-        with fixed_mechanisms(dataclasses.replace(Mechanisms.here(), cpu_packed=packed)):
+    for packed in (False, True):  # the executor packs beside a GPU (VRAMSHARD_CPU_PACKED=auto), tiles off there
+        with fixed_mechanisms(dataclasses.replace(Mechanisms.here(), cpu_packed=packed, amx=False)):
             plan = Planner(model, profile, 8 * GiB, context=rows * context, tiers=Tiers((1, rows))).plan()
             estimator = Estimator(model, profile, threads=plan.tiers[rows].threads)
         tier = plan.tiers[rows]

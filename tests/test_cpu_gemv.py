@@ -240,8 +240,10 @@ def test_a_build_that_fails_says_why(monkeypatch, tmp_path):
 @pytest.mark.parametrize("rows", [1, 3, 4, 5])
 def test_a_few_rows_ffn_and_its_pieces_through_the_kernel(monkeypatch, dtype, tol, rows):
     """Up to FFN_ROWS rows of dense FFN work (a whole FFN, and pieces of a split-ready one whose down lies
-    transposed) go through the kernel with the float32 reference's sums; more rows take torch's paths."""
+    transposed) go through the kernel with the float32 reference's sums; more rows take torch's paths (the matrix
+    tiles off: their rows have tests of their own)."""
     monkeypatch.setenv("VRAMSHARD_CPU_GEMV", "on")
+    monkeypatch.setenv("VRAMSHARD_CPU_AMX", "off")
     ffn, weights = _ffn(dtype, hidden=64, intermediate=96)
     whole = _whole(ffn, weights)
     h = torch.randn(rows, ffn.hidden).to(dtype)
@@ -281,7 +283,9 @@ def test_one_token_projections_may_choose_the_kernel(monkeypatch):
 def test_split_and_cpu_ffns_by_the_kernel_match_the_cpu_reference(tiny_model_dir, monkeypatch):
     """bf16 engine: decode steps' CPU parts and whole CPU FFNs run through the kernel, with no packed
     or row-major copies (the prompt's rows take the other paths); the logits are the float32 CPU
-    reference's within bf16's rounding, and the plain (kernel off) split engine's."""
+    reference's within bf16's rounding, and the plain (kernel off) split engine's. (The matrix tiles off: the
+    prompt's rows through them have a test of their own.)"""
+    monkeypatch.setenv("VRAMSHARD_CPU_AMX", "off")
     path = tiny_model_dir("llama")
     expected = trace_logits(Engine.load(path, device="cpu", dtype="float32"))
     monkeypatch.setattr(cpu_packed, "MODE", "on")  # packing asked for: one-row parts still skip it
@@ -420,7 +424,7 @@ def test_a_bound_experts_part_waits_for_its_word_computes_and_raises_its_ticket(
 
 
 @needs_kernel
-def test_a_bound_swiglu_part_waits_for_its_word_computes_and_raises_its_ticket():
+def test_a_bound_swiglu_part_waits_for_its_word_computes_and_raises_its_ticket(monkeypatch):
     """A split dense FFN's CPU part as one C call for the run-ahead worker (DenseFFN.contribution_part): bound
     while its input is still to be written, it computes nothing before the ready word reaches its number; then
     writes what contribution computes (down stored transposed, as split FFNs keep it) and raises the ticket.
@@ -452,8 +456,12 @@ def test_a_bound_swiglu_part_waits_for_its_word_computes_and_raises_its_ticket()
     torch.testing.assert_close(out.double(), expected, rtol=0, atol=1e-2 * expected.abs().max().item())
     assert ffn.contribution_part(part_weights, h, out.float()) is None  # out's dtype
     assert ffn.contribution_part(part_weights, h.float(), out) is None  # the kernel's dtypes
-    assert ffn.contribution_part(part_weights, torch.zeros(5, ffn.hidden, dtype=dtype),
-                                 torch.zeros(5, ffn.hidden, dtype=dtype)) is None  # past its rows
+    rows = lambda n: (torch.zeros(n, ffn.hidden, dtype=dtype), torch.zeros(n, ffn.hidden, dtype=dtype))  # noqa: E731
+    monkeypatch.setenv("VRAMSHARD_CPU_AMX", "off")
+    assert ffn.contribution_part(part_weights, *rows(5)) is None  # past the one-row kernel's rows
+    monkeypatch.setenv("VRAMSHARD_CPU_AMX", "on")
+    assert (ffn.contribution_part(part_weights, *rows(5)) is not None) is cpu_gemv.tiles_here()  # the tiles' rows
+    assert ffn.contribution_part(part_weights, *rows(cpu_gemv.AMX_ROWS + 1)) is None  # past theirs
 
 
 needs_tiles = pytest.mark.skipif(cpu_gemv.library() is None or not cpu_gemv.tiles_here(),
@@ -483,12 +491,16 @@ def test_the_matrix_tiles_compute_the_rows_times_the_weight():
 
 
 @needs_tiles
-@pytest.mark.parametrize("mode", ["on", "off"])
-def test_a_few_dozen_rows_of_ffn_work_take_the_matrix_tiles_where_asked(monkeypatch, mode):
-    """VRAMSHARD_CPU_AMX=on: bf16 FFN work of 5 to 64 rows from weights by rows (a split FFN's part with its down
-    row-major, a whole FFN) goes through the C kernel's tiles, as float64 does with the activation rounded once;
-    a down stored transposed, fp16 and 65 rows keep torch's paths; off (the default): none of it."""
+@pytest.mark.parametrize("mode,gpu", [("on", True), ("off", False), ("auto", False), ("auto", True)])
+def test_a_few_dozen_rows_of_ffn_work_take_the_matrix_tiles_where_asked(monkeypatch, mode, gpu):
+    """VRAMSHARD_CPU_AMX=on, or auto (the default) in a process without a GPU: bf16 FFN work of 5 to 64 rows from
+    weights by rows (a split FFN's part with its down row-major, a whole FFN) goes through the C kernel's tiles, as
+    float64 does with the activation rounded once; a down stored transposed, fp16 and 65 rows keep torch's paths;
+    off, or auto beside a GPU: none of it."""
     monkeypatch.setenv("VRAMSHARD_CPU_AMX", mode)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    tiles = mode == "on" or mode == "auto" and not gpu
+    assert cpu_gemv.amx() is tiles
     g = torch.Generator().manual_seed(8)
     hidden, width = 70, 40
     gate, up = (torch.randn(width, hidden, generator=g) * 0.2).to(torch.bfloat16), \
@@ -496,10 +508,10 @@ def test_a_few_dozen_rows_of_ffn_work_take_the_matrix_tiles_where_asked(monkeypa
     down = (torch.randn(hidden, width + 6, generator=g) * 0.2).to(torch.bfloat16)[:, 3:3 + width]
     for rows in (5, 16, 64):
         h = torch.randn(rows, hidden, generator=g).to(torch.bfloat16)
-        assert cpu_gemv.serves_swiglu(h, gate, up, down) is (mode == "on")
+        assert cpu_gemv.serves_swiglu(h, gate, up, down) is tiles
         assert not cpu_gemv.serves_swiglu(h, gate, up, down.t().contiguous().t())  # stored transposed
         assert not cpu_gemv.serves_swiglu(h.half(), gate.half(), up.half(), down.half())
-        if mode == "on":
+        if tiles:
             expected = _swiglu_reference(h, gate, up, down)
             torch.testing.assert_close(swiglu(h, gate, up, down).double(), expected, rtol=0,
                                        atol=1e-2 * expected.abs().max().item())

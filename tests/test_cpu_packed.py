@@ -135,11 +135,12 @@ def test_a_plan_packed_ahead_comes_into_force_without_packing_at_the_switch(tiny
 
 
 @needs_mkldnn
-def test_the_pack_ahead_benchmark_switches_without_packing_where_it_packed_ahead():
+def test_the_pack_ahead_benchmark_switches_without_packing_where_it_packed_ahead(monkeypatch):
     """benchmarks.pack_ahead on a tiny shape: the switches that packed ahead pack nothing themselves, the
     others pack their parts in the switch; packing ahead leaves the packing mode as it was."""
     from benchmarks import pack_ahead
 
+    monkeypatch.setenv("VRAMSHARD_CPU_AMX", "off")  # (as beside a GPU: the tiles' rows are packed by none)
     mode = cpu_packed.MODE
     result = pack_ahead.main(["--shape", "tiny-llama", "--layers", "2", "--pieces", "3,5", "--rounds", "2",
                               "--tokens", "3"])

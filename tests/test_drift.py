@@ -346,7 +346,7 @@ def test_read_bound_passes_keep_to_the_reads_scale(reads_now, computes_now):
         assert scaled.host_experts_rate("bf16", rows) == profile.host_experts_rate("bf16", rows)
 
 
-def test_prepacked_products_are_priced_and_packed_as_this_host_runs_them_now(reads_now, computes_now):
+def test_prepacked_products_are_priced_and_packed_as_this_host_runs_them_now(reads_now, computes_now, monkeypatch):
     """h100-run40 timed bf16 FFNs prepacked at 0.60x plain at 64 rows; a host where packing buys nothing
     (h200-run49's timed 1.22x) prices them as timed and no longer packs at those rows."""
     from vramshard.plan.estimator import Estimator
@@ -366,6 +366,7 @@ def test_prepacked_products_are_priced_and_packed_as_this_host_runs_them_now(rea
     for rows in (1, 512):  # the C kernel's rows and prompt chunks read plain weights: the profile's factor stays
         assert scaled.packed_ffn_factor("bf16", rows) == profile.packed_ffn_factor("bf16", rows)
     assert scaled.packed_ffn_factor("fp16", 64) == profile.packed_ffn_factor("fp16", 64)  # (another dtype's)
+    monkeypatch.setenv("VRAMSHARD_CPU_AMX", "off")  # (as beside a GPU: 64 rows through the tiles pack none)
     model = shape_model("llama3-8b")
     assert Estimator(model, profile, cpu_packed=True).packs_at(64)
     assert not Estimator(model, scaled, cpu_packed=True).packs_at(64)

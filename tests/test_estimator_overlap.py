@@ -378,7 +378,7 @@ def test_ffn_work_through_the_matrix_tiles_takes_the_profiles_tiles_factor_not_p
             assert Estimator(model, profile, cpu_packed=True).amx is here
 
 
-def test_one_row_ffns_by_the_c_kernel_take_no_packed_factor():
+def test_one_row_ffns_by_the_c_kernel_take_no_packed_factor(monkeypatch):
     """cpu_gemv: where the C kernel computes one-row dense FFNs and split parts from the plain weights
     (layers/cpu_gemv.py), a one-row step is priced as plain even with packing on; more rows stay packed."""
     import copy
@@ -388,6 +388,7 @@ def test_one_row_ffns_by_the_c_kernel_take_no_packed_factor():
     from vramshard.plan.mechanisms import cpu_gemv_enabled
     from vramshard.layers import cpu_gemv
 
+    monkeypatch.setenv("VRAMSHARD_CPU_AMX", "off")  # (as beside a GPU: 64 rows through the tiles pack none)
     data = copy.deepcopy(synthetic(**CLIENT).data)
     data["split_part"] = {"bf16": 1.5}
     data["packed_ffn"] = {"bf16": {"1": 0.5, "64": 0.8}}

@@ -1,6 +1,7 @@
 # ~8 min (written 2026-12-07 in session 61; `timeout_s` 590, or what the device time left allows: each stage adds
 # its files to $OUT/call.tgz as it ends, so a call cut short returns the stages done). Session 61's CPU work on a GPU
-# machine's host: FFN work of 5-64 rows through the CPU's matrix tiles (VRAMSHARD_CPU_AMX=on; off by default), and
+# machine's host: FFN work of 5-64 rows through the CPU's matrix tiles (VRAMSHARD_CPU_AMX=on; off beside a GPU by
+# default), and
 # split dense FFNs' few-row CPU parts on the run-ahead worker as one bound C call (cpu_gemv.bind_swiglu_part), the
 # host thread meanwhile queuing the GPU's work and the ring's fills (the fifty-fifth session's step profile had the
 # host thread compute the parts, 57.5 ms, then issue the fills, 25 ms under cProfile: a 79 ms planned:8 step priced

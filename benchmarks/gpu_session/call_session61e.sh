@@ -2,8 +2,8 @@
 # CPU work switched on against the defaults, one process each: llama3-8b at 8 GiB, decode (tg) and batch 64 against
 # layers:17 in the same process (engine_bench), each cell with the load beside it. RUNS: AHEAD:AMX pairs in process
 # order, VRAMSHARD_RUN_AHEAD (auto, the default: the parts on the host thread; bound: a decode step's few-row parts
-# on the worker as one C call) and VRAMSHARD_CPU_AMX (off, the default; on: FFN work of 5-64 rows through the CPU's
-# matrix tiles, the layers:17 baseline's CPU layers included). Default "bound:on auto:off".
+# on the worker as one C call) and VRAMSHARD_CPU_AMX (off, the default beside a GPU; on: FFN work of 5-64 rows
+# through the CPU's matrix tiles, the layers:17 baseline's CPU layers included). Default "bound:on auto:off".
 [ -z "${PROFILE:-}" ] && [ -f bench_out/profile-run61a.json ] && export PROFILE=bench_out/profile-run61a.json
 source benchmarks/gpu_session/setup.sh || exit 1
 i=0
