@@ -545,8 +545,8 @@ class Estimator:
         """The host's seconds to issue one stream-slot fill of ``sublayer`` placed at ``where``: a copy a host
         range raw, or each coded range (a split's gate, up and down rows) as the profile timed a coded fill of its
         rounds, replayed from its CUDA graph or round by round (:attr:`fill_graphs`). The thread that issues
-        fills also queues the GPU's work and computes the CPU's (fifty-fifth GPU session: ~0.28 ms a coded fill
-        inside a planned llama3-8b decode step, unpriced before)."""
+        fills also queues the GPU's work and computes the CPU's (fifty-fifth GPU session: ~0.28 ms a coded range's
+        fill under cProfile inside a planned llama3-8b decode step, unpriced before)."""
         call = self.profile.fill_call_s()
         ranges = SPLIT_FILL_RANGES + 1 if where.split else 1
         if self.wire_ratio >= 1:

@@ -5,7 +5,8 @@ into a staging half and a decode out of it; replayed from its CUDA graph (the ex
 second run on) the whole fill is one launch whose host cost still grows with its rounds. The host thread that
 issues fills also queues the GPU's work and computes the CPU's, so a step's price needs it: the fifty-fifth GPU
 session's H100 host took 112 us to replay a llama3-8b FFN's fill (21 rounds) and 2.2 ms to issue it round by round,
-and about 0.28 ms a fill inside planned decode steps, where the estimator priced nothing.
+and about 0.28 ms a fill (a range of a split part's) under cProfile inside planned decode steps, where the
+estimator priced nothing.
 
 Timed here as :meth:`~vramshard.runtime.streaming.SlotRing._copy` issues a fill (on the copy stream: wait for the
 slot, the fill, the slot's event), of one round and of :data:`LONG_ROUNDS`, from the graph and round by round; only
