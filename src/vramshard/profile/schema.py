@@ -81,6 +81,17 @@ def _positive(value, what: str) -> None:
         raise ProfileError(f"{what} must be a positive number, found {value!r}")
 
 
+def _positive_figures(data: dict, section: str, keys: tuple[str, ...], what: str) -> None:
+    """An optional section of named positive figures (``keys``)."""
+    figures = data.get(section)
+    if figures is None:
+        return
+    if not isinstance(figures, dict):
+        raise ProfileError(f"profile {section!r} section must hold {', '.join(keys[:-1])} and {keys[-1]}")
+    for key in keys:
+        _positive(figures.get(key), f"{what}: {key}")
+
+
 def _factors_by_rows(data: dict, section: str, what: str, key: str = "rows") -> None:
     """An optional ``{dtype: {rows: positive number}}`` section (``key``: what the counts count)."""
     by_dtype = data.get(section, {})
@@ -155,24 +166,9 @@ def validate(data) -> None:
     _factors_by_rows(data, "host_experts", "routed experts' compiled pass rate")
     _factors_by_rows(data, "host_experts_worker", "routed experts' compiled pass rate on the run-ahead worker")
     _factors_by_rows(data, "host_experts_worker_teams", "the one-token pass's rate on the run-ahead worker", "threads")
-    zero_copy = data.get("zero_copy")
-    if zero_copy is not None:
-        if not isinstance(zero_copy, dict):
-            raise ProfileError("profile 'zero_copy' section must hold bytes, seconds and copy_seconds")
-        for key in ("bytes", "seconds", "copy_seconds"):
-            _positive(zero_copy.get(key), f"zero-copy expert reads: {key}")
-    vram_decode = data.get("vram_decode")
-    if vram_decode is not None:
-        if not isinstance(vram_decode, dict):
-            raise ProfileError("profile 'vram_decode' section must hold bytes and seconds")
-        for key in ("bytes", "seconds"):
-            _positive(vram_decode.get(key), f"decode of coded weights: {key}")
-    fill_issue = data.get("fill_issue")
-    if fill_issue is not None:
-        if not isinstance(fill_issue, dict):
-            raise ProfileError("profile 'fill_issue' section must hold graph, graph_round and round")
-        for key in ("graph", "graph_round", "round"):
-            _positive(fill_issue.get(key), f"a coded fill's host issue: {key}")
+    _positive_figures(data, "zero_copy", ("bytes", "seconds", "copy_seconds"), "zero-copy expert reads")
+    _positive_figures(data, "vram_decode", ("bytes", "seconds"), "decode of coded weights")
+    _positive_figures(data, "fill_issue", ("graph", "graph_round", "round"), "a coded fill's host issue")
     by_table = data.get("elapsed_by_table_s", {})
     if not isinstance(by_table, dict) or not all(_at_least_zero(v) for v in by_table.values()):
         raise ProfileError("profile 'elapsed_by_table_s' section must map tables to seconds (numbers ≥ 0)")
