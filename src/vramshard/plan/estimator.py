@@ -518,9 +518,9 @@ class Estimator:
         # The ring's order: streamed sub-layers (filled by the copy engine) and those pinned coded (decoded).
         order = [s for s in self.model
                  if s.kind != "vision" and (where[s.name].home == "stream" or where[s.name].coded)]
-        fills = [(0, self.decode_s(s), DECODE, self.profile.fill_call_s() * DECODE_FILL_CALLS)
-                 if where[s.name].coded else self._fill(s, where[s.name], cpu_work)
-                 for s in order]  # (bytes over the link, seconds, engine, the host's seconds to issue it) of each
+        decode_issue = self.profile.fill_call_s() * DECODE_FILL_CALLS if placement.coded_names() else 0.0
+        fills = [(0, self.decode_s(s), DECODE, decode_issue) if where[s.name].coded
+                 else self._fill(s, where[s.name], cpu_work) for s in order]  # (bytes over the link, seconds, engine, the host's seconds to issue it) of each
         replayed = self.replayed_launches(placement, n_tokens)
         # Simulate two consecutive steps; the second is the steady state.
         est = self._simulate_steps(where, order, fills, n_tokens, context, num_slots, streams, cpu_work, steps=2,

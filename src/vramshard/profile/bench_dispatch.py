@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .timing import time_wall_cuda
+from .timing import host_issue_s, time_wall_cuda
 
 TINY_LAUNCHES = 10  # kernels of one _tiny_sublayer on the GPU
 LONG_GRAPH = 32  # tiny sub-layers captured in the long graph of measure_graph_replay
@@ -63,8 +63,6 @@ def measure_graph_replay(budget_s: float) -> dict[str, float]:
     LONG_GRAPH tiny sub-layers. Only the host's issuing is timed (each batch of replays is waited
     for after its clock stops): what a decode step's host thread pays for a run of sub-layers that
     the executor replays (:mod:`~vramshard.runtime.graphs`), its kernels being priced apart."""
-    import time
-
     x, *weights = _tiny_inputs("cuda")
 
     def captured(sublayers: int) -> torch.cuda.CUDAGraph:
@@ -80,19 +78,9 @@ def measure_graph_replay(budget_s: float) -> dict[str, float]:
                 h = _tiny_sublayer(h, *weights)
         return graph
 
-    def host_s(graph: torch.cuda.CUDAGraph, share: float, batches: int = 15, reps: int = 8) -> float:
+    def host_s(graph: torch.cuda.CUDAGraph, share: float) -> float:
         graph.replay()
-        torch.cuda.synchronize()
-        best, deadline = float("inf"), time.perf_counter() + share
-        for batch in range(batches):
-            start = time.perf_counter()
-            for _ in range(reps):
-                graph.replay()
-            best = min(best, (time.perf_counter() - start) / reps)
-            torch.cuda.synchronize()
-            if batch >= 2 and time.perf_counter() > deadline:
-                break
-        return best
+        return host_issue_s(graph.replay, share, batches=15, reps=8)
 
     one, long = captured(1), captured(LONG_GRAPH)
     single, many = host_s(one, budget_s / 2), host_s(long, budget_s / 2)

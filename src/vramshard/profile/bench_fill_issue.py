@@ -15,11 +15,10 @@ the host's issuing is timed (each batch is waited for after its clock stops).
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from .progress import ProgressSink
+from .timing import host_issue_s
 
 LONG_ROUNDS = 6  # rounds of the longer fill (its per-round cost against the one-round fill's)
 BATCHES = 9  # batches of back-to-back fills; the fastest batch's mean is kept
@@ -59,17 +58,7 @@ def measure_fill_issue(*, budget_s: float, progress: ProgressSink, weight: float
 
         for _ in range(2):  # round by round once, then captured where the graphs are on
             issue()
-        torch.cuda.synchronize()
-        best, deadline = float("inf"), time.perf_counter() + share
-        for batch in range(BATCHES):
-            start = time.perf_counter()
-            for _ in range(REPS):
-                issue()
-            best = min(best, (time.perf_counter() - start) / REPS)
-            torch.cuda.synchronize()
-            if batch >= 2 and time.perf_counter() > deadline:
-                break
-        return best
+        return host_issue_s(issue, share, BATCHES, REPS)
 
     graphs = wire_codec.OverlappedDecode(staging, decode_stream, graphs=True)
     one, long = host_s(graphs, 1, budget_s / 3), host_s(graphs, LONG_ROUNDS, budget_s / 3)

@@ -174,6 +174,23 @@ def time_cuda(fn: Callable[[], object], budget_s: float, batches: int = 3, max_r
 _SLEEP_CYCLES_PER_S: list[float] = []
 
 
+def host_issue_s(issue: Callable[[], object], budget_s: float, batches: int, reps: int) -> float:
+    """The host's seconds per call of ``issue`` (which queues GPU work), the fastest of up to ``batches`` batches of
+    ``reps`` calls (at least three, then until ``budget_s`` is spent); each batch's GPU work is waited for after
+    its clock stops, so only the issuing is timed. The caller warms ``issue`` up."""
+    torch.cuda.synchronize()
+    best, deadline = float("inf"), time.perf_counter() + budget_s
+    for batch in range(batches):
+        start = time.perf_counter()
+        for _ in range(reps):
+            issue()
+        best = min(best, (time.perf_counter() - start) / reps)
+        torch.cuda.synchronize()
+        if batch >= 2 and time.perf_counter() > deadline:
+            break
+    return best
+
+
 def sleep_cycles_per_second() -> float:
     """Clock cycles per second of ``torch.cuda._sleep``, the GPU's spin kernel (measured once)."""
     import torch
