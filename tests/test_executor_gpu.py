@@ -299,9 +299,17 @@ def test_split_ffn_one_row_parts_by_the_c_kernel_match_cpu_float32(tiny_model_di
     path = tiny_model_dir("llama")
     cpu_engine, _ = cpu_reference(path, "float32")
     expected = trace_logits(cpu_engine)
-    threads = []
-    real = cpu_gemv.swiglu
+    threads = []  # the thread of each part the kernel computed: by swiglu, or the worker's bound call (session 61)
+    real, bound_run = cpu_gemv.swiglu, cpu_gemv.BoundPart.run
     monkeypatch.setattr(cpu_gemv, "swiglu", lambda *a: threads.append(threading.current_thread().name) or real(*a))
+
+    def run(self, *args):
+        status, waited = bound_run(self, *args)
+        if status == 0:  # (computed: not a wait that timed out)
+            threads.append(threading.current_thread().name)
+        return status, waited
+
+    monkeypatch.setattr(cpu_gemv.BoundPart, "run", run)
     engine = Engine.load(path, device="cuda", dtype="bfloat16", placement=_split_ffn_placement(cpu_engine.model),
                          vram=200 * 2**20, max_context=64)
     executor = engine.executor
