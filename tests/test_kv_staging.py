@@ -120,6 +120,25 @@ def test_write_backs_in_flight_land_before_the_host_cache_is_read(engine):
     _same_cache(direct, staged_host)
 
 
+def test_layers_gather_their_prefix_into_pinned_buffers_in_turn(engine):
+    """Layer after layer, the host gathers each cached prefix into the next of KV_IN_BUFFERS pinned buffers (it
+    gathers layer L+1's while the copy engine reads layer L's), and every layer's attention still matches."""
+    from vramshard.runtime.kv_staging import KV_IN_BUFFERS
+
+    direct, staged_host = _caches(engine)
+    staging = _staging(engine)
+    table = [[3, 4, 5, 6]]
+    _run_both(engine, direct, staged_host, staging, [0], [20], table, seed=5)  # the prompt: no prefix yet
+    used = []
+    for seed in range(2 * KV_IN_BUFFERS):
+        expected, got = _run_both(engine, direct, staged_host, staging, [20 + seed], [1], table, seed=6 + seed)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        used.append(staging._in[(staging._next_in - 1) % KV_IN_BUFFERS][0].data_ptr())
+    assert KV_IN_BUFFERS >= 2 and len(set(used[:KV_IN_BUFFERS])) == KV_IN_BUFFERS
+    assert used[KV_IN_BUFFERS:] == used[:KV_IN_BUFFERS]
+    _same_cache(direct, staged_host)
+
+
 # ---------------------------------------------------------------------------- the executor
 def _tiered(model) -> TieredPlacement:
     """Decode: attention on the CPU; prompt chunks: attention on the GPU over the host KV cache."""

@@ -177,7 +177,7 @@ def test_plan_picture_colours_splits_and_host_kv_attention(tmp_path):
 def test_cpu_attention_of_a_decode_batch_counts_gathering_its_keys():
     """Several sequences decoding at once on the CPU gather their cached keys and values into one
     batch first: that costs in proportion to the context; one token or a prompt chunk does not."""
-    from vramshard.plan.estimator import HOST_GATHER_BPS, Estimator
+    from vramshard.plan.estimator import Estimator
 
     profile = synthetic(**CLIENT)
     estimator = Estimator(NEMO, profile)
@@ -190,7 +190,7 @@ def test_cpu_attention_of_a_decode_batch_counts_gathering_its_keys():
         return estimator.compute_s(attn, "cpu", tokens, context) - alone - matmuls
 
     per_token = attn.kv_bytes_per_token(NEMO.dtype)
-    assert extra(16, 4096) == pytest.approx(4096 * per_token / HOST_GATHER_BPS, rel=1e-6)
+    assert extra(16, 4096) == pytest.approx(profile.host_gather_s(4096 * per_token), rel=1e-6)
     assert extra(16, 8192) == pytest.approx(2 * extra(16, 4096), rel=1e-6)
     assert extra(1, 4096) == pytest.approx(0, abs=1e-9) and extra(512, 4096) == pytest.approx(0, abs=1e-9)
     assert estimator.compute_s(attn, "cuda", 16, 4096) < estimator.compute_s(attn, "cpu", 16, 4096)

@@ -66,6 +66,9 @@ def test_round_trip_through_cache(tiny_profile, cache):
     # The host's memory read, for the engine's check of it at load (profile/drift.py).
     assert 1e8 < tiny_profile.cpu_read_bps < 1e13 and loaded.cpu_read_bps == tiny_profile.cpu_read_bps
     assert tiny_profile.summary()["cpu_read_gb_s"] == pytest.approx(tiny_profile.cpu_read_bps / 1e9)
+    # The host's gather of KV blocks (GPU attention over a host KV cache): measured, below twice the read.
+    gather = tiny_profile.data["cpu"]["gather_gb_s"]
+    assert 0.1 < gather < 2 * tiny_profile.cpu_read_bps / 1e9 and loaded.summary()["cpu_gather_gb_s"] == gather
     assert load_or_none() is not None
 
 

@@ -124,6 +124,8 @@ def print_summary(console, profile, path) -> None:
     console.print(f"  CPU threads measured: {summary['cpu_threads']} (default {summary['default_threads']})")
     if summary.get("cpu_read_gb_s"):
         console.print(f"  host memory read, all cores: {summary['cpu_read_gb_s']:.1f} GB/s")
+    if summary.get("cpu_gather_gb_s"):
+        console.print(f"  KV blocks gathered into pinned memory, all cores: {summary['cpu_gather_gb_s']:.1f} GB/s")
     console.print("  one-row CPU products timed through " + (f"the C kernel ({profile.cpu_gemv})" if profile.cpu_gemv
                                                               else "torch's paths"))
     slowest = sorted(data.get("elapsed_by_table_s", {}).items(), key=lambda item: -item[1])[:5]

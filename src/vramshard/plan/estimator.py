@@ -38,6 +38,7 @@ from ..layers.sublayer import SubLayer
 from ..models.base import Model
 from ..profile.query import DECODE_ROWS, Profile
 from ..runtime.graphs import BATCH_BUCKETS, resident_runs
+from ..runtime.kv_staging import KV_IN_BUFFERS
 from ..runtime.wire_codec import ROUND_RAW_BYTES, wire_ratio
 from .mechanisms import (amx_enabled, cpu_gemv_enabled, cpu_packed_enabled, cpu_packed_forced, decode_graphs_enabled,
                          fill_graphs_enabled, run_ahead_bound_enabled, run_ahead_enabled, wire_codec_enabled,
@@ -84,7 +85,6 @@ REPLAY_CALLS = 4
 # probe's 10 kernels in 2.73 us of host time, and 1.3 ns more a kernel in a graph of 320, where it launched them
 # eagerly at 8.4 us each (under CUDA 12 an H200 had taken 2.2 us a kernel: an earlier session).
 GRAPH_REPLAY_SHARE = 0.33
-HOST_GATHER_BPS = 10e9  # rows of a host KV cache gathered into / scattered from pinned buffers (one thread)
 
 
 @dataclass
@@ -329,7 +329,7 @@ class Estimator:
             if device == "cpu" and 1 < n_tokens <= 64:
                 # A decode tier of several sequences gathers their cached keys and values into one
                 # padded batch first (the profile times attention over contiguous keys).
-                seconds += context * sublayer.kv_bytes_per_token(self.dtype) / HOST_GATHER_BPS
+                seconds += self.profile.host_gather_s(context * sublayer.kv_bytes_per_token(self.dtype))
         if sublayer.kind == "embed":
             row = sublayer.weights[0].nbytes // sublayer.weights[0].shape[0]
             seconds += n_tokens * row / 5e9
@@ -595,6 +595,7 @@ class Estimator:
         slot_released: dict[int, float] = {}  # global use index -> GPU time the slot became free
         fills_issued = 0
         written_back = 0.0  # when the last KV write-back of a staged attention is done
+        kv_in_read: list[float] = []  # when each staged attention's copy in has read its pinned buffer
         worker_free = 0.0  # the run-ahead worker (split FFNs' CPU parts), when it is on
         parts_back: list[float] = []  # when each run-ahead part's result is on the GPU
 
@@ -822,13 +823,16 @@ class Estimator:
                     ready = max(ready, fill_done[uses])
                 if w.stages_kv:
                     prefix, new = self.staging_bytes(sublayer, n_tokens, context)
-                    py += (prefix + new) / HOST_GATHER_BPS  # gather the prefix, scatter the new rows
+                    if len(kv_in_read) >= KV_IN_BUFFERS:  # the gather's pinned buffer, read by an earlier copy in
+                        py = max(py, kv_in_read[-KV_IN_BUFFERS])
+                    py += self.profile.host_gather_s(prefix + new)  # gather the prefix, scatter the new rows
                     ready = max(ready, written_back)  # the staging cache is free again
                     if prefix:
                         copy_start = max(copy_free, py)
                         copy_free = copy_start + self.profile.transfer_s(prefix, "h2d", cpu_work)
                         copy_busy += copy_free - copy_start
                         timeline.append((sublayer.name + " kv in", "copy", copy_start, copy_free))
+                        kv_in_read.append(copy_free)
                         ready = max(ready, copy_free)
                 start = max(gpu_free, ready, py)
                 py += launch

@@ -71,6 +71,8 @@ class Profile:
         self.default_threads: int = int(data["cpu"].get("default_threads") or self.threads[-1])
         read = data["cpu"].get("read_gb_s")
         self.cpu_read_bps: float | None = read * 1e9 if read else None  # host memory read, all cores
+        gather = data["cpu"].get("gather_gb_s")
+        self._gather_bps: float | None = gather * 1e9 if gather else None  # KV blocks gathered, all cores
         self._matmul: dict[tuple, MatmulTable] = {}
         for t in data["matmul"]:
             threads = int(t["threads"]) if t["device"] == "cpu" and t.get("threads") else None
@@ -475,6 +477,15 @@ class Profile:
         seconds = figures["graph"] + rounds * figures["graph_round"] if graphs else rounds * figures["round"]
         return seconds * scale
 
+    def host_gather_s(self, nbytes: int) -> float:
+        """Seconds the host takes to gather ``nbytes`` of KV-cache blocks into a pinned buffer (or scatter them
+        back) with all torch threads: as the profile measured it (``cpu.gather_gb_s``), else at
+        :data:`GATHER_READ_SHARE` of its host read, else at :data:`DEFAULT_GATHER_BPS`; CPU times' scale on top
+        (the gather is memory-bound work the host's state slows as it slows the CPU's one-row products)."""
+        rate = self._gather_bps or (self.cpu_read_bps * GATHER_READ_SHARE if self.cpu_read_bps
+                                    else DEFAULT_GATHER_BPS)
+        return nbytes / rate * self.cpu_scale
+
     def fill_call_s(self) -> float:
         """The host's seconds of one call of a stream fill's issue (a copy, a kernel's launch, an event's record or
         wait, a stream's switch): a round issued round by round makes :data:`FILL_ROUND_CALLS` of them."""
@@ -591,11 +602,19 @@ class Profile:
             "cpu_threads": self.threads,
             "default_threads": self.default_threads,
             "cpu_read_gb_s": self.cpu_read_bps / 1e9 if self.cpu_read_bps else None,
+            "cpu_gather_gb_s": self._gather_bps / 1e9 if self._gather_bps else None,
             "host_beside_cores": ({key: self.data["host_beside"][key] for key in ("others_cores", "steal_cores")}
                                   if "host_beside" in self.data else None),
             "has_gpu": self.has_gpu,
         }
 
+
+# KV-cache blocks gathered into pinned memory where the profile did not time it (``cpu.gather_gb_s``): a share of the
+# host's read, for the gather reads and writes each byte: 13.2 against 30.3 GB/s on the development machine (2 cores,
+# session 63), ~46 against 90 GB/s inside the fifty-sixth GPU session's batch-64 steps on an H100 host (its
+# `index_select`s over the profiled steps' staged KV). Without a read figure either, one thread's ~10 GB/s.
+GATHER_READ_SHARE = 0.5
+DEFAULT_GATHER_BPS = 10e9
 
 # A coded fill's host issue where the profile did not time it (``fill_issue``): `python3 -m benchmarks.wire_codec`
 # on the fifty-fifth GPU session's H100 host (torch 2.11+cu130) replayed fills of 1, 5 and 21 rounds in 12, 36 and

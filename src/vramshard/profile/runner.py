@@ -16,7 +16,7 @@ from .bench_attention import measure_attention
 from .bench_dispatch import measure_dispatch, measure_graph_replay
 from .bench_experts import measure_host_experts
 from .bench_matmul import measure_matmul
-from .bench_memory import measure_cpu_read
+from .bench_memory import measure_cpu_gather, measure_cpu_read
 from .bench_packed import measure_packed_ffn, measure_tiles_ffn, tiles_rows
 from .bench_split import measure_split_part
 from .bench_transfer import faster_of, measure_transfers
@@ -119,6 +119,8 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
         with _torch_threads(top):
             progress.step("cpu memory read")
             reads = [measure_cpu_read(READ_BUDGET_S)]
+            progress.step("cpu KV gather")
+            gather = measure_cpu_gather(READ_BUDGET_S)
             progress.step("cpu dispatch cost")
             dispatch["cpu"] = measure_dispatch("cpu", DISPATCH_BUDGET_S)
             progress.advance(w["dispatch"])
@@ -193,7 +195,8 @@ def run_profile(spec: BenchmarkSpec | None = None, progress: ProgressSink | None
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "fingerprint": fingerprint, "fingerprint_hash": fingerprint_hash(fingerprint),
         "quick": spec.quick, "synthetic": False, "elapsed_s": round(elapsed, 2),
-        "cpu": {"threads": threads, "default_threads": top, "read_gb_s": round(sum(reads) / len(reads) / 1e9, 2)},
+        "cpu": {"threads": threads, "default_threads": top, "read_gb_s": round(sum(reads) / len(reads) / 1e9, 2),
+                "gather_gb_s": round(gather / 1e9, 2)},
         "matmul": matmul, "transfer": transfer, "attention": attention, "dispatch": dispatch,
         "elapsed_by_table_s": clock.finish(),
     }

@@ -4,7 +4,8 @@ Top level: ``schema`` ("vramshard-profile"), ``version``, ``vramshard_version``,
 ``created`` (ISO date), ``fingerprint`` and ``fingerprint_hash``, ``quick``, ``synthetic``,
 ``elapsed_s``, ``cpu`` (``threads``: measured counts, ``default_threads``: all cores,
 ``read_gb_s`` (optional; absent in profiles made before 2026-12-04): host memory read with all
-cores, GB/s, the mean of a timing before the CPU tables and one after), and the tables:
+cores, GB/s, the mean of a timing before the CPU tables and one after; ``gather_gb_s`` (optional; absent
+before session 63): KV-cache blocks gathered into a pinned buffer with all cores, GB/s arriving), and the tables:
 
 - ``matmul``: list of ``{device, dtype, threads, contended, shapes: [[K, N]], m: [M],
   seconds: [[per M] per shape], estimated}`` (``threads`` is null on "cuda");
@@ -127,9 +128,10 @@ def validate(data) -> None:
     cpu = data["cpu"]
     if not isinstance(cpu, dict) or not isinstance(cpu.get("threads"), list) or not cpu["threads"]:
         raise ProfileError("profile 'cpu' section lacks the measured 'threads' list")
-    read = cpu.get("read_gb_s")
-    if read is not None and not (isinstance(read, (int, float)) and math.isfinite(read) and read > 0):
-        raise ProfileError(f"profile 'cpu' section: read_gb_s must be a positive number of GB/s, got {read!r}")
+    for key in ("read_gb_s", "gather_gb_s"):
+        rate = cpu.get(key)
+        if rate is not None and not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
+            raise ProfileError(f"profile 'cpu' section: {key} must be a positive number of GB/s, got {rate!r}")
     for index, table in enumerate(data["matmul"]):
         what = f"matmul table {index}"
         if not isinstance(table, dict) or table.get("device") not in DEVICES:

@@ -5,7 +5,9 @@ the CPU), prompt chunks would still run their attention projections on the CPU, 
 compute-bound. :class:`KVStaging` lets such a layer compute on the GPU instead, for one step:
 
 1. copy in: the blocks holding the step's sequences' cached prefix go host → VRAM (gathered
-   into a pinned buffer first, then one copy per sequence on the copy stream);
+   into a pinned buffer first, then one copy per sequence on the copy stream; the layers take
+   :data:`KV_IN_BUFFERS` pinned buffers in turn, so the host gathers the next layer's prefix
+   while the copy engine reads this one's);
 2. the ordinary attention runs over the staging cache, through a :class:`Step` whose block
    tables point there (it writes the new keys and values into the staging cache too);
 3. write-back: only the new positions go VRAM → host (copy stream, into a pinned buffer),
@@ -33,6 +35,9 @@ from ..errors import BudgetError
 from ..layers.step import Step
 from .kv_cache import LayerCache
 
+# Pinned buffers the host gathers a layer's cached prefix into, used in turn: the host gathers layer L+1's while the
+# copy engine still reads layer L's (with one, each gather waited for the copy before it: session 63).
+KV_IN_BUFFERS = 2
 
 
 @dataclass
@@ -79,8 +84,11 @@ class KVStaging:
         # Zeros, not empty: rows beyond a sequence's length are masked, but 0 * NaN is still NaN.
         self.k = torch.zeros(positions, kv_heads, head_dim, dtype=dtype, device=self.device)  # [N, Hkv, D]
         self.v = torch.zeros(positions, kv_heads, head_dim, dtype=dtype, device=self.device)
-        self._in: tuple[torch.Tensor, torch.Tensor] | None = None  # pinned prefix buffers [rows, Hkv, D]
-        self._in_done = None  # event: the last copy in has read the pinned prefix buffers
+        # Pinned prefix buffers [rows, Hkv, D] (keys, values), used in turn, and for each the event of the copy in
+        # that read it last.
+        self._in: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * KV_IN_BUFFERS
+        self._in_done: list = [None] * KV_IN_BUFFERS
+        self._next_in = 0
         self._out_done = None  # event: the last write-back has read the staging cache
         self._out: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * max(1, buffers)
         self._out_owner: list[_WriteBack | None] = [None] * max(1, buffers)
@@ -161,9 +169,11 @@ class KVStaging:
             return
         size = host.block_size
         rows = plan.prefix_blocks * size
-        if self._in_done is not None:
-            self._in_done.synchronize()  # the previous copy in has read the pinned buffers
-        in_k, in_v = self._host_buffers("_in", rows)
+        turn = self._next_in
+        self._next_in = (turn + 1) % KV_IN_BUFFERS
+        if self._in_done[turn] is not None:
+            self._in_done[turn].synchronize()  # the copy in that last used these pinned buffers has read them
+        in_k, in_v = self._in[turn] = self._host_buffers(None, rows, self._in[turn])
         staging_k, staging_v = plan.cache.k, plan.cache.v  # [blocks, size, Hkv, D]
         shape = (plan.prefix_blocks, size, self.kv_heads, self.head_dim)
         src_k, src_v = in_k[:rows].view(shape), in_v[:rows].view(shape)
@@ -173,9 +183,9 @@ class KVStaging:
             for first, block, count in plan.prefix_runs:
                 staging_k[block : block + count].copy_(src_k[first : first + count], non_blocking=True)
                 staging_v[block : block + count].copy_(src_v[first : first + count], non_blocking=True)
-            self._in_done = self._record()
+            done = self._in_done[turn] = self._record()
         if self.on_gpu:
-            torch.cuda.current_stream(self.device).wait_event(self._in_done)  # attention after the copy in
+            torch.cuda.current_stream(self.device).wait_event(done)  # attention after the copy in
         self.bytes_in += 2 * src_k.nbytes
 
     def _write_back(self, plan: _Plan, host: LayerCache) -> None:

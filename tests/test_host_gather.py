@@ -1,0 +1,92 @@
+"""The host's gather of KV-cache blocks (GPU attention over a host KV cache, and a CPU decode batch):
+measured by the profile (``cpu.gather_gb_s``), read back with its fallbacks, and priced by the estimator
+at that rate (session 63: a constant 10 GB/s priced an H100 host's GPU-only 64-sequence step at 935 ms
+against 428-443 measured)."""
+
+
+import pytest
+
+from vramshard.errors import ProfileError
+from vramshard.plan.estimator import Estimator
+from vramshard.plan.memory import sublayer_triples
+from vramshard.plan.placement import named_placement
+from vramshard.profile.bench_memory import measure_cpu_gather, measure_cpu_read
+from vramshard.profile.query import DEFAULT_GATHER_BPS, GATHER_READ_SHARE, Profile
+from vramshard.profile.synthetic import synthetic_data
+from vramshard.shapes import shape_model
+
+GPU = dict(cpu_gflops=1500, gpu_gflops=200_000, h2d_gbps=50, cpu_mem_gbps=80, gpu_mem_gbps=1500)
+MODEL = shape_model("llama3-8b")
+
+
+def with_cpu(**figures) -> Profile:
+    data = synthetic_data(**GPU)
+    data["cpu"].update(figures)
+    return Profile(data)
+
+
+def test_the_gather_is_priced_as_measured_else_at_half_the_read_else_at_the_default():
+    nbytes = 300 * 2**20
+    assert with_cpu(gather_gb_s=40.0, read_gb_s=100.0).host_gather_s(nbytes) == pytest.approx(nbytes / 40e9)
+    assert with_cpu(read_gb_s=100.0).host_gather_s(nbytes) == pytest.approx(nbytes / (100e9 * GATHER_READ_SHARE))
+    assert with_cpu().host_gather_s(nbytes) == pytest.approx(nbytes / DEFAULT_GATHER_BPS)
+    # Memory-bound host work: slower where the engine found the host's CPU slower.
+    slow = with_cpu(gather_gb_s=40.0).calibrated(cpu_scale=1.5)
+    assert slow.host_gather_s(nbytes) == pytest.approx(1.5 * nbytes / 40e9)
+    assert with_cpu(gather_gb_s=40.0).summary()["cpu_gather_gb_s"] == 40.0
+    assert with_cpu().summary()["cpu_gather_gb_s"] is None
+
+
+@pytest.mark.parametrize("bad", [-1, 0, float("nan"), "fast"])
+def test_a_bad_gather_figure_is_refused_clearly(bad):
+    data = synthetic_data(**GPU)
+    data["cpu"]["gather_gb_s"] = bad
+    with pytest.raises(ProfileError, match="gather_gb_s"):
+        Profile(data)
+
+
+def test_a_step_over_a_host_kv_cache_spends_the_gather_on_the_host(monkeypatch):
+    """64 sequences at 1K context each, every attention streamed over a host KV cache: the host gathers each
+    layer's 285 MB of cached keys and values into a pinned buffer before its copy in. At 10 GB/s the gathers set
+    the step. With one pinned buffer each gather waits for the copy before it, so gathers and copies add up; with
+    two (the executor's KV_IN_BUFFERS) the host gathers the next layer while the copy engine reads this one, and at
+    50 GB/s the step is the copy engine's (it streams the weights too)."""
+    import vramshard.plan.estimator as estimator_module
+
+    rows, context = 64, 64 * 1088
+    placement = named_placement("stream-hostkv", sublayer_triples(MODEL), MODEL.args.num_hidden_layers)
+    attention = [s for s in MODEL if s.kind == "attn"]
+    cached = sum(Estimator(MODEL, with_cpu()).staging_bytes(a, rows, context)[0] for a in attention)
+
+    def step(rate: float, buffers: int):
+        monkeypatch.setattr(estimator_module, "KV_IN_BUFFERS", buffers)
+        return Estimator(MODEL, with_cpu(gather_gb_s=rate)).simulate(placement, rows, context)
+
+    assert step(10.0, 2).seconds >= cached / 10e9
+    one, two = step(30.0, 1), step(30.0, 2)
+    profile = with_cpu()
+    copies_in = sum(profile.transfer_s(Estimator(MODEL, profile).staging_bytes(a, rows, context)[0], "h2d")
+                    for a in attention)
+    assert copies_in > 0.1 and one.seconds >= cached / 30e9 + copies_in
+    assert two.seconds < 0.95 * one.seconds
+    fast = step(50.0, 2)
+    assert fast.seconds == pytest.approx(fast.copy_busy, rel=0.05)
+
+
+def test_a_cpu_decode_batch_gathers_at_the_profiles_rate():
+    attention = next(s for s in MODEL if s.kind == "attn")
+    extra = {}
+    for rate in (10.0, 40.0):
+        estimator = Estimator(MODEL, with_cpu(gather_gb_s=rate))
+        extra[rate] = estimator.compute_s(attention, "cpu", 16, 4096) - estimator.compute_s(attention, "cpu", 1, 4096)
+    per_token = attention.kv_bytes_per_token(MODEL.dtype)
+    # (16 rows of attention's matmuls cost a little more than one: the difference is the gather, within that)
+    assert extra[10.0] - extra[40.0] == pytest.approx(4096 * per_token * (1 / 10e9 - 1 / 40e9), rel=0.05)
+
+
+def test_the_gather_timing_is_real():
+    """Not faked: a gather of a few MiB on this host arrives at a rate between a tenth of the host's read and
+    the read itself plus noise (it reads and writes each byte; 13 against 30 GB/s on the development machine)."""
+    read = measure_cpu_read(0.05, nbytes=64 * 2**20)
+    gather = measure_cpu_gather(0.05, nbytes=64 * 2**20)
+    assert 0.05 * read < gather < 2.0 * read
