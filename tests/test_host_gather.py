@@ -3,7 +3,6 @@ measured by the profile (``cpu.gather_gb_s``), read back with its fallbacks, and
 at that rate (session 63: a constant 10 GB/s priced an H100 host's GPU-only 64-sequence step at 935 ms
 against 428-443 measured)."""
 
-
 import pytest
 
 from vramshard.errors import ProfileError
