@@ -103,12 +103,16 @@ def step_split(prof, steps: int) -> dict:
             "launches": launches / steps, "aten_ops": aten / steps}
 
 
+PLANNED_FROM: list[str] = []  # the profile each plan came from, and how it was scaled to this host (the JSON's)
+
+
 @functools.cache
 def planning_profile(path: str, dtype) -> object:
     """The profile at ``path`` scaled to this host's memory read and CPU compute now, as an engine plans
     with it (:func:`benchmarks.common.scaled_to_this_host`); once per process."""
     profile, source = scaled_to_this_host(load(path, check_fingerprint=False), path, dtype)
     log.info("planning from %s", source)
+    PLANNED_FROM.append(source)
     return profile
 
 
@@ -340,6 +344,7 @@ def main() -> None:
                          "\n".join(f"    {r['own_ms']:8.2f} {r['total_ms']:8.2f} {r['calls']:8.1f}  {r['function']}"
                                    for r in result["python"][key]))
     if args.json:
+        results["planned_from"] = PLANNED_FROM
         write_json(args.json, results)
 
 
