@@ -96,6 +96,20 @@ def test_batch_of_two_with_scattered_blocks_matches_direct_attention(engine):
     _same_cache(direct, staged_host)
 
 
+def test_a_new_sequence_between_two_that_go_on_matches_direct_attention(engine):
+    """One gather and one copy bring in every prefix: the staging blocks between them (here a new sequence's
+    first chunk) come along with another block's keys, which the attention overwrites and masks."""
+    direct, staged_host = _caches(engine)
+    staging = _staging(engine)
+    a, b, c = [9, 2, 7], [0, 11], [5, 1, 3]
+    expected, got = _run_both(engine, direct, staged_host, staging, [0, 0], [19, 35], [a, c], seed=20)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    expected, got = _run_both(engine, direct, staged_host, staging, [19, 0, 35], [1, 24, 1], [a, b, c], seed=21)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    _same_cache(direct, staged_host)
+    assert staging.bytes_in > 0
+
+
 def test_a_step_larger_than_the_staging_cache_is_refused(engine):
     from vramshard.errors import BudgetError
 

@@ -5,7 +5,7 @@ the CPU), prompt chunks would still run their attention projections on the CPU, 
 compute-bound. :class:`KVStaging` lets such a layer compute on the GPU instead, for one step:
 
 1. copy in: the blocks holding the step's sequences' cached prefix go host → VRAM (gathered
-   into a pinned buffer first, then one copy per sequence on the copy stream; the layers take
+   into a pinned buffer first, in the staging cache's order, then one copy on the copy stream; the layers take
    :data:`KV_IN_BUFFERS` pinned buffers in turn, so the host gathers the next layer's prefix
    while the copy engine reads this one's);
 2. the ordinary attention runs over the staging cache, through a :class:`Step` whose block
@@ -46,9 +46,12 @@ class _Plan:
 
     step: Step  # the step, with block tables into the staging cache
     cache: LayerCache  # the staging cache viewed in the host cache's block size
-    prefix_index: torch.Tensor  # host blocks of the cached prefixes, sequence by sequence [P] int64 (CPU)
-    prefix_runs: list[tuple[int, int, int]]  # (first row of prefix_index, first staging block, blocks)
-    new_runs: list[tuple[int, int, int]]  # (first flat staging row, first token row, tokens) per sequence
+    # The host block to copy into each staging block from the first up to the last that holds a cached prefix
+    # [P] int64 (CPU): the prefixes' blocks where they go, and between them (the blocks the new tokens take, which
+    # the attention writes after the copy) the next prefix's first block: one gather and one copy serve every
+    # sequence, not one copy each.
+    prefix_index: torch.Tensor
+    new_rows: torch.Tensor  # flat staging row of every new token, in token order [T] int64 (on the staging device)
     write_index: torch.Tensor  # flat host row of every new token [T] int64 (CPU)
 
     @property
@@ -131,8 +134,8 @@ class KVStaging:
         blocks = self.positions // size
         tables = step.block_tables if step.block_tables is not None else \
             [range(slot * host.blocks_per_slot, (slot + 1) * host.blocks_per_slot) for slot in step.slots]
-        staged_tables, prefix, prefix_runs, new_runs, write_index = [], [], [], [], []
-        first_block = token_row = 0
+        staged_tables, prefix, new_rows, write_index = [], [], [], []
+        first_block = 0
         for table, start, n in zip(tables, step.starts, step.lengths):
             used = -(-(start + n) // size)
             if len(table) < used:
@@ -140,13 +143,12 @@ class KVStaging:
                                  "of its sequence")
             cached = -(-start // size)  # blocks holding the prefix (the last one may be partial)
             if cached:
-                prefix_runs.append((len(prefix), first_block, cached))
+                prefix += [table[0]] * (first_block - len(prefix))  # blocks before it that hold no prefix
                 prefix += list(table[:cached])
-            new_runs.append((first_block * size + start, token_row, n))
+            new_rows += range(first_block * size + start, first_block * size + start + n)
             write_index += [table[p // size] * size + p % size for p in range(start, start + n)]
             staged_tables.append(list(range(first_block, first_block + used)))
             first_block += used
-            token_row += n
         if first_block > blocks:
             raise BudgetError(
                 f"this step's sequences need {first_block * size} positions of KV staging, but the staging cache "
@@ -156,7 +158,8 @@ class KVStaging:
                           self.v[: blocks * size].view(blocks, size, self.kv_heads, self.head_dim),
                           size, blocks)
         staged = dataclasses.replace(step, kv_lookup=lambda layer: view, block_tables=staged_tables, _memo={})
-        return _Plan(staged, view, torch.tensor(prefix, dtype=torch.long), prefix_runs, new_runs,
+        return _Plan(staged, view, torch.tensor(prefix, dtype=torch.long),
+                     torch.tensor(new_rows, dtype=torch.long).to(self.device),
                      torch.tensor(write_index, dtype=torch.long))
 
     # ------------------------------------------------------------------ copies
@@ -179,10 +182,9 @@ class KVStaging:
         src_k, src_v = in_k[:rows].view(shape), in_v[:rows].view(shape)
         torch.index_select(host.k, 0, plan.prefix_index, out=src_k)
         torch.index_select(host.v, 0, plan.prefix_index, out=src_v)
-        with self._on_copy_stream():
-            for first, block, count in plan.prefix_runs:
-                staging_k[block : block + count].copy_(src_k[first : first + count], non_blocking=True)
-                staging_v[block : block + count].copy_(src_v[first : first + count], non_blocking=True)
+        with self._on_copy_stream():  # one copy each: the blocks between the prefixes come along
+            staging_k[: plan.prefix_blocks].copy_(src_k, non_blocking=True)
+            staging_v[: plan.prefix_blocks].copy_(src_v, non_blocking=True)
             done = self._in_done[turn] = self._record()
         if self.on_gpu:
             torch.cuda.current_stream(self.device).wait_event(done)  # attention after the copy in
@@ -202,9 +204,9 @@ class KVStaging:
         with self._on_copy_stream():
             if attention_done is not None and self.copy_stream is not None:
                 self.copy_stream.wait_event(attention_done)
-            for row, token, n in plan.new_runs:
-                out_k[token : token + n].copy_(self.k[row : row + n], non_blocking=True)
-                out_v[token : token + n].copy_(self.v[row : row + n], non_blocking=True)
+            # The new rows gathered on the device, then one copy each (not one per sequence).
+            out_k.copy_(self.k.index_select(0, plan.new_rows), non_blocking=True)
+            out_v.copy_(self.v.index_select(0, plan.new_rows), non_blocking=True)
             done = self._out_done = self._record()
         entry = _WriteBack(done, host, plan.write_index, out_k, out_v)
         self._out_owner[slot] = entry
