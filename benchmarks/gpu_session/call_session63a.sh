@@ -9,10 +9,11 @@
 #    placement (the one the fifty-sixth session measured), each predicted against measured, twice (ABAB); then one
 #    row (planned:8+graphs, twice).
 # 3. The GPU tests of the KV staging, the gather and the profile.
+ASKED_PROFILE=${PROFILE:-}  # (setup.sh sets PROFILE to a stored profile of the GPU's kind: the fifty-seventh session)
 source benchmarks/gpu_session/setup.sh || exit 1
 W=/tmp/call63a; mkdir -p $W bench_out
 keep() { tar -C $W -czf $OUT/call.tgz . ; }
-if [ -z "${PROFILE:-}" ]; then
+if [ -z "$ASKED_PROFILE" ]; then
   timeout ${PROFILE_S:-150} python3 -m vramshard.cli.main profile --quick --out bench_out/profile-quick63.json \
     > $W/profile.log 2>&1
   echo "quick profile rc $?"; cp bench_out/profile-quick63.json $W/ 2>/dev/null
