@@ -4,6 +4,7 @@ included; it is used unless switched off and where it builds, else torch's paths
 FFNs, split parts and projections through it give an engine the logits of the float32 CPU reference, with
 no prepacked or row-major copies of the parts."""
 
+import copy
 import platform
 
 import pytest
@@ -356,6 +357,55 @@ def test_one_sequences_decode_attention_takes_the_kernel_and_others_sdpa(monkeyp
     decode_attention(q.expand(2, -1, -1), keys.expand(2, -1, -1, -1), values.expand(2, -1, -1, -1), 32 ** -0.5,
                      torch.zeros(2, 1, 1, 40))
     assert called == [1]
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_decode_batch_on_the_cpu_attends_sequence_by_sequence_by_the_kernel(monkeypatch, dtype):
+    """Several sequences' one new token each on the CPU (attention.attend): each sequence by the C kernel over its
+    own rows, in place where its blocks are consecutive (slot rows, and a paged table in order) and over a copy of
+    its blocks where not (a table out of order); the same as float32 attention over the same cache within the
+    dtype's rounding, and as the padded batch (the kernel off). Keys and values stored alike on both paths."""
+    from vramshard.layers.attention import attend
+    from vramshard.layers.step import Step
+    from vramshard.runtime.kv_cache import KVCache
+
+    g = torch.Generator().manual_seed(3)
+    heads, kv_heads, dim, size = 8, 2, 32, 16
+    cache = KVCache([0], slots=3, max_ctx=64, kv_heads=kv_heads, head_dim=dim, dtype=dtype,
+                    device_of=lambda layer: "cpu")
+    layer = cache(0)
+    layer.k.copy_(torch.randn(layer.k.shape, generator=g))
+    layer.v.copy_(torch.randn(layer.v.shape, generator=g))
+    q = torch.randn(3, heads, dim, generator=g).to(dtype)
+    k = torch.randn(3, kv_heads, dim, generator=g).to(dtype)
+    v = torch.randn(3, kv_heads, dim, generator=g).to(dtype)
+    starts = [40, 7, 33]
+    tables = [[0, 1, 2], [5], [7, 4, 9]]  # in order (in place), one block, out of order (copied)
+
+    def run(kernel: str):
+        monkeypatch.setenv("VRAMSHARD_CPU_GEMV", kernel)
+        pool = copy.deepcopy(cache)
+        step = Step([0, 1, 2], starts, [1, 1, 1], None, kv_lookup=pool, block_tables=tables)
+        return attend(q, k, v, pool(0), step), pool(0)
+
+    called = []
+    monkeypatch.setattr(cpu_gemv, "decode_attention",
+                        lambda *a, _real=cpu_gemv.decode_attention: called.append(1) or _real(*a))
+    got, got_pool = run("auto")
+    assert len(called) == 3
+    batch, batch_pool = run("off")
+    assert len(called) == 3 and torch.equal(got_pool.k, batch_pool.k) and torch.equal(got_pool.v, batch_pool.v)
+    flat_k, flat_v = got_pool.k.float().flatten(0, 1), got_pool.v.float().flatten(0, 1)
+    for b, (table, start) in enumerate(zip(tables, starts)):
+        rows = torch.tensor([table[p // size] * size + p % size for p in range(start + 1)])
+        keys = flat_k[rows].transpose(0, 1).repeat_interleave(heads // kv_heads, 0)  # [H, L, D]
+        values = flat_v[rows].transpose(0, 1).repeat_interleave(heads // kv_heads, 0)
+        weights = torch.softmax((keys @ q[b].float()[:, :, None])[..., 0] * dim ** -0.5, dim=-1)  # [H, L]
+        expected = (weights[:, None, :] @ values)[:, 0]  # [H, D]
+        tolerance = 2e-2 * expected.abs().max().item()
+        torch.testing.assert_close(got[b].float(), expected, rtol=0, atol=tolerance)
+        torch.testing.assert_close(batch[b].float(), expected, rtol=0, atol=tolerance)
 
 
 @needs_kernel

@@ -72,15 +72,32 @@ def test_a_step_over_a_host_kv_cache_spends_the_gather_on_the_host(monkeypatch):
     assert fast.seconds == pytest.approx(fast.copy_busy, rel=0.05)
 
 
-def test_a_cpu_decode_batch_gathers_at_the_profiles_rate():
+def test_a_cpu_decode_batch_gathers_at_the_profiles_rate_without_the_kernel():
     attention = next(s for s in MODEL if s.kind == "attn")
     extra = {}
     for rate in (10.0, 40.0):
-        estimator = Estimator(MODEL, with_cpu(gather_gb_s=rate))
+        estimator = Estimator(MODEL, with_cpu(gather_gb_s=rate), cpu_gemv=False)
         extra[rate] = estimator.compute_s(attention, "cpu", 16, 4096) - estimator.compute_s(attention, "cpu", 1, 4096)
     per_token = attention.kv_bytes_per_token(MODEL.dtype)
     # (16 rows of attention's matmuls cost a little more than one: the difference is the gather, within that)
     assert extra[10.0] - extra[40.0] == pytest.approx(4096 * per_token * (1 / 10e9 - 1 / 40e9), rel=0.05)
+
+
+def test_with_the_kernel_a_cpu_decode_batch_attends_sequence_by_sequence_without_a_gather():
+    """The C kernel takes each sequence's one token over its own rows in place (attention.attend, session 63): the
+    tier's attention is its sequences' one-token attentions over their shares of the context, no gather."""
+    attention = next(s for s in MODEL if s.kind == "attn")
+    heads = (attention.num_heads, attention.num_kv_heads, attention.head_dim)
+    profile = with_cpu(gather_gb_s=10.0)
+    kernel = Estimator(MODEL, profile, cpu_gemv=True)
+    one_each = 16 * profile.attention_s(1, 4096 // 16, *heads, MODEL.dtype, "cpu")
+    assert kernel.attention_s(attention, "cpu", 16, 4096) == pytest.approx(one_each)
+    padded = Estimator(MODEL, profile, cpu_gemv=False).attention_s(attention, "cpu", 16, 4096)
+    assert padded > one_each + profile.host_gather_s(4096 * attention.kv_bytes_per_token(MODEL.dtype))
+    # One token, a prompt chunk and the GPU take the profile's attention as measured.
+    for tokens, device in ((1, "cpu"), (512, "cpu"), (16, "cuda")):
+        assert kernel.attention_s(attention, device, tokens, 4096) == pytest.approx(
+            profile.attention_s(tokens, 4096, *heads, MODEL.dtype, device))
 
 
 def test_the_gather_timing_is_real():

@@ -175,12 +175,12 @@ def test_plan_picture_colours_splits_and_host_kv_attention(tmp_path):
 
 
 def test_cpu_attention_of_a_decode_batch_counts_gathering_its_keys():
-    """Several sequences decoding at once on the CPU gather their cached keys and values into one
-    batch first: that costs in proportion to the context; one token or a prompt chunk does not."""
+    """Several sequences decoding at once on the CPU without the C kernel gather their cached keys and values
+    into one batch first: that costs in proportion to the context; one token or a prompt chunk does not."""
     from vramshard.plan.estimator import Estimator
 
     profile = synthetic(**CLIENT)
-    estimator = Estimator(NEMO, profile)
+    estimator = Estimator(NEMO, profile, cpu_gemv=False)
     attn = next(s for s in NEMO if s.kind == "attn")
 
     def extra(tokens, context):
@@ -309,9 +309,11 @@ def test_a_long_context_keeps_the_kv_cache_of_pinned_attention_in_vram_and_the_r
     keeps the caches of the attention layers it pins in VRAM beside them (as llama.cpp's -ngl keeps those of
     the layers it offloads) and the others' in host memory, their attention on the CPU or staged, each
     pinned layer's cache counted against the budget; predicted faster than all of it in host memory.
-    (VRAMSHARD_KV_SPLIT=on; off, the planner keeps the cache whole.)"""
+    (VRAMSHARD_KV_SPLIT=on; off, the planner keeps the cache whole.) Without the C kernel: with it the CPU attends
+    a decode batch sequence by sequence, cheaply enough that this profile's planner pins no attention (session 63)."""
     from vramshard.plan import planner as planning
 
+    monkeypatch.setenv("VRAMSHARD_CPU_GEMV", "off")
     profile, budget, context = synthetic(**CLIENT), 4 * GiB, 32768
     monkeypatch.setattr(planning, "KV_SPLIT", False)
     assert Planner(NEMO, profile, budget, context=context, tiers=TIERS).plan().kv_layers_in_vram is None

@@ -323,18 +323,30 @@ class Estimator:
         if passed is not None:  # its experts in the compiled pass
             seconds = passed + sum(self._matmul(m, k, n, device, contended) for m, k, n in sublayer.main_matmuls(rows))
         if isinstance(sublayer, Attention):
-            seconds += self.profile.attention_s(n_tokens, context, sublayer.num_heads, sublayer.num_kv_heads,
-                                                sublayer.head_dim, self.dtype, device,
-                                                threads=self.threads if device == "cpu" else None)
-            if device == "cpu" and 1 < n_tokens <= 64:
-                # A decode tier of several sequences gathers their cached keys and values into one
-                # padded batch first (the profile times attention over contiguous keys).
-                seconds += self.profile.host_gather_s(context * sublayer.kv_bytes_per_token(self.dtype))
+            seconds += self.attention_s(sublayer, device, n_tokens, context)
         if sublayer.kind == "embed":
             row = sublayer.weights[0].nbytes // sublayer.weights[0].shape[0]
             seconds += n_tokens * row / 5e9
         self._cache[key] = seconds
         return seconds
+
+    def attention_s(self, sublayer: Attention, device: str, n_tokens: int, context: int) -> float:
+        """Attention of ``n_tokens`` new tokens over ``context`` cached positions (its projections apart). On the
+        CPU a decode tier of several sequences attends sequence by sequence through the C kernel where it serves the
+        dtype (each sequence's one token over its share of the context: the profile's one-token attention, which
+        the kernel computed); elsewhere it gathers their cached keys and values into one padded batch first (the
+        profile times attention over contiguous keys)."""
+        heads, kv_heads, dim = sublayer.num_heads, sublayer.num_kv_heads, sublayer.head_dim
+        threads = self.threads if device == "cpu" else None
+        if device == "cpu" and 1 < n_tokens <= 64:
+            if self.cpu_gemv and self.dtype in gemv_kernel.DTYPES and heads // kv_heads <= gemv_kernel.MAX_GROUP:
+                share = max(1, context // n_tokens)
+                return n_tokens * self.profile.attention_s(1, share, heads, kv_heads, dim, self.dtype, device,
+                                                           threads=threads)
+            return (self.profile.attention_s(n_tokens, context, heads, kv_heads, dim, self.dtype, device,
+                                             threads=threads)
+                    + self.profile.host_gather_s(context * sublayer.kv_bytes_per_token(self.dtype)))
+        return self.profile.attention_s(n_tokens, context, heads, kv_heads, dim, self.dtype, device, threads=threads)
 
     def _ffn_rows(self, rows: int) -> int:
         """The rows to price a dense FFN's CPU products of ``rows`` rows at: one where the C kernel computes
