@@ -361,11 +361,13 @@ def test_one_sequences_decode_attention_takes_the_kernel_and_others_sdpa(monkeyp
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_a_decode_batch_on_the_cpu_attends_sequence_by_sequence_by_the_kernel(monkeypatch, dtype):
-    """Several sequences' one new token each on the CPU (attention.attend): each sequence by the C kernel over its
-    own rows, in place where its blocks are consecutive (slot rows, and a paged table in order) and over a copy of
-    its blocks where not (a table out of order); the same as float32 attention over the same cache within the
-    dtype's rounding, and as the padded batch (the kernel off). Keys and values stored alike on both paths."""
+@pytest.mark.parametrize("tables", [[[0, 1, 2], [5], [7, 8, 9]], [[0, 1, 2], [5], [7, 4, 9]]],
+                         ids=["consecutive", "one-out-of-order"])
+def test_a_decode_batch_on_the_cpu_attends_sequence_by_sequence_by_the_kernel(monkeypatch, dtype, tables):
+    """Several sequences' one new token each on the CPU (attention.attend): by the C kernel over each sequence's
+    own rows, in one call where every sequence's blocks are consecutive, else sequence by sequence (a sequence
+    whose table is out of order over a copy of its blocks); the same as float32 attention over the same cache
+    within the dtype's rounding, and as the padded batch (the kernel off). Keys and values stored alike."""
     from vramshard.layers.attention import attend
     from vramshard.layers.step import Step
     from vramshard.runtime.kv_cache import KVCache
@@ -381,7 +383,7 @@ def test_a_decode_batch_on_the_cpu_attends_sequence_by_sequence_by_the_kernel(mo
     k = torch.randn(3, kv_heads, dim, generator=g).to(dtype)
     v = torch.randn(3, kv_heads, dim, generator=g).to(dtype)
     starts = [40, 7, 33]
-    tables = [[0, 1, 2], [5], [7, 4, 9]]  # in order (in place), one block, out of order (copied)
+    consecutive = tables[2] == [7, 8, 9]
 
     def run(kernel: str):
         monkeypatch.setenv("VRAMSHARD_CPU_GEMV", kernel)
@@ -391,11 +393,13 @@ def test_a_decode_batch_on_the_cpu_attends_sequence_by_sequence_by_the_kernel(mo
 
     called = []
     monkeypatch.setattr(cpu_gemv, "decode_attention",
-                        lambda *a, _real=cpu_gemv.decode_attention: called.append(1) or _real(*a))
+                        lambda *a, _real=cpu_gemv.decode_attention: called.append("one") or _real(*a))
+    monkeypatch.setattr(cpu_gemv, "decode_attention_rows",
+                        lambda *a, _real=cpu_gemv.decode_attention_rows: called.append("rows") or _real(*a))
     got, got_pool = run("auto")
-    assert len(called) == 3
+    assert called == (["rows"] if consecutive else ["one"] * 3)
     batch, batch_pool = run("off")
-    assert len(called) == 3 and torch.equal(got_pool.k, batch_pool.k) and torch.equal(got_pool.v, batch_pool.v)
+    assert len(called) in (1, 3) and torch.equal(got_pool.k, batch_pool.k) and torch.equal(got_pool.v, batch_pool.v)
     flat_k, flat_v = got_pool.k.float().flatten(0, 1), got_pool.v.float().flatten(0, 1)
     for b, (table, start) in enumerate(zip(tables, starts)):
         rows = torch.tensor([table[p // size] * size + p % size for p in range(start + 1)])
@@ -406,6 +410,30 @@ def test_a_decode_batch_on_the_cpu_attends_sequence_by_sequence_by_the_kernel(mo
         tolerance = 2e-2 * expected.abs().max().item()
         torch.testing.assert_close(got[b].float(), expected, rtol=0, atol=tolerance)
         torch.testing.assert_close(batch[b].float(), expected, rtol=0, atol=tolerance)
+
+
+@needs_kernel
+def test_the_rows_kernel_splits_sequences_into_runs_and_matches_one_call_per_sequence():
+    """cpu_gemv.decode_attention_rows with more threads than sequences: each sequence split into runs of positions
+    (a one-position sequence's second run empty), combined; each sequence as decode_attention computes it alone
+    (within rounding); rows outside the pool refused."""
+    g = torch.Generator().manual_seed(5)
+    pool_k = torch.randn(400, 2, 32, generator=g).to(torch.bfloat16)
+    pool_v = torch.randn(400, 2, 32, generator=g).to(torch.bfloat16)
+    q = torch.randn(3, 8, 32, generator=g).to(torch.bfloat16)
+    starts, lengths = torch.tensor([10, 320, 399]), torch.tensor([300, 70, 1])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(6)  # two runs a sequence
+    try:
+        got = cpu_gemv.decode_attention_rows(q, pool_k, pool_v, starts, lengths, 32 ** -0.5)
+    finally:
+        torch.set_num_threads(threads)
+    for b in range(3):
+        rows = slice(int(starts[b]), int(starts[b] + lengths[b]))
+        alone = cpu_gemv.decode_attention(q[b], pool_k[rows].transpose(0, 1), pool_v[rows].transpose(0, 1), 32 ** -0.5)
+        torch.testing.assert_close(got[b].float(), alone.float(), rtol=0, atol=1e-2 * alone.abs().max().item())
+    with pytest.raises(ValueError, match="inside the pool"):
+        cpu_gemv.decode_attention_rows(q, pool_k, pool_v, starts, torch.tensor([300, 70, 2]), 32 ** -0.5)
 
 
 @needs_kernel

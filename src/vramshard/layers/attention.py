@@ -220,14 +220,20 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
 
 
 def _decode_each(q: torch.Tensor, cache, step: Step, scale: float) -> torch.Tensor | None:
-    """One new token of each of several sequences on the CPU, q [B, H, D] → [B, H, D]: every sequence's
-    attention by the C kernel over its own rows of the pool, in place where its blocks are consecutive (else
-    over a copy of its blocks), rather than all gathered into one padded batch first (64 sequences at 1K
-    context in bf16 on the 2-core development machine: 25.5 ms against 149, session 63). None where the kernel
-    does not serve these tensors (the caller takes the padded batch)."""
+    """One new token of each of several sequences on the CPU, q [B, H, D] → [B, H, D], by the C kernel over each
+    sequence's own rows of the pool rather than all gathered into one padded batch first: in one call where every
+    sequence's blocks are consecutive (64 sequences at 1K context in bf16 on the 2-core development machine: 25.5
+    ms a call per sequence against 149 padded, session 63), else sequence by sequence, a sequence whose blocks are
+    not consecutive over a copy of them. None where the kernel does not serve these tensors (the caller takes the
+    padded batch)."""
     flat_k = cache.k.view(-1, *cache.k.shape[2:])  # [num_blocks * block_size, Hkv, D]
     flat_v = cache.v.view(-1, *cache.v.shape[2:])
+    if not cpu_gemv.serves_attention(q[0], flat_k[:1].transpose(0, 1), flat_v[:1].transpose(0, 1)):
+        return None
     size = cache.block_size
+    rows = step.memo(("kv_rows", size), None, lambda: _consecutive_rows(step, cache))
+    if rows is not None:  # [2, B]: each sequence's first pool row and its length
+        return cpu_gemv.decode_attention_rows(q.contiguous(), flat_k, flat_v, rows[0], rows[1], scale)
     out = []
     for b, (table, start) in enumerate(zip(_block_tables(step, cache), step.starts)):
         length = start + 1
@@ -240,10 +246,23 @@ def _decode_each(q: torch.Tensor, cache, step: Step, scale: float) -> torch.Tens
             blocks = torch.tensor(list(table[:used]), dtype=torch.long)
             keys = cache.k[blocks].flatten(0, 1)[:length].transpose(0, 1)
             values = cache.v[blocks].flatten(0, 1)[:length].transpose(0, 1)
-        if b == 0 and not cpu_gemv.serves_attention(q[0], keys, values):
-            return None
         out.append(cpu_gemv.decode_attention(q[b], keys, values, scale))
     return torch.stack(out)
+
+
+def _consecutive_rows(step: Step, cache) -> torch.Tensor | None:
+    """[2, B] int64: each sequence's first pool row and its positions with the new one, where every sequence's
+    blocks are consecutive; else None."""
+    size = cache.block_size
+    firsts, lengths = [], []
+    for table, start in zip(_block_tables(step, cache), step.starts):
+        used = -(-(start + 1) // size)
+        first = table[0]
+        if not (isinstance(table, range) or all(table[i] == first + i for i in range(1, used))):
+            return None
+        firsts.append(first * size)
+        lengths.append(start + 1)
+    return torch.tensor([firsts, lengths], dtype=torch.long)
 
 
 def _block_tables(step: Step, cache) -> list:

@@ -41,6 +41,8 @@
  *   rows [L, Hkv, D], by head; query head h reads key/value head h / (H / Hkv)): each thread a run of
  *   positions for every head (flash-decoding), each key and value row read once, a running maximum and sum
  *   in float32, the runs combined and each output rounded once.
+ *   vs_decode_attention_rows: the same for one new token of each of several sequences whose rows lie
+ *   consecutively in one pool, in one parallel region (a decode batch on the CPU).
  *   vs_transpose: dst[c, r] = src[r, c], a transposed copy of 2-byte elements (copied as bits) in tiles that
  *   stay in the first-level cache, each thread its own run of dst's rows: a split FFN's down projection, kept
  *   transposed in host memory, copied row-major for the products of many rows (torch's copy of that view
@@ -749,6 +751,62 @@ static void vs_values_of(int dtype, long G, const uint16_t *v, long ld, long cou
     vs_values(dtype, G - g < 8 ? G - g : 8, v, ld, count, w + g * VS_ATTN_BLOCK, out0 + g * (D + 2), D);
 }
 
+/* One run of positions [first, last) of one sequence's attention (see vs_decode_attention): each query head's
+ * running maximum, sum and output (mine + h * (D + 2): maximum, sum, D floats), from qf (q * scale in float32). */
+static void vs_attention_run(int dtype, long H, long D, long Hkv, const float *qf, const uint16_t *K, const uint16_t *V,
+                             long ld, long hd, long first, long last, float *mine) {
+  long G = H / Hkv;
+  float w[VS_ATTN_HEADS * VS_ATTN_BLOCK];  /* the block's scores, then weights, by query head */
+  for (long h = 0; h < H; h++) {
+    mine[h * (D + 2)] = -INFINITY;
+    mine[h * (D + 2) + 1] = 0.0f;
+    for (long d = 0; d < D; d++) mine[h * (D + 2) + 2 + d] = 0.0f;
+  }
+  for (long b = first; b < last; b += VS_ATTN_BLOCK) {
+    long count = last - b < VS_ATTN_BLOCK ? last - b : VS_ATTN_BLOCK;
+    for (long j = 0; j < Hkv; j++)  /* the scores: each key row once for the head's G query heads */
+      vs_scores_of(dtype, G, qf + j * G * D, K + b * ld + j * hd, ld, count, w + j * G * VS_ATTN_BLOCK, D);
+    for (long h = 0; h < H; h++) {  /* their weights against each head's running maximum */
+      float *state = mine + h * (D + 2), *acc = state + 2, *wh = w + h * VS_ATTN_BLOCK, top = state[0];
+      for (long p = 0; p < count; p++) top = wh[p] > top ? wh[p] : top;
+      float keep = expf(state[0] - top), sum = 0.0f;  /* (the first block: exp(-inf) = 0) */
+      for (long p = 0; p < count; p++) wh[p] -= top;
+      vs_exp_block(wh, count);
+      for (long p = 0; p < count; p++) sum += wh[p];
+      state[0] = top;
+      state[1] = state[1] * keep + sum;
+      if (keep != 1.0f)
+        for (long d = 0; d < D; d++) acc[d] *= keep;
+    }
+    for (long j = 0; j < Hkv; j++)  /* the values: each value row once for the head's G query heads */
+      vs_values_of(dtype, G, V + b * ld + j * hd, ld, count, w + j * G * VS_ATTN_BLOCK,
+                   mine + j * G * (D + 2) + 2, D);
+  }
+}
+
+/* Query head h's output from the states of `runs` runs (state of run t at states + t * stride + h * (D + 2)),
+ * rounded once into out [D]. */
+static void vs_attention_combine(int dtype, long D, const float *states, long stride, long runs, long h,
+                                 uint16_t *out) {
+  float top = -INFINITY, sum = 0.0f;
+  for (long t = 0; t < runs; t++) {
+    const float *state = states + t * stride + h * (D + 2);
+    if (state[0] > top) top = state[0];
+  }
+  for (long t = 0; t < runs; t++) {
+    const float *state = states + t * stride + h * (D + 2);
+    if (state[1] > 0.0f) sum += state[1] * expf(state[0] - top);
+  }
+  for (long d = 0; d < D; d++) {
+    float y = 0.0f;
+    for (long t = 0; t < runs; t++) {
+      const float *state = states + t * stride + h * (D + 2);
+      if (state[1] > 0.0f) y += state[2 + d] * expf(state[0] - top);
+    }
+    out[d] = vs_half(dtype, y / sum);
+  }
+}
+
 /* One new token's attention over a sequence's cached keys and values:
  *   out[h] = sum over l < L of softmax_l(scale * q[h] . K[l, h / G]) V[l, h / G],  G = H / Hkv,
  * q [H, D] and out [H, D] rows contiguous in dtype; K and V element (l, j, d) at K + l * ld + j * hd + d (a paged
@@ -763,7 +821,6 @@ int vs_decode_attention(int dtype, const uint16_t *q, long H, long D, const uint
   if ((dtype != VS_BF16 && dtype != VS_FP16) || H < 1 || D < 1 || L < 1 || Hkv < 1 || H % Hkv != 0 ||
       H / Hkv > VS_MAX_GROUP || H > VS_ATTN_HEADS || threads < 1)
     return -1;
-  long G = H / Hkv;
   float *qf = (float *)malloc(sizeof(float) * H * D);  /* q * scale in float32 */
   if (!qf) return -2;
   for (long i = 0; i < H * D; i++) qf[i] = vs_scalar(dtype, q[i]) * scale;
@@ -777,56 +834,66 @@ int vs_decode_attention(int dtype, const uint16_t *q, long H, long D, const uint
     n = omp_get_num_threads();
 #endif
     long per = (L + n - 1) / n, first = u * per, last = first + per < L ? first + per : L;
-    float *mine = scratch + (long)u * H * (D + 2);  /* per query head: maximum, sum, output [D] */
-    float w[VS_ATTN_HEADS * VS_ATTN_BLOCK];  /* the block's scores, then weights, by query head */
-    for (long h = 0; h < H; h++) {
-      mine[h * (D + 2)] = -INFINITY;
-      mine[h * (D + 2) + 1] = 0.0f;
-      for (long d = 0; d < D; d++) mine[h * (D + 2) + 2 + d] = 0.0f;
-    }
-    for (long b = first; b < last; b += VS_ATTN_BLOCK) {
-      long count = last - b < VS_ATTN_BLOCK ? last - b : VS_ATTN_BLOCK;
-      for (long j = 0; j < Hkv; j++)  /* the scores: each key row once for the head's G query heads */
-        vs_scores_of(dtype, G, qf + j * G * D, K + b * ld + j * hd, ld, count, w + j * G * VS_ATTN_BLOCK, D);
-      for (long h = 0; h < H; h++) {  /* their weights against each head's running maximum */
-        float *state = mine + h * (D + 2), *acc = state + 2, *wh = w + h * VS_ATTN_BLOCK, top = state[0];
-        for (long p = 0; p < count; p++) top = wh[p] > top ? wh[p] : top;
-        float keep = expf(state[0] - top), sum = 0.0f;  /* (the first block: exp(-inf) = 0) */
-        for (long p = 0; p < count; p++) wh[p] -= top;
-        vs_exp_block(wh, count);
-        for (long p = 0; p < count; p++) sum += wh[p];
-        state[0] = top;
-        state[1] = state[1] * keep + sum;
-        if (keep != 1.0f)
-          for (long d = 0; d < D; d++) acc[d] *= keep;
-      }
-      for (long j = 0; j < Hkv; j++)  /* the values: each value row once for the head's G query heads */
-        vs_values_of(dtype, G, V + b * ld + j * hd, ld, count, w + j * G * VS_ATTN_BLOCK,
-                     mine + j * G * (D + 2) + 2, D);
-    }
+    vs_attention_run(dtype, H, D, Hkv, qf, K, V, ld, hd, first, last, scratch + (long)u * H * (D + 2));
 #pragma omp barrier
 #pragma omp for schedule(static)
-    for (long h = 0; h < H; h++) {
-      float top = -INFINITY, sum = 0.0f;
-      for (int t = 0; t < n; t++) {
-        const float *state = scratch + ((long)t * H + h) * (D + 2);
-        if (state[0] > top) top = state[0];
+    for (long h = 0; h < H; h++) vs_attention_combine(dtype, D, scratch, H * (D + 2), n, h, out + h * D);
+  }
+  free(qf);
+  return 0;
+}
+
+/* One new token of each of B sequences, every sequence's rows consecutive in one pool: sequence b's keys and
+ * values start at row starts[b] (K + starts[b] * ld, likewise V) and hold lengths[b] positions; q [B, H, D] and
+ * out [B, H, D] rows contiguous. As vs_decode_attention for each, in one parallel region: each sequence split
+ * into `runs` runs of positions (at least VS_ATTN_RUN each where it has them), the threads taking the B * runs
+ * pieces in turn, then each sequence's heads combined. A batch of decode steps on the CPU reads every cached row
+ * once with no fork and join per sequence. Returns 0, -1 for arguments it does not take, -2 where its scratch
+ * could not be allocated. */
+int vs_decode_attention_rows(int dtype, const uint16_t *q, long B, long H, long D, const uint16_t *K,
+                             const uint16_t *V, const int64_t *starts, const int64_t *lengths, long Hkv, long ld,
+                             long hd, float scale, uint16_t *out, int threads) {
+  if ((dtype != VS_BF16 && dtype != VS_FP16) || B < 1 || H < 1 || D < 1 || Hkv < 1 || H % Hkv != 0 ||
+      H / Hkv > VS_MAX_GROUP || H > VS_ATTN_HEADS || threads < 1)
+    return -1;
+  long longest = 0;
+  for (long b = 0; b < B; b++) {
+    if (lengths[b] < 1 || starts[b] < 0) return -1;
+    if (lengths[b] > longest) longest = lengths[b];
+  }
+  long runs = (threads + B - 1) / B;  /* pieces a sequence splits into: enough for every thread */
+  if (runs > longest / VS_ATTN_RUN) runs = longest / VS_ATTN_RUN > 0 ? longest / VS_ATTN_RUN : 1;
+  long stride = H * (D + 2);
+  float *qf = (float *)malloc(sizeof(float) * B * H * D);  /* q * scale in float32 */
+  float *states = (float *)malloc(sizeof(float) * B * runs * stride);
+  if (!qf || !states) {
+    free(qf);
+    free(states);
+    return -2;
+  }
+  for (long i = 0; i < B * H * D; i++) qf[i] = vs_scalar(dtype, q[i]) * scale;
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(dynamic, 1)
+    for (long piece = 0; piece < B * runs; piece++) {
+      long b = piece / runs, t = piece % runs, L = lengths[b];
+      long per = (L + runs - 1) / runs, first = t * per, last = first + per < L ? first + per : L;
+      float *mine = states + piece * stride;
+      if (first >= last) {  /* a short sequence's empty run: no weight in the combination */
+        for (long h = 0; h < H; h++) mine[h * (D + 2) + 1] = 0.0f, mine[h * (D + 2)] = -INFINITY;
+        continue;
       }
-      for (int t = 0; t < n; t++) {
-        const float *state = scratch + ((long)t * H + h) * (D + 2);
-        if (state[1] > 0.0f) sum += state[1] * expf(state[0] - top);
-      }
-      for (long d = 0; d < D; d++) {
-        float y = 0.0f;
-        for (int t = 0; t < n; t++) {
-          const float *state = scratch + ((long)t * H + h) * (D + 2);
-          if (state[1] > 0.0f) y += state[2 + d] * expf(state[0] - top);
-        }
-        out[h * D + d] = vs_half(dtype, y / sum);
-      }
+      vs_attention_run(dtype, H, D, Hkv, qf + b * H * D, K + starts[b] * ld, V + starts[b] * ld, ld, hd, first,
+                       last, mine);
+    }
+#pragma omp for schedule(static)
+    for (long bh = 0; bh < B * H; bh++) {
+      long b = bh / H, h = bh % H;
+      vs_attention_combine(dtype, D, states + b * runs * stride, stride, runs, h, out + b * H * D + h * D);
     }
   }
   free(qf);
+  free(states);
   return 0;
 }
 

@@ -279,6 +279,13 @@ def _load(flags: tuple[str, ...] = FLAGS):
                                             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long,  # K, V, L
                                             ctypes.c_long, ctypes.c_long, ctypes.c_long,  # Hkv, ld, hd
                                             ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    if hasattr(lib, "vs_decode_attention_rows"):
+        lib.vs_decode_attention_rows.restype = ctypes.c_int
+        lib.vs_decode_attention_rows.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,  # q, B, H
+                                                 ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,  # D, K, V
+                                                 ctypes.c_void_p, ctypes.c_void_p,  # starts, lengths
+                                                 ctypes.c_long, ctypes.c_long, ctypes.c_long,  # Hkv, ld, hd
+                                                 ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
     if hasattr(lib, "vs_transpose"):
         lib.vs_transpose.restype = ctypes.c_int
         lib.vs_transpose.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,
@@ -469,6 +476,33 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
                                      threads, scratch.data_ptr())
     _check(status, "its copy of the query", lambda: f"attention of q {tuple(q.shape)} over keys "
            f"{tuple(keys.shape)} (strides {keys.stride()}, {q.dtype})")
+    return out
+
+
+def decode_attention_rows(q: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor, starts: torch.Tensor,
+                          lengths: torch.Tensor, scale: float, lib=None) -> torch.Tensor:
+    """One new token of each of B sequences by the C kernel, in one call: q [B, H, D] (contiguous) against the
+    rows of a pool, keys and values [rows, Hkv, D] (contiguous, q's dtype), sequence b's ``lengths[b]`` positions
+    from row ``starts[b]`` (int64 [B] CPU tensors), query head h reading key/value head h // (H / Hkv). Each
+    sequence as :func:`decode_attention` computes it; the threads take the sequences' runs of positions in one
+    parallel region. Returns [B, H, D] in q's dtype. Raises ValueError where the kernel refuses the shapes."""
+    lib = lib or library()
+    batch, heads, dim = q.shape
+    kv_heads = pool_k.shape[1]
+    if not (q.is_contiguous() and pool_k.is_contiguous() and pool_v.is_contiguous() and pool_k.shape == pool_v.shape
+            and pool_k.dtype == pool_v.dtype == q.dtype and q.dtype in DTYPES and pool_k.shape[2] == dim
+            and starts.dtype == lengths.dtype == torch.int64 and starts.shape == lengths.shape == (batch,)
+            and bool((starts + lengths <= pool_k.shape[0]).all())):
+        raise ValueError(f"decode_attention_rows takes q [B, H, D] and a pool [rows, Hkv, D] of its dtype, contiguous, "
+                         f"with each sequence's rows inside the pool; got q {tuple(q.shape)} {q.dtype}, pool "
+                         f"{tuple(pool_k.shape)} {pool_k.dtype}")
+    starts, lengths = starts.contiguous(), lengths.contiguous()
+    out = torch.empty(batch, heads, dim, dtype=q.dtype)
+    status = lib.vs_decode_attention_rows(DTYPES[q.dtype], q.data_ptr(), batch, heads, dim, pool_k.data_ptr(),
+                                          pool_v.data_ptr(), starts.data_ptr(), lengths.data_ptr(), kv_heads,
+                                          kv_heads * dim, dim, float(scale), out.data_ptr(), torch.get_num_threads())
+    _check(status, "its scratch", lambda: f"attention of q {tuple(q.shape)} over a pool {tuple(pool_k.shape)} "
+           f"({q.dtype}) at lengths {lengths.tolist()[:8]}")
     return out
 
 
