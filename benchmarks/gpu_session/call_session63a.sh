@@ -13,13 +13,7 @@ ASKED_PROFILE=${PROFILE:-}  # (setup.sh sets PROFILE to a stored profile of the 
 source benchmarks/gpu_session/setup.sh || exit 1
 W=/tmp/call63a; mkdir -p $W bench_out
 keep() { tar -C $W -czf $OUT/call.tgz . ; }
-if [ -z "$ASKED_PROFILE" ]; then
-  timeout ${PROFILE_S:-150} python3 -m vramshard.cli.main profile --quick --out bench_out/profile-quick63.json \
-    > $W/profile.log 2>&1
-  echo "quick profile rc $?"; cp bench_out/profile-quick63.json $W/ 2>/dev/null
-  python3 -m vramshard.cli.main profile --show --out bench_out/profile-quick63.json > $W/profile_show.txt 2>&1
-  head -12 $W/profile_show.txt; export PROFILE=bench_out/profile-quick63.json
-fi
+host_profile profile-quick63 $W
 keep
 python3 - > $W/gather.txt 2>&1 <<'PY'
 import torch

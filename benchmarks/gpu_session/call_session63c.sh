@@ -11,15 +11,7 @@ ASKED_PROFILE=${PROFILE:-}
 source benchmarks/gpu_session/setup.sh || exit 1
 W=/tmp/call63c; mkdir -p $W bench_out
 keep() { tar -C $W -czf $OUT/call.tgz . ; }
-if [ -z "$ASKED_PROFILE" ]; then
-  timeout ${PROFILE_S:-150} python3 -m vramshard.cli.main profile --quick --out bench_out/profile-quick63c.json \
-    > $W/profile.log 2>&1
-  echo "quick profile rc $?"; cp bench_out/profile-quick63c.json $W/ 2>/dev/null
-  python3 -m vramshard.cli.main profile --show --out bench_out/profile-quick63c.json 2>&1 | head -8
-  export PROFILE=bench_out/profile-quick63c.json
-else
-  export PROFILE=$ASKED_PROFILE
-fi
+host_profile profile-quick63c $W
 keep
 timeout ${ATTN_S:-90} python3 -m benchmarks.cpu_decode_attention --lengths 1024,4096 --batches 4,16,64 \
   --json $W/cpu_decode_attention.json > $W/cpu_decode_attention.log 2>&1

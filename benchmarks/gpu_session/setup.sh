@@ -55,6 +55,19 @@ moe_ahead_runs() {
   done
 }
 
+# host_profile NAME DIR: unless the caller named a profile ($ASKED_PROFILE, set before sourcing this, as setup sets
+# PROFILE below), a quick profile of this host as bench_out/NAME.json (its log and the file in DIR; kept while the
+# machine is warm), exported as PROFILE: prices compared with steps need the host's own figures (fifty-seventh
+# session: one row priced 43.2 ms from another host's profile, 63.6 from its own, 70.6 measured).
+host_profile() {
+  if [ -n "${ASKED_PROFILE:-}" ]; then export PROFILE=$ASKED_PROFILE; return; fi
+  mkdir -p bench_out "$2"
+  timeout ${PROFILE_S:-150} python3 -m vramshard.cli.main profile --quick --out "bench_out/$1.json" > "$2/profile.log" 2>&1
+  echo "quick profile rc $?"; cp "bench_out/$1.json" "$2/" 2>/dev/null
+  python3 -m vramshard.cli.main profile --show --out "bench_out/$1.json" 2>&1 | head -8
+  export PROFILE=bench_out/$1.json
+}
+
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
 export PYTHONPATH=/tmp/site:src:. PYTHONUNBUFFERED=1
 # The profile measured on this kind of card, unless the caller named one. The H200's is the forty-fourth GPU
