@@ -1,6 +1,6 @@
 # ~9 min (written 2026-12-07 in session 63, after the fifty-seventh GPU session; `timeout_s` 590; stages keep their
 # files in $OUT/call.tgz as they end). Session 63's CPU decode batches through the C kernel (one call for every
-# sequence whose blocks are consecutive: 6.2x the padded batch at 64 sequences x 1K on the 2-core development
+# sequence whose blocks are consecutive: 6.7x the padded batch at 64 sequences x 1K on the 2-core development
 # machine, where the kernel reads at a third of the host's read) on a GPU host's 16 cores, and the plans they change:
 # 1. A quick profile of this host (kept as bench_out/profile-quick63c.json while the machine is warm).
 # 2. benchmarks.cpu_decode_attention --batches 4,16,64 (the kernel by sequence against the padded batch, the bound).

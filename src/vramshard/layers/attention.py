@@ -222,8 +222,8 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
 def _decode_each(q: torch.Tensor, cache, step: Step, scale: float) -> torch.Tensor | None:
     """One new token of each of several sequences on the CPU, q [B, H, D] → [B, H, D], by the C kernel over each
     sequence's own rows of the pool rather than all gathered into one padded batch first: in one call where every
-    sequence's blocks are consecutive (64 sequences at 1K context in bf16 on the 2-core development machine: 25.5
-    ms a call per sequence against 149 padded, session 63), else sequence by sequence, a sequence whose blocks are
+    sequence's blocks are consecutive (64 sequences at 1K context in bf16 on the 2-core development machine: 21.3
+    ms against 143.0 padded, session 63), else sequence by sequence, a sequence whose blocks are
     not consecutive over a copy of them. None where the kernel does not serve these tensors (the caller takes the
     padded batch)."""
     flat_k = cache.k.view(-1, *cache.k.shape[2:])  # [num_blocks * block_size, Hkv, D]

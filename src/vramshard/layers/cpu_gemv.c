@@ -764,6 +764,14 @@ static void vs_attention_run(int dtype, long H, long D, long Hkv, const float *q
   }
   for (long b = first; b < last; b += VS_ATTN_BLOCK) {
     long count = last - b < VS_ATTN_BLOCK ? last - b : VS_ATTN_BLOCK;
+    /* The next block's key and value rows, asked for now: the heads below read each row in pieces of D elements at
+     * the row's stride, which the hardware's prefetchers do not follow across pages. */
+    long ahead = last - (b + count) < VS_ATTN_BLOCK ? last - (b + count) : VS_ATTN_BLOCK;
+    for (long p = 0; p < ahead; p++)
+      for (long e = 0; e < Hkv * hd; e += 32) {  /* 64-byte lines */
+        __builtin_prefetch((const void *)(K + (b + count + p) * ld + e), 0, 3);
+        __builtin_prefetch((const void *)(V + (b + count + p) * ld + e), 0, 3);
+      }
     for (long j = 0; j < Hkv; j++)  /* the scores: each key row once for the head's G query heads */
       vs_scores_of(dtype, G, qf + j * G * D, K + b * ld + j * hd, ld, count, w + j * G * VS_ATTN_BLOCK, D);
     for (long h = 0; h < H; h++) {  /* their weights against each head's running maximum */
