@@ -45,13 +45,14 @@ def test_a_bad_gather_figure_is_refused_clearly(bad):
 
 
 def test_a_step_over_a_host_kv_cache_spends_the_gather_on_the_host(monkeypatch):
-    """64 sequences at 1K context each, every attention streamed over a host KV cache: the host gathers each
-    layer's 285 MB of cached keys and values into a pinned buffer before its copy in. At 10 GB/s the gathers set
-    the step. With one pinned buffer each gather waits for the copy before it, so gathers and copies add up; with
-    two (the executor's KV_IN_BUFFERS) the host gathers the next layer while the copy engine reads this one, and at
-    50 GB/s the step is the copy engine's (it streams the weights too)."""
+    """64 sequences at 1K context each, every attention streamed over a host KV cache the copy engine cannot read in
+    place: the host gathers each layer's 285 MB of cached keys and values into a pinned buffer before its copy in.
+    At 10 GB/s the gathers set the step. With one pinned buffer each gather waits for the copy before it, so gathers
+    and copies add up; with two (the executor's KV_IN_BUFFERS) the host gathers the next layer while the copy engine
+    reads this one, and at 50 GB/s the step is the copy engine's (it streams the weights too)."""
     import vramshard.plan.estimator as estimator_module
 
+    monkeypatch.setattr(estimator_module, "DIRECT_RUN_BLOCKS", 10**9)  # (no run long enough to copy in place)
     rows, context = 64, 64 * 1088
     placement = named_placement("stream-hostkv", sublayer_triples(MODEL), MODEL.args.num_hidden_layers)
     attention = [s for s in MODEL if s.kind == "attn"]
@@ -70,6 +71,25 @@ def test_a_step_over_a_host_kv_cache_spends_the_gather_on_the_host(monkeypatch):
     assert two.seconds < 0.95 * one.seconds
     fast = step(50.0, 2)
     assert fast.seconds == pytest.approx(fast.copy_busy, rel=0.05)
+
+
+def test_a_page_locked_host_cache_is_copied_in_place_and_the_host_only_issues_the_copies():
+    """Beside a GPU the executor page-locks a staged KV cache and the copy engine reads each sequence's run of
+    blocks in place (KVStaging._copy_in_place): the host issues two copies a sequence and scatters the new rows, so
+    even at a slow gather the 64-sequence 1K-context step is the copy engine's; sequences of a few hundred positions
+    (shorter than DIRECT_RUN_BLOCKS blocks each) are gathered as before."""
+    from vramshard.runtime.kv_staging import DIRECT_RUN_BLOCKS
+
+    rows = 64
+    placement = named_placement("stream-hostkv", sublayer_triples(MODEL), MODEL.args.num_hidden_layers)
+    slow_gather = Estimator(MODEL, with_cpu(gather_gb_s=5.0))
+    long = slow_gather.simulate(placement, rows, rows * 1088)
+    assert long.seconds == pytest.approx(long.copy_busy, rel=0.05)
+    attention = [s for s in MODEL if s.kind == "attn"]
+    short_context = rows * (DIRECT_RUN_BLOCKS * 16 - 16)  # one block short of a run worth copying in place
+    short = slow_gather.simulate(placement, rows, short_context)
+    gathered = sum(slow_gather.staging_bytes(a, rows, short_context)[0] for a in attention)
+    assert short.seconds >= gathered / 5e9
 
 
 def test_a_cpu_decode_batch_gathers_at_the_profiles_rate_without_the_kernel():

@@ -110,6 +110,35 @@ def test_a_new_sequence_between_two_that_go_on_matches_direct_attention(engine):
     assert staging.bytes_in > 0
 
 
+def test_a_page_locked_host_cache_is_copied_in_place_by_runs_of_blocks(engine, monkeypatch):
+    """Where the copy engine may read the host cache in place (page-locked; said here on the CPU), prefixes whose
+    blocks lie in long runs are copied run by run, no gather; a step whose runs are short (a scattered table) is
+    gathered as before; both match direct attention."""
+    from vramshard.runtime import kv_staging
+
+    monkeypatch.setattr(kv_staging, "DIRECT_RUN_BLOCKS", 2)
+    a = engine.model.args
+    direct, staged_host = _caches(engine, blocks=16)
+    staging = KVStaging(16 * BLOCK, a.num_key_value_heads, a.head_dim, torch.float32, "cpu", in_place=True)
+    gathers = []
+    monkeypatch.setattr(kv_staging.torch, "index_select",
+                        lambda *args, _real=torch.index_select, **kw: gathers.append(1) or _real(*args, **kw))
+    tables = [[2, 3, 4, 5], [8, 9, 10, 11]]  # each sequence's blocks consecutive: one run each
+    expected, got = _run_both(engine, direct, staged_host, staging, [0, 0], [50, 40], tables, seed=30)
+    staging.k.zero_(), staging.v.zero_()  # (other layers take the staging cache between a layer's steps)
+    expected, got = _run_both(engine, direct, staged_host, staging, [50, 40], [1, 1], tables, seed=31)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert not gathers and staging.bytes_in == 2 * (4 + 3) * BLOCK * a.num_key_value_heads * a.head_dim * 4
+    scattered = [[12, 0, 14, 1], [6, 13, 7, 15]]  # runs of one block: gathered
+    direct, staged_host = _caches(engine, blocks=16)
+    expected, got = _run_both(engine, direct, staged_host, staging, [0, 0], [50, 40], scattered, seed=32)
+    staging.k.zero_(), staging.v.zero_()
+    expected, got = _run_both(engine, direct, staged_host, staging, [50, 40], [1, 1], scattered, seed=33)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert gathers
+    _same_cache(direct, staged_host)
+
+
 def test_a_step_larger_than_the_staging_cache_is_refused(engine):
     from vramshard.errors import BudgetError
 

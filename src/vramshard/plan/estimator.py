@@ -38,7 +38,8 @@ from ..layers.sublayer import SubLayer
 from ..models.base import Model
 from ..profile.query import DECODE_ROWS, Profile
 from ..runtime.graphs import BATCH_BUCKETS, resident_runs
-from ..runtime.kv_staging import KV_IN_BUFFERS
+from ..runtime.kv_cache import DEFAULT_BLOCK_SIZE
+from ..runtime.kv_staging import DIRECT_RUN_BLOCKS, KV_IN_BUFFERS
 from ..runtime.wire_codec import ROUND_RAW_BYTES, wire_ratio
 from .mechanisms import (amx_enabled, cpu_gemv_enabled, cpu_packed_enabled, cpu_packed_forced, decode_graphs_enabled,
                          fill_graphs_enabled, run_ahead_bound_enabled, run_ahead_enabled, wire_codec_enabled,
@@ -835,9 +836,15 @@ class Estimator:
                     ready = max(ready, fill_done[uses])
                 if w.stages_kv:
                     prefix, new = self.staging_bytes(sublayer, n_tokens, context)
-                    if len(kv_in_read) >= KV_IN_BUFFERS:  # the gather's pinned buffer, read by an earlier copy in
-                        py = max(py, kv_in_read[-KV_IN_BUFFERS])
-                    py += self.profile.host_gather_s(prefix + new)  # gather the prefix, scatter the new rows
+                    sequences = n_tokens if n_tokens <= DECODE_ROWS else 1  # (a decode tier, or a prompt chunk)
+                    if (context - n_tokens) / sequences >= DIRECT_RUN_BLOCKS * DEFAULT_BLOCK_SIZE:
+                        # The copy engine reads the page-locked host cache in place, a copy a sequence's run of
+                        # blocks (keys and values): the host issues them and scatters the new rows.
+                        py += 2 * sequences * self.profile.fill_call_s() + self.profile.host_gather_s(new)
+                    else:
+                        if len(kv_in_read) >= KV_IN_BUFFERS:  # the gather's pinned buffer, read by an earlier copy
+                            py = max(py, kv_in_read[-KV_IN_BUFFERS])
+                        py += self.profile.host_gather_s(prefix + new)  # gather the prefix, scatter the new rows
                     ready = max(ready, written_back)  # the staging cache is free again
                     if prefix:
                         copy_start = max(copy_free, py)

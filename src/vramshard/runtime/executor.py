@@ -735,7 +735,7 @@ class Executor(ExpertSplitSteps, FFNSplitSteps):
         layers = [s.layer for s in self.model.attention_layers]
         with self._lock:  # not while reconfigure moves the caches
             cache = KVCache(layers, slots, max_ctx, a.num_key_value_heads, a.head_dim, self.model.dtype,
-                            self.kv_device)
+                            self.kv_device, pin_host=self.staging is not None and self.staging.on_gpu)
             self._kv_caches.add(cache)
         return cache
 

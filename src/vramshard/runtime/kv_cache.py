@@ -242,19 +242,30 @@ class KVCache:
 
     def __init__(self, layers: list[int], slots: int, max_ctx: int, kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device_of: Callable[[int], torch.device | str],
-                 block_size: int = DEFAULT_BLOCK_SIZE):
+                 block_size: int = DEFAULT_BLOCK_SIZE, pin_host: bool = False):
         self.slots, self.max_ctx, self.block_size = slots, max_ctx, block_size
         self.blocks_per_slot = math.ceil(max_ctx / block_size)
         self.num_blocks = slots * self.blocks_per_slot
+        # Host layers in page-locked memory (an engine that stages them through VRAM: the copy engine then reads
+        # them in place, no gather into a pinned buffer first; where pinning fails, pageable memory).
+        self.pin_host = pin_host
         shape = (self.num_blocks, block_size, kv_heads, head_dim)
-        # Zeros, not empty: padded key rows of a batch are masked, but 0 * NaN would still be NaN.
         self._layers = {
-            layer: LayerCache(torch.zeros(shape, dtype=dtype, device=device_of(layer)),
-                              torch.zeros(shape, dtype=dtype, device=device_of(layer)),
+            layer: LayerCache(self._zeros(shape, dtype, device_of(layer)), self._zeros(shape, dtype, device_of(layer)),
                               block_size, self.blocks_per_slot)
             for layer in layers
         }
         self.allocator = BlockAllocator(self.num_blocks, block_size)
+
+    def _zeros(self, shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
+        """Zeros, not empty: padded key rows of a batch are masked, but 0 * NaN would still be NaN. On the host
+        page-locked where :attr:`pin_host`."""
+        device = torch.device(device)
+        if device.type == "cpu" and self.pin_host:
+            from .pinned_host import pinned_empty
+
+            return pinned_empty(math.prod(shape) * dtype.itemsize).view(dtype).view(shape).zero_()
+        return torch.zeros(shape, dtype=dtype, device=device)
 
     def __call__(self, layer: int) -> LayerCache:
         return self._layers[layer]
@@ -304,8 +315,12 @@ class KVCache:
                 continue
             # One layer at a time, the old copy dropped at once: moving out of VRAM never needs
             # room for a second copy of the whole cache there.
-            cache.k = cache.k.to(device)
-            cache.v = cache.v.to(device)
+            if device.type == "cpu" and self.pin_host:
+                cache.k = self._zeros(tuple(cache.k.shape), cache.k.dtype, device).copy_(cache.k)
+                cache.v = self._zeros(tuple(cache.v.shape), cache.v.dtype, device).copy_(cache.v)
+            else:
+                cache.k = cache.k.to(device)
+                cache.v = cache.v.to(device)
             moved += cache.nbytes
         return moved
 
