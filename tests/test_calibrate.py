@@ -998,7 +998,9 @@ def test_decode_steps_are_taken_to_the_plans_context_before_they_are_judged(h200
     def estimated(context):
         return calibrate.step_estimate(model, h200, static, 1, context=context).seconds
 
-    assert estimated(static.context) > 3 * estimated(1)  # (the context matters here)
+    # (The context matters here: its prefix crosses PCIe each step, 1.5x the one-position step since the staging
+    # copies a page-locked host cache in place, session 63; 3x with the host's gather before.)
+    assert estimated(static.context) > 1.3 * estimated(1)
     check = DecodeCheck("static", static.tiers[1].predicted_s, 1, static,
                         context_scale({c: estimated(c) for c in scale_points(static.context)}, static.context))
     for context in (9, 1000, 8000, static.context, 40000):
