@@ -239,7 +239,7 @@ def _decode_each(q: torch.Tensor, cache, step: Step, scale: float) -> torch.Tens
         length = start + 1
         used = -(-length // size)
         first = table[0]
-        if isinstance(table, range) or all(table[i] == first + i for i in range(1, used)):
+        if _consecutive(table, used):
             keys = flat_k[first * size : first * size + length].transpose(0, 1)  # [Hkv, L, D] (a view)
             values = flat_v[first * size : first * size + length].transpose(0, 1)
         else:
@@ -256,11 +256,9 @@ def _consecutive_rows(step: Step, cache) -> torch.Tensor | None:
     size = cache.block_size
     firsts, lengths = [], []
     for table, start in zip(_block_tables(step, cache), step.starts):
-        used = -(-(start + 1) // size)
-        first = table[0]
-        if not (isinstance(table, range) or all(table[i] == first + i for i in range(1, used))):
+        if not _consecutive(table, -(-(start + 1) // size)):
             return None
-        firsts.append(first * size)
+        firsts.append(table[0] * size)
         lengths.append(start + 1)
     return torch.tensor([firsts, lengths], dtype=torch.long)
 
@@ -278,10 +276,13 @@ def _contiguous_base(step: Step, cache) -> int | None:
     table = _block_tables(step, cache)[0]
     used = -(-step.max_context // cache.block_size)
     assert len(table) >= used, "a block table must cover the step's positions"
+    return table[0] * cache.block_size if _consecutive(table, used) else None
+
+
+def _consecutive(table, used: int) -> bool:
+    """Whether the first ``used`` blocks of a block table follow one another in the pool."""
     first = table[0]
-    if isinstance(table, range) or all(table[i] == first + i for i in range(1, used)):
-        return first * cache.block_size
-    return None
+    return isinstance(table, range) or all(table[i] == first + i for i in range(1, used))
 
 
 def _write_index(step: Step, cache, device) -> torch.Tensor:

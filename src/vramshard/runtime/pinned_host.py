@@ -128,12 +128,14 @@ def pinned_exact_or_pageable(nbytes: int) -> torch.Tensor:
         raise ValueError(f"cannot allocate {nbytes} bytes of host memory: the size must be at least 0")
     if nbytes == 0 or not torch.cuda.is_available() or not EXACT:
         return host_empty(nbytes)
-    tensor = _registered(nbytes)
+    tensor = _registered(nbytes, instead="pageable memory")
     return tensor if tensor is not None else host_empty(nbytes)
 
 
-def _registered(nbytes: int) -> torch.Tensor | None:
-    """``nbytes`` of mapped memory registered with CUDA, or None (warned once) where that failed."""
+def _registered(nbytes: int, instead: str = "torch's allocator, which rounds each buffer up to a power of two"
+                ) -> torch.Tensor | None:
+    """``nbytes`` of mapped memory registered with CUDA, or None (warned once, saying what the caller takes
+    ``instead``) where that failed."""
     global _register_warned
     size = -(-nbytes // PAGE) * PAGE
     memory = _anonymous(_RegisteredMap, size)  # (advised before registration faults every page in)
@@ -158,9 +160,8 @@ def _registered(nbytes: int) -> torch.Tensor | None:
     if cudart is not None:
         _clear_cuda_error()
     if not _register_warned:
-        log.warning("cudaHostRegister of %d bytes failed (%s); pinning with torch's allocator instead, "
-                    "which rounds each buffer up to a power of two (VRAMSHARD_EXACT_PIN=off skips trying)",
-                    size, _describe(cudart, error))
+        log.warning("cudaHostRegister of %d bytes failed (%s); taking %s instead (VRAMSHARD_EXACT_PIN=off skips "
+                    "trying)", size, _describe(cudart, error), instead)
         _register_warned = True
     return None
 
