@@ -20,6 +20,8 @@ sixth session" come from it.
     PYTHONPATH=src python -m benchmarks.plan_replay step --profile docs/profiles/h100-run40.json --cpu-scale 1.19 \
         --compute-rows 16:1.26,64:0.96,512:0.89 --cpu-factor 1.36 --copies-gbps 45  # a step's inputs as measured
     PYTHONPATH=src python -m benchmarks.plan_replay fills --profile docs/profiles/h100-run60.json  # fills' issue priced
+    PYTHONPATH=src python -m benchmarks.plan_replay staged --profile docs/profiles/h100-quick-run63.json  # 64 x 1K
+    PYTHONPATH=src python -m benchmarks.plan_replay moe --profile docs/profiles/h200-queued.json --moe-finalists 1
 
 ``--profile`` (default docs/profiles/h200-cold.json, the fifth session's H200 profile).
 """
@@ -282,14 +284,20 @@ def moe(args) -> None:
     from vramshard.plan.tiers import Tiers
     from vramshard.shapes import shape_model
 
+    from vramshard.plan import moe_variants
+
     model = shape_model("qwen3-30b-a3b")
     profile = load_profile(args.profile)
+    moe_variants.FINALISTS = args.moe_finalists
     for gib in (8, 16):
+        began = time.perf_counter()
         plan = Planner(model, profile, gib * GiB, context=2064, tiers=Tiers((1, 4, 16, 64, 256, 1024))).plan()
+        took = time.perf_counter() - began
         tier = plan.tiers[1]
         shown = {k: round(v * 1e3, 1) for k, v in tier.candidates.items() if v != float("inf")}
-        print(f"qwen3-30b-a3b {gib} GiB: {tier.family}, expert cache {plan.expert_cache / GiB:.2f} GiB; "
-              f"predicted ms {shown}")
+        print(f"qwen3-30b-a3b {gib} GiB: {tier.family}, expert cache {plan.expert_cache / GiB:.2f} GiB, KV cache on "
+              f"the {'GPU' if plan.kv_on_gpu else 'CPU'}; predicted ms {shown}; planned in {took:.2f} s "
+              f"({args.moe_finalists} variant(s) planned in full)")
     stream = named_placement("experts-stream", sublayer_triples(model), model.args.num_hidden_layers,
                              moe_layers=moe_layers(model))
     slots = int(12.5 * GiB) // expert_slot_bytes(model)
@@ -297,6 +305,36 @@ def moe(args) -> None:
         estimate = Estimator(model, profile, expert_hit_rate=hit).simulate(stream, 1, 1024)
         print(f"experts-stream, 12.5 GiB cache, hit rate {hit:.2f}: {estimate.seconds * 1e3:.1f} ms "
               f"(copy engine {estimate.copy_busy * 1e3:.1f} ms, GPU {estimate.gpu_busy * 1e3:.1f} ms)")
+
+
+def staged(args) -> None:
+    """llama3-8b at 64 sequences of 1K context (step_profile's ``--seqs 64``): the planner's tier-1 and tier-64 plans at
+    2 and 8 GiB (mechanisms as beside a GPU: decode graphs, the link coded, no tiles), and the tier-64 CPU attention
+    sub-layer's price through the C kernel sequence by sequence and as a padded batch (session 63)."""
+    import dataclasses
+
+    from vramshard.plan.estimator import Estimator
+    from vramshard.plan.mechanisms import Mechanisms, fixed_mechanisms, pricing_graphs
+    from vramshard.plan.planner import Planner
+    from vramshard.plan.tiers import Tiers
+    from vramshard.shapes import shape_model
+
+    model = shape_model("llama3-8b")
+    profile = load_profile(args.profile)
+    rows, context = 64, 64 * 1088
+    mechanisms = dataclasses.replace(Mechanisms.here(), cpu_gemv=True, cpu_packed=True, wire_codec=True,
+                                     decode_graphs=True, fill_graphs=True, amx=False)
+    with fixed_mechanisms(mechanisms), pricing_graphs(True):
+        for gib in (2, 8):
+            plan = Planner(model, profile, gib * GiB, context=context, tiers=Tiers((1, rows))).plan()
+            for tier in (1, rows):
+                t = plan.tiers[tier]
+                print(f"{gib} GiB tier {tier}: {t.family} {t.predicted_s * 1e3:.1f} ms ({t.placement.summary()})")
+    attention = next(s for s in model if s.kind == "attn")
+    for kernel in (True, False):
+        seconds = Estimator(model, profile, cpu_gemv=kernel).compute_s(attention, "cpu", rows, context)
+        print(f"tier {rows} CPU attention sub-layer, {'C kernel by sequence' if kernel else 'padded batch'}: "
+              f"{seconds * 1e3:.1f} ms")
 
 
 def cache(args) -> None:
@@ -450,7 +488,7 @@ def baselines(args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=("dense", "tiers", "vlm", "moe", "cache", "calibrate", "baselines",
-                                                   "copies", "batch", "step", "fills"))
+                                                   "copies", "batch", "step", "fills", "staged"))
     parser.add_argument("--profile", default=str(DEFAULT_PROFILE))
     parser.add_argument("--contended-factor", type=float, default=1.0,
                         help="scale the profile's contended CPU matmul times (a what-if)")
@@ -462,13 +500,16 @@ def main() -> None:
     parser.add_argument("--compute-rows", default="", help="batch: the compute check's factors, rows:factor,...")
     parser.add_argument("--packed", default="", help="batch: prepacked over plain timed now, rows:factor,...")
     parser.add_argument("--hit-rate", type=float, default=0.42, help="the measured expert-cache hit rate")
+    parser.add_argument("--moe-finalists", type=int, default=2,
+                        help="moe: the variants the quick plans rank first that are planned in full")
     parser.add_argument("--result", default=None,
                         help="calibrate: a planner_bench JSON; baselines: an engine_bench JSON")
     args = parser.parse_args()
     if args.what in ("calibrate", "baselines") and not args.result:
         parser.error(f"{args.what} needs --result: a planner_bench JSON (calibrate) or an engine_bench one (baselines)")
     {"dense": dense, "tiers": tiers, "vlm": vlm, "moe": moe, "cache": cache, "calibrate": calibrate,
-     "baselines": baselines, "copies": copies, "batch": batch, "step": step, "fills": fills}[args.what](args)
+     "baselines": baselines, "copies": copies, "batch": batch, "step": step, "fills": fills,
+     "staged": staged}[args.what](args)
 
 
 if __name__ == "__main__":
