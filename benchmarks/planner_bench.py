@@ -48,6 +48,13 @@ log = logging.getLogger("planner_bench")
 GiB = 2**30
 
 
+def engine_executor(model, host, placement, budget: int, max_tokens: int, max_context: int) -> Executor:
+    """An executor as an engine makes one for ``placement``: decode steps replayed from CUDA graphs where there is a
+    GPU (the plans price them so: :func:`~vramshard.plan.mechanisms.decode_graphs_enabled`)."""
+    return Executor(model, host, placement, budget=budget, max_tokens=max_tokens, max_context=max_context,
+                    decode_graphs=torch.cuda.is_available())
+
+
 def step_seconds(executor: Executor, tier: int, ctx: int, seq_ctx: int) -> float:
     """Median seconds of one step of the tier's shape (see the module docstring)."""
     return step_and_cpu_seconds(executor, tier, ctx, seq_ctx)[0]
@@ -138,9 +145,8 @@ def run_model(name: str, args, profile, bw, on_cell=None, deadline: float | None
                 gc.collect()
                 torch.cuda.empty_cache()
                 try:
-                    executor = Executor(model, host.for_placement(tiered), tiered, budget=budget,
-                                        max_tokens=max(tiers.sizes),
-                                        max_context=args.ctx)
+                    executor = engine_executor(model, host.for_placement(tiered), tiered, budget, max(tiers.sizes),
+                                               args.ctx)
                 except BudgetError as exc:
                     cell["skipped"][family] = str(exc)
                     continue
@@ -202,8 +208,7 @@ def calibrated_cell(model, host, profile, plan, tier: int, budget: int, tiers: T
         gc.collect()
         torch.cuda.empty_cache()
         try:
-            executor = Executor(model, host.for_placement(tiered), tiered, budget=budget, max_tokens=max(tiers.sizes),
-                                max_context=args.ctx)
+            executor = engine_executor(model, host.for_placement(tiered), tiered, budget, max(tiers.sizes), args.ctx)
         except BudgetError as exc:
             return {**out, "skipped": str(exc)}
         out["measured_ms"], out["host_compute_ms"] = (
@@ -223,7 +228,7 @@ def layers_baseline(model, host, budget: int, args) -> dict:
     gc.collect()
     torch.cuda.empty_cache()
     # (the workspace N was chosen for: the largest tier's, not a fixed 512 tokens')
-    executor = Executor(model, host.plain, placement, budget=budget, max_tokens=largest, max_context=args.ctx)
+    executor = engine_executor(model, host.plain, placement, budget, largest, args.ctx)
     seconds = step_seconds(executor, 1, args.ctx, args.seq_ctx)
     del executor
     return {"baseline": placement.name, "baseline_tok_s": 1 / seconds}
