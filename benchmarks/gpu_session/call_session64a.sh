@@ -13,7 +13,8 @@ host_profile profile-quick64a $W
 keep
 MODEL=${MODEL:-llama3-8b}; LIMIT=${BENCH_S:-480}
 timeout $LIMIT python3 -m benchmarks.planner_bench --models $MODEL --budgets ${BUDGETS:-2,4,8} --tiers 1,16,64,512 \
-  --measure-within ${WITHIN:-2} --profile "$PROFILE" --deadline-s $(( LIMIT - 60 )) --out $W/planner_bench_$MODEL.json > $W/planner_bench_$MODEL.log 2>&1
+  --measure-within ${WITHIN:-2} --profile "$PROFILE" --deadline-s $(( LIMIT - 60 )) \
+  --out $W/planner_bench_$MODEL.json > $W/planner_bench_$MODEL.log 2>&1
 echo "planner_bench rc $?"
 python3 - $W/planner_bench_$MODEL.json <<'PY'
 import json, sys
