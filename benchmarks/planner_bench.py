@@ -10,6 +10,9 @@ family's placement is then run by the executor and timed:
   (at most ``--seq-ctx``), so the KV reserved (``--ctx`` tokens in all) serves every tier;
 - prompt tier t (t > 64): one chunk of t prompt tokens.
 
+Every executor is made as an engine makes one: decode steps replayed from CUDA graphs where there is a GPU, as
+the plans price them.
+
 Families predicted slower than ``--measure-within`` times the winner are not run (said so).
 ``--calibrate``: per cell, the engine's in-situ calibration closed on the GPU: the profile fitted
 to the chosen plan's measured step, a new plan with it, its prediction, then its measurement.

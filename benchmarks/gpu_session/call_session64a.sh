@@ -8,7 +8,7 @@ ASKED_PROFILE=${PROFILE:-}
 [ -z "$ASKED_PROFILE" ] && [ -f bench_out/profile-quick63c.json ] && ASKED_PROFILE=bench_out/profile-quick63c.json
 source benchmarks/gpu_session/setup.sh || exit 1
 W=/tmp/call64a; mkdir -p $W bench_out
-keep() { tar -C $W -czf $OUT/call.tgz . ; cp $OUT/commit.txt $OUT/machine.txt $W/ 2>/dev/null; }
+keep() { cp $OUT/commit.txt $OUT/machine.txt $W/ 2>/dev/null; tar -C $W -czf $OUT/call.tgz . ; }
 host_profile profile-quick64a $W
 keep
 MODEL=${MODEL:-llama3-8b}; LIMIT=${BENCH_S:-480}
